@@ -1,0 +1,5 @@
+import sys
+
+from fleetctl.cli import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""One module per CLI command family. Each exposes `register(app)`."""

@@ -1,0 +1,47 @@
+"""Options shared by the commands, and the output helpers every command uses."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from fleetctl.errors import InputError
+
+InventoryOpt = Annotated[
+    Path | None,
+    typer.Option("-i", "--inventory", help="Inventory YAML (required; no address is ever a default).",
+                 show_default=False),
+]
+LimitOpt = Annotated[
+    str | None,
+    typer.Option("--limit", "-l", help="Hosts to act on: names, group names, globs, comma lists; '!x' excludes."),
+]
+ForksOpt = Annotated[int, typer.Option("-f", "--forks", min=1, max=1024, help="Hosts worked on at once.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout and nothing else there.")]
+DebugOpt = Annotated[bool, typer.Option("--debug", help="Show tracebacks and remote stderr.")]
+AcceptNewOpt = Annotated[
+    bool,
+    typer.Option("--accept-new-host-keys", help="Trust unknown host keys on first use and record them (a changed key is always refused)."),
+]
+
+DEFAULT_FORKS = 32
+
+# stdout carries results (tables or the JSON document); stderr carries progress and errors.
+out = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
+
+
+def require_inventory(path: Path | None) -> Path:
+    if path is None:
+        raise InputError("no inventory given", hint="pass -i INVENTORY.yaml (e.g. the sandbox's DIR/inventory.yaml)")
+    return path
+
+
+def emit_json(doc: Any) -> None:
+    sys.stdout.write(json.dumps(doc, indent=2, sort_keys=False, default=str) + "\n")
+    sys.stdout.flush()

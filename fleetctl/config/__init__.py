@@ -1,0 +1,1 @@
+"""Loading and validating the user's YAML files (inventory, playbook)."""

@@ -1,0 +1,241 @@
+"""The inventory: which hosts exist, how to reach them, and what runs SGLang there.
+
+    ssh_config: ./ssh_config          # optional; host names may be its Host aliases
+    defaults: {user: root, port: 22, python: python3}
+    groups:   {h200: {flags: {...}, env: {...}}}   # launch overrides per group
+    hosts:
+      gpu-a: {address: 10.1.230.174, gpus: 8, groups: [h200]}
+
+Host values override group values, which override `defaults`.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from fleetctl.config.yamlpos import YamlDoc, load_yaml, validate
+from fleetctl.errors import InputError
+
+HOST_NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$"
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=False)
+
+
+class SecretValue(Strict):
+    """An environment value that is passed to the host but never printed or logged."""
+
+    value: str
+    secret: bool = True
+
+
+EnvValue = str | int | float | bool | SecretValue
+
+
+class HostFields(Strict):
+    """Keys allowed both in `defaults:` and in a host entry."""
+
+    address: str | None = None
+    port: Annotated[int, Field(ge=1, le=65535)] | None = None
+    user: str | None = None
+    identity_file: str | None = None
+    known_hosts: str | None = None
+    python: str | None = None
+    sglang_dir: str | None = None
+    state_dir: str | None = None
+    env: dict[str, EnvValue] | None = None
+    flags: dict[str, Any] | None = None
+    launch_command: str | None = None
+    gpus: int | list[int] | None = None
+    groups: list[str] | None = None
+    connect_timeout: Annotated[float, Field(gt=0)] | None = None
+    command_timeout: Annotated[float, Field(gt=0)] | None = None
+
+    @field_validator("gpus")
+    @classmethod
+    def _gpus(cls, v: int | list[int] | None) -> int | list[int] | None:
+        if isinstance(v, int) and v < 0:
+            raise ValueError("gpus must be a count >= 0 or a list of GPU indices")
+        if isinstance(v, list) and (len(set(v)) != len(v) or any(i < 0 for i in v)):
+            raise ValueError("gpus list must hold distinct indices >= 0")
+        return v
+
+
+class GroupFields(Strict):
+    env: dict[str, EnvValue] | None = None
+    flags: dict[str, Any] | None = None
+
+
+class InventoryFile(Strict):
+    ssh_config: str | None = None
+    defaults: HostFields = HostFields()
+    groups: dict[str, GroupFields] = {}
+    hosts: dict[Annotated[str, Field(pattern=HOST_NAME_PATTERN)], HostFields | None]
+
+
+class Host(BaseModel):
+    """One resolved host: every value decided, paths absolute."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    address: str
+    port: int | None
+    user: str | None
+    identity_file: str | None
+    known_hosts: str | None
+    python: str
+    sglang_dir: str | None
+    state_dir: str
+    env: dict[str, str]
+    secret_env_keys: frozenset[str]
+    flags: dict[str, Any]
+    launch_command: str | None
+    gpus: tuple[int, ...]
+    groups: tuple[str, ...]
+    connect_timeout: float
+    command_timeout: float
+    from_ssh_config: bool = False
+
+    def public_env(self) -> dict[str, str]:
+        return {k: ("***" if k in self.secret_env_keys else v) for k, v in self.env.items()}
+
+
+class Inventory(BaseModel):
+    path: Path
+    ssh_config: Path | None
+    hosts: list[Host]
+
+    def select(self, limit: str | None) -> list[Host]:
+        """Hosts matching --limit: comma list of host names, group names or globs."""
+        if not limit:
+            return list(self.hosts)
+        patterns = [p.strip() for p in limit.split(",") if p.strip()]
+        if not patterns:
+            raise InputError(f"--limit {limit!r} names no host", hint="give host names, groups or globs")
+        chosen: list[Host] = []
+        for pat in patterns:
+            negate = pat.startswith("!")
+            pat = pat[1:] if negate else pat
+            matched = [h for h in self.hosts if fnmatch.fnmatchcase(h.name, pat) or pat in h.groups]
+            if not matched:
+                raise InputError(
+                    f"--limit: '{pat}' matches no host or group in {self.path}",
+                    hint="run 'fleetctl facts -i INV' to list hosts",
+                )
+            if negate:
+                chosen = [h for h in chosen if h not in matched]
+            else:
+                chosen += [h for h in matched if h not in chosen]
+        order = {h.name: i for i, h in enumerate(self.hosts)}
+        return sorted(chosen, key=lambda h: order[h.name])
+
+
+def _resolve_path(base: Path, value: str | None) -> str | None:
+    if value is None:
+        return None
+    p = Path(value).expanduser()
+    if not p.is_absolute():
+        p = (base / p).resolve()
+    return str(p)
+
+
+def _env_strings(env: dict[str, EnvValue]) -> tuple[dict[str, str], set[str]]:
+    out: dict[str, str] = {}
+    secret: set[str] = set()
+    for k, v in env.items():
+        if isinstance(v, SecretValue):
+            out[k] = v.value
+            if v.secret:
+                secret.add(k)
+        elif isinstance(v, bool):
+            out[k] = "1" if v else "0"
+        else:
+            out[k] = str(v)
+    return out, secret
+
+
+def _ssh_config_hosts(path: Path) -> set[str]:
+    import paramiko
+
+    try:
+        cfg = paramiko.SSHConfig.from_path(str(path))
+    except FileNotFoundError:
+        raise InputError(f"{path}: ssh_config file not found", hint="fix 'ssh_config:' in the inventory") from None
+    return {h for h in cfg.get_hostnames() if not any(c in h for c in "*?!")}
+
+
+def load_inventory(path: Path | str) -> Inventory:
+    path = Path(path)
+    doc: YamlDoc = load_yaml(path, "inventory")
+    raw = validate(doc, InventoryFile, "inventory")
+    base = path.resolve().parent
+    ssh_config = Path(_resolve_path(base, raw.ssh_config)) if raw.ssh_config else None
+    aliases = _ssh_config_hosts(ssh_config) if ssh_config else set()
+    d = raw.defaults
+    hosts: list[Host] = []
+    for name, h in raw.hosts.items():
+        h = h or HostFields()
+        groups = h.groups if h.groups is not None else (d.groups or [])
+        for g in groups:
+            if g not in raw.groups and g != name:
+                # groups need not be declared; only declared groups carry overrides
+                pass
+        env: dict[str, EnvValue] = dict(d.env or {})
+        flags: dict[str, Any] = dict(d.flags or {})
+        for g in groups:
+            gf = raw.groups.get(g)
+            if gf:
+                env.update(gf.env or {})
+                flags.update(gf.flags or {})
+        env.update(h.env or {})
+        flags.update(h.flags or {})
+        env_s, secret = _env_strings(env)
+
+        def pick(key: str, default: Any = None, _h: HostFields = h) -> Any:
+            v = getattr(_h, key)
+            return v if v is not None else (getattr(d, key) if getattr(d, key) is not None else default)
+
+        address = pick("address")
+        from_cfg = False
+        if address is None:
+            if name in aliases:
+                address, from_cfg = name, True
+            else:
+                line = doc.line_of(("hosts", name))
+                raise InputError(
+                    f"{path}:{line}: hosts.{name}.address: missing",
+                    hint="add 'address:' or an ssh_config Host entry of that name",
+                )
+        gpus = pick("gpus", 0)
+        gpu_list = tuple(range(gpus)) if isinstance(gpus, int) else tuple(gpus)
+        hosts.append(
+            Host(
+                name=name,
+                address=str(address),
+                port=pick("port"),
+                user=pick("user"),
+                identity_file=_resolve_path(base, pick("identity_file")),
+                known_hosts=_resolve_path(base, pick("known_hosts")),
+                python=pick("python", "python3"),
+                sglang_dir=pick("sglang_dir"),
+                state_dir=pick("state_dir", "~/.fleetctl"),
+                env=env_s,
+                secret_env_keys=frozenset(secret),
+                flags=flags,
+                launch_command=pick("launch_command"),
+                gpus=gpu_list,
+                groups=tuple(groups),
+                connect_timeout=pick("connect_timeout", 10.0),
+                command_timeout=pick("command_timeout", 120.0),
+                from_ssh_config=from_cfg,
+            )
+        )
+    if not hosts:
+        raise InputError(f"{path}:{doc.line_of(('hosts',))}: hosts: the inventory names no host", hint="add hosts")
+    return Inventory(path=path, ssh_config=ssh_config, hosts=hosts)

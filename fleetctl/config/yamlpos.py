@@ -1,0 +1,101 @@
+"""YAML loading that remembers where each key came from, so errors can say file:line.
+
+We compose the YAML into a node tree (which carries marks), build plain Python data from it,
+and keep the tree to map a pydantic error location (a tuple of keys) back to a line number.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from fleetctl.errors import InputError
+
+M = TypeVar("M", bound=BaseModel)
+
+
+@dataclass
+class YamlDoc:
+    path: Path
+    data: Any
+    root: yaml.Node | None
+
+    def line_of(self, loc: tuple[Any, ...]) -> int:
+        """1-based line of the deepest node along `loc` that exists (key line for mappings)."""
+        node = self.root
+        line = node.start_mark.line + 1 if node is not None else 1
+        for key in loc:
+            if isinstance(node, yaml.MappingNode):
+                found = None
+                for knode, vnode in node.value:
+                    if isinstance(knode, yaml.ScalarNode) and knode.value == str(key):
+                        found = (knode, vnode)
+                        break
+                if found is None:
+                    return line
+                line = found[0].start_mark.line + 1
+                node = found[1]
+            elif isinstance(node, yaml.SequenceNode) and isinstance(key, int):
+                if key >= len(node.value):
+                    return line
+                node = node.value[key]
+                line = node.start_mark.line + 1
+            else:
+                return line
+        return line
+
+
+def load_yaml(path: Path, what: str) -> YamlDoc:
+    """Read and parse a YAML file; any problem is one InputError line naming file:line."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(f"{path}: {what} file not found", hint="check the path") from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as e:
+        raise InputError(f"{path}: cannot read {what}: {e.__class__.__name__}: {e}") from None
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        line = f":{mark.line + 1}" if mark else ""
+        problem = e.problem or str(e)
+        raise InputError(f"{path}{line}: malformed YAML: {problem}", hint="fix the YAML syntax") from None
+    except yaml.YAMLError as e:
+        raise InputError(f"{path}: malformed YAML: {e}", hint="fix the YAML syntax") from None
+    if data is None:
+        data = {}
+    return YamlDoc(path=path, data=data, root=root)
+
+
+def _fix_for(err: dict[str, Any], key: str) -> str:
+    kind = err.get("type", "")
+    if kind == "extra_forbidden":
+        return f"remove '{key}' or check its spelling"
+    if kind == "missing":
+        return f"add '{key}'"
+    if kind.endswith("_type") or kind.endswith("_parsing"):
+        return f"'{key}' must be {kind.split('_')[0]}"
+    return err.get("msg", "fix the value")
+
+
+def validate(doc: YamlDoc, model: type[M], what: str) -> M:
+    """Validate parsed YAML against a pydantic model; the first error becomes one line."""
+    if not isinstance(doc.data, dict):
+        raise InputError(f"{doc.path}:1: {what} must be a YAML mapping at the top level")
+    try:
+        return model.model_validate(doc.data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = tuple(err.get("loc", ()))
+        keypath = ".".join(str(p) for p in loc) or "(top level)"
+        key = str(loc[-1]) if loc else "(top level)"
+        line = doc.line_of(loc)
+        msg = err.get("msg", "invalid")
+        if err.get("type") == "extra_forbidden":
+            msg = "unknown key"
+        raise InputError(f"{doc.path}:{line}: {keypath}: {msg}", hint=_fix_for(err, key)) from None

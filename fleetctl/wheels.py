@@ -1,0 +1,126 @@
+"""A local cache of real SGLang wheels and their extracted package trees.
+
+Wheels come from the package registry with `pip download --no-deps sglang==V` and are cached
+once per version. Used by `fleetctl patch check/new`, by the sandbox fleet (pristine trees) and
+by the tests that hold our SGLang knowledge to the real sources.
+
+Cache dir: $FLEETCTL_CACHE_DIR, else $XDG_CACHE_HOME/fleetctl, else ~/.cache/fleetctl.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from contextlib import contextmanager
+from collections.abc import Iterator
+from pathlib import Path
+
+from fleetctl.errors import FleetctlError, InputError
+
+PACKAGE = "sglang"
+
+
+def cache_dir() -> Path:
+    env = os.environ.get("FLEETCTL_CACHE_DIR")
+    if env:
+        return Path(env).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "fleetctl"
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _find_wheel(d: Path, version: str) -> Path | None:
+    hits = sorted(d.glob(f"{PACKAGE}-{version}-*.whl"))
+    return hits[0] if hits else None
+
+
+def ensure_wheel(version: str) -> Path:
+    """Path of the cached wheel for `version`, downloading it on first use."""
+    wdir = cache_dir() / "wheels"
+    wdir.mkdir(parents=True, exist_ok=True)
+    found = _find_wheel(wdir, version)
+    if found:
+        return found
+    with _locked(wdir / ".lock"):
+        found = _find_wheel(wdir, version)
+        if found:
+            return found
+        tmp = wdir / f".dl-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
+               "-q", "-d", str(tmp), f"{PACKAGE}=={version}"]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        got = _find_wheel(tmp, version)
+        if proc.returncode != 0 or got is None:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tail = (proc.stderr or proc.stdout).strip().splitlines()
+            why = tail[-1] if tail else "no wheel downloaded"
+            raise InputError(f"cannot fetch {PACKAGE}=={version}: {why}",
+                             hint="check the version exists and the package registry is reachable")
+        final = wdir / got.name
+        os.replace(got, final)
+        shutil.rmtree(tmp, ignore_errors=True)
+        return final
+
+
+def extracted(version: str) -> Path:
+    """Directory holding the wheel's full contents (package dir + dist-info), extracted once.
+
+    Returns the site-packages-like root; the package itself is `root / "sglang"`.
+    """
+    root = cache_dir() / "trees" / version
+    done = root / ".complete"
+    if done.exists():
+        return root
+    wheel = ensure_wheel(version)
+    with _locked(cache_dir() / "trees" / f".{version}.lock"):
+        if done.exists():
+            return root
+        tmp = root.with_name(f".{version}.tmp-{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        with zipfile.ZipFile(wheel) as zf:
+            for info in zf.infolist():
+                name = info.filename
+                if name.startswith("/") or ".." in Path(name).parts:
+                    raise FleetctlError(f"{wheel}: unsafe path in wheel: {name}")
+            zf.extractall(tmp)
+        # files are read-only in the cache: copies made from it must never share inodes
+        shutil.rmtree(root, ignore_errors=True)
+        os.replace(tmp, root)
+        done.write_text(wheel.name + "\n")
+    return root
+
+
+def package_dir(version: str) -> Path:
+    return extracted(version) / PACKAGE
+
+
+def pristine_bytes(version: str, rel: str) -> bytes:
+    """The pristine bytes of `rel` (relative to the package dir) in release `version`."""
+    p = package_dir(version) / rel
+    try:
+        return p.read_bytes()
+    except FileNotFoundError:
+        raise InputError(f"{PACKAGE} {version} has no file {rel}", hint="check the path in the playbook") from None
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
