@@ -52,6 +52,9 @@ class FileSpec(Strict):
 
 class VersionSpec(Strict):
     files: list[FileSpec]
+    # Worker classes this version's patch set cannot serve, with the reason. `explain` and
+    # `deploy` refuse a host that would run one of them (e.g. a path where the feature cannot work).
+    unsupported_workers: dict[str, str] = {}
 
     @field_validator("files")
     @classmethod
@@ -133,6 +136,7 @@ class Playbook(BaseModel):
     name: str
     description: str
     versions: dict[str, list[PatchFile]]
+    unsupported_workers: dict[str, dict[str, str]] = {}
     launch: LaunchProfile
     verify: VerifySpec
 
@@ -166,4 +170,5 @@ def load_playbook(path: Path | str) -> Playbook:
             out.append(PatchFile(path=f.path, patch_path=pp, patch_text=text, sha256=f.sha256))
         versions[ver] = out
     return Playbook(path=path, name=raw.name, description=raw.description, versions=versions,
+                    unsupported_workers={v: dict(s.unsupported_workers) for v, s in raw.versions.items()},
                     launch=raw.launch, verify=raw.verify)
