@@ -32,8 +32,15 @@ AcceptNewOpt = Annotated[
 DEFAULT_FORKS = 32
 
 # stdout carries results (tables or the JSON document); stderr carries progress and errors.
-out = Console(soft_wrap=True)
-err = Console(stderr=True, soft_wrap=True)
+def _console(stderr: bool) -> Console:
+    c = Console(stderr=stderr, highlight=False)
+    if not c.is_terminal:  # pipes and CI logs: wide enough for the tables, never wrapped at 80
+        c = Console(stderr=stderr, highlight=False, width=160)
+    return c
+
+
+out = _console(False)
+err = _console(True)
 
 
 def require_inventory(path: Path | None) -> Path:

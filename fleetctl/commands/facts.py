@@ -4,8 +4,100 @@ from __future__ import annotations
 
 import typer
 
+from fleetctl.commands.common import (
+    DEFAULT_FORKS,
+    AcceptNewOpt,
+    DebugOpt,
+    ForksOpt,
+    InventoryOpt,
+    JsonOpt,
+    LimitOpt,
+    emit_json,
+    err,
+    out,
+)
+from fleetctl.commands.context import fleet_context, print_debug_details
+from fleetctl.errors import EXIT_FAILED, EXIT_OK
+from fleetctl.facts import HostFacts, read_facts
+from fleetctl.render import host_progress, print_failures, status_cell, summary_line, table
+
+KEY_FILES = ("srt/server_args.py", "srt/speculative/eagle_worker.py", "srt/speculative/eagle_worker_v2.py")
+
+
+def _gpu_cell(f: HostFacts) -> str:
+    if f.gpus is None:
+        return f.gpu_note
+    if not f.gpus:
+        return "no GPUs listed"
+    names = {g.name for g in f.gpus}
+    busy = [g for g in f.gpus if g.busy()]
+    s = f"{len(f.gpus)}× {', '.join(sorted(names))}"
+    if busy:
+        procs = sum(len(g.processes) for g in busy)
+        s += f"; busy: GPU {','.join(str(g.index) for g in busy)} ({procs} proc)"
+    else:
+        s += "; idle"
+    return s
+
+
+def _files_cell(f: HostFacts, all_files: bool) -> str:
+    lines = []
+    for p, ff in sorted(f.files.items()):
+        if not all_files and p not in KEY_FILES:
+            continue
+        short = p.replace("srt/speculative/", "spec/").replace("srt/", "")
+        lines.append(f"{short} {ff.sha256[:12] if ff.sha256 else ('absent' if not ff.exists else ff.error or '?')}")
+    rest = len(f.files) - len(lines)
+    if rest > 0:
+        lines.append(f"(+{rest} more hashed; --files lists all)")
+    return "\n".join(lines)
+
 
 def register(app: typer.Typer) -> None:
     @app.command("facts", help="Per host: reachable, OS, python, SGLang version and dir, torch, file hashes, GPUs.")
-    def facts() -> None:
-        raise NotImplementedError
+    def facts(
+        inventory: InventoryOpt = None,
+        limit: LimitOpt = None,
+        forks: ForksOpt = DEFAULT_FORKS,
+        files: bool = typer.Option(False, "--files", help="List the sha256 of every hashed file."),
+        json_out: JsonOpt = False,
+        debug: DebugOpt = False,
+        accept_new_host_keys: AcceptNewOpt = False,
+    ) -> None:
+        with fleet_context(inventory, limit, forks, json=json_out, debug=debug,
+                           accept_new_host_keys=accept_new_host_keys) as ctx:
+            with host_progress(err, len(ctx.fleet.hosts), "facts", enabled=not json_out) as tick:
+                ctx.fleet.progress = tick
+                outcomes = ctx.fleet.run(lambda c: read_facts(c))
+            elapsed = ctx.elapsed()
+            summary = summary_line("facts", outcomes, elapsed)
+            if json_out:
+                emit_json({
+                    "command": "facts",
+                    "inventory": str(ctx.inventory.path),
+                    "elapsed": round(elapsed, 3),
+                    "hosts": [{**o.to_json(), "facts": o.data.to_json() if o.ok else None} for o in outcomes],
+                    "summary": summary,
+                })
+            else:
+                t = table(None, ["host", "status", "OS / python", "SGLang", "torch", "files (sha256)", "GPUs"])
+                for o in outcomes:
+                    if not o.ok:
+                        t.add_row(o.host, status_cell(o.status), "(see below)", "", "", "", "")
+                        continue
+                    f: HostFacts = o.data
+                    sg = (f"{f.sglang_version or '?'} ({f.sglang_install})\n{f.sglang_dir}" if f.sglang_found
+                          else "[red]not found[/] by this python")
+                    tc = f.torch
+                    torch = ("[red]missing[/]" if tc.installed is None else
+                             f"{tc.installed} " + ({True: "[green]ok[/]", False: "[red]mismatch[/]",
+                                                    None: "(unchecked)"}[tc.satisfied]))
+                    if tc.required:
+                        torch += f"\nneeds {', '.join(tc.required)}"
+                    t.add_row(o.host, status_cell(o.status), f"{f.os}\n{f.python} ({f.python_version})",
+                              sg, torch, _files_cell(f, files), _gpu_cell(f))
+                out.print(t)
+                print_failures(out, outcomes)
+                err.print(summary, markup=False, highlight=False)
+            print_debug_details(ctx, outcomes)
+            raise typer.Exit(EXIT_OK if all(o.ok for o in outcomes) else EXIT_FAILED)

@@ -1,0 +1,46 @@
+"""Shared set-up for commands that act on hosts: inventory, --limit, the Fleet, progress."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from fleetctl.commands.common import err, require_inventory
+from fleetctl.config.inventory import Inventory, load_inventory
+from fleetctl.fleet import Fleet
+
+
+@dataclass
+class RunContext:
+    inventory: Inventory
+    fleet: Fleet
+    started: float
+    json: bool
+    debug: bool
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+
+@contextmanager
+def fleet_context(inventory: Path | None, limit: str | None, forks: int, *, json: bool, debug: bool,
+                  accept_new_host_keys: bool = False) -> Iterator[RunContext]:
+    started = time.monotonic()
+    inv = load_inventory(require_inventory(inventory))
+    hosts = inv.select(limit)
+    fleet = Fleet(inv, hosts, forks=forks, accept_new_host_keys=accept_new_host_keys)
+    try:
+        yield RunContext(inv, fleet, started, json, debug)
+    finally:
+        fleet.close()
+
+
+def print_debug_details(ctx: RunContext, outcomes: list) -> None:
+    if not ctx.debug:
+        return
+    for o in outcomes:
+        if getattr(o, "detail", None):
+            err.print(f"--- {o.host} detail ---\n{o.detail}", markup=False, highlight=False)

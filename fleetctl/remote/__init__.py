@@ -1,0 +1,23 @@
+"""Code that runs ON the hosts, with the host's own Python (stdlib only, Python >= 3.8).
+
+The agent is sent whole over the SSH channel's stdin for every remote call and executed by the
+interpreter the inventory names; it answers one JSON document. Nothing is installed on hosts.
+It is the concatenation of `agent.py` (core, protocol, facts) and the `agent_*.py` parts, each of
+which registers its actions in ACTIONS. Locally every part imports as a normal module for tests.
+"""
+
+from functools import cache
+from importlib import resources
+
+PARTS = ("agent.py", "agent_deploy.py", "agent_servers.py")
+
+
+@cache
+def agent_source() -> bytes:
+    root = resources.files(__package__)
+    chunks = []
+    for name in PARTS:
+        f = root.joinpath(name)
+        if f.is_file():
+            chunks.append(f.read_bytes())
+    return b"\n\n".join(chunks)

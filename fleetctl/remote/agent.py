@@ -1,0 +1,334 @@
+"""fleetctl's remote agent: stdlib-only, runs on the host under the host's SGLang interpreter.
+
+Protocol: the controller runs `PYTHON -c BOOTSTRAP` and writes to stdin a 10-digit length, this
+file's source, then a JSON payload {"action": ..., ...}. The agent prints one JSON document:
+{"ok": true, "result": ...} or {"ok": false, "error": "...", "kind": "..."}.
+Every action is a function here taking the payload dict; they are unit-testable locally.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import os
+import platform
+import re
+import shutil
+import stat
+import subprocess
+import sys
+import time
+
+AGENT_PROTOCOL = 1
+
+
+class AgentError(Exception):
+    def __init__(self, message, kind="failed"):
+        Exception.__init__(self, message)
+        self.kind = kind
+
+
+# ----------------------------------------------------------------------------- small helpers
+
+
+def expand(path):
+    return os.path.abspath(os.path.expanduser(path))
+
+
+def sha256_file(path, chunk=1 << 20):
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while True:
+            b = fh.read(chunk)
+            if not b:
+                break
+            h.update(b)
+    return h.hexdigest()
+
+
+def file_info(pkg_dir, rel):
+    """Hash and metadata of pkg_dir/rel, flagging symlinks and paths that leave pkg_dir."""
+    path = os.path.join(pkg_dir, rel)
+    info = {"path": rel, "exists": False}
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return info
+    except OSError as e:
+        info["error"] = "%s: %s" % (e.__class__.__name__, e.strerror)
+        return info
+    info["exists"] = True
+    real = os.path.realpath(path)
+    pkg_real = os.path.realpath(pkg_dir)
+    info["escapes"] = not (real == pkg_real or real.startswith(pkg_real + os.sep))
+    if stat.S_ISLNK(st.st_mode):
+        info["symlink"] = os.readlink(path)
+    if info["escapes"]:
+        return info
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        info["error"] = "%s: %s" % (e.__class__.__name__, e.strerror)
+        return info
+    if not stat.S_ISREG(st.st_mode):
+        info["error"] = "not a regular file"
+        return info
+    info.update(mode=stat.S_IMODE(st.st_mode), uid=st.st_uid, gid=st.st_gid, size=st.st_size,
+                mtime=st.st_mtime)
+    try:
+        info["sha256"] = sha256_file(path)
+    except OSError as e:
+        info["error"] = "%s: %s" % (e.__class__.__name__, e.strerror)
+    return info
+
+
+def _const_assign(source, names):
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    for node in tree.body:
+        if isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            value = node.value
+            # `__version__ = version = '0.5.9'`
+            for t in targets:
+                if isinstance(t, ast.Name) and t.id in names and isinstance(value, ast.Constant):
+                    if isinstance(value.value, str):
+                        return value.value
+    return None
+
+
+def read_os():
+    out = {"system": platform.system(), "release": platform.release(), "machine": platform.machine()}
+    try:
+        with open("/etc/os-release") as fh:
+            kv = dict(
+                line.rstrip("\n").split("=", 1) for line in fh if "=" in line and not line.startswith("#")
+            )
+        out["pretty"] = kv.get("PRETTY_NAME", "").strip('"')
+    except OSError:
+        out["pretty"] = "%s %s" % (out["system"], out["release"])
+    return out
+
+
+# ----------------------------------------------------------------------------- sglang discovery
+
+
+def _find_dist_info(site_dir, name):
+    try:
+        entries = os.listdir(site_dir)
+    except OSError:
+        return None
+    pref = name.lower().replace("-", "_") + "-"
+    for e in sorted(entries):
+        if e.endswith(".dist-info") and e.lower().replace("-", "_", 0).startswith(pref):
+            return os.path.join(site_dir, e)
+    return None
+
+
+def _metadata(dist_dir):
+    try:
+        with open(os.path.join(dist_dir, "METADATA"), encoding="utf-8", errors="replace") as fh:
+            text = fh.read()
+    except OSError:
+        return {}, []
+    head = text.split("\n\n", 1)[0]
+    fields = {}
+    requires = []
+    for line in head.splitlines():
+        if ":" not in line:
+            continue
+        k, v = line.split(":", 1)
+        v = v.strip()
+        if k == "Requires-Dist":
+            requires.append(v)
+        else:
+            fields.setdefault(k, v)
+    return fields, requires
+
+
+def locate_sglang(sglang_dir=None):
+    """Where the host's interpreter would import sglang from, its version and install kind."""
+    res = {"found": False}
+    if sglang_dir:
+        pkg = expand(sglang_dir)
+        if not os.path.isfile(os.path.join(pkg, "__init__.py")):
+            raise AgentError("sglang_dir %s holds no __init__.py" % pkg, "bad_input")
+        res["how"] = "inventory sglang_dir"
+    else:
+        import importlib.util
+
+        try:
+            spec = importlib.util.find_spec("sglang")
+        except (ImportError, ValueError) as e:
+            spec = None
+            res["error"] = str(e)
+        if spec is None or not spec.submodule_search_locations:
+            return res
+        pkg = os.path.abspath(list(spec.submodule_search_locations)[0])
+        res["how"] = "import path of %s" % sys.executable
+    res["found"] = True
+    res["dir"] = pkg
+    version = None
+    for fname, names in (("_version.py", ("__version__", "version")), ("version.py", ("__version__",))):
+        try:
+            with open(os.path.join(pkg, fname), encoding="utf-8") as fh:
+                version = _const_assign(fh.read(), names)
+        except OSError:
+            continue
+        if version:
+            break
+    site_dir = os.path.dirname(pkg)
+    dist = _find_dist_info(site_dir, "sglang")
+    requires = []
+    kind = "unknown"
+    if dist:
+        fields, requires = _metadata(dist)
+        version = version or fields.get("Version")
+        kind = "wheel"
+        try:
+            with open(os.path.join(dist, "direct_url.json")) as fh:
+                du = json.load(fh)
+            if du.get("dir_info", {}).get("editable"):
+                kind = "editable"
+        except (OSError, ValueError):
+            pass
+    else:
+        # editable installs keep only a .pth/finder in site-packages; look for a git checkout
+        d = pkg
+        for _ in range(4):
+            d = os.path.dirname(d)
+            if os.path.exists(os.path.join(d, ".git")):
+                kind = "git checkout"
+                res["checkout"] = d
+                break
+        pyproject = os.path.join(os.path.dirname(pkg), "pyproject.toml")
+        if os.path.isfile(pyproject):
+            with open(pyproject, encoding="utf-8", errors="replace") as fh:
+                for m in re.finditer(r'"(torch\s*[=<>!~][^"]*)"', fh.read()):
+                    requires.append(m.group(1))
+            if kind == "unknown":
+                kind = "source tree"
+    res["version"] = version
+    res["install"] = kind
+    res["torch_requires"] = [r for r in requires if re.match(r"^torch\s*($|[=<>!~;\[(])", r)]
+    return res
+
+
+def torch_version():
+    try:
+        from importlib import metadata
+    except ImportError:  # pragma: no cover - python < 3.8
+        return None
+    try:
+        return metadata.version("torch")
+    except Exception:
+        return None
+
+
+def spec_files(pkg_dir, dirs, extra):
+    """Relative paths to hash: every file under `dirs` (recursively) plus `extra`."""
+    rels = []
+    for d in dirs:
+        base = os.path.join(pkg_dir, d)
+        for root, subdirs, files in os.walk(base):
+            subdirs[:] = sorted(s for s in subdirs if s != "__pycache__")
+            for f in sorted(files):
+                rels.append(os.path.relpath(os.path.join(root, f), pkg_dir))
+    for r in extra:
+        if r not in rels:
+            rels.append(r)
+    return rels
+
+
+def gpu_queries(timeout=20):
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return {"available": False, "reason": "nvidia-smi not found on PATH"}
+    out = {"available": True, "path": exe}
+    queries = {
+        "gpus": ["--query-gpu=index,uuid,name,memory.total,memory.used,memory.free,utilization.gpu",
+                 "--format=csv"],
+        "apps": ["--query-compute-apps=pid,process_name,used_gpu_memory,gpu_uuid", "--format=csv"],
+    }
+    for key, args in queries.items():
+        try:
+            p = subprocess.run([exe, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            out["available"] = False
+            out["reason"] = "nvidia-smi failed: %s" % e
+            return out
+        if p.returncode != 0:
+            out["available"] = False
+            out["reason"] = "nvidia-smi exit %d: %s" % (p.returncode, p.stderr.decode(errors="replace").strip()[:200])
+            return out
+        out[key] = p.stdout.decode(errors="replace")
+    return out
+
+
+# ----------------------------------------------------------------------------- actions
+
+
+def action_facts(p):
+    started = time.time()
+    res = {
+        "protocol": AGENT_PROTOCOL,
+        "os": read_os(),
+        "python": {"executable": sys.executable, "version": platform.python_version()},
+        "user": _user(),
+    }
+    sg = locate_sglang(p.get("sglang_dir"))
+    res["sglang"] = sg
+    res["torch"] = torch_version()
+    files = {}
+    if sg.get("found"):
+        for rel in spec_files(sg["dir"], p.get("hash_dirs", []), p.get("hash_files", [])):
+            files[rel] = file_info(sg["dir"], rel)
+    res["files"] = files
+    if p.get("gpus", True):
+        res["gpus"] = gpu_queries()
+    hooks = p.get("with", [])
+    for name in hooks:
+        fn = EXTRA_FACTS.get(name)
+        if fn is not None:
+            res[name] = fn(p, sg)
+    res["elapsed"] = round(time.time() - started, 4)
+    return res
+
+
+def _user():
+    try:
+        import pwd
+
+        return pwd.getpwuid(os.getuid()).pw_name
+    except Exception:
+        return str(os.getuid())
+
+
+def action_ping(p):
+    return {"pong": True, "python": sys.version.split()[0]}
+
+
+ACTIONS = {"facts": action_facts, "ping": action_ping}
+EXTRA_FACTS = {}
+
+
+def _main(data):
+    try:
+        payload = json.loads(data.decode("utf-8"))
+        fn = ACTIONS.get(payload.get("action"))
+        if fn is None:
+            raise AgentError("unknown action %r" % payload.get("action"), "bad_input")
+        doc = {"ok": True, "result": fn(payload)}
+    except AgentError as e:
+        doc = {"ok": False, "error": str(e), "kind": e.kind}
+    except Exception as e:  # report, never a traceback on the wire unless asked
+        import traceback
+
+        doc = {"ok": False, "error": "%s: %s" % (e.__class__.__name__, e), "kind": "internal",
+               "traceback": traceback.format_exc()}
+    sys.stdout.write(json.dumps(doc))
+    sys.stdout.flush()
+    return 0

@@ -1,0 +1,265 @@
+"""SSH transport on Fabric/paramiko: one connection per host, reused for every step of a command.
+
+Everything that touches a host goes through `HostConnection`: commands are argv lists joined with
+shell quoting (no user string reaches a shell raw), timeouts are enforced here, and the remote
+agent (fleetctl/remote) is run through `agent()`.
+"""
+
+from __future__ import annotations
+
+import json
+import select
+import shlex
+import socket
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import paramiko
+from fabric import Config, Connection
+
+from fleetctl.config.inventory import Host, Inventory
+from fleetctl.errors import FleetctlError
+from fleetctl.remote import agent_source
+from fleetctl.transport.hostkeys import HostKeyError, StrictPolicy, fingerprint
+
+BOOTSTRAP = (
+    "import sys\n"
+    "d=sys.stdin.buffer.read()\n"
+    "n=int(d[:10])\n"
+    "g={'__name__':'fleetctl_agent'}\n"
+    "exec(compile(d[10:10+n],'fleetctl-agent','exec'),g)\n"
+    "sys.exit(g['_main'](d[10+n:]))\n"
+)
+
+
+class Unreachable(FleetctlError):
+    """The host could not be reached or authenticated."""
+
+
+class RemoteError(FleetctlError):
+    """A remote command or the agent failed on the host."""
+
+    def __init__(self, message: str, *, kind: str = "failed", hint: str | None = None,
+                 detail: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.kind = kind
+        self.detail = detail
+
+
+@dataclass
+class CommandResult:
+    argv: list[str]
+    rc: int | None
+    stdout: bytes
+    stderr: bytes
+    elapsed: float
+    timed_out: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.rc == 0 and not self.timed_out
+
+
+_configs: dict[str, Config] = {}
+
+
+def _fabric_config(ssh_config: Path | None) -> Config:
+    key = str(ssh_config or "")
+    cfg = _configs.get(key)
+    if cfg is None:
+        cfg = Config(runtime_ssh_path=str(ssh_config)) if ssh_config else Config()
+        _configs[key] = cfg
+    return cfg
+
+
+def env_prefix(env: Mapping[str, str]) -> list[str]:
+    return ["env", *[f"{k}={v}" for k, v in env.items()]] if env else []
+
+
+class HostConnection:
+    def __init__(self, host: Host, inventory: Inventory, *, accept_new_host_keys: bool = False) -> None:
+        self.host = host
+        self.inventory = inventory
+        self.accept_new = accept_new_host_keys
+        self._conn: Connection | None = None
+        self.connect_seconds: float | None = None
+        self.accepted_keys: list[str] = []
+
+    # -- connecting ---------------------------------------------------------------------------
+
+    @property
+    def label(self) -> str:
+        return self.host.name
+
+    def _known_hosts(self, conn: Connection) -> Path:
+        if self.host.known_hosts:
+            return Path(self.host.known_hosts)
+        ukh = conn.ssh_config.get("userknownhostsfile")
+        if ukh:
+            return Path(str(ukh).split()[0]).expanduser()
+        return Path("~/.ssh/known_hosts").expanduser()
+
+    def _prepare(self, conn: Connection, label: str) -> list[StrictPolicy]:
+        policies = []
+        kh = self._known_hosts(conn)
+        client = conn.client
+        if kh.exists():
+            try:
+                client.load_host_keys(str(kh))
+            except (OSError, paramiko.SSHException) as e:
+                raise HostKeyError(f"{label}: cannot read known_hosts {kh}: {e}") from None
+        policy = StrictPolicy(kh, label, self.accept_new)
+        client.set_missing_host_key_policy(policy)
+        policies.append(policy)
+        gw = conn.gateway
+        if isinstance(gw, Connection):
+            policies += self._prepare(gw, f"{label} (jump host {gw.original_host})")
+        return policies
+
+    def connect(self) -> None:
+        if self._conn is not None and self._conn.is_connected:
+            return
+        h = self.host
+        target = h.name if h.from_ssh_config else h.address
+        kwargs: dict[str, Any] = {"banner_timeout": h.connect_timeout, "auth_timeout": h.connect_timeout}
+        if h.identity_file:
+            kwargs["key_filename"] = [h.identity_file]
+        conn = Connection(
+            target,
+            user=h.user,
+            port=h.port,
+            config=_fabric_config(self.inventory.ssh_config),
+            connect_timeout=max(1, int(round(h.connect_timeout))),
+            connect_kwargs=kwargs,
+        )
+        policies = self._prepare(conn, h.name)
+        where = f"{conn.user}@{conn.host}:{conn.port}"
+        t0 = time.monotonic()
+        try:
+            conn.open()
+        except HostKeyError:
+            raise
+        except paramiko.BadHostKeyException as e:
+            raise HostKeyError(
+                f"{h.name}: host key for {e.hostname} CHANGED: got {e.key.get_name()} {fingerprint(e.key)}, "
+                f"known_hosts has {fingerprint(e.expected_key)}",
+                hint="possible man-in-the-middle; if the host was reinstalled, remove its old entry from known_hosts",
+            ) from None
+        except paramiko.AuthenticationException as e:
+            raise Unreachable(f"{h.name}: authentication failed for {where}: {e}",
+                              hint="check 'user:' and 'identity_file:' in the inventory") from None
+        except (TimeoutError, socket.timeout):
+            raise Unreachable(f"{h.name}: connection to {where} timed out after {h.connect_timeout:g}s",
+                              hint="is the host up and the address right?") from None
+        except (paramiko.SSHException, OSError, EOFError) as e:
+            msg = str(e) or e.__class__.__name__
+            if isinstance(e, paramiko.ssh_exception.NoValidConnectionsError):
+                msg = "connection refused"
+            raise Unreachable(f"{h.name}: cannot connect to {where}: {msg}",
+                              hint="is sshd running there and the port right?") from None
+        self.connect_seconds = time.monotonic() - t0
+        transport = conn.client.get_transport()
+        if transport is not None:
+            transport.set_keepalive(15)
+        self.accepted_keys = [p.accepted for p in policies if p.accepted]
+        self._conn = conn
+
+    def close(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            except Exception:
+                pass
+            self._conn = None
+
+    def __enter__(self) -> HostConnection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- running ------------------------------------------------------------------------------
+
+    def _transport(self) -> paramiko.Transport:
+        self.connect()
+        assert self._conn is not None
+        t = self._conn.client.get_transport()
+        if t is None or not t.is_active():
+            raise Unreachable(f"{self.host.name}: connection lost")
+        return t
+
+    def run(self, argv: Sequence[str], *, stdin: bytes | None = None, timeout: float | None = None,
+            env: Mapping[str, str] | None = None) -> CommandResult:
+        """Run argv on the host (quoted for the remote shell). Never raises on a non-zero exit."""
+        full = [*env_prefix(env or {}), *argv]
+        cmd = shlex.join(full)
+        limit = timeout if timeout is not None else self.host.command_timeout
+        t0 = time.monotonic()
+        try:
+            chan = self._transport().open_session(timeout=self.host.connect_timeout)
+        except (paramiko.SSHException, OSError, EOFError) as e:
+            raise Unreachable(f"{self.host.name}: cannot open a session: {e or e.__class__.__name__}") from None
+        out, err = bytearray(), bytearray()
+        timed_out = False
+        try:
+            chan.exec_command(cmd)
+            if stdin:
+                chan.sendall(stdin)
+            chan.shutdown_write()
+            deadline = t0 + limit
+            while True:
+                while chan.recv_ready():
+                    out += chan.recv(1 << 16)
+                while chan.recv_stderr_ready():
+                    err += chan.recv_stderr(1 << 16)
+                if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
+                    if chan.eof_received or chan.closed:
+                        break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    timed_out = True
+                    break
+                select.select([chan], [], [], min(0.02, left))
+            rc = None if timed_out else chan.recv_exit_status()
+        except (paramiko.SSHException, OSError, EOFError) as e:
+            raise Unreachable(f"{self.host.name}: connection lost while running {argv[0]}: {e or e.__class__.__name__}") from None
+        finally:
+            chan.close()
+        return CommandResult(list(full), rc, bytes(out), bytes(err), time.monotonic() - t0, timed_out)
+
+    def agent(self, action: str, payload: Mapping[str, Any] | None = None, *,
+              timeout: float | None = None) -> Any:
+        """Run one agent action with the host's python; return its result or raise RemoteError."""
+        src = agent_source()
+        body = json.dumps({"action": action, **(payload or {})}).encode()
+        data = b"%010d" % len(src) + src + body
+        res = self.run([self.host.python, "-c", BOOTSTRAP], stdin=data, timeout=timeout, env=self.host.env)
+        h = self.host.name
+        if res.timed_out:
+            raise RemoteError(f"{h}: '{action}' timed out after {res.elapsed:.0f}s", kind="timeout",
+                              hint="raise command_timeout in the inventory if the host is just slow")
+        if res.rc != 0 or not res.stdout:
+            tail = res.stderr.decode(errors="replace").strip().splitlines()
+            why = tail[-1] if tail else f"exit code {res.rc}"
+            if res.rc in (126, 127):
+                raise RemoteError(f"{h}: python interpreter {self.host.python!r} cannot run: {why}",
+                                  kind="bad_python", hint="fix 'python:' for this host in the inventory")
+            raise RemoteError(f"{h}: '{action}' failed: {why}", kind="failed",
+                              detail=res.stderr.decode(errors="replace"))
+        try:
+            doc = json.loads(res.stdout)
+        except ValueError:
+            raise RemoteError(f"{h}: '{action}' answered something that is not JSON: {res.stdout[:120]!r}") from None
+        if not doc.get("ok"):
+            raise RemoteError(f"{h}: {doc.get('error')}", kind=doc.get("kind", "failed"), detail=doc.get("traceback"))
+        return doc["result"]
+
+    def open_tcp(self, port: int, host: str = "127.0.0.1", timeout: float = 10.0) -> paramiko.Channel:
+        """A direct-tcpip channel to host:port as seen from the remote machine (no port exposed)."""
+        try:
+            return self._transport().open_channel("direct-tcpip", (host, port), ("127.0.0.1", 0), timeout=timeout)
+        except (paramiko.SSHException, OSError, EOFError) as e:
+            raise RemoteError(f"{self.host.name}: cannot reach {host}:{port} through SSH: {e}") from None
