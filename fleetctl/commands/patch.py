@@ -2,10 +2,140 @@
 
 from __future__ import annotations
 
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Annotated
+
 import typer
+from rich.table import Table
+from rich.text import Text
+
+from fleetctl import wheels
+from fleetctl.commands import common
+from fleetctl.config.playbook import check_relpath, load_playbook
+from fleetctl.errors import FleetctlError, InputError
 
 patch_app = typer.Typer(help="Local tools for patch authors: apply, check, new.", no_args_is_help=True)
 
 
 def register(app: typer.Typer) -> None:
     app.add_typer(patch_app, name="patch")
+
+
+def _read(path: Path, what: str) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as e:
+        raise InputError(f"cannot read {what} {path}: {e.strerror}") from None
+
+
+def _write_atomic(path: Path, data: bytes, *, like: Path | None = None) -> None:
+    """Write `data` to `path` through a temp file in the same dir and a rename: all or nothing."""
+    parent = path.parent if str(path.parent) else Path(".")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=parent)
+    except OSError as e:
+        raise InputError(f"cannot write {path}: {e.strerror}") from None
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        if like is not None:
+            os.chmod(tmp, like.stat().st_mode & 0o7777)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+@patch_app.command("apply", help="Apply PATCH to BASE strictly (exact context, offsets allowed, no fuzz) "
+                                 "and write OUT. On refusal: exit 1, one-line reason, no OUT.")
+def apply_cmd(
+    base: Annotated[Path, typer.Argument(help="The file to patch.", show_default=False)],
+    patch: Annotated[Path, typer.Argument(help="A unified diff for one file.", show_default=False)],
+    out: Annotated[Path, typer.Option("-o", "--output", help="Where to write the patched file.",
+                                      show_default=False)],
+) -> None:
+    from fleetctl.patching import apply_patch, parse_patch
+
+    original = _read(base, "base file")
+    text = _read(patch, "patch")
+    parse_patch(text, name=str(patch))  # syntax errors name the patch file; fit errors name the base
+    result = apply_patch(original, text, name=str(base))
+    _write_atomic(out, result.output, like=base)
+    common.out.print(f"patched {base} -> {out}", markup=False, highlight=False)
+    for hunk, offset in result.offsets:
+        common.out.print(f"  hunk {hunk} applied at offset {offset:+d} line(s)", markup=False, highlight=False)
+
+
+_STYLE = {"ok": "green", "offsets": "yellow"}
+
+
+@patch_app.command("check", help="For each SGLang version of a playbook: fetch the pinned wheel, check the "
+                                 "pristine files' sha256, apply the patches and compile the results.")
+def check_cmd(
+    playbook: Annotated[Path, typer.Argument(help="Playbook dir or YAML file.", show_default=False)],
+    sglang: Annotated[list[str] | None, typer.Option("--sglang", help="Only this version (repeatable).",
+                                                     show_default=False)] = None,
+    json_out: common.JsonOpt = False,
+) -> None:
+    from fleetctl.patching.authoring import check_playbook
+
+    pb = load_playbook(playbook)
+    results = check_playbook(pb, sglang)
+    failed = [r for r in results if not r.ok]
+    if json_out:
+        common.emit_json({"playbook": str(pb.path), "name": pb.name, "ok": not failed,
+                          "results": [r.as_dict() for r in results]})
+    else:
+        table = Table(title=f"patch check: {pb.name}", title_justify="left")
+        for col in ("version", "file", "status", "detail"):
+            table.add_column(col, overflow="fold")
+        for r in results:
+            style = _STYLE.get(r.status, "red")
+            table.add_row(Text(r.version), Text(r.path), Text(r.status, style=style), Text(r.detail))
+        common.out.print(table)
+    if failed:
+        raise FleetctlError(f"patch check: {len(failed)} of {len(results)} file(s) failed")
+
+
+@patch_app.command("new", help="Diff an edited copy against the pristine file of an SGLang release: print "
+                               "the patch (or write OUT) and, on stderr, the playbook entry to paste.")
+def new_cmd(
+    edited: Annotated[Path, typer.Argument(help="Your edited copy of the file.", show_default=False)],
+    sglang: Annotated[str, typer.Option("--sglang", help="The exact SGLang release (e.g. 0.5.9).",
+                                        show_default=False)],
+    rel: Annotated[str, typer.Option("--file", help="Path inside the sglang package, e.g. "
+                                     "srt/speculative/eagle_worker.py.", show_default=False)],
+    out: Annotated[Path | None, typer.Option("-o", "--output", help="Write the patch here instead of stdout.",
+                                             show_default=False)] = None,
+) -> None:
+    from fleetctl.patching import apply_patch, make_patch
+    from fleetctl.patching.authoring import playbook_snippet
+
+    try:
+        rel = check_relpath(rel)
+    except ValueError as e:
+        raise InputError(f"--file: {e}") from None
+    new = _read(edited, "edited file")
+    pristine = wheels.pristine_bytes(sglang, rel)
+    patch = make_patch(pristine, new, rel)
+    if not patch:
+        raise InputError(f"{edited} is identical to sglang {sglang} {rel}: nothing to patch")
+    if apply_patch(pristine, patch, name=rel).output != new:  # never hand out a patch that lies
+        raise FleetctlError(f"internal error: the patch for {rel} does not reproduce {edited}")
+    if out is None:
+        sys.stdout.buffer.write(patch)
+        sys.stdout.buffer.flush()
+        ref = f"patches/{sglang}/{Path(rel).name}.diff"
+        where = f"# save the patch (stdout) as {ref}, relative to the playbook file"
+    else:
+        _write_atomic(out, patch)
+        ref = str(out)
+        where = f"# wrote {out}; make the patch path relative to the playbook file"
+    common.err.print(f"# playbook entry (under versions:)\n{where}\n"
+                     + playbook_snippet(sglang, rel, ref, wheels.sha256_bytes(pristine)).rstrip("\n"),
+                     markup=False, highlight=False)
