@@ -38,10 +38,11 @@ def _root(
 
 
 def _register_all() -> None:
-    from fleetctl.commands import facts, fleetops, patch, sandbox
+    from fleetctl.commands import facts, fleetops, patch, sandbox, servers
 
     # Order here is the order `fleetctl --help` lists them.
     fleetops.register(app)
+    servers.register(app)
     facts.register(app)
     patch.register(app)
     sandbox.register(app)

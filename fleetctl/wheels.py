@@ -16,8 +16,8 @@ import shutil
 import subprocess
 import sys
 import zipfile
-from contextlib import contextmanager
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from fleetctl.errors import FleetctlError, InputError

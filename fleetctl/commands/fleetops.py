@@ -1,45 +1,343 @@
-"""deploy, verify-logs, rollback, explain, launch, stop, status, history."""
+"""deploy, rollback, status, history (and the commands other modules fill in)."""
 
 from __future__ import annotations
 
+import difflib
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
 import typer
 
-from fleetctl.errors import FleetctlError
+from fleetctl.commands.common import (
+    DEFAULT_FORKS,
+    AcceptNewOpt,
+    DebugOpt,
+    ForksOpt,
+    InventoryOpt,
+    JsonOpt,
+    LimitOpt,
+    emit_json,
+    err,
+    out,
+)
+from fleetctl.commands.context import RunContext, fleet_context
+from fleetctl.config.playbook import Playbook, load_playbook
+from fleetctl.errors import EXIT_FAILED, EXIT_OK, FleetctlError
+from fleetctl.fleet import HostOutcome
+from fleetctl.ledger import Ledger
+from fleetctl.ops.deploy import apply_plan, build_plan, gather, new_op_id
+from fleetctl.ops.rollback import apply_rollback, plan_rollback
+from fleetctl.plan import Plan
+from fleetctl.render import host_progress, status_cell, table
+
+PlaybookArg = Annotated[Path, typer.Argument(help="Playbook YAML, or a directory holding playbook.yaml.",
+                                             show_default=False)]
+
+STATE_STYLE = {"pristine": "cyan", "as-intended": "green", "drifted": "red", "missing": "red", "unsafe": "red",
+               "original": "cyan", "as-deployed": "green", "change": "cyan", "noop": "green", "refused": "red",
+               "unreachable": "red", "failed": "red", "changed": "green", "unchanged": "green",
+               "skipped": "yellow"}
+
+
+def _s(state: str) -> str:
+    return f"[{STATE_STYLE.get(state, 'white')}]{state}[/]"
 
 
 def _pending(name: str, issue: int) -> None:
     raise FleetctlError(f"'fleetctl {name}' is not built yet (tracked in issue {issue})")
 
 
-def register(app: typer.Typer) -> None:
-    @app.command("deploy", help="Patch every host to the playbook's intended files (plan, backup, atomic swap, verify).")
-    def deploy() -> None:
-        _pending("deploy", 3)
+def _tick_run(ctx: RunContext, what: str, fn: Any) -> Any:
+    with host_progress(err, len(ctx.fleet.hosts), what, enabled=not ctx.json) as tick:
+        ctx.fleet.progress = tick
+        try:
+            return fn()
+        finally:
+            ctx.fleet.progress = None
 
-    @app.command("verify-logs", help="Prove from each server's current log, per host and rank, that the patched code runs.")
-    def verify_logs() -> None:
-        _pending("verify-logs", 5)
+
+def render_plan(plan: Plan) -> None:
+    t = table("plan", ["host", "SGLang", "file", "state", "action", "note"])
+    for hp in plan.hosts:
+        if not hp.files:
+            t.add_row(hp.host, hp.version or "", "", "", _s(hp.status), hp.reason)
+            continue
+        for i, fp in enumerate(hp.files):
+            t.add_row(hp.host if i == 0 else "", (hp.version or "") if i == 0 else "", fp.path, _s(fp.state),
+                      fp.action, fp.note)
+        if hp.coverage is not None:
+            c = hp.coverage
+            t.add_row("", "", "(worker that will run)", "covered" if c.covered else "[red]NOT covered[/]",
+                      "refuse" if c.refused else "", c.reason)
+        if hp.interrupted:
+            t.add_row("", "", "(interrupted deploy)", _s("drifted"), "repair", hp.reason)
+    out.print(t)
+    for hp in plan.hosts:
+        if hp.status in ("refused", "unreachable", "failed"):
+            out.print(f"[red]{hp.status}[/] {hp.reason}")
+
+
+def _udiff(a: bytes, b: bytes, la: str, lb: str) -> str:
+    ta = a.decode("utf-8", "replace").splitlines(keepends=True)
+    tb = b.decode("utf-8", "replace").splitlines(keepends=True)
+    return "".join(difflib.unified_diff(ta, tb, la, lb))
+
+
+def print_diffs(ctx: RunContext, plan: Plan) -> None:
+    """Unified diffs, no size limit: remote vs intended; for drifted files also remote vs pristine."""
+    from fleetctl import wheels
+
+    for hp in plan.hosts:
+        if not hp.files or hp.version not in plan.intended:
+            continue
+        it = plan.intended[hp.version]
+        drifted = [f.path for f in hp.files if f.state == "drifted"]
+        remote: dict[str, bytes | None] = {}
+        if drifted:
+            import base64
+
+            host = next(h for h in ctx.fleet.hosts if h.name == hp.host)
+            got = ctx.fleet.connection(host).agent("read_files", {"package_dir": hp.package_dir, "paths": drifted})
+            remote = {k: (base64.b64decode(v) if v is not None else None) for k, v in got.items()}
+        for fp in hp.files:
+            if fp.state == "pristine":
+                now = wheels.pristine_bytes(hp.version or "", fp.path)
+            elif fp.state == "drifted":
+                now = remote.get(fp.path) or b""
+            else:
+                continue
+            label = f"{hp.host}:{fp.path}"
+            out.print(_udiff(now, it[fp.path].data, f"{label} (on host)", f"{label} (intended)"),
+                      markup=False, highlight=False)
+            if fp.state == "drifted":
+                pristine = wheels.pristine_bytes(hp.version or "", fp.path)
+                out.print(_udiff(pristine, now, f"{label} (pristine {hp.version})", f"{label} (on host)"),
+                          markup=False, highlight=False)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("deploy", help="Patch every host to the playbook's intended files: plan, backup, atomic swap, verify.")
+    def deploy(
+        playbook: PlaybookArg,
+        inventory: InventoryOpt = None,
+        limit: LimitOpt = None,
+        forks: ForksOpt = DEFAULT_FORKS,
+        check: bool = typer.Option(False, "--check", help="Show the plan and change nothing."),
+        diff: bool = typer.Option(False, "--diff", help="Print unified diffs (remote vs intended; drifted: also vs pristine)."),
+        force: bool = typer.Option(False, "--force", help="Replace drifted files too (their bytes are backed up)."),
+        allow_uncovered: bool = typer.Option(False, "--allow-uncovered", help="Deploy even where the worker that will run is not patched."),
+        json_out: JsonOpt = False,
+        debug: DebugOpt = False,
+        accept_new_host_keys: AcceptNewOpt = False,
+    ) -> None:
+        pb = load_playbook(playbook)
+        with fleet_context(inventory, limit, forks, json=json_out, debug=debug,
+                           accept_new_host_keys=accept_new_host_keys) as ctx:
+            gathered = _tick_run(ctx, "facts", lambda: gather(ctx.fleet, pb))
+            plan = build_plan(ctx.fleet, pb, gathered, force=force, allow_uncovered=allow_uncovered)
+            if not json_out:
+                render_plan(plan)
+                if diff:
+                    print_diffs(ctx, plan)
+            bad_plan = [hp for hp in plan.hosts if hp.status in ("refused", "unreachable", "failed")]
+            if check:
+                if json_out:
+                    emit_json({"command": "deploy", "check": True, "plan": plan.to_json(),
+                               "elapsed": round(ctx.elapsed(), 3)})
+                else:
+                    n = sum(1 for hp in plan.hosts if hp.status == "change")
+                    err.print(f"deploy --check: {len(plan.hosts)} hosts: {n} would change, "
+                              f"{sum(1 for hp in plan.hosts if hp.status == 'noop')} as intended, "
+                              f"{len(bad_plan)} refused/unreachable; nothing was changed ({ctx.elapsed():.2f}s)")
+                raise typer.Exit(EXIT_FAILED if bad_plan else EXIT_OK)
+            op_id = new_op_id("d")
+            ledger = Ledger()
+            ledger.start(op_id, "deploy", inventory=ctx.inventory.path, playbook=pb.path,
+                         args={"limit": limit, "force": force, "allow_uncovered": allow_uncovered})
+            results = _tick_run(ctx, "deploy", lambda: apply_plan(ctx.fleet, plan, pb, op_id))
+            rows = [results[h.name] for h in ctx.fleet.hosts if h.name in results]
+            failed = [r for r in rows if r.status not in ("changed", "unchanged")]
+            ledger.finish(op_id, "failed" if failed else "ok", [r.to_json() for r in rows])
+            ledger.close()
+            elapsed = ctx.elapsed()
+            changed = sum(1 for r in rows if r.status == "changed")
+            summary = (f"deploy {op_id}: {len(rows)} hosts: {changed} changed, "
+                       f"{sum(1 for r in rows if r.status == 'unchanged')} unchanged, {len(failed)} failed in {elapsed:.2f}s")
+            if json_out:
+                emit_json({"command": "deploy", "deploy_id": op_id, "plan": plan.to_json(),
+                           "results": [r.to_json() for r in rows], "summary": summary, "elapsed": round(elapsed, 3)})
+            else:
+                t = table("result", ["host", "status", "deploy id", "what"])
+                for r in rows:
+                    t.add_row(r.host, _s(r.status), r.deploy_id or "", r.message + "".join(f"\n{n}" for n in r.notes))
+                out.print(t)
+                err.print(summary, markup=False)
+            raise typer.Exit(EXIT_FAILED if failed else EXIT_OK)
 
     @app.command("rollback", help="Restore each host's files to their bytes before its last (or a named) deploy.")
-    def rollback() -> None:
-        _pending("rollback", 3)
+    def rollback(
+        inventory: InventoryOpt = None,
+        limit: LimitOpt = None,
+        forks: ForksOpt = DEFAULT_FORKS,
+        to: str | None = typer.Option(None, "--to", help="Undo this deploy id and every later one on each host."),
+        check: bool = typer.Option(False, "--check", help="Show what would be restored and change nothing."),
+        force: bool = typer.Option(False, "--force", help="Restore files changed since the deploy too (a copy is kept)."),
+        json_out: JsonOpt = False,
+        debug: DebugOpt = False,
+        accept_new_host_keys: AcceptNewOpt = False,
+    ) -> None:
+        with fleet_context(inventory, limit, forks, json=json_out, debug=debug,
+                           accept_new_host_keys=accept_new_host_keys) as ctx:
+            gathered = _tick_run(ctx, "facts", lambda: gather(ctx.fleet, None))
+            plans = plan_rollback(ctx.fleet, gathered, to, force)
+            if not json_out:
+                t = table("rollback plan", ["host", "deploys to undo", "file", "state", "action", "note"])
+                for p in plans:
+                    if not p.files:
+                        t.add_row(p.host, ", ".join(p.deploy_ids), "", "", _s(p.status), p.reason)
+                    for i, f in enumerate(p.files):
+                        t.add_row(p.host if i == 0 else "", ", ".join(p.deploy_ids) if i == 0 else "", f["path"],
+                                  _s(f["state"]), f["action"], p.reason if i == 0 and p.status == "refused" else "")
+                out.print(t)
+            bad = [p for p in plans if p.status in ("refused", "unreachable", "failed")]
+            if check:
+                if json_out:
+                    emit_json({"command": "rollback", "check": True, "plan": [p.to_json() for p in plans]})
+                else:
+                    for p in bad:
+                        out.print(f"[red]{p.status}[/] {p.reason}")
+                raise typer.Exit(EXIT_FAILED if bad else EXIT_OK)
+            op_id = new_op_id("r")
+            ledger = Ledger()
+            ledger.start(op_id, "rollback", inventory=ctx.inventory.path, playbook=None,
+                         args={"limit": limit, "to": to, "force": force})
+            results = _tick_run(ctx, "rollback", lambda: apply_rollback(ctx.fleet, plans, op_id, force))
+            rows = [results[h.name] for h in ctx.fleet.hosts]
+            failed = [r for r in rows if r["status"] not in ("changed", "unchanged", "skipped")]
+            ledger.finish(op_id, "failed" if failed else "ok", rows)
+            ledger.close()
+            summary = (f"rollback {op_id}: {len(rows)} hosts: {sum(1 for r in rows if r['status'] == 'changed')} "
+                       f"restored, {sum(1 for r in rows if r['status'] in ('unchanged', 'skipped'))} nothing to do, "
+                       f"{len(failed)} failed in {ctx.elapsed():.2f}s")
+            if json_out:
+                emit_json({"command": "rollback", "rollback_id": op_id, "plan": [p.to_json() for p in plans],
+                           "results": rows, "summary": summary})
+            else:
+                t = table("result", ["host", "status", "what"])
+                for r in rows:
+                    t.add_row(r["host"], _s(r["status"]), r.get("message", "") + "".join(f"\n{n}" for n in r.get("notes", [])))
+                out.print(t)
+                err.print(summary, markup=False)
+            raise typer.Exit(EXIT_FAILED if failed else EXIT_OK)
+
+    @app.command("status", help="Per host: deploy state of the playbook's files, interrupted deploys, lock, servers.")
+    def status(
+        playbook: Annotated[Path | None, typer.Argument(help="Optional playbook: also classify its files.")] = None,
+        inventory: InventoryOpt = None,
+        limit: LimitOpt = None,
+        forks: ForksOpt = DEFAULT_FORKS,
+        json_out: JsonOpt = False,
+        debug: DebugOpt = False,
+        accept_new_host_keys: AcceptNewOpt = False,
+    ) -> None:
+        pb: Playbook | None = load_playbook(playbook) if playbook else None
+        with fleet_context(inventory, limit, forks, json=json_out, debug=debug,
+                           accept_new_host_keys=accept_new_host_keys) as ctx:
+            gathered = _tick_run(ctx, "facts", lambda: gather(ctx.fleet, pb))
+            plan = build_plan(ctx.fleet, pb, gathered, allow_uncovered=True) if pb else None
+            rows = status_rows(ctx, gathered, plan)
+            problems = [r for r in rows if r["problems"]]
+            if json_out:
+                emit_json({"command": "status", "hosts": rows, "elapsed": round(ctx.elapsed(), 3)})
+            else:
+                t = table(None, ["host", "status", "SGLang", "last deploy", "files", "problems"])
+                for r in rows:
+                    t.add_row(r["host"], status_cell(r["status"]), r.get("version") or "",
+                              r.get("last_deploy") or "", r.get("files") or "", "\n".join(r["problems"]))
+                out.print(t)
+            raise typer.Exit(EXIT_FAILED if problems else EXIT_OK)
+
+    @app.command("history", help="The local ledger of deploys and rollbacks; 'history ID' shows one.")
+    def history(
+        op_id: Annotated[str | None, typer.Argument(help="An operation id to show in full.")] = None,
+        limit_rows: int = typer.Option(30, "--last", help="How many operations to list."),
+        json_out: JsonOpt = False,
+    ) -> None:
+        ledger = Ledger()
+        try:
+            if op_id:
+                d = ledger.get(op_id)
+                if d is None:
+                    raise FleetctlError(f"no operation {op_id} in {ledger.path}", hint="run 'fleetctl history' to list ids")
+                if json_out:
+                    emit_json(d)
+                    raise typer.Exit(0)
+                out.print(f"{d['kind']} {d['id']} by {d['user']}@{d['controller']} at {_ts(d['started'])}: {d['outcome']}")
+                out.print(f"inventory {d['inventory']} (sha256 {str(d['inventory_sha256'])[:12]})")
+                if d["playbook"]:
+                    out.print(f"playbook  {d['playbook']} (sha256 {str(d['playbook_sha256'])[:12]})")
+                t = table(None, ["host", "status", "message"])
+                for h in d["hosts"]:
+                    t.add_row(h["host"], _s(h["status"]), h["message"] or "")
+                out.print(t)
+            else:
+                rows = ledger.list(limit_rows)
+                if json_out:
+                    emit_json({"ledger": str(ledger.path), "operations": rows})
+                    raise typer.Exit(0)
+                t = table(f"history ({ledger.path})", ["id", "kind", "started", "user", "hosts", "failed", "outcome"])
+                for r in rows:
+                    t.add_row(r["id"], r["kind"], _ts(r["started"]), r["user"], str(r["hosts"]), str(r["hosts_failed"]),
+                              _s(r["outcome"] or "running"))
+                out.print(t)
+        finally:
+            ledger.close()
 
     @app.command("explain", help="Say per host which SGLang worker class and file will run, and whether the playbook patches it.")
     def explain() -> None:
         _pending("explain", 4)
 
-    @app.command("launch", help="Start the SGLang servers of the playbook's launch profile and wait until ready.")
-    def launch() -> None:
-        _pending("launch", 5)
 
-    @app.command("stop", help="Stop the servers fleetctl launched (SIGTERM, then SIGKILL after a timeout).")
-    def stop() -> None:
-        _pending("stop", 5)
+def _ts(t: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else ""
 
-    @app.command("status", help="Per host: deploy state of the files, servers running, restart needed.")
-    def status() -> None:
-        _pending("status", 3)
 
-    @app.command("history", help="The local ledger of deploys and rollbacks.")
-    def history() -> None:
-        _pending("history", 3)
+def status_rows(ctx: RunContext, gathered: Any, plan: Plan | None) -> list[dict[str, Any]]:
+    rows = []
+    by_plan = {hp.host: hp for hp in plan.hosts} if plan else {}
+    for h in ctx.fleet.hosts:
+        o: HostOutcome = gathered.outcomes[h.name]
+        if not o.ok:
+            rows.append({"host": h.name, "status": o.status, "problems": [o.message]})
+            continue
+        f = gathered.facts[h.name]
+        st = f.extra.get("state") or {}
+        deploys = st.get("deploys", [])
+        problems = []
+        interrupted = [m for m in deploys if m.get("state") in ("preparing", "applying", "rolling-back")]
+        for m in interrupted:
+            n_app = sum(1 for x in m["files"] if x.get("sha_now") == x.get("sha_after"))
+            problems.append(f"interrupted deploy {m['id']}: {n_app} of {len(m['files'])} files patched "
+                            f"(mixed); run 'fleetctl rollback' or 'fleetctl deploy' to repair")
+        lock = st.get("lock")
+        if lock:
+            problems.append(f"{'stale ' if lock.get('stale') else ''}lock: {lock.get('op')} {lock.get('id')} by {lock.get('by')}")
+        complete = [m for m in deploys if m.get("state") == "complete"]
+        last = complete[-1] if complete else None
+        files_desc = ""
+        hp = by_plan.get(h.name)
+        if hp is not None:
+            counts: dict[str, int] = {}
+            for fp in hp.files:
+                counts[fp.state] = counts.get(fp.state, 0) + 1
+            files_desc = ", ".join(f"{n} {s}" for s, n in counts.items())
+            if hp.status in ("refused", "failed"):
+                problems.append(hp.reason)
+            states = set(counts)
+            if {"pristine", "as-intended"} <= states and not interrupted:
+                problems.append("mixed: some files patched, some original")
+        rows.append({"host": h.name, "status": "ok", "version": f.sglang_version,
+                     "last_deploy": last["id"] if last else None, "files": files_desc, "problems": problems,
+                     "deploys": [{"id": m["id"], "state": m["state"]} for m in deploys]})
+    return rows

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import select
 import shlex
-import socket
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -132,7 +131,7 @@ class HostConnection:
             user=h.user,
             port=h.port,
             config=_fabric_config(self.inventory.ssh_config),
-            connect_timeout=max(1, int(round(h.connect_timeout))),
+            connect_timeout=max(1, round(h.connect_timeout)),
             connect_kwargs=kwargs,
         )
         policies = self._prepare(conn, h.name)
@@ -151,7 +150,7 @@ class HostConnection:
         except paramiko.AuthenticationException as e:
             raise Unreachable(f"{h.name}: authentication failed for {where}: {e}",
                               hint="check 'user:' and 'identity_file:' in the inventory") from None
-        except (TimeoutError, socket.timeout):
+        except TimeoutError:
             raise Unreachable(f"{h.name}: connection to {where} timed out after {h.connect_timeout:g}s",
                               hint="is the host up and the address right?") from None
         except (paramiko.SSHException, OSError, EOFError) as e:

@@ -1,0 +1,1 @@
+"""Operations that apply a plan to hosts: deploy, rollback (launch/verify arrive later)."""

@@ -1,0 +1,147 @@
+"""Deploy: read facts -> plan -> (render, by the caller) -> apply per host -> verify."""
+
+from __future__ import annotations
+
+import base64
+import getpass
+import secrets
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from fleetctl.config.inventory import Host
+from fleetctl.config.playbook import Playbook
+from fleetctl.errors import InputError
+from fleetctl.facts import HostFacts, read_facts
+from fleetctl.fleet import Fleet, HostOutcome
+from fleetctl.payload import intended_for
+from fleetctl.plan import Coverage, HostPlan, Intended, Plan, plan_host
+from fleetctl.transport.ssh import HostConnection
+
+
+def new_op_id(prefix: str = "d") -> str:
+    return f"{prefix}{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+
+
+def who() -> str:
+    return f"{getpass.getuser()}@{socket.gethostname()}"
+
+
+@dataclass
+class Gathered:
+    facts: dict[str, HostFacts]
+    outcomes: dict[str, HostOutcome]
+
+
+def gather(fleet: Fleet, playbook: Playbook | None) -> Gathered:
+    extra = sorted({f.path for files in (playbook.versions.values() if playbook else []) for f in files})
+    outs = fleet.run(lambda c: read_facts(c, extra_files=extra, with_=["state"], gpus=False))
+    return Gathered({o.host: o.data for o in outs if o.ok}, {o.host: o for o in outs})
+
+
+def coverage_for(host: Host, facts: HostFacts, playbook: Playbook) -> Coverage | None:
+    """Which worker file the launch will run, and whether the playbook patches it (SGLang module)."""
+    try:
+        from fleetctl.coverage import host_coverage
+    except ImportError:  # the SGLang knowledge module is not wired in yet
+        return None
+    return host_coverage(host, facts, playbook)
+
+
+def build_plan(fleet: Fleet, playbook: Playbook, gathered: Gathered, *, force: bool = False,
+               allow_uncovered: bool = False) -> Plan:
+    intended: dict[str, dict[str, Intended]] = {}
+    hosts: list[HostPlan] = []
+    for h in fleet.hosts:
+        o = gathered.outcomes[h.name]
+        if not o.ok:
+            hosts.append(HostPlan(h.name, "unreachable" if o.status == "unreachable" else "failed", o.message))
+            continue
+        f = gathered.facts[h.name]
+        v = f.sglang_version
+        if v is not None and v not in intended:
+            it = intended_for(playbook, v)
+            if it is not None:
+                intended[v] = it
+        cov = coverage_for(h, f, playbook) if v in intended else None
+        hosts.append(plan_host(h, f, playbook, intended.get(v) if v else None, force=force, coverage=cov,
+                               allow_uncovered=allow_uncovered))
+    return Plan(str(playbook.path), hosts, intended)
+
+
+@dataclass
+class HostApply:
+    host: str
+    status: str  # changed | unchanged | refused | failed | unreachable
+    message: str = ""
+    deploy_id: str | None = None
+    files: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    elapsed: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"host": self.host, "status": self.status, "message": self.message, "deploy_id": self.deploy_id,
+                "files": self.files, "notes": self.notes, "elapsed": round(self.elapsed, 3)}
+
+
+def apply_plan(fleet: Fleet, plan: Plan, playbook: Playbook, op_id: str, *, validate: bool = True,
+               fault_after_files: dict[str, int] | None = None,
+               hosts: list[str] | None = None) -> dict[str, HostApply]:
+    """Apply the plan to every host whose plan says 'change'. Returns per-host results."""
+    results: dict[str, HostApply] = {}
+    todo: dict[str, HostPlan] = {}
+    for hp in plan.hosts:
+        if hosts is not None and hp.host not in hosts:
+            continue
+        if hp.status == "change":
+            todo[hp.host] = hp
+        elif hp.status == "noop":
+            results[hp.host] = HostApply(hp.host, "unchanged", "already as intended")
+        else:
+            results[hp.host] = HostApply(hp.host, "unreachable" if hp.status == "unreachable" else
+                                         ("refused" if hp.status == "refused" else "failed"), hp.reason)
+
+    def one(conn: HostConnection) -> HostApply:
+        hp = todo[conn.host.name]
+        it = plan.intended[hp.version or ""]
+        files = []
+        for fp in hp.to_patch:
+            data = it[fp.path].data
+            files.append({"path": fp.path, "sha_before": fp.sha_now, "sha_after": fp.sha_intended,
+                          "content_b64": base64.b64encode(data).decode()})
+        payload: dict[str, Any] = {
+            "state_dir": conn.host.state_dir, "deploy_id": op_id, "package_dir": hp.package_dir,
+            "version": hp.version, "playbook": playbook.name, "by": who(), "host": conn.host.name,
+            "files": files, "validate": validate,
+            "verify_paths": [f.path for f in hp.files],
+        }
+        if fault_after_files and conn.host.name in fault_after_files:
+            payload["_fault_after_files"] = fault_after_files[conn.host.name]
+        res = conn.agent("deploy", payload)
+        r = HostApply(conn.host.name, "changed" if res.get("deploy_id") else "unchanged",
+                      f"{len(files)} file(s) patched" if files else "repaired an interrupted deploy",
+                      res.get("deploy_id"), [f["path"] for f in files], res.get("notes", []))
+        # verification: every playbook file must now hold exactly the intended bytes
+        final = res.get("final", {})
+        bad = [f"{fp.path} hashes {(final.get(fp.path) or 'missing')[:12]}, expected {fp.sha_intended[:12]}"
+               for fp in hp.files if final.get(fp.path) != fp.sha_intended]
+        if bad:
+            r.status = "failed"
+            r.message = "verification failed after deploy: " + "; ".join(bad)
+        return r
+
+    targets = [h for h in fleet.hosts if h.name in todo]
+    for o in fleet.run(one, targets):
+        if o.ok:
+            r = o.data
+        else:
+            r = HostApply(o.host, o.status, o.message)
+        r.elapsed = o.elapsed
+        results[o.host] = r
+    return results
+
+
+def require_playbook_versions(plan: Plan) -> None:
+    if not plan.hosts:
+        raise InputError("no hosts selected", hint="check --limit")

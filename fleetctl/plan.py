@@ -1,0 +1,161 @@
+"""facts + playbook -> Plan: pure data saying, per host and file, what deploy would do.
+
+`deploy --check` renders this and stops; `deploy` renders it and hands it to ops/deploy.py.
+Nothing here touches a host.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from fleetctl.config.inventory import Host
+from fleetctl.config.playbook import Playbook
+from fleetctl.facts import HostFacts
+
+FileState = Literal["pristine", "as-intended", "drifted", "missing", "unsafe"]
+OPEN_STATES = ("preparing", "applying", "rolling-back")
+
+
+@dataclass
+class Intended:
+    """The intended bytes of one file for one SGLang version (the same on every host of it)."""
+
+    path: str
+    sha_pristine: str
+    data: bytes
+    sha_intended: str
+    offsets: list[tuple[int, int]] = field(default_factory=list)
+
+
+@dataclass
+class FilePlan:
+    path: str
+    state: FileState
+    action: Literal["patch", "none", "refuse", "force"]
+    sha_now: str | None
+    sha_pristine: str
+    sha_intended: str
+    note: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "state": self.state, "action": self.action, "sha_now": self.sha_now,
+                "sha_pristine": self.sha_pristine, "sha_intended": self.sha_intended, "note": self.note}
+
+
+@dataclass
+class Coverage:
+    worker_class: str | None
+    worker_file: str | None
+    disable_overlap_schedule: bool | None
+    covered: bool | None
+    reason: str
+    refused: str | None = None  # why deploy refuses this host on coverage grounds (None: fine)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"worker_class": self.worker_class, "worker_file": self.worker_file,
+                "disable_overlap_schedule": self.disable_overlap_schedule, "covered": self.covered,
+                "reason": self.reason, "refused": self.refused}
+
+
+@dataclass
+class HostPlan:
+    host: str
+    status: Literal["change", "noop", "refused", "unreachable", "failed"]
+    reason: str = ""
+    version: str | None = None
+    package_dir: str | None = None
+    files: list[FilePlan] = field(default_factory=list)
+    interrupted: list[str] = field(default_factory=list)
+    coverage: Coverage | None = None
+
+    @property
+    def to_patch(self) -> list[FilePlan]:
+        return [f for f in self.files if f.action in ("patch", "force")]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"host": self.host, "status": self.status, "reason": self.reason, "version": self.version,
+                "package_dir": self.package_dir, "interrupted": self.interrupted,
+                "files": [f.to_json() for f in self.files],
+                "coverage": self.coverage.to_json() if self.coverage else None}
+
+
+@dataclass
+class Plan:
+    playbook: str
+    hosts: list[HostPlan]
+    intended: dict[str, dict[str, Intended]]  # version -> path -> Intended
+
+    def to_json(self) -> dict[str, Any]:
+        return {"playbook": self.playbook, "hosts": [h.to_json() for h in self.hosts]}
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def interrupted_deploys(facts: HostFacts) -> list[dict[str, Any]]:
+    st = facts.extra.get("state") or {}
+    return [m for m in st.get("deploys", []) if m.get("state") in OPEN_STATES]
+
+
+def effective_hashes(facts: HostFacts) -> dict[str, str | None]:
+    """Current file hashes as they will be once interrupted deploys are repaired (restored)."""
+    cur = {p: f.sha256 for p, f in facts.files.items()}
+    for m in interrupted_deploys(facts):
+        for f in m.get("files", []):
+            if f.get("sha_now") == f.get("sha_after") and f.get("status") in ("applied", "pending"):
+                cur[f["path"]] = f.get("sha_before")
+    return cur
+
+
+def plan_host(host: Host, facts: HostFacts, playbook: Playbook, intended: dict[str, Intended] | None,
+              *, force: bool, coverage: Coverage | None = None, allow_uncovered: bool = False) -> HostPlan:
+    if not facts.sglang_found:
+        return HostPlan(host.name, "failed", f"{host.name}: sglang is not importable by {facts.python}",
+                        coverage=coverage)
+    v = facts.sglang_version
+    hp = HostPlan(host.name, "noop", version=v, package_dir=facts.sglang_dir, coverage=coverage)
+    if v is None or intended is None:
+        hp.status = "refused"
+        hp.reason = (f"{host.name}: SGLang {v or '(unknown version)'} has no patch set in {playbook.path.name}; "
+                     f"supported: {', '.join(playbook.supported())}")
+        return hp
+    hp.interrupted = [m["id"] for m in interrupted_deploys(facts)]
+    now = effective_hashes(facts)
+    refusals = []
+    for rel, it in intended.items():
+        ff = facts.files.get(rel)
+        s = now.get(rel)
+        if ff is not None and (ff.escapes or ff.symlink):
+            fp = FilePlan(rel, "unsafe", "refuse", s, it.sha_pristine, it.sha_intended,
+                          f"is a symlink to {ff.symlink}" + (" outside the package dir" if ff.escapes else ""))
+        elif ff is None or not ff.exists or s is None:
+            fp = FilePlan(rel, "missing", "refuse", None, it.sha_pristine, it.sha_intended, "not on the host")
+        elif s == it.sha_intended:
+            fp = FilePlan(rel, "as-intended", "none", s, it.sha_pristine, it.sha_intended)
+        elif s == it.sha_pristine:
+            fp = FilePlan(rel, "pristine", "patch", s, it.sha_pristine, it.sha_intended)
+        else:
+            fp = FilePlan(rel, "drifted", "force" if force else "refuse", s, it.sha_pristine, it.sha_intended,
+                          "someone edited it" + ("; --force replaces it (backup kept)" if force else ""))
+        hp.files.append(fp)
+        if fp.action == "refuse":
+            refusals.append(fp)
+    if refusals:
+        f = refusals[0]
+        hint = {"drifted": "inspect with --diff, then --force to replace it (a backup is kept)",
+                "missing": "is this the right SGLang install?",
+                "unsafe": "fleetctl never writes through a symlink; replace it with a regular file"}[f.state]
+        hp.status = "refused"
+        hp.reason = f"{host.name}: {f.path} is {f.state} ({f.note}); {hint}"
+        return hp
+    if coverage is not None and coverage.refused and not allow_uncovered:
+        hp.status = "refused"
+        hp.reason = f"{host.name}: {coverage.refused}"
+        return hp
+    hp.status = "change" if hp.to_patch or hp.interrupted else "noop"
+    if hp.interrupted:
+        hp.reason = f"interrupted deploy {', '.join(hp.interrupted)} will be repaired first"
+    return hp

@@ -1,0 +1,464 @@
+"""Agent part: the host's deploy state (lock, manifests, backups) and the one dangerous
+primitive, `replace_file` (temp in the same dir -> fsync -> validate -> rename -> re-hash).
+
+Layout under the host's state dir (default ~/.fleetctl, mode 0700):
+    lock                         JSON of the holder; O_EXCL-created, removed on release
+    deploys/<id>/manifest.json   what the deploy did, per file, and how far it got
+    deploys/<id>/backup/<path>   the original bytes of every file the deploy changed
+"""
+
+if __name__ != "fleetctl_agent":  # imported locally (tests); on the host the parts are concatenated
+    from fleetctl.remote.agent import *  # noqa: F403
+    from fleetctl.remote.agent import ACTIONS, EXTRA_FACTS, AgentError, expand, file_info, sha256_file  # noqa: F401
+
+import base64
+import hashlib
+import json
+import os
+import socket
+import stat
+import sys
+import tempfile
+import time
+
+MANIFEST = "manifest.json"
+OPEN_STATES = ("preparing", "applying", "rolling-back")
+
+
+# ----------------------------------------------------------------------------- fs primitives
+
+
+def fsync_dir(path):
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path, data, mode=0o600):
+    """Write a small state file atomically (temp + fsync + rename + dir fsync)."""
+    d = os.path.dirname(path)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=d)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    fsync_dir(d)
+
+
+def safe_target(pkg_dir, rel):
+    """Absolute path of rel inside pkg_dir; refuses escapes and symlinks (in the final part or on the way)."""
+    if os.path.isabs(rel) or ".." in rel.split("/"):
+        raise AgentError("%s: path escapes the package dir" % rel, "bad_input")
+    pkg_real = os.path.realpath(pkg_dir)
+    path = os.path.join(pkg_dir, rel)
+    real = os.path.realpath(path)
+    if not (real.startswith(pkg_real + os.sep)):
+        raise AgentError("%s: resolves to %s, outside the package dir %s" % (rel, real, pkg_real), "bad_input")
+    if os.path.islink(path):
+        raise AgentError("%s: is a symlink (to %s); refusing to replace it" % (rel, os.readlink(path)), "bad_input")
+    return path
+
+
+def replace_file(path, data, mode, uid, gid, expect_sha, validate_python=True, tag="fleetctl"):
+    """Replace `path` with `data` atomically. Nothing is changed unless every check passes.
+
+    temp file in the same dir (O_EXCL, 0600) -> write -> fsync -> py_compile (host's python)
+    -> chmod/chown as recorded -> rename over -> fsync dir -> re-hash == expect_sha.
+    """
+    d = os.path.dirname(path)
+    base = os.path.basename(path)
+    tmp = os.path.join(d, ".%s.%s.%d.tmp" % (base, tag, os.getpid()))
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        if validate_python and path.endswith(".py"):
+            # the same check py_compile does, on the bytes just written, without writing a .pyc
+            with open(tmp, "rb") as fh:
+                written = fh.read()
+            try:
+                compile(written, path, "exec", dont_inherit=True)
+            except (SyntaxError, ValueError) as e:
+                raise AgentError("%s: new content does not compile with %s (python %s): %s"
+                                 % (path, sys.executable, sys.version.split()[0], e), "validate") from None
+        if uid is not None and os.geteuid() == 0:
+            try:
+                os.chown(tmp, uid, gid)
+            except OSError:
+                pass
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    fsync_dir(d)
+    got = sha256_file(path)
+    if expect_sha and got != expect_sha:
+        raise AgentError("%s: after replace the file hashes %s, expected %s" % (path, got[:12], expect_sha[:12]),
+                         "verify")
+    return got
+
+
+# ----------------------------------------------------------------------------- state dir, lock
+
+
+def state_paths(state_dir):
+    root = expand(state_dir)
+    return root, os.path.join(root, "deploys"), os.path.join(root, "lock")
+
+
+def ensure_state_dir(state_dir):
+    root, deploys, _ = state_paths(state_dir)
+    for d in (root, deploys):
+        try:
+            os.mkdir(d, 0o700)
+        except FileExistsError:
+            pass
+    return root
+
+
+def _pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def read_lock(state_dir):
+    _, _, lock = state_paths(state_dir)
+    try:
+        with open(lock) as fh:
+            info = json.load(fh)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        info = {"holder": "unreadable lock file"}
+    pid = info.get("pid")
+    info["stale"] = not (isinstance(pid, int) and _pid_alive(pid))
+    return info
+
+
+def acquire_lock(state_dir, op, deploy_id, who):
+    """O_EXCL lock; a lock whose holder process is gone is reported and taken over."""
+    ensure_state_dir(state_dir)
+    _, _, lock = state_paths(state_dir)
+    info = {"pid": os.getpid(), "op": op, "id": deploy_id, "by": who, "since": time.time(),
+            "host": socket.gethostname()}
+    notes = []
+    for _ in range(2):
+        try:
+            fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            held = read_lock(state_dir) or {}
+            if held.get("stale"):
+                notes.append("removed a stale lock of %s %s by %s (its process %s is gone)"
+                             % (held.get("op"), held.get("id"), held.get("by"), held.get("pid")))
+                try:
+                    os.unlink(lock)
+                except FileNotFoundError:
+                    pass
+                continue
+            raise AgentError("locked: %s %s by %s since %s (pid %s); wait for it or check that host"
+                             % (held.get("op"), held.get("id"), held.get("by"),
+                                time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(held.get("since", 0))),
+                                held.get("pid")), "locked") from None
+        with os.fdopen(fd, "w") as fh:
+            json.dump(info, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        return notes
+    raise AgentError("could not take the lock at %s" % lock, "locked")
+
+
+def release_lock(state_dir):
+    _, _, lock = state_paths(state_dir)
+    try:
+        with open(lock) as fh:
+            info = json.load(fh)
+        if info.get("pid") == os.getpid():
+            os.unlink(lock)
+    except (OSError, ValueError):
+        pass
+
+
+# ----------------------------------------------------------------------------- manifests
+
+
+def manifest_path(state_dir, deploy_id):
+    _, deploys, _ = state_paths(state_dir)
+    if not deploy_id or "/" in deploy_id or deploy_id.startswith("."):
+        raise AgentError("bad deploy id %r" % deploy_id, "bad_input")
+    return os.path.join(deploys, deploy_id, MANIFEST)
+
+
+def load_manifest(state_dir, deploy_id):
+    with open(manifest_path(state_dir, deploy_id)) as fh:
+        return json.load(fh)
+
+
+def save_manifest(state_dir, m):
+    m["updated"] = time.time()
+    write_atomic(manifest_path(state_dir, m["id"]), json.dumps(m, indent=1, sort_keys=True).encode())
+
+
+def list_manifests(state_dir):
+    _, deploys, _ = state_paths(state_dir)
+    out = []
+    try:
+        names = os.listdir(deploys)
+    except OSError:
+        return out
+    for name in names:
+        try:
+            with open(os.path.join(deploys, name, MANIFEST)) as fh:
+                out.append(json.load(fh))
+        except (OSError, ValueError):
+            continue
+    out.sort(key=lambda m: (m.get("created", 0), m.get("id", "")))
+    return out
+
+
+def manifest_summary(m, pkg_dir=None):
+    files = []
+    for f in m.get("files", []):
+        cur = None
+        if pkg_dir or m.get("package_dir"):
+            p = os.path.join(m.get("package_dir") or pkg_dir, f["path"])
+            try:
+                cur = sha256_file(p)
+            except OSError:
+                cur = None
+        files.append({"path": f["path"], "sha_before": f.get("sha_before"), "sha_after": f.get("sha_after"),
+                      "status": f.get("status"), "sha_now": cur})
+    return {k: m.get(k) for k in ("id", "state", "created", "updated", "package_dir", "version", "playbook",
+                                  "by", "rolled_back_at", "note")} | {"files": files}
+
+
+def state_facts(p, sg):
+    """Extra facts: lock holder and every manifest with the current hash of its files."""
+    sd = p.get("state_dir") or "~/.fleetctl"
+    return {"lock": read_lock(sd), "deploys": [manifest_summary(m) for m in list_manifests(sd)],
+            "state_dir": expand(sd)}
+
+
+EXTRA_FACTS["state"] = state_facts
+
+
+# ----------------------------------------------------------------------------- transactions
+
+
+def _restore_files(state_dir, m, entries, force=False, forced_dir=None):
+    """Put each entry's backup back (atomically) and verify sha_before. Returns per-file results."""
+    results = []
+    bdir = os.path.join(os.path.dirname(manifest_path(state_dir, m["id"])), "backup")
+    for f in entries:
+        path = os.path.join(m["package_dir"], f["path"])
+        try:
+            cur = sha256_file(path)
+        except FileNotFoundError:
+            cur = None
+        if cur == f["sha_before"]:
+            results.append({"path": f["path"], "action": "already original"})
+            continue
+        if cur != f.get("sha_after") and not force:
+            results.append({"path": f["path"], "action": "refused", "sha_now": cur,
+                            "why": "changed since the deploy (neither its patched nor its original bytes)"})
+            continue
+        if cur is not None and cur != f.get("sha_after") and forced_dir:
+            os.makedirs(os.path.dirname(os.path.join(forced_dir, f["path"])), mode=0o700, exist_ok=True)
+            with open(path, "rb") as src, open(os.path.join(forced_dir, f["path"]), "wb") as dst:
+                dst.write(src.read())
+        with open(os.path.join(bdir, f["path"]), "rb") as fh:
+            data = fh.read()
+        safe_target(m["package_dir"], f["path"])
+        replace_file(path, data, f["mode"], f.get("uid"), f.get("gid"), f["sha_before"], validate_python=False,
+                     tag="fleetctl-restore")
+        results.append({"path": f["path"], "action": "restored", "sha_now": f["sha_before"]})
+    return results
+
+
+def recover_interrupted(state_dir):
+    """Undo every deploy that was cut off half-way, so the host is all-original again."""
+    notes = []
+    for m in list_manifests(state_dir):
+        if m.get("state") not in OPEN_STATES:
+            continue
+        entries = [f for f in m.get("files", []) if f.get("backed_up")]
+        res = _restore_files(state_dir, m, entries)
+        bad = [r for r in res if r["action"] == "refused"]
+        if bad:
+            raise AgentError("interrupted deploy %s cannot be repaired automatically: %s %s"
+                             % (m["id"], bad[0]["path"], bad[0]["why"]), "drifted")
+        m["state"] = "interrupted-restored"
+        m["note"] = "cut off while %s; restored to the original files" % m.get("state")
+        save_manifest(state_dir, m)
+        notes.append("repaired interrupted deploy %s: %d file(s) restored"
+                     % (m["id"], sum(1 for r in res if r["action"] == "restored")))
+    return notes
+
+
+def _final(pkg, p):
+    """Hashes of the files the controller wants verified, read after the transaction."""
+    out = {}
+    for rel in p.get("verify_paths", []):
+        try:
+            out[rel] = sha256_file(os.path.join(pkg, rel))
+        except OSError:
+            out[rel] = None
+    return out
+
+
+def action_deploy(p):
+    """Apply one host's planned files in one transaction: all intended, or all original."""
+    sd = p["state_dir"]
+    did = p["deploy_id"]
+    pkg = p["package_dir"]
+    notes = acquire_lock(sd, "deploy", did, p.get("by", "?"))
+    try:
+        notes += recover_interrupted(sd)
+        files = p["files"]
+        plan = []
+        for f in files:
+            path = safe_target(pkg, f["path"])
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:
+                raise AgentError("%s: missing on the host" % f["path"], "missing") from None
+            cur = sha256_file(path)
+            if cur != f["sha_before"]:
+                raise AgentError("%s changed since the plan (now %s, planned against %s); run deploy --check again"
+                                 % (f["path"], cur[:12], f["sha_before"][:12]), "changed")
+            plan.append((f, path, st))
+        if not plan:
+            return {"deploy_id": None, "files": [], "notes": notes, "final": _final(pkg, p)}
+        ddir = os.path.dirname(manifest_path(sd, did))
+        os.makedirs(os.path.join(ddir, "backup"), mode=0o700)
+        m = {"id": did, "kind": "deploy", "state": "preparing", "created": time.time(), "package_dir": pkg,
+             "version": p.get("version"), "playbook": p.get("playbook"), "by": p.get("by"),
+             "host": p.get("host"), "files": []}
+        for f, path, st in plan:
+            m["files"].append({"path": f["path"], "sha_before": f["sha_before"], "sha_after": f["sha_after"],
+                               "mode": stat.S_IMODE(st.st_mode), "uid": st.st_uid, "gid": st.st_gid,
+                               "status": "pending", "backed_up": False})
+        save_manifest(sd, m)
+        bdir = os.path.join(ddir, "backup")
+        for entry, (f, path, st) in zip(m["files"], plan):
+            dst = os.path.join(bdir, f["path"])
+            os.makedirs(os.path.dirname(dst), mode=0o700, exist_ok=True)
+            with open(path, "rb") as src:
+                data = src.read()
+            if hashlib.sha256(data).hexdigest() != f["sha_before"]:
+                raise AgentError("%s changed while backing up" % f["path"], "changed")
+            write_atomic(dst, data, 0o600)
+            entry["backed_up"] = True
+        m["state"] = "applying"
+        save_manifest(sd, m)
+        fault = p.get("_fault_after_files")  # test hook: stop dead after N renames
+        done = 0
+        try:
+            for entry, (f, path, st) in zip(m["files"], plan):
+                data = base64.b64decode(f["content_b64"])
+                replace_file(path, data, entry["mode"], entry["uid"], entry["gid"], f["sha_after"],
+                             validate_python=p.get("validate", True))
+                entry["status"] = "applied"
+                save_manifest(sd, m)
+                done += 1
+                if fault is not None and done >= fault:
+                    os._exit(99)
+        except BaseException as e:
+            res = _restore_files(sd, m, [x for x in m["files"] if x["backed_up"]], force=True)
+            m["state"] = "failed-restored"
+            m["note"] = str(e)
+            save_manifest(sd, m)
+            kind = getattr(e, "kind", "failed")
+            raise AgentError("%s; the host was restored to its original files (%d restored)"
+                             % (e, sum(1 for r in res if r["action"] == "restored")), kind) from None
+        m["state"] = "complete"
+        save_manifest(sd, m)
+        return {"deploy_id": did, "files": [{"path": x["path"], "sha_after": x["sha_after"]} for x in m["files"]],
+                "notes": notes, "final": _final(pkg, p)}
+    finally:
+        release_lock(sd)
+
+
+def action_rollback(p):
+    """Undo the named deploys, newest first, restoring their recorded original bytes."""
+    sd = p["state_dir"]
+    force = bool(p.get("force"))
+    notes = acquire_lock(sd, "rollback", p.get("rollback_id"), p.get("by", "?"))
+    try:
+        notes += recover_interrupted(sd)
+        done = []
+        for did in p["deploy_ids"]:
+            try:
+                m = load_manifest(sd, did)
+            except FileNotFoundError:
+                raise AgentError("no deploy %s on this host" % did, "bad_input") from None
+            if m.get("state") not in ("complete",):
+                done.append({"deploy_id": did, "state": m.get("state"), "files": [], "skipped": True})
+                continue
+            entries = [f for f in m["files"] if f.get("status") == "applied"]
+            # check everything first: refuse before changing anything
+            pre = []
+            for f in entries:
+                safe_target(m["package_dir"], f["path"])
+                try:
+                    cur = sha256_file(os.path.join(m["package_dir"], f["path"]))
+                except FileNotFoundError:
+                    cur = None
+                if cur not in (f["sha_after"], f["sha_before"]) and not force:
+                    pre.append("%s changed since deploy %s (now %s)" % (f["path"], did, (cur or "missing")[:12]))
+            if pre:
+                raise AgentError(pre[0] + "; rerun with --force to overwrite it (a copy is kept)", "drifted")
+            m["state"] = "rolling-back"
+            save_manifest(sd, m)
+            forced_dir = os.path.join(os.path.dirname(manifest_path(sd, did)), "forced-%d" % int(time.time()))
+            res = _restore_files(sd, m, entries, force=force, forced_dir=forced_dir)
+            m["state"] = "rolled-back"
+            m["rolled_back_at"] = time.time()
+            m["rolled_back_by"] = p.get("by")
+            save_manifest(sd, m)
+            done.append({"deploy_id": did, "state": "rolled-back", "files": res})
+        return {"rollbacks": done, "notes": notes}
+    finally:
+        release_lock(sd)
+
+
+def action_read_files(p):
+    pkg = p["package_dir"]
+    out = {}
+    for rel in p["paths"]:
+        path = safe_target(pkg, rel)
+        try:
+            with open(path, "rb") as fh:
+                out[rel] = base64.b64encode(fh.read()).decode()
+        except FileNotFoundError:
+            out[rel] = None
+    return out
+
+
+ACTIONS.update({"deploy": action_deploy, "rollback": action_rollback, "read_files": action_read_files})
