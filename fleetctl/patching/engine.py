@@ -399,36 +399,39 @@ def _find(img: list[bytes], taken: bytearray, pre: list[bytes], pos: int, at_sta
 
 def _does_not_apply(name: str, stated: Hunk, hunk: Hunk, orig: list[bytes], last_offset: int,
                     at_start: bool, at_end: bool, reverse: bool) -> PatchDoesNotApply:
-    """Explain the first difference where the hunk should have gone: its stated line, moved by the
-    offset the hunk before it needed. Line numbers are those of the file given."""
+    """Explain the first difference where the hunk should have gone: its stated line moved by the
+    offset the hunk before it needed (or the start/end of the file for an anchored hunk).
+    Line numbers are those of the file given."""
     pre = hunk.old_lines
     kinds = [k for k, _ in hunk.lines if k != ADDED]
-    if at_start:
-        at = 0
-    elif at_end:
-        at = max(len(orig) - len(pre), 0)
-    else:
-        at = min(max(hunk.old_start - 1 + last_offset, 0), len(orig))
-    verb = "cannot be undone" if reverse else "does not apply"
-    head = f"{name}: hunk {stated.number} ({stated.header}) {verb}"
-    changed = "added line" if reverse else "removed line"
-    for k, want in enumerate(pre):
-        line_no = at + k + 1
-        if at + k >= len(orig):
-            return PatchDoesNotApply(f"{head}: the file ends at line {len(orig)}, inside the hunk",
-                                     hunk=stated, line=line_no)
-        got = orig[at + k]
-        if got != want:
-            what = "context" if kinds[k] == CONTEXT else changed
-            return PatchDoesNotApply(f"{head}: {what} at line {line_no} differs{_why(want, got)}",
-                                     hunk=stated, line=line_no)
-    if at_start:
-        why = "a hunk at line 1 must match at the start of the file"
-    elif at_end:
-        why = "a hunk without trailing context must match at the end of the file"
-    else:
-        why = "its lines overlap lines an earlier hunk changed"
-    return PatchDoesNotApply(f"{head}: {why}", hunk=stated, line=at + 1)
+    near = min(max(hunk.old_start - 1 + last_offset, 0), len(orig))
+    at = 0 if at_start else max(len(orig) - len(pre), 0) if at_end else near
+    head = f"{name}: hunk {stated.number} ({stated.header}) {'cannot be undone' if reverse else 'does not apply'}"
+
+    def fail(why: str, line: int) -> PatchDoesNotApply:
+        return PatchDoesNotApply(f"{head}: {why}", hunk=stated, line=line)
+
+    def first_difference(where: int) -> PatchDoesNotApply | None:
+        for k, want in enumerate(pre):
+            if where + k >= len(orig):
+                return fail(f"the file ends at line {len(orig)}, inside the hunk", where + k + 1)
+            got = orig[where + k]
+            if got != want:
+                what = "context" if kinds[k] == CONTEXT else "added line" if reverse else "removed line"
+                return fail(f"{what} at line {where + k + 1} differs{_why(want, got)}", where + k + 1)
+        return None
+
+    problem = first_difference(at)
+    if problem is None:
+        return fail("its lines overlap lines an earlier hunk changed", at + 1)
+    if at_start or at_end:  # is it elsewhere, just not where it must be?
+        found = _find(orig, bytearray(len(orig)), pre, near, False, False)
+        if found >= 0:
+            where = "start" if at_start else "end"
+            rule = "a hunk at line 1" if at_start else "a hunk without trailing context"
+            return fail(f"{rule} must match at the {where} of the file, and its lines are at line {found + 1}",
+                        found + 1)
+    return problem
 
 
 def _why(want: bytes, got: bytes) -> str:
