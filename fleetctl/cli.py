@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     except FleetctlError as e:
         if debug:
             traceback.print_exc()
-        common.err.print(f"error: {e.line()}", markup=False, highlight=False)
+        sys.stderr.write(f"error: {e.line()}\n")  # one line, never wrapped
         code = e.exit_code
     except KeyboardInterrupt:
         common.err.print("interrupted", markup=False)
@@ -73,8 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # an internal error: one line unless --debug
         if debug:
             traceback.print_exc()
-        common.err.print(f"internal error: {e.__class__.__name__}: {e} (rerun with --debug for the traceback)",
-                         markup=False, highlight=False)
+        sys.stderr.write(f"internal error: {e.__class__.__name__}: {e} (rerun with --debug for the traceback)\n")
         code = EXIT_FAILED
     sys.stdout.flush()
     return code

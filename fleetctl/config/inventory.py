@@ -12,6 +12,7 @@ Host values override group values, which override `defaults`.
 from __future__ import annotations
 
 import fnmatch
+import re
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -37,6 +38,29 @@ class SecretValue(Strict):
 EnvValue = str | int | float | bool | SecretValue
 
 
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+FLAG_RE = re.compile(r"^--[A-Za-z0-9][A-Za-z0-9_\-]*$")
+
+
+def check_env(v: dict[str, Any] | None) -> dict[str, Any] | None:
+    for k, val in (v or {}).items():
+        if not ENV_NAME_RE.match(k):
+            raise ValueError(f"environment variable name {k!r} is not a valid name (letters, digits, _)")
+        text = val.value if isinstance(val, SecretValue) else str(val)
+        if "\0" in text:
+            raise ValueError(f"environment value of {k} holds a NUL byte")
+    return v
+
+
+def check_flags(v: dict[str, Any] | None) -> dict[str, Any] | None:
+    for k, val in (v or {}).items():
+        if not FLAG_RE.match(k):
+            raise ValueError(f"flag {k!r} must look like --some-flag")
+        if isinstance(val, (dict, list)):
+            raise ValueError(f"flag {k} must have a scalar value (string, number, true/false)")
+    return v
+
+
 class HostFields(Strict):
     """Keys allowed both in `defaults:` and in a host entry."""
 
@@ -56,6 +80,9 @@ class HostFields(Strict):
     connect_timeout: Annotated[float, Field(gt=0)] | None = None
     command_timeout: Annotated[float, Field(gt=0)] | None = None
 
+    _env = field_validator("env")(classmethod(lambda cls, v: check_env(v)))
+    _flags = field_validator("flags")(classmethod(lambda cls, v: check_flags(v)))
+
     @field_validator("gpus")
     @classmethod
     def _gpus(cls, v: int | list[int] | None) -> int | list[int] | None:
@@ -69,6 +96,9 @@ class HostFields(Strict):
 class GroupFields(Strict):
     env: dict[str, EnvValue] | None = None
     flags: dict[str, Any] | None = None
+
+    _env = field_validator("env")(classmethod(lambda cls, v: check_env(v)))
+    _flags = field_validator("flags")(classmethod(lambda cls, v: check_flags(v)))
 
 
 class InventoryFile(Strict):
@@ -182,10 +212,6 @@ def load_inventory(path: Path | str) -> Inventory:
     for name, h in raw.hosts.items():
         h = h or HostFields()
         groups = h.groups if h.groups is not None else (d.groups or [])
-        for g in groups:
-            if g not in raw.groups and g != name:
-                # groups need not be declared; only declared groups carry overrides
-                pass
         env: dict[str, EnvValue] = dict(d.env or {})
         flags: dict[str, Any] = dict(d.flags or {})
         for g in groups:

@@ -72,15 +72,15 @@ def load_yaml(path: Path, what: str) -> YamlDoc:
     return YamlDoc(path=path, data=data, root=root)
 
 
-def _fix_for(err: dict[str, Any], key: str) -> str:
+def _fix_for(err: dict[str, Any], key: str) -> str | None:
     kind = err.get("type", "")
     if kind == "extra_forbidden":
         return f"remove '{key}' or check its spelling"
     if kind == "missing":
-        return f"add '{key}'"
+        return f"add '{key}:'"
     if kind.endswith("_type") or kind.endswith("_parsing"):
         return f"'{key}' must be {kind.split('_')[0]}"
-    return err.get("msg", "fix the value")
+    return None
 
 
 def validate(doc: YamlDoc, model: type[M], what: str) -> M:
@@ -96,6 +96,11 @@ def validate(doc: YamlDoc, model: type[M], what: str) -> M:
         key = str(loc[-1]) if loc else "(top level)"
         line = doc.line_of(loc)
         msg = err.get("msg", "invalid")
-        if err.get("type") == "extra_forbidden":
+        kind = err.get("type")
+        if kind == "extra_forbidden":
             msg = "unknown key"
+        elif kind == "missing":
+            msg = "missing"
+        elif kind == "value_error":
+            msg = msg.removeprefix("Value error, ")
         raise InputError(f"{doc.path}:{line}: {keypath}: {msg}", hint=_fix_for(err, key)) from None

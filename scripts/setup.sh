@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Set up a fresh machine for fleetctl: a virtualenv with fleetctl and its test tools, and
+# OpenSSH's sshd (the sandbox fleet runs real sshd on loopback). Idempotent; run as root for apt.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PYTHON:-python3.11}
+command -v "$PY" >/dev/null 2>&1 || PY=python3
+if [ ! -x .venv/bin/python ]; then
+    echo "setup: creating .venv with $($PY --version)"
+    "$PY" -m venv .venv
+fi
+if ! .venv/bin/python -c "import fleetctl, pytest, ruff" >/dev/null 2>&1 \
+   || [ pyproject.toml -nt .venv/.fleetctl-installed ]; then
+    echo "setup: installing fleetctl and test tools into .venv"
+    .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
+    touch .venv/.fleetctl-installed
+fi
+
+if [ ! -x /usr/sbin/sshd ]; then
+    echo "setup: installing openssh-server (the sandbox fleet runs real sshd on 127.0.0.1)"
+    if [ "$(id -u)" != 0 ]; then
+        echo "setup: /usr/sbin/sshd is missing and this is not root: install openssh-server, then rerun" >&2
+        exit 2
+    fi
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends openssh-server openssh-client >/dev/null
+fi
+mkdir -p /run/sshd 2>/dev/null || true

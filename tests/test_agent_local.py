@@ -1,0 +1,140 @@
+"""The remote agent's transaction code, run locally on real files (the same code the hosts run)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fleetctl.remote import agent_deploy as ad
+from fleetctl.remote import agent_source
+from fleetctl.remote.agent import AgentError
+from fleetctl.transport.ssh import BOOTSTRAP
+
+
+def sha(b: bytes) -> str:
+    return hashlib.sha256(b).hexdigest()
+
+
+@pytest.fixture
+def pkg(tmp_path: Path) -> Path:
+    p = tmp_path / "site" / "sglang"
+    (p / "srt" / "speculative").mkdir(parents=True)
+    (p / "__init__.py").write_text("")
+    (p / "srt" / "a.py").write_bytes(b"A = 1\n")
+    (p / "srt" / "speculative" / "b.py").write_bytes("B = '\u2013 dash'\n".encode())
+    os.chmod(p / "srt" / "a.py", 0o644)
+    return p
+
+
+def payload(tmp_path: Path, pkg: Path, new: dict[str, bytes], did: str = "d1") -> dict:
+    files = []
+    for rel, data in new.items():
+        before = (pkg / rel).read_bytes()
+        files.append({"path": rel, "sha_before": sha(before), "sha_after": sha(data),
+                      "content_b64": base64.b64encode(data).decode()})
+    return {"state_dir": str(tmp_path / "state"), "deploy_id": did, "package_dir": str(pkg), "version": "0",
+            "playbook": "t", "by": "test", "files": files, "verify_paths": list(new)}
+
+
+def run_agent_subprocess(p: dict) -> subprocess.CompletedProcess[bytes]:
+    """Run the agent exactly as a host does: python -c BOOTSTRAP with the source on stdin."""
+    src = agent_source()
+    data = b"%010d" % len(src) + src + json.dumps(p).encode()
+    return subprocess.run([sys.executable, "-c", BOOTSTRAP], input=data, capture_output=True)
+
+
+def test_deploy_then_rollback_byte_identical(tmp_path: Path, pkg: Path) -> None:
+    orig_a = (pkg / "srt/a.py").read_bytes()
+    orig_b = (pkg / "srt/speculative/b.py").read_bytes()
+    res = ad.action_deploy(payload(tmp_path, pkg, {"srt/a.py": b"A = 2\n", "srt/speculative/b.py": b"B = 3\n"}))
+    assert res["deploy_id"] == "d1"
+    assert res["final"] == {"srt/a.py": sha(b"A = 2\n"), "srt/speculative/b.py": sha(b"B = 3\n")}
+    assert oct(os.stat(pkg / "srt/a.py").st_mode & 0o777) == oct(0o644)
+    m = ad.load_manifest(str(tmp_path / "state"), "d1")
+    assert m["state"] == "complete" and all(f["status"] == "applied" for f in m["files"])
+    assert not list((pkg / "srt").glob(".*tmp"))
+    out = ad.action_rollback({"state_dir": str(tmp_path / "state"), "deploy_ids": ["d1"], "by": "t"})
+    assert [f["action"] for f in out["rollbacks"][0]["files"]] == ["restored", "restored"]
+    assert (pkg / "srt/a.py").read_bytes() == orig_a
+    assert (pkg / "srt/speculative/b.py").read_bytes() == orig_b
+    # idempotent
+    again = ad.action_rollback({"state_dir": str(tmp_path / "state"), "deploy_ids": ["d1"], "by": "t"})
+    assert again["rollbacks"][0].get("skipped")
+
+
+def test_second_file_failing_to_compile_restores_the_first(tmp_path: Path, pkg: Path) -> None:
+    orig_a = (pkg / "srt/a.py").read_bytes()
+    p = payload(tmp_path, pkg, {"srt/a.py": b"A = 2\n", "srt/speculative/b.py": b"def broken(:\n"})
+    with pytest.raises(AgentError, match=r"does not compile.*restored to its original files"):
+        ad.action_deploy(p)
+    assert (pkg / "srt/a.py").read_bytes() == orig_a
+    assert ad.load_manifest(str(tmp_path / "state"), "d1")["state"] == "failed-restored"
+    assert ad.read_lock(str(tmp_path / "state")) is None
+    leftovers = [x for x in pkg.rglob("*") if "tmp" in x.name]
+    assert leftovers == []
+
+
+def test_changed_since_plan_refused_before_any_change(tmp_path: Path, pkg: Path) -> None:
+    p = payload(tmp_path, pkg, {"srt/a.py": b"A = 2\n"})
+    (pkg / "srt/a.py").write_bytes(b"A = 'edited'\n")
+    with pytest.raises(AgentError, match="changed since the plan"):
+        ad.action_deploy(p)
+    assert (pkg / "srt/a.py").read_bytes() == b"A = 'edited'\n"
+
+
+def test_symlink_and_escape_refused(tmp_path: Path, pkg: Path) -> None:
+    outside = tmp_path / "outside.py"
+    outside.write_bytes(b"X = 1\n")
+    (pkg / "srt/link.py").symlink_to(outside)
+    with pytest.raises(AgentError, match=r"outside the package dir|symlink"):
+        ad.safe_target(str(pkg), "srt/link.py")
+    with pytest.raises(AgentError, match="escapes"):
+        ad.safe_target(str(pkg), "../outside.py")
+
+
+def test_lock_held_by_live_process_refuses_and_stale_lock_is_reported(tmp_path: Path, pkg: Path) -> None:
+    sd = str(tmp_path / "state")
+    ad.ensure_state_dir(sd)
+    lock = Path(sd) / "lock"
+    lock.write_text(json.dumps({"pid": os.getpid(), "op": "deploy", "id": "dX", "by": "alice@ctl", "since": 0}))
+    with pytest.raises(AgentError, match="locked: deploy dX by alice@ctl"):
+        ad.action_deploy(payload(tmp_path, pkg, {"srt/a.py": b"A = 2\n"}))
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    lock.write_text(json.dumps({"pid": int(dead.stdout), "op": "deploy", "id": "dY", "by": "bob@ctl", "since": 0}))
+    res = ad.action_deploy(payload(tmp_path, pkg, {"srt/a.py": b"A = 2\n"}))
+    assert any("stale lock of deploy dY by bob@ctl" in n for n in res["notes"])
+    assert not lock.exists()
+
+
+def test_killed_mid_deploy_is_detected_and_repaired(tmp_path: Path, pkg: Path) -> None:
+    """The agent dies between two renames: the host is mixed, facts report it, the next run repairs it."""
+    orig = {r: (pkg / r).read_bytes() for r in ("srt/a.py", "srt/speculative/b.py")}
+    p = payload(tmp_path, pkg, {"srt/a.py": b"A = 2\n", "srt/speculative/b.py": b"B = 3\n"})
+    p["action"] = "deploy"
+    p["_fault_after_files"] = 1
+    r = run_agent_subprocess(p)
+    assert r.returncode == 99
+    assert (pkg / "srt/a.py").read_bytes() == b"A = 2\n"  # mixed on purpose
+    assert (pkg / "srt/speculative/b.py").read_bytes() == orig["srt/speculative/b.py"]
+    st = ad.state_facts({"state_dir": p["state_dir"]}, None)
+    (m,) = st["deploys"]
+    assert m["state"] == "applying" and st["lock"]["stale"]
+    notes = ad.recover_interrupted(p["state_dir"])
+    assert notes and "repaired interrupted deploy d1" in notes[0]
+    assert {r: (pkg / r).read_bytes() for r in orig} == orig
+
+
+def test_agent_protocol_over_stdin(tmp_path: Path, pkg: Path) -> None:
+    r = run_agent_subprocess({"action": "ping"})
+    doc = json.loads(r.stdout)
+    assert doc["ok"] and doc["result"]["pong"]
+    r = run_agent_subprocess({"action": "nope"})
+    doc = json.loads(r.stdout)
+    assert not doc["ok"] and doc["kind"] == "bad_input"
