@@ -268,7 +268,7 @@ def test_no_fuzz_context_mismatch_names_file_hunk_and_line(tmp_path: Path) -> No
     e = info.value
     assert str(e) == ("srt/speculative/eagle_worker.py: hunk 2 (@@ -19,8 +19,9 @@) does not apply: "
                       "context at line 21 differs")
-    assert (e.hunk.number, e.line, e.exit_code) == (2, 21, EXIT_FAILED)
+    assert (e.hunk.number, e.lineno, e.exit_code) == (2, 21, EXIT_FAILED)
     assert isinstance(e, InputError)
     assert_same_as_git(tmp_path, target, patch)
     removed = edit(old, {22: b"line 22 changed"})

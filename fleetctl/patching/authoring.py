@@ -4,6 +4,7 @@ the real release files."""
 from __future__ import annotations
 
 import difflib
+import re
 import warnings
 from dataclasses import dataclass, field
 
@@ -97,7 +98,7 @@ class FileCheck:
 
 def check_playbook(pb: Playbook, versions: list[str] | None = None) -> list[FileCheck]:
     """Check every (version, file) of the playbook, or only `versions`, against the real wheels."""
-    wanted = list(versions) if versions else pb.supported()
+    wanted = list(versions) if versions else sorted(pb.versions, key=_version_key)
     unknown = [v for v in wanted if v not in pb.versions]
     if unknown:
         raise InputError(f"{pb.path}: no entry for SGLang {', '.join(unknown)}",
@@ -112,6 +113,10 @@ def check_playbook(pb: Playbook, versions: list[str] | None = None) -> list[File
             continue
         results.extend(check_file(version, f) for f in files)
     return results
+
+
+def _version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(n) for n in re.findall(r"\d+", version))
 
 
 def check_file(version: str, pf: PatchFile) -> FileCheck:

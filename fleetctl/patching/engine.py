@@ -51,7 +51,7 @@ class PatchDoesNotApply(PatchError):
     def __init__(self, message: str, *, hunk: Hunk, line: int | None) -> None:
         super().__init__(message)
         self.hunk = hunk
-        self.line = line
+        self.lineno = line
 
 
 @dataclass(frozen=True)
