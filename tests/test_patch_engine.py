@@ -155,6 +155,12 @@ def test_parse_git_format_with_preamble_and_several_files(tmp_path: Path) -> Non
         apply_patch(lines(10), text, name="x")
 
 
+def test_quoted_git_paths() -> None:
+    patch = b'--- "a/srt/t\\303\\251st\\tx.py"\n+++ "b/srt/t\\303\\251st\\tx.py"\n@@ -1 +1 @@\n-a\n+b\n'
+    [fp] = parse_patch(patch)
+    assert fp.path == "srt/t\u00e9st\tx.py"
+
+
 def test_omitted_counts_and_section_heading() -> None:
     patch = b"--- a/f\n+++ b/f\n@@ -3 +3 @@ def section():\n-line 3\n+LINE 3\n"
     [fp] = parse_patch(patch)

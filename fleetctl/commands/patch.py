@@ -54,9 +54,9 @@ def _write_atomic(path: Path, data: bytes, *, like: Path | None = None) -> None:
 @patch_app.command("apply", help="Apply PATCH to BASE strictly (exact context, offsets allowed, no fuzz) "
                                  "and write OUT. On refusal: exit 1, one-line reason, no OUT.")
 def apply_cmd(
-    base: Annotated[Path, typer.Argument(help="The file to patch.", show_default=False)],
-    patch: Annotated[Path, typer.Argument(help="A unified diff for one file.", show_default=False)],
-    out: Annotated[Path, typer.Option("-o", "--output", help="Where to write the patched file.",
+    base: Annotated[Path, typer.Argument(metavar="BASE", help="The file to patch.", show_default=False)],
+    patch: Annotated[Path, typer.Argument(metavar="PATCH", help="A unified diff for one file.", show_default=False)],
+    out: Annotated[Path, typer.Option("-o", "--output", metavar="OUT", help="Where to write the patched file.",
                                       show_default=False)],
 ) -> None:
     from fleetctl.patching import apply_patch, parse_patch
@@ -77,8 +77,8 @@ _STYLE = {"ok": "green", "offsets": "yellow"}
 @patch_app.command("check", help="For each SGLang version of a playbook: fetch the pinned wheel, check the "
                                  "pristine files' sha256, apply the patches and compile the results.")
 def check_cmd(
-    playbook: Annotated[Path, typer.Argument(help="Playbook dir or YAML file.", show_default=False)],
-    sglang: Annotated[list[str] | None, typer.Option("--sglang", help="Only this version (repeatable).",
+    playbook: Annotated[Path, typer.Argument(metavar="PLAYBOOK", help="Playbook dir or YAML file.", show_default=False)],
+    sglang: Annotated[list[str] | None, typer.Option("--sglang", metavar="V", help="Only this version (repeatable).",
                                                      show_default=False)] = None,
     json_out: common.JsonOpt = False,
 ) -> None:
@@ -105,12 +105,12 @@ def check_cmd(
 @patch_app.command("new", help="Diff an edited copy against the pristine file of an SGLang release: print "
                                "the patch (or write OUT) and, on stderr, the playbook entry to paste.")
 def new_cmd(
-    edited: Annotated[Path, typer.Argument(help="Your edited copy of the file.", show_default=False)],
-    sglang: Annotated[str, typer.Option("--sglang", help="The exact SGLang release (e.g. 0.5.9).",
+    edited: Annotated[Path, typer.Argument(metavar="EDITED", help="Your edited copy of the file.", show_default=False)],
+    sglang: Annotated[str, typer.Option("--sglang", metavar="V", help="The exact SGLang release (e.g. 0.5.9).",
                                         show_default=False)],
-    rel: Annotated[str, typer.Option("--file", help="Path inside the sglang package, e.g. "
+    rel: Annotated[str, typer.Option("--file", metavar="REL", help="Path inside the sglang package, e.g. "
                                      "srt/speculative/eagle_worker.py.", show_default=False)],
-    out: Annotated[Path | None, typer.Option("-o", "--output", help="Write the patch here instead of stdout.",
+    out: Annotated[Path | None, typer.Option("-o", "--output", metavar="OUT", help="Write the patch here instead of stdout.",
                                              show_default=False)] = None,
 ) -> None:
     from fleetctl.patching import apply_patch, make_patch
