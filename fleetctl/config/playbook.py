@@ -141,7 +141,9 @@ class Playbook(BaseModel):
     verify: VerifySpec
 
     def supported(self) -> list[str]:
-        return sorted(self.versions)
+        from packaging.version import Version
+
+        return sorted(self.versions, key=Version)
 
     def files_for(self, version: str) -> list[PatchFile] | None:
         return self.versions.get(version)
