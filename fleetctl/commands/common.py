@@ -33,9 +33,9 @@ DEFAULT_FORKS = 32
 
 # stdout carries results (tables or the JSON document); stderr carries progress and errors.
 def _console(stderr: bool) -> Console:
-    c = Console(stderr=stderr, highlight=False)
+    c = Console(stderr=stderr, highlight=False, soft_wrap=True)
     if not c.is_terminal:  # pipes and CI logs: wide enough for the tables, never wrapped at 80
-        c = Console(stderr=stderr, highlight=False, width=160)
+        c = Console(stderr=stderr, highlight=False, soft_wrap=True, width=160)
     return c
 
 

@@ -295,8 +295,59 @@ def register(app: typer.Typer) -> None:
             ledger.close()
 
     @app.command("explain", help="Say per host which SGLang worker class and file will run, and whether the playbook patches it.")
-    def explain() -> None:
-        _pending("explain", 4)
+    def explain(
+        playbook: PlaybookArg,
+        inventory: InventoryOpt = None,
+        limit: LimitOpt = None,
+        forks: ForksOpt = DEFAULT_FORKS,
+        json_out: JsonOpt = False,
+        debug: DebugOpt = False,
+        accept_new_host_keys: AcceptNewOpt = False,
+    ) -> None:
+        from fleetctl.coverage import host_coverage, launch_env, launch_flags
+
+        pb = load_playbook(playbook)
+        with fleet_context(inventory, limit, forks, json=json_out, debug=debug,
+                           accept_new_host_keys=accept_new_host_keys) as ctx:
+            gathered = _tick_run(ctx, "facts", lambda: gather(ctx.fleet, pb))
+            rows: list[dict[str, Any]] = []
+            for h in ctx.fleet.hosts:
+                o = gathered.outcomes[h.name]
+                if not o.ok:
+                    rows.append({"host": h.name, "status": o.status, "reason": o.message, "covered": None,
+                                 "worker_class": None, "worker_file": None, "disable_overlap_schedule": None})
+                    continue
+                f = gathered.facts[h.name]
+                cov = host_coverage(h, f, pb)
+                env = launch_env(h, pb)
+                row: dict[str, Any] = {
+                    "host": h.name, "status": "ok", "version": f.sglang_version,
+                    "spec_v2_env": env.get("SGLANG_ENABLE_SPEC_V2", None),
+                    "flags": {k: v for k, v in launch_flags(h, pb).items() if "speculative" in k or "overlap" in k},
+                    "worker_class": cov.worker_class if cov else None,
+                    "worker_file": cov.worker_file if cov else None,
+                    "disable_overlap_schedule": cov.disable_overlap_schedule if cov else None,
+                    "covered": cov.covered if cov else None,
+                    "reason": cov.reason if cov else "SGLang not found on this host",
+                    "refused": cov.refused if cov else None,
+                }
+                if f.sglang_version and pb.files_for(f.sglang_version) is None:
+                    row["refused"] = (f"SGLang {f.sglang_version} has no patch set in {pb.path.name}; "
+                                      f"supported: {', '.join(pb.supported())}")
+                rows.append(row)
+            bad = [r for r in rows if r["status"] != "ok" or r.get("refused")]
+            if json_out:
+                emit_json({"command": "explain", "playbook": str(pb.path), "hosts": rows})
+            else:
+                for r in rows:
+                    if r["status"] != "ok":
+                        out.print(f"{r['host']}: [red]{r['status']}[/] {r['reason']}")
+                        continue
+                    mark = "[green]ok[/]" if not r.get("refused") else "[red]REFUSED[/]"
+                    out.print(f"{r['host']}: {r['reason']} [{mark}]")
+                    if r.get("refused") and r["refused"] != r["reason"]:
+                        out.print(f"  {r['refused']}")
+            raise typer.Exit(EXIT_FAILED if bad else EXIT_OK)
 
 
 def _ts(t: float | None) -> str:

@@ -1,0 +1,61 @@
+"""Does the playbook patch the worker that will actually run? (the origin story's question)
+
+The launch environment considered is exactly what `fleetctl launch` will pass: the playbook's
+launch env plus the inventory's env for the host — never the controller's own environment.
+All SGLang knowledge comes from fleetctl.sglang.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fleetctl.config.inventory import Host
+from fleetctl.config.playbook import Playbook
+from fleetctl.facts import HostFacts
+from fleetctl.plan import Coverage
+
+
+def launch_flags(host: Host, playbook: Playbook) -> dict[str, Any]:
+    return {**playbook.launch.flags, **host.flags}
+
+
+def launch_env(host: Host, playbook: Playbook) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for k, v in playbook.launch.env.items():
+        env[k] = ("1" if v else "0") if isinstance(v, bool) else str(v)
+    env.update(host.env)
+    return env
+
+
+def coverage(version: str, flags: dict[str, Any], env: dict[str, str], playbook: Playbook) -> Coverage:
+    from fleetctl.sglang import resolve_worker
+
+    res = resolve_worker(version, flags, env)
+    if not res.known:
+        return Coverage(None, None, None, None,
+                        f"SGLang {version} is an unknown version: fleetctl cannot tell which worker runs",
+                        refused=f"SGLang {version} is not a version fleetctl knows, so it cannot check which "
+                                f"worker runs (--allow-uncovered to deploy anyway)")
+    if res.startup_error:
+        return Coverage(res.worker_class, res.worker_file, res.disable_overlap_schedule, None, res.reason,
+                        refused=f"{res.reason}; the server would refuse to start: {res.startup_error}")
+    if res.worker_file is None:
+        return Coverage(None, None, res.disable_overlap_schedule, None, res.reason)
+    files = playbook.files_for(version) or []
+    patched = {f.path for f in files}
+    covered = res.worker_file in patched
+    reason = f"{res.reason}; the playbook patches it: {'yes' if covered else 'no'}"
+    refused = None
+    if not covered:
+        refused = reason
+    else:
+        why = playbook.unsupported_workers.get(version, {}).get(res.worker_class or "")
+        if why:
+            refused = f"{res.reason}; the playbook does not support {res.worker_class} on {version}: {why}"
+    return Coverage(res.worker_class, res.worker_file, res.disable_overlap_schedule, covered, reason, refused)
+
+
+def host_coverage(host: Host, facts: HostFacts, playbook: Playbook) -> Coverage | None:
+    if not facts.sglang_version:
+        return None
+    return coverage(facts.sglang_version, launch_flags(host, playbook), launch_env(host, playbook), playbook)
