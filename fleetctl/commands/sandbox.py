@@ -2,9 +2,125 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Annotated
+
 import typer
+from rich.table import Table
+
+from fleetctl.commands import common
+from fleetctl.errors import FleetctlError
 
 sandbox_app = typer.Typer(help="A local fleet of real OpenSSH hosts on loopback: up, down, status.", no_args_is_help=True)
+
+DirOpt = Annotated[
+    Path,
+    typer.Option("--dir", "-d", help="The sandbox directory (created by 'up'; holds keys, configs, hosts).",
+                 show_default=False),
+]
+
+
+def _table(*cols: str) -> Table:
+    t = Table(box=None, pad_edge=False, show_edge=False, header_style="bold")
+    for c in cols:
+        t.add_column(c)
+    return t
+
+
+@sandbox_app.command("up", help=(
+    "Start HOSTS real sshd hosts (h01, h02, ...) plus a jump host on 127.0.0.1, each with its own "
+    "copy of the pristine SGLang tree (versions cycle through --versions), and write "
+    "DIR/inventory.yaml, DIR/inventory-jump.yaml and DIR/ssh_config. torch and nvidia-smi on the "
+    "hosts are labelled stand-ins."))
+def up(
+    dir: DirOpt,
+    hosts: Annotated[int, typer.Option("--hosts", "-n", help="How many fleet hosts.")] = 3,
+    versions: Annotated[str, typer.Option("--versions", help="SGLang versions, comma list; hosts cycle through them.")]
+    = "0.5.9,0.5.14",
+    gpus: Annotated[int, typer.Option("--gpus", help="GPUs per host (served by the stand-in nvidia-smi).")] = 2,
+    busy_gpus: Annotated[str, typer.Option("--busy-gpus", help="Hosts whose GPUs start busy, comma list.")] = "",
+    json_out: common.JsonOpt = False,
+) -> None:
+    from fleetctl.sandbox import fleet
+
+    def progress(msg: str) -> None:
+        if not json_out:
+            common.err.print(f"sandbox: {msg}", markup=False, highlight=False)
+
+    sb = fleet.up(dir, hosts=hosts, versions=versions.split(","), gpus=gpus,
+                  busy_gpus=[b for b in busy_gpus.split(",") if b.strip()], progress=progress)
+    if json_out:
+        doc = sb.to_json()
+        for h, j in zip(sb.all_hosts(), doc["hosts"], strict=True):
+            j["pid"] = h.pid
+        doc["inventory"] = str(sb.inventory_path)
+        doc["inventory_jump"] = str(sb.jump_inventory_path)
+        doc["ssh_config"] = str(sb.ssh_config_path)
+        doc["timings"] = sb.timings
+        common.emit_json(doc)
+        return
+    t = _table("HOST", "VERSION", "TORCH*", "PORT", "PID", "GPUS")
+    for h in sb.all_hosts():
+        gpu = "" if h.role == "jump" else f"{sb.gpus} {h.gpu_state_file.read_text().strip()}"
+        t.add_row(h.name, h.version or "(jump host)", h.torch_version or "", str(h.port), str(h.pid or "-"), gpu)
+    common.out.print(t)
+    common.out.print(
+        f"sandbox up: {len(sb.hosts)} hosts + jump in {sb.dir} ({sb.timings.get('total', 0):.1f}s)\n"
+        f"  inventory:  {sb.inventory_path}\n"
+        f"  via jump:   {sb.jump_inventory_path}\n"
+        f"  ssh:        ssh -F {sb.ssh_config_path} h01\n"
+        "  * torch and nvidia-smi on these hosts are stand-ins (see README.txt)",
+        markup=False, highlight=False)
+
+
+@sandbox_app.command("status", help="Per host: version, port, sshd pid, alive (and answering on its port).")
+def status(dir: DirOpt, json_out: common.JsonOpt = False) -> None:
+    from fleetctl.sandbox import fleet
+
+    rows = fleet.status(dir)
+    if json_out:
+        common.emit_json({"dir": str(Path(dir).resolve()), "hosts": [r.to_json() for r in rows]})
+        return
+    t = _table("HOST", "VERSION", "PORT", "PID", "ALIVE", "GPUS")
+    for r in rows:
+        alive = "yes" if r.alive and r.listening else ("not answering" if r.alive else "no")
+        t.add_row(r.name, r.version or "(jump host)", str(r.port), str(r.pid or "-"), alive, r.gpu_state or "")
+    common.out.print(t)
+    up_n = sum(1 for r in rows if r.alive)
+    common.out.print(f"{up_n}/{len(rows)} sshd running", markup=False, highlight=False)
+
+
+@sandbox_app.command("down", help=(
+    "Stop every process of the sandbox in DIR: sshd listeners, their ssh sessions, and servers whose "
+    "pid files are in the hosts' state dirs (each confirmed to belong to DIR; SIGKILL after --timeout). "
+    "Idempotent; keeps DIR unless --purge."))
+def down(
+    dir: DirOpt,
+    timeout: Annotated[float, typer.Option("--timeout", min=0.1, help="Seconds to wait after SIGTERM before SIGKILL.")]
+    = 5.0,
+    purge: Annotated[bool, typer.Option("--purge", help="Remove DIR once everything stopped.")] = False,
+    json_out: common.JsonOpt = False,
+) -> None:
+    from fleetctl.sandbox import fleet
+
+    report = fleet.down(dir, timeout=timeout, purge=purge)
+    if json_out:
+        common.emit_json(report.to_json())
+    else:
+        if report.stopped:
+            t = _table("PID", "SIGNAL", "WHAT")
+            for s in report.stopped:
+                t.add_row(str(s.pid), s.signal, s.what)
+            common.out.print(t)
+        common.out.print(
+            f"sandbox down: stopped {len(report.stopped)} process(es) in {report.dir}"
+            + (" (nothing was running)" if not report.stopped else "")
+            + ("; removed the dir" if report.purged else ""),
+            markup=False, highlight=False)
+    if report.survivors:
+        raise FleetctlError(
+            f"{len(report.survivors)} process(es) outlived SIGKILL: "
+            + ", ".join(f"{s.pid} ({s.what})" for s in report.survivors))
 
 
 def register(app: typer.Typer) -> None:
