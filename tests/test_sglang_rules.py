@@ -1,0 +1,835 @@
+"""fleetctl.sglang's rules table held to the real SGLang wheels.
+
+Two kinds of checks, for every release fleetctl knows:
+  * structure, by AST over the wheel's sources: worker files/classes, the worker factory's branches,
+    the env var's default and readers, flags and defaults, message texts, auto params, model overrides;
+  * behaviour: the wheel's own ServerArgs handlers, env parser and worker factory are executed (the
+    rest of SGLang stubbed out) over a scenario matrix and compared with `resolve_worker`.
+
+Wheels come from the local cache (fleetctl.wheels); a release not cached yet is downloaded from
+PyPI on first use, and its tests carry the `needs_download` mark.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import itertools
+import json
+import logging
+import os
+import re
+import sys
+import types
+import warnings
+from collections.abc import Iterator
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fleetctl import sglang, wheels
+from fleetctl.sglang import releases as R
+
+DATA = Path(__file__).parent / "data" / "sglang"
+VERSIONS = R.KNOWN_VERSIONS
+
+
+def _cached(version: str) -> bool:
+    return (wheels.cache_dir() / "trees" / version / ".complete").exists() or any(
+        (wheels.cache_dir() / "wheels").glob(f"sglang-{version}-*.whl"))
+
+
+def _params(versions: tuple[str, ...] = VERSIONS) -> list[Any]:
+    return [pytest.param(v, id=v, marks=() if _cached(v) else pytest.mark.needs_download) for v in versions]
+
+
+def _vkey(v: str) -> tuple[int, ...]:
+    main, _, post = v.partition(".post")
+    return (*map(int, main.split(".")), int(post or 0))
+
+
+@cache
+def pkg(version: str) -> Path:
+    return wheels.package_dir(version)
+
+
+@cache
+def tree(version: str, rel: str) -> ast.Module:
+    return ast.parse((pkg(version) / rel).read_text())
+
+
+def functions(module: ast.Module, name: str) -> list[ast.FunctionDef]:
+    return [n for n in ast.walk(module) if isinstance(n, ast.FunctionDef) and n.name == name]
+
+
+def function(version: str, rel: str, name: str) -> ast.FunctionDef:
+    found = functions(tree(version, rel), name)
+    assert found, f"{version}: no {name}() in {rel}"
+    return found[0]
+
+
+def strings(node: ast.AST) -> set[str]:
+    return {n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+
+
+def server_args_class(version: str) -> ast.ClassDef:
+    mod = tree(version, "srt/server_args.py")
+    return next(n for n in mod.body if isinstance(n, ast.ClassDef) and n.name == "ServerArgs")
+
+
+def field_defaults(version: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for stmt in server_args_class(version).body:
+        if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
+            try:
+                out[stmt.target.id] = ast.literal_eval(stmt.value) if stmt.value is not None else None
+            except ValueError:
+                out[stmt.target.id] = _const_expr(stmt.value)
+    return out
+
+
+def _const_expr(node: ast.expr | None) -> Any:
+    try:
+        return eval(compile(ast.Expression(node), "<default>", "eval"), {})  # e.g. 10 * 1000 * 1000
+    except Exception:
+        return None
+
+
+# --- the release list ------------------------------------------------------------------------
+
+def test_known_versions_are_every_pypi_release_in_range() -> None:
+    published = [v.strip() for v in (DATA / "pypi_versions.txt").read_text().split() if v.strip()]
+    lo, hi = _vkey("0.5.4.post3"), _vkey("0.5.14")
+    in_range = sorted((v for v in published if lo <= _vkey(v) <= hi), key=_vkey)
+    assert list(VERSIONS) == in_range
+    assert sorted(VERSIONS, key=_vkey) == list(VERSIONS)
+
+
+def test_unknown_versions_are_refused() -> None:
+    for v in ("0.5.4.post2", "0.5.15", "0.5.23", "0.6.0", "latest", ""):
+        assert not sglang.is_known(v)
+        res = sglang.resolve_worker(v, {"--speculative-algorithm": "EAGLE3"}, {})
+        assert not res.known and res.worker_class is None and res.disable_overlap_schedule is None
+        assert "unknown version" in res.reason
+        with pytest.raises(KeyError):
+            sglang.worker_files(v)
+
+
+# --- worker files and the factory ------------------------------------------------------------
+
+SPEC_WORKER_FILES = ("eagle_worker.py", "eagle_worker_v2.py", "multi_layer_eagle_worker.py",
+                     "multi_layer_eagle_worker_v2.py", "standalone_worker.py", "standalone_worker_v2.py")
+
+
+@pytest.mark.parametrize("version", _params())
+def test_worker_files_match_wheel(version: str) -> None:
+    table = sglang.worker_files(version)
+    present = {f"{R.SPEC_DIR}/{f}" for f in SPEC_WORKER_FILES if (pkg(version) / R.SPEC_DIR / f).exists()}
+    assert set(table.values()) == present
+    for cls, rel in table.items():
+        classes = {n.name for n in tree(version, rel).body if isinstance(n, ast.ClassDef)}
+        assert cls in classes, f"{version}: {cls} not defined in {rel}"
+    routed = {c for pair in R.RELEASES[version].rules.routes.values() for c in pair}
+    assert routed <= set(table), "a route names a worker the wheel does not ship"
+
+
+def _imports_by_condition(func: ast.FunctionDef) -> list[tuple[tuple[str, ...], str, str]]:
+    """(conditions, module, name) for each `from m import X` in func; conditions are the source of
+    the enclosing if-tests, prefixed "not " for else branches and for code after an if that returns."""
+    out: list[tuple[tuple[str, ...], str, str]] = []
+
+    def visit(body: list[ast.stmt], conds: tuple[str, ...]) -> None:
+        conds = tuple(conds)
+        for stmt in body:
+            if isinstance(stmt, ast.ImportFrom):
+                out.extend((conds, stmt.module or "", a.name) for a in stmt.names)
+            elif isinstance(stmt, ast.If):
+                test = ast.unparse(stmt.test)
+                visit(stmt.body, (*conds, test))
+                visit(stmt.orelse, (*conds, f"not {test}"))
+                if stmt.body and isinstance(stmt.body[-1], (ast.Return, ast.Raise)) and not stmt.orelse:
+                    conds = (*conds, f"not {test}")
+            elif isinstance(stmt, (ast.With, ast.For, ast.Try)):
+                visit(stmt.body, conds)
+
+    visit(func.body, ())
+    return out
+
+
+def _family_of(conds: tuple[str, ...]) -> tuple[str | None, bool | None]:
+    """Worker family and overlap polarity an import is guarded by (None: not constrained)."""
+    family, overlap = None, None
+    for c in conds:
+        neg = c.startswith("not ")
+        text = c[4:] if neg else c
+        if "enable_multi_layer_eagle" in text and not neg:
+            family = R.MULTI_LAYER
+        elif "is_eagle()" in text and not neg and family is None:
+            family = R.EAGLE
+        elif "is_standalone()" in text and not neg:
+            family = R.STANDALONE
+        if text.strip() in ("enable_overlap", "self.enable_overlap"):
+            overlap = not neg
+    return family, overlap
+
+
+def _routes_from_wheel(version: str) -> dict[str, tuple[str, str]]:
+    rel = R.RELEASES[version]
+    spec_info = tree(version, "srt/speculative/spec_info.py")
+    found: dict[tuple[str, bool], str] = {}
+
+    def record(family: str, overlap: bool | None, module: str, name: str) -> None:
+        assert module == "sglang." + rel.worker_files[name].removesuffix(".py").replace("/", "."), (module, name)
+        for o in ((True, False) if overlap is None else (overlap,)):
+            assert found.setdefault((family, o), name) == name
+    if rel.rules.decider.endswith("create_worker"):
+        for conds, module, name in _imports_by_condition(functions(spec_info, "create_worker")[0]):
+            family, overlap = _family_of(conds)
+            if family is not None:
+                record(family, overlap, module, name)
+    else:
+        # pre-0.5.8: a registry of factories; the scheduler passes enable_overlap to EAGLE-family ones
+        factories = {}
+        for call in ast.walk(spec_info):
+            if isinstance(call, ast.Call) and ast.unparse(call.func) == "register_speculative_algorithm":
+                algo = call.args[0].value
+                kw = {k.arg: k.value for k in call.keywords}
+                factories[algo] = ast.unparse(kw["worker_cls"])
+                if algo == "EAGLE":
+                    assert "NEXTN" in strings(kw["aliases"])
+        assert factories["EAGLE"] == factories["EAGLE3"] == "_create_eagle_worker"
+        for fam, factory in ((R.EAGLE, factories["EAGLE"]), (R.STANDALONE, factories["STANDALONE"])):
+            for conds, module, name in _imports_by_condition(functions(spec_info, factory)[0]):
+                record(fam, _family_of(conds)[1], module, name)
+        if R.MULTI_LAYER in rel.rules.routes:  # 0.5.7: the scheduler picks multi-layer workers itself
+            sched = tree(version, "srt/managers/scheduler.py")
+            for func in ast.walk(sched):
+                if isinstance(func, ast.FunctionDef) and "MultiLayerEagleWorker" in ast.unparse(func):
+                    for conds, module, name in _imports_by_condition(func):
+                        if name.startswith("MultiLayerEagleWorker"):
+                            assert any("enable_multi_layer_eagle" in c for c in conds)
+                            assert not any("is_eagle" in c or "spec_algorithm" in c for c in conds), \
+                                "0.5.7's multi-layer branch became algorithm-specific"
+                            record(R.MULTI_LAYER, _family_of(conds)[1], module, name)
+    return {fam: (found[(fam, True)], found[(fam, False)]) for fam in {f for f, _ in found}}
+
+
+@pytest.mark.parametrize("version", _params())
+def test_worker_routes_match_factory(version: str) -> None:
+    assert _routes_from_wheel(version) == dict(R.RELEASES[version].rules.routes)
+
+
+@pytest.mark.parametrize("version", _params())
+def test_scheduler_derives_overlap_from_disable_overlap_schedule(version: str) -> None:
+    sched = tree(version, "srt/managers/scheduler.py")
+    assigns = [ast.unparse(n.value) for n in ast.walk(sched)
+               if isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "self.enable_overlap"]
+    assert any(a.startswith("not server_args.disable_overlap_schedule") for a in assigns), assigns
+    create = "create_worker(self.server_args)" if R.RELEASES[version].rules.decider.endswith("create_worker") \
+        else "create_draft_worker("
+    assert create in ast.unparse(sched)
+
+
+# --- the env var -----------------------------------------------------------------------------
+
+def _env_default(version: str) -> tuple[bool, Any]:
+    for node in ast.walk(tree(version, "srt/environ.py")):
+        if isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == R.SPEC_V2_ENV:
+            assert isinstance(node.value, ast.Call) and ast.unparse(node.value.func) == "EnvBool"
+            return True, ast.literal_eval(node.value.args[0])
+    return False, None
+
+
+@pytest.mark.parametrize("version", _params())
+def test_spec_v2_env_default_and_readers(version: str) -> None:
+    rules = R.RELEASES[version].rules
+    exists, default = _env_default(version)
+    assert exists == (rules.spec_v2_default is not None)
+    if exists:
+        assert default is rules.spec_v2_default
+        bool_parse = function(version, "srt/environ.py", "parse")
+        assert any(set(R.ENV_TRUE) <= strings(f) and set(R.ENV_FALSE) <= strings(f)
+                   for f in functions(tree(version, "srt/environ.py"), "parse")), bool_parse
+    handler_file, handler = rules.handler.split("::")
+    func = function(version, handler_file, handler.split(".")[-1])
+    reads_env = f"envs.{R.SPEC_V2_ENV}.get()" in ast.unparse(func)
+    assert reads_env == (rules.policy != "v2_only")
+    if rules.policy == "v2_only":
+        top = function(version, handler_file, "handle_speculative_decoding")
+        assert f"os.getenv('{R.SPEC_V2_ENV}')" in ast.unparse(top)
+
+
+@pytest.mark.parametrize("version", _params())
+def test_overlap_messages_are_sglangs(version: str) -> None:
+    rules = R.RELEASES[version].rules
+    handler_file, handler = rules.handler.split("::")
+    texts = strings(tree(version, handler_file))
+    for key, msg in rules.messages.items():
+        pattern = msg.replace("{reason}", "%s")
+        assert pattern in texts, f"{version}: {key} message not in {handler_file}: {msg!r}"
+    common = strings(function(version, handler_file, handler.split(".")[-1]))
+    assert R.MAX_RUNNING_WARNING in common
+    assert R.DRAFT_TOKENS_WARNING in strings(tree(version, handler_file))
+    assert R.PP_WARNING in strings(function(version, "srt/server_args.py", "_handle_pipeline_parallelism"))
+
+
+def _v2_branch_algorithms(version: str) -> tuple[str, ...] | None:
+    func = function(version, "srt/server_args.py", "_handle_speculative_decoding")
+    for node in ast.walk(func):
+        if isinstance(node, ast.BoolOp) and f"envs.{R.SPEC_V2_ENV}.get()" in ast.unparse(node):
+            for cmp in node.values:
+                if isinstance(cmp, ast.Compare) and ast.unparse(cmp.left) == "self.speculative_algorithm":
+                    right = cmp.comparators[0]
+                    return tuple(sorted(strings(right)))
+    return None
+
+
+@pytest.mark.parametrize("version", _params())
+def test_v2_branch_algorithms(version: str) -> None:
+    rules = R.RELEASES[version].rules
+    if rules.policy in ("env_gates_v1", "env_forces_v2"):
+        assert _v2_branch_algorithms(version) == tuple(sorted(rules.v2_algorithms))
+
+
+# --- flags -----------------------------------------------------------------------------------
+
+def parser_options(version: str) -> dict[str, tuple[str, Any, bool]]:
+    """option string -> (ServerArgs field, default, is store_true), read off add_cli_args."""
+    cls = server_args_class(version)
+    defaults = field_defaults(version)
+    out: dict[str, tuple[str, Any, bool]] = {}
+    renames = {}
+    for node in ast.walk(function(version, "srt/server_args.py", "from_cli_args")):
+        if isinstance(node, ast.Assign):
+            tgt, val = ast.unparse(node.targets[0]), ast.unparse(node.value)
+            if tgt.startswith("args.") and val.startswith("args."):
+                renames[val[5:]] = tgt[5:]
+    for stmt in cls.body:  # 0.5.14+: options derived from Annotated fields
+        if not (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)):
+            continue
+        ann = stmt.annotation
+        if not (isinstance(ann, ast.Subscript) and ast.unparse(ann.value) in ("A", "Annotated")):
+            continue
+        elts = ann.slice.elts if isinstance(ann.slice, ast.Tuple) else [ann.slice]
+        meta = None
+        for e in elts[1:]:
+            if isinstance(e, ast.Constant) and isinstance(e.value, str):
+                meta = {}
+            elif isinstance(e, ast.Call) and ast.unparse(e.func) == "Arg":
+                meta = {k.arg: k.value for k in e.keywords}
+        if meta is None or ("no_cli" in meta and ast.literal_eval(meta["no_cli"])):
+            continue
+        name = stmt.target.id
+        cli = ast.literal_eval(meta["cli_name"]) if "cli_name" in meta else "--" + name.replace("_", "-")
+        names = [cli, *(ast.literal_eval(meta["aliases"]) if "aliases" in meta else [])]
+        is_bool = ast.unparse(elts[0]) in ("bool", "Optional[bool]") and "action" not in meta
+        for n in names:
+            out[n] = (name, defaults.get(name), is_bool)
+    for node in ast.walk(tree(version, "srt/server_args.py")):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "add_argument"):
+            continue
+        names = [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+        if not names or not names[0].startswith("--"):
+            continue
+        kw = {k.arg: k.value for k in node.keywords}
+        dest = ast.literal_eval(kw["dest"]) if "dest" in kw else names[0][2:].replace("-", "_")
+        dest = renames.get(dest, dest)
+        if "default" in kw:
+            d = kw["default"]
+            if isinstance(d, ast.Attribute) and ast.unparse(d.value) == "ServerArgs":
+                default = defaults.get(d.attr)
+            else:
+                default = _const_expr(d)
+        else:
+            default = defaults.get(dest)
+        is_bool = "action" in kw and ast.unparse(kw["action"]) in ("'store_true'", '"store_true"')
+        for n in names:
+            out[n] = (dest, default, is_bool)
+    return out
+
+
+@pytest.mark.parametrize("version", _params())
+def test_flags_table_matches_parser(version: str) -> None:
+    options = parser_options(version)
+    table = R.flags_for(version)
+    tracked = {o for f in R.FLAGS for o in f.options}
+    for flag in table:
+        for option in flag.options:
+            assert option in options, f"{version}: parser has no {option}"
+            dest, default, is_bool = options[option]
+            assert dest == flag.dest, (option, dest)
+            assert is_bool == (flag.type == "bool"), option
+            if not is_bool and flag.dest not in ("model_path",):
+                assert default == flag.default, (option, default, flag.default)
+    accepted = {o for f in table for o in f.options}
+    for option in tracked - accepted:
+        assert option not in options or options[option][0] not in {f.dest for f in R.FLAGS if option in f.options}, \
+            f"{version}: {option} exists but the table says it does not"
+    spec_options = {o for o in options if o.startswith("--speculative")}
+    assert spec_options <= accepted, f"{version}: untracked speculative flags {sorted(spec_options - accepted)}"
+
+
+def _abbreviation(options: dict[str, Any], prefix: str) -> str | tuple[str, ...]:
+    if prefix in options:
+        return prefix
+    matches = sorted(o for o in options if o.startswith(prefix))
+    return matches[0] if len(matches) == 1 else tuple(matches)
+
+
+@pytest.mark.parametrize("version", _params())
+def test_abbreviations_match_parser(version: str) -> None:
+    options = parser_options(version)
+    for prefix, expected in R.RELEASES[version].abbreviations.items():
+        got = _abbreviation(options, prefix)
+        if isinstance(expected, tuple):
+            assert isinstance(got, tuple) and set(got) == set(expected), (prefix, got)
+        else:
+            assert got == expected, (prefix, got)
+    assert "allow_abbrev" not in ast.unparse(function(version, "srt/server_args.py", "prepare_server_args"))
+
+
+@pytest.mark.parametrize("version", _params())
+def test_algorithm_names(version: str) -> None:
+    rel = R.RELEASES[version]
+    algo_call = next((n for n in ast.walk(tree(version, "srt/server_args.py"))
+                      if isinstance(n, ast.Call) and "--speculative-algorithm" in strings(n)
+                      and ast.unparse(n.func).endswith("add_argument")), None)
+    if algo_call is None:  # 0.5.14+: derived from the annotated field
+        field = next(s for s in server_args_class(version).body if isinstance(s, ast.AnnAssign)
+                     and ast.unparse(s.target) == "speculative_algorithm")
+        assert "Literal" not in ast.unparse(field.annotation)
+        algo_call = next((n for n in ast.walk(field.annotation) if isinstance(n, ast.Call)), None)
+    choices = next((k.value for k in algo_call.keywords if k.arg == "choices"), None) if algo_call else None
+    if rel.algorithm_choices:
+        assert choices is not None and tuple(ast.literal_eval(choices)) == rel.algorithms
+    else:
+        assert choices is None
+        spec_info = tree(version, "srt/speculative/spec_info.py")
+        enum = next(n for n in spec_info.body if isinstance(n, ast.ClassDef) and n.name == "SpeculativeAlgorithm")
+        members = {t.id for s in enum.body if isinstance(s, ast.Assign) for t in s.targets
+                   if isinstance(t, ast.Name)} - {"NONE"}
+        assert members | {"NEXTN"} == set(rel.algorithms)
+        assert "NEXTN" in strings(function(version, _alias_file(version), "_resolve_speculative_algorithm_alias"))
+
+
+def _alias_file(version: str) -> str:
+    hook = "srt/arg_groups/speculative_hook.py"
+    return hook if (pkg(version) / hook).exists() else "srt/server_args.py"
+
+
+@pytest.mark.parametrize("version", _params())
+def test_adaptive_flag_and_rules(version: str) -> None:
+    rel = R.RELEASES[version]
+    res = sglang.resolve_worker(version, {"--speculative-algorithm": "EAGLE3"}, {})
+    has_flag = "--speculative-adaptive" in parser_options(version)
+    assert res.adaptive_available == has_flag == (rel.adaptive is not None)
+    if rel.adaptive is None:
+        return
+    params = tree(version, "srt/speculative/adaptive_spec_params.py")
+    texts = "\n".join(strings(functions(params, "adaptive_unsupported_reason")[0]))
+    for key, reason in R.ADAPTIVE_REASONS.items():
+        chunks = re.split(r"\{[^}]*\}", reason.replace("{worker}", rel.adaptive.multi_layer_class))
+        present = all(chunk in texts for chunk in chunks if chunk)
+        assert present == (key != "overlap" or rel.adaptive.requires_overlap_off), (key, reason)
+    default_cfg = next((n.value for n in ast.walk(params) if isinstance(n, (ast.Assign, ast.AnnAssign))
+                        and ast.unparse(n.targets[0] if isinstance(n, ast.Assign) else n.target)
+                        == "DEFAULT_ADAPTIVE_CONFIG"), None)
+    if default_cfg is not None:
+        cfg = ast.literal_eval(default_cfg)
+        union = sorted({s for slot in cfg.values() for s in slot["candidate_steps"]})
+    else:
+        union = sorted(ast.literal_eval(next(n for n in ast.walk(params) if isinstance(n, ast.Call)
+                                             and ast.unparse(n).startswith("cfg.get('candidate_steps'")).args[1]))
+    assert tuple(union) == rel.adaptive.default_candidates
+    hook = "srt/arg_groups/speculative_hook.py"
+    if rel.adaptive.initializes_params:
+        assert functions(tree(version, hook), "_init_adaptive_speculative_params")
+    assert bool(functions(params, "validate_adaptive_initial_steps")) == rel.adaptive.validates_initial_steps \
+        or rel.adaptive.initializes_params
+
+
+# --- auto params and model overrides -----------------------------------------------------------
+
+def _auto_from_wheel(version: str) -> tuple[tuple[int, ...], dict[str, tuple[int, ...]], tuple[int, ...]]:
+    hook = "srt/arg_groups/speculative_hook.py"
+    found = functions(tree(version, hook), "_auto_choose_speculative_params") if (pkg(version) / hook).exists() else []
+    func = found[0] if found else function(version, "srt/server_args.py", "auto_choose_speculative_params")
+    by_arch: dict[str, tuple[int, ...]] = {}
+    default = standalone = None
+
+    def walk(stmts: list[ast.stmt]) -> None:
+        nonlocal default, standalone
+        for s in stmts:
+            if isinstance(s, ast.If):
+                ret = next((b for b in s.body if isinstance(b, ast.Return)), None)
+                value = tuple(ast.literal_eval(ret.value)) if ret else None
+                if "STANDALONE" in strings(s.test):
+                    standalone = value
+                else:
+                    for arch in strings(s.test):
+                        by_arch.setdefault(arch, value)
+                walk(s.orelse)
+            elif isinstance(s, ast.Return):
+                default = tuple(ast.literal_eval(s.value))
+    walk(func.body)
+    if default is None:  # the final `else: return ...`
+        last = [s for s in func.body if isinstance(s, ast.If)][-1]
+        while last.orelse and isinstance(last.orelse[0], ast.If):
+            last = last.orelse[0]
+        default = tuple(ast.literal_eval(last.orelse[-1].value))
+    return default, by_arch, standalone
+
+
+@pytest.mark.parametrize("version", _params())
+def test_auto_params_match_wheel(version: str) -> None:
+    auto = R.RELEASES[version].auto
+    default, by_arch, standalone = _auto_from_wheel(version)
+    assert default == auto.default and standalone == auto.standalone
+    for arch, params in by_arch.items():
+        assert auto.by_arch.get(arch, auto.default) == params, (arch, params)
+    for arch, params in auto.by_arch.items():
+        assert by_arch.get(arch, default) == params, arch
+
+
+def _multi_layer_overrides(version: str) -> tuple[set[str], bool]:
+    mod = tree(version, "srt/server_args.py")
+    consts = {t.id: strings(n.value) for n in mod.body if isinstance(n, ast.Assign)
+              for t in n.targets if isinstance(t, ast.Name)}
+    parents = {c: p for p in ast.walk(mod) for c in ast.iter_child_nodes(p)}
+    archs: set[str] = set()
+    forces = False
+    for node in ast.walk(mod):
+        if isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == "self.enable_multi_layer_eagle" \
+                and isinstance(node.value, ast.Constant) and node.value.value is True:
+            cur, conds = node, []
+            while cur in parents:
+                up = parents[cur]
+                if isinstance(up, ast.If) and cur in up.body:
+                    if "model_arch" in ast.unparse(up.test):
+                        archs |= strings(up.test)
+                        archs |= {s for n in ast.walk(up.test) if isinstance(n, ast.Name) for s in consts.get(n.id, ())}
+                        forces = forces or f"{R.SPEC_V2_ENV}.set(True)" in ast.unparse(up)
+                        break
+                    conds.append(ast.unparse(up.test))
+                cur = up
+            assert conds == ["self.speculative_algorithm == 'EAGLE'"], conds
+    return archs, forces
+
+
+@pytest.mark.parametrize("version", _params())
+def test_multi_layer_model_overrides(version: str) -> None:
+    rel = R.RELEASES[version]
+    archs, forces = _multi_layer_overrides(version)
+    assert archs == set(rel.multi_layer_archs)
+    assert forces == rel.multi_layer_arch_forces_env
+    if forces:
+        assert R.MULTI_LAYER_FORCES_ENV_WARNING in strings(tree(version, "srt/server_args.py"))
+
+
+# --- behaviour: run the wheel's own handlers and factory ----------------------------------------
+
+class _Stub(types.ModuleType):
+    """A module whose every attribute is a fresh class named after it (and remembers the module)."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        value = type(name, (), {"__module__": self.__name__, "__init__": lambda self, *a, **k: None})
+        setattr(self, name, value)
+        return value
+
+
+class _Importer(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    STUB_ROOTS = ("sglang", "torch", "triton", "sgl_kernel", "transformers", "numpy")
+
+    def __init__(self, pkg_dir: Path, real: tuple[str, ...], inject: dict[str, dict[str, Any]]) -> None:
+        self.pkg_dir, self.real, self.inject = pkg_dir, real, inject
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname in self.real:
+            file = self.pkg_dir.parent / (fullname.replace(".", "/") + ".py")
+            return importlib.util.spec_from_file_location(fullname, file)
+        if fullname.split(".")[0] in self.STUB_ROOTS:
+            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+        return None
+
+    def create_module(self, spec: Any) -> types.ModuleType:
+        mod = _Stub(spec.name)
+        mod.__path__ = []
+        mod.__dict__.update(self.inject.get(spec.name, {}))
+        return mod
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        return None
+
+
+class _Capture(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+class _Args:
+    """A stand-in ServerArgs: the release's field defaults, scenario overrides, a fake model config."""
+
+    def __init__(self, defaults: dict[str, Any], arch: str, **overrides: Any) -> None:
+        self.__dict__.update(defaults)
+        self.__dict__.update(device="cuda", page_size=1, attention_backend=None, enable_mixed_chunk=False)
+        self.__dict__.update(overrides)
+        self._arch = arch
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return None
+
+    def get_model_config(self) -> Any:
+        return types.SimpleNamespace(hf_config=self.get_hf_config())
+
+    def get_hf_config(self) -> Any:
+        return types.SimpleNamespace(architectures=[self._arch])
+
+
+class Wheel:
+    """The parts of one release that decide the speculative worker, runnable without GPUs."""
+
+    REAL = ("sglang.srt.environ", "sglang.srt.speculative.spec_info", "sglang.srt.speculative.spec_registry",
+            "sglang.srt.speculative.adaptive_spec_params", "sglang.srt.arg_groups.speculative_hook")
+
+    def __init__(self, version: str) -> None:
+        self.version = version
+        self.rel = R.RELEASES[version]
+        self.defaults = field_defaults(version)
+        self.capture = _Capture()
+        self.ns = self._compile_server_args()
+
+    def _compile_server_args(self) -> dict[str, Any]:
+        mod = tree(self.version, "srt/server_args.py")
+        wanted = {"_handle_pipeline_parallelism", "_handle_speculative_decoding", "auto_choose_speculative_params",
+                  "_resolve_speculative_algorithm_alias"}
+        defs = [n for n in ast.walk(mod) if isinstance(n, ast.FunctionDef) and n.name in wanted]
+        consts = [n for n in mod.body if isinstance(n, ast.Assign) and isinstance(n.value, (ast.Tuple, ast.List))
+                  and all(isinstance(e, ast.Constant) for e in n.value.elts)]
+        code = compile(ast.Module(body=[*consts, *defs], type_ignores=[]), f"<{self.version} server_args>", "exec")
+        ns: dict[str, Any] = {"logger": logging.getLogger("sglang.srt.server_args"), "os": os, "json": json,
+                              "logging": logging}
+        exec(code, ns)
+        return ns
+
+    @contextlib.contextmanager
+    def loaded(self) -> Iterator[None]:
+        before = set(sys.modules)
+        importer = _Importer(pkg(self.version), self.REAL, {"sglang.srt.server_args": {
+            "auto_choose_speculative_params": self.ns.get("auto_choose_speculative_params")}})
+        sys.meta_path.insert(0, importer)
+        log = logging.getLogger("sglang")
+        log.addHandler(self.capture)
+        old_level, log.level = log.level, logging.DEBUG
+        try:
+            self.ns["envs"] = importlib.import_module("sglang.srt.environ").envs
+            self.spec_info = importlib.import_module("sglang.srt.speculative.spec_info")
+            self.hook = (importlib.import_module("sglang.srt.arg_groups.speculative_hook")
+                         if self.rel.rules.handler.startswith("srt/arg_groups") else None)
+            yield
+        finally:
+            log.removeHandler(self.capture)
+            log.level = old_level
+            sys.meta_path.remove(importer)
+            for name in set(sys.modules) - before:
+                del sys.modules[name]
+
+    def run(self, fields: dict[str, Any], env: str | None, arch: str) -> dict[str, Any]:
+        args = _Args(self.defaults, arch, **fields)
+        self.capture.lines = []
+        lines = self.capture.lines
+        saved = os.environ.pop(R.SPEC_V2_ENV, None)
+        if env is not None:
+            os.environ[R.SPEC_V2_ENV] = env
+        error = worker = None
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("always")
+                warnings.showwarning = lambda msg, *a, **k: lines.append(str(msg))
+                self.ns["_handle_pipeline_parallelism"](args)
+                if self.hook is not None:
+                    self.hook.handle_speculative_decoding(args)
+                else:
+                    self.ns["_handle_speculative_decoding"](args)
+                worker = self._worker(args)
+        except (ValueError, AssertionError, TypeError) as exc:
+            error = f"{type(exc).__name__}: {exc}"
+        finally:
+            os.environ.pop(R.SPEC_V2_ENV, None)
+            if saved is not None:
+                os.environ[R.SPEC_V2_ENV] = saved
+        return {"error": error, "worker": worker, "warnings": list(dict.fromkeys(lines)), "args": args}
+
+    def _worker(self, args: _Args) -> tuple[str, str] | None:
+        if args.speculative_algorithm is None:
+            return None
+        algo = self.spec_info.SpeculativeAlgorithm.from_string(args.speculative_algorithm)
+        if self.rel.rules.decider.endswith("create_worker"):
+            cls = algo.create_worker(args)
+        else:  # the scheduler passes enable_overlap only to EAGLE-family factories
+            kwargs = {"enable_overlap": not args.disable_overlap_schedule} if algo.is_eagle() else {}
+            cls = type(algo.create_draft_worker(**kwargs))
+        return cls.__module__, cls.__name__
+
+
+PARAMS = {  # (num_steps, topk, num_draft_tokens)
+    "auto": (None, None, None), "topk1": (3, 1, 4), "topk1-tokens8": (3, 1, 8), "topk4": (3, 4, 8),
+    "steps-only": (3, None, None), "topk-only": (None, 1, None),
+}
+
+
+def _scenarios(rel: R.Release) -> Iterator[tuple[dict[str, Any], str | None, str]]:
+    has_multi = R.MULTI_LAYER in rel.rules.routes and rel.rules.decider.endswith("create_worker")
+    algos = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE")
+    envs = (None, "1", "0", "True", "nO", "bogus")
+    for algo, env, params, dos, pp in itertools.product(algos, envs, PARAMS, (False, True), (1, 2)):
+        yield _fields(algo, params, disable_overlap_schedule=dos, pp_size=pp), env, "LlamaForCausalLM"
+    for algo, env, params in itertools.product(algos, (None, "1", "0"), ("auto", "topk1")):
+        yield _fields(algo, params), env, "Qwen2ForCausalLM"
+    for algo, env, dos, ml in itertools.product(algos, (None, "1", "0"), (False, True), (False, True)):
+        if has_multi or not ml:
+            yield _fields(algo, "topk1", disable_overlap_schedule=dos, enable_multi_layer_eagle=ml), env, "Qwen2ForCausalLM"
+    for algo, env in itertools.product(algos, (None, "1")):
+        yield _fields(algo, "topk1", enable_dp_attention=True, max_running_requests=16), env, "Qwen2ForCausalLM"
+    if rel.adaptive is not None:
+        for algo, env, params, dos, arch in itertools.product(
+                ("EAGLE3", "STANDALONE"), (None, "0"), ("auto", "topk1", "topk4", "steps-only", "topk-only"),
+                (False, True), ("LlamaForCausalLM", "Qwen2ForCausalLM")):
+            yield _fields(algo, params, disable_overlap_schedule=dos, speculative_adaptive=True), env, arch
+        yield _fields("EAGLE", (5, 1, 6), speculative_adaptive=True), None, "Qwen2ForCausalLM"
+        yield _fields("EAGLE", "topk1", speculative_adaptive=True, enable_dp_attention=True), None, "Qwen2ForCausalLM"
+        if has_multi:
+            yield _fields("EAGLE", "topk1", speculative_adaptive=True, enable_multi_layer_eagle=True), None, "X"
+    yield {"speculative_algorithm": None}, "1", "LlamaForCausalLM"
+    yield {"speculative_algorithm": None, "pp_size": 2}, None, "LlamaForCausalLM"
+
+
+def _fields(algo: str, params: str | tuple, **extra: Any) -> dict[str, Any]:
+    steps, topk, tokens = PARAMS[params] if isinstance(params, str) else params
+    return {"speculative_algorithm": algo, "speculative_num_steps": steps, "speculative_eagle_topk": topk,
+            "speculative_num_draft_tokens": tokens, **extra}
+
+
+def _flags(fields: dict[str, Any]) -> dict[str, Any]:
+    return {"--" + k.replace("_", "-"): v for k, v in fields.items() if v is not None and v is not False}
+
+
+@pytest.mark.parametrize("version", _params())
+def test_resolve_worker_agrees_with_the_real_handlers(version: str) -> None:
+    wheel = Wheel(version)
+    mismatches: list[str] = []
+    with wheel.loaded():
+        for fields, env, arch in _scenarios(wheel.rel):
+            real = wheel.run(fields, env, arch)
+            mine = sglang.resolve_worker(version, _flags(fields), {} if env is None else {R.SPEC_V2_ENV: env},
+                                         model_arch=arch)
+            problems = _compare(real, mine)
+            if problems:
+                mismatches.append(f"{fields} env={env!r} arch={arch}: {'; '.join(problems)}")
+    assert not mismatches, f"{len(mismatches)} mismatches, e.g.:\n" + "\n".join(mismatches[:8])
+
+
+def _compare(real: dict[str, Any], mine: sglang.Resolution) -> list[str]:
+    out = []
+    if (real["error"] is None) != (mine.startup_error is None):
+        return [f"error real={real['error']!r} mine={mine.startup_error!r}"]
+    if real["error"] is not None:
+        kind = real["error"].split(":")[0]
+        if not mine.startup_error.startswith(kind):
+            out.append(f"error kind real={real['error']!r} mine={mine.startup_error!r}")
+        elif kind == "ValueError" and real["error"] != mine.startup_error:
+            out.append(f"error text real={real['error']!r} mine={mine.startup_error!r}")
+        return out
+    args = real["args"]
+    if real["worker"] is not None and mine.algorithm in ("EAGLE", "EAGLE3", "STANDALONE"):
+        module, cls = real["worker"]
+        file = module.removeprefix("sglang.").replace(".", "/") + ".py"
+        if (cls, file) != (mine.worker_class, mine.worker_file):
+            out.append(f"worker real={cls} mine={mine.worker_class}")
+    keys = ("disable_overlap_schedule", "speculative_algorithm", "speculative_num_steps", "speculative_eagle_topk",
+            "speculative_num_draft_tokens", "max_running_requests", "enable_multi_layer_eagle",
+            "speculative_adaptive")
+    for key in keys:
+        if key in mine.resolved_args and getattr(args, key) != mine.resolved_args[key]:
+            out.append(f"{key} real={getattr(args, key)!r} mine={mine.resolved_args[key]!r}")
+    if real["warnings"] != list(mine.warnings):
+        out.append(f"warnings real={real['warnings']} mine={list(mine.warnings)}")
+    return out
+
+
+# --- the harness table of the facts brief (§2c) and the origin story ---------------------------
+
+def _facts_cases() -> list[dict[str, Any]]:
+    return json.loads((DATA / "facts_2c_cases.json").read_text())
+
+
+@pytest.mark.parametrize("case", _facts_cases(), ids=lambda c: f"{c['version']}-{c['scenario']}")
+def test_facts_harness_table(case: dict[str, Any]) -> None:
+    res = sglang.resolve_worker(case["version"], case["flags"], case["env"], model_arch=case.get("model_arch"))
+    assert res.known
+    if case["worker"] is None:
+        assert res.startup_error and case["error"] in res.startup_error
+        return
+    assert res.startup_error is None
+    assert (res.worker_class, res.disable_overlap_schedule) == (case["worker"], case["disable_overlap_schedule"])
+    for text in case["warnings"]:
+        assert any(text in w for w in res.warnings), (text, res.warnings)
+    for text in case.get("absent_warnings", []):
+        assert not any(text in w for w in res.warnings), (text, res.warnings)
+    for key, value in case.get("resolved", {}).items():
+        assert res.resolved_args[key] == value, key
+
+
+def test_origin_story() -> None:
+    """0.5.9, EAGLE3, env unset: the non-overlap path, so the patch belongs in eagle_worker.py."""
+    res = sglang.resolve_worker("0.5.9", {"--speculative-algorithm": "EAGLE3",
+                                          "--speculative-draft-model-path": "jamesliu1/sglang-EAGLE3-Llama-3.1-Instruct-8B",
+                                          "--speculative-num-steps": 3, "--speculative-eagle-topk": 4,
+                                          "--speculative-num-draft-tokens": 16, "--tp": 2}, {})
+    assert res.disable_overlap_schedule is True
+    assert (res.worker_class, res.worker_file) == ("EAGLEWorker", "srt/speculative/eagle_worker.py")
+    assert res.reason == ("0.5.9 with SGLANG_ENABLE_SPEC_V2 unset -> disable_overlap_schedule=True -> "
+                          "EAGLEWorker in srt/speculative/eagle_worker.py")
+    assert res.resolved_args["tp_size"] == 2 and res.spec_v2_env == "unset"
+    patched = sglang.resolve_worker("0.5.9", {"--speculative-algorithm": "EAGLE3", "--speculative-eagle-topk": 1,
+                                              "--speculative-num-steps": 3},
+                                    {R.SPEC_V2_ENV: "True"})
+    assert patched.worker_class == "EAGLEWorkerV2" and patched.disable_overlap_schedule is False
+
+
+# --- flag spelling -------------------------------------------------------------------------------
+
+def test_flag_spellings_and_aliases() -> None:
+    base = {"--speculative-algorithm": "EAGLE3", "--speculative-num-steps": "3", "--speculative-eagle-topk": "1"}
+    a = sglang.resolve_worker("0.5.12", {**base, "--tp": 4, "--dp": "2", "--ep": 2,
+                                         "--speculative-draft-model": "d"}, {})
+    b = sglang.resolve_worker("0.5.12", {"speculative_algorithm": "EAGLE3", "speculative-num-steps": 3,
+                                         "speculative_eagle_topk": 1, "tp_size": 4, "--data-parallel-size": 2,
+                                         "--expert-parallel-size": 2, "--speculative-draft-model-path": "d"}, {})
+    assert a.resolved_args == b.resolved_args
+    assert a.resolved_args["tp_size"] == 4 and a.resolved_args["speculative_draft_model_path"] == "d"
+    assert sglang.resolve_worker("0.5.12", {**base, "--pp": 2}, {}).startup_error.startswith("ambiguous option: --pp")
+    assert sglang.resolve_worker("0.5.12", {**base, "--pp-size": 2}, {}).disable_overlap_schedule is True
+    too_new = sglang.resolve_worker("0.5.10", {**base, "--speculative-adaptive": True}, {})
+    assert too_new.startup_error == "unrecognized arguments: --speculative-adaptive"
+    lower = sglang.resolve_worker("0.5.9", {**base, "--speculative-algorithm": "eagle3"}, {})
+    assert "invalid choice: 'eagle3'" in lower.startup_error
+    assert sglang.resolve_worker("0.5.12", {**base, "--speculative-algorithm": "eagle3"}, {}).algorithm == "EAGLE3"
+    assert sglang.resolve_worker("0.5.9", {**base, "--speculative-algorithm": "NEXTN"}, {}).algorithm == "EAGLE"
+    patched = sglang.resolve_worker("0.5.9", {**base, "--speculative-disable-batch-threshold": 16}, {})
+    assert patched.unknown_flags == ("--speculative-disable-batch-threshold",)
+    assert patched.resolved_args["speculative_disable_batch_threshold"] == 16
+    assert patched.worker_class == "EAGLEWorker"
