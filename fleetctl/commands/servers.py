@@ -1,25 +1,232 @@
-"""launch, stop, verify-logs: the servers and the proof from their logs (issue 5)."""
+"""launch, stop, verify-logs, servers: the servers and the proof from their logs (issue 5)."""
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+from typing import Annotated
+
 import typer
 
-from fleetctl.errors import FleetctlError
+from fleetctl.commands.common import (
+    DEFAULT_FORKS,
+    AcceptNewOpt,
+    DebugOpt,
+    ForksOpt,
+    InventoryOpt,
+    JsonOpt,
+    LimitOpt,
+    emit_json,
+    err,
+    out,
+)
+from fleetctl.commands.context import RunContext, fleet_context
+from fleetctl.config.playbook import load_playbook
+from fleetctl.errors import EXIT_FAILED, EXIT_OK, InputError
+from fleetctl.ops.launch import HostLaunch, launch_fleet, status_fleet, stop_fleet
+from fleetctl.ops.verify import HostVerify, rank_label, verify_fleet
+from fleetctl.render import host_progress, status_cell, table
+
+PlaybookArg = Annotated[Path, typer.Argument(help="Playbook YAML, or a directory holding playbook.yaml.",
+                                             show_default=False)]
+STYLE = {"ready": "green", "ok": "green", "stopped": "green", "refused": "red", "failed": "red",
+         "timeout": "red", "unreachable": "red", "skipped": "yellow", "not running": "yellow",
+         "never launched": "yellow", "still running": "red", "running": "green", "PASS": "green", "FAIL": "red"}
 
 
-def _pending(name: str) -> None:
-    raise FleetctlError(f"'fleetctl {name}' is not built yet (tracked in issue 5)")
+def _s(state: str) -> str:
+    return f"[{STYLE.get(state, 'white')}]{state}[/]"
+
+
+def _ts(t: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else ""
+
+
+def _tick_run(ctx: RunContext, what: str, fn):  # type: ignore[no-untyped-def]
+    with host_progress(err, len(ctx.fleet.hosts), what, enabled=not ctx.json) as tick:
+        ctx.fleet.progress = tick
+        try:
+            return fn()
+        finally:
+            ctx.fleet.progress = None
+
+
+def render_launch(rows: list[HostLaunch]) -> None:
+    t = table("launch", ["host", "instance", "GPUs", "port", "status", "ready in", "worker", "what"])
+    for r in rows:
+        if not r.instances:
+            t.add_row(r.host, "", "", "", _s(r.status), "", "", r.message)
+        for i, it in enumerate(r.instances):
+            what = it.message + "".join(f"\n{n}" for n in it.notes)
+            t.add_row(r.host if i == 0 else "", it.instance, ",".join(map(str, it.gpus)), str(it.port),
+                      _s(it.status), f"{it.seconds:.2f}s" if it.seconds is not None else "",
+                      it.worker.get("class") or "", what)
+    out.print(t)
+    for r in rows:
+        for it in r.instances:
+            if it.tail:
+                out.print(f"[red]{r.host} {it.instance}[/]: last {len(it.tail)} log lines of {it.log}:")
+                out.print("\n".join("    " + ln for ln in it.tail), markup=False, highlight=False)
+
+
+def render_verify(rows: list[HostVerify], markers: list[str]) -> None:
+    t = table("verify-logs", ["host", "instance", "rank", *markers, "result", "launch / args"])
+    for r in rows:
+        if not r.instances:
+            t.add_row(r.host, "", "", *["" for _ in markers], _s(r.status), r.message)
+        first_host = True
+        for iv in r.instances:
+            args = ", ".join(f"{k}={v}" for k, v in iv.args.items() if v is not None)
+            head = (f"launch {iv.launch_id or '-'} since {_ts(iv.since)}"
+                    + (" (running)" if iv.running else " (NOT running)") + (f"\n{args}" if args else ""))
+            res = _s("PASS" if iv.ok else "FAIL")
+            if not iv.ranks:
+                t.add_row(r.host if first_host else "", iv.instance, "", *["" for _ in markers], res, head)
+                first_host = False
+            for k, rc in enumerate(iv.ranks):
+                cells = ["[green]yes[/]" if rc.markers.get(m) else "[red]MISSING[/]" for m in markers]
+                t.add_row(r.host if first_host else "", iv.instance if k == 0 else "", rank_label(rc.ranks),
+                          *cells, res if k == 0 else "", head if k == 0 else "")
+                first_host = False
+    out.print(t)
+    for r in rows:
+        for iv in r.instances:
+            if iv.ok:
+                continue
+            out.print(f"[red]FAIL[/] {r.host} {iv.instance}:")
+            for p in iv.problems:
+                out.print(f"  - {p}", markup=False, highlight=False)
+            for e in iv.explanation:
+                out.print(f"    why: {e}", markup=False, highlight=False)
+            for ln in iv.forbidden:
+                out.print(f"    | {ln}", markup=False, highlight=False)
 
 
 def register(app: typer.Typer) -> None:
     @app.command("verify-logs", help="Prove from each server's current log, per host and rank, that the patched code runs.")
-    def verify_logs() -> None:
-        _pending("verify-logs")
+    def verify_logs(
+        playbook: PlaybookArg,
+        inventory: InventoryOpt = None,
+        limit: LimitOpt = None,
+        forks: ForksOpt = DEFAULT_FORKS,
+        json_out: JsonOpt = False,
+        debug: DebugOpt = False,
+        accept_new_host_keys: AcceptNewOpt = False,
+    ) -> None:
+        pb = load_playbook(playbook)
+        with fleet_context(inventory, limit, forks, json=json_out, debug=debug,
+                           accept_new_host_keys=accept_new_host_keys) as ctx:
+            rows = _tick_run(ctx, "verify-logs", lambda: verify_fleet(ctx.fleet, pb))
+            bad = [r for r in rows if not r.ok]
+            n_inst = sum(len(r.instances) for r in rows)
+            n_bad = sum(1 for r in rows for i in r.instances if not i.ok)
+            summary = (f"verify-logs: {len(rows)} hosts, {n_inst} instances: {n_inst - n_bad} passed, "
+                       f"{n_bad} failed, {sum(1 for r in rows if r.status not in ('ok', 'failed'))} unreachable "
+                       f"in {ctx.elapsed():.2f}s")
+            if json_out:
+                emit_json({"command": "verify-logs", "ok": not bad, "markers": pb.verify.markers,
+                           "hosts": [r.to_json() for r in rows], "summary": summary,
+                           "elapsed": round(ctx.elapsed(), 3)})
+            else:
+                render_verify(rows, list(pb.verify.markers))
+                for r in rows:
+                    if r.status not in ("ok", "failed"):
+                        out.print(f"[red]{r.status}[/] {r.message}")
+                err.print(summary, markup=False)
+            raise typer.Exit(EXIT_FAILED if bad else EXIT_OK)
 
     @app.command("launch", help="Start the SGLang servers of the playbook's launch profile and wait until ready.")
-    def launch() -> None:
-        _pending("launch")
+    def launch(
+        playbook: PlaybookArg,
+        inventory: InventoryOpt = None,
+        limit: LimitOpt = None,
+        forks: ForksOpt = DEFAULT_FORKS,
+        replace: bool = typer.Option(False, "--replace", help="Stop a fleetctl server already running there first."),
+        timeout: float | None = typer.Option(None, "--timeout", min=0.1,
+                                             help="Seconds to wait per host for ready (default: launch.ready_timeout)."),
+        json_out: JsonOpt = False,
+        debug: DebugOpt = False,
+        accept_new_host_keys: AcceptNewOpt = False,
+    ) -> None:
+        pb = load_playbook(playbook)
+        with fleet_context(inventory, limit, forks, json=json_out, debug=debug,
+                           accept_new_host_keys=accept_new_host_keys) as ctx:
+            lid, rows = _tick_run(ctx, "launch", lambda: launch_fleet(ctx.fleet, pb, replace=replace, timeout=timeout))
+            bad = [r for r in rows if r.status != "ok"]
+            n = sum(len(r.instances) for r in rows)
+            ready = sum(1 for r in rows for i in r.instances if i.status == "ready")
+            summary = (f"launch {lid}: {len(rows)} hosts, {n} instances: {ready} ready, {n - ready} not "
+                       f"in {ctx.elapsed():.2f}s")
+            if json_out:
+                emit_json({"command": "launch", "launch_id": lid, "ok": not bad,
+                           "hosts": [r.to_json() for r in rows], "summary": summary,
+                           "elapsed": round(ctx.elapsed(), 3)})
+            else:
+                render_launch(rows)
+                err.print(summary, markup=False)
+            raise typer.Exit(EXIT_FAILED if bad else EXIT_OK)
 
     @app.command("stop", help="Stop the servers fleetctl launched (SIGTERM, then SIGKILL after a timeout).")
-    def stop() -> None:
-        _pending("stop")
+    def stop(
+        playbook: Annotated[Path | None, typer.Argument(help="Optional playbook: its launch.stop_timeout.")] = None,
+        inventory: InventoryOpt = None,
+        limit: LimitOpt = None,
+        forks: ForksOpt = DEFAULT_FORKS,
+        instance: list[str] | None = typer.Option(None, "--instance", help="Only this instance (repeatable), e.g. port-30000."),
+        timeout: float | None = typer.Option(None, "--timeout", min=0.1,
+                                             help="Seconds between SIGTERM and SIGKILL (default: launch.stop_timeout, 30)."),
+        json_out: JsonOpt = False,
+        debug: DebugOpt = False,
+        accept_new_host_keys: AcceptNewOpt = False,
+    ) -> None:
+        t = timeout if timeout is not None else (load_playbook(playbook).launch.stop_timeout if playbook else 30.0)
+        if instance is not None and not instance:
+            raise InputError("--instance given without a name")
+        with fleet_context(inventory, limit, forks, json=json_out, debug=debug,
+                           accept_new_host_keys=accept_new_host_keys) as ctx:
+            rows = _tick_run(ctx, "stop", lambda: stop_fleet(ctx.fleet, names=instance or None, timeout=t))
+            bad = [r for r in rows if r.status != "ok"]
+            summary = (f"stop: {len(rows)} hosts: {sum(1 for r in rows for s in r.instances if s['action'] == 'stopped')}"
+                       f" servers stopped, {len(bad)} hosts failed in {ctx.elapsed():.2f}s")
+            if json_out:
+                emit_json({"command": "stop", "ok": not bad, "hosts": [r.to_json() for r in rows], "summary": summary})
+            else:
+                tb = table("stop", ["host", "instance", "pid", "result", "how"])
+                for r in rows:
+                    if not r.instances:
+                        tb.add_row(r.host, "", "", _s(r.status), r.message if r.status != "ok" else "nothing launched")
+                    for k, s in enumerate(r.instances):
+                        tb.add_row(r.host if k == 0 else "", s["instance"], str(s.get("pid") or ""),
+                                   _s(s["action"]), s.get("how") or "")
+                out.print(tb)
+                err.print(summary, markup=False)
+            raise typer.Exit(EXIT_FAILED if bad else EXIT_OK)
+
+    @app.command("servers", help="List the servers fleetctl launched: running, since, deploy, restart needed.")
+    def servers(
+        inventory: InventoryOpt = None,
+        limit: LimitOpt = None,
+        forks: ForksOpt = DEFAULT_FORKS,
+        json_out: JsonOpt = False,
+        debug: DebugOpt = False,
+        accept_new_host_keys: AcceptNewOpt = False,
+    ) -> None:
+        with fleet_context(inventory, limit, forks, json=json_out, debug=debug,
+                           accept_new_host_keys=accept_new_host_keys) as ctx:
+            rows = _tick_run(ctx, "servers", lambda: status_fleet(ctx.fleet))
+            bad = [h for h, st, _, _ in rows if st != "ok"]
+            if json_out:
+                emit_json({"command": "servers", "hosts": [{"host": h, "status": st, "message": m, "servers": srv}
+                                                           for h, st, m, srv in rows]})
+            else:
+                tb = table("servers", ["host", "instance", "state", "since", "pid", "SGLang", "worker",
+                                       "deploy at launch", "notes"])
+                for h, st, m, srv in rows:
+                    if st != "ok":
+                        tb.add_row(h, "", status_cell(st), "", "", "", "", "", m)
+                    for k, s in enumerate(srv):
+                        tb.add_row(h if k == 0 else "", s["instance"], _s("running" if s["running"] else "not running"),
+                                   _ts(s["since"]), str(s["pid"] or ""), s["version"] or "", s["worker"] or "",
+                                   s["deploy_at_launch"] or "(none)", "\n".join(s["problems"]))
+                out.print(tb)
+            raise typer.Exit(EXIT_FAILED if bad else EXIT_OK)

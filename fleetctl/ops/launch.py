@@ -1,0 +1,372 @@
+"""launch and stop: pre-checks per instance, detached start by the agent, bounded readiness wait
+on THIS launch's log, and status of what fleetctl launched. Results are data; the CLI renders."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from fleetctl.config.inventory import Host
+from fleetctl.config.playbook import Playbook
+from fleetctl.facts import HostFacts, read_facts
+from fleetctl.fleet import Fleet
+from fleetctl.instances import INHERIT_FROM_HOST, Instance, plan_instances
+from fleetctl.ops.deploy import new_op_id, who
+from fleetctl.sglang import READY_LINE, is_known, resolve_worker, worker_files
+from fleetctl.transport.ssh import HostConnection, RemoteError
+
+TAIL = 30
+
+
+@dataclass
+class InstanceLaunch:
+    host: str
+    instance: str
+    port: int
+    gpus: list[int]
+    status: str  # ready | refused | failed | timeout | skipped
+    message: str = ""
+    launch_id: str | None = None
+    pid: int | None = None
+    seconds: float | None = None  # launch -> ready (or -> failure)
+    log: str | None = None
+    worker: dict[str, Any] = field(default_factory=dict)
+    health: int | None = None
+    tail: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"host": self.host, "instance": self.instance, "port": self.port, "gpus": self.gpus,
+                "status": self.status, "message": self.message, "launch_id": self.launch_id, "pid": self.pid,
+                "seconds": self.seconds, "log": self.log, "worker": self.worker, "health": self.health,
+                "tail": self.tail, "notes": self.notes}
+
+
+@dataclass
+class HostLaunch:
+    host: str
+    status: str  # ok | refused | failed | unreachable
+    message: str = ""
+    version: str | None = None
+    instances: list[InstanceLaunch] = field(default_factory=list)
+    elapsed: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"host": self.host, "status": self.status, "message": self.message, "version": self.version,
+                "elapsed": round(self.elapsed, 3), "instances": [i.to_json() for i in self.instances]}
+
+
+def plan_fleet(fleet: Fleet, pb: Playbook) -> dict[str, list[Instance]]:
+    """Every host's instances (InputError on a bad profile/inventory, before any connection)."""
+    return {h.name: plan_instances(h, pb.launch) for h in fleet.hosts}
+
+
+def _public_flags(inst: Instance) -> dict[str, Any]:
+    secrets = [inst.env[k] for k in inst.secret_keys]
+    out = {}
+    for k, v in inst.flags.items():
+        s = str(v)
+        out[k] = "***" if any(x and x in s for x in secrets) else v
+    return out
+
+
+def _running(facts: HostFacts) -> list[dict[str, Any]]:
+    return [s for s in (facts.extra.get("servers") or {}).get("instances", []) if s.get("running")]
+
+
+def _conflicts(running: list[dict[str, Any]], plan: list[Instance]) -> list[dict[str, Any]]:
+    names = {i.name for i in plan}
+    ports = {i.port for i in plan}
+    gpus = {g for i in plan for g in i.gpus}
+    out = []
+    for s in running:
+        rec = s.get("record") or {}
+        if s["instance"] in names or rec.get("port") in ports or gpus & set(rec.get("gpus") or []):
+            out.append(s)
+    return out
+
+
+def _gpu_problems(facts: HostFacts, inst: Instance) -> list[str]:
+    if not inst.gpus:
+        return []
+    if facts.gpus is None:
+        return [f"cannot check GPUs {list(inst.gpus)}: {facts.gpu_note}"]
+    by_index = {g.index: g for g in facts.gpus}
+    out = []
+    for i in inst.gpus:
+        g = by_index.get(i)
+        if g is None:
+            out.append(f"GPU {i} not found by nvidia-smi on the host (it lists {sorted(by_index)})")
+        elif g.busy():
+            procs = ", ".join(f"pid {p.pid} {p.name} {p.used_mib} MiB" for p in g.processes)
+            out.append(f"GPU {i} is in use: {procs or ''}{'; ' if procs else ''}"
+                       f"{g.memory_used_mib} MiB of memory used")
+    return out
+
+
+def http_get(conn: HostConnection, port: int, path: str, timeout: float = 10.0) -> tuple[int | None, bytes]:
+    """GET http://127.0.0.1:port/path as seen from the host, through the SSH connection."""
+    chan = conn.open_tcp(port, timeout=timeout)
+    try:
+        chan.settimeout(timeout)
+        chan.sendall(f"GET {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n".encode())
+        buf = b""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                chunk = chan.recv(65536)
+            except TimeoutError:
+                break
+            if not chunk:
+                break
+            buf += chunk
+    finally:
+        chan.close()
+    head, _, body = buf.partition(b"\r\n\r\n")
+    try:
+        code = int(head.split(b" ", 2)[1])
+    except (IndexError, ValueError):
+        code = None
+    return code, body
+
+
+def hash_set(pb: Playbook | None, version: str) -> list[str]:
+    """Files whose bytes at launch are recorded: the playbook's files + every EAGLE worker file."""
+    rels = [f.path for f in (pb.files_for(version) or [])] if pb else []
+    for rel in worker_files(version).values():
+        if rel not in rels:
+            rels.append(rel)
+    return rels
+
+
+def stop_instances(conn: HostConnection, names: list[str] | None, timeout: float) -> list[dict[str, Any]]:
+    return conn.agent("server_stop", {"state_dir": conn.host.state_dir, "instances": names, "timeout": timeout},
+                      timeout=timeout + 30 + 10 * len(names or [1]))
+
+
+def launch_host(conn: HostConnection, pb: Playbook, plan: list[Instance], *, launch_id: str, replace: bool,
+                timeout: float) -> HostLaunch:
+    h = conn.host
+    res = HostLaunch(h.name, "ok")
+    items = [InstanceLaunch(h.name, i.name, i.port, list(i.gpus), "skipped") for i in plan]
+    res.instances = items
+    ports = [i.port for i in plan]
+    facts = read_facts(conn, gpus=True, with_=["servers"], payload={"server_ports": ports})
+    v = facts.sglang_version
+    res.version = v
+    if not facts.sglang_found or not v:
+        return _refuse(res, "SGLang not found by the host's python", "failed")
+    if not is_known(v):
+        return _refuse(res, f"SGLang {v} is not a release fleetctl knows; it will not guess how it starts")
+    resolutions = {}
+    problems: dict[str, list[str]] = {i.name: [] for i in plan}
+    for inst in plan:
+        r = resolve_worker(v, inst.flags, inst.env)
+        resolutions[inst.name] = r
+        if r.startup_error:
+            problems[inst.name].append(f"SGLang {v} would refuse to start: {r.startup_error}")
+    conflicts = _conflicts(_running(facts), plan)
+    if conflicts and not replace:
+        for s in conflicts:
+            rec = s.get("record") or {}
+            msg = (f"a fleetctl server is already running here: {s['instance']} pid {rec.get('pid')} "
+                   f"(launch {rec.get('launch_id')}); stop it or pass --replace")
+            for inst in plan:
+                if inst.name == s["instance"] or inst.port == rec.get("port") or set(inst.gpus) & set(rec.get("gpus") or []):
+                    problems[inst.name].append(msg)
+    if any(problems.values()):
+        return _refuse_items(res, plan, problems)
+    if conflicts:
+        stopped = stop_instances(conn, [s["instance"] for s in conflicts], pb.launch.stop_timeout)
+        for s in stopped:
+            for it in items:
+                it.notes.append(f"replaced {s['instance']} (pid {s.get('pid')}): {s['action']}"
+                                f"{' by ' + s['how'] if s.get('how') else ''}")
+        bad = [s for s in stopped if s["action"] == "still running"]
+        if bad:
+            return _refuse(res, f"could not stop {bad[0]['instance']} (pid {bad[0].get('pid')})", "failed")
+        facts = read_facts(conn, gpus=True, with_=["servers"], payload={"server_ports": ports})
+    free = (facts.extra.get("servers") or {}).get("ports", {})
+    for inst in plan:
+        if free.get(str(inst.port)) is False:
+            problems[inst.name].append(f"port {inst.port} is in use on the host")
+        problems[inst.name] += _gpu_problems(facts, inst)
+    if any(problems.values()):
+        return _refuse_items(res, plan, problems)
+
+    # start every instance, then wait for all of them in one bounded agent call
+    hashes = hash_set(pb, v)
+    started: list[str] = []
+    for inst, it in zip(plan, items, strict=True):
+        r = resolutions[inst.name]
+        it.worker = {"class": r.worker_class, "file": r.worker_file,
+                     "disable_overlap_schedule": r.disable_overlap_schedule, "reason": r.reason}
+        payload = {
+            "state_dir": h.state_dir, "instance": inst.name, "launch_id": launch_id, "argv": inst.argv,
+            "public_argv": inst.public_argv, "env": inst.env, "public_env": inst.public_env,
+            "inherit_env": list(INHERIT_FROM_HOST), "package_dir": facts.sglang_dir, "hash_files": hashes,
+            "extra": {"version": v, "port": inst.port, "gpus": list(inst.gpus), "flags": _public_flags(inst),
+                      "playbook": pb.name, "by": who(), "host": h.name, "worker": it.worker,
+                      "ready_timeout": timeout},
+        }
+        try:
+            rec = conn.agent("server_start", payload)
+        except RemoteError as e:
+            it.status, it.message = "failed", e.message
+            continue
+        it.launch_id, it.pid, it.log = launch_id, rec.get("pid"), rec.get("log")
+        started.append(inst.name)
+    if started:
+        waited = conn.agent("server_wait", {
+            "state_dir": h.state_dir, "instances": started, "launch_ids": dict.fromkeys(started, launch_id),
+            "ready_line": READY_LINE, "forbidden": list(pb.verify.forbidden), "timeout": timeout, "tail": TAIL,
+        }, timeout=timeout + 60)
+        to_stop = []
+        for inst, it in zip(plan, items, strict=True):
+            w = waited.get(inst.name)
+            if w is None:
+                continue
+            it.seconds = w.get("seconds")
+            it.tail = w.get("tail") or []
+            if w["status"] == "ready":
+                it.status, it.message = "ready", "ready line seen in this launch's log"
+                try:
+                    code, _ = http_get(conn, inst.port, "/health", timeout=min(30.0, max(5.0, timeout)))
+                except (RemoteError, OSError) as e:
+                    code = None
+                    it.notes.append(f"GET /health failed: {e}")
+                it.health = code
+                if code != 200:
+                    it.status = "failed"
+                    it.message = f"ready line seen, but GET /health answered {code}"
+            else:
+                it.status = "timeout" if w["status"] == "timeout" else "failed"
+                it.message = w.get("why") or w["status"]
+                if w.get("line"):
+                    it.message += f": {w['line']}"
+                if w.get("running"):
+                    to_stop.append(inst.name)
+        if to_stop:
+            for s in stop_instances(conn, to_stop, pb.launch.stop_timeout):
+                for it in items:
+                    if it.instance == s["instance"]:
+                        it.notes.append(f"stopped the failed server ({s['action']}"
+                                        f"{', ' + s['how'] if s.get('how') else ''})")
+    bad = [it for it in items if it.status != "ready"]
+    if bad:
+        res.status = "failed"
+        res.message = f"{len(bad)} of {len(items)} instance(s) not ready: {bad[0].instance}: {bad[0].message}"
+    else:
+        res.message = f"{len(items)} instance(s) ready"
+    return res
+
+
+def _refuse(res: HostLaunch, msg: str, status: str = "refused") -> HostLaunch:
+    res.status = status
+    res.message = msg
+    for it in res.instances:
+        it.status, it.message = "refused", msg
+    return res
+
+
+def _refuse_items(res: HostLaunch, plan: list[Instance], problems: dict[str, list[str]]) -> HostLaunch:
+    res.status = "refused"
+    first = next((n, p) for n, p in problems.items() if p)
+    res.message = f"nothing started on this host: {first[0]}: {first[1][0]}"
+    for inst, it in zip(plan, res.instances, strict=True):
+        p = problems[inst.name]
+        it.status = "refused"
+        it.message = "; ".join(p) if p else "not started: another instance on this host was refused"
+    return res
+
+
+def launch_fleet(fleet: Fleet, pb: Playbook, *, replace: bool = False, timeout: float | None = None,
+                 launch_id: str | None = None) -> tuple[str, list[HostLaunch]]:
+    plans = plan_fleet(fleet, pb)
+    lid = launch_id or new_op_id("l")
+    t = float(timeout if timeout is not None else pb.launch.ready_timeout)
+    outs = fleet.run(lambda c: launch_host(c, pb, plans[c.host.name], launch_id=lid, replace=replace, timeout=t))
+    results = []
+    for o, h in zip(outs, fleet.hosts, strict=True):
+        if o.ok:
+            r: HostLaunch = o.data
+        else:
+            r = HostLaunch(o.host, o.status, o.message,
+                           instances=[InstanceLaunch(h.name, i.name, i.port, list(i.gpus), "failed", o.message)
+                                      for i in plans[h.name]])
+        r.elapsed = o.elapsed
+        results.append(r)
+    return lid, results
+
+
+@dataclass
+class HostStop:
+    host: str
+    status: str
+    message: str = ""
+    instances: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"host": self.host, "status": self.status, "message": self.message, "instances": self.instances}
+
+
+def stop_fleet(fleet: Fleet, *, names: list[str] | None = None, timeout: float = 30.0) -> list[HostStop]:
+    outs = fleet.run(lambda c: stop_instances(c, names, timeout))
+    res = []
+    for o in outs:
+        if not o.ok:
+            res.append(HostStop(o.host, o.status, o.message))
+            continue
+        bad = [s for s in o.data if s["action"] == "still running"]
+        n = sum(1 for s in o.data if s["action"] == "stopped")
+        res.append(HostStop(o.host, "failed" if bad else "ok",
+                            f"could not stop {bad[0]['instance']}" if bad else f"{n} stopped", o.data))
+    return res
+
+
+# ----------------------------------------------------------------------------- status
+
+
+def server_status_facts(host: Host | str, facts: HostFacts | dict[str, Any]) -> list[dict[str, Any]]:
+    """Rows for `fleetctl status`: one per server fleetctl launched on the host.
+
+    `facts` is the host's HostFacts read with `read_facts(conn, with_=["servers"], ...)` (or the raw
+    `extra["servers"]` dict). Each row: instance, running, since (process start, epoch), pid, port,
+    gpus, launch_id, flags, deploy id of the files at launch, deploy id on disk now, restart_needed
+    (files on disk changed since the process started: hash at launch != hash now), changed_files, log.
+    """
+    name = host if isinstance(host, str) else host.name
+    srv = facts.extra.get("servers") if isinstance(facts, HostFacts) else facts
+    if not srv:
+        return []
+    dep_now = srv.get("deploy_now")
+    rows = []
+    for s in srv.get("instances", []):
+        rec = s.get("record") or {}
+        problems = []
+        if s.get("restart_needed"):
+            problems.append(f"restart needed: {', '.join(s.get('changed_files') or [])} changed on disk after "
+                            f"the server started")
+        dep_launch = (rec.get("deploy") or {}).get("id")
+        if s.get("running") and dep_now and rec.get("launched_at") and dep_now.get("at") and \
+                rec["launched_at"] < dep_now["at"] and dep_now.get("id") != dep_launch:
+            problems.append(f"launched before deploy {dep_now.get('id')} of the files on disk")
+        rows.append({
+            "host": name, "instance": s["instance"], "running": bool(s.get("running")),
+            "since": rec.get("process_started") or rec.get("launched_at"), "pid": rec.get("pid"),
+            "port": rec.get("port"), "gpus": rec.get("gpus"), "launch_id": rec.get("launch_id"),
+            "version": rec.get("version"), "flags": rec.get("flags") or {},
+            "worker": (rec.get("worker") or {}).get("class"),
+            "deploy_at_launch": dep_launch, "deploy_now": (dep_now or {}).get("id"),
+            "restart_needed": bool(s.get("restart_needed")), "changed_files": s.get("changed_files") or [],
+            "state": rec.get("state"), "stopped_at": rec.get("stopped_at"), "log": rec.get("log"),
+            "problems": problems,
+        })
+    return rows
+
+
+def status_fleet(fleet: Fleet) -> list[tuple[str, str, str, list[dict[str, Any]]]]:
+    """(host, status, message, rows) per host, for a `servers` listing."""
+    outs = fleet.run(lambda c: read_facts(c, gpus=False, with_=["servers"]))
+    return [(o.host, o.status, o.message, server_status_facts(o.host, o.data) if o.ok else []) for o in outs]

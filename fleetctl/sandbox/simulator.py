@@ -1,0 +1,245 @@
+"""SIMULATOR of an SGLang server, for fleetctl's sandbox hosts. It is NOT SGLang: no model, no GPU.
+
+    python -m fleetctl.sandbox.simulator [sglang launch_server flags...]
+
+It exists so that `fleetctl launch`, `stop` and `verify-logs` can be exercised end to end on the
+sandbox fleet. Nothing it prints is evidence about GPUs or about SGLang's real behaviour: every
+decision it takes comes from fleetctl's own SGLang knowledge module (`fleetctl.sglang`), so what it
+can prove is only that fleetctl's tooling reads what that module says SGLang would print.
+
+What it does, in order (all logs on stderr, in the installed release's format):
+  1. prints a line saying it is the fleetctl sandbox simulator;
+  2. finds the SGLang this interpreter would import (importlib find_spec, no import of sglang) and
+     its version (`sglang/_version.py`);
+  3. decides the worker with `fleetctl.sglang.resolve_worker(version, flags, os.environ)`; a
+     `startup_error` is printed like a Python traceback ending in that error, exit 1;
+  4. prints the startup warnings (bare before 0.5.11), the `server_args=` dump of the resolved args;
+  5. binds 127.0.0.1:--port (in use: an "Address already in use" traceback, exit 1);
+  6. per scheduler rank (`expected_ranks`): "Load weight" lines and, ONLY when the resolved worker
+     file AS READ FROM DISK AT START carries the marker literal inside that class's `__init__` (AST)
+     and `--speculative-disable-batch-threshold` is given, the marker line
+     `Dynamic speculation disable enabled (worker=<Class>, threshold=<N>)`;
+  7. prints the ready line, serves `GET /health` (200; 503 before ready) and `GET /get_server_info`
+     (JSON of the resolved args) until SIGTERM, then exits 0.
+
+Test knobs (environment):
+  FLEETCTL_SIM_START_DELAY=<seconds>    sleep that long while "loading weights"
+  FLEETCTL_SIM_CRASH=startup            print a traceback mid start-up and exit 1
+  FLEETCTL_SIM_DROP_MARKER_RANK=<n>     the n-th scheduler rank (0-based, TP rank for plain TP) omits the marker
+  FLEETCTL_SIM_MARKER=<text>            the marker literal looked for (default below)
+See docs/simulator.md.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+from datetime import datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+MARKER = "Dynamic speculation disable enabled"
+THRESHOLD_ARG = "speculative_disable_batch_threshold"  # the payload's flag, as a ServerArgs field
+BANNER = ("fleetctl sandbox SIMULATOR of an SGLang server (not SGLang: no model, no GPU; "
+          "see docs/simulator.md)")
+
+
+def log(line: str) -> None:
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
+def parse_argv(argv: list[str]) -> dict[str, Any]:
+    """`--a 1 --b --c=x` -> {"--a": "1", "--b": True, "--c": "x"}; unknown flags are kept."""
+    flags: dict[str, Any] = {}
+    i = 0
+    while i < len(argv):
+        tok = argv[i]
+        if not tok.startswith("--"):
+            i += 1  # a stray positional: tolerated
+            continue
+        if "=" in tok:
+            k, v = tok.split("=", 1)
+            flags[k] = v
+            i += 1
+            continue
+        nxt = argv[i + 1] if i + 1 < len(argv) else None
+        if nxt is None or (nxt.startswith("--") and len(nxt) > 2):
+            flags[tok] = True
+            i += 1
+        else:
+            flags[tok] = nxt
+            i += 2
+    return flags
+
+
+def find_sglang() -> tuple[Path, str | None]:
+    spec = importlib.util.find_spec("sglang")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError("No module named 'sglang'")
+    pkg = Path(next(iter(spec.submodule_search_locations)))
+    from fleetctl.remote.agent import _const_assign
+
+    try:
+        version = _const_assign((pkg / "_version.py").read_text(encoding="utf-8"), ("__version__", "version"))
+    except OSError:
+        version = None
+    return pkg, version
+
+
+def traceback_exit(error: str, where: str = "launch_server") -> None:
+    if ":" not in error.split(" ", 1)[0]:
+        error = f"RuntimeError: {error}"
+    log("Traceback (most recent call last):")
+    log(f'  File "<fleetctl simulator>", line 1, in <module>  ({where})')
+    log(error)
+    sys.exit(1)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    ready = False
+    info: dict[str, Any] = {}  # noqa: RUF012 (set once before serving)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+
+    def _send(self, code: int, body: bytes, ctype: str = "application/json") -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:
+        path = self.path.split("?", 1)[0]
+        if path in ("/health", "/health_generate"):
+            self._send(200 if self.server.ready else 503, b"")
+        elif path in ("/get_server_info", "/server_info"):
+            self._send(200, json.dumps(self.server.info, default=str).encode())
+        else:
+            self._send(404, b'{"detail":"Not Found"}')
+
+    def log_message(self, format: str, *args: Any) -> None:  # access lines go to stdout, like uvicorn
+        stamp = datetime.now().strftime("%Y-%m-%d %H:%M:%S")
+        sys.stdout.write(f"[{stamp}] INFO:     {self.client_address[0]}:{self.client_address[1]} - "
+                         f"\"{self.requestline}\" {args[1] if len(args) > 1 else ''}\n")
+        sys.stdout.flush()
+
+
+def main(argv: list[str] | None = None) -> int:
+    from fleetctl.remote.agent_servers import marker_in_init
+    from fleetctl.sglang import (
+        READY_LINE,
+        expected_ranks,
+        format_line,
+        format_startup_warning,
+        resolve_worker,
+        server_args_dump,
+    )
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    log(BANNER)
+    flags = parse_argv(argv)
+    try:
+        pkg, version = find_sglang()
+    except ModuleNotFoundError as e:
+        traceback_exit(f"ModuleNotFoundError: {e}", "import sglang")
+        return 1
+    if version is None:
+        traceback_exit(f"RuntimeError: cannot read the SGLang version from {pkg}/_version.py")
+        return 1
+    env = dict(os.environ)
+    res = resolve_worker(version, flags, env)
+    if not res.known:
+        traceback_exit(f"RuntimeError: {res.reason}")
+        return 1
+    if res.startup_error:
+        for w in res.warnings:
+            log(format_startup_warning(version, w, datetime.now()))
+        traceback_exit(res.startup_error)
+        return 1
+    ms = env.get("SGLANG_LOG_MS", "").lower() in ("1", "true", "yes", "y")
+
+    def line(ranks: dict[str, int], msg: str) -> str:
+        try:
+            return format_line(version, ranks, msg, datetime.now(), ms=ms)
+        except ValueError:  # SGLANG_LOG_MS not in this release
+            return format_line(version, ranks, msg, datetime.now())
+
+    # the worker file as it is on disk NOW: a later deploy does not change this process
+    worker_has_marker = False
+    marker = env.get("FLEETCTL_SIM_MARKER") or MARKER
+    if res.worker_file and res.worker_class:
+        try:
+            src = (pkg / res.worker_file).read_text(encoding="utf-8", errors="replace")
+            worker_has_marker = marker_in_init(src, res.worker_class, marker)["marker"]
+        except OSError:
+            worker_has_marker = False
+    log(line({}, f"fleetctl simulator: SGLang {version} at {pkg}; worker {res.worker_class} "
+                 f"({res.worker_file}); {res.reason}"))
+    for w in res.warnings:
+        log(format_startup_warning(version, w, datetime.now()))
+    args = dict(res.resolved_args)
+    log(line({}, server_args_dump(version, args)))
+
+    port = int(flags.get("--port") or args.get("port") or 30000)
+    host = str(flags.get("--host") or "127.0.0.1")
+    if host not in ("127.0.0.1", "localhost"):
+        host = "127.0.0.1"  # the simulator never listens beyond loopback
+    srv = _Server((host, port), _Handler, bind_and_activate=False)
+    try:
+        srv.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        srv.server_bind()
+        srv.server_activate()
+    except OSError as e:
+        srv.server_close()
+        traceback_exit(f"OSError: [Errno {e.errno}] error while attempting to bind on address "
+                       f"('{host}', {port}): Address already in use" if e.errno == 98 else f"OSError: {e}",
+                       "uvicorn.run")
+        return 1
+    srv.info = {**args, "version": version, "simulator": True, "worker_class": res.worker_class}
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    t = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
+    t.start()
+
+    ranks = expected_ranks(version, args)
+    for r in ranks:
+        log(line(r, "Load weight begin. (simulated: nothing is loaded)"))
+    if env.get("FLEETCTL_SIM_CRASH") == "startup":
+        log(line(ranks[0], "Scheduler hit an exception: (simulated crash, FLEETCTL_SIM_CRASH=startup)"))
+        srv.server_close()
+        traceback_exit("RuntimeError: simulated crash during start-up (FLEETCTL_SIM_CRASH=startup)",
+                       "run_scheduler_process")
+        return 1
+    delay = float(env.get("FLEETCTL_SIM_START_DELAY") or 0)
+    if delay > 0 and stop.wait(delay):
+        srv.shutdown()
+        return 0
+    drop = env.get("FLEETCTL_SIM_DROP_MARKER_RANK")
+    threshold = args.get(THRESHOLD_ARG)
+    for i, r in enumerate(ranks):
+        log(line(r, "Load weight end. type=SimulatedModel (fleetctl simulator), nothing loaded"))
+        if worker_has_marker and threshold not in (None, False) and str(i) != drop:
+            log(line(r, f"{marker} (worker={res.worker_class}, threshold={threshold})"))
+    srv.ready = True
+    log(line({}, READY_LINE))
+    while not stop.wait(0.2):
+        pass
+    log(line({}, "fleetctl simulator: SIGTERM received, shutting down"))
+    srv.shutdown()
+    srv.server_close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
