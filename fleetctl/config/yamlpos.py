@@ -90,7 +90,9 @@ def validate(doc: YamlDoc, model: type[M], what: str) -> M:
     try:
         return model.model_validate(doc.data)
     except ValidationError as e:
-        err = e.errors()[0]
+        errors = e.errors()
+        # a misspelt key explains a "missing" one: report unknown keys first
+        err = next((x for x in errors if x.get("type") == "extra_forbidden"), errors[0])
         loc = tuple(err.get("loc", ()))
         keypath = ".".join(str(p) for p in loc) or "(top level)"
         key = str(loc[-1]) if loc else "(top level)"
