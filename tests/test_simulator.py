@@ -1,0 +1,217 @@
+"""The sandbox SGLang server SIMULATOR, run locally against tiny fake `sglang` trees."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fleetctl.remote.agent_servers import marker_in_init
+from fleetctl.sglang import READY_LINE, parse_line
+
+MARKER = "Dynamic speculation disable enabled"
+EAGLE_FLAGS = ["--model-path", "m", "--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3",
+               "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
+
+WORKER_WITH = f'''
+import logging
+logger = logging.getLogger(__name__)
+
+class {{cls}}:
+    def __init__(self, server_args):
+        self.t = server_args.speculative_disable_batch_threshold
+        if self.t is not None:
+            logger.info(f"{MARKER} (worker={{{{type(self).__name__}}}}, threshold={{{{self.t}}}})")
+
+    def forward(self):
+        return None
+'''
+WORKER_ELSEWHERE = f'''
+class {{cls}}:
+    def __init__(self, server_args):
+        # {MARKER}: only a comment here
+        self.t = None
+
+    def forward(self):
+        print("{MARKER}")
+'''
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def fake_tree(root: Path, version: str, workers: dict[str, str]) -> Path:
+    pkg = root / "sglang"
+    (pkg / "srt" / "speculative").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("raise ImportError('the simulator must not import sglang')\n")
+    (pkg / "_version.py").write_text(f"__version__ = version = {version!r}\n")
+    for fname, src in workers.items():
+        (pkg / "srt" / "speculative" / fname).write_text(src)
+    return root
+
+
+class Sim:
+    def __init__(self, site: Path, args: list[str], env: dict[str, str] | None = None) -> None:
+        self.port = free_port()
+        e = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+             "PYTHONPATH": os.pathsep.join([str(site), str(Path(__file__).resolve().parents[1])])}
+        e.update(env or {})
+        self.proc = subprocess.Popen([sys.executable, "-m", "fleetctl.sandbox.simulator", *args,
+                                      "--port", str(self.port)],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=e, text=True)
+
+    def wait_for(self, text: str = READY_LINE, timeout: float = 15.0) -> list[str]:
+        lines: list[str] = []
+        deadline = time.monotonic() + timeout
+        assert self.proc.stderr is not None
+        while time.monotonic() < deadline:
+            ln = self.proc.stderr.readline()
+            if not ln:
+                break
+            lines.append(ln.rstrip("\n"))
+            if text in ln:
+                return lines
+        raise AssertionError(f"no {text!r}:\n" + "\n".join(lines))
+
+    def wait_ready(self) -> list[str]:
+        return self.wait_for(READY_LINE)
+
+    def finish(self, timeout: float = 15.0) -> tuple[int, str]:
+        _, errs = self.proc.communicate(timeout=timeout)
+        return self.proc.returncode, errs
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+
+@pytest.fixture
+def sims() -> Iterator[list[Sim]]:
+    started: list[Sim] = []
+    yield started
+    for s in started:  # every simulator a test starts is stopped, even when the test fails
+        s.stop()
+
+
+def run(sims: list[Sim], site: Path, args: list[str], env: dict[str, str] | None = None) -> Sim:
+    s = Sim(site, args, env)
+    sims.append(s)
+    return s
+
+
+def test_marker_in_init_is_an_ast_check() -> None:
+    assert marker_in_init(WORKER_WITH.format(cls="EAGLEWorker"), "EAGLEWorker", MARKER)["marker"]
+    r = marker_in_init(WORKER_ELSEWHERE.format(cls="EAGLEWorker"), "EAGLEWorker", MARKER)
+    assert r["class"] and r["init"] and not r["marker"]  # a comment or another method does not count
+    assert not marker_in_init(WORKER_WITH.format(cls="EAGLEWorker"), "EAGLEWorkerV2", MARKER)["class"]
+    assert marker_in_init("def (", "X", MARKER)["error"]
+
+
+def test_patched_v1_worker_tp2_marker_per_rank_and_endpoints(tmp_path: Path, sims: list[Sim]) -> None:
+    site = fake_tree(tmp_path, "0.5.9", {"eagle_worker.py": WORKER_WITH.format(cls="EAGLEWorker"),
+                                         "eagle_worker_v2.py": WORKER_ELSEWHERE.format(cls="EAGLEWorkerV2")})
+    s = run(sims, site, [*EAGLE_FLAGS, "--tp-size", "2", "--speculative-disable-batch-threshold", "16",
+                         "--some-unknown-flag", "x", "--another-bool"])
+    lines = s.wait_ready()
+    assert "SIMULATOR" in lines[0]
+    parsed = [parse_line(x) for x in lines]
+    marks = [p for p in parsed if MARKER in p.message]
+    assert [p.ranks for p in marks] == [{"TP": 0}, {"TP": 1}]
+    assert all("worker=EAGLEWorker, threshold=16" in p.message for p in marks)
+    # before 0.5.11 ServerArgs warnings print bare, without a timestamp
+    assert any(p.timestamp is None and "Overlap scheduler is disabled" in p.raw for p in parsed)
+    dump = next(p for p in parsed if p.message.startswith("server_args=ServerArgs("))
+    assert "disable_overlap_schedule=True" in dump.message and "speculative_disable_batch_threshold" in dump.message
+    assert parsed[-1].message == READY_LINE and parsed[-1].ranks == {}
+    with urllib.request.urlopen(f"http://127.0.0.1:{s.port}/health", timeout=5) as r:
+        assert r.status == 200
+    with urllib.request.urlopen(f"http://127.0.0.1:{s.port}/get_server_info", timeout=5) as r:
+        info = json.loads(r.read())
+    assert info["disable_overlap_schedule"] is True and info["simulator"] is True
+    assert info["worker_class"] == "EAGLEWorker"
+    s.proc.send_signal(signal.SIGTERM)
+    code, _ = s.finish()
+    assert code == 0
+
+
+def test_origin_story_env_unset_runs_unpatched_v1(tmp_path: Path, sims: list[Sim]) -> None:
+    site = fake_tree(tmp_path, "0.5.9", {"eagle_worker.py": WORKER_ELSEWHERE.format(cls="EAGLEWorker"),
+                                         "eagle_worker_v2.py": WORKER_WITH.format(cls="EAGLEWorkerV2")})
+    s = run(sims, site, [*EAGLE_FLAGS, "--speculative-disable-batch-threshold", "16"])
+    lines = s.wait_ready()
+    assert not any(MARKER in ln for ln in lines)
+    s.stop()
+    # the same tree with SGLANG_ENABLE_SPEC_V2=1 runs EAGLEWorkerV2, which carries the marker; tp=1: no TP0
+    s2 = run(sims, site, [*EAGLE_FLAGS, "--speculative-disable-batch-threshold", "16"],
+             {"SGLANG_ENABLE_SPEC_V2": "1"})
+    marks = [parse_line(x) for x in s2.wait_ready() if MARKER in x]
+    assert [m.ranks for m in marks] == [{}]
+    assert "worker=EAGLEWorkerV2" in marks[0].message
+
+
+def test_no_threshold_flag_no_marker_and_timestamped_warnings(tmp_path: Path, sims: list[Sim]) -> None:
+    site = fake_tree(tmp_path, "0.5.14", {"eagle_worker_v2.py": WORKER_WITH.format(cls="EAGLEWorkerV2")})
+    s = run(sims, site, EAGLE_FLAGS, {"SGLANG_ENABLE_SPEC_V2": "1"})
+    lines = s.wait_ready()
+    assert not any(MARKER in ln for ln in lines)
+    removed = [parse_line(x) for x in lines if "has been removed" in x]
+    assert removed and removed[0].timestamp is not None  # from 0.5.11 startup warnings are timestamped
+
+
+def test_startup_error_is_a_traceback(tmp_path: Path, sims: list[Sim]) -> None:
+    site = fake_tree(tmp_path, "0.5.9", {"eagle_worker.py": "", "eagle_worker_v2.py": ""})
+    args = [a if a != "1" else "4" for a in EAGLE_FLAGS]  # topk 4 explicitly, with spec v2 on: ValueError
+    s = run(sims, site, args, {"SGLANG_ENABLE_SPEC_V2": "1"})
+    code, errs = s.finish()
+    assert code == 1
+    assert "Traceback (most recent call last)" in errs
+    assert errs.strip().splitlines()[-1].startswith("ValueError: Spec v2 currently only supports topk = 1")
+
+
+def test_port_in_use_crash_knob_and_drop_rank(tmp_path: Path, sims: list[Sim]) -> None:
+    site = fake_tree(tmp_path, "0.5.9", {"eagle_worker.py": WORKER_WITH.format(cls="EAGLEWorker"),
+                                         "eagle_worker_v2.py": ""})
+    with socket.socket() as blocker:
+        blocker.bind(("127.0.0.1", 0))
+        blocker.listen()
+        port = blocker.getsockname()[1]
+        e = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": os.pathsep.join(
+            [str(site), str(Path(__file__).resolve().parents[1])])}
+        p = subprocess.run([sys.executable, "-m", "fleetctl.sandbox.simulator", *EAGLE_FLAGS, "--port", str(port)],
+                           capture_output=True, text=True, env=e, timeout=30)
+    assert p.returncode == 1 and "Address already in use" in p.stderr
+    crash = run(sims, site, EAGLE_FLAGS, {"FLEETCTL_SIM_CRASH": "startup"})
+    code, errs = crash.finish()
+    assert code == 1 and "Traceback (most recent call last)" in errs and READY_LINE not in errs
+    drop = run(sims, site, [*EAGLE_FLAGS, "--tp-size", "4", "--speculative-disable-batch-threshold", "8"],
+               {"FLEETCTL_SIM_DROP_MARKER_RANK": "2"})
+    marks = [parse_line(x).ranks for x in drop.wait_ready() if MARKER in x]
+    assert marks == [{"TP": 0}, {"TP": 1}, {"TP": 3}]
+
+
+def test_worker_file_is_read_at_start(tmp_path: Path, sims: list[Sim]) -> None:
+    """Patching the file while the server runs changes nothing in that server (restart needed)."""
+    site = fake_tree(tmp_path, "0.5.9", {"eagle_worker.py": WORKER_ELSEWHERE.format(cls="EAGLEWorker"),
+                                         "eagle_worker_v2.py": ""})
+    s = run(sims, site, [*EAGLE_FLAGS, "--speculative-disable-batch-threshold", "16"],
+            {"FLEETCTL_SIM_START_DELAY": "1.0"})
+    s.wait_for("Load weight begin")  # the worker file has been read by now
+    (site / "sglang/srt/speculative/eagle_worker.py").write_text(WORKER_WITH.format(cls="EAGLEWorker"))
+    assert not any(MARKER in ln for ln in s.wait_ready())
