@@ -1,0 +1,472 @@
+"""The payload playbook playbooks/dynamic-spec-disable, held to the real SGLang release files.
+
+No GPU and no SGLang install: every check runs on the pristine files of the real wheels and on the
+patched text. Patched SGLang modules cannot be imported here (torch, CUDA kernels), so single
+functions and statements are lifted out of the patched files with `ast` and run on their own.
+"""
+
+from __future__ import annotations
+import __future__
+
+import argparse
+import ast
+import dataclasses
+import importlib.util
+import os
+import subprocess
+import sys
+import types
+from functools import cache
+from pathlib import Path
+from typing import Optional
+
+import pytest
+
+from fleetctl import wheels
+from fleetctl.config.playbook import PatchFile, Playbook, load_playbook
+from fleetctl.coverage import coverage
+from fleetctl.patching import apply_patch, parse_patch
+from fleetctl.sglang import routing
+
+ROOT = Path(__file__).resolve().parents[1]
+PLAYBOOK = ROOT / "playbooks" / "dynamic-spec-disable"
+WRONG_FILE = ROOT / "playbooks" / "origin-wrong-file"
+DATA = Path(__file__).parent / "data" / "payload"
+
+VERSIONS = ("0.5.5.post3", "0.5.9", "0.5.10.post1", "0.5.14")
+MARKER = "Dynamic speculation disable enabled"
+FLAG = "--speculative-disable-batch-threshold"
+FIELD = "speculative_disable_batch_threshold"
+SERVER_ARGS = "srt/server_args.py"
+V1, V2 = "srt/speculative/eagle_worker.py", "srt/speculative/eagle_worker_v2.py"
+WORKER_CLASS = {V1: "EAGLEWorker", V2: "EAGLEWorkerV2"}
+# Where the feature is implemented; every other EAGLE-family worker is listed as unsupported.
+SUPPORTED = {
+    "0.5.5.post3": {"EAGLEWorker"},
+    "0.5.9": {"EAGLEWorker"},
+    "0.5.10.post1": {"EAGLEWorker"},
+    "0.5.14": {"EAGLEWorkerV2"},
+}
+
+
+@cache
+def playbook() -> Playbook:
+    return load_playbook(PLAYBOOK)
+
+
+def patch_files() -> list[tuple[str, PatchFile]]:
+    return [(v, pf) for v in VERSIONS for pf in playbook().files_for(v) or []]
+
+
+FILES = patch_files()
+FILE_IDS = [f"{v}:{pf.path}" for v, pf in FILES]
+
+
+@cache
+def patched(version: str, rel: str) -> bytes:
+    pf = next(f for f in playbook().files_for(version) or [] if f.path == rel)
+    return apply_patch(wheels.pristine_bytes(version, rel), pf.patch_text, name=pf.path).output
+
+
+@cache
+def patched_tree(version: str, rel: str) -> ast.Module:
+    return ast.parse(patched(version, rel), filename=f"{version}/{rel}")
+
+
+# ---------------------------------------------------------------- AST helpers
+
+
+def find_class(tree: ast.Module, name: str) -> ast.ClassDef:
+    hits = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name]
+    assert len(hits) == 1, f"class {name}: {len(hits)} definitions"
+    return hits[0]
+
+
+def find_def(scope: ast.Module | ast.ClassDef, name: str) -> ast.FunctionDef:
+    hits = [n for n in scope.body if isinstance(n, ast.FunctionDef) and n.name == name]
+    assert len(hits) == 1, f"def {name}: {len(hits)} definitions"
+    return hits[0]
+
+
+def strings(node: ast.AST) -> list[str]:
+    return [n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+
+
+def calls(node: ast.AST, name: str) -> list[ast.Call]:
+    """Calls of `name(...)` or `anything.name(...)` inside `node`."""
+    out = []
+    for n in ast.walk(node):
+        if isinstance(n, ast.Call):
+            f = n.func
+            if (isinstance(f, ast.Name) and f.id == name) or (isinstance(f, ast.Attribute) and f.attr == name):
+                out.append(n)
+    return out
+
+
+def logs_marker_in_init(cls: ast.ClassDef) -> bool:
+    """The class's own __init__ logs the marker with logger.info (every rank, not rank 0 only)."""
+    init = next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
+    if init is None:
+        return False
+    for call in calls(init, "info"):
+        f = call.func
+        if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == "logger":
+            if any(MARKER in s for s in strings(call)):
+                return True
+    return False
+
+
+def load_function(tree: ast.Module, name: str, namespace: dict | None = None, filename: str = "<patched>"):
+    """Run just one module-level def of a patched file and return the function."""
+    node = find_def(tree, name)
+    ns = dict(namespace or {})
+    # annotations stay unevaluated, as under the files' own `from __future__ import annotations`
+    code = compile(ast.Module(body=[node], type_ignores=[]), filename, "exec",
+                   flags=__future__.annotations.compiler_flag, dont_inherit=True)
+    exec(code, ns)
+    return ns[name]
+
+
+# ---------------------------------------------------------------- the playbook itself
+
+
+def test_playbook_covers_the_four_versions_and_every_eagle_worker_file():
+    pb = playbook()
+    assert pb.name == "dynamic-spec-disable"
+    assert sorted(pb.supported()) == sorted(VERSIONS)
+    for v in VERSIONS:
+        paths = [f.path for f in pb.files_for(v)]
+        present = [rel for rel in (V1, V2) if (wheels.package_dir(v) / rel).is_file()]
+        assert present, v
+        assert sorted(paths) == sorted([SERVER_ARGS, *present]), v
+        for f in pb.files_for(v):
+            assert f.patch_path == PLAYBOOK / "patches" / v / (Path(f.path).name + ".diff")
+    assert [rel for rel in (V1, V2) if (wheels.package_dir("0.5.14") / rel).is_file()] == [V2]
+
+
+def test_every_eagle_worker_class_is_supported_or_listed_unsupported():
+    pb = playbook()
+    for v in VERSIONS:
+        classes = set(routing.worker_files(v))
+        unsupported = set(pb.unsupported_workers.get(v, {}))
+        assert SUPPORTED[v] <= classes
+        assert unsupported == classes - SUPPORTED[v], v
+        for cls, why in pb.unsupported_workers[v].items():
+            assert why.strip().endswith(".") and why.count(". ") == 0, f"{v} {cls}: one sentence"
+
+
+def test_launch_and_verify_sections():
+    pb = playbook()
+    flags = pb.launch.flags
+    assert flags["--speculative-algorithm"] == "EAGLE3"
+    assert (flags["--speculative-num-steps"], flags["--speculative-eagle-topk"],
+            flags["--speculative-num-draft-tokens"]) == (3, 1, 4)
+    assert flags[FLAG] == 16
+    assert flags["--model-path"] and flags["--speculative-draft-model-path"]
+    assert pb.launch.port == 30000
+    assert "SGLANG_ENABLE_SPEC_V2" not in pb.launch.env
+    assert pb.verify.markers == [MARKER]
+
+
+@pytest.mark.parametrize(("version", "pf"), FILES, ids=FILE_IDS)
+def test_sha256_is_the_pristine_file(version, pf):
+    assert wheels.sha256_bytes(wheels.pristine_bytes(version, pf.path)) == pf.sha256
+
+
+@pytest.mark.parametrize(("version", "pf"), FILES, ids=FILE_IDS)
+def test_patch_applies_exactly_and_git_agrees(version, pf, tmp_path):
+    (fp,) = parse_patch(pf.patch_text, name=str(pf.patch_path))
+    assert (fp.old_path, fp.new_path) == (f"a/{pf.path}", f"b/{pf.path}")
+    pristine = wheels.pristine_bytes(version, pf.path)
+    res = apply_patch(pristine, pf.patch_text, name=pf.path)
+    assert res.offsets == [], "every hunk lands on the line it names"
+    assert res.output != pristine
+    # cross-check with git apply on a copy of the file at its package-relative path
+    target = tmp_path / pf.path
+    target.parent.mkdir(parents=True)
+    target.write_bytes(pristine)
+    env = dict(os.environ, GIT_CONFIG_NOSYSTEM="1", GIT_CONFIG_GLOBAL=os.devnull, HOME=str(tmp_path),
+               GIT_CEILING_DIRECTORIES=str(tmp_path.parent))
+    git = ["git", "-c", "core.autocrlf=false", "apply", "-p1", "-v", str(pf.patch_path)]
+    proc = subprocess.run(git, cwd=tmp_path, capture_output=True, env=env)
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert b"offset" not in proc.stderr
+    assert target.read_bytes() == res.output
+
+
+@pytest.mark.parametrize(("version", "pf"), FILES, ids=FILE_IDS)
+def test_patched_file_compiles(version, pf):
+    compile(patched(version, pf.path), f"{version}/{pf.path}", "exec")
+
+
+# ---------------------------------------------------------------- workers
+
+
+@pytest.mark.parametrize(("version", "pf"), [f for f in FILES if f[1].path != SERVER_ARGS],
+                         ids=[i for (_, pf), i in zip(FILES, FILE_IDS, strict=True) if pf.path != SERVER_ARGS])
+def test_marker_only_in_supported_worker_init(version, pf):
+    tree = patched_tree(version, pf.path)
+    cls = find_class(tree, WORKER_CLASS[pf.path])
+    init = find_def(cls, "__init__")
+    if cls.name in SUPPORTED[version]:
+        assert logs_marker_in_init(cls)
+        assert not calls(init, "log_info_on_rank0") or not any(
+            MARKER in s for c in calls(init, "log_info_on_rank0") for s in strings(c))
+    else:
+        assert cls.name in playbook().unsupported_workers[version]
+        assert not any(MARKER in s for s in strings(tree)), "no marker on a path without the feature"
+        first = init.body[0]
+        assert isinstance(first, ast.If) and FIELD in ast.unparse(first.test)
+        assert isinstance(first.body[0], ast.Raise) and any(FLAG in s for s in strings(first.body[0]))
+    # the marker is never logged by the pristine file
+    assert MARKER.encode() not in wheels.pristine_bytes(version, pf.path)
+
+
+def test_marker_check_can_fail():
+    """The AST check above refuses a marker outside __init__ and a rank-0-only marker."""
+    for name in ("marker_outside_init.py", "marker_rank0_only.py"):
+        tree = ast.parse((DATA / name).read_text())
+        assert not logs_marker_in_init(find_class(tree, "EAGLEWorker")), name
+    assert logs_marker_in_init(find_class(ast.parse((DATA / "marker_ok.py").read_text()), "EAGLEWorker"))
+
+
+def decision_functions() -> list[tuple[str, str]]:
+    return [(v, rel) for v in VERSIONS for rel in (V1, V2)
+            if any(f.path == rel for f in playbook().files_for(v))
+            and WORKER_CLASS[rel] in SUPPORTED[v]]
+
+
+@pytest.mark.parametrize(("version", "rel"), decision_functions(), ids=lambda x: str(x))
+def test_decision_function_edges(version, rel):
+    should = load_function(patched_tree(version, rel), "_dsd_should_speculate", {"Optional": Optional})
+    for bs in (0, 1, 16, 17, 10**6):
+        assert should(bs, None) is True, "threshold unset: always speculate"
+    assert should(16, 16) is True  # == N: speculate
+    assert should(17, 16) is False  # N + 1: skip
+    assert should(1, 16) is True
+    assert should(1, 1) is True and should(2, 1) is False
+    assert should(0, 1) is True  # an idle batch never skips
+
+
+def test_decision_function_is_pure_and_identical_everywhere():
+    nodes = [find_def(patched_tree(v, rel), "_dsd_should_speculate") for v, rel in decision_functions()]
+    assert len(nodes) == 4
+    dumps = {ast.dump(n) for n in nodes}
+    assert len(dumps) == 1
+    body = nodes[0]
+    assert not [n for n in ast.walk(body) if isinstance(n, ast.Call | ast.Attribute | ast.Global | ast.Nonlocal)]
+    assert [a.arg for a in body.args.args] == ["batch_size", "threshold"]
+
+
+@pytest.mark.parametrize("version", ["0.5.5.post3", "0.5.9", "0.5.10.post1"])
+def test_v1_worker_skip_path(version):
+    """EAGLEWorker: a skipped step replaces draft() only; verify runs a plain target decode for the
+    one-node input, and the draft extend after decode runs on both paths."""
+    cls = find_class(patched_tree(version, V1), "EAGLEWorker")
+    assert any(isinstance(n, ast.AnnAssign) and ast.unparse(n.target) == "_dsd_threshold"
+               and ast.unparse(n.value) == "None" for n in cls.body), "class default for subclasses"
+
+    fbg = find_def(cls, "forward_batch_generation")
+    (decision,) = [n for n in ast.walk(fbg) if isinstance(n, ast.If) and calls(n.test, "_dsd_should_speculate")]
+    assert calls(decision.body[0], "draft") and calls(decision.orelse[0], "_dsd_skip_draft")
+    assert not calls(decision, "forward_draft_extend_after_decode")
+    assert len(calls(fbg, "forward_draft_extend_after_decode")) == 1
+
+    skip = find_def(cls, "_dsd_skip_draft")
+    (vi,) = calls(skip, "EagleVerifyInput")
+    kw = {k.arg: ast.unparse(k.value) for k in vi.keywords}
+    assert (kw["spec_steps"], kw["topk"], kw["draft_token_num"]) == ("0", "1", "1")
+    assert calls(skip, "cumulate_output_tokens"), "penalties still see the last token"
+    if version != "0.5.5.post3":
+        assert calls(skip, "maybe_evict_swa")
+
+    verify = find_def(cls, "verify")
+    (branch,) = [n for n in ast.walk(verify) if isinstance(n, ast.If) and "spec_steps == 0" in ast.unparse(n.test)]
+    assert calls(branch.body[0], "_dsd_forward_target_decode")
+    assert calls(branch.orelse[0], "forward_batch_generation")
+
+    fwd = ast.unparse(find_def(cls, "_dsd_forward_target_decode"))
+    assert "ForwardMode.DECODE" in fwd and "CaptureHiddenMode.LAST" in fwd and "is_verify=True" in fwd
+
+    init = ast.unparse(find_def(cls, "__init__"))
+    assert "require_mlp_sync(server_args)" in init and "mambaish_config" in init
+
+
+def test_v2_worker_0514_reuses_the_steps0_runtime_state():
+    tree = patched_tree("0.5.14", V2)
+    cls = find_class(tree, "EAGLEWorkerV2")
+    fbg = find_def(cls, "forward_batch_generation")
+    (switch,) = calls(fbg, "apply_runtime_state")
+    assert "_dsd_states" in ast.unparse(switch)
+    assert calls(fbg, "_dsd_should_speculate")
+    assert calls(find_def(cls, "init_cuda_graphs"), "_dsd_init_runtime_states")
+    (build,) = calls(find_def(cls, "_dsd_init_runtime_states"), "build_adaptive_runtime_state")
+    assert [ast.unparse(a) for a in build.args] == ["0", "1"]
+    init = ast.unparse(find_def(cls, "__init__"))
+    assert "SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND" in init
+    # the pristine file has the machinery the patch relies on
+    pristine = ast.parse(wheels.pristine_bytes("0.5.14", V2))
+    pcls = find_class(pristine, "EAGLEWorkerV2")
+    for name in ("build_adaptive_runtime_state", "apply_runtime_state", "_build_trivial_verify_input"):
+        find_def(pcls, name)
+
+
+# ---------------------------------------------------------------- server_args
+
+
+def server_args_tree(version: str) -> ast.Module:
+    return patched_tree(version, SERVER_ARGS)
+
+
+def threshold_type(version: str):
+    return load_function(server_args_tree(version), "speculative_disable_batch_threshold_type",
+                         {"argparse": argparse})
+
+
+def field_node(version: str) -> ast.AnnAssign:
+    cls = find_class(server_args_tree(version), "ServerArgs")
+    hits = [n for n in cls.body if isinstance(n, ast.AnnAssign) and ast.unparse(n.target) == FIELD]
+    assert len(hits) == 1
+    return hits[0]
+
+
+def load_arg_utils_0514():
+    """SGLang 0.5.14's own dataclass-to-argparse helper (stdlib only), from the pristine wheel."""
+    path = wheels.package_dir("0.5.14") / "srt" / "arg_groups" / "arg_utils.py"
+    spec = importlib.util.spec_from_file_location("_sglang_0514_arg_utils", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def build_parser(version: str) -> argparse.ArgumentParser:
+    """A parser holding exactly the patched registration of the flag, run as written in the file."""
+    parser = argparse.ArgumentParser(prog="sglang.launch_server")
+    type_fn = threshold_type(version)
+    node = field_node(version)
+    if version == "0.5.14":
+        au = load_arg_utils_0514()
+        ns = {"A": au.A, "Arg": au.Arg, "Optional": Optional, "dataclasses": dataclasses,
+              "speculative_disable_batch_threshold_type": type_fn}
+        src = f"@dataclasses.dataclass\nclass Mini:\n    {ast.unparse(node)}\n"
+        exec(compile(src, "<0.5.14 ServerArgs field>", "exec", dont_inherit=True), ns)
+        au.add_cli_args_from_dataclass(parser, ns["Mini"])
+        return parser
+    add_cli = find_def(find_class(server_args_tree(version), "ServerArgs"), "add_cli_args")
+    regs = [c for c in calls(add_cli, "add_argument") if c.args and isinstance(c.args[0], ast.Constant)
+            and c.args[0].value == FLAG]
+    assert len(regs) == 1
+    ns = {"parser": parser, "speculative_disable_batch_threshold_type": type_fn,
+          "ServerArgs": types.SimpleNamespace(**{FIELD: ast.literal_eval(node.value)})}
+    exec(compile(ast.Expression(regs[0]), f"<{version} add_cli_args>", "eval"), ns)
+    return parser
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_server_args_field_defaults_to_off(version):
+    node = field_node(version)
+    assert ast.literal_eval(node.value) is None
+    ann = ast.unparse(node.annotation)
+    assert ann.startswith("Optional[int]" if version != "0.5.14" else "A[Optional[int], Arg(")
+    # a dataclass field (so it is in the server_args=ServerArgs(...) startup dump), declared once
+    assert patched(version, SERVER_ARGS).count(f"    {FIELD}:".encode()) == 1
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_parser_accepts_and_rejects(version, capsys):
+    parser = build_parser(version)
+    assert getattr(parser.parse_args([FLAG, "8"]), FIELD) == 8
+    assert getattr(parser.parse_args([f"{FLAG}=1"]), FIELD) == 1
+    assert getattr(parser.parse_args([]), FIELD) is None
+    for bad in ("0", "-1", "abc", "2.5"):
+        with pytest.raises(SystemExit) as e:
+            parser.parse_args([f"{FLAG}={bad}"])
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert f"argument {FLAG}: must be an integer >= 1" in err, err
+        assert repr(bad) in err
+
+
+def fake_args(version: str, **over):
+    base = dict(speculative_disable_batch_threshold=16, speculative_algorithm="EAGLE3",
+                enable_dp_attention=False, disable_overlap_schedule=True, enable_multi_layer_eagle=False,
+                speculative_eagle_topk=1, speculative_adaptive=False, enable_two_batch_overlap=False,
+                enable_pdmux=False)
+    if version == "0.5.14":
+        base["disable_overlap_schedule"] = False  # the overlap path is supported there
+    base.update(over)
+    return types.SimpleNamespace(**base)
+
+
+@pytest.fixture
+def adaptive_module_0514(monkeypatch):
+    """`adaptive_unsupported_reason`, the real one from 0.5.14, importable where the patch imports it."""
+    fn = load_function(ast.parse(wheels.pristine_bytes("0.5.14", "srt/speculative/adaptive_spec_params.py")),
+                       "adaptive_unsupported_reason")
+    names = ["sglang", "sglang.srt", "sglang.srt.speculative", "sglang.srt.speculative.adaptive_spec_params"]
+    for name in names:
+        mod = types.ModuleType(name)
+        mod.__path__ = []
+        monkeypatch.setitem(sys.modules, name, mod)
+    sys.modules[names[-1]].adaptive_unsupported_reason = fn
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_server_args_validation(version, adaptive_module_0514):
+    cls = find_class(server_args_tree(version), "ServerArgs")
+    check = load_function(cls, "check_speculative_disable_batch_threshold")
+    csa = find_def(cls, "check_server_args")
+    assert ast.unparse(csa.body[0]) == "self.check_speculative_disable_batch_threshold()"
+
+    check(fake_args(version, speculative_disable_batch_threshold=None, speculative_algorithm="NGRAM"))
+    check(fake_args(version))
+    check(fake_args(version, speculative_algorithm="EAGLE"))
+
+    def refused(match: str, **over):
+        with pytest.raises(ValueError, match=match):
+            check(fake_args(version, **over))
+
+    for bad in (0, -1, True, 2.0):
+        refused(r"must be an integer >= 1", speculative_disable_batch_threshold=bad)
+    refused("STANDALONE", speculative_algorithm="STANDALONE")
+    refused("NGRAM", speculative_algorithm="NGRAM")
+    refused("dp_attention|dp-attention", enable_dp_attention=True)
+    if version != "0.5.5.post3":
+        refused("multi.layer.eagle", enable_multi_layer_eagle=True)
+    if version == "0.5.14":
+        check(fake_args(version, disable_overlap_schedule=True))  # synchronous v2: same worker
+        refused("speculative-adaptive", speculative_adaptive=True)
+        refused("topk", speculative_eagle_topk=4)
+        refused("two_batch_overlap", enable_two_batch_overlap=True)
+    else:
+        refused("SGLANG_ENABLE_SPEC_V2", disable_overlap_schedule=False)
+        check(fake_args(version, speculative_eagle_topk=4))  # EAGLEWorker handles trees too
+
+
+# ---------------------------------------------------------------- coverage (with fleetctl's routing)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_default_launch_is_covered(version):
+    pb = playbook()
+    cov = coverage(version, pb.launch.flags, {}, pb)
+    assert cov.worker_class in SUPPORTED[version]
+    assert cov.covered and cov.refused is None
+    if version != "0.5.14":
+        v2 = coverage(version, pb.launch.flags, {"SGLANG_ENABLE_SPEC_V2": "1"}, pb)
+        assert v2.worker_class == "EAGLEWorkerV2" and v2.refused and "does not support" in v2.refused
+
+
+def test_origin_wrong_file_playbook_is_refused():
+    wrong, right = load_playbook(WRONG_FILE), playbook()
+    assert sorted(wrong.supported()) == ["0.5.5.post3", "0.5.9"]
+    for v in wrong.supported():
+        assert sorted(f.path for f in wrong.files_for(v)) == [SERVER_ARGS, V2]
+        for f in wrong.files_for(v):
+            same = next(g for g in right.files_for(v) if g.path == f.path)
+            assert (f.patch_path, f.sha256) == (same.patch_path, same.sha256)
+            apply_patch(wheels.pristine_bytes(v, f.path), f.patch_text, name=f.path)
+        cov = coverage(v, wrong.launch.flags, dict(wrong.launch.env), wrong)
+        assert cov.worker_class == "EAGLEWorker" and cov.covered is False
+        assert cov.refused and "eagle_worker.py" in cov.refused
