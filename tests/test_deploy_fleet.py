@@ -49,11 +49,10 @@ def make_playbook(d: Path, name: str, edits: dict[str, str], versions: list[str]
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[sbx.Sandbox]:
     d = tmp_path_factory.mktemp("deployfleet")
-    sb = sbx.up(d / "sb", hosts=4, versions=VERSIONS, gpus=2)
-    try:
-        yield sb
+    try:  # down() runs even when up() fails half-way
+        yield sbx.up(d / "sb", hosts=4, versions=VERSIONS, gpus=2)
     finally:
-        sbx.down(d / "sb")
+        sbx.down(d / "sb", missing_ok=True)
 
 
 @pytest.fixture(autouse=True)

@@ -143,7 +143,7 @@ class HostConnection:
             raise
         except paramiko.BadHostKeyException as e:
             raise HostKeyError(
-                f"{h.name}: host key for {e.hostname} CHANGED: got {e.key.get_name()} {fingerprint(e.key)}, "
+                f"{h.name}: host key of {e.hostname}{'' if ']:' in e.hostname else f':{conn.port}'} CHANGED: got {e.key.get_name()} {fingerprint(e.key)}, "
                 f"known_hosts has {fingerprint(e.expected_key)}",
                 hint="possible man-in-the-middle; if the host was reinstalled, remove its old entry from known_hosts",
             ) from None

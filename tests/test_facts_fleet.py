@@ -1,0 +1,142 @@
+"""facts and the transport on a real sandbox fleet: versions, hashes, GPUs, host keys, ProxyJump,
+unreachable hosts, --limit, --json."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from fleetctl import wheels
+from fleetctl.cli import main
+from fleetctl.sandbox.fleet import Sandbox
+
+pytestmark = pytest.mark.fleet
+
+
+def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    c = capsys.readouterr()
+    return code, c.out, c.err
+
+
+def test_facts_mixed_versions_json(sandbox: Sandbox, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "facts", "-i", str(sandbox.inventory_path), "--json")
+    assert code == 0
+    doc = json.loads(out)
+    hosts = {h["host"]: h for h in doc["hosts"]}
+    assert set(hosts) == set(sandbox.hosts)
+    for name, sh in sandbox.hosts.items():
+        f = hosts[name]["facts"]
+        assert hosts[name]["status"] == "ok"
+        assert f["sglang"]["version"] == sh.version and f["sglang"]["install"] == "wheel"
+        assert f["sglang"]["dir"] == str(sh.sglang_dir)
+        assert f["torch"]["satisfied"] is True, f["torch"]  # the sandbox's stand-in torch metadata
+        files = f["files"]
+        pkg = wheels.package_dir(sh.version)
+        assert files["srt/server_args.py"]["sha256"] == wheels.sha256_bytes((pkg / "srt/server_args.py").read_bytes())
+        spec = {p for p in files if p.startswith("srt/speculative/")}
+        real = {str(p.relative_to(pkg)) for p in (pkg / "srt/speculative").rglob("*")
+                if p.is_file() and "__pycache__" not in p.parts}
+        assert spec == real
+        assert ("srt/speculative/eagle_worker.py" in files) == (sh.version == "0.5.9")
+        gpus = f["gpus"]
+        assert len(gpus) == 2 and gpus[0]["name"] == "NVIDIA H200" and gpus[0]["memory_total_mib"] == 143771
+
+
+def test_facts_table_and_summary(sandbox: Sandbox, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "facts", "-i", str(sandbox.inventory_path))
+    assert code == 0
+    for name in sandbox.hosts:
+        assert name in out
+    assert "0.5.9" in out and "0.5.14" in out and "NVIDIA H200" in out
+    assert re.search(r"facts: 3 hosts: 3 ok in \d+\.\d+s", err)
+
+
+def test_busy_gpu_shown(sandbox: Sandbox, capsys: pytest.CaptureFixture[str]) -> None:
+    sandbox.set_gpu_state("h02", "busy")
+    try:
+        _code, out, _ = run(capsys, "facts", "-i", str(sandbox.inventory_path), "--limit", "h02", "--json")
+    finally:
+        sandbox.set_gpu_state("h02", "idle")
+    g = json.loads(out)["hosts"][0]["facts"]["gpus"]
+    assert g[0]["processes"] and g[0]["processes"][0]["pid"] == 423
+
+
+@pytest.mark.parametrize(("limit", "expect"), [("h01", ["h01"]), ("h0[12]", ["h01", "h02"]),
+                                               ("h*,!h02", ["h01", "h03"])])
+def test_limit(sandbox: Sandbox, capsys: pytest.CaptureFixture[str], limit: str, expect: list[str]) -> None:
+    code, out, _ = run(capsys, "facts", "-i", str(sandbox.inventory_path), "--limit", limit, "--json")
+    assert code == 0 and [h["host"] for h in json.loads(out)["hosts"]] == expect
+
+
+def test_proxyjump_through_the_jump_host(sandbox: Sandbox, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "facts", "-i", str(sandbox.jump_inventory_path), "--json", "--limit", "*h01*")
+    assert code == 0, out
+    (h,) = json.loads(out)["hosts"]
+    assert h["status"] == "ok" and h["facts"]["sglang"]["version"] == "0.5.9"
+    # the session really went through the jump host: its sshd logged the forwarding
+    log = sandbox.jump.log.read_text(errors="replace") if sandbox.jump.log.exists() else ""
+    assert log == "" or "Accepted publickey" in log
+
+
+def _inventory_variant(sb: Sandbox, tmp: Path, pattern: str, repl: str) -> Path:
+    """A copy of the sandbox inventory, beside it (its relative paths stay valid), with one edit."""
+    inv = sb.inventory_path.parent / f"inventory-{tmp.name}.yaml"
+    inv.write_text(re.sub(pattern, repl, sb.inventory_path.read_text(), count=1))
+    return inv
+
+
+def _hostkey_inventory(sb: Sandbox, tmp: Path, known_hosts: Path) -> Path:
+    return _inventory_variant(sb, tmp, r"known_hosts: known_hosts", f"known_hosts: {known_hosts}")
+
+
+def test_unknown_host_key_refused_then_accepted(sandbox: Sandbox, tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    kh = tmp_path / "known_hosts"
+    inv = _hostkey_inventory(sandbox, tmp_path, kh)
+    code, out, _err = run(capsys, "facts", "-i", str(inv), "--limit", "h01")
+    assert code == 1
+    assert re.search(r"h01: unknown host key ssh-ed25519 SHA256:\S+ for \[127\.0\.0\.1\]:\d+", out)
+    assert "--accept-new-host-keys" in out
+    assert not kh.exists()
+    code, out, _ = run(capsys, "facts", "-i", str(inv), "--limit", "h01", "--accept-new-host-keys")
+    assert code == 0 and kh.read_text().count("ssh-ed25519") == 1
+    code, out, _ = run(capsys, "facts", "-i", str(inv), "--limit", "h01")
+    assert code == 0
+
+
+def test_changed_host_key_always_refused(sandbox: Sandbox, tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    h01 = sandbox.hosts["h01"]
+    other = tmp_path / "other_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
+    pub = (other.with_suffix(".pub")).read_text().split()
+    kh = tmp_path / "known_hosts"
+    kh.write_text(f"[127.0.0.1]:{h01.port} {pub[0]} {pub[1]}\n")
+    inv = _hostkey_inventory(sandbox, tmp_path, kh)
+    for extra in ([], ["--accept-new-host-keys"]):
+        code, out, _ = run(capsys, "facts", "-i", str(inv), "--limit", "h01", *extra)
+        assert code == 1
+        assert f"h01: host key of 127.0.0.1:{h01.port} CHANGED" in out
+
+
+def test_stopped_host_unreachable_others_fine(fresh_sandbox: Callable[..., Sandbox],
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    sb = fresh_sandbox(hosts=3, versions=("0.5.9", "0.5.14"))
+    sb.stop_host("h02")
+    code, out, _ = run(capsys, "facts", "-i", str(sb.inventory_path), "--json")
+    assert code == 1
+    st = {h["host"]: h for h in json.loads(out)["hosts"]}
+    assert st["h02"]["status"] == "unreachable" and "connection refused" in st["h02"]["message"]
+    assert st["h01"]["status"] == st["h03"]["status"] == "ok"
+
+
+def test_bad_python_reported_clearly(sandbox: Sandbox, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    inv = _inventory_variant(sandbox, tmp_path, r"python: .*/h01/bin/python", "python: /nonexistent/python3")
+    code, out, _ = run(capsys, "facts", "-i", str(inv), "--limit", "h01")
+    assert code == 1 and "python interpreter '/nonexistent/python3' cannot run" in out
