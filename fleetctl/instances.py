@@ -22,7 +22,8 @@ from fleetctl.sglang import releases as sg_releases
 # The tensor-parallel flag, every spelling SGLang accepts (from the SGLang knowledge module).
 _TP = next(f for f in sg_releases.FLAGS if f.dest == "tp_size")
 TP_FLAG = _TP.options[0]
-TP_SPELLINGS = frozenset(_TP.options)
+TP_SPELLINGS = frozenset(_TP.options) | frozenset(
+    k for table in (sg_releases.ABBREV_0543, sg_releases.ABBREV_057) for k, v in table.items() if v == TP_FLAG)
 # TODO(fleetctl.sglang): --port is a launch_server flag the knowledge module does not list yet.
 PORT_FLAG = "--port"
 

@@ -240,6 +240,7 @@ def launch_host(conn: HostConnection, pb: Playbook, plan: list[Instance], *, lau
                 if code != 200:
                     it.status = "failed"
                     it.message = f"ready line seen, but GET /health answered {code}"
+                    to_stop.append(inst.name)
             else:
                 it.status = "timeout" if w["status"] == "timeout" else "failed"
                 it.message = w.get("why") or w["status"]

@@ -1,0 +1,262 @@
+"""launch / stop / status of servers on the sandbox fleet (real sshd hosts, the server simulator)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from fleetctl import wheels
+from fleetctl.cli import main
+from fleetctl.config.inventory import load_inventory
+from fleetctl.config.playbook import LaunchProfile, load_playbook
+from fleetctl.errors import InputError
+from fleetctl.facts import read_facts
+from fleetctl.fleet import Fleet
+from fleetctl.instances import plan_instances
+from fleetctl.ops.launch import server_status_facts
+from fleetctl.remote import agent_servers as srv
+from fleetctl.sglang import READY_LINE
+
+ROOT = Path(__file__).resolve().parents[1]
+FULL = ROOT / "playbooks" / "dynamic-spec-disable"
+pytestmark = pytest.mark.fleet
+
+
+# ----------------------------------------------------------------------------- helpers (also in test_verify_logs)
+
+
+def free_ports(n: int) -> list[int]:
+    socks = []
+    for _ in range(n):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        socks.append(s)
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def make_inventory(sb: Any, path: Path, *, hosts: list[str] | None = None, env: dict[str, dict] | None = None,
+                   flags: dict[str, dict] | None = None, extra: dict[str, dict] | None = None) -> Path:
+    """The sandbox inventory with a distinct --port per host (all hosts share 127.0.0.1)."""
+    doc = yaml.safe_load(sb.inventory_path.read_text())
+    base = sb.inventory_path.parent
+    doc["ssh_config"] = str(base / doc["ssh_config"])
+    for k in ("identity_file", "known_hosts"):
+        doc["defaults"][k] = str(base / doc["defaults"][k])
+    names = list(doc["hosts"])
+    ports = free_ports(len(names))
+    for name, port in zip(names, ports, strict=True):
+        h = doc["hosts"][name]
+        h["flags"] = {"--port": port, **((flags or {}).get(name) or {})}
+        h["env"] = {**h.get("env", {}), **((env or {}).get(name) or {})}
+        h.update((extra or {}).get(name) or {})
+    if hosts is not None:
+        doc["hosts"] = {n: doc["hosts"][n] for n in hosts}
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def stop_all_local(sb: Any) -> None:
+    """Stop every server any launch left on the sandbox hosts, by pid + start time (finalizer)."""
+    for h in sb.hosts.values():
+        root = h.state_dir / "servers"
+        for name in srv.list_instances(str(h.state_dir)):
+            rec = srv.current_record(str(h.state_dir), name)
+            if rec and srv.record_alive(rec):
+                srv.stop_record(rec, 5.0)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def reset_host_files(sb: Any) -> None:
+    for h in sb.hosts.values():
+        for sub in ("srt/speculative", "srt"):
+            src = wheels.package_dir(h.version) / sub
+            for f in src.iterdir():
+                dst = h.sglang_dir / sub / f.name
+                if f.is_file() and (not dst.exists() or dst.read_bytes() != f.read_bytes()):
+                    dst.write_bytes(f.read_bytes())
+        shutil.rmtree(h.state_dir / "deploys", ignore_errors=True)
+        (h.state_dir / "lock").unlink(missing_ok=True)
+        if h.gpu_state_file.read_text().strip() != "idle":
+            sb.set_gpu_state(h.name, "idle")
+
+
+@pytest.fixture
+def sb(sandbox: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """The session sandbox, left as found: servers stopped, files pristine, GPUs idle."""
+    monkeypatch.setenv("FLEETCTL_STATE_DIR", str(tmp_path / "ledger"))
+    try:
+        yield sandbox
+    finally:
+        stop_all_local(sandbox)
+        reset_host_files(sandbox)
+
+
+def cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, Any]:
+    capsys.readouterr()
+    code = main([*map(str, args), "--json"])
+    o = capsys.readouterr().out
+    return code, json.loads(o) if o.strip() else None
+
+
+def playbook_with(tmp_path: Path, launch: dict[str, Any], base: Path = FULL) -> Path:
+    """A copy of a payload playbook with its launch profile changed (patches referenced in place)."""
+    doc = yaml.safe_load((base / "playbook.yaml").read_text())
+    for files in doc["versions"].values():
+        for f in files["files"]:
+            f["patch"] = str((base / f["patch"]).resolve())
+    doc["launch"] = {**doc.get("launch", {}), **launch}
+    p = tmp_path / "pb" / "playbook.yaml"
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(yaml.safe_dump(doc))
+    return p
+
+
+# ----------------------------------------------------------------------------- instance layout (no hosts)
+
+
+def _host(tmp_path: Path, host: dict[str, Any]) -> Any:
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(yaml.safe_dump({"hosts": {"g1": {"address": "10.0.0.1", **host}}}))
+    return load_inventory(inv).hosts[0]
+
+
+def test_layout_split_gpus_ports_env_and_overrides(tmp_path: Path) -> None:
+    h = _host(tmp_path, {"gpus": 4, "python": "/opt/my python/bin/python3",
+                         "env": {"TOKEN": {"value": "s3cret"}, "SGLANG_LOG_MS": True},
+                         "flags": {"--speculative-num-steps": 5, "--api-key": "s3cret"}})
+    prof = LaunchProfile(flags={"--speculative-num-steps": 3, "--model-path": "m", "--enable-x": True,
+                                "--off": False}, env={"SGLANG_ENABLE_SPEC_V2": True, "A": "b c; rm -rf /"},
+                         port=31000, layout={"gpus_per_instance": 2, "port_stride": 10})
+    insts = plan_instances(h, prof)
+    assert [(i.name, i.gpus, i.port) for i in insts] == [("port-31000", (0, 1), 31000), ("port-31010", (2, 3), 31010)]
+    a = insts[1]
+    assert a.argv[:3] == ["/opt/my python/bin/python3", "-m", "sglang.launch_server"]  # a list: no shell
+    assert a.flags["--speculative-num-steps"] == 5  # inventory beats playbook
+    assert a.argv[a.argv.index("--tp-size") + 1] == "2" and a.argv[a.argv.index("--port") + 1] == "31010"
+    assert "--enable-x" in a.argv and "--off" not in a.argv
+    assert a.env == {"SGLANG_ENABLE_SPEC_V2": "1", "A": "b c; rm -rf /", "TOKEN": "s3cret", "SGLANG_LOG_MS": "1",
+                     "CUDA_VISIBLE_DEVICES": "2,3"}
+    assert a.public_env["TOKEN"] == "***" and "s3cret" not in " ".join(a.public_argv)
+    one = plan_instances(h, LaunchProfile(flags={"--tp": 2}))
+    assert len(one) == 1 and one[0].gpus == (0, 1, 2, 3) and "--tp-size" not in one[0].argv  # user tp kept
+    with pytest.raises(InputError):
+        plan_instances(h, LaunchProfile(layout={"gpus_per_instance": 3}))
+
+
+# ----------------------------------------------------------------------------- on the fleet
+
+
+def test_launch_ready_env_exact_status_and_stop(sb: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    inv = make_inventory(sb, tmp_path / "inv.yaml", hosts=["h01", "h02"], env={"h01": {"FROM_INVENTORY": "yes"}})
+    pb = playbook_with(tmp_path, {"env": {"FROM_PROFILE": "1"}})
+    # set in the controller's shell only: must never reach a server
+    monkeypatch.setenv("FLEETCTL_LEAK_PROBE", "controller")
+    monkeypatch.setenv("SGLANG_ENABLE_SPEC_V2", "1")
+    t0 = time.monotonic()
+    code, doc = cli(capsys, "launch", "-i", inv, pb, "--timeout", "30")
+    took = time.monotonic() - t0
+    assert code == 0, doc
+    insts = {i["host"]: i for h in doc["hosts"] for i in h["instances"]}
+    assert {i["status"] for i in insts.values()} == {"ready"} and {i["health"] for i in insts.values()} == {200}
+    assert insts["h01"]["worker"]["class"] == "EAGLEWorker"  # 0.5.9, env unset on the host
+    print(f"launch-to-ready: {took:.2f}s total, per instance {[i['seconds'] for i in insts.values()]}")
+    h01 = sb.hosts["h01"]
+    rec = srv.current_record(str(h01.state_dir), insts["h01"]["instance"])
+    environ = dict(x.split("=", 1) for x in Path(f"/proc/{rec['pid']}/environ").read_text().split("\0") if "=" in x)
+    assert "FLEETCTL_LEAK_PROBE" not in environ and "SGLANG_ENABLE_SPEC_V2" not in environ
+    assert environ["FROM_PROFILE"] == "1" and environ["FROM_INVENTORY"] == "yes"
+    assert environ["CUDA_VISIBLE_DEVICES"] == "0,1"
+    assert set(rec["env"]) == {"FROM_PROFILE", "FROM_INVENTORY", "PATH", "CUDA_VISIBLE_DEVICES"}
+    assert rec["worker_hashes"]["srt/speculative/eagle_worker.py"] and rec["process_started"]
+    assert rec["log"].endswith(f"/logs/{doc['launch_id']}.log") and rec["deploy"] is None
+
+    # status rows (what `fleetctl status` shows), then a file changes on disk: restart needed
+    inventory = load_inventory(inv)
+    fleet = Fleet(inventory, inventory.hosts[:1])
+    try:
+        (h01.sglang_dir / "srt/speculative/eagle_worker.py").write_bytes(
+            (h01.sglang_dir / "srt/speculative/eagle_worker.py").read_bytes() + b"# edited\n")
+        facts = read_facts(fleet.connection(inventory.hosts[0]), gpus=False, with_=["servers"])
+        rows = server_status_facts(inventory.hosts[0], facts)
+    finally:
+        fleet.close()
+    assert len(rows) == 1 and rows[0]["running"] and rows[0]["restart_needed"]
+    assert rows[0]["changed_files"] == ["srt/speculative/eagle_worker.py"] and rows[0]["flags"]["--tp-size"] == 2
+
+    # a second launch without --replace is refused; with --replace the old server is stopped first
+    code, doc2 = cli(capsys, "launch", "-i", inv, pb, "--limit", "h01", "--timeout", "30")
+    assert code == 1 and "already running" in doc2["hosts"][0]["instances"][0]["message"]
+    code, doc3 = cli(capsys, "launch", "-i", inv, pb, "--limit", "h01", "--replace", "--timeout", "30")
+    assert code == 0 and "replaced" in " ".join(doc3["hosts"][0]["instances"][0]["notes"])
+    assert not srv.record_alive(rec)
+
+    code, stopped = cli(capsys, "stop", "-i", inv)
+    assert code == 0
+    assert sorted(s["action"] for h in stopped["hosts"] for s in h["instances"]) == ["stopped", "stopped"]
+    assert all(not srv.record_alive(srv.current_record(str(sb.hosts[n].state_dir), i["instance"]))
+               for n, i in insts.items())
+
+
+def test_startup_crash_fails_fast_with_log_tail(sb: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    inv = make_inventory(sb, tmp_path / "inv.yaml", hosts=["h01"], env={"h01": {"FLEETCTL_SIM_CRASH": "startup"}})
+    t0 = time.monotonic()
+    code, doc = cli(capsys, "launch", "-i", inv, FULL, "--timeout", "60")
+    assert code == 1 and time.monotonic() - t0 < 20  # fast: not the 60 s timeout
+    it = doc["hosts"][0]["instances"][0]
+    assert it["status"] == "failed"
+    assert "forbidden" in it["message"] or "exited" in it["message"]
+    assert any("Traceback (most recent call last)" in ln for ln in it["tail"])
+    assert any("simulated crash" in ln for ln in it["tail"]) and len(it["tail"]) <= 30
+
+
+def test_refuses_busy_gpu_and_port_in_use(sb: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    inv = make_inventory(sb, tmp_path / "inv.yaml", hosts=["h01"])
+    sb.set_gpu_state("h01", "busy")  # the busy capture: one foreign compute process per GPU
+    code, doc = cli(capsys, "launch", "-i", inv, FULL, "--timeout", "30")
+    assert code == 1 and doc["hosts"][0]["status"] == "refused"
+    msg = doc["hosts"][0]["instances"][0]["message"]
+    assert "GPU 0 is in use" in msg and "pid 423" in msg and "GPU 1 is in use" in msg
+    assert srv.list_instances(str(sb.hosts["h01"].state_dir)) == []  # nothing was started
+    sb.set_gpu_state("h01", "idle")
+    port = yaml.safe_load(inv.read_text())["hosts"]["h01"]["flags"]["--port"]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
+        s.listen()
+        code, doc = cli(capsys, "launch", "-i", inv, FULL, "--timeout", "30")
+    assert code == 1 and f"port {port} is in use" in doc["hosts"][0]["instances"][0]["message"]
+
+
+def test_stop_escalates_to_sigkill(sb: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A server that ignores SIGTERM is killed (its whole process group) after stop_timeout."""
+    script = ("import signal,sys,time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+              f'print("{READY_LINE}", file=sys.stderr, flush=True); time.sleep(120)')
+    inv = make_inventory(sb, tmp_path / "inv.yaml", hosts=["h01"],
+                         extra={"h01": {"launch_command": f"{{python}} -c '{script}'"}})
+    pb = playbook_with(tmp_path, {"stop_timeout": 1.0, "flags": {}})
+    code, doc = cli(capsys, "launch", "-i", inv, pb, "--timeout", "20")
+    it = doc["hosts"][0]["instances"][0]
+    # ready line seen, but nothing answers GET /health: a failed launch, whose server fleetctl stops
+    assert code == 1 and it["status"] == "failed" and "GET /health" in it["message"]
+    assert any("SIGKILL" in n for n in it["notes"])
+    rec = srv.current_record(str(sb.hosts["h01"].state_dir), it["instance"])
+    assert rec["state"] == "stopped" and not srv.record_alive(rec)
+    with pytest.raises(ProcessLookupError):
+        os.killpg(rec["pgid"], 0)
+
+
+def test_payload_playbook_profile_loads() -> None:
+    pb = load_playbook(FULL)
+    assert pb.launch.flags["--speculative-disable-batch-threshold"] == 16
