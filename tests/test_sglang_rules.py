@@ -833,3 +833,44 @@ def test_flag_spellings_and_aliases() -> None:
     assert patched.unknown_flags == ("--speculative-disable-batch-threshold",)
     assert patched.resolved_args["speculative_disable_batch_threshold"] == 16
     assert patched.worker_class == "EAGLEWorker"
+
+
+def test_model_override_turns_on_multi_layer() -> None:
+    eagle = {"--speculative-algorithm": "EAGLE", "--speculative-num-steps": 3, "--speculative-eagle-topk": 1}
+    old = sglang.resolve_worker("0.5.9", eagle, {}, model_arch="MiMoV2FlashForCausalLM")
+    assert (old.worker_class, old.disable_overlap_schedule) == ("MultiLayerEagleWorkerV2", False)
+    assert old.warnings[0] == R.MULTI_LAYER_FORCES_ENV_WARNING
+    assert old.resolved_args["enable_multi_layer_eagle"] is True
+    nextn = sglang.resolve_worker("0.5.9", {**eagle, "--speculative-algorithm": "NEXTN"}, {},
+                                  model_arch="MiMoV2FlashForCausalLM")
+    assert nextn.worker_class == "EAGLEWorker"  # the override compares the raw string to "EAGLE"
+    new = sglang.resolve_worker("0.5.12", eagle, {R.SPEC_V2_ENV: "0"}, model_arch="MiMoV2ForCausalLM")
+    assert (new.worker_class, new.disable_overlap_schedule) == ("MultiLayerEagleWorker", True)
+    assert sglang.resolve_worker("0.5.8", eagle, {}, model_arch="Step3p5ForCausalLM").worker_class == "EAGLEWorker"
+
+
+def test_resolution_edges() -> None:
+    none = sglang.resolve_worker("0.5.10", {"--pp-size": 2}, {R.SPEC_V2_ENV: "1"})
+    assert none.algorithm is None and none.worker_class is None and none.disable_overlap_schedule is True
+    assert none.warnings == (R.PP_WARNING,)
+    ngram = sglang.resolve_worker("0.5.10", {"--speculative-algorithm": "NGRAM"}, {})
+    assert ngram.known and ngram.worker_class is None and "not an EAGLE-family" in ngram.reason
+    bogus = sglang.resolve_worker("0.5.4.post3", {"--speculative-algorithm": "EAGLE3", "--speculative-num-steps": 3,
+                                                  "--speculative-eagle-topk": 1}, {R.SPEC_V2_ENV: "Maybe"})
+    assert bogus.spec_v2_env == "set to 'Maybe' (invalid -> default off)"
+    assert bogus.warnings[1] == 'Invalid value for SGLANG_ENABLE_SPEC_V2: "maybe" is not a valid boolean value, ' \
+        'using default "False"'
+    adaptive = sglang.resolve_worker("0.5.14", {"--speculative-algorithm": "EAGLE3", "--speculative-adaptive": True},
+                                     {})
+    assert [adaptive.resolved_args[k] for k in ("speculative_num_steps", "speculative_eagle_topk",
+                                                "speculative_num_draft_tokens")] == [3, 1, 4]
+    assert adaptive.resolved_args["speculative_adaptive"] is True
+    v1_only = sglang.resolve_worker("0.5.11", {"--speculative-algorithm": "EAGLE3", "--speculative-num-steps": 3,
+                                               "--speculative-eagle-topk": 1, "--speculative-adaptive": True}, {})
+    assert v1_only.resolved_args["speculative_adaptive"] is False and v1_only.worker_class == "EAGLEWorkerV2"
+    assert any("adaptive is only implemented for EAGLEWorker v1" in w for w in v1_only.warnings)
+    auto = sglang.resolve_worker("0.5.12", {"--speculative-algorithm": "EAGLE3"}, {})
+    assert auto.worker_class == "EAGLEWorkerV2" and auto.resolved_args["speculative_eagle_topk"] is None
+    assert "auto-chosen" in auto.reason
+    assert sglang.eagle_worker_classes("0.5.14") == ("EAGLEWorkerV2", "MultiLayerEagleWorkerV2")
+    assert "EAGLEWorker" not in sglang.worker_files("0.5.13")
