@@ -1,0 +1,83 @@
+"""Shared fixtures: sandbox fleets of real OpenSSH servers on 127.0.0.1.
+
+Every sandbox a fixture starts is taken down by a finalizer registered BEFORE it is started, so its
+sshd processes (and anything their sessions left running) are stopped even when `up` or a test fails.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:
+    from fleetctl.sandbox.fleet import Sandbox
+
+SSHD = Path("/usr/sbin/sshd")
+
+
+def require_sshd() -> None:
+    """Skip (with the reason) when this machine cannot run a sandbox fleet."""
+    if not SSHD.exists():
+        pytest.skip(f"{SSHD} is missing: sandbox tests need the OpenSSH server (apt-get install openssh-server)")
+    if shutil.which("ssh") is None:
+        pytest.skip("the OpenSSH client 'ssh' is missing: sandbox tests need it (apt-get install openssh-client)")
+
+
+def _down(d: Path) -> None:
+    from fleetctl.sandbox import fleet
+
+    report = fleet.down(d, missing_ok=True)
+    if report.survivors:
+        raise RuntimeError(f"sandbox {d}: processes outlived SIGKILL: {report.survivors}")
+
+
+@pytest.fixture(scope="session")
+def sandbox(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Sandbox:
+    """One sandbox for the session: h01 (0.5.9), h02 (0.5.14), h03 (0.5.9), 2 idle GPUs each, + jump.
+
+    Tests must leave it as they found it (restore GPU states, restart hosts they stop); tests that
+    break hosts use `fresh_sandbox`.
+    """
+    require_sshd()
+    from fleetctl.sandbox import fleet
+
+    d = tmp_path_factory.mktemp("sandbox")
+    request.addfinalizer(lambda: _down(d))
+    return fleet.up(d, hosts=3, versions=["0.5.9", "0.5.14"])
+
+
+@pytest.fixture
+def fresh_sandbox(tmp_path_factory: pytest.TempPathFactory,
+                  request: pytest.FixtureRequest) -> Callable[..., Sandbox]:
+    """A factory of private sandboxes, all taken down when the test ends:
+
+        sb = fresh_sandbox(hosts=1, versions=("0.5.14",), gpus=1, busy_gpus=("h01",))
+    """
+    require_sshd()
+    from fleetctl.sandbox import fleet
+
+    made: list[Path] = []
+
+    def finalize() -> None:
+        errors = []
+        for d in made:
+            try:
+                _down(d)
+            except Exception as e:  # keep stopping the others
+                errors.append(e)
+        if errors:
+            raise errors[0]
+
+    request.addfinalizer(finalize)
+
+    def make(hosts: int = 1, versions: Iterable[str] = ("0.5.9",), gpus: int = 2,
+             busy_gpus: Iterable[str] = ()) -> Sandbox:
+        d = tmp_path_factory.mktemp("fresh-sandbox")
+        made.append(d)
+        return fleet.up(d, hosts=hosts, versions=list(versions), gpus=gpus, busy_gpus=busy_gpus)
+
+    return make
