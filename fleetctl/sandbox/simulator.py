@@ -66,7 +66,7 @@ def parse_argv(argv: list[str]) -> dict[str, Any]:
             continue
         if "=" in tok:
             k, v = tok.split("=", 1)
-            flags[k] = v
+            flags[k] = typed(v)
             i += 1
             continue
         nxt = argv[i + 1] if i + 1 < len(argv) else None
@@ -74,9 +74,21 @@ def parse_argv(argv: list[str]) -> dict[str, Any]:
             flags[tok] = True
             i += 1
         else:
-            flags[tok] = nxt
+            flags[tok] = typed(nxt)
             i += 2
     return flags
+
+
+def typed(value: Any) -> Any:
+    """An argv string that spells an int or a float becomes one (as argparse `type=` would make it)."""
+    if not isinstance(value, str):
+        return value
+    for cast in (int, float):
+        try:
+            return cast(value)
+        except ValueError:
+            pass
+    return value
 
 
 def find_sglang() -> tuple[Path, str | None]:

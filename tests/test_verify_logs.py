@@ -1,0 +1,200 @@
+"""verify-logs on the sandbox fleet: the origin story end to end, and every way a proof can fail."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from fleetctl import wheels
+from fleetctl.cli import main
+from fleetctl.remote import agent_servers as srv
+
+ROOT = Path(__file__).resolve().parents[1]
+FULL = ROOT / "playbooks" / "dynamic-spec-disable"
+WRONG = ROOT / "playbooks" / "origin-wrong-file"
+MARKER = "Dynamic speculation disable enabled"
+pytestmark = pytest.mark.fleet
+
+
+# ----------------------------------------------------------------------------- helpers (as in test_launch)
+
+
+def free_ports(n: int) -> list[int]:
+    socks = []
+    for _ in range(n):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        socks.append(s)
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def make_inventory(sb: Any, path: Path, *, hosts: list[str] | None = None,
+                   env: dict[str, dict] | None = None) -> Path:
+    doc = yaml.safe_load(sb.inventory_path.read_text())
+    base = sb.inventory_path.parent
+    doc["ssh_config"] = str(base / doc["ssh_config"])
+    for k in ("identity_file", "known_hosts"):
+        doc["defaults"][k] = str(base / doc["defaults"][k])
+    for name, port in zip(list(doc["hosts"]), free_ports(len(doc["hosts"])), strict=True):
+        h = doc["hosts"][name]
+        h["flags"] = {"--port": port}
+        h["env"] = {**h.get("env", {}), **((env or {}).get(name) or {})}
+    if hosts is not None:
+        doc["hosts"] = {n: doc["hosts"][n] for n in hosts}
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+@pytest.fixture
+def sb(sandbox: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """The session sandbox, left as found: servers stopped (by pid), files pristine, no deploys."""
+    monkeypatch.setenv("FLEETCTL_STATE_DIR", str(tmp_path / "ledger"))
+    try:
+        yield sandbox
+    finally:
+        for h in sandbox.hosts.values():
+            for name in srv.list_instances(str(h.state_dir)):
+                rec = srv.current_record(str(h.state_dir), name)
+                if rec and srv.record_alive(rec):
+                    srv.stop_record(rec, 5.0)
+            shutil.rmtree(h.state_dir / "servers", ignore_errors=True)
+            for sub in ("srt/speculative", "srt"):
+                for f in (wheels.package_dir(h.version) / sub).iterdir():
+                    dst = h.sglang_dir / sub / f.name
+                    if f.is_file() and (not dst.exists() or dst.read_bytes() != f.read_bytes()):
+                        dst.write_bytes(f.read_bytes())
+            shutil.rmtree(h.state_dir / "deploys", ignore_errors=True)
+            (h.state_dir / "lock").unlink(missing_ok=True)
+
+
+def cli(capsys: pytest.CaptureFixture[str], *args: Any) -> tuple[int, Any]:
+    capsys.readouterr()
+    code = main([*map(str, args), "--json"])
+    o = capsys.readouterr().out
+    return code, json.loads(o) if o.strip() else None
+
+
+def ok(capsys: pytest.CaptureFixture[str], *args: Any) -> Any:
+    code, doc = cli(capsys, *args)
+    assert code == 0, json.dumps(doc, indent=1)[:3000]
+    return doc
+
+
+def instances(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {i["host"]: i for h in doc["hosts"] for i in h["instances"]}
+
+
+def text(iv: dict[str, Any]) -> str:
+    return "\n".join(iv["problems"] + iv["explanation"])
+
+
+# ----------------------------------------------------------------------------- the origin story
+
+
+def test_origin_story_wrong_file_then_full_playbook(sb: Any, tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    inv = make_inventory(sb, tmp_path / "inv.yaml", hosts=["h01", "h02"])
+    # only eagle_worker_v2.py (+ server_args.py) patched on 0.5.9; SGLANG_ENABLE_SPEC_V2 unset
+    ok(capsys, "deploy", "-i", inv, WRONG, "--limit", "h01", "--allow-uncovered")
+    ok(capsys, "launch", "-i", inv, WRONG, "--limit", "h01", "--timeout", "30")
+    t0 = time.monotonic()
+    code, doc = cli(capsys, "verify-logs", "-i", inv, WRONG, "--limit", "h01")
+    print(f"verify-logs (1 host, failing): {time.monotonic() - t0:.2f}s")
+    assert code == 1 and doc["ok"] is False
+    iv = instances(doc)["h01"]
+    assert not iv["ok"] and iv["running"]
+    assert [r["rank"] for r in iv["ranks"]] == ["TP0", "TP1"] and not any(r["ok"] for r in iv["ranks"])
+    assert iv["worker"]["class"] == "EAGLEWorker" and iv["worker"]["file"] == "srt/speculative/eagle_worker.py"
+    assert iv["args"]["disable_overlap_schedule"] is True and iv["args"]["speculative_algorithm"] == "EAGLE3"
+    t = text(iv)
+    assert "the server ran EAGLEWorker from srt/speculative/eagle_worker.py" in t
+    assert "disable_overlap_schedule=True because SGLANG_ENABLE_SPEC_V2 was not in the launch env" in t
+    assert "does NOT carry" in t and "EAGLEWorker.__init__" in t
+    # the human rendering names the same things
+    capsys.readouterr()
+    assert main(["verify-logs", "-i", str(inv), str(WRONG), "--limit", "h01"]) == 1
+    human = capsys.readouterr().out
+    assert "MISSING" in human and "EAGLEWorker" in human and "eagle_worker.py" in human
+
+    # the fix: the full playbook (both worker files), relaunched; passes on 0.5.9 and 0.5.14
+    ok(capsys, "rollback", "-i", inv, "--limit", "h01")
+    ok(capsys, "deploy", "-i", inv, FULL)
+    ok(capsys, "launch", "-i", inv, FULL, "--replace", "--timeout", "30")
+    t0 = time.monotonic()
+    doc = ok(capsys, "verify-logs", "-i", inv, FULL)
+    print(f"verify-logs (2 hosts, passing): {time.monotonic() - t0:.2f}s")
+    ivs = instances(doc)
+    assert ivs["h01"]["version"] == "0.5.9" and ivs["h02"]["version"] == "0.5.14"
+    for iv in ivs.values():
+        assert iv["ok"] and [r["rank"] for r in iv["ranks"]] == ["TP0", "TP1"]
+        assert all(r["markers"][MARKER] for r in iv["ranks"])
+        assert iv["args"]["speculative_disable_batch_threshold"] == 16
+        assert iv["args"]["speculative_eagle_topk"] == 1
+    assert ivs["h01"]["args"]["disable_overlap_schedule"] is True  # 0.5.9: EAGLEWorker, now patched
+    assert ivs["h02"]["args"]["disable_overlap_schedule"] is False  # 0.5.14: EAGLEWorkerV2
+
+
+def test_stale_lines_of_an_earlier_launch_are_ignored(sb: Any, tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    inv = make_inventory(sb, tmp_path / "inv.yaml", hosts=["h01"])
+    ok(capsys, "deploy", "-i", inv, FULL)
+    first = ok(capsys, "launch", "-i", inv, FULL, "--timeout", "30")
+    ok(capsys, "verify-logs", "-i", inv, FULL)
+    old_log = Path(instances(first)["h01"]["log"])
+    # back to the original files, relaunched: the old log (with markers) stays on disk, unread
+    ok(capsys, "rollback", "-i", inv)
+    second = ok(capsys, "launch", "-i", inv, FULL, "--replace", "--timeout", "30")
+    assert MARKER in old_log.read_text() and instances(second)["h01"]["log"] != str(old_log)
+    code, doc = cli(capsys, "verify-logs", "-i", inv, FULL)
+    iv = instances(doc)["h01"]
+    assert code == 1 and iv["launch_id"] == second["launch_id"]
+    assert not any(r["markers"][MARKER] for r in iv["ranks"])
+    assert "does NOT carry" in text(iv)
+
+
+def test_redeploy_without_restart_says_restart_needed(sb: Any, tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    inv = make_inventory(sb, tmp_path / "inv.yaml", hosts=["h02"])
+    ok(capsys, "launch", "-i", inv, FULL, "--timeout", "30")  # pristine 0.5.14: no marker
+    time.sleep(0.05)
+    ok(capsys, "deploy", "-i", inv, FULL)  # files patched under the running server
+    code, doc = cli(capsys, "verify-logs", "-i", inv, FULL)
+    iv = instances(doc)["h02"]
+    assert code == 1
+    t = text(iv)
+    assert "restart needed" in t and "srt/speculative/eagle_worker_v2.py" in t
+    assert "log is from before the deploy" in t
+    assert "DOES carry" in t  # the file on disk is right; the process predates it
+    ok(capsys, "launch", "-i", inv, FULL, "--replace", "--timeout", "30")
+    ok(capsys, "verify-logs", "-i", inv, FULL)
+
+
+def test_one_rank_missing_and_server_not_running(sb: Any, tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    inv = make_inventory(sb, tmp_path / "inv.yaml", hosts=["h01"],
+                         env={"h01": {"FLEETCTL_SIM_DROP_MARKER_RANK": "1"}})
+    ok(capsys, "deploy", "-i", inv, FULL)
+    ok(capsys, "launch", "-i", inv, FULL, "--timeout", "30")
+    code, doc = cli(capsys, "verify-logs", "-i", inv, FULL)
+    iv = instances(doc)["h01"]
+    assert code == 1
+    assert [(r["rank"], r["ok"]) for r in iv["ranks"]] == [("TP0", True), ("TP1", False)]
+    assert f"marker '{MARKER}' missing on TP1 (present on the other 1 rank(s))" in iv["problems"]
+    ok(capsys, "stop", "-i", inv)
+    code, doc = cli(capsys, "verify-logs", "-i", inv, FULL)
+    assert code == 1 and any("server not running" in p for p in instances(doc)["h01"]["problems"])
+    # a host where nothing was ever launched
+    inv3 = make_inventory(sb, tmp_path / "inv3.yaml", hosts=["h03"])
+    code, doc = cli(capsys, "verify-logs", "-i", inv3, FULL)
+    assert code == 1 and "never launched" in instances(doc)["h03"]["problems"][0]
