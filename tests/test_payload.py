@@ -12,7 +12,9 @@ import argparse
 import ast
 import dataclasses
 import importlib.util
+import json
 import os
+import shutil
 import subprocess
 import sys
 import types
@@ -470,3 +472,51 @@ def test_origin_wrong_file_playbook_is_refused():
         cov = coverage(v, wrong.launch.flags, dict(wrong.launch.env), wrong)
         assert cov.worker_class == "EAGLEWorker" and cov.covered is False
         assert cov.refused and "eagle_worker.py" in cov.refused
+
+
+# ---------------------------------------------------------------- opt-in: the real modules on CPU
+
+SGLANG_PYTHON = os.environ.get("FLEETCTL_SGLANG_PYTHON")
+
+
+@pytest.mark.skipif(not SGLANG_PYTHON, reason="opt-in: FLEETCTL_SGLANG_PYTHON names an interpreter with "
+                    "SGLang's import-time dependencies (torch, transformers, xgrammar); see docs/worker-paths.md")
+@pytest.mark.parametrize("version", VERSIONS)
+def test_real_sglang_modules_on_cpu(version, tmp_path):
+    """The patched tree's own modules: real argparse parser and dump, real validation, and (v1) one
+    skipped decode step through the real verify bookkeeping; see tests/data/payload/cpu_probe.py."""
+    pkg = tmp_path / "site" / "sglang"
+    shutil.copytree(wheels.package_dir(version), pkg, copy_function=shutil.copyfile)
+    for pf in playbook().files_for(version):
+        (pkg / pf.path).write_bytes(patched(version, pf.path))
+    proc = subprocess.run([SGLANG_PYTHON, str(DATA / "cpu_probe.py"), str(pkg.parent), version],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert (out["parsed_8"], out["parsed_default"]) == (8, None)
+    assert all(f"argument {FLAG}: must be an integer >= 1" in err for err in out["rejected"].values())
+    assert out["repr_has_field"] is True
+    checks = out["checks"]
+    assert checks["ok"] == "ok" and ">= 1" in checks["zero"]
+    assert checks["standalone"].startswith("ValueError") and checks["dp"].startswith("ValueError")
+    if version == "0.5.14":
+        assert checks["overlap"] == "ok"
+        states = out["v2_states"]
+        assert states["build_calls"] == [[0, 1, [24, 32]]]
+        assert states["regular"] == [3, 4, "t_attn", "t_graph", "d_graph"]
+        assert states["pick"] == {"0": False, "1": False, "16": False, "17": True, "64": True}
+        return
+    assert "SGLANG_ENABLE_SPEC_V2" in checks["overlap"]
+    assert out["graph_can_run"] == {"LAST": False, "FULL": True}
+    assert out["verify_input"] == {"spec_steps": 0, "topk": 1, "draft_token_num": 1}
+    assert out["evicted_swa"] == (0 if version == "0.5.5.post3" else 1)
+    assert out["target_forward"] == {
+        "mode": "DECODE", "spec_info_none": True, "seq_lens": [11, 21, 31], "seq_lens_sum": 63,
+        "input_ids": [7, 8, 9], "out_cache_loc": [500, 501, 502], "capture": "LAST", "is_verify": True}
+    after = out["after"]
+    assert after["output_ids"] == [[1, 11], [1, 12], [1, 13]]
+    assert after["verified_id"] == [11, 12, 13] and after["accept_length_per_req_cpu"] == [0, 0, 0]
+    assert after["seq_lens"] == [11, 21, 31] and after["forward_mode"] == "DECODE"
+    assert after["draft_input_type"] == "EagleDraftInput" and after["draft_input_accept_length"] == [0, 0, 0]
+    assert after["draft_input_hidden_rows"] == 3 and after["logits_rows"] == 3
+    assert after["req_to_token_new_slots"] == [500, 501, 502]
