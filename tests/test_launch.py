@@ -260,3 +260,21 @@ def test_stop_escalates_to_sigkill(sb: Any, tmp_path: Path, capsys: pytest.Captu
 def test_payload_playbook_profile_loads() -> None:
     pb = load_playbook(FULL)
     assert pb.launch.flags["--speculative-disable-batch-threshold"] == 16
+
+
+def test_refuses_interrupted_deploy_and_waits_for_no_lock(sb: Any, tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    inv = make_inventory(sb, tmp_path / "inv.yaml", hosts=["h01"])
+    sd = sb.hosts["h01"].state_dir
+    m = sd / "deploys" / "d-cut" / "manifest.json"
+    m.parent.mkdir(parents=True)
+    m.write_text(json.dumps({"id": "d-cut", "state": "applying", "created": time.time(), "files": []}))
+    code, doc = cli(capsys, "launch", "-i", inv, FULL, "--timeout", "30")
+    assert code == 1 and "d-cut was interrupted" in doc["hosts"][0]["message"]
+    shutil.rmtree(sd / "deploys")
+    # a deploy holds the host lock (a live pid): the launch does not start anything under it
+    (sd / "lock").write_text(json.dumps({"pid": os.getpid(), "op": "deploy", "id": "d-busy", "by": "test"}))
+    code, doc = cli(capsys, "launch", "-i", inv, FULL, "--timeout", "30")
+    it = doc["hosts"][0]["instances"][0]
+    assert code == 1 and it["status"] == "failed" and "locked: deploy d-busy" in it["message"]
+    assert srv.list_instances(str(sd)) == []

@@ -23,6 +23,8 @@ from fleetctl.commands.common import (
 from fleetctl.commands.context import RunContext, fleet_context
 from fleetctl.config.playbook import load_playbook
 from fleetctl.errors import EXIT_FAILED, EXIT_OK, InputError
+from fleetctl.ledger import Ledger
+from fleetctl.ops.deploy import new_op_id
 from fleetctl.ops.launch import HostLaunch, launch_fleet, status_fleet, stop_fleet
 from fleetctl.ops.verify import HostVerify, rank_label, verify_fleet
 from fleetctl.render import host_progress, status_cell, table
@@ -151,8 +153,19 @@ def register(app: typer.Typer) -> None:
         pb = load_playbook(playbook)
         with fleet_context(inventory, limit, forks, json=json_out, debug=debug,
                            accept_new_host_keys=accept_new_host_keys) as ctx:
-            lid, rows = _tick_run(ctx, "launch", lambda: launch_fleet(ctx.fleet, pb, replace=replace, timeout=timeout))
-            bad = [r for r in rows if r.status != "ok"]
+            lid = new_op_id("l")
+            ledger = Ledger()
+            ledger.start(lid, "launch", inventory=ctx.inventory.path, playbook=pb.path,
+                         args={"limit": limit, "replace": replace, "timeout": timeout})
+            try:
+                _, rows = _tick_run(ctx, "launch", lambda: launch_fleet(ctx.fleet, pb, replace=replace,
+                                                                         timeout=timeout, launch_id=lid))
+                bad = [r for r in rows if r.status != "ok"]
+                ledger.finish(lid, "failed" if bad else "ok",
+                              [{"host": r.host, "status": r.status, "message": r.message,
+                                "detail": [i.to_json() for i in r.instances]} for r in rows])
+            finally:
+                ledger.close()
             n = sum(len(r.instances) for r in rows)
             ready = sum(1 for r in rows for i in r.instances if i.status == "ready")
             summary = (f"launch {lid}: {len(rows)} hosts, {n} instances: {ready} ready, {n - ready} not "

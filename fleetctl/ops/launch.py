@@ -13,6 +13,7 @@ from fleetctl.facts import HostFacts, read_facts
 from fleetctl.fleet import Fleet
 from fleetctl.instances import INHERIT_FROM_HOST, Instance, plan_instances
 from fleetctl.ops.deploy import new_op_id, who
+from fleetctl.plan import OPEN_STATES
 from fleetctl.sglang import READY_LINE, is_known, resolve_worker, worker_files
 from fleetctl.transport.ssh import HostConnection, RemoteError
 
@@ -152,7 +153,7 @@ def launch_host(conn: HostConnection, pb: Playbook, plan: list[Instance], *, lau
     items = [InstanceLaunch(h.name, i.name, i.port, list(i.gpus), "skipped") for i in plan]
     res.instances = items
     ports = [i.port for i in plan]
-    facts = read_facts(conn, gpus=True, with_=["servers"], payload={"server_ports": ports})
+    facts = read_facts(conn, gpus=True, with_=["state", "servers"], payload={"server_ports": ports})
     v = facts.sglang_version
     res.version = v
     if not facts.sglang_found or not v:
@@ -161,6 +162,10 @@ def launch_host(conn: HostConnection, pb: Playbook, plan: list[Instance], *, lau
         return _refuse(res, f"SGLang {v} is not a release fleetctl knows; it will not guess how it starts")
     resolutions = {}
     problems: dict[str, list[str]] = {i.name: [] for i in plan}
+    for m in (facts.extra.get("state") or {}).get("deploys", []):
+        if m.get("state") in OPEN_STATES:
+            return _refuse(res, f"deploy {m.get('id')} was interrupted ({m.get('state')}): the files are mixed; "
+                                "run 'fleetctl rollback' or 'fleetctl deploy' to repair before launching")
     for inst in plan:
         r = resolve_worker(v, inst.flags, inst.env)
         resolutions[inst.name] = r
@@ -186,7 +191,7 @@ def launch_host(conn: HostConnection, pb: Playbook, plan: list[Instance], *, lau
         bad = [s for s in stopped if s["action"] == "still running"]
         if bad:
             return _refuse(res, f"could not stop {bad[0]['instance']} (pid {bad[0].get('pid')})", "failed")
-        facts = read_facts(conn, gpus=True, with_=["servers"], payload={"server_ports": ports})
+        facts = read_facts(conn, gpus=True, with_=["state", "servers"], payload={"server_ports": ports})
     free = (facts.extra.get("servers") or {}).get("ports", {})
     for inst in plan:
         if free.get(str(inst.port)) is False:
@@ -203,7 +208,7 @@ def launch_host(conn: HostConnection, pb: Playbook, plan: list[Instance], *, lau
         it.worker = {"class": r.worker_class, "file": r.worker_file,
                      "disable_overlap_schedule": r.disable_overlap_schedule, "reason": r.reason}
         payload = {
-            "state_dir": h.state_dir, "instance": inst.name, "launch_id": launch_id, "argv": inst.argv,
+            "state_dir": h.state_dir, "instance": inst.name, "launch_id": launch_id, "argv": inst.argv, "by": who(),
             "public_argv": inst.public_argv, "env": inst.env, "public_env": inst.public_env,
             "inherit_env": list(INHERIT_FROM_HOST), "package_dir": facts.sglang_dir, "hash_files": hashes,
             "extra": {"version": v, "port": inst.port, "gpus": list(inst.gpus), "flags": _public_flags(inst),

@@ -14,7 +14,7 @@ the matching lines (bounded), never a whole log.
 if __name__ != "fleetctl_agent":  # imported locally (tests, the sandbox simulator)
     from fleetctl.remote.agent import *  # noqa: F403
     from fleetctl.remote.agent import ACTIONS, EXTRA_FACTS, AgentError, expand, sha256_file
-    from fleetctl.remote.agent_deploy import list_manifests, write_atomic
+    from fleetctl.remote.agent_deploy import acquire_lock, list_manifests, release_lock, write_atomic
 
 import ast
 import errno
@@ -232,11 +232,16 @@ def tail_lines(path, n=30, max_bytes=65536):
     return [ln[:2000] for ln in lines[-n:]]
 
 
-def grep_log(path, patterns, max_per_pattern=256, max_line=MAX_LINE):
-    """Lines of `path` containing each literal pattern: {pattern: {"count": n, "lines": [...]}}."""
-    found = dict((p, {"count": 0, "lines": []}) for p in patterns)
+def grep_log(path, patterns, max_per_pattern=256, max_line=MAX_LINE, max_total=4 << 20):
+    """Lines of `path` containing each literal pattern: {pattern: {"count": n, "lines": [...]}}.
+
+    Bounded: at most max_per_pattern lines per pattern, each cut at max_line bytes, and max_total
+    bytes of lines overall (counts keep counting; "truncated" says lines were left out).
+    """
+    found = dict((p, {"count": 0, "lines": [], "truncated": False}) for p in patterns)
     enc = [(p, p.encode("utf-8")) for p in patterns]
     size = 0
+    sent = 0
     try:
         with open(path, "rb") as fh:
             for raw in fh:
@@ -245,8 +250,12 @@ def grep_log(path, patterns, max_per_pattern=256, max_line=MAX_LINE):
                     if b in raw:
                         slot = found[p]
                         slot["count"] += 1
-                        if len(slot["lines"]) < max_per_pattern:
-                            slot["lines"].append(raw[:max_line].decode("utf-8", "replace").rstrip("\r\n"))
+                        part = raw[:max_line]
+                        if len(slot["lines"]) < max_per_pattern and sent + len(part) <= max_total:
+                            slot["lines"].append(part.decode("utf-8", "replace").rstrip("\r\n"))
+                            sent += len(part)
+                        else:
+                            slot["truncated"] = True
     except OSError as e:
         raise AgentError("cannot read log %s: %s" % (path, e.strerror or e), "failed") from None
     return found, size
@@ -305,10 +314,24 @@ def action_server_start(p):
     for k in p.get("inherit_env") or []:  # host basics (PATH, HOME, ...) from this host's session
         if k in os.environ and k not in env:
             env[k] = os.environ[k]
+    # the host lock: no launch while a deploy or rollback is changing files (and vice versa)
+    acquire_lock(sd, "launch", lid, p.get("by", "?"))
+    try:
+        return _start_locked(p, sd, name, lid, argv, env)
+    finally:
+        release_lock(sd)
+
+
+def _start_locked(p, sd, name, lid, argv, env):
     prev = current_record(sd, name)
     if prev is not None and record_alive(prev):
         raise AgentError("%s is already running (pid %s, launch %s); stop it first or use --replace"
                          % (name, prev.get("pid"), prev.get("launch_id")), "running")
+    for m in list_manifests(sd):
+        if m.get("state") in ("preparing", "applying", "rolling-back"):
+            raise AgentError("deploy %s was interrupted (%s): the files are mixed; run 'fleetctl rollback' or "
+                             "'fleetctl deploy' to repair before launching" % (m.get("id"), m.get("state")),
+                             "interrupted")
     d = instance_dir(sd, name)
     for sub in ("", "logs", "launches"):
         mkdirs(os.path.join(d, sub))
