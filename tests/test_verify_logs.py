@@ -198,3 +198,35 @@ def test_one_rank_missing_and_server_not_running(sb: Any, tmp_path: Path,
     inv3 = make_inventory(sb, tmp_path / "inv3.yaml", hosts=["h03"])
     code, doc = cli(capsys, "verify-logs", "-i", inv3, FULL)
     assert code == 1 and "never launched" in instances(doc)["h03"]["problems"][0]
+
+
+def test_two_instances_per_host_tp1_has_no_rank_prefix(sb: Any, tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    inv = make_inventory(sb, tmp_path / "inv.yaml", hosts=["h02"])
+    doc = yaml.safe_load((FULL / "playbook.yaml").read_text())
+    for files in doc["versions"].values():
+        for f in files["files"]:
+            f["patch"] = str((FULL / f["patch"]).resolve())
+    doc["launch"]["layout"] = {"gpus_per_instance": 1, "port_stride": 1}
+    pb = tmp_path / "pb.yaml"
+    pb.write_text(yaml.safe_dump(doc))
+    ok(capsys, "deploy", "-i", inv, pb)
+    launched = ok(capsys, "launch", "-i", inv, pb, "--timeout", "30")
+    its = launched["hosts"][0]["instances"]
+    assert [i["gpus"] for i in its] == [[0], [1]] and its[1]["port"] == its[0]["port"] + 1
+    doc = ok(capsys, "verify-logs", "-i", inv, pb)
+    ivs = doc["hosts"][0]["instances"]
+    assert len(ivs) == 2 and all(iv["ok"] for iv in ivs)
+    assert [r["ranks"] for iv in ivs for r in iv["ranks"]] == [{}, {}]  # tp=1: no TP0 prefix
+
+
+def test_grep_on_the_host_is_bounded(tmp_path: Path) -> None:
+    log = tmp_path / "x.log"
+    log.write_bytes(b"".join(b"[2026-01-01 00:00:00 TP0] %s line %d\n" % (MARKER.encode(), i) for i in range(2000))
+                    + b"no match\n" + b"server_args=" + b"x" * 200_000 + b"\n")
+    found, size = srv.grep_log(str(log), [MARKER, "server_args="], max_per_pattern=10, max_line=1000)
+    assert size == log.stat().st_size
+    assert found[MARKER]["count"] == 2000 and len(found[MARKER]["lines"]) == 10 and found[MARKER]["truncated"]
+    assert len(found["server_args="]["lines"][0]) == 1000
+    found, _ = srv.grep_log(str(log), [MARKER], max_per_pattern=10_000, max_total=5_000)
+    assert sum(len(x) for x in found[MARKER]["lines"]) <= 5_000 and found[MARKER]["truncated"]
