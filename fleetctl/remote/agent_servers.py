@@ -77,13 +77,40 @@ def record_alive(rec):
     return ticks == rec.get("start_ticks")
 
 
+def group_members(pgid):
+    """Pids of the live (non-zombie) processes in process group `pgid`, read from /proc."""
+    out = []
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return out
+    for n in names:
+        if not n.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % n, "rb") as fh:
+                raw = fh.read()
+        except (OSError, ValueError):
+            continue
+        rest = raw[raw.rfind(b")") + 2:].split()
+        try:
+            if int(rest[2]) == pgid and rest[0] not in (b"Z", b"X", b"x"):
+                out.append(int(n))
+        except (IndexError, ValueError):
+            continue
+    return out
+
+
 def group_alive(pgid):
+    """True while a live process of the group remains (zombies waiting for their reaper do not count)."""
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
+    if os.path.isdir("/proc/self"):
+        return bool(group_members(pgid))
     return True
 
 
