@@ -253,8 +253,7 @@ def test_stop_escalates_to_sigkill(sb: Any, tmp_path: Path, capsys: pytest.Captu
     assert any("SIGKILL" in n for n in it["notes"])
     rec = srv.current_record(str(sb.hosts["h01"].state_dir), it["instance"])
     assert rec["state"] == "stopped" and not srv.record_alive(rec)
-    with pytest.raises(ProcessLookupError):
-        os.killpg(rec["pgid"], 0)
+    assert srv.group_members(rec["pgid"]) == []  # (a zombie awaiting its reaper may remain)
 
 
 def test_payload_playbook_profile_loads() -> None:

@@ -453,6 +453,10 @@ def action_server_wait(p):
                     st[n].update(status="timeout", why="not ready after %gs" % float(p.get("timeout", 900)))
             break
         time.sleep(poll)
+    # a failing server is usually still writing its traceback: let it finish (bounded) before the tail
+    grace = time.time() + float(p.get("grace", 2.0))
+    while time.time() < grace and any(st[n]["status"] == "forbidden" and record_alive(st[n]["rec"]) for n in names):
+        time.sleep(0.05)
     out = {}
     now = time.time()
     for n in names:
