@@ -15,6 +15,7 @@ import base64
 import hashlib
 import json
 import os
+import signal
 import socket
 import stat
 import sys
@@ -23,6 +24,43 @@ import time
 
 MANIFEST = "manifest.json"
 OPEN_STATES = ("preparing", "applying", "rolling-back")
+
+
+# ----------------------------------------------------------------------------- test-only fault points
+
+
+def fault_point(p, at, n=None):
+    """TEST-ONLY fault injection. Inert unless the payload carries `_fault` naming this very point.
+
+    `_fault` = {"at": point, "n": k, "how": "exit" | "wait" | "stop", "marker": path, "hold": seconds}
+      at:     deploy:   locked, before_backup, after_backup, mid_write, between_renames, before_complete,
+                        after_complete
+              rollback: locked, before_restore, mid_write, between_restores, before_complete, after_complete
+              any:      stale_lock_seen (inside the stale-lock take-over)
+      n:      for per-file points (mid_write, between_*), the k-th file (1-based; default 1)
+      marker: a file written with this process's pid when the point is reached (tests wait for it)
+      how:    exit = die on the spot (os._exit(99), no cleanup: a killed agent);
+              wait = sleep `hold` seconds (a test kills/freezes the session meanwhile, or holds the lock);
+              stop = SIGSTOP itself (frozen until someone sends SIGCONT/SIGKILL)
+    """
+    f = p.get("_fault") if isinstance(p, dict) else None
+    if not f or f.get("at") != at:
+        return
+    if n is not None and int(f.get("n", 1)) != n:
+        return
+    marker = f.get("marker")
+    if marker:
+        tmp = "%s.%d.tmp" % (marker, os.getpid())
+        with open(tmp, "w") as fh:
+            fh.write(str(os.getpid()))
+        os.replace(tmp, marker)
+    how = f.get("how", "exit")
+    if how == "exit":
+        os._exit(99)
+    elif how == "stop":
+        os.kill(os.getpid(), signal.SIGSTOP)
+    elif how == "wait":
+        time.sleep(float(f.get("hold", 3600)))
 
 
 # ----------------------------------------------------------------------------- fs primitives
@@ -51,6 +89,8 @@ def write_atomic(path, data, mode=0o600):
             fh.flush()
             os.fsync(fh.fileno())
         os.chmod(tmp, mode)
+        if hook is not None:  # test-only fault point: the temp file is complete, not yet renamed
+            hook()
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -75,7 +115,7 @@ def safe_target(pkg_dir, rel):
     return path
 
 
-def replace_file(path, data, mode, uid, gid, expect_sha, validate_python=True, tag="fleetctl"):
+def replace_file(path, data, mode, uid, gid, expect_sha, validate_python=True, tag="fleetctl", hook=None):
     """Replace `path` with `data` atomically. Nothing is changed unless every check passes.
 
     temp file in the same dir (O_EXCL, 0600) -> write -> fsync -> py_compile (host's python)
@@ -105,6 +145,8 @@ def replace_file(path, data, mode, uid, gid, expect_sha, validate_python=True, t
             except OSError:
                 pass
         os.chmod(tmp, mode)
+        if hook is not None:  # test-only fault point: the temp file is complete, not yet renamed
+            hook()
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -162,7 +204,7 @@ def read_lock(state_dir):
     return info
 
 
-def acquire_lock(state_dir, op, deploy_id, who):
+def acquire_lock(state_dir, op, deploy_id, who, p=None):
     """O_EXCL lock; a lock whose holder process is gone is reported and taken over."""
     ensure_state_dir(state_dir)
     _, _, lock = state_paths(state_dir)
@@ -175,6 +217,7 @@ def acquire_lock(state_dir, op, deploy_id, who):
         except FileExistsError:
             held = read_lock(state_dir) or {}
             if held.get("stale"):
+                fault_point(p, "stale_lock_seen")
                 notes.append("removed a stale lock of %s %s by %s (its process %s is gone)"
                              % (held.get("op"), held.get("id"), held.get("by"), held.get("pid")))
                 try:
@@ -271,11 +314,13 @@ EXTRA_FACTS["state"] = state_facts
 # ----------------------------------------------------------------------------- transactions
 
 
-def _restore_files(state_dir, m, entries, force=False, forced_dir=None):
+def _restore_files(state_dir, m, entries, force=False, forced_dir=None, p=None):
     """Put each entry's backup back (atomically) and verify sha_before. Returns per-file results."""
     results = []
     bdir = os.path.join(os.path.dirname(manifest_path(state_dir, m["id"])), "backup")
-    for f in entries:
+    for i, f in enumerate(entries):
+        if i:
+            fault_point(p, "between_restores", i)
         path = os.path.join(m["package_dir"], f["path"])
         try:
             cur = sha256_file(path)
@@ -296,7 +341,7 @@ def _restore_files(state_dir, m, entries, force=False, forced_dir=None):
             data = fh.read()
         safe_target(m["package_dir"], f["path"])
         replace_file(path, data, f["mode"], f.get("uid"), f.get("gid"), f["sha_before"], validate_python=False,
-                     tag="fleetctl-restore")
+                     tag="fleetctl-restore", hook=lambda k=i + 1: fault_point(p, "mid_write", k))
         results.append({"path": f["path"], "action": "restored", "sha_now": f["sha_before"]})
     return results
 
@@ -337,8 +382,9 @@ def action_deploy(p):
     sd = p["state_dir"]
     did = p["deploy_id"]
     pkg = p["package_dir"]
-    notes = acquire_lock(sd, "deploy", did, p.get("by", "?"))
+    notes = acquire_lock(sd, "deploy", did, p.get("by", "?"), p)
     try:
+        fault_point(p, "locked")
         notes += recover_interrupted(sd)
         files = p["files"]
         plan = []
@@ -365,6 +411,7 @@ def action_deploy(p):
                                "mode": stat.S_IMODE(st.st_mode), "uid": st.st_uid, "gid": st.st_gid,
                                "status": "pending", "backed_up": False})
         save_manifest(sd, m)
+        fault_point(p, "before_backup")
         bdir = os.path.join(ddir, "backup")
         for entry, (f, path, st) in zip(m["files"], plan):
             dst = os.path.join(bdir, f["path"])
@@ -377,18 +424,23 @@ def action_deploy(p):
             entry["backed_up"] = True
         m["state"] = "applying"
         save_manifest(sd, m)
+        fault_point(p, "after_backup")
         fault = p.get("_fault_after_files")  # test hook: stop dead after N renames
         done = 0
         try:
             for entry, (f, path, st) in zip(m["files"], plan):
+                if done:
+                    fault_point(p, "between_renames", done)
                 data = base64.b64decode(f["content_b64"])
                 replace_file(path, data, entry["mode"], entry["uid"], entry["gid"], f["sha_after"],
-                             validate_python=p.get("validate", True))
+                             validate_python=p.get("validate", True),
+                             hook=lambda k=done + 1: fault_point(p, "mid_write", k))
                 entry["status"] = "applied"
                 save_manifest(sd, m)
                 done += 1
                 if fault is not None and done >= fault:
                     os._exit(99)
+            fault_point(p, "before_complete")
         except BaseException as e:
             res = _restore_files(sd, m, [x for x in m["files"] if x["backed_up"]], force=True)
             m["state"] = "failed-restored"
@@ -399,6 +451,7 @@ def action_deploy(p):
                              % (e, sum(1 for r in res if r["action"] == "restored")), kind) from None
         m["state"] = "complete"
         save_manifest(sd, m)
+        fault_point(p, "after_complete")
         return {"deploy_id": did, "files": [{"path": x["path"], "sha_after": x["sha_after"]} for x in m["files"]],
                 "notes": notes, "final": _final(pkg, p)}
     finally:
@@ -409,8 +462,9 @@ def action_rollback(p):
     """Undo the named deploys, newest first, restoring their recorded original bytes."""
     sd = p["state_dir"]
     force = bool(p.get("force"))
-    notes = acquire_lock(sd, "rollback", p.get("rollback_id"), p.get("by", "?"))
+    notes = acquire_lock(sd, "rollback", p.get("rollback_id"), p.get("by", "?"), p)
     try:
+        fault_point(p, "locked")
         notes += recover_interrupted(sd)
         done = []
         for did in p["deploy_ids"]:
@@ -436,13 +490,16 @@ def action_rollback(p):
                 raise AgentError(pre[0] + "; rerun with --force to overwrite it (a copy is kept)", "drifted")
             m["state"] = "rolling-back"
             save_manifest(sd, m)
+            fault_point(p, "before_restore")
             forced_dir = os.path.join(os.path.dirname(manifest_path(sd, did)), "forced-%d" % int(time.time()))
-            res = _restore_files(sd, m, entries, force=force, forced_dir=forced_dir)
+            res = _restore_files(sd, m, entries, force=force, forced_dir=forced_dir, p=p)
+            fault_point(p, "before_complete")
             m["state"] = "rolled-back"
             m["rolled_back_at"] = time.time()
             m["rolled_back_by"] = p.get("by")
             save_manifest(sd, m)
             done.append({"deploy_id": did, "state": "rolled-back", "files": res})
+        fault_point(p, "after_complete")
         return {"rollbacks": done, "notes": notes}
     finally:
         release_lock(sd)
