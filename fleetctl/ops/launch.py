@@ -334,6 +334,16 @@ def stop_fleet(fleet: Fleet, *, names: list[str] | None = None, timeout: float =
 # ----------------------------------------------------------------------------- status
 
 
+def predates_deploy(rec: dict[str, Any], changed_files: list[str], deploy_now: dict[str, Any] | None) -> bool:
+    """The server started before the deploy whose files are on disk, and runs other bytes than it put there
+    (a later deploy of byte-identical files does not count)."""
+    if not deploy_now or not deploy_now.get("at") or not rec.get("launched_at"):
+        return False
+    if (rec.get("deploy") or {}).get("id") == deploy_now.get("id") or rec["launched_at"] >= deploy_now["at"]:
+        return False
+    return bool(set(changed_files) & set(deploy_now.get("files") or []))
+
+
 def server_status_facts(host: Host | str, facts: HostFacts | dict[str, Any]) -> list[dict[str, Any]]:
     """Rows for `fleetctl status`: one per server fleetctl launched on the host.
 
@@ -355,8 +365,7 @@ def server_status_facts(host: Host | str, facts: HostFacts | dict[str, Any]) -> 
             problems.append(f"restart needed: {', '.join(s.get('changed_files') or [])} changed on disk after "
                             f"the server started")
         dep_launch = (rec.get("deploy") or {}).get("id")
-        if s.get("running") and dep_now and rec.get("launched_at") and dep_now.get("at") and \
-                rec["launched_at"] < dep_now["at"] and dep_now.get("id") != dep_launch:
+        if s.get("running") and predates_deploy(rec, s.get("changed_files") or [], dep_now):
             problems.append(f"launched before deploy {dep_now.get('id')} of the files on disk")
         rows.append({
             "host": name, "instance": s["instance"], "running": bool(s.get("running")),

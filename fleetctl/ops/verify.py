@@ -7,13 +7,14 @@ SGLang fact (ranks, line format, dump, worker routing) comes from `fleetctl.sgla
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from fleetctl.config.playbook import Playbook
 from fleetctl.fleet import Fleet
 from fleetctl.instances import Instance
-from fleetctl.ops.launch import plan_fleet
+from fleetctl.ops.launch import plan_fleet, predates_deploy
 from fleetctl.sglang import (
     READY_LINE,
     expected_ranks,
@@ -150,11 +151,14 @@ def _check_instance(iv: InstanceVerify, st: dict[str, Any], pb: Playbook, deploy
     if st.get("restart_needed") or (st.get("changed_files") and iv.running):
         iv.problems.append(f"restart needed: {', '.join(st.get('changed_files') or [])} changed on disk "
                            f"after the server started (hash at launch != hash now)")
-    launched = rec.get("launched_at")
-    if deploy_now and launched and deploy_now.get("at") and launched < deploy_now["at"] and \
-            (rec.get("deploy") or {}).get("id") != deploy_now.get("id"):
-        iv.problems.append(f"log is from before the deploy: launched before deploy {deploy_now.get('id')} "
-                           f"of the files on disk")
+    if predates_deploy(rec, st.get("changed_files") or [], deploy_now):
+        iv.problems.append(f"log is from before the deploy: launched {_hms(rec.get('launched_at'))}, before "
+                           f"deploy {(deploy_now or {}).get('id')} ({_hms((deploy_now or {}).get('at'))}) of the "
+                           f"files on disk")
+
+
+def _hms(t: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "?"
 
 
 def _explain(iv: InstanceVerify, rec_env: dict[str, str], check: dict[str, Any] | None) -> None:
