@@ -89,8 +89,6 @@ def write_atomic(path, data, mode=0o600):
             fh.flush()
             os.fsync(fh.fileno())
         os.chmod(tmp, mode)
-        if hook is not None:  # test-only fault point: the temp file is complete, not yet renamed
-            hook()
         os.replace(tmp, path)
     except BaseException:
         try:
