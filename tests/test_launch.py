@@ -160,7 +160,9 @@ def test_layout_split_gpus_ports_env_and_overrides(tmp_path: Path) -> None:
 
 def test_launch_ready_env_exact_status_and_stop(sb: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    inv = make_inventory(sb, tmp_path / "inv.yaml", hosts=["h01", "h02"], env={"h01": {"FROM_INVENTORY": "yes"}})
+    weird = "a b; echo pwned $(id) `id` 'q' \"dq\" \\ *"
+    inv = make_inventory(sb, tmp_path / "inv.yaml", hosts=["h01", "h02"],
+                         env={"h01": {"FROM_INVENTORY": "yes", "WEIRD": weird}})
     pb = playbook_with(tmp_path, {"env": {"FROM_PROFILE": "1"}})
     # set in the controller's shell only: must never reach a server
     monkeypatch.setenv("FLEETCTL_LEAK_PROBE", "controller")
@@ -178,8 +180,9 @@ def test_launch_ready_env_exact_status_and_stop(sb: Any, tmp_path: Path, capsys:
     environ = dict(x.split("=", 1) for x in Path(f"/proc/{rec['pid']}/environ").read_text().split("\0") if "=" in x)
     assert "FLEETCTL_LEAK_PROBE" not in environ and "SGLANG_ENABLE_SPEC_V2" not in environ
     assert environ["FROM_PROFILE"] == "1" and environ["FROM_INVENTORY"] == "yes"
+    assert environ["WEIRD"] == weird  # passed as data, never through a shell
     assert environ["CUDA_VISIBLE_DEVICES"] == "0,1"
-    assert set(rec["env"]) == {"FROM_PROFILE", "FROM_INVENTORY", "PATH", "CUDA_VISIBLE_DEVICES"}
+    assert set(rec["env"]) == {"FROM_PROFILE", "FROM_INVENTORY", "WEIRD", "PATH", "CUDA_VISIBLE_DEVICES"}
     assert rec["worker_hashes"]["srt/speculative/eagle_worker.py"] and rec["process_started"]
     assert rec["log"].endswith(f"/logs/{doc['launch_id']}.log") and rec["deploy"] is None
 
