@@ -121,6 +121,7 @@ def render_config(spec: SshdSpec, optional: tuple[str, ...]) -> str:
 
 def probe_optional(sshd: str, spec: SshdSpec) -> tuple[str, ...]:
     """The OPTIONAL lines this sshd accepts (checked with `sshd -t` on a scratch config)."""
+    ensure_privsep_dir()
     keep = list(OPTIONAL)
     scratch = spec.host_dir / ".sshd_config.probe"
     try:
@@ -195,11 +196,21 @@ def _log_tail(path: Path, n: int = 3) -> str:
     return " | ".join(lines[-n:])
 
 
+PRIVSEP_DIR = Path("/run/sshd")
+
+
+def ensure_privsep_dir() -> None:
+    """sshd run as root wants its privilege separation dir (Debian's package creates it at boot)."""
+    if os.geteuid() == 0 and not PRIVSEP_DIR.is_dir():
+        PRIVSEP_DIR.mkdir(mode=0o755, parents=True, exist_ok=True)
+
+
 def start(sshd: str, spec: SshdSpec, env: dict[str, str], timeout: float = START_TIMEOUT) -> int:
     """Start the sshd for `spec` (config already written) and wait until it listens; return its pid.
 
     Raises PortBusy if the port is taken, FleetctlError on any other failure.
     """
+    ensure_privsep_dir()
     spec.pid_file.unlink(missing_ok=True)
     with open(spec.log, "ab") as log:
         proc = subprocess.Popen(
