@@ -148,7 +148,7 @@ def _check_instance(iv: InstanceVerify, st: dict[str, Any], pb: Playbook, deploy
             n_ok = len(iv.ranks) - len(where)
             iv.problems.append(f"marker {m!r} missing on {', '.join(where)}"
                                + (f" (present on the other {n_ok} rank(s))" if n_ok else ""))
-    if st.get("restart_needed") or (st.get("changed_files") and iv.running):
+    if st.get("restart_needed"):
         iv.problems.append(f"restart needed: {', '.join(st.get('changed_files') or [])} changed on disk "
                            f"after the server started (hash at launch != hash now)")
     if predates_deploy(rec, st.get("changed_files") or [], deploy_now):
@@ -168,7 +168,9 @@ def _explain(iv: InstanceVerify, rec_env: dict[str, str], check: dict[str, Any] 
         return
     iv.explanation.append(f"the server ran {w['class']} from {w['file']}: {w['reason']}")
     env_name = sg_releases.SPEC_V2_ENV
-    if w.get("disable_overlap_schedule") and env_name not in rec_env:
+    rel = sg_releases.RELEASES.get(iv.version or "")
+    env_default_off = rel is not None and rel.rules.spec_v2_default is False
+    if w.get("disable_overlap_schedule") and env_default_off and env_name not in rec_env:
         iv.explanation.append(f"disable_overlap_schedule=True because {env_name} was not in the launch env")
     dos_log = iv.args.get("disable_overlap_schedule")
     if dos_log is not None and w.get("disable_overlap_schedule") is not None and dos_log != w["disable_overlap_schedule"]:
