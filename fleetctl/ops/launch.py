@@ -288,13 +288,16 @@ def _refuse_items(res: HostLaunch, plan: list[Instance], problems: dict[str, lis
 
 
 def launch_fleet(fleet: Fleet, pb: Playbook, *, replace: bool = False, timeout: float | None = None,
-                 launch_id: str | None = None) -> tuple[str, list[HostLaunch]]:
-    plans = plan_fleet(fleet, pb)
+                 launch_id: str | None = None, hosts: list[Host] | None = None) -> tuple[str, list[HostLaunch]]:
+    """Launch the profile's instances on every host (or on `hosts`, e.g. those a deploy changed)."""
+    targets = list(fleet.hosts if hosts is None else hosts)
+    plans = {h.name: plan_instances(h, pb.launch) for h in targets}
     lid = launch_id or new_op_id("l")
     t = float(timeout if timeout is not None else pb.launch.ready_timeout)
-    outs = fleet.run(lambda c: launch_host(c, pb, plans[c.host.name], launch_id=lid, replace=replace, timeout=t))
+    outs = fleet.run(lambda c: launch_host(c, pb, plans[c.host.name], launch_id=lid, replace=replace, timeout=t),
+                     targets)
     results = []
-    for o, h in zip(outs, fleet.hosts, strict=True):
+    for o, h in zip(outs, targets, strict=True):
         if o.ok:
             r: HostLaunch = o.data
         else:
