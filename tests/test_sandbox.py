@@ -138,6 +138,7 @@ def test_cli_refuses_foreign_dirs(tmp_path: Path) -> None:
     (tmp_path / "notes.txt").write_text("mine\n")
     r = cli("sandbox", "up", "--dir", str(tmp_path))
     assert r.returncode == 2 and "not empty and not a sandbox" in r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]  # untouched, no lock file left
     assert (tmp_path / "notes.txt").read_text() == "mine\n"
     spaced = tmp_path / "a dir"
     r = cli("sandbox", "up", "--dir", str(spaced))

@@ -561,6 +561,24 @@ def _recorded_hosts(d: Path) -> list[SandboxHost]:
     return found
 
 
+def _is_sandbox_dir(d: Path) -> bool:
+    return (d / META).exists() or (d / "hosts").is_dir() or (d / JUMP / "sshd_config").exists()
+
+
+def _refuse_foreign(d: Path) -> None:
+    """Refuse a --dir that exists and holds anything but a (stopped) sandbox: it is never wiped."""
+    if not d.exists():
+        return
+    if not d.is_dir():
+        raise InputError(f"{d}: not a directory", hint="give an empty or new --dir")
+    if _is_sandbox_dir(d):
+        return
+    leftovers = sorted(p.name for p in d.iterdir() if p.name != LOCK)
+    if leftovers:
+        raise InputError(f"{d}: not empty and not a sandbox ({', '.join(leftovers[:3])}"
+                         f"{', ...' if len(leftovers) > 3 else ''})", hint="give an empty or new --dir")
+
+
 def _running(d: Path) -> list[str]:
     out = [f"{h.name} sshd pid {h.pid}" for h in _recorded_hosts(d) if h.alive]
     out += [f"pid {p}" for p in sorted(procs.marked(d))]
@@ -603,23 +621,20 @@ def up(
     if not sys.executable:
         raise FleetctlError("cannot tell this Python's interpreter path (sys.executable is empty)")
 
+    _refuse_foreign(d)
     with _locked(d):
         running = _running(d)
         if running:
             raise InputError(f"{d}: a sandbox is running here ({len(running)} process(es): {running[0]}, ...)",
                              hint=f"run 'fleetctl sandbox down --dir {d}' first")
-        if (d / META).exists() or (d / "hosts").exists():
+        if _is_sandbox_dir(d):
             for name in MANAGED:
                 p = d / name
                 if p.is_dir():
                     shutil.rmtree(p)
                 elif p.exists():
                     p.unlink()
-        leftovers = sorted(p.name for p in d.iterdir() if p.name != LOCK)
-        if leftovers:
-            raise InputError(f"{d}: not empty and not a sandbox ({', '.join(leftovers[:3])}"
-                             f"{', ...' if len(leftovers) > 3 else ''})",
-                             hint="give an empty or new --dir")
+        _refuse_foreign(d)
         try:
             return _up(d, names, versions, gpus, busy, binary, say, t0)
         except BaseException:
@@ -831,7 +846,7 @@ def down(dir: Path | str, timeout: float = 5.0, purge: bool = False, missing_ok:
     Idempotent. `purge` then removes the dir. `missing_ok`: no dir is not an error.
     """
     d = _abs_dir(dir)
-    if not d.exists() or not ((d / META).exists() or (d / "hosts").exists() or (d / JUMP).exists()):
+    if not d.is_dir() or not _is_sandbox_dir(d):
         if missing_ok:
             return DownReport(dir=d, stopped=[], survivors=[])
         raise InputError(f"{d}: no sandbox here", hint="give the --dir used with 'fleetctl sandbox up'")
