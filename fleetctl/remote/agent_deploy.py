@@ -15,6 +15,7 @@ import base64
 import hashlib
 import json
 import os
+import re
 import signal
 import socket
 import stat
@@ -344,12 +345,49 @@ def _restore_files(state_dir, m, entries, force=False, forced_dir=None, p=None):
     return results
 
 
+TEMP_RE = re.compile(r"^\.(?P<base>.+)\.fleetctl(?:-restore)?\.(?P<pid>\d+)\.tmp$")
+
+
+def sweep_temp(pkg_dir, rels):
+    """Remove the temp files `replace_file` left beside these targets when its process was killed
+    between creating and renaming them (their pid is gone). Returns the paths removed."""
+    removed = []
+    by_dir = {}
+    for rel in rels:
+        by_dir.setdefault(os.path.dirname(os.path.join(pkg_dir, rel)), set()).add(os.path.basename(rel))
+    for d, bases in sorted(by_dir.items()):
+        try:
+            names = os.listdir(d)
+        except OSError:
+            continue
+        for name in names:
+            mt = TEMP_RE.match(name)
+            if not mt or mt.group("base") not in bases:
+                continue
+            pid = int(mt.group("pid"))
+            if pid != os.getpid() and _pid_alive(pid):
+                continue
+            try:
+                os.unlink(os.path.join(d, name))
+                removed.append(os.path.relpath(os.path.join(d, name), pkg_dir))
+            except OSError:
+                pass
+        if removed:
+            fsync_dir(d)
+    return removed
+
+
 def recover_interrupted(state_dir):
-    """Undo every deploy that was cut off half-way, so the host is all-original again."""
+    """Undo every deploy that was cut off half-way, so the host is all-original again (and remove
+    the temp files a killed agent left in the package dir)."""
     notes = []
     for m in list_manifests(state_dir):
         if m.get("state") not in OPEN_STATES:
             continue
+        gone = sweep_temp(m["package_dir"], [f["path"] for f in m.get("files", [])])
+        if gone:
+            notes.append("removed %d temp file(s) left by the interrupted %s: %s"
+                         % (len(gone), m["id"], ", ".join(gone)))
         entries = [f for f in m.get("files", []) if f.get("backed_up")]
         res = _restore_files(state_dir, m, entries)
         bad = [r for r in res if r["action"] == "refused"]
