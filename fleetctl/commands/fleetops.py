@@ -161,9 +161,11 @@ def register(app: typer.Typer) -> None:
             ledger.finish(op_id, "failed" if failed else "ok", [r.to_json() for r in rows])
             ledger.close()
             elapsed = ctx.elapsed()
-            changed = sum(1 for r in rows if r.status == "changed")
-            summary = (f"deploy {op_id}: {len(rows)} hosts: {changed} changed, "
-                       f"{sum(1 for r in rows if r.status == 'unchanged')} unchanged, {len(failed)} failed in {elapsed:.2f}s")
+            counts = {st: sum(1 for r in rows if r.status == st)
+                      for st in ("changed", "unchanged", "refused", "unreachable", "failed")}
+            summary = (f"deploy {op_id}: {len(rows)} hosts: "
+                       + ", ".join(f"{n} {st}" for st, n in counts.items() if n or st in ("changed", "failed"))
+                       + f" in {elapsed:.2f}s")
             if json_out:
                 emit_json({"command": "deploy", "deploy_id": op_id, "plan": plan.to_json(),
                            "results": [r.to_json() for r in rows], "summary": summary, "elapsed": round(elapsed, 3)})
