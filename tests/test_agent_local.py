@@ -138,3 +138,59 @@ def test_agent_protocol_over_stdin(tmp_path: Path, pkg: Path) -> None:
     r = run_agent_subprocess({"action": "nope"})
     doc = json.loads(r.stdout)
     assert not doc["ok"] and doc["kind"] == "bad_input"
+
+
+def _tree(root: Path, version: str) -> Path:
+    pkg = root / "sglang"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "_version.py").write_text(f"__version__ = version = '{version}'\n")
+    return pkg
+
+
+def test_locate_installed_wheel_with_torch_requirement(tmp_path: Path) -> None:
+    from fleetctl.remote.agent import locate_sglang
+
+    site = tmp_path / "site-packages"
+    pkg = _tree(site, "0.5.9")
+    dist = site / "sglang-0.5.9.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: sglang\nVersion: 0.5.9\n"
+                                   "Requires-Dist: torch_memory_saver==0.0.9\nRequires-Dist: torch==2.9.1\n\nbody\n")
+    res = locate_sglang(str(pkg))
+    assert (res["version"], res["install"], res["torch_requires"]) == ("0.5.9", "wheel", ["torch==2.9.1"])
+
+
+def test_locate_editable_install(tmp_path: Path) -> None:
+    from fleetctl.remote.agent import locate_sglang
+
+    site = tmp_path / "site-packages"
+    pkg = _tree(site, "0.5.10.post1")
+    dist = site / "sglang-0.5.10.post1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Name: sglang\nVersion: 0.5.10.post1\n")
+    (dist / "direct_url.json").write_text(json.dumps({"url": "file:///src", "dir_info": {"editable": True}}))
+    assert locate_sglang(str(pkg))["install"] == "editable"
+
+
+def test_locate_git_checkout(tmp_path: Path) -> None:
+    """The origin story's layout: /root/sglang/python/sglang inside a git checkout."""
+    from fleetctl.remote.agent import locate_sglang
+
+    repo = tmp_path / "sglang"
+    (repo / ".git").mkdir(parents=True)
+    pkg = _tree(repo / "python", "0.5.9")
+    (repo / "python" / "pyproject.toml").write_text('dependencies = [\n  "torch==2.9.1",\n  "numpy",\n]\n')
+    res = locate_sglang(str(pkg))
+    assert res["install"] == "git checkout" and res["checkout"] == str(repo)
+    assert res["torch_requires"] == ["torch==2.9.1"] and res["version"] == "0.5.9"
+
+
+def test_torch_check_verdicts() -> None:
+    from fleetctl.facts import check_torch
+
+    assert check_torch("2.9.1+cu128", ["torch==2.9.1"]).satisfied is True
+    assert check_torch("2.8.0", ["torch==2.9.1"]).satisfied is False
+    assert check_torch(None, ["torch==2.9.1"]).satisfied is False
+    assert check_torch("2.9.1", []).satisfied is None
+    assert check_torch("2.9.1", ['torch>=2.5; extra == "dev"']).satisfied is None
