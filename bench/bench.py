@@ -1,0 +1,572 @@
+"""fleetctl against ansible-core, pyinfra and a lean paramiko push, on one sandbox fleet.
+
+Run it through `bash bench/run.sh` (which makes the tools' virtualenvs); directly:
+
+    python bench/bench.py --sizes 8,32,64 --runs 3 [--tools fleetctl,lean,pyinfra,ansible,ansible-default]
+
+One sandbox of max(--sizes) real sshd hosts (mixed SGLang versions) is built once; size N uses its
+first N hosts (the other listeners sit idle). Before every timed deploy the N hosts are reset to
+pristine (the target files copied back from the wheel trees, backups/temp files and fleetctl's
+state dir removed). Tools run in a rotating order from run to run. Each tool process is timed for
+wall seconds, and its CPU seconds and peak RSS come from its own rusage (wait4); for ansible the
+ControlPersist ssh masters it leaves behind are reaped here and their CPU is added.
+
+Output (--out, default bench/results): results.json (every run and the medians), results.md.
+The PNG is drawn by bench/plot.py (matplotlib, in the tools venv).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import os
+import platform
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+BENCH = Path(__file__).resolve().parent
+REPO = BENCH.parent
+PLAYBOOK = REPO / "playbooks" / "dynamic-spec-disable"
+VENVS = BENCH / ".venvs"
+ALL_TOOLS = ("fleetctl", "lean", "pyinfra", "ansible", "ansible-default")
+
+
+def say(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def sha256(b: bytes) -> str:
+    return hashlib.sha256(b).hexdigest()
+
+
+# ---- measuring one tool process ------------------------------------------------------------
+
+def measure(argv: list[str], *, env: dict[str, str], cwd: Path, log: Path) -> dict[str, Any]:
+    """Run argv under bench/launch.py: wall seconds, CPU seconds (user+sys of the tool and its
+    reaped descendants, including processes it left behind), peak RSS of the tool's processes."""
+    fd, res = tempfile.mkstemp(prefix="bench-rusage-", suffix=".json")
+    os.close(fd)
+    try:
+        with open(log, "ab") as fh:
+            fh.write(("\n$ " + " ".join(argv) + "\n").encode())
+            fh.flush()
+            subprocess.run([sys.executable, "-S", str(BENCH / "launch.py"), res, "--", *argv], stdout=fh,
+                           stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=cwd, check=True)
+        r = json.loads(Path(res).read_text())
+    finally:
+        os.unlink(res)
+    m = {"wall": round(r["wall"], 3), "cpu": round(r["cpu"], 3), "maxrss_mb": round(r["maxrss_kb"] / 1024, 1),
+         "rc": r["rc"]}
+    if r["orphans_reaped"]:
+        m["orphans_reaped"] = r["orphans_reaped"]
+    return m
+
+
+# ---- the job ---------------------------------------------------------------------------------
+
+class Job:
+    """The intended files per SGLang version (from the playbook, via fleetctl's own payload code),
+    written to disk for the other tools, and the pristine bytes to reset hosts with."""
+
+    def __init__(self, work: Path, versions: list[str]) -> None:
+        from fleetctl import wheels
+        from fleetctl.config.playbook import load_playbook
+        from fleetctl.payload import intended_for
+
+        pb = load_playbook(PLAYBOOK)
+        self.files: dict[str, list[dict[str, str]]] = {}
+        self.pristine: dict[str, dict[str, bytes]] = {}
+        self.pristine_names: dict[str, dict[str, set[str]]] = {}
+        for v in versions:
+            it = intended_for(pb, v)
+            if it is None:
+                raise SystemExit(f"playbook {PLAYBOOK} has no patch set for SGLang {v}")
+            tree = wheels.extracted(v) / "sglang"
+            self.files[v] = []
+            self.pristine[v] = {}
+            self.pristine_names[v] = {}
+            for rel, item in sorted(it.items()):
+                src = work / "payload" / v / rel
+                src.parent.mkdir(parents=True, exist_ok=True)
+                src.write_bytes(item.data)
+                self.files[v].append({"rel": rel, "src": str(src), "sha256": item.sha_intended,
+                                      "sha1": hashlib.sha1(item.data).hexdigest()})
+                self.pristine[v][rel] = (tree / rel).read_bytes()
+                d = str(Path(rel).parent)
+                self.pristine_names[v].setdefault(d, {p.name for p in (tree / d).iterdir()})
+
+
+def reset_host(job: Job, h: Any) -> None:
+    """Put a sandbox host back to pristine: target files, no backups/temps beside them, empty state dir."""
+    v = h.version
+    for rel, data in job.pristine[v].items():
+        p = h.sglang_dir / rel
+        tmp = p.with_name(p.name + ".bench-reset")
+        tmp.write_bytes(data)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, p)
+    for d, names in job.pristine_names[v].items():
+        for p in (h.sglang_dir / d).iterdir():
+            if p.name not in names:
+                if p.is_dir() and not p.is_symlink():
+                    shutil.rmtree(p)
+                else:
+                    p.unlink()
+    if h.state_dir.exists():
+        for p in h.state_dir.iterdir():
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p)
+            else:
+                p.unlink()
+
+
+def check_hosts(job: Job, hosts: list[Any], want: str, backup: str | None) -> tuple[int, list[str]]:
+    """How many hosts hold exactly the intended (or pristine) bytes, and a backup where asked."""
+    ok, bad = 0, []
+    for h in hosts:
+        v = h.version
+        problems = []
+        for f in job.files[v]:
+            p = h.sglang_dir / f["rel"]
+            got = sha256(p.read_bytes()) if p.exists() else None
+            exp = f["sha256"] if want == "intended" else sha256(job.pristine[v][f["rel"]])
+            if got != exp:
+                problems.append(f"{f['rel']} not {want}")
+                continue
+            if backup == "fleetctl":
+                if not list(h.state_dir.glob(f"deploys/*/backup/{f['rel']}")):
+                    problems.append(f"{f['rel']}: no backup")
+            elif backup == "ansible":
+                if not list(p.parent.glob(p.name + ".*~")):
+                    problems.append(f"{f['rel']}: no backup")
+            elif backup == "bak":
+                b = p.with_name(p.name + ".bench-bak")
+                if not b.exists() or b.read_bytes() != job.pristine[v][f["rel"]]:
+                    problems.append(f"{f['rel']}: no backup")
+        if problems:
+            bad.append(f"{h.name}: {'; '.join(problems)}")
+        else:
+            ok += 1
+    return ok, bad
+
+
+# ---- per-tool inputs -------------------------------------------------------------------------
+
+def free_ports(n: int) -> list[int]:
+    socks = []
+    for _ in range(n):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        socks.append(s)
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+class Inputs:
+    """Inventories and job files for size N (the sandbox's first N hosts)."""
+
+    def __init__(self, sb: Any, job: Job, hosts: list[Any], d: Path, ctl_dir: Path) -> None:
+        d.mkdir(parents=True, exist_ok=True)
+        self.dir = d
+        n = len(hosts)
+        key, kh = str(sb.client_key), str(sb.known_hosts_path)
+        import pwd
+
+        user = pwd.getpwuid(os.getuid()).pw_name
+
+        # fleetctl: the sandbox inventory, first N hosts, absolute paths, a free server port each
+        doc = yaml.safe_load(sb.inventory_path.read_text())
+        base = sb.inventory_path.parent
+        doc["ssh_config"] = str(base / doc["ssh_config"])
+        for k in ("identity_file", "known_hosts"):
+            doc["defaults"][k] = str(base / doc["defaults"][k])
+        names = [h.name for h in hosts]
+        doc["hosts"] = {name: doc["hosts"][name] for name in names}
+        for name, port in zip(names, free_ports(n), strict=True):
+            doc["hosts"][name]["flags"] = {"--port": port}
+        self.fleetctl_inv = d / "fleetctl-inventory.yaml"
+        self.fleetctl_inv.write_text(yaml.safe_dump(doc, sort_keys=False))
+
+        # lean paramiko push
+        self.lean_job = d / "lean-job.json"
+        self.lean_job.write_text(json.dumps({
+            "workers": n, "key": key, "known_hosts": kh, "user": user,
+            "hosts": [{"name": h.name, "port": h.port,
+                       "files": [{"src": f["src"], "dest": str(h.sglang_dir / f["rel"]), "sha256": f["sha256"]}
+                                 for f in job.files[h.version]]} for h in hosts]}, indent=1))
+
+        # pyinfra: a Python inventory with the connection and the job as host data
+        lines = [f"# generated by bench/bench.py: the sandbox's first {n} hosts", "hosts = ["]
+        for h in hosts:
+            data = {"ssh_hostname": "127.0.0.1", "ssh_port": h.port, "ssh_user": user, "ssh_key": key,
+                    "ssh_known_hosts_file": kh, "ssh_strict_host_key_checking": "yes",
+                    "bench_files": [{"rel": f["rel"], "src": f["src"], "dest": str(h.sglang_dir / f["rel"]),
+                                     "sha256": f["sha256"]} for f in job.files[h.version]]}
+            lines.append(f"    ({h.name!r}, {data!r}),")
+        lines.append("]")
+        self.pyinfra_inv = d / "pyinfra_inventory.py"
+        self.pyinfra_inv.write_text("\n".join(lines) + "\n")
+
+        # ansible: INI inventory, vars file, a tuned and a default ansible.cfg
+        common = f"-o UserKnownHostsFile={kh} -o StrictHostKeyChecking=yes -o IdentitiesOnly=yes"
+        inv = ["[sandbox]"]
+        for h in hosts:
+            inv.append(f"{h.name} ansible_host=127.0.0.1 ansible_port={h.port} ansible_user={user} "
+                       f"ansible_ssh_private_key_file={key} ansible_python_interpreter={h.python} "
+                       f"sgl_dir={h.sglang_dir} sgl_version={h.version}")
+        inv += ["", "[sandbox:vars]", f"ansible_ssh_common_args='{common}'"]
+        self.ansible_inv = d / "ansible-inventory.ini"
+        self.ansible_inv.write_text("\n".join(inv) + "\n")
+        self.ansible_vars = d / "ansible-vars.json"
+        self.ansible_vars.write_text(json.dumps({"bench_files": job.files}))
+        remote_tmp = d / "ansible-remote-tmp"
+        cfg_common = ("[defaults]\nhost_key_checking = True\nretry_files_enabled = False\n"
+                      f"local_tmp = {d / 'ansible-local-tmp'}\nremote_tmp = {remote_tmp}\n"
+                      "interpreter_python = auto_silent\n")
+        self.ansible_cfg = {
+            "ansible": d / "ansible-tuned.cfg",
+            "ansible-default": d / "ansible-default.cfg",
+        }
+        self.ansible_cfg["ansible"].write_text(
+            cfg_common + f"forks = {n}\n\n[ssh_connection]\npipelining = True\n"
+            "ssh_args = -o ControlMaster=auto -o ControlPersist=60s\n"
+            f"control_path_dir = {ctl_dir}\ncontrol_path = %(directory)s/%%C\n")
+        self.ansible_cfg["ansible-default"].write_text(
+            cfg_common + f"\n[ssh_connection]\ncontrol_path_dir = {ctl_dir}\ncontrol_path = %(directory)s/%%C\n")
+
+
+# ---- running the tools ----------------------------------------------------------------------
+
+class Runner:
+    def __init__(self, args: argparse.Namespace, work: Path, sb: Any, job: Job) -> None:
+        self.args = args
+        self.work = work
+        self.sb = sb
+        self.job = job
+        self.log = work / "tools.log"
+        self.env = dict(os.environ)
+        self.env["FLEETCTL_STATE_DIR"] = str(work / "fleetctl-ledger")
+        self.env["NO_COLOR"] = "1"
+        self.env.pop("PYTHONPATH", None)
+
+    def _ok(self, m: dict[str, Any], hosts: list[Any], want: str, backup: str | None) -> dict[str, Any]:
+        good, bad = check_hosts(self.job, hosts, want, backup)
+        m["hosts_correct"] = good
+        if bad:
+            m["problems"] = bad[:5]
+            say(f"  ! {len(bad)} host(s) not {want}: {bad[0]}")
+        return m
+
+    def fleetctl(self, inp: Inputs, hosts: list[Any], first_run: bool) -> dict[str, Any]:
+        n = len(hosts)
+        base = [sys.executable, "-m", "fleetctl"]
+        inv = ["-i", str(inp.fleetctl_inv), "-f", str(n), "--json"]
+        pb = str(PLAYBOOK)
+        out: dict[str, Any] = {}
+
+        def run(op: str, argv: list[str], want: str | None, backup: str | None = None) -> None:
+            m = measure(argv, env=self.env, cwd=self.work, log=self.log)
+            if want:
+                self._ok(m, hosts, want, backup)
+            out[op] = m
+
+        run("check", [*base, "deploy", pb, *inv, "--check"], "pristine")
+        run("deploy", [*base, "deploy", pb, *inv], "intended", "fleetctl")
+        run("noop", [*base, "deploy", pb, *inv], "intended", "fleetctl")
+        if first_run and n <= self.args.verify_logs_max:
+            run("launch", [*base, "launch", pb, *inv], None)
+            run("verify-logs", [*base, "verify-logs", pb, *inv], None)
+            run("stop", [*base, "stop", pb, *inv], None)
+        run("rollback", [*base, "rollback", *inv], "pristine")
+        return out
+
+    def lean(self, inp: Inputs, hosts: list[Any], first_run: bool) -> dict[str, Any]:
+        argv = [self.args.lean_python, str(BENCH / "lean_push.py"), str(inp.lean_job)]
+        out = {}
+        for op in ("deploy", "noop"):
+            out[op] = self._ok(measure(argv, env=self.env, cwd=self.work, log=self.log), hosts, "intended", "bak")
+        return out
+
+    def pyinfra(self, inp: Inputs, hosts: list[Any], first_run: bool) -> dict[str, Any]:
+        argv = [str(VENVS / "pyinfra" / "bin" / "pyinfra"), str(inp.pyinfra_inv), str(BENCH / "pyinfra_deploy.py"),
+                "-y", "--parallel", str(len(hosts))]
+        out = {}
+        for op in ("deploy", "noop"):
+            out[op] = self._ok(measure(argv, env=self.env, cwd=inp.dir, log=self.log), hosts, "intended", "bak")
+        return out
+
+    def ansible(self, inp: Inputs, hosts: list[Any], first_run: bool, variant: str = "ansible") -> dict[str, Any]:
+        env = dict(self.env)
+        env["ANSIBLE_CONFIG"] = str(inp.ansible_cfg[variant])
+        env["ANSIBLE_HOME"] = str(self.work / "ansible-home")
+        env["ANSIBLE_NOCOLOR"] = "1"
+        argv = [str(VENVS / "ansible" / "bin" / "ansible-playbook"), "-i", str(inp.ansible_inv),
+                str(BENCH / "ansible" / "deploy.yml"), "-e", f"@{inp.ansible_vars}"]
+        out = {}
+        for op in ("deploy", "noop"):
+            m = measure(argv, env=env, cwd=inp.dir, log=self.log)
+            out[op] = self._ok(m, hosts, "intended", "ansible")
+        return out
+
+    def runs_for(self, tool: str, n: int) -> int:
+        if tool == "ansible":
+            if n > self.args.ansible_max:
+                return 0
+            return self.args.runs if n <= 8 else min(self.args.runs, self.args.slow_runs)
+        if tool == "ansible-default":
+            return min(self.args.runs, self.args.slow_runs) if n <= self.args.ansible_default_max else 0
+        return self.args.runs
+
+    def size(self, n: int) -> dict[str, Any]:
+        hosts = list(self.sb.hosts.values())[:n]
+        inp = Inputs(self.sb, self.job, hosts, self.work / f"n{n}", self.ctl_dir)
+        tools = [t for t in self.args.tools if self.runs_for(t, n) > 0]
+        runs: dict[str, list[dict[str, Any]]] = {t: [] for t in tools}
+        for r in range(self.args.runs):
+            order = tools[r % len(tools):] + tools[:r % len(tools)] if tools else []
+            if r % 2:
+                order = order[::-1]
+            for tool in order:
+                if r >= self.runs_for(tool, n):
+                    continue
+                for h in hosts:
+                    reset_host(self.job, h)
+                say(f"N={n} run {r + 1}/{self.args.runs}: {tool}")
+                if tool.startswith("ansible"):
+                    res = self.ansible(inp, hosts, r == 0, tool)
+                else:
+                    res = getattr(self, tool)(inp, hosts, r == 0)
+                say("  " + ", ".join(f"{op} {m['wall']:.2f}s/{m['cpu']:.2f}cpu"
+                                     + (f" {m.get('hosts_correct')}/{n} ok" if "hosts_correct" in m else "")
+                                     + (f" rc={m['rc']}" if m["rc"] else "") for op, m in res.items()))
+                runs[tool].append(res)
+        for h in hosts:
+            reset_host(self.job, h)
+        return {"n": n, "tools": {t: summarize(rs) for t, rs in runs.items()}}
+
+
+def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    ops: dict[str, Any] = {}
+    for res in runs:
+        for op, m in res.items():
+            ops.setdefault(op, {"runs": []})["runs"].append(m)
+    for d in ops.values():
+        rs = d["runs"]
+        d["median"] = {k: round(statistics.median(r[k] for r in rs), 3) for k in ("wall", "cpu", "maxrss_mb")}
+        d["all_rc0"] = all(r["rc"] == 0 for r in rs)
+        if any("hosts_correct" in r for r in rs):
+            d["hosts_correct_min"] = min(r.get("hosts_correct", 0) for r in rs)
+    return ops
+
+
+# ---- report ----------------------------------------------------------------------------------
+
+LABELS = {"fleetctl": "fleetctl", "lean": "lean paramiko", "pyinfra": "pyinfra",
+          "ansible": "ansible-core (tuned)", "ansible-default": "ansible-core (defaults)"}
+
+
+def ratios(sz: dict[str, Any]) -> dict[str, Any]:
+    t = sz["tools"]
+    out: dict[str, Any] = {}
+    if "fleetctl" not in t:
+        return out
+    for other in t:
+        if other == "fleetctl":
+            continue
+        for op in ("deploy", "noop"):
+            a, b = t["fleetctl"].get(op), t[other].get(op)
+            if a and b and b["median"]["wall"] > 0:
+                out[f"fleetctl/{other} {op}"] = round(a["median"]["wall"] / b["median"]["wall"], 3)
+    return out
+
+
+def targets(sizes: dict[str, Any]) -> list[str]:
+    lines = []
+    s64 = sizes.get("64")
+    if s64:
+        r = s64.get("ratios", {})
+
+        def line(key: str, goal: float, text: str) -> None:
+            if key not in r:
+                lines.append(f"- {text}: not measured")
+                return
+            v = r[key]
+            ok = v <= goal
+            lines.append(f"- {text}: {v:.2f} ({'met' if ok else 'NOT met'})")
+
+        line("fleetctl/lean deploy", 1.5, "N=64 full deploy within 1.5x of the lean push (fleetctl/lean)")
+        line("fleetctl/pyinfra deploy", 0.5, "N=64 >= 2x faster than pyinfra (fleetctl/pyinfra <= 0.5)")
+        line("fleetctl/ansible deploy", 0.05, "N=64 >= 20x faster than tuned ansible-core (fleetctl/ansible <= 0.05)")
+        line("fleetctl/lean noop", 1.2, "N=64 no-op re-deploy within 1.2x of the lean no-op (fleetctl/lean noop)")
+    s256 = sizes.get("256")
+    if s256 and "fleetctl" in s256["tools"]:
+        d = s256["tools"]["fleetctl"].get("deploy", {})
+        ok = d.get("all_rc0") and d.get("hosts_correct_min") == 256
+        lines.append(f"- N=256 completes with every host correct: {'met' if ok else 'NOT met'} "
+                     f"(fleetctl deploy rc0={d.get('all_rc0')}, hosts correct {d.get('hosts_correct_min')}/256)")
+    return lines
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    m = doc["meta"]
+    out = ["# fleetctl bench results", "",
+           f"Generated {m['date']} on {m['machine']} ({m['cpus']} CPUs). SGLang versions {', '.join(m['versions'])}; "
+           f"playbook `{m['playbook']}`. Tools: " + ", ".join(f"{k} {v}" for k, v in m["tool_versions"].items()) + ".",
+           "",
+           "**One machine:** the sshd hosts and their Pythons share the controller's CPUs, so wall time "
+           "includes the hosts' work; CPU and memory columns are the controller process only "
+           "(rusage of the tool process and its reaped children; ansible's ControlPersist ssh masters are "
+           "reaped and counted).", ""]
+    if m.get("note"):
+        out += [m["note"], ""]
+    out += ["Medians over runs (`runs` column). wall/CPU in seconds, RSS in MB.", "",
+            "| N | tool | op | runs | wall s | CPU s | max RSS MB | hosts correct |",
+            "|---:|---|---|---:|---:|---:|---:|---:|"]
+    for n in sorted(doc["sizes"], key=int):
+        sz = doc["sizes"][n]
+        for tool, ops in sz["tools"].items():
+            for op, d in ops.items():
+                md = d["median"]
+                hc = d.get("hosts_correct_min")
+                out.append(f"| {n} | {LABELS.get(tool, tool)} | {op} | {len(d['runs'])} | {md['wall']:.2f} | "
+                           f"{md['cpu']:.2f} | {md['maxrss_mb']:.0f} | "
+                           f"{'' if hc is None else f'{hc}/{n}'}{'' if d['all_rc0'] else ' (rc!=0)'} |")
+    out += ["", "## Ratios (fleetctl wall / other tool wall, medians; < 1 means fleetctl is faster)", "",
+            "| N | ratio | value |", "|---:|---|---:|"]
+    for n in sorted(doc["sizes"], key=int):
+        for k, v in doc["sizes"][n].get("ratios", {}).items():
+            out.append(f"| {n} | {k} | {v:.2f} |")
+    tl = targets(doc["sizes"])
+    if tl:
+        out += ["", "## Targets (a benchmark, not a test)", "", *tl]
+    out += ["", "![wall time vs N](results.png)", ""]
+    return "\n".join(out)
+
+
+def tool_versions(tools: list[str], lean_python: str) -> dict[str, str]:
+    v: dict[str, str] = {}
+
+    def q(argv: list[str]) -> str:
+        try:
+            p = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+            return (p.stdout or p.stderr).strip().splitlines()[0]
+        except (OSError, subprocess.SubprocessError, IndexError):
+            return "?"
+
+    import fleetctl
+
+    v["fleetctl"] = getattr(fleetctl, "__version__", "0.1.0")
+    if "lean" in tools:
+        v["paramiko"] = q([lean_python, "-c", "import paramiko; print(paramiko.__version__)"])
+    if "pyinfra" in tools:
+        v["pyinfra"] = q([str(VENVS / "pyinfra" / "bin" / "pyinfra"), "--version"]).replace("pyinfra: ", "")
+    if any(t.startswith("ansible") for t in tools):
+        v["ansible-core"] = q([str(VENVS / "ansible" / "bin" / "python"), "-c",
+                               "import ansible.release as r; print(r.__version__)"])
+    return v
+
+
+@contextlib.contextmanager
+def sandbox(work: Path, n: int, versions: list[str], gpus: int) -> Iterator[Any]:
+    from fleetctl.sandbox import fleet
+
+    d = work / "sandbox"
+    try:
+        t0 = time.monotonic()
+        say(f"building a sandbox of {n} hosts ({', '.join(versions)}) in {d}")
+        sb = fleet.up(d, hosts=n, versions=versions, gpus=gpus)
+        say(f"sandbox up in {time.monotonic() - t0:.0f}s")
+        yield sb
+    finally:
+        rep = fleet.down(d, missing_ok=True)
+        say(f"sandbox down: {len(rep.stopped)} process(es) stopped, {len(rep.survivors)} survivor(s)")
+        if rep.survivors:
+            raise SystemExit(f"sandbox processes outlived SIGKILL: {rep.survivors}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="8,32,64,128,256")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--tools", default=",".join(ALL_TOOLS))
+    ap.add_argument("--versions", default="0.5.9,0.5.14")
+    ap.add_argument("--gpus", type=int, default=1, help="GPUs per sandbox host (stand-in; launch runs one rank each)")
+    ap.add_argument("--ansible-max", type=int, default=64, help="largest N for tuned ansible-core")
+    ap.add_argument("--ansible-default-max", type=int, default=8, help="largest N for ansible-core with its defaults")
+    ap.add_argument("--slow-runs", type=int, default=1,
+                    help="runs for ansible-core above N=8 (and for its defaults at any N): it takes minutes")
+    ap.add_argument("--verify-logs-max", type=int, default=64,
+                    help="largest N where fleetctl launch/verify-logs/stop are timed (first run only)")
+    ap.add_argument("--lean-python", default=str(VENVS / "lean" / "bin" / "python"))
+    ap.add_argument("--out", default=str(BENCH / "results"))
+    ap.add_argument("--work", default=None, help="scratch dir (default: a new temp dir, removed after)")
+    ap.add_argument("--fresh", action="store_true", help="do not merge into an existing results.json")
+    ap.add_argument("--note", default="", help="a line for the report (e.g. what else ran on the machine)")
+    args = ap.parse_args(argv)
+    args.tools = [t.strip() for t in args.tools.split(",") if t.strip()]
+    unknown = [t for t in args.tools if t not in ALL_TOOLS]
+    if unknown:
+        ap.error(f"unknown tool(s) {unknown}; known: {', '.join(ALL_TOOLS)}")
+    sizes = sorted({int(s) for s in args.sizes.split(",") if s.strip()})
+    versions = [v.strip() for v in args.versions.split(",") if v.strip()]
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    results = out_dir / "results.json"
+    doc: dict[str, Any] = {"sizes": {}}
+    if results.exists() and not args.fresh:
+        doc = json.loads(results.read_text())
+
+    own_work = args.work is None
+    work = Path(args.work or tempfile.mkdtemp(prefix="fleetctl-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    ctl_dir = Path(tempfile.mkdtemp(prefix="bcp-", dir="/tmp"))  # short: ssh ControlPath sockets
+    try:
+        job = Job(work, versions)
+        with sandbox(work, max(sizes), versions, args.gpus) as sb:
+            runner = Runner(args, work, sb, job)
+            runner.ctl_dir = ctl_dir
+            for n in sizes:
+                sz = runner.size(n)
+                sz["ratios"] = ratios(sz)
+                sz["date"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+                doc["sizes"][str(n)] = sz
+                doc["meta"] = {
+                    "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                    "machine": f"{platform.system()} {platform.machine()}, Python {platform.python_version()}",
+                    "cpus": os.cpu_count(),
+                    "mem_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+                    "versions": versions,
+                    "playbook": str(PLAYBOOK.relative_to(REPO)),
+                    "tool_versions": tool_versions(args.tools, args.lean_python),
+                    "note": args.note or doc.get("meta", {}).get("note", ""),
+                    "sandbox_hosts": max(sizes),
+                    "order": "rotating per run, reversed on odd runs; hosts reset to pristine before each tool",
+                }
+                tmp = results.with_suffix(".json.tmp")
+                tmp.write_text(json.dumps(doc, indent=1) + "\n")
+                os.replace(tmp, results)
+                (out_dir / "results.md").write_text(markdown(doc))
+                say(f"N={n} done; ratios {sz['ratios']}")
+    finally:
+        shutil.rmtree(ctl_dir, ignore_errors=True)
+        if own_work:
+            shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
