@@ -2,11 +2,17 @@
 
 Every sandbox a fixture starts is taken down by a finalizer registered BEFORE it is started, so its
 sshd processes (and anything their sessions left running) are stopped even when `up` or a test fails.
+
+Sandboxes live in pytest's tmp dirs (kept for post-mortems like any tmp_path). Building one is
+dominated by creating the SGLang files (~2,000-3,200 per host); on a busy disk set
+FLEETCTL_TEST_SANDBOX_ROOT=/dev/shm to build them on tmpfs instead (removed at teardown there).
 """
 
 from __future__ import annotations
 
+import os
 import shutil
+import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -27,12 +33,26 @@ def require_sshd() -> None:
         pytest.skip("the OpenSSH client 'ssh' is missing: sandbox tests need it (apt-get install openssh-client)")
 
 
+ROOT_ENV = "FLEETCTL_TEST_SANDBOX_ROOT"
+
+
+def _new_dir(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
+    root = os.environ.get(ROOT_ENV)
+    if root:
+        return Path(tempfile.mkdtemp(prefix=f"fleetctl-{name}-", dir=root))
+    return tmp_path_factory.mktemp(name)
+
+
 def _down(d: Path) -> None:
     from fleetctl.sandbox import fleet
 
+    root = os.environ.get(ROOT_ENV)
+    purge = bool(root) and d.parent == Path(root)
     report = fleet.down(d, missing_ok=True)
     if report.survivors:
         raise RuntimeError(f"sandbox {d}: processes outlived SIGKILL: {report.survivors}")
+    if purge:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
@@ -45,7 +65,7 @@ def sandbox(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureReq
     require_sshd()
     from fleetctl.sandbox import fleet
 
-    d = tmp_path_factory.mktemp("sandbox")
+    d = _new_dir(tmp_path_factory, "sandbox")
     request.addfinalizer(lambda: _down(d))
     return fleet.up(d, hosts=3, versions=["0.5.9", "0.5.14"])
 
@@ -76,7 +96,7 @@ def fresh_sandbox(tmp_path_factory: pytest.TempPathFactory,
 
     def make(hosts: int = 1, versions: Iterable[str] = ("0.5.9",), gpus: int = 2,
              busy_gpus: Iterable[str] = ()) -> Sandbox:
-        d = tmp_path_factory.mktemp("fresh-sandbox")
+        d = _new_dir(tmp_path_factory, "fresh-sandbox")
         made.append(d)
         return fleet.up(d, hosts=hosts, versions=list(versions), gpus=gpus, busy_gpus=busy_gpus)
 
