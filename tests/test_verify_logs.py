@@ -107,7 +107,9 @@ def test_origin_story_wrong_file_then_full_playbook(sb: Any, tmp_path: Path,
     inv = make_inventory(sb, tmp_path / "inv.yaml", hosts=["h01", "h02"])
     # only eagle_worker_v2.py (+ server_args.py) patched on 0.5.9; SGLANG_ENABLE_SPEC_V2 unset
     ok(capsys, "deploy", "-i", inv, WRONG, "--limit", "h01", "--allow-uncovered")
-    ok(capsys, "launch", "-i", inv, WRONG, "--limit", "h01", "--timeout", "30")
+    launched = ok(capsys, "launch", "-i", inv, WRONG, "--limit", "h01", "--timeout", "30")
+    notes = " ".join(instances(launched)["h01"]["notes"])
+    assert "warning" in notes and "EAGLEWorker" in notes and "patches it: no" in notes
     t0 = time.monotonic()
     code, doc = cli(capsys, "verify-logs", "-i", inv, WRONG, "--limit", "h01")
     print(f"verify-logs (1 host, failing): {time.monotonic() - t0:.2f}s")

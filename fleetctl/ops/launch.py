@@ -9,6 +9,7 @@ from typing import Any
 
 from fleetctl.config.inventory import Host
 from fleetctl.config.playbook import Playbook
+from fleetctl.coverage import coverage
 from fleetctl.facts import HostFacts, read_facts
 from fleetctl.fleet import Fleet
 from fleetctl.instances import INHERIT_FROM_HOST, Instance, plan_instances
@@ -207,6 +208,12 @@ def launch_host(conn: HostConnection, pb: Playbook, plan: list[Instance], *, lau
         r = resolutions[inst.name]
         it.worker = {"class": r.worker_class, "file": r.worker_file,
                      "disable_overlap_schedule": r.disable_overlap_schedule, "reason": r.reason}
+        if pb.files_for(v) is not None:
+            cov = coverage(v, inst.flags, inst.env, pb)
+            if cov.refused:
+                it.notes.append(f"warning: {cov.refused}")
+        else:
+            it.notes.append(f"warning: the playbook has no patch set for SGLang {v}")
         payload = {
             "state_dir": h.state_dir, "instance": inst.name, "launch_id": launch_id, "argv": inst.argv, "by": who(),
             "public_argv": inst.public_argv, "env": inst.env, "public_env": inst.public_env,
