@@ -329,6 +329,8 @@ class Runner:
             return self.args.runs if n <= 8 else min(self.args.runs, self.args.slow_runs)
         if tool == "ansible-default":
             return min(self.args.runs, self.args.slow_runs) if n <= self.args.ansible_default_max else 0
+        if n > 128 and self.args.big_runs:
+            return min(self.args.runs, self.args.big_runs)
         return self.args.runs
 
     def size(self, n: int) -> dict[str, Any]:
@@ -509,6 +511,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ansible-default-max", type=int, default=8, help="largest N for ansible-core with its defaults")
     ap.add_argument("--slow-runs", type=int, default=1,
                     help="runs for ansible-core above N=8 (and for its defaults at any N): it takes minutes")
+    ap.add_argument("--big-runs", type=int, default=0, help="runs per tool above N=128 (default: --runs)")
     ap.add_argument("--verify-logs-max", type=int, default=64,
                     help="largest N where fleetctl launch/verify-logs/stop are timed (first run only)")
     ap.add_argument("--lean-python", default=str(VENVS / "lean" / "bin" / "python"))

@@ -1,0 +1,59 @@
+"""Smoke run of the bench (bench/run.sh --smoke): N=2, one run, fleetctl + the lean paramiko push.
+
+Keeps the bench working; asserts nothing about timing, only that every tool ran, exited 0 and left
+every host correct, and that the JSON and markdown were written. pyinfra and ansible-core need
+their own virtualenvs (pip installs, minutes), so they are off here unless BENCH_SMOKE_TOOLS names
+them, e.g. BENCH_SMOKE_TOOLS=fleetctl,lean,pyinfra,ansible.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+TOOLS = os.environ.get("BENCH_SMOKE_TOOLS", "fleetctl,lean")
+
+pytestmark = pytest.mark.fleet
+
+
+def test_bench_smoke(tmp_path: Path) -> None:
+    if not Path("/usr/sbin/sshd").exists():
+        pytest.skip("/usr/sbin/sshd is missing: the bench runs a sandbox fleet (apt-get install openssh-server)")
+    out = tmp_path / "results"
+    env = dict(os.environ)
+    env["FLEETCTL_PYTHON"] = sys.executable  # this venv has fleetctl
+    env["BENCH_LEAN_PYTHON"] = sys.executable  # and paramiko: no pip install for the lean push
+    env.pop("PYTHONPATH", None)
+    proc = subprocess.run(
+        ["bash", str(REPO / "bench" / "run.sh"), "--smoke", "--tools", TOOLS, "--out", str(out),
+         "--work", str(tmp_path / "work")],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+    doc = json.loads((out / "results.json").read_text())
+    assert (out / "results.md").exists()
+    size = doc["sizes"]["2"]
+    tools = [t.strip() for t in TOOLS.split(",")]
+    assert sorted(size["tools"]) == sorted(tools)
+    for tool in tools:
+        ops = size["tools"][tool]
+        assert {"deploy", "noop"} <= set(ops), (tool, ops)
+        for op, d in ops.items():
+            assert d["all_rc0"], (tool, op, d["runs"])
+            assert d["median"]["wall"] > 0 and d["median"]["maxrss_mb"] > 0
+            if "hosts_correct_min" in d:
+                assert d["hosts_correct_min"] == 2, (tool, op, d["runs"])
+    fl = size["tools"]["fleetctl"]
+    assert {"check", "deploy", "noop", "rollback"} <= set(fl)
+    assert fl["rollback"]["hosts_correct_min"] == 2  # back to pristine
+
+    # the bench took its sandbox down
+    from fleetctl.sandbox import fleet
+
+    assert not [s.name for s in fleet.status(tmp_path / "work" / "sandbox") if s.alive]
