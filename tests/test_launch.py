@@ -280,3 +280,40 @@ def test_refuses_interrupted_deploy_and_waits_for_no_lock(sb: Any, tmp_path: Pat
     it = doc["hosts"][0]["instances"][0]
     assert code == 1 and it["status"] == "failed" and "locked: deploy d-busy" in it["message"]
     assert srv.list_instances(str(sd)) == []
+
+
+# ----------------------------------------------------------------------------- the agent's server actions, locally
+
+
+def test_agent_server_actions_locally(tmp_path: Path) -> None:
+    import sys
+
+    sd = str(tmp_path / "state")
+    (tmp_path / "state").mkdir()
+    script = f'import sys,time; print("{READY_LINE}", file=sys.stderr, flush=True); time.sleep(60)'
+    base = {"state_dir": sd, "instance": "port-1", "env": {"A": "1"}, "public_env": {"A": "1"},
+            "package_dir": str(tmp_path), "hash_files": ["nope.py"]}
+    try:
+        rec = srv.action_server_start({**base, "launch_id": "l1", "argv": [sys.executable, "-c", script]})
+        assert rec["pid"] and rec["state"] == "started" and rec["worker_hashes"] == {"nope.py": None}
+        w = srv.action_server_wait({"state_dir": sd, "instances": ["port-1"], "ready_line": READY_LINE,
+                                    "forbidden": ["Traceback"], "timeout": 20})
+        assert w["port-1"]["status"] == "ready" and w["port-1"]["running"]
+        with pytest.raises(srv.AgentError, match="already running"):
+            srv.action_server_start({**base, "launch_id": "l2", "argv": [sys.executable, "-c", script]})
+        st = srv.action_server_status({"state_dir": sd})
+        assert [i["running"] for i in st["instances"]] == [True]
+        stopped = srv.action_server_stop({"state_dir": sd, "instances": ["port-1"], "timeout": 5})
+        assert stopped[0]["action"] == "stopped" and stopped[0]["how"] == "SIGTERM"
+        assert srv.current_record(sd, "port-1")["state"] == "stopped"
+        # a command that cannot start: a record saying so, and an error naming it
+        with pytest.raises(srv.AgentError, match="cannot start"):
+            srv.action_server_start({**base, "launch_id": "l3", "argv": [str(tmp_path / "no-such-python")]})
+        assert srv.current_record(sd, "port-1")["state"] == "failed-to-start"
+        with pytest.raises(srv.AgentError, match="bad instance name"):
+            srv.action_server_stop({"state_dir": sd, "instances": ["../x"]})
+    finally:
+        for name in srv.list_instances(sd):
+            r = srv.current_record(sd, name)
+            if r and srv.record_alive(r):
+                srv.stop_record(r, 2.0)
