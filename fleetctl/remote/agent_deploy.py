@@ -179,13 +179,38 @@ def ensure_state_dir(state_dir):
     return root
 
 
-def _pid_alive(pid):
+def _proc_stat(pid):
+    """(state, start time in clock ticks) of pid from /proc; None where /proc cannot tell."""
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as fh:
+            raw = fh.read()
+    except FileNotFoundError:
+        return ("gone", None) if os.path.isdir("/proc/self") else None
+    except OSError:
+        return None
+    rest = raw[raw.rfind(b")") + 2:].split()
+    try:
+        return rest[0].decode(), int(rest[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def _pid_alive(pid, start=None):
+    """True if pid runs. A zombie (killed, not yet reaped by its parent) does not run; nor does a
+    process whose start time differs from `start` (the pid was reused)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
+        pass
+    st = _proc_stat(pid)
+    if st is not None:
+        state, ticks = st
+        if state in ("Z", "X", "x", "gone"):
+            return False
+        if start is not None and ticks is not None and ticks != start:
+            return False
     return True
 
 
@@ -199,7 +224,8 @@ def read_lock(state_dir):
     except (OSError, ValueError):
         info = {"holder": "unreadable lock file"}
     pid = info.get("pid")
-    info["stale"] = not (isinstance(pid, int) and _pid_alive(pid))
+    start = info.get("start")
+    info["stale"] = not (isinstance(pid, int) and _pid_alive(pid, start if isinstance(start, int) else None))
     return info
 
 
@@ -207,8 +233,9 @@ def acquire_lock(state_dir, op, deploy_id, who, p=None):
     """O_EXCL lock; a lock whose holder process is gone is reported and taken over."""
     ensure_state_dir(state_dir)
     _, _, lock = state_paths(state_dir)
-    info = {"pid": os.getpid(), "op": op, "id": deploy_id, "by": who, "since": time.time(),
-            "host": socket.gethostname()}
+    own = _proc_stat(os.getpid())
+    info = {"pid": os.getpid(), "start": own[1] if own else None, "op": op, "id": deploy_id, "by": who,
+            "since": time.time(), "host": socket.gethostname()}
     notes = []
     for _ in range(2):
         try:
