@@ -521,6 +521,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--note", default="", help="a line for the report (e.g. what else ran on the machine)")
     args = ap.parse_args(argv)
     args.tools = [t.strip() for t in args.tools.split(",") if t.strip()]
+    args.lean_python = os.path.abspath(args.lean_python)  # tools run with cwd in the work dir
     unknown = [t for t in args.tools if t not in ALL_TOOLS]
     if unknown:
         ap.error(f"unknown tool(s) {unknown}; known: {', '.join(ALL_TOOLS)}")
