@@ -214,52 +214,111 @@ def _pid_alive(pid, start=None):
     return True
 
 
+LOCK_YOUNG = 30.0  # an unreadable lock younger than this may be one being written: not stale
+
+
 def read_lock(state_dir):
     _, _, lock = state_paths(state_dir)
     try:
         with open(lock) as fh:
             info = json.load(fh)
+        if not isinstance(info, dict):
+            raise ValueError("not an object")
     except FileNotFoundError:
         return None
     except (OSError, ValueError):
-        info = {"holder": "unreadable lock file"}
+        info = {"holder": "unreadable lock file", "unreadable": True}
+        try:
+            age = time.time() - os.stat(lock).st_mtime
+        except OSError:
+            return None
+        info["stale"] = age > LOCK_YOUNG
+        return info
     pid = info.get("pid")
     start = info.get("start")
     info["stale"] = not (isinstance(pid, int) and _pid_alive(pid, start if isinstance(start, int) else None))
     return info
 
 
+def _create_lock(lock, data):
+    """Create `lock` holding `data` in one step: a complete temp file hard-linked to the lock name
+    (fails if it exists), so nobody ever reads a half-written lock. True if created."""
+    d = os.path.dirname(lock)
+    fd, tmp = tempfile.mkstemp(prefix=".lock-", dir=d)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        try:
+            os.link(tmp, lock)
+        except FileExistsError:
+            return False
+        except OSError:  # a filesystem without hard links: O_EXCL create, then write
+            try:
+                lfd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            except FileExistsError:
+                return False
+            with os.fdopen(lfd, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+        fsync_dir(d)
+        return True
+    finally:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+
+
+def _locked_error(held):
+    return AgentError("locked: %s %s by %s since %s (pid %s); wait for it or check that host"
+                      % (held.get("op"), held.get("id"), held.get("by"),
+                         time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(held.get("since") or 0)),
+                         held.get("pid")), "locked")
+
+
 def acquire_lock(state_dir, op, deploy_id, who, p=None):
-    """O_EXCL lock; a lock whose holder process is gone is reported and taken over."""
-    ensure_state_dir(state_dir)
+    """Take the host lock (created atomically with its content). A lock whose holder process is
+    gone is reported and taken over, under a flock'ed guard so that only one of several agents that
+    found it stale removes it (none ever removes the fresh lock another has just taken)."""
+    import fcntl
+
+    root = ensure_state_dir(state_dir)
     _, _, lock = state_paths(state_dir)
     own = _proc_stat(os.getpid())
     info = {"pid": os.getpid(), "start": own[1] if own else None, "op": op, "id": deploy_id, "by": who,
             "since": time.time(), "host": socket.gethostname()}
+    data = json.dumps(info).encode()
     notes = []
-    for _ in range(2):
+    for _ in range(3):
+        if _create_lock(lock, data):
+            return notes
+        held = read_lock(state_dir)
+        if held is None:  # released meanwhile
+            continue
+        if not held.get("stale"):
+            raise _locked_error(held)
+        gfd = os.open(os.path.join(root, "lock.guard"), os.O_RDWR | os.O_CREAT, 0o600)
         try:
-            fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            held = read_lock(state_dir) or {}
-            if held.get("stale"):
-                fault_point(p, "stale_lock_seen")
-                notes.append("removed a stale lock of %s %s by %s (its process %s is gone)"
-                             % (held.get("op"), held.get("id"), held.get("by"), held.get("pid")))
-                try:
-                    os.unlink(lock)
-                except FileNotFoundError:
-                    pass
+            fcntl.flock(gfd, fcntl.LOCK_EX)
+            held = read_lock(state_dir)  # again, now that no one else can take over
+            if held is None:
                 continue
-            raise AgentError("locked: %s %s by %s since %s (pid %s); wait for it or check that host"
-                             % (held.get("op"), held.get("id"), held.get("by"),
-                                time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(held.get("since", 0))),
-                                held.get("pid")), "locked") from None
-        with os.fdopen(fd, "w") as fh:
-            json.dump(info, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        return notes
+            if not held.get("stale"):
+                raise _locked_error(held)
+            fault_point(p, "stale_lock_seen")
+            notes.append("removed a stale lock of %s %s by %s (its process %s is gone)"
+                         % (held.get("op"), held.get("id"), held.get("by"), held.get("pid")))
+            try:
+                os.unlink(lock)
+            except FileNotFoundError:
+                pass
+            if _create_lock(lock, data):
+                return notes
+        finally:
+            os.close(gfd)  # releases the flock
     raise AgentError("could not take the lock at %s" % lock, "locked")
 
 
