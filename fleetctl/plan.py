@@ -100,6 +100,14 @@ def interrupted_deploys(facts: HostFacts) -> list[dict[str, Any]]:
     return [m for m in st.get("deploys", []) if m.get("state") in OPEN_STATES]
 
 
+def stale_lock(facts: HostFacts) -> str | None:
+    """'op id by who' of a lock whose holder process is gone (the next agent call clears it)."""
+    lock = (facts.extra.get("state") or {}).get("lock")
+    if not lock or not lock.get("stale"):
+        return None
+    return f"{lock.get('op')} {lock.get('id')} by {lock.get('by')}"
+
+
 def effective_hashes(facts: HostFacts) -> dict[str, str | None]:
     """Current file hashes as they will be once interrupted deploys are repaired (restored)."""
     cur = {p: f.sha256 for p, f in facts.files.items()}
@@ -155,7 +163,10 @@ def plan_host(host: Host, facts: HostFacts, playbook: Playbook, intended: dict[s
         hp.status = "refused"
         hp.reason = f"{host.name}: {coverage.refused}"
         return hp
-    hp.status = "change" if hp.to_patch or hp.interrupted else "noop"
+    stale = stale_lock(facts)
+    hp.status = "change" if hp.to_patch or hp.interrupted or stale else "noop"
     if hp.interrupted:
         hp.reason = f"interrupted deploy {', '.join(hp.interrupted)} will be repaired first"
+    elif stale:
+        hp.reason = f"a stale lock ({stale}) will be cleared"
     return hp

@@ -120,7 +120,8 @@ def apply_plan(fleet: Fleet, plan: Plan, playbook: Playbook, op_id: str, *, vali
             payload["_fault_after_files"] = fault_after_files[conn.host.name]
         res = conn.agent("deploy", payload)
         r = HostApply(conn.host.name, "changed" if res.get("deploy_id") else "unchanged",
-                      f"{len(files)} file(s) patched" if files else "repaired an interrupted deploy",
+                      f"{len(files)} file(s) patched" if files else
+                      ("; ".join(res.get("notes", [])) or "nothing to change"),
                       res.get("deploy_id"), [f["path"] for f in files], res.get("notes", []))
         # verification: every playbook file must now hold exactly the intended bytes
         final = res.get("final", {})

@@ -50,8 +50,12 @@ def plan_rollback(fleet: Fleet, gathered: Gathered, to: str | None, force: bool)
             chosen = live[-1:]
         chosen = list(reversed(chosen))
         if not chosen:
-            rp.status = "change" if rp.interrupted else "noop"
+            lock = st.get("lock") or {}
+            stale = lock.get("stale")
+            rp.status = "change" if rp.interrupted or stale else "noop"
             rp.reason = ("interrupted deploy will be repaired" if rp.interrupted else
+                         f"a stale lock ({lock.get('op')} {lock.get('id')} by {lock.get('by')}) will be cleared"
+                         if stale else
                          (f"deploy {to} is already rolled back" if to else "nothing to roll back"))
             plans.append(rp)
             continue
@@ -95,7 +99,8 @@ def apply_rollback(fleet: Fleet, plans: list[RollbackPlan], op_id: str, force: b
                                       "force": force, "rollback_id": op_id, "by": who()})
         restored = [f for r in res["rollbacks"] for f in r.get("files", []) if f["action"] == "restored"]
         bad = [f for r in res["rollbacks"] for f in r.get("files", []) if f["action"] == "refused"]
-        msg = f"{len(restored)} file(s) restored from {', '.join(p.deploy_ids) or 'interrupted deploy'}"
+        msg = (f"{len(restored)} file(s) restored from {', '.join(p.deploy_ids)}" if p.deploy_ids else
+               "; ".join(res.get("notes", [])) or "nothing to restore")
         return {"host": conn.host.name, "status": "failed" if bad else "changed",
                 "message": msg if not bad else f"{bad[0]['path']}: {bad[0]['why']}",
                 "notes": res.get("notes", []), "detail": res["rollbacks"]}
