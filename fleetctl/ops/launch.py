@@ -53,10 +53,17 @@ class HostLaunch:
     version: str | None = None
     instances: list[InstanceLaunch] = field(default_factory=list)
     elapsed: float = 0.0
+    phases: dict[str, float] = field(default_factory=dict)  # seconds per step on this host
+
+    def mark(self, phase: str, t0: float) -> float:
+        now = time.monotonic()
+        self.phases[phase] = round(self.phases.get(phase, 0.0) + now - t0, 3)
+        return now
 
     def to_json(self) -> dict[str, Any]:
         return {"host": self.host, "status": self.status, "message": self.message, "version": self.version,
-                "elapsed": round(self.elapsed, 3), "instances": [i.to_json() for i in self.instances]}
+                "elapsed": round(self.elapsed, 3), "phases": self.phases,
+                "instances": [i.to_json() for i in self.instances]}
 
 
 def plan_fleet(fleet: Fleet, pb: Playbook) -> dict[str, list[Instance]]:
@@ -154,7 +161,9 @@ def launch_host(conn: HostConnection, pb: Playbook, plan: list[Instance], *, lau
     items = [InstanceLaunch(h.name, i.name, i.port, list(i.gpus), "skipped") for i in plan]
     res.instances = items
     ports = [i.port for i in plan]
+    t = time.monotonic()
     facts = read_facts(conn, gpus=True, with_=["state", "servers"], payload={"server_ports": ports})
+    t = res.mark("facts", t)
     v = facts.sglang_version
     res.version = v
     if not facts.sglang_found or not v:
@@ -184,7 +193,9 @@ def launch_host(conn: HostConnection, pb: Playbook, plan: list[Instance], *, lau
     if any(problems.values()):
         return _refuse_items(res, plan, problems)
     if conflicts:
+        t = time.monotonic()
         stopped = stop_instances(conn, [s["instance"] for s in conflicts], pb.launch.stop_timeout)
+        t = res.mark("stop old", t)
         for s in stopped:
             for it in items:
                 it.notes.append(f"replaced {s['instance']} (pid {s.get('pid')}): {s['action']}"
@@ -192,7 +203,10 @@ def launch_host(conn: HostConnection, pb: Playbook, plan: list[Instance], *, lau
         bad = [s for s in stopped if s["action"] == "still running"]
         if bad:
             return _refuse(res, f"could not stop {bad[0]['instance']} (pid {bad[0].get('pid')})", "failed")
-        facts = read_facts(conn, gpus=True, with_=["state", "servers"], payload={"server_ports": ports})
+        # re-check ports and GPUs now that the old server is gone (no file hashing this time)
+        facts = read_facts(conn, gpus=True, with_=["servers"],
+                           payload={"server_ports": ports, "hash_dirs": [], "hash_files": []})
+        res.mark("re-check", t)
     free = (facts.extra.get("servers") or {}).get("ports", {})
     for inst in plan:
         if free.get(str(inst.port)) is False:
@@ -204,6 +218,7 @@ def launch_host(conn: HostConnection, pb: Playbook, plan: list[Instance], *, lau
     # start every instance, then wait for all of them in one bounded agent call
     hashes = hash_set(pb, v)
     started: list[str] = []
+    t = time.monotonic()
     for inst, it in zip(plan, items, strict=True):
         r = resolutions[inst.name]
         it.worker = {"class": r.worker_class, "file": r.worker_file,
@@ -229,11 +244,13 @@ def launch_host(conn: HostConnection, pb: Playbook, plan: list[Instance], *, lau
             continue
         it.launch_id, it.pid, it.log = launch_id, rec.get("pid"), rec.get("log")
         started.append(inst.name)
+    t = res.mark("start", t)
     if started:
         waited = conn.agent("server_wait", {
             "state_dir": h.state_dir, "instances": started, "launch_ids": dict.fromkeys(started, launch_id),
             "ready_line": READY_LINE, "forbidden": list(pb.verify.forbidden), "timeout": timeout, "tail": TAIL,
         }, timeout=timeout + 60)
+        t = res.mark("wait ready", t)
         to_stop = []
         for inst, it in zip(plan, items, strict=True):
             w = waited.get(inst.name)
@@ -249,6 +266,7 @@ def launch_host(conn: HostConnection, pb: Playbook, plan: list[Instance], *, lau
                     code = None
                     it.notes.append(f"GET /health failed: {e}")
                 it.health = code
+                t = res.mark("GET /health", t)
                 if code != 200:
                     it.status = "failed"
                     it.message = f"ready line seen, but GET /health answered {code}"
