@@ -105,38 +105,6 @@ def render_verify(rows: list[HostVerify], markers: list[str]) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("verify-logs", help="Prove from each server's current log, per host and rank, that the patched code runs.")
-    def verify_logs(
-        playbook: PlaybookArg,
-        inventory: InventoryOpt = None,
-        limit: LimitOpt = None,
-        forks: ForksOpt = DEFAULT_FORKS,
-        json_out: JsonOpt = False,
-        debug: DebugOpt = False,
-        accept_new_host_keys: AcceptNewOpt = False,
-    ) -> None:
-        pb = load_playbook(playbook)
-        with fleet_context(inventory, limit, forks, json=json_out, debug=debug,
-                           accept_new_host_keys=accept_new_host_keys) as ctx:
-            rows = _tick_run(ctx, "verify-logs", lambda: verify_fleet(ctx.fleet, pb))
-            bad = [r for r in rows if not r.ok]
-            n_inst = sum(len(r.instances) for r in rows)
-            n_bad = sum(1 for r in rows for i in r.instances if not i.ok)
-            summary = (f"verify-logs: {len(rows)} hosts, {n_inst} instances: {n_inst - n_bad} passed, "
-                       f"{n_bad} failed, {sum(1 for r in rows if r.status not in ('ok', 'failed'))} unreachable "
-                       f"in {ctx.elapsed():.2f}s")
-            if json_out:
-                emit_json({"command": "verify-logs", "ok": not bad, "markers": pb.verify.markers,
-                           "hosts": [r.to_json() for r in rows], "summary": summary,
-                           "elapsed": round(ctx.elapsed(), 3)})
-            else:
-                render_verify(rows, list(pb.verify.markers))
-                for r in rows:
-                    if r.status not in ("ok", "failed"):
-                        out.print(f"[red]{r.status}[/] {r.message}")
-                err.print(summary, markup=False)
-            raise typer.Exit(EXIT_FAILED if bad else EXIT_OK)
-
     @app.command("launch", help="Start the SGLang servers of the playbook's launch profile and wait until ready.")
     def launch(
         playbook: PlaybookArg,
@@ -176,6 +144,38 @@ def register(app: typer.Typer) -> None:
                            "elapsed": round(ctx.elapsed(), 3)})
             else:
                 render_launch(rows)
+                err.print(summary, markup=False)
+            raise typer.Exit(EXIT_FAILED if bad else EXIT_OK)
+
+    @app.command("verify-logs", help="Prove from each server's current log, per host and rank, that the patched code runs.")
+    def verify_logs(
+        playbook: PlaybookArg,
+        inventory: InventoryOpt = None,
+        limit: LimitOpt = None,
+        forks: ForksOpt = DEFAULT_FORKS,
+        json_out: JsonOpt = False,
+        debug: DebugOpt = False,
+        accept_new_host_keys: AcceptNewOpt = False,
+    ) -> None:
+        pb = load_playbook(playbook)
+        with fleet_context(inventory, limit, forks, json=json_out, debug=debug,
+                           accept_new_host_keys=accept_new_host_keys) as ctx:
+            rows = _tick_run(ctx, "verify-logs", lambda: verify_fleet(ctx.fleet, pb))
+            bad = [r for r in rows if not r.ok]
+            n_inst = sum(len(r.instances) for r in rows)
+            n_bad = sum(1 for r in rows for i in r.instances if not i.ok)
+            summary = (f"verify-logs: {len(rows)} hosts, {n_inst} instances: {n_inst - n_bad} passed, "
+                       f"{n_bad} failed, {sum(1 for r in rows if r.status not in ('ok', 'failed'))} unreachable "
+                       f"in {ctx.elapsed():.2f}s")
+            if json_out:
+                emit_json({"command": "verify-logs", "ok": not bad, "markers": pb.verify.markers,
+                           "hosts": [r.to_json() for r in rows], "summary": summary,
+                           "elapsed": round(ctx.elapsed(), 3)})
+            else:
+                render_verify(rows, list(pb.verify.markers))
+                for r in rows:
+                    if r.status not in ("ok", "failed"):
+                        out.print(f"[red]{r.status}[/] {r.message}")
                 err.print(summary, markup=False)
             raise typer.Exit(EXIT_FAILED if bad else EXIT_OK)
 
