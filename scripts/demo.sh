@@ -25,7 +25,6 @@ cleanup() {
 }
 trap cleanup EXIT
 
-step() { printf '\n\033[1m== %s\033[0m\n$ %s\n' "$1" "${*:2}"; "${@:2}"; rc=$?; echo "(exit $rc)"; return 0; }
 expect() { # expect CODE TITLE CMD...: run, and stop the demo if the exit code is not the expected one
     local want=$1 title=$2; shift 2
     printf '\n\033[1m== %s\033[0m\n$ %s\n' "$title" "$*"
@@ -44,22 +43,17 @@ expect 0 "the real payload: which worker runs, and is it patched?" $FLEETCTL exp
 expect 0 "plan" $FLEETCTL deploy --check -i "$INV" "$PAYLOAD"
 expect 0 "deploy" $FLEETCTL deploy -i "$INV" "$PAYLOAD"
 expect 0 "deploy again: nothing to do" $FLEETCTL deploy -i "$INV" "$PAYLOAD"
-if $FLEETCTL launch --help >/dev/null 2>&1 && ! $FLEETCTL launch 2>&1 | grep -q "not built yet"; then
-    expect 0 "launch the servers (SIMULATOR on the sandbox; no GPU here)" $FLEETCTL launch -i "$INV" "$PAYLOAD"
-    expect 0 "verify-logs: the marker on every host and rank" $FLEETCTL verify-logs -i "$INV" "$PAYLOAD"
-    expect 0 "rollback" $FLEETCTL rollback -i "$INV"
-    expect 0 "the origin story: patch only eagle_worker_v2.py anyway (--allow-uncovered)" \
-        $FLEETCTL deploy --allow-uncovered -i "$INV" "$WRONG"
-    expect 0 "restart on it" $FLEETCTL launch --replace -i "$INV" "$WRONG"
-    expect 1 "verify-logs catches it and says why" $FLEETCTL verify-logs -i "$INV" "$WRONG"
-    expect 0 "rollback" $FLEETCTL rollback -i "$INV"
-    expect 0 "restart on the original code" $FLEETCTL launch --replace -i "$INV" "$PAYLOAD"
-    expect 1 "verify-logs: the marker is gone" $FLEETCTL verify-logs -i "$INV" "$PAYLOAD"
-    expect 0 "stop the servers" $FLEETCTL stop -i "$INV" "$PAYLOAD"
-else
-    echo "(launch/verify-logs are not built yet: skipping those steps)"
-    expect 0 "rollback" $FLEETCTL rollback -i "$INV"
-fi
+expect 0 "launch the servers (the SIMULATOR on the sandbox: no GPU here)" $FLEETCTL launch -i "$INV" "$PAYLOAD"
+expect 0 "verify-logs: the marker on every host and every rank" $FLEETCTL verify-logs -i "$INV" "$PAYLOAD"
+expect 0 "rollback" $FLEETCTL rollback -i "$INV"
+expect 0 "the origin story on the 0.5.9 hosts: patch only eagle_worker_v2.py anyway (--allow-uncovered)" \
+    $FLEETCTL deploy --allow-uncovered --limit v0_5_9 -i "$INV" "$WRONG"
+expect 0 "restart on it" $FLEETCTL launch --replace --limit v0_5_9 -i "$INV" "$WRONG"
+expect 1 "verify-logs catches it and says why" $FLEETCTL verify-logs --limit v0_5_9 -i "$INV" "$WRONG"
+expect 0 "rollback" $FLEETCTL rollback -i "$INV"
+expect 0 "restart everything on the original code" $FLEETCTL launch --replace -i "$INV" "$PAYLOAD"
+expect 1 "verify-logs: the marker is gone everywhere" $FLEETCTL verify-logs -i "$INV" "$PAYLOAD"
+expect 0 "stop the servers" $FLEETCTL stop -i "$INV" "$PAYLOAD"
 expect 0 "status: every host back on its original files" $FLEETCTL status -i "$INV" "$PAYLOAD"
 expect 0 "history" $FLEETCTL history
 echo
