@@ -206,9 +206,14 @@ def test_launch_ready_env_exact_status_and_stop(sb: Any, tmp_path: Path, capsys:
     assert code == 0 and "replaced" in " ".join(doc3["hosts"][0]["instances"][0]["notes"])
     assert not srv.record_alive(rec)
 
+    code, listing = cli(capsys, "servers", "-i", inv)
+    assert code == 0 and [(h["host"], [s["running"] for s in h["servers"]]) for h in listing["hosts"]] == [
+        ("h01", [True]), ("h02", [True])]
+    code, one = cli(capsys, "stop", "-i", inv, "--limit", "h02", "--instance", insts["h02"]["instance"])
+    assert code == 0 and [s["action"] for s in one["hosts"][0]["instances"]] == ["stopped"]
     code, stopped = cli(capsys, "stop", "-i", inv)
     assert code == 0
-    assert sorted(s["action"] for h in stopped["hosts"] for s in h["instances"]) == ["stopped", "stopped"]
+    assert sorted(s["action"] for h in stopped["hosts"] for s in h["instances"]) == ["not running", "stopped"]
     assert all(not srv.record_alive(srv.current_record(str(sb.hosts[n].state_dir), i["instance"]))
                for n, i in insts.items())
 
