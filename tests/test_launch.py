@@ -322,3 +322,11 @@ def test_agent_server_actions_locally(tmp_path: Path) -> None:
             r = srv.current_record(sd, name)
             if r and srv.record_alive(r):
                 srv.stop_record(r, 2.0)
+
+
+def test_agent_servers_part_parses_as_python_38() -> None:
+    import ast
+
+    import fleetctl.remote.agent_servers as mod
+
+    ast.parse(Path(mod.__file__).read_text(), feature_version=(3, 8))
