@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import stat
@@ -499,6 +500,29 @@ def _final(pkg, p):
     return out
 
 
+def _why(e):
+    if isinstance(e, AgentError):
+        return str(e)
+    if isinstance(e, OSError) and e.strerror:
+        return "%s%s" % (e.strerror, ": %s" % e.filename if e.filename else "")
+    return "%s: %s" % (e.__class__.__name__, e)
+
+
+def _close_unchanged(sd, m, bdir, e):
+    """A deploy that failed before changing any package file: drop its partial backups and record
+    it as failed-unchanged (best effort: if even that cannot be written, it stays open and the next
+    deploy or rollback closes it, restoring nothing)."""
+    shutil.rmtree(bdir, ignore_errors=True)
+    for f in m["files"]:
+        f["backed_up"] = False
+    m["state"] = "failed-unchanged"
+    m["note"] = _why(e)
+    try:
+        save_manifest(sd, m)
+    except Exception:
+        m["state"] = "preparing"
+
+
 def action_deploy(p):
     """Apply one host's planned files in one transaction: all intended, or all original."""
     sd = p["state_dir"]
@@ -535,17 +559,24 @@ def action_deploy(p):
         save_manifest(sd, m)
         fault_point(p, "before_backup")
         bdir = os.path.join(ddir, "backup")
-        for entry, (f, path, st) in zip(m["files"], plan):
-            dst = os.path.join(bdir, f["path"])
-            os.makedirs(os.path.dirname(dst), mode=0o700, exist_ok=True)
-            with open(path, "rb") as src:
-                data = src.read()
-            if hashlib.sha256(data).hexdigest() != f["sha_before"]:
-                raise AgentError("%s changed while backing up" % f["path"], "changed")
-            write_atomic(dst, data, 0o600)
-            entry["backed_up"] = True
-        m["state"] = "applying"
-        save_manifest(sd, m)
+        try:
+            for entry, (f, path, st) in zip(m["files"], plan):
+                dst = os.path.join(bdir, f["path"])
+                os.makedirs(os.path.dirname(dst), mode=0o700, exist_ok=True)
+                with open(path, "rb") as src:
+                    data = src.read()
+                if hashlib.sha256(data).hexdigest() != f["sha_before"]:
+                    raise AgentError("%s changed while backing up" % f["path"], "changed")
+                write_atomic(dst, data, 0o600)
+                entry["backed_up"] = True
+            m["state"] = "applying"
+            save_manifest(sd, m)
+        except Exception as e:
+            # nothing in the package was touched: close the record (not 'interrupted'), free the space
+            _close_unchanged(sd, m, bdir, e)
+            raise AgentError("%s: %s; nothing was changed on the host"
+                             % ("backing up" if m["state"] == "failed-unchanged" else "saving the manifest",
+                                _why(e)), getattr(e, "kind", "failed")) from None
         fault_point(p, "after_backup")
         fault = p.get("_fault_after_files")  # test hook: stop dead after N renames
         done = 0
