@@ -23,7 +23,7 @@ from fleetctl.commands.common import (
 )
 from fleetctl.commands.context import RunContext, fleet_context
 from fleetctl.config.playbook import Playbook, load_playbook
-from fleetctl.errors import EXIT_FAILED, EXIT_OK, FleetctlError
+from fleetctl.errors import EXIT_FAILED, EXIT_OK, FleetctlError, InputError
 from fleetctl.fleet import HostOutcome
 from fleetctl.ledger import Ledger
 from fleetctl.ops.deploy import apply_plan, build_plan, gather, new_op_id
@@ -37,7 +37,7 @@ PlaybookArg = Annotated[Path, typer.Argument(help="Playbook YAML, or a directory
 STATE_STYLE = {"pristine": "cyan", "as-intended": "green", "drifted": "red", "missing": "red", "unsafe": "red",
                "original": "cyan", "as-deployed": "green", "change": "cyan", "noop": "green", "refused": "red",
                "unreachable": "red", "failed": "red", "changed": "green", "unchanged": "green",
-               "skipped": "yellow"}
+               "skipped": "yellow", "ok": "green", "rolled-back": "yellow", "untouched": "yellow"}
 
 
 def _s(state: str) -> str:
@@ -127,10 +127,20 @@ def register(app: typer.Typer) -> None:
         diff: bool = typer.Option(False, "--diff", help="Print unified diffs (remote vs intended; drifted: also vs pristine)."),
         force: bool = typer.Option(False, "--force", help="Replace drifted files too (their bytes are backed up)."),
         allow_uncovered: bool = typer.Option(False, "--allow-uncovered", help="Deploy even where the worker that will run is not patched."),
+        restart: bool = typer.Option(False, "--restart", help="Rolling restart: per batch patch -> restart -> ready -> verify-logs."),
+        serial: str | None = typer.Option(None, "--serial", help="With --restart: hosts per batch, N or P% (default: all at once)."),
+        canary: str | None = typer.Option(None, "--canary", help="With --restart: size of the first batch, N or P%."),
+        max_fail: str = typer.Option("0%", "--max-fail", help="With --restart: failed hosts a batch may have (P%) before the rollout stops and that batch is rolled back."),
+        ready_timeout: float | None = typer.Option(None, "--timeout", min=0.1, help="With --restart: seconds to wait for each server to be ready."),
         json_out: JsonOpt = False,
         debug: DebugOpt = False,
         accept_new_host_keys: AcceptNewOpt = False,
     ) -> None:
+        from fleetctl.ops.rolling import parse_count, parse_percent
+
+        if (serial or canary) and not restart:
+            raise InputError("--serial and --canary go with --restart", hint="add --restart")
+        budget = parse_percent(max_fail, "--max-fail")
         pb = load_playbook(playbook)
         with fleet_context(inventory, limit, forks, json=json_out, debug=debug,
                            accept_new_host_keys=accept_new_host_keys) as ctx:
@@ -151,6 +161,10 @@ def register(app: typer.Typer) -> None:
                               f"{sum(1 for hp in plan.hosts if hp.status == 'noop')} as intended, "
                               f"{len(bad_plan)} refused/unreachable; nothing was changed ({ctx.elapsed():.2f}s)")
                 raise typer.Exit(EXIT_FAILED if bad_plan else EXIT_OK)
+            if restart:
+                n = len(ctx.fleet.hosts)
+                _rolling(ctx, pb, plan, parse_count(serial, n, "--serial"), parse_count(canary, n, "--canary"),
+                         budget, ready_timeout, limit)
             op_id = new_op_id("d")
             ledger = Ledger()
             ledger.start(op_id, "deploy", inventory=ctx.inventory.path, playbook=pb.path,
@@ -350,6 +364,42 @@ def register(app: typer.Typer) -> None:
                     if r.get("refused") and r["refused"] != r["reason"]:
                         out.print(f"  {r['refused']}")
             raise typer.Exit(EXIT_FAILED if bad else EXIT_OK)
+
+
+def _rolling(ctx: RunContext, pb: Playbook, plan: Plan, serial: int | None, canary: int | None, budget: float,
+             ready_timeout: float | None, limit: str | None) -> None:
+    from fleetctl.ops.rolling import rolling_deploy
+
+    def progress(bi: int, rows: dict[str, Any]) -> None:
+        if not ctx.json:
+            bad = sum(1 for r in rows.values() if r.status != "ok")
+            err.print(f"batch {bi}: {len(rows)} host(s), {bad} failed", markup=False)
+
+    ledger = Ledger()
+    res = rolling_deploy(ctx.fleet, pb, plan, serial=serial, canary=canary, max_fail=budget,
+                         ready_timeout=ready_timeout, progress=progress)
+    ledger.start(res.deploy_id, "deploy --restart", inventory=ctx.inventory.path, playbook=pb.path,
+                 args={"limit": limit, "serial": serial, "canary": canary, "max_fail": budget})
+    ledger.finish(res.deploy_id, "ok" if res.ok else "failed", [h.to_json() for h in res.hosts])
+    ledger.close()
+    summary = (f"deploy --restart {res.deploy_id}: {len(res.batches)} batch(es), "
+               + ", ".join(f"{sum(1 for h in res.hosts if h.status == st)} {st}"
+                           for st in ("ok", "failed", "unreachable", "refused", "rolled-back", "untouched")
+                           if any(h.status == st for h in res.hosts))
+               + (f"; stopped at batch {res.stopped_at} (over --max-fail {budget:g}%), that batch rolled back"
+                  if res.stopped_at is not None else "")
+               + f" in {ctx.elapsed():.2f}s")
+    if ctx.json:
+        emit_json({"command": "deploy", "restart": True, "plan": plan.to_json(), "rollout": res.to_json(),
+                   "summary": summary})
+    else:
+        t = table("rollout", ["batch", "host", "status", "steps", "what"])
+        for h in res.hosts:
+            t.add_row(str(h.batch) + (" (canary)" if h.batch == 0 else ""), h.host, _s(h.status),
+                      ", ".join(f"{k}: {v}" for k, v in h.steps.items()), h.message)
+        out.print(t)
+        err.print(summary, markup=False)
+    raise typer.Exit(EXIT_OK if res.ok else EXIT_FAILED)
 
 
 def _ts(t: float | None) -> str:
