@@ -257,12 +257,23 @@ def register(app: typer.Typer) -> None:
         debug: DebugOpt = False,
         accept_new_host_keys: AcceptNewOpt = False,
     ) -> None:
+        from fleetctl.facts import read_facts
+        from fleetctl.ops.deploy import Gathered
+        from fleetctl.ops.launch import server_status_facts
+
         pb: Playbook | None = load_playbook(playbook) if playbook else None
         with fleet_context(inventory, limit, forks, json=json_out, debug=debug,
                            accept_new_host_keys=accept_new_host_keys) as ctx:
-            gathered = _tick_run(ctx, "facts", lambda: gather(ctx.fleet, pb))
+            extra = sorted({f.path for files in (pb.versions.values() if pb else []) for f in files})
+            outs = _tick_run(ctx, "facts", lambda: ctx.fleet.run(
+                lambda c: read_facts(c, extra_files=extra, with_=["state", "servers"], gpus=False)))
+            gathered = Gathered({o.host: o.data for o in outs if o.ok}, {o.host: o for o in outs})
             plan = build_plan(ctx.fleet, pb, gathered, allow_uncovered=True) if pb else None
             rows = status_rows(ctx, gathered, plan)
+            servers = [s for o in outs if o.ok for s in server_status_facts(o.host, o.data)]
+            for r in rows:
+                r["servers"] = [s for s in servers if s["host"] == r["host"]]
+                r["problems"] += [f"{s['instance']}: {p}" for s in r["servers"] for p in s["problems"]]
             problems = [r for r in rows if r["problems"]]
             if json_out:
                 emit_json({"command": "status", "hosts": rows, "elapsed": round(ctx.elapsed(), 3)})
@@ -272,6 +283,18 @@ def register(app: typer.Typer) -> None:
                     t.add_row(r["host"], status_cell(r["status"]), r.get("version") or "",
                               r.get("last_deploy") or "", r.get("files") or "", "\n".join(r["problems"]))
                 out.print(t)
+                if servers:
+                    st = table("servers", ["host", "instance", "running", "since", "port", "worker",
+                                           "deploy at launch", "deploy on disk", "restart needed"])
+                    for sv in servers:
+                        st.add_row(sv["host"], sv["instance"], "[green]yes[/]" if sv["running"] else "no",
+                                   _ts(sv["since"]), str(sv["port"] or ""), sv["worker"] or "",
+                                   sv["deploy_at_launch"] or "-", sv["deploy_now"] or "-",
+                                   "[red]YES[/]" if sv["restart_needed"] else "no")
+                    out.print(st)
+                err.print(f"status: {len(rows)} hosts, {len(problems)} with problems, "
+                          f"{sum(1 for sv in servers if sv['running'])} server(s) running ({ctx.elapsed():.2f}s)",
+                          markup=False)
             raise typer.Exit(EXIT_FAILED if problems else EXIT_OK)
 
     @app.command("history", help="The local ledger of deploys and rollbacks; 'history ID' shows one.")
