@@ -67,9 +67,33 @@ def load_yaml(path: Path, what: str) -> YamlDoc:
         raise InputError(f"{path}{line}: malformed YAML: {problem}", hint="fix the YAML syntax") from None
     except yaml.YAMLError as e:
         raise InputError(f"{path}: malformed YAML: {e}", hint="fix the YAML syntax") from None
+    dup = _duplicate_key(root)
+    if dup is not None:
+        key, first, again = dup
+        raise InputError(f"{path}:{again}: duplicate key '{key}' (first at line {first})",
+                         hint="YAML would silently keep only the last one; remove or rename one")
     if data is None:
         data = {}
     return YamlDoc(path=path, data=data, root=root)
+
+
+def _duplicate_key(node: yaml.Node | None) -> tuple[str, int, int] | None:
+    """The first mapping key that appears twice in one mapping: (key, first line, second line)."""
+    todo = [node] if node is not None else []
+    while todo:
+        n = todo.pop()
+        if isinstance(n, yaml.MappingNode):
+            seen: dict[str, int] = {}
+            for k, v in n.value:
+                if isinstance(k, yaml.ScalarNode) and k.tag != "tag:yaml.org,2002:merge":
+                    line = k.start_mark.line + 1
+                    if k.value in seen:
+                        return k.value, seen[k.value], line
+                    seen[k.value] = line
+                todo.append(v)
+        elif isinstance(n, yaml.SequenceNode):
+            todo.extend(n.value)
+    return None
 
 
 def _fix_for(err: dict[str, Any], key: str) -> str | None:
