@@ -140,9 +140,24 @@ class Inventory(BaseModel):
     path: Path
     ssh_config: Path | None
     hosts: list[Host]
+    identity_where: dict[str, str] = {}  # host -> "file:line: key" its identity_file comes from
+
+    def check_local_files(self, hosts: list[Host]) -> None:
+        """The controller-side files the chosen hosts need exist (a missing key is bad input, exit 2)."""
+        for h in hosts:
+            if h.identity_file and not Path(h.identity_file).is_file():
+                raise InputError(f"{self.identity_where.get(h.name, self.path)}: {h.identity_file} does not exist",
+                                 hint="fix the path (relative to the inventory file), or remove "
+                                      "'identity_file:' to use your ssh agent and default keys")
 
     def select(self, limit: str | None) -> list[Host]:
-        """Hosts matching --limit: comma list of host names, group names or globs."""
+        """Hosts matching --limit: comma list of host names, group names or globs (their local
+        files checked)."""
+        chosen = self._select(limit)
+        self.check_local_files(chosen)
+        return chosen
+
+    def _select(self, limit: str | None) -> list[Host]:
         if not limit:
             return list(self.hosts)
         patterns = [p.strip() for p in limit.split(",") if p.strip()]
@@ -209,6 +224,7 @@ def load_inventory(path: Path | str) -> Inventory:
     aliases = _ssh_config_hosts(ssh_config) if ssh_config else set()
     d = raw.defaults
     hosts: list[Host] = []
+    identity_where: dict[str, str] = {}
     for name, h in raw.hosts.items():
         h = h or HostFields()
         groups = h.groups if h.groups is not None else (d.groups or [])
@@ -238,6 +254,10 @@ def load_inventory(path: Path | str) -> Inventory:
                     f"{path}:{line}: hosts.{name}.address: missing",
                     hint="add 'address:' or an ssh_config Host entry of that name",
                 )
+        identity = _resolve_path(base, pick("identity_file"))
+        if identity is not None:
+            where = ("hosts", name, "identity_file") if h.identity_file is not None else ("defaults", "identity_file")
+            identity_where[name] = f"{path}:{doc.line_of(where)}: {'.'.join(where)}"
         gpus = pick("gpus", 0)
         gpu_list = tuple(range(gpus)) if isinstance(gpus, int) else tuple(gpus)
         hosts.append(
@@ -246,7 +266,7 @@ def load_inventory(path: Path | str) -> Inventory:
                 address=str(address),
                 port=pick("port"),
                 user=pick("user"),
-                identity_file=_resolve_path(base, pick("identity_file")),
+                identity_file=identity,
                 known_hosts=_resolve_path(base, pick("known_hosts")),
                 python=pick("python", "python3"),
                 sglang_dir=pick("sglang_dir"),
@@ -264,4 +284,4 @@ def load_inventory(path: Path | str) -> Inventory:
         )
     if not hosts:
         raise InputError(f"{path}:{doc.line_of(('hosts',))}: hosts: the inventory names no host", hint="add hosts")
-    return Inventory(path=path, ssh_config=ssh_config, hosts=hosts)
+    return Inventory(path=path, ssh_config=ssh_config, hosts=hosts, identity_where=identity_where)
