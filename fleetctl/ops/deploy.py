@@ -49,6 +49,20 @@ def coverage_for(host: Host, facts: HostFacts, playbook: Playbook) -> Coverage |
     return host_coverage(host, facts, playbook)
 
 
+def _patch_input_error(playbook: Playbook, version: str, e: InputError) -> InputError:
+    """A playbook patch that does not parse or fit its pristine file is bad input (exit 2), named by
+    its patch file (the engine names only the target file)."""
+    files = playbook.files_for(version) or []
+    f = next((f for f in files if str(f.patch_path) in e.message), None)
+    if f is not None:  # already names the patch file
+        return e if isinstance(e, InputError) and e.exit_code == 2 else InputError(e.message, hint=e.hint)
+    f = next((f for f in files if e.message.startswith(f"{f.path} ")), None)
+    where = f"{f.patch_path}" if f is not None else str(playbook.path)
+    return InputError(f"{where}: {e.message}",
+                      hint=e.hint or f"the patch must apply exactly to the pristine sglang {version} file; "
+                                     "regenerate it with 'fleetctl patch new'")
+
+
 def build_plan(fleet: Fleet, playbook: Playbook, gathered: Gathered, *, force: bool = False,
                allow_uncovered: bool = False) -> Plan:
     intended: dict[str, dict[str, Intended]] = {}
@@ -61,7 +75,10 @@ def build_plan(fleet: Fleet, playbook: Playbook, gathered: Gathered, *, force: b
         f = gathered.facts[h.name]
         v = f.sglang_version
         if v is not None and v not in intended:
-            it = intended_for(playbook, v)
+            try:
+                it = intended_for(playbook, v)
+            except InputError as e:
+                raise _patch_input_error(playbook, v, e) from None
             if it is not None:
                 intended[v] = it
         cov = coverage_for(h, f, playbook) if v in intended else None
