@@ -51,7 +51,8 @@ expect 0 "the origin story on the 0.5.9 hosts: patch only eagle_worker_v2.py any
 expect 0 "restart on it" $FLEETCTL launch --replace --limit v0_5_9 -i "$INV" "$WRONG"
 expect 1 "verify-logs catches it and says why" $FLEETCTL verify-logs --limit v0_5_9 -i "$INV" "$WRONG"
 expect 0 "rollback" $FLEETCTL rollback -i "$INV"
-expect 0 "restart everything on the original code" $FLEETCTL launch --replace -i "$INV" "$PAYLOAD"
+expect 0 "restart everything on the original code (its SGLang does not know the patch's flag)" \
+    $FLEETCTL launch --replace --drop-unknown-flags -i "$INV" "$PAYLOAD"
 expect 1 "verify-logs: the marker is gone everywhere" $FLEETCTL verify-logs -i "$INV" "$PAYLOAD"
 expect 0 "stop the servers" $FLEETCTL stop -i "$INV" "$PAYLOAD"
 expect 0 "status: every host back on its original files" $FLEETCTL status -i "$INV" "$PAYLOAD"

@@ -24,6 +24,7 @@ from fleetctl.fleet import Fleet
 from fleetctl.instances import plan_instances
 from fleetctl.ops.launch import server_status_facts
 from fleetctl.remote import agent_servers as srv
+from fleetctl.sandbox.fleet import Sandbox
 from fleetctl.sglang import READY_LINE
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -168,7 +169,7 @@ def test_launch_ready_env_exact_status_and_stop(sb: Any, tmp_path: Path, capsys:
     monkeypatch.setenv("FLEETCTL_LEAK_PROBE", "controller")
     monkeypatch.setenv("SGLANG_ENABLE_SPEC_V2", "1")
     t0 = time.monotonic()
-    code, doc = cli(capsys, "launch", "-i", inv, pb, "--timeout", "30")
+    code, doc = cli(capsys, "launch", "--drop-unknown-flags", "-i", inv, pb, "--timeout", "30")
     took = time.monotonic() - t0
     assert code == 0, doc
     insts = {i["host"]: i for h in doc["hosts"] for i in h["instances"]}
@@ -200,9 +201,9 @@ def test_launch_ready_env_exact_status_and_stop(sb: Any, tmp_path: Path, capsys:
     assert rows[0]["changed_files"] == ["srt/speculative/eagle_worker.py"] and rows[0]["flags"]["--tp-size"] == 2
 
     # a second launch without --replace is refused; with --replace the old server is stopped first
-    code, doc2 = cli(capsys, "launch", "-i", inv, pb, "--limit", "h01", "--timeout", "30")
+    code, doc2 = cli(capsys, "launch", "--drop-unknown-flags", "-i", inv, pb, "--limit", "h01", "--timeout", "30")
     assert code == 1 and "already running" in doc2["hosts"][0]["instances"][0]["message"]
-    code, doc3 = cli(capsys, "launch", "-i", inv, pb, "--limit", "h01", "--replace", "--timeout", "30")
+    code, doc3 = cli(capsys, "launch", "--drop-unknown-flags", "-i", inv, pb, "--limit", "h01", "--replace", "--timeout", "30")
     assert code == 0 and "replaced" in " ".join(doc3["hosts"][0]["instances"][0]["notes"])
     assert not srv.record_alive(rec)
 
@@ -221,7 +222,7 @@ def test_launch_ready_env_exact_status_and_stop(sb: Any, tmp_path: Path, capsys:
 def test_startup_crash_fails_fast_with_log_tail(sb: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     inv = make_inventory(sb, tmp_path / "inv.yaml", hosts=["h01"], env={"h01": {"FLEETCTL_SIM_CRASH": "startup"}})
     t0 = time.monotonic()
-    code, doc = cli(capsys, "launch", "-i", inv, FULL, "--timeout", "60")
+    code, doc = cli(capsys, "launch", "--drop-unknown-flags", "-i", inv, FULL, "--timeout", "60")
     assert code == 1 and time.monotonic() - t0 < 20  # fast: not the 60 s timeout
     it = doc["hosts"][0]["instances"][0]
     assert it["status"] == "failed"
@@ -233,7 +234,7 @@ def test_startup_crash_fails_fast_with_log_tail(sb: Any, tmp_path: Path, capsys:
 def test_refuses_busy_gpu_and_port_in_use(sb: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     inv = make_inventory(sb, tmp_path / "inv.yaml", hosts=["h01"])
     sb.set_gpu_state("h01", "busy")  # the busy capture: one foreign compute process per GPU
-    code, doc = cli(capsys, "launch", "-i", inv, FULL, "--timeout", "30")
+    code, doc = cli(capsys, "launch", "--drop-unknown-flags", "-i", inv, FULL, "--timeout", "30")
     assert code == 1 and doc["hosts"][0]["status"] == "refused"
     msg = doc["hosts"][0]["instances"][0]["message"]
     assert "GPU 0 is in use" in msg and "pid 423" in msg and "GPU 1 is in use" in msg
@@ -243,7 +244,7 @@ def test_refuses_busy_gpu_and_port_in_use(sb: Any, tmp_path: Path, capsys: pytes
     with socket.socket() as s:
         s.bind(("127.0.0.1", port))
         s.listen()
-        code, doc = cli(capsys, "launch", "-i", inv, FULL, "--timeout", "30")
+        code, doc = cli(capsys, "launch", "--drop-unknown-flags", "-i", inv, FULL, "--timeout", "30")
     assert code == 1 and f"port {port} is in use" in doc["hosts"][0]["instances"][0]["message"]
 
 
@@ -254,7 +255,7 @@ def test_stop_escalates_to_sigkill(sb: Any, tmp_path: Path, capsys: pytest.Captu
     inv = make_inventory(sb, tmp_path / "inv.yaml", hosts=["h01"],
                          extra={"h01": {"launch_command": f"{{python}} -c '{script}'"}})
     pb = playbook_with(tmp_path, {"stop_timeout": 1.0, "flags": {}})
-    code, doc = cli(capsys, "launch", "-i", inv, pb, "--timeout", "20")
+    code, doc = cli(capsys, "launch", "--drop-unknown-flags", "-i", inv, pb, "--timeout", "20")
     it = doc["hosts"][0]["instances"][0]
     # ready line seen, but nothing answers GET /health: a failed launch, whose server fleetctl stops
     assert code == 1 and it["status"] == "failed" and "GET /health" in it["message"]
@@ -276,12 +277,12 @@ def test_refuses_interrupted_deploy_and_waits_for_no_lock(sb: Any, tmp_path: Pat
     m = sd / "deploys" / "d-cut" / "manifest.json"
     m.parent.mkdir(parents=True)
     m.write_text(json.dumps({"id": "d-cut", "state": "applying", "created": time.time(), "files": []}))
-    code, doc = cli(capsys, "launch", "-i", inv, FULL, "--timeout", "30")
+    code, doc = cli(capsys, "launch", "--drop-unknown-flags", "-i", inv, FULL, "--timeout", "30")
     assert code == 1 and "d-cut was interrupted" in doc["hosts"][0]["message"]
     shutil.rmtree(sd / "deploys")
     # a deploy holds the host lock (a live pid): the launch does not start anything under it
     (sd / "lock").write_text(json.dumps({"pid": os.getpid(), "op": "deploy", "id": "d-busy", "by": "test"}))
-    code, doc = cli(capsys, "launch", "-i", inv, FULL, "--timeout", "30")
+    code, doc = cli(capsys, "launch", "--drop-unknown-flags", "-i", inv, FULL, "--timeout", "30")
     it = doc["hosts"][0]["instances"][0]
     assert code == 1 and it["status"] == "failed" and "locked: deploy d-busy" in it["message"]
     assert srv.list_instances(str(sd)) == []
@@ -330,3 +331,16 @@ def test_agent_servers_part_parses_as_python_38() -> None:
     import fleetctl.remote.agent_servers as mod
 
     ast.parse(Path(mod.__file__).read_text(), feature_version=(3, 8))
+
+
+def test_launch_refuses_a_flag_the_installed_sglang_does_not_register(sandbox: Sandbox,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """The payload's own flag on a pristine host: refused before anything starts, with the fix."""
+    code, doc = cli(capsys, "launch", "-i", str(sandbox.inventory_path), str(FULL), "--limit", "h01",
+                    "--timeout", "30")
+    assert code == 1
+    (h,) = doc["hosts"]
+    assert h["status"] == "refused"
+    assert "--speculative-disable-batch-threshold is not a flag of SGLang 0.5.9 as installed on h01" in h["message"]
+    assert "--drop-unknown-flags" in h["message"]
+    assert all(i["status"] != "ready" for i in h["instances"])

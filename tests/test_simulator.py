@@ -215,3 +215,25 @@ def test_worker_file_is_read_at_start(tmp_path: Path, sims: list[Sim]) -> None:
     s.wait_for("Load weight begin")  # the worker file has been read by now
     (site / "sglang/srt/speculative/eagle_worker.py").write_text(WORKER_WITH.format(cls="EAGLEWorker"))
     assert not any(MARKER in ln for ln in s.wait_ready())
+
+
+def test_unregistered_flag_is_refused_like_argparse(tmp_path: Path, sims: list[Sim]) -> None:
+    """A flag neither the release knows nor the server_args.py on disk registers: exit 2, as the real
+    server would (the payload's flag on a host whose patch is not deployed, or was rolled back)."""
+    site = fake_tree(tmp_path, "0.5.9", {})
+    sa = site / "sglang" / "srt" / "server_args.py"
+    sa.write_text('class ServerArgs:\n    port: int = 30000\n    model_path: str = ""\n')
+    args = ["--model-path", "m", "--speculative-algorithm", "EAGLE3", "--speculative-eagle-topk", "1",
+            "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "4",
+            "--speculative-disable-batch-threshold", "16"]
+    s = Sim(site, args)
+    sims.append(s)
+    code, errs = s.finish()
+    assert code == 2
+    assert "unrecognized arguments: --speculative-disable-batch-threshold 16" in errs
+    assert "--port" not in errs.split("unrecognized arguments:")[1]  # a field of ServerArgs: registered
+    # once the file registers it (as the deployed patch does), the same launch starts
+    sa.write_text(sa.read_text() + "    speculative_disable_batch_threshold: int | None = None\n")
+    s2 = Sim(site, args)
+    sims.append(s2)
+    s2.wait_ready()

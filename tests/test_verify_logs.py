@@ -107,7 +107,7 @@ def test_origin_story_wrong_file_then_full_playbook(sb: Any, tmp_path: Path,
     inv = make_inventory(sb, tmp_path / "inv.yaml", hosts=["h01", "h02"])
     # only eagle_worker_v2.py (+ server_args.py) patched on 0.5.9; SGLANG_ENABLE_SPEC_V2 unset
     ok(capsys, "deploy", "-i", inv, WRONG, "--limit", "h01", "--allow-uncovered")
-    launched = ok(capsys, "launch", "-i", inv, WRONG, "--limit", "h01", "--timeout", "30")
+    launched = ok(capsys, "launch", "--drop-unknown-flags", "-i", inv, WRONG, "--limit", "h01", "--timeout", "30")
     notes = " ".join(instances(launched)["h01"]["notes"])
     assert "warning" in notes and "EAGLEWorker" in notes and "patches it: no" in notes
     t0 = time.monotonic()
@@ -132,7 +132,7 @@ def test_origin_story_wrong_file_then_full_playbook(sb: Any, tmp_path: Path,
     # the fix: the full playbook (both worker files), relaunched; passes on 0.5.9 and 0.5.14
     ok(capsys, "rollback", "-i", inv, "--limit", "h01")
     ok(capsys, "deploy", "-i", inv, FULL)
-    ok(capsys, "launch", "-i", inv, FULL, "--replace", "--timeout", "30")
+    ok(capsys, "launch", "--drop-unknown-flags", "-i", inv, FULL, "--replace", "--timeout", "30")
     t0 = time.monotonic()
     doc = ok(capsys, "verify-logs", "-i", inv, FULL)
     print(f"verify-logs (2 hosts, passing): {time.monotonic() - t0:.2f}s")
@@ -151,12 +151,12 @@ def test_stale_lines_of_an_earlier_launch_are_ignored(sb: Any, tmp_path: Path,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
     inv = make_inventory(sb, tmp_path / "inv.yaml", hosts=["h01"])
     ok(capsys, "deploy", "-i", inv, FULL)
-    first = ok(capsys, "launch", "-i", inv, FULL, "--timeout", "30")
+    first = ok(capsys, "launch", "--drop-unknown-flags", "-i", inv, FULL, "--timeout", "30")
     ok(capsys, "verify-logs", "-i", inv, FULL)
     old_log = Path(instances(first)["h01"]["log"])
     # back to the original files, relaunched: the old log (with markers) stays on disk, unread
     ok(capsys, "rollback", "-i", inv)
-    second = ok(capsys, "launch", "-i", inv, FULL, "--replace", "--timeout", "30")
+    second = ok(capsys, "launch", "--drop-unknown-flags", "-i", inv, FULL, "--replace", "--timeout", "30")
     assert MARKER in old_log.read_text() and instances(second)["h01"]["log"] != str(old_log)
     code, doc = cli(capsys, "verify-logs", "-i", inv, FULL)
     iv = instances(doc)["h01"]
@@ -168,7 +168,7 @@ def test_stale_lines_of_an_earlier_launch_are_ignored(sb: Any, tmp_path: Path,
 def test_redeploy_without_restart_says_restart_needed(sb: Any, tmp_path: Path,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
     inv = make_inventory(sb, tmp_path / "inv.yaml", hosts=["h02"])
-    ok(capsys, "launch", "-i", inv, FULL, "--timeout", "30")  # pristine 0.5.14: no marker
+    ok(capsys, "launch", "--drop-unknown-flags", "-i", inv, FULL, "--timeout", "30")  # pristine 0.5.14: no marker
     time.sleep(0.05)
     ok(capsys, "deploy", "-i", inv, FULL)  # files patched under the running server
     code, doc = cli(capsys, "verify-logs", "-i", inv, FULL)
@@ -178,7 +178,7 @@ def test_redeploy_without_restart_says_restart_needed(sb: Any, tmp_path: Path,
     assert "restart needed" in t and "srt/speculative/eagle_worker_v2.py" in t
     assert "log is from before the deploy" in t
     assert "DOES carry" in t  # the file on disk is right; the process predates it
-    ok(capsys, "launch", "-i", inv, FULL, "--replace", "--timeout", "30")
+    ok(capsys, "launch", "--drop-unknown-flags", "-i", inv, FULL, "--replace", "--timeout", "30")
     ok(capsys, "verify-logs", "-i", inv, FULL)
 
 
@@ -187,7 +187,7 @@ def test_one_rank_missing_and_server_not_running(sb: Any, tmp_path: Path,
     inv = make_inventory(sb, tmp_path / "inv.yaml", hosts=["h01"],
                          env={"h01": {"FLEETCTL_SIM_DROP_MARKER_RANK": "1"}})
     ok(capsys, "deploy", "-i", inv, FULL)
-    ok(capsys, "launch", "-i", inv, FULL, "--timeout", "30")
+    ok(capsys, "launch", "--drop-unknown-flags", "-i", inv, FULL, "--timeout", "30")
     code, doc = cli(capsys, "verify-logs", "-i", inv, FULL)
     iv = instances(doc)["h01"]
     assert code == 1
@@ -213,7 +213,7 @@ def test_two_instances_per_host_tp1_has_no_rank_prefix(sb: Any, tmp_path: Path,
     pb = tmp_path / "pb.yaml"
     pb.write_text(yaml.safe_dump(doc))
     ok(capsys, "deploy", "-i", inv, pb)
-    launched = ok(capsys, "launch", "-i", inv, pb, "--timeout", "30")
+    launched = ok(capsys, "launch", "--drop-unknown-flags", "-i", inv, pb, "--timeout", "30")
     its = launched["hosts"][0]["instances"]
     assert [i["gpus"] for i in its] == [[0], [1]] and its[1]["port"] == its[0]["port"] + 1
     doc = ok(capsys, "verify-logs", "-i", inv, pb)

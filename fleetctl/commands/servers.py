@@ -114,6 +114,9 @@ def register(app: typer.Typer) -> None:
         replace: bool = typer.Option(False, "--replace", help="Stop a fleetctl server already running there first."),
         timeout: float | None = typer.Option(None, "--timeout", min=0.1,
                                              help="Seconds to wait per host for ready (default: launch.ready_timeout)."),
+        drop_unknown_flags: bool = typer.Option(
+            False, "--drop-unknown-flags",
+            help="Leave out flags the installed SGLang does not register (e.g. the patch's own flag after a rollback)."),
         json_out: JsonOpt = False,
         debug: DebugOpt = False,
         accept_new_host_keys: AcceptNewOpt = False,
@@ -127,7 +130,8 @@ def register(app: typer.Typer) -> None:
                          args={"limit": limit, "replace": replace, "timeout": timeout})
             try:
                 _, rows = _tick_run(ctx, "launch", lambda: launch_fleet(ctx.fleet, pb, replace=replace,
-                                                                         timeout=timeout, launch_id=lid))
+                                                                         timeout=timeout, launch_id=lid,
+                                                                         drop_unknown_flags=drop_unknown_flags))
                 bad = [r for r in rows if r.status != "ok"]
                 ledger.finish(lid, "failed" if bad else "ok",
                               [{"host": r.host, "status": r.status, "message": r.message,

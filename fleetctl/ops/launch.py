@@ -155,14 +155,16 @@ def stop_instances(conn: HostConnection, names: list[str] | None, timeout: float
 
 
 def launch_host(conn: HostConnection, pb: Playbook, plan: list[Instance], *, launch_id: str, replace: bool,
-                timeout: float) -> HostLaunch:
+                timeout: float, drop_unknown_flags: bool = False) -> HostLaunch:
     h = conn.host
     res = HostLaunch(h.name, "ok")
     items = [InstanceLaunch(h.name, i.name, i.port, list(i.gpus), "skipped") for i in plan]
     res.instances = items
     ports = [i.port for i in plan]
     t = time.monotonic()
-    facts = read_facts(conn, gpus=True, with_=["state", "servers"], payload={"server_ports": ports})
+    flag_names = sorted({f for i in plan for f in i.flags})
+    facts = read_facts(conn, gpus=True, with_=["state", "servers"],
+                       payload={"server_ports": ports, "check_flags": flag_names})
     t = res.mark("facts", t)
     v = facts.sglang_version
     res.version = v
@@ -176,6 +178,23 @@ def launch_host(conn: HostConnection, pb: Playbook, plan: list[Instance], *, lau
         if m.get("state") in OPEN_STATES:
             return _refuse(res, f"deploy {m.get('id')} was interrupted ({m.get('state')}): the files are mixed; "
                                 "run 'fleetctl rollback' or 'fleetctl deploy' to repair before launching")
+    # a flag neither this release knows nor the installed server_args.py registers: argparse would
+    # refuse it (typically the payload's flag on a host where the patch is not deployed)
+    registered = facts.extra.get("registered_flags") or {}
+    unregistered = sorted({f for inst in plan for f in resolve_worker(v, inst.flags, inst.env).unknown_flags
+                           if registered.get(f) is False})
+    if unregistered and drop_unknown_flags:
+        profile = pb.launch.model_copy(update={"flags": {k: x for k, x in pb.launch.flags.items()
+                                                         if k not in unregistered}})
+        host = h.model_copy(update={"flags": {k: x for k, x in h.flags.items() if k not in unregistered}})
+        plan = plan_instances(host, profile)
+        res.instances = items = [InstanceLaunch(h.name, i.name, i.port, list(i.gpus), "skipped") for i in plan]
+        for it in items:
+            it.notes.append(f"left out {', '.join(unregistered)}: not a flag of SGLang {v} as installed here")
+    elif unregistered:
+        return _refuse(res, f"{', '.join(unregistered)} is not a flag of SGLang {v} as installed on {h.name} "
+                            f"(its srt/server_args.py does not register it): deploy the playbook first, or pass "
+                            f"--drop-unknown-flags to launch the installed code without it")
     for inst in plan:
         r = resolve_worker(v, inst.flags, inst.env)
         resolutions[inst.name] = r
@@ -313,14 +332,15 @@ def _refuse_items(res: HostLaunch, plan: list[Instance], problems: dict[str, lis
 
 
 def launch_fleet(fleet: Fleet, pb: Playbook, *, replace: bool = False, timeout: float | None = None,
-                 launch_id: str | None = None, hosts: list[Host] | None = None) -> tuple[str, list[HostLaunch]]:
+                 launch_id: str | None = None, hosts: list[Host] | None = None,
+                 drop_unknown_flags: bool = False) -> tuple[str, list[HostLaunch]]:
     """Launch the profile's instances on every host (or on `hosts`, e.g. those a deploy changed)."""
     targets = list(fleet.hosts if hosts is None else hosts)
     plans = {h.name: plan_instances(h, pb.launch) for h in targets}
     lid = launch_id or new_op_id("l")
     t = float(timeout if timeout is not None else pb.launch.ready_timeout)
-    outs = fleet.run(lambda c: launch_host(c, pb, plans[c.host.name], launch_id=lid, replace=replace, timeout=t),
-                     targets)
+    outs = fleet.run(lambda c: launch_host(c, pb, plans[c.host.name], launch_id=lid, replace=replace, timeout=t,
+                                           drop_unknown_flags=drop_unknown_flags), targets)
     results = []
     for o, h in zip(outs, targets, strict=True):
         if o.ok:

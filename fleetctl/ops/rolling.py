@@ -69,12 +69,15 @@ def batches(hosts: list[Host], serial: int | None, canary: int | None) -> list[l
 def original_code_playbook(pb: Playbook, version: str | None) -> Playbook:
     """The launch profile without flags the host's *unpatched* SGLang does not know (the patch's own
     flags): what a restart on the original code must pass."""
+    from fleetctl import wheels
+    from fleetctl.remote.agent import flag_registered
     from fleetctl.sglang import resolve_worker
 
     if not version:
         return pb
     res = resolve_worker(version, dict(pb.launch.flags), {})
-    unknown = set(getattr(res, "unknown_flags", ()) or ())
+    text = wheels.pristine_bytes(version, "srt/server_args.py").decode("utf-8", "replace")
+    unknown = {f for f in res.unknown_flags if not flag_registered(text, f)}
     if not unknown:
         return pb
     flags = {k: v for k, v in pb.launch.flags.items() if k not in unknown}

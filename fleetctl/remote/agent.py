@@ -243,6 +243,25 @@ def spec_files(pkg_dir, dirs, extra):
     return rels
 
 
+def flag_registered(server_args_text, flag):
+    """Does this server_args.py source register `flag`? Either the option string is spelled out, or
+    ServerArgs has a field of that name (newer releases derive options from annotated fields)."""
+    if ('"%s"' % flag) in server_args_text or ("'%s'" % flag) in server_args_text:
+        return True
+    dest = flag.lstrip("-").replace("-", "_")
+    return re.search(r"^[ \t]+%s[ \t]*:" % re.escape(dest), server_args_text, re.M) is not None
+
+
+def registered_flags(pkg_dir, flags):
+    """Which of `flags` the installed srt/server_args.py registers."""
+    try:
+        with open(os.path.join(pkg_dir, "srt", "server_args.py"), encoding="utf-8", errors="replace") as fh:
+            text = fh.read()
+    except OSError:
+        return {}
+    return dict((f, flag_registered(text, f)) for f in flags)
+
+
 def gpu_queries(timeout=20):
     exe = shutil.which("nvidia-smi")
     if not exe:
@@ -287,6 +306,8 @@ def action_facts(p):
         for rel in spec_files(sg["dir"], p.get("hash_dirs", []), p.get("hash_files", [])):
             files[rel] = file_info(sg["dir"], rel)
     res["files"] = files
+    if p.get("check_flags") and sg.get("found"):
+        res["registered_flags"] = registered_flags(sg["dir"], p["check_flags"])
     if p.get("gpus", True):
         res["gpus"] = gpu_queries()
     hooks = p.get("with", [])

@@ -178,6 +178,24 @@ def main(argv: list[str] | None = None) -> int:
             log(format_startup_warning(version, w, datetime.now()))
         traceback_exit(res.startup_error)
         return 1
+    # argparse: a flag neither the release knows nor the server_args.py ON DISK registers is refused
+    # (e.g. the payload's flag on a host whose patch was never deployed, or was rolled back)
+    try:
+        sa_text = (pkg / "srt" / "server_args.py").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        sa_text = ""
+    from fleetctl.remote.agent import flag_registered
+
+    # (a tree without server_args.py, as in unit tests, is not checked)
+    rejected = [f for f in res.unknown_flags if sa_text and not flag_registered(sa_text, f)]
+    if rejected:
+        parts = []
+        for f in rejected:
+            v = flags.get(f)
+            parts.append(f if v is True or v is None else f"{f} {v}")
+        log("usage: launch_server.py [-h] --model-path MODEL_PATH ... (fleetctl simulator)")
+        log(f"launch_server.py: error: unrecognized arguments: {' '.join(parts)}")
+        return 2
     ms = env.get("SGLANG_LOG_MS", "").lower() in ("1", "true", "yes", "y")
 
     def line(ranks: dict[str, int], msg: str) -> str:
