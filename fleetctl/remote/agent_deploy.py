@@ -171,13 +171,36 @@ def state_paths(state_dir):
 
 
 def ensure_state_dir(state_dir):
+    """The state dir (created 0700) and its deploys/ dir, made private (0700) even if it existed with
+    a looser mode. An existing state dir itself is left as it is: it may be a shared parent."""
     root, deploys, _ = state_paths(state_dir)
     for d in (root, deploys):
         try:
             os.mkdir(d, 0o700)
         except FileExistsError:
             pass
+    try:
+        st = os.lstat(deploys)
+        if stat.S_ISDIR(st.st_mode) and stat.S_IMODE(st.st_mode) & 0o077 and st.st_uid == os.geteuid():
+            os.chmod(deploys, 0o700)
+    except OSError:
+        pass
     return root
+
+
+def makedirs_private(path):
+    """mkdir -p where every directory created is 0700 (os.makedirs gives intermediate ones the
+    umask's default, e.g. 0755)."""
+    if os.path.isdir(path):
+        return
+    parent = os.path.dirname(path)
+    if parent and parent != path:
+        makedirs_private(parent)
+    try:
+        os.mkdir(path, 0o700)
+        os.chmod(path, 0o700)
+    except FileExistsError:
+        pass
 
 
 def _proc_stat(pid):
@@ -420,9 +443,9 @@ def _restore_files(state_dir, m, entries, force=False, forced_dir=None, p=None):
                             "why": "changed since the deploy (neither its patched nor its original bytes)"})
             continue
         if cur is not None and cur != f.get("sha_after") and forced_dir:
-            os.makedirs(os.path.dirname(os.path.join(forced_dir, f["path"])), mode=0o700, exist_ok=True)
-            with open(path, "rb") as src, open(os.path.join(forced_dir, f["path"]), "wb") as dst:
-                dst.write(src.read())
+            makedirs_private(os.path.dirname(os.path.join(forced_dir, f["path"])))
+            with open(path, "rb") as src:
+                write_atomic(os.path.join(forced_dir, f["path"]), src.read(), 0o600)
         with open(os.path.join(bdir, f["path"]), "rb") as fh:
             data = fh.read()
         safe_target(m["package_dir"], f["path"])
@@ -548,7 +571,9 @@ def action_deploy(p):
         if not plan:
             return {"deploy_id": None, "files": [], "notes": notes, "final": _final(pkg, p)}
         ddir = os.path.dirname(manifest_path(sd, did))
-        os.makedirs(os.path.join(ddir, "backup"), mode=0o700)
+        if os.path.exists(ddir):
+            raise AgentError("deploy %s already exists on this host" % did, "bad_input")
+        makedirs_private(os.path.join(ddir, "backup"))
         m = {"id": did, "kind": "deploy", "state": "preparing", "created": time.time(), "package_dir": pkg,
              "version": p.get("version"), "playbook": p.get("playbook"), "by": p.get("by"),
              "host": p.get("host"), "files": []}
@@ -562,7 +587,7 @@ def action_deploy(p):
         try:
             for entry, (f, path, st) in zip(m["files"], plan):
                 dst = os.path.join(bdir, f["path"])
-                os.makedirs(os.path.dirname(dst), mode=0o700, exist_ok=True)
+                makedirs_private(os.path.dirname(dst))
                 with open(path, "rb") as src:
                     data = src.read()
                 if hashlib.sha256(data).hexdigest() != f["sha_before"]:
