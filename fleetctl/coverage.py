@@ -15,16 +15,21 @@ from fleetctl.facts import HostFacts
 from fleetctl.plan import Coverage
 
 
+def instances(host: Host, playbook: Playbook) -> list[Any]:
+    """The server instances `fleetctl launch` would start on the host (same code path as launch)."""
+    from fleetctl.instances import plan_instances
+
+    return plan_instances(host, playbook.launch)
+
+
 def launch_flags(host: Host, playbook: Playbook) -> dict[str, Any]:
-    return {**playbook.launch.flags, **host.flags}
+    """The flags of the host's first instance, exactly as launch builds them."""
+    return dict(instances(host, playbook)[0].flags)
 
 
 def launch_env(host: Host, playbook: Playbook) -> dict[str, str]:
-    env: dict[str, str] = {}
-    for k, v in playbook.launch.env.items():
-        env[k] = ("1" if v else "0") if isinstance(v, bool) else str(v)
-    env.update(host.env)
-    return env
+    """The environment launch passes (playbook env + inventory env), never the controller's."""
+    return dict(instances(host, playbook)[0].env)
 
 
 def coverage(version: str, flags: dict[str, Any], env: dict[str, str], playbook: Playbook) -> Coverage:

@@ -24,8 +24,7 @@ _TP = next(f for f in sg_releases.FLAGS if f.dest == "tp_size")
 TP_FLAG = _TP.options[0]
 TP_SPELLINGS = frozenset(_TP.options) | frozenset(
     k for table in (sg_releases.ABBREV_0543, sg_releases.ABBREV_057) for k, v in table.items() if v == TP_FLAG)
-# TODO(fleetctl.sglang): --port is a launch_server flag the knowledge module does not list yet.
-PORT_FLAG = "--port"
+PORT_FLAG = sg_releases.PORT_FLAG
 
 # Host basics a process needs that come from the HOST's own login session (never the controller):
 # the server's environment is these (when set on the host) + playbook env + inventory env.

@@ -343,7 +343,7 @@ def register(app: typer.Typer) -> None:
         debug: DebugOpt = False,
         accept_new_host_keys: AcceptNewOpt = False,
     ) -> None:
-        from fleetctl.coverage import host_coverage, launch_env, launch_flags
+        from fleetctl.coverage import coverage, host_coverage, instances, launch_env, launch_flags
 
         pb = load_playbook(playbook)
         with fleet_context(inventory, limit, forks, json=json_out, debug=debug,
@@ -370,6 +370,14 @@ def register(app: typer.Typer) -> None:
                     "reason": cov.reason if cov else "SGLang not found on this host",
                     "refused": cov.refused if cov else None,
                 }
+                if f.sglang_version:
+                    row["instances"] = []
+                    for inst in instances(h, pb):
+                        ic = coverage(f.sglang_version, dict(inst.flags), dict(inst.env), pb)
+                        row["instances"].append({"instance": inst.name, "gpus": list(inst.gpus), "port": inst.port,
+                                                 "worker_class": ic.worker_class, "worker_file": ic.worker_file,
+                                                 "disable_overlap_schedule": ic.disable_overlap_schedule,
+                                                 "covered": ic.covered, "reason": ic.reason, "refused": ic.refused})
                 if f.sglang_version and pb.files_for(f.sglang_version) is None:
                     row["refused"] = (f"SGLang {f.sglang_version} has no patch set in {pb.path.name}; "
                                       f"supported: {', '.join(pb.supported())}")
@@ -383,7 +391,13 @@ def register(app: typer.Typer) -> None:
                         out.print(f"{r['host']}: [red]{r['status']}[/] {r['reason']}")
                         continue
                     mark = "[green]ok[/]" if not r.get("refused") else "[red]REFUSED[/]"
-                    out.print(f"{r['host']}: {r['reason']} [{mark}]")
+                    insts = r.get("instances") or []
+                    where = f" ({len(insts)} instances, each alike)" if len(insts) > 1 and all(
+                        i["reason"] == insts[0]["reason"] for i in insts) else ""
+                    out.print(f"{r['host']}{where}: {r['reason']} [{mark}]")
+                    if len(insts) > 1 and not where:
+                        for i in insts:
+                            out.print(f"  {i['instance']} (GPUs {','.join(map(str, i['gpus']))}): {i['reason']}")
                     if r.get("refused") and r["refused"] != r["reason"]:
                         out.print(f"  {r['refused']}")
             raise typer.Exit(EXIT_FAILED if bad else EXIT_OK)

@@ -16,6 +16,7 @@ from fleetctl.fleet import Fleet
 from fleetctl.instances import Instance
 from fleetctl.ops.launch import plan_fleet, predates_deploy
 from fleetctl.sglang import (
+    DUMP_ANCHOR,
     READY_LINE,
     expected_ranks,
     is_known,
@@ -26,9 +27,6 @@ from fleetctl.sglang import (
 from fleetctl.sglang import releases as sg_releases
 from fleetctl.transport.ssh import HostConnection
 
-# TODO(fleetctl.sglang): logs.py matches the dump with a private regex; this is the literal anchor
-# sglang-facts §4b says to match on (both the ServerArgs(...) and the dict form start with it).
-DUMP_ANCHOR = "server_args="
 REPORT_ARGS = ("speculative_algorithm", "disable_overlap_schedule", "speculative_eagle_topk",
                "speculative_disable_batch_threshold")
 MAX_SHOWN = 5

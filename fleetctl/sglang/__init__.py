@@ -1,6 +1,7 @@
 """Everything fleetctl knows about SGLang internals, per release (see releases.py for the table)."""
 
 from fleetctl.sglang.logs import (
+    DUMP_ANCHOR,
     READY_LINE,
     LogLine,
     expected_ranks,
@@ -11,7 +12,7 @@ from fleetctl.sglang.logs import (
     rank_prefix,
     server_args_dump,
 )
-from fleetctl.sglang.releases import KNOWN_VERSIONS
+from fleetctl.sglang.releases import KNOWN_VERSIONS, PORT_FLAG
 from fleetctl.sglang.routing import (
     Resolution,
     eagle_worker_classes,
@@ -22,7 +23,9 @@ from fleetctl.sglang.routing import (
 )
 
 __all__ = [
+    "DUMP_ANCHOR",
     "KNOWN_VERSIONS",
+    "PORT_FLAG",
     "READY_LINE",
     "LogLine",
     "Resolution",

@@ -16,6 +16,7 @@ from typing import Any
 from fleetctl.sglang import releases as R
 
 READY_LINE = R.READY_LINE
+DUMP_ANCHOR = R.DUMP_ANCHOR
 RANK_KEYS = ("DP", "PP", "ATTN_CP", "MOE_DP", "TP", "EP")
 
 _LINE = re.compile(r"^\[(\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}(?:\.\d{3})?)((?: [^\]\s]+)*)\] ?(.*)$", re.S)

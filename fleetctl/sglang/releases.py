@@ -329,6 +329,10 @@ LOG_0513 = LogRules(LOG_059.prefix_order, True, True, "repr", _DUMP_0513)
 LOG_0514 = LogRules(LOG_059.prefix_order, True, True, "repr", _DUMP_0514)
 
 READY_LINE = "The server is fired up and ready to roll!"
+# Every startup dump line starts with this (ServerArgs repr through 0.5.18, a dict from 0.5.19).
+DUMP_ANCHOR = "server_args="
+# launch_server's HTTP port flag (all releases), which fleetctl sets per server instance.
+PORT_FLAG = "--port"
 
 
 # --- the releases -----------------------------------------------------------------------------
