@@ -139,14 +139,14 @@ def replace_file(path, data, mode, uid, gid, expect_sha, validate_python=True, t
             except (SyntaxError, ValueError) as e:
                 raise AgentError("%s: new content does not compile with %s (python %s): %s"
                                  % (path, sys.executable, sys.version.split()[0], e), "validate") from None
+        if hook is not None:  # test-only fault point: the temp file is complete (0600), not yet renamed
+            hook()
         if uid is not None and os.geteuid() == 0:
             try:
                 os.chown(tmp, uid, gid)
             except OSError:
                 pass
-        os.chmod(tmp, mode)
-        if hook is not None:  # test-only fault point: the temp file is complete, not yet renamed
-            hook()
+        os.chmod(tmp, mode)  # the target's own mode, just before it takes the target's place
         os.replace(tmp, path)
     except BaseException:
         try:
