@@ -323,6 +323,8 @@ class Runner:
         return out
 
     def runs_for(self, tool: str, n: int) -> int:
+        if n > self.args.tool_max.get(tool, n):
+            return 0
         if tool == "ansible":
             if n > self.args.ansible_max:
                 return 0
@@ -511,6 +513,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ansible-default-max", type=int, default=8, help="largest N for ansible-core with its defaults")
     ap.add_argument("--slow-runs", type=int, default=1,
                     help="runs for ansible-core above N=8 (and for its defaults at any N): it takes minutes")
+    ap.add_argument("--tool-max", default="", help="largest N per tool, e.g. pyinfra=128,lean=256")
     ap.add_argument("--big-runs", type=int, default=0, help="runs per tool above N=128 (default: --runs)")
     ap.add_argument("--verify-logs-max", type=int, default=64,
                     help="largest N where fleetctl launch/verify-logs/stop are timed (first run only)")
@@ -521,6 +524,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--note", default="", help="a line for the report (e.g. what else ran on the machine)")
     args = ap.parse_args(argv)
     args.tools = [t.strip() for t in args.tools.split(",") if t.strip()]
+    try:
+        args.tool_max = {k.strip(): int(v) for k, v in (x.split("=", 1) for x in args.tool_max.split(",") if x.strip())}
+    except ValueError:
+        ap.error(f"--tool-max {args.tool_max!r}: expected TOOL=N[,TOOL=N]")
     args.lean_python = os.path.abspath(args.lean_python)  # tools run with cwd in the work dir
     unknown = [t for t in args.tools if t not in ALL_TOOLS]
     if unknown:
