@@ -30,7 +30,12 @@ BOOTSTRAP = (
     "n=int(d[:10])\n"
     "g={'__name__':'fleetctl_agent'}\n"
     "exec(compile(d[10:10+n],'fleetctl-agent','exec'),g)\n"
-    "sys.exit(g['_main'](d[10+n:]))\n"
+    "p=d[10+n:]\n"
+    # optional secret-env block (b'E' + 10-digit length + JSON object): set in the agent's own
+    # environment, so secret values never appear on a command line (ps, /proc/*/cmdline, audit logs)
+    "if p[:1]==b'E':\n"
+    " import os,json;m=int(p[1:11]);os.environ.update(json.loads(p[11:11+m]));p=p[11+m:]\n"
+    "sys.exit(g['_main'](p))\n"
 )
 
 
@@ -234,8 +239,14 @@ class HostConnection:
         """Run one agent action with the host's python; return its result or raise RemoteError."""
         src = agent_source()
         body = json.dumps({"action": action, **(payload or {})}).encode()
-        data = b"%010d" % len(src) + src + body
-        res = self.run([self.host.python, "-c", BOOTSTRAP], stdin=data, timeout=timeout, env=self.host.env)
+        data = b"%010d" % len(src) + src
+        secret = {k: v for k, v in self.host.env.items() if k in self.host.secret_env_keys}
+        if secret:  # over stdin, never on the command line
+            block = json.dumps(secret).encode()
+            data += b"E%010d" % len(block) + block
+        data += body
+        public = {k: v for k, v in self.host.env.items() if k not in self.host.secret_env_keys}
+        res = self.run([self.host.python, "-c", BOOTSTRAP], stdin=data, timeout=timeout, env=public)
         h = self.host.name
         if res.timed_out:
             raise RemoteError(f"{h}: '{action}' timed out after {res.elapsed:.0f}s", kind="timeout",
