@@ -6,6 +6,8 @@ and keep the tree to map a pydantic error location (a tuple of keys) back to a l
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -107,6 +109,15 @@ def _fix_for(err: dict[str, Any], key: str) -> str | None:
     return None
 
 
+def _part(p: Any) -> str:
+    """One part of a key path for a one-line message: plain names as they are, others quoted and
+    escaped (a key holding a newline or shell syntax never breaks the line or reads as code)."""
+    text = str(p)
+    if text == "[key]" or re.fullmatch(r"[A-Za-z0-9_.\-]+", text):
+        return text
+    return json.dumps(text, ensure_ascii=False)
+
+
 def validate(doc: YamlDoc, model: type[M], what: str) -> M:
     """Validate parsed YAML against a pydantic model; the first error becomes one line."""
     if not isinstance(doc.data, dict):
@@ -118,8 +129,8 @@ def validate(doc: YamlDoc, model: type[M], what: str) -> M:
         # a misspelt key explains a "missing" one: report unknown keys first
         err = next((x for x in errors if x.get("type") == "extra_forbidden"), errors[0])
         loc = tuple(err.get("loc", ()))
-        keypath = ".".join(str(p) for p in loc) or "(top level)"
-        key = str(loc[-1]) if loc else "(top level)"
+        keypath = ".".join(_part(p) for p in loc) or "(top level)"
+        key = _part(loc[-1]) if loc else "(top level)"
         line = doc.line_of(loc)
         msg = err.get("msg", "invalid")
         kind = err.get("type")
@@ -129,4 +140,6 @@ def validate(doc: YamlDoc, model: type[M], what: str) -> M:
             msg = "missing"
         elif kind == "value_error":
             msg = msg.removeprefix("Value error, ")
+        elif kind == "string_pattern_mismatch" and loc and loc[-1] == "[key]":
+            msg = "not a valid name (letters, digits and _ . - only; not starting with . or -)"
         raise InputError(f"{doc.path}:{line}: {keypath}: {msg}", hint=_fix_for(err, key)) from None
