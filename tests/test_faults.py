@@ -340,6 +340,17 @@ def run_trial(sb: sbx.Sandbox, inv: Path, pb: Path, intended: dict[str, bytes], 
             proc.wait()
     if errors:
         raise errors[0]
+    try:
+        return _check_trial(sb, inv, pb, intended, t, capsys, proc, out, err, frozen)
+    except BaseException:  # a failed check never leaves frozen processes behind for the next trial
+        for pids in frozen.values():
+            signal_pids([p for p in pids if procs.alive(p) and procs.has_marker(p, sb.dir)], signal.SIGKILL)
+        raise
+
+
+def _check_trial(sb: sbx.Sandbox, inv: Path, pb: Path, intended: dict[str, bytes], t: Trial,
+                 capsys: pytest.CaptureFixture[str], proc: subprocess.Popen[str], out: str, err: str,
+                 frozen: dict[str, list[int]]) -> dict[str, Any]:
     res: dict[str, Any] = {"trial": t.label(), "rc": proc.returncode}
     assert proc.returncode == 1, (t.label(), out, err)
     doc = json.loads(out)
@@ -447,6 +458,7 @@ def test_fault_random_trials(fault_fleet: tuple, ledger_dir: Path, capsys: pytes
     with capsys.disabled():
         print(f"\nfault trials: seed {seed}, {count} trials (FAULT_SEED={seed} reproduces), report {report}")
     tally: Counter[str] = Counter()
+    failures: list[str] = []
     with report.open("a") as fh:
         only = os.environ.get("FAULT_ONLY")
         for i in range(count):
@@ -455,10 +467,12 @@ def test_fault_random_trials(fault_fleet: tuple, ledger_dir: Path, capsys: pytes
                 continue
             try:
                 res = run_trial(sb, inv, pb, intended, t, ledger_dir, capsys)
-            except BaseException:
+            except Exception as e:  # record it, go on with the next trial (each starts from scratch)
+                failures.append(f"trial {i}: {t.label()}: {str(e)[:2000]}")
+                fh.write(json.dumps({"i": i, "seed": seed, "trial": t.label(), "FAILED": str(e)[:2000]}) + "\n")
                 with capsys.disabled():
-                    print(f"trial {i} (seed {seed}) FAILED: {t.label()}")
-                raise
+                    print(f"trial {i} (seed {seed}) FAILED: {t.label()}: {str(e)[:300]}")
+                continue
             res["i"] = i
             res["seed"] = seed
             fh.write(json.dumps(res) + "\n")
@@ -467,5 +481,8 @@ def test_fault_random_trials(fault_fleet: tuple, ledger_dir: Path, capsys: pytes
                 tally[f"{t.op}:{f.how}"] += 1
             for s in res["after_fault"].values():
                 tally[f"victim left {s}"] += 1
+    ran = 1 if only is not None else count
     with capsys.disabled():
-        print(f"fault trials: {count} passed (seed {seed}): " + ", ".join(f"{k} {v}" for k, v in sorted(tally.items())))
+        print(f"fault trials: {ran - len(failures)} of {ran} passed (seed {seed}): "
+              + ", ".join(f"{k} {v}" for k, v in sorted(tally.items())))
+    assert not failures, "\n".join(failures)
