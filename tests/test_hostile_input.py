@@ -166,13 +166,13 @@ def test_secrets_never_shown_logged_or_on_a_command_line(fleet: tuple, tmp_path:
     seen += [o, e]
     assert all(SECRET.encode() not in c for c in cmdlines), cmdlines  # not on any command line
     assert SECRET.encode() not in environ  # nor in the initial environment (it comes over stdin)
-    for args in (["facts", "-i", str(inv)], ["status", "-i", str(inv), str(pb)], ["explain", "-i", str(inv), str(pb)],
-                 ["deploy", "-i", str(inv), str(pb)], ["rollback", "-i", str(inv)], ["history"]):
-        for extra in ([], ["--json"], ["--debug"]):
-            if args[0] == "history" and extra == ["--debug"]:
-                continue
-            _code, out, err = run(capsys, *args, *extra)
-            seen += [out, err]
+    i, p = str(inv), str(pb)
+    for args in (["facts", "-i", i, "--json"], ["facts", "-i", i, "--debug"], ["status", "-i", i, p, "--json"],
+                 ["explain", "-i", i, p], ["explain", "-i", i, p, "--json", "--debug"],
+                 ["rollback", "-i", i, "--debug"], ["deploy", "-i", i, p, "--json"], ["deploy", "-i", i, p],
+                 ["rollback", "-i", i, "--json"], ["history"], ["history", "--json"]):
+        _code, out, err = run(capsys, *args)
+        seen += [out, err]
     blob = "\n".join(seen)
     assert SECRET not in blob and "s3cr3t" not in blob
     db = ledger_dir / "ledger.sqlite"
