@@ -297,6 +297,9 @@ def _create_lock(lock, data):
 
 
 def _locked_error(held):
+    if held.get("unreadable"):
+        return AgentError("locked: the lock file is being written or is damaged (less than %ds old); "
+                          "retry, or check that host" % LOCK_YOUNG, "locked")
     return AgentError("locked: %s %s by %s since %s (pid %s); wait for it or check that host"
                       % (held.get("op"), held.get("id"), held.get("by"),
                          time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(held.get("since") or 0)),
