@@ -57,7 +57,8 @@ EW2 = "srt/speculative/eagle_worker_v2.py"
 EW = "srt/speculative/eagle_worker.py"
 SA = "srt/server_args.py"
 FILES = (EW2, SA, EW)
-COMMAND_TIMEOUT = 8.0  # small, so frozen hosts time out; not too small for a loaded machine
+COMMAND_TIMEOUT = 10.0  # the faulted command's: small, so frozen hosts time out; not too small for a loaded machine
+CHECK_TIMEOUT = 120.0  # status, --check and the repair: a slow machine is not a fault
 
 # ---------------------------------------------------------------------------------------------- helpers
 # (imported by test_concurrency.py, test_hostile_input.py and test_bad_inputs.py)
@@ -308,7 +309,7 @@ def run_trial(sb: sbx.Sandbox, inv: Path, pb: Path, intended: dict[str, bytes], 
     markers = {f.host: sb.hosts[f.host].state_dir.parent / "fault-reached" for f in t.faults}
     for m in markers.values():
         m.unlink(missing_ok=True)
-    args = [t.op, "-i", str(inv), "--json"] + ([str(pb)] if t.op == "deploy" else [])
+    args = [t.op, "-i", str(inv.with_name("inventory-fault.yaml")), "--json"] + ([str(pb)] if t.op == "deploy" else [])
     proc = spawn_faulted({f.host: f.payload(markers[f.host]) for f in t.faults}, *args, ledger=ledger)
     frozen: dict[str, list[int]] = {}
     errors: list[BaseException] = []
@@ -427,7 +428,8 @@ def fault_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[sbx.
     d = tmp_path_factory.mktemp("faultfleet")
     try:  # down() runs even when up() fails half-way
         sb = sbx.up(d / "sb", hosts=3, versions=[VERSION], gpus=1)
-        inv = write_inventory(sb, d / "inventory.yaml", command_timeout=COMMAND_TIMEOUT, connect_timeout=5)
+        inv = write_inventory(sb, d / "inventory.yaml", command_timeout=CHECK_TIMEOUT)
+        write_inventory(sb, d / "inventory-fault.yaml", command_timeout=COMMAND_TIMEOUT, connect_timeout=5)
         pb = make_playbook(d / "pb")
         yield sb, inv, pb, intended_bytes(pb)
     finally:
