@@ -57,7 +57,7 @@ EW2 = "srt/speculative/eagle_worker_v2.py"
 EW = "srt/speculative/eagle_worker.py"
 SA = "srt/server_args.py"
 FILES = (EW2, SA, EW)
-COMMAND_TIMEOUT = 10.0  # the faulted command's: small, so frozen hosts time out; not too small for a loaded machine
+COMMAND_TIMEOUT = 15.0  # the faulted command's: small, so frozen hosts time out; not too small for a loaded machine
 CHECK_TIMEOUT = 120.0  # status, --check and the repair: a slow machine is not a fault
 
 # ---------------------------------------------------------------------------------------------- helpers
@@ -313,12 +313,23 @@ def run_trial(sb: sbx.Sandbox, inv: Path, pb: Path, intended: dict[str, bytes], 
     proc = spawn_faulted({f.host: f.payload(markers[f.host]) for f in t.faults}, *args, ledger=ledger)
     frozen: dict[str, list[int]] = {}
     errors: list[BaseException] = []
+    unreached: set[str] = set()
+    ended: dict[str, float] = {}
 
     def act(f: Fault) -> None:
         try:
             if f.how == "agent_exit":
                 return
-            wait_file(markers[f.host])
+            # the agent may reach the point after the controller gave up on it (a loaded machine):
+            # act then too, so nothing is left holding the lock; give up 30 s after the command ended
+            m = markers[f.host]
+            while not m.exists():
+                if proc.poll() is not None and time.monotonic() - ended.get("t", time.monotonic()) > 30:
+                    unreached.add(f.host)
+                    return
+                if proc.poll() is not None:
+                    ended.setdefault("t", time.monotonic())
+                time.sleep(0.01)
             if f.how == "kill_sshd":
                 kill_host(sb, f.host)
             else:
@@ -335,14 +346,14 @@ def run_trial(sb: sbx.Sandbox, inv: Path, pb: Path, intended: dict[str, bytes], 
         out, err = proc.communicate(timeout=120)
     finally:
         for th in threads:
-            th.join(60)
+            th.join(120)
         if proc.poll() is None:
             proc.kill()
             proc.wait()
     if errors:
         raise errors[0]
     try:
-        return _check_trial(sb, inv, pb, intended, t, capsys, proc, out, err, frozen)
+        return _check_trial(sb, inv, pb, intended, t, capsys, proc, out, err, frozen, unreached)
     except BaseException:  # a failed check never leaves frozen processes behind for the next trial
         for pids in frozen.values():
             signal_pids([p for p in pids if procs.alive(p) and procs.has_marker(p, sb.dir)], signal.SIGKILL)
@@ -351,21 +362,31 @@ def run_trial(sb: sbx.Sandbox, inv: Path, pb: Path, intended: dict[str, bytes], 
 
 def _check_trial(sb: sbx.Sandbox, inv: Path, pb: Path, intended: dict[str, bytes], t: Trial,
                  capsys: pytest.CaptureFixture[str], proc: subprocess.Popen[str], out: str, err: str,
-                 frozen: dict[str, list[int]]) -> dict[str, Any]:
+                 frozen: dict[str, list[int]], unreached: set[str]) -> dict[str, Any]:
     res: dict[str, Any] = {"trial": t.label(), "rc": proc.returncode}
-    assert proc.returncode == 1, (t.label(), out, err)
     doc = json.loads(out)
     by_host = {r["host"]: r for r in doc["results"]}
+    bad = {n for n, r in by_host.items() if r["status"] not in ("changed", "unchanged", "skipped")}
     for f in t.faults:
+        if f.host in unreached:
+            continue  # the command ended before the agent got to the point (see below)
         r = by_host[f.host]
         assert r["status"] in ("failed", "unreachable"), (t.label(), r)
         assert f.host in r["message"], r
+    for n in bad:
+        assert n in by_host[n]["message"], by_host[n]
+    assert proc.returncode == (1 if bad else 0), (t.label(), out, err)
     for f in t.faults:
-        if f.how == "kill_sshd":
+        if f.how == "kill_sshd" and f.host not in unreached:
             sb.start_host(f.host)
+    # a host that failed although it was not a victim (its command timed out on a loaded machine) is
+    # one more fault: it gets the victims' checks; the others must be exactly as the command said
+    collateral = bad - {f.host for f in t.faults}
+    if collateral or unreached:
+        res["load"] = {"timed_out": sorted(collateral), "fault_not_reached": sorted(unreached)}
 
     # --- right after the fault: nothing silent
-    victims = {f.host for f in t.faults}
+    victims = {f.host for f in t.faults} | collateral
     states = {n: host_state(h, intended) for n, h in sb.hosts.items()}
     res["after_fault"] = {n: s for n, (s, _) in states.items() if n in victims}
     res["temp_left_by_fault"] = len(temp_files(sb))
@@ -389,11 +410,12 @@ def _check_trial(sb: sbx.Sandbox, inv: Path, pb: Path, intended: dict[str, bytes
             assert any("interrupted" in p or "mixed" in p for p in rows[n]["problems"]), rows[n]
         if n in frozen:
             assert any("lock" in p for p in rows[n]["problems"]), rows[n]
-    code, chk = run_json(capsys, "deploy", "--check", "-i", str(inv), str(pb))
-    plans = {hp["host"]: hp for hp in chk["plan"]["hosts"]}
-    for n in sb.hosts:
-        if states[n][0] == "mixed" and n not in frozen:
-            assert plans[n]["interrupted"], (t.label(), n, plans[n])
+    if any(states[n][0] == "mixed" and n not in frozen for n in sb.hosts):
+        code, chk = run_json(capsys, "deploy", "--check", "-i", str(inv), str(pb))
+        plans = {hp["host"]: hp for hp in chk["plan"]["hosts"]}
+        for n in sb.hosts:
+            if states[n][0] == "mixed" and n not in frozen:
+                assert plans[n]["interrupted"], (t.label(), n, plans[n])
 
     # --- frozen hosts: end them (kill) or let them run on (cont)
     for f in t.faults:
