@@ -226,8 +226,8 @@ def _pid_alive(pid, start=None):
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        pass
+    except PermissionError:  # another user's live process (which /proc may hide): not ours to judge
+        return True
     st = _proc_stat(pid)
     if st is not None:
         state, ticks = st
