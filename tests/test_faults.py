@@ -314,22 +314,26 @@ def run_trial(sb: sbx.Sandbox, inv: Path, pb: Path, intended: dict[str, bytes], 
     frozen: dict[str, list[int]] = {}
     errors: list[BaseException] = []
     unreached: set[str] = set()
-    ended: dict[str, float] = {}
 
     def act(f: Fault) -> None:
         try:
             if f.how == "agent_exit":
                 return
             # the agent may reach the point after the controller gave up on it (a loaded machine):
-            # act then too, so nothing is left holding the lock; give up 30 s after the command ended
+            # act then too, so nothing is left holding the lock; the point was never reached only
+            # once the command is over AND no session is left on the host (for 2 s)
             m = markers[f.host]
+            idle = None
             while not m.exists():
-                if proc.poll() is not None and time.monotonic() - ended.get("t", time.monotonic()) > 30:
-                    unreached.add(f.host)
-                    return
-                if proc.poll() is not None:
-                    ended.setdefault("t", time.monotonic())
-                time.sleep(0.01)
+                now = time.monotonic()
+                if proc.poll() is not None and not session_pids(sb.hosts[f.host]):
+                    idle = idle or now
+                    if now - idle > 2:
+                        unreached.add(f.host)
+                        return
+                else:
+                    idle = None
+                time.sleep(0.02)
             if f.how == "kill_sshd":
                 kill_host(sb, f.host)
             else:
@@ -346,7 +350,7 @@ def run_trial(sb: sbx.Sandbox, inv: Path, pb: Path, intended: dict[str, bytes], 
         out, err = proc.communicate(timeout=120)
     finally:
         for th in threads:
-            th.join(120)
+            th.join(300)
         if proc.poll() is None:
             proc.kill()
             proc.wait()
