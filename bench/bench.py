@@ -284,14 +284,18 @@ class Runner:
                 self._ok(m, hosts, want, backup)
             out[op] = m
 
-        run("check", [*base, "deploy", pb, *inv, "--check"], "pristine")
+        ops = {o.strip() for o in self.args.fleetctl_ops.split(",")}
+        if "check" in ops:
+            run("check", [*base, "deploy", pb, *inv, "--check"], "pristine")
         run("deploy", [*base, "deploy", pb, *inv], "intended", "fleetctl")
-        run("noop", [*base, "deploy", pb, *inv], "intended", "fleetctl")
+        if "noop" in ops:
+            run("noop", [*base, "deploy", pb, *inv], "intended", "fleetctl")
         if first_run and n <= self.args.verify_logs_max:
             run("launch", [*base, "launch", pb, *inv], None)
             run("verify-logs", [*base, "verify-logs", pb, *inv], None)
             run("stop", [*base, "stop", pb, *inv], None)
-        run("rollback", [*base, "rollback", *inv], "pristine")
+        if "rollback" in ops:
+            run("rollback", [*base, "rollback", *inv], "pristine")
         return out
 
     def lean(self, inp: Inputs, hosts: list[Any], first_run: bool) -> dict[str, Any]:
@@ -485,11 +489,18 @@ def tool_versions(tools: list[str], lean_python: str) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def sandbox(work: Path, n: int, versions: list[str], gpus: int) -> Iterator[Any]:
+def sandbox(work: Path, n: int, versions: list[str], gpus: int, reuse: bool = False) -> Iterator[Any]:
     from fleetctl.sandbox import fleet
 
     d = work / "sandbox"
     try:
+        if reuse and (d / "sandbox.json").exists():
+            sb = fleet.load(d)
+            if len(sb.hosts) >= n and all(h.alive for h in sb.hosts.values()):
+                say(f"reusing the running sandbox of {len(sb.hosts)} hosts in {d}")
+                yield sb
+                return
+            fleet.down(d)
         t0 = time.monotonic()
         say(f"building a sandbox of {n} hosts ({', '.join(versions)}) in {d}")
         sb = fleet.up(d, hosts=n, versions=versions, gpus=gpus)
@@ -514,6 +525,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--slow-runs", type=int, default=1,
                     help="runs for ansible-core above N=8 (and for its defaults at any N): it takes minutes")
     ap.add_argument("--tool-max", default="", help="largest N per tool, e.g. pyinfra=128,lean=256")
+    ap.add_argument("--reuse-sandbox", action="store_true", help="use a sandbox already running in WORK/sandbox")
+    ap.add_argument("--fleetctl-ops", default="check,deploy,noop,rollback",
+                    help="fleetctl ops to time (deploy is always run; launch/verify-logs/stop follow --verify-logs-max)")
     ap.add_argument("--big-runs", type=int, default=0, help="runs per tool above N=128 (default: --runs)")
     ap.add_argument("--verify-logs-max", type=int, default=64,
                     help="largest N where fleetctl launch/verify-logs/stop are timed (first run only)")
@@ -547,7 +561,7 @@ def main(argv: list[str] | None = None) -> int:
     ctl_dir = Path(tempfile.mkdtemp(prefix="bcp-", dir="/tmp"))  # short: ssh ControlPath sockets
     try:
         job = Job(work, versions)
-        with sandbox(work, max(sizes), versions, args.gpus) as sb:
+        with sandbox(work, max(sizes), versions, args.gpus, args.reuse_sandbox) as sb:
             runner = Runner(args, work, sb, job)
             runner.ctl_dir = ctl_dir
             for n in sizes:

@@ -24,7 +24,7 @@ import paramiko
 
 
 def _exec(client: paramiko.SSHClient, cmd: str) -> tuple[int, str]:
-    _, out, err = client.exec_command(cmd, timeout=60)
+    _, out, err = client.exec_command(cmd, timeout=600)
     data = out.read().decode()
     rc = out.channel.recv_exit_status()
     if rc != 0:
@@ -48,7 +48,7 @@ def push(job: dict, host: dict) -> dict:
     client.set_missing_host_key_policy(paramiko.RejectPolicy())
     try:
         client.connect("127.0.0.1", port=host["port"], username=job["user"], key_filename=job["key"],
-                       look_for_keys=False, allow_agent=False, timeout=30, banner_timeout=30, auth_timeout=30)
+                       look_for_keys=False, allow_agent=False, timeout=120, banner_timeout=120, auth_timeout=120)
         files = host["files"]
         before = _hashes(client, [f["dest"] for f in files])
         todo = [f for f in files if before.get(f["dest"]) != f["sha256"]]
