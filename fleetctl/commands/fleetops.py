@@ -308,7 +308,7 @@ def register(app: typer.Typer) -> None:
             if op_id:
                 d = ledger.get(op_id)
                 if d is None:
-                    raise FleetctlError(f"no operation {op_id} in {ledger.path}", hint="run 'fleetctl history' to list ids")
+                    raise InputError(f"no operation {op_id} in {ledger.path}", hint="run 'fleetctl history' to list ids")
                 if json_out:
                     emit_json(d)
                     raise typer.Exit(0)
