@@ -194,3 +194,24 @@ def test_torch_check_verdicts() -> None:
     assert check_torch(None, ["torch==2.9.1"]).satisfied is False
     assert check_torch("2.9.1", []).satisfied is None
     assert check_torch("2.9.1", ['torch>=2.5; extra == "dev"']).satisfied is None
+
+
+def test_bootstrap_caches_the_compiled_agent_privately(tmp_path: Path) -> None:
+    """The host keeps the compiled agent in its state dir (0600 file, 0700 dir) and ignores a cache
+    file anyone else could have written."""
+    src = agent_source()
+    data = b"%010d" % len(src) + src + json.dumps({"action": "ping"}).encode()
+    cache = tmp_path / "state" / "cache"
+    for _ in range(2):
+        r = subprocess.run([sys.executable, "-c", BOOTSTRAP, str(cache)], input=data, capture_output=True)
+        assert json.loads(r.stdout)["ok"], r.stderr
+    (f,) = list(cache.iterdir())
+    assert f.name.startswith("agent-") and os.stat(f).st_mode & 0o777 == 0o600
+    assert os.stat(cache).st_mode & 0o777 == 0o700
+    f.write_bytes(b"garbage")
+    os.chmod(f, 0o660)  # group-writable: not trusted, compiled afresh
+    r = subprocess.run([sys.executable, "-c", BOOTSTRAP, str(cache)], input=data, capture_output=True)
+    assert json.loads(r.stdout)["ok"], r.stderr
+    os.chmod(cache, 0o777)  # a dir others can write: not trusted either
+    r = subprocess.run([sys.executable, "-c", BOOTSTRAP, str(cache)], input=data, capture_output=True)
+    assert json.loads(r.stdout)["ok"], r.stderr

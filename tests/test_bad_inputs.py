@@ -74,8 +74,9 @@ def snapshot(sb: sbx.Sandbox, state: bool = True) -> dict[str, dict]:
         out[n] = tree_sig(h.sglang_dir)
         out[n + ":targets"] = {rel: hashlib.sha256((h.sglang_dir / rel).read_bytes()).hexdigest()
                                for rel in (EW2, SA) if (h.sglang_dir / rel).is_file()}
-        if state:
-            out[n + ":state"] = tree_hashes(h.state_dir)
+        if state:  # the agent's compiled-code cache (state_dir/cache) is not deploy state
+            out[n + ":state"] = {k: v for k, v in tree_hashes(h.state_dir).items()
+                                 if not k.startswith("cache/") and k != "cache"}
     return out
 
 

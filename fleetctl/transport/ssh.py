@@ -25,16 +25,40 @@ from fleetctl.remote import agent_source
 from fleetctl.transport.hostkeys import HostKeyError, StrictPolicy, fingerprint
 
 BOOTSTRAP = (
-    "import sys\n"
+    "import sys,os,marshal,hashlib\n"
     "d=sys.stdin.buffer.read()\n"
     "n=int(d[:10])\n"
+    "s=d[10:10+n]\n"
     "g={'__name__':'fleetctl_agent'}\n"
-    "exec(compile(d[10:10+n],'fleetctl-agent','exec'),g)\n"
+    # compiling the agent costs far more than running it: keep the code object per agent hash and
+    # interpreter in the host's private state dir (only a regular file owned by us, in a dir owned
+    # by us that nobody else can write, is trusted; anything odd: compile afresh)
+    "c=None;q=None\n"
+    "try:\n"
+    " r=os.path.expanduser(sys.argv[1]) if len(sys.argv)>1 and sys.argv[1] else None\n"
+    " if r:\n"
+    "  os.makedirs(r,0o700,exist_ok=True);t=os.stat(r)\n"
+    "  if t.st_uid==os.getuid() and not t.st_mode&0o022:\n"
+    "   q=os.path.join(r,'agent-%s.%s'%(hashlib.sha256(s).hexdigest()[:32],sys.implementation.cache_tag))\n"
+    "   t=os.lstat(q)\n"
+    "   if t.st_uid==os.getuid() and not t.st_mode&0o077 and t.st_mode&0o170000==0o100000:\n"
+    "    f=open(q,'rb');c=marshal.loads(f.read());f.close()\n"
+    "except Exception:\n"
+    " c=None\n"
+    "if c is None:\n"
+    " c=compile(s,'fleetctl-agent','exec')\n"
+    " if q:\n"
+    "  try:\n"
+    "   w=q+'.%d'%os.getpid();fd=os.open(w,os.O_WRONLY|os.O_CREAT|os.O_EXCL,0o600)\n"
+    "   os.write(fd,marshal.dumps(c));os.close(fd);os.replace(w,q)\n"
+    "  except Exception:\n"
+    "   pass\n"
+    "exec(c,g)\n"
     "p=d[10+n:]\n"
     # optional secret-env block (b'E' + 10-digit length + JSON object): set in the agent's own
     # environment, so secret values never appear on a command line (ps, /proc/*/cmdline, audit logs)
     "if p[:1]==b'E':\n"
-    " import os,json;m=int(p[1:11]);os.environ.update(json.loads(p[11:11+m]));p=p[11+m:]\n"
+    " import json;m=int(p[1:11]);os.environ.update(json.loads(p[11:11+m]));p=p[11+m:]\n"
     "sys.exit(g['_main'](p))\n"
 )
 
@@ -246,7 +270,8 @@ class HostConnection:
             data += b"E%010d" % len(block) + block
         data += body
         public = {k: v for k, v in self.host.env.items() if k not in self.host.secret_env_keys}
-        res = self.run([self.host.python, "-c", BOOTSTRAP], stdin=data, timeout=timeout, env=public)
+        cache = self.host.state_dir.rstrip("/") + "/cache"
+        res = self.run([self.host.python, "-c", BOOTSTRAP, cache], stdin=data, timeout=timeout, env=public)
         h = self.host.name
         if res.timed_out:
             raise RemoteError(f"{h}: '{action}' timed out after {res.elapsed:.0f}s", kind="timeout",
