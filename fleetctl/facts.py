@@ -134,12 +134,15 @@ def parse_facts(host: str, raw: dict[str, Any]) -> HostFacts:
 
 
 def read_facts(conn: HostConnection, *, extra_files: list[str] | None = None, gpus: bool = True,
-               with_: list[str] | None = None, payload: dict[str, Any] | None = None) -> HostFacts:
-    """One agent round trip: everything fleetctl needs to know about the host."""
+               with_: list[str] | None = None, payload: dict[str, Any] | None = None,
+               all_hashes: bool = True) -> HostFacts:
+    """One agent round trip: everything fleetctl needs to know about the host.
+
+    all_hashes=False hashes only `extra_files` (what deploy plans need), not srt/speculative/**."""
     p: dict[str, Any] = {
         "sglang_dir": conn.host.sglang_dir,
-        "hash_dirs": HASH_DIRS,
-        "hash_files": HASH_FILES + [f for f in (extra_files or []) if f not in HASH_FILES],
+        "hash_dirs": HASH_DIRS if all_hashes else [],
+        "hash_files": (HASH_FILES if all_hashes else []) + [f for f in (extra_files or []) if f not in HASH_FILES],
         "gpus": gpus,
         "with": with_ or [],
         "state_dir": conn.host.state_dir,

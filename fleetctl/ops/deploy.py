@@ -36,7 +36,7 @@ class Gathered:
 
 def gather(fleet: Fleet, playbook: Playbook | None) -> Gathered:
     extra = sorted({f.path for files in (playbook.versions.values() if playbook else []) for f in files})
-    outs = fleet.run(lambda c: read_facts(c, extra_files=extra, with_=["state"], gpus=False))
+    outs = fleet.run(lambda c: read_facts(c, extra_files=extra, with_=["state"], gpus=False, all_hashes=False))
     return Gathered({o.host: o.data for o in outs if o.ok}, {o.host: o for o in outs})
 
 
@@ -119,14 +119,21 @@ def apply_plan(fleet: Fleet, plan: Plan, playbook: Playbook, op_id: str, *, vali
             results[hp.host] = HostApply(hp.host, "unreachable" if hp.status == "unreachable" else
                                          ("refused" if hp.status == "refused" else "failed"), hp.reason)
 
+    encoded: dict[tuple[str, str], str] = {}  # the intended bytes are the same on every host of a version
+
+    def b64(version: str, path: str, data: bytes) -> str:
+        key = (version, path)
+        if key not in encoded:
+            encoded[key] = base64.b64encode(data).decode()
+        return encoded[key]
+
     def one(conn: HostConnection) -> HostApply:
         hp = todo[conn.host.name]
         it = plan.intended[hp.version or ""]
         files = []
         for fp in hp.to_patch:
-            data = it[fp.path].data
             files.append({"path": fp.path, "sha_before": fp.sha_now, "sha_after": fp.sha_intended,
-                          "content_b64": base64.b64encode(data).decode()})
+                          "content_b64": b64(hp.version or "", fp.path, it[fp.path].data)})
         payload: dict[str, Any] = {
             "state_dir": conn.host.state_dir, "deploy_id": op_id, "package_dir": hp.package_dir,
             "version": hp.version, "playbook": playbook.name, "by": who(), "host": conn.host.name,

@@ -8,8 +8,10 @@ agent (fleetctl/remote) is run through `agent()`.
 from __future__ import annotations
 
 import json
+import random
 import select
 import shlex
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -66,6 +68,10 @@ BOOTSTRAP = (
 class Unreachable(FleetctlError):
     """The host could not be reached or authenticated."""
 
+    def __init__(self, message: str, *, hint: str | None = None, transient: bool = True) -> None:
+        super().__init__(message, hint=hint)
+        self.transient = transient
+
 
 class RemoteError(FleetctlError):
     """A remote command or the agent failed on the host."""
@@ -92,6 +98,7 @@ class CommandResult:
 
 
 _configs: dict[str, Config] = {}
+_config_lock = threading.Lock()
 
 
 def _fabric_config(ssh_config: Path | None) -> Config:
@@ -147,7 +154,22 @@ class HostConnection:
             policies += self._prepare(gw, f"{label} (jump host {gw.original_host})")
         return policies
 
+    CONNECT_TRIES = 3
+
     def connect(self) -> None:
+        """Connect, retrying a transient failure (refused, reset, timed out, no session) twice with
+        jitter: hundreds of handshakes at once can overrun sshd or the machine. Authentication and
+        host-key failures are never retried."""
+        for attempt in range(self.CONNECT_TRIES):
+            try:
+                self._connect_once()
+                return
+            except Unreachable as e:
+                if e.transient is False or attempt == self.CONNECT_TRIES - 1:
+                    raise
+                time.sleep(random.uniform(0.2, 1.0) * (attempt + 1))
+
+    def _connect_once(self) -> None:
         if self._conn is not None and self._conn.is_connected:
             return
         h = self.host
@@ -155,14 +177,15 @@ class HostConnection:
         kwargs: dict[str, Any] = {"banner_timeout": h.connect_timeout, "auth_timeout": h.connect_timeout}
         if h.identity_file:
             kwargs["key_filename"] = [h.identity_file]
-        conn = Connection(
-            target,
-            user=h.user,
-            port=h.port,
-            config=_fabric_config(self.inventory.ssh_config),
-            connect_timeout=max(1, round(h.connect_timeout)),
-            connect_kwargs=kwargs,
-        )
+        with _config_lock:  # fabric's Config is not safe to read from many threads at once
+            conn = Connection(
+                target,
+                user=h.user,
+                port=h.port,
+                config=_fabric_config(self.inventory.ssh_config),
+                connect_timeout=max(1, round(h.connect_timeout)),
+                connect_kwargs=kwargs,
+            )
         policies = self._prepare(conn, h.name)
         where = f"{conn.user}@{conn.host}:{conn.port}"
         t0 = time.monotonic()
@@ -178,16 +201,19 @@ class HostConnection:
             ) from None
         except paramiko.AuthenticationException as e:
             raise Unreachable(f"{h.name}: authentication failed for {where}: {e}",
-                              hint="check 'user:' and 'identity_file:' in the inventory") from None
+                              hint="check 'user:' and 'identity_file:' in the inventory", transient=False) from None
         except TimeoutError:
             raise Unreachable(f"{h.name}: connection to {where} timed out after {h.connect_timeout:g}s",
-                              hint="is the host up and the address right?") from None
+                              hint="is the host up and the address right?", transient=False) from None
         except (paramiko.SSHException, OSError, EOFError) as e:
             msg = str(e) or e.__class__.__name__
-            if isinstance(e, paramiko.ssh_exception.NoValidConnectionsError):
+            refused = isinstance(e, paramiko.ssh_exception.NoValidConnectionsError)
+            if refused:
                 msg = "connection refused"
+            # refused: nobody listens (definite); a handshake cut short (reset, no session,
+            # banner) is what an overloaded sshd does: worth another try
             raise Unreachable(f"{h.name}: cannot connect to {where}: {msg}",
-                              hint="is sshd running there and the port right?") from None
+                              hint="is sshd running there and the port right?", transient=not refused) from None
         self.connect_seconds = time.monotonic() - t0
         transport = conn.client.get_transport()
         if transport is not None:
