@@ -142,7 +142,8 @@ def read_facts(conn: HostConnection, *, extra_files: list[str] | None = None, gp
     p: dict[str, Any] = {
         "sglang_dir": conn.host.sglang_dir,
         "hash_dirs": HASH_DIRS if all_hashes else [],
-        "hash_files": (HASH_FILES if all_hashes else []) + [f for f in (extra_files or []) if f not in HASH_FILES],
+        "hash_files": (HASH_FILES + [f for f in (extra_files or []) if f not in HASH_FILES] if all_hashes
+                       else list(extra_files or [])),
         "gpus": gpus,
         "with": with_ or [],
         "state_dir": conn.host.state_dir,
