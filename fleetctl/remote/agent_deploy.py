@@ -409,8 +409,10 @@ def manifest_summary(m, pkg_dir=None):
                 cur = None
         files.append({"path": f["path"], "sha_before": f.get("sha_before"), "sha_after": f.get("sha_after"),
                       "status": f.get("status"), "sha_now": cur})
-    return {k: m.get(k) for k in ("id", "state", "created", "updated", "package_dir", "version", "playbook",
-                                  "by", "rolled_back_at", "note")} | {"files": files}
+    out = dict((k, m.get(k)) for k in ("id", "state", "created", "updated", "package_dir", "version", "playbook",
+                                       "by", "rolled_back_at", "note"))
+    out["files"] = files  # (no dict `|`: the agent runs on Python >= 3.8)
+    return out
 
 
 def state_facts(p, sg):
