@@ -129,7 +129,7 @@ def playbook_with(tmp_path: Path, launch: dict[str, Any], base: Path = FULL) -> 
 
 def _host(tmp_path: Path, host: dict[str, Any]) -> Any:
     inv = tmp_path / "inv.yaml"
-    inv.write_text(yaml.safe_dump({"hosts": {"g1": {"address": "10.0.0.1", **host}}}))
+    inv.write_text(yaml.safe_dump({"hosts": {"g1": {"address": "127.0.0.9", **host}}}))
     return load_inventory(inv).hosts[0]
 
 

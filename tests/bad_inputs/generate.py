@@ -104,7 +104,7 @@ inv_case("no_hosts", "hosts: {}\n", r"no_hosts\.yaml:1: hosts: the inventory nam
 inv_case("missing_hosts", "defaults: {user: root}\n", r"missing_hosts\.yaml:1: hosts: missing")
 inv_case("empty", "", r"empty\.yaml:1: hosts: missing")
 inv_case("top_level_list", "- h01\n- h02\n", r"top_level_list\.yaml:1: inventory must be a YAML mapping")
-inv_case("duplicate_host", H + "  h01: {address: 10.0.0.1, port: 1}\n", r"duplicate_host\.yaml:3: duplicate key 'h01'")
+inv_case("duplicate_host", H + "  h01: {address: 127.0.0.9, port: 1}\n", r"duplicate_host\.yaml:3: duplicate key 'h01'")
 inv_case("missing_ssh_config", "ssh_config: ./no-such-ssh_config\n" + H, r"no-such-ssh_config: ssh_config file not found")
 inv_case("missing_identity_file", "defaults: {identity_file: ./no-such-key}\n" + H, r"missing_identity_file\.yaml:1: defaults\.identity_file: .*no-such-key.* does not exist")
 inv_case("secret_not_a_string", "hosts:\n  h01:\n    address: 127.0.0.1\n    env: {TOKEN: {value: [1], secret: true}}\n", r"secret_not_a_string\.yaml:4: hosts\.h01\.env")
