@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from fleetctl.commands.common import err, require_inventory
 from fleetctl.config.inventory import Inventory, load_inventory
@@ -44,3 +45,22 @@ def print_debug_details(ctx: RunContext, outcomes: list) -> None:
     for o in outcomes:
         if getattr(o, "detail", None):
             err.print(f"--- {o.host} detail ---\n{o.detail}", markup=False, highlight=False)
+
+
+T = TypeVar("T")
+
+
+def run_with_progress(ctx: RunContext, what: str, fn: Callable[[], T]) -> T:
+    """Run fn with a live 'hosts done / failed' bar on stderr (not with --json, not off a terminal)."""
+    from fleetctl.render import host_progress
+
+    with host_progress(err, len(ctx.fleet.hosts), what, enabled=not ctx.json) as tick:
+        ctx.fleet.progress = tick
+        try:
+            return fn()
+        finally:
+            ctx.fleet.progress = None
+
+
+def fmt_time(t: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else ""

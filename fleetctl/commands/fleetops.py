@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import difflib
-import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -22,14 +21,16 @@ from fleetctl.commands.common import (
     out,
 )
 from fleetctl.commands.context import RunContext, fleet_context
+from fleetctl.commands.context import fmt_time as _ts
+from fleetctl.commands.context import run_with_progress as _tick_run
 from fleetctl.config.playbook import Playbook, load_playbook
-from fleetctl.errors import EXIT_FAILED, EXIT_OK, FleetctlError, InputError
+from fleetctl.errors import EXIT_FAILED, EXIT_OK, InputError
 from fleetctl.fleet import HostOutcome
 from fleetctl.ledger import Ledger
 from fleetctl.ops.deploy import apply_plan, build_plan, gather, new_op_id
 from fleetctl.ops.rollback import apply_rollback, plan_rollback
 from fleetctl.plan import Plan
-from fleetctl.render import host_progress, status_cell, table
+from fleetctl.render import status_cell, table
 
 PlaybookArg = Annotated[Path, typer.Argument(help="Playbook YAML, or a directory holding playbook.yaml.",
                                              show_default=False)]
@@ -44,17 +45,6 @@ def _s(state: str) -> str:
     return f"[{STATE_STYLE.get(state, 'white')}]{state}[/]"
 
 
-def _pending(name: str, issue: int) -> None:
-    raise FleetctlError(f"'fleetctl {name}' is not built yet (tracked in issue {issue})")
-
-
-def _tick_run(ctx: RunContext, what: str, fn: Any) -> Any:
-    with host_progress(err, len(ctx.fleet.hosts), what, enabled=not ctx.json) as tick:
-        ctx.fleet.progress = tick
-        try:
-            return fn()
-        finally:
-            ctx.fleet.progress = None
 
 
 def render_plan(plan: Plan) -> None:
@@ -439,8 +429,6 @@ def _rolling(ctx: RunContext, pb: Playbook, plan: Plan, serial: int | None, cana
     raise typer.Exit(EXIT_OK if res.ok else EXIT_FAILED)
 
 
-def _ts(t: float | None) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else ""
 
 
 def status_rows(ctx: RunContext, gathered: Any, plan: Plan | None) -> list[dict[str, Any]]:

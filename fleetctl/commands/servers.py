@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Annotated
 
@@ -20,14 +19,16 @@ from fleetctl.commands.common import (
     err,
     out,
 )
-from fleetctl.commands.context import RunContext, fleet_context
+from fleetctl.commands.context import fleet_context
+from fleetctl.commands.context import fmt_time as _ts
+from fleetctl.commands.context import run_with_progress as _tick_run
 from fleetctl.config.playbook import load_playbook
 from fleetctl.errors import EXIT_FAILED, EXIT_OK, InputError
 from fleetctl.ledger import Ledger
 from fleetctl.ops.deploy import new_op_id
 from fleetctl.ops.launch import HostLaunch, launch_fleet, status_fleet, stop_fleet
 from fleetctl.ops.verify import HostVerify, rank_label, verify_fleet
-from fleetctl.render import host_progress, status_cell, table
+from fleetctl.render import status_cell, table
 
 PlaybookArg = Annotated[Path, typer.Argument(help="Playbook YAML, or a directory holding playbook.yaml.",
                                              show_default=False)]
@@ -40,17 +41,8 @@ def _s(state: str) -> str:
     return f"[{STYLE.get(state, 'white')}]{state}[/]"
 
 
-def _ts(t: float | None) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else ""
 
 
-def _tick_run(ctx: RunContext, what: str, fn):  # type: ignore[no-untyped-def]
-    with host_progress(err, len(ctx.fleet.hosts), what, enabled=not ctx.json) as tick:
-        ctx.fleet.progress = tick
-        try:
-            return fn()
-        finally:
-            ctx.fleet.progress = None
 
 
 def render_launch(rows: list[HostLaunch]) -> None:
