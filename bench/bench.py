@@ -62,6 +62,7 @@ def measure(argv: list[str], *, env: dict[str, str], cwd: Path, log: Path) -> di
         with open(log, "ab") as fh:
             fh.write(("\n$ " + " ".join(argv) + "\n").encode())
             fh.flush()
+            start = fh.tell()
             subprocess.run([sys.executable, "-S", str(BENCH / "launch.py"), res, "--", *argv], stdout=fh,
                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=cwd, check=True)
         r = json.loads(Path(res).read_text())
@@ -71,7 +72,28 @@ def measure(argv: list[str], *, env: dict[str, str], cwd: Path, log: Path) -> di
          "rc": r["rc"]}
     if r["orphans_reaped"]:
         m["orphans_reaped"] = r["orphans_reaped"]
+    if r["rc"] != 0:
+        with open(log, "rb") as fh:
+            fh.seek(start)
+            m["errors"] = failure_lines(fh.read().decode(errors="replace"))
     return m
+
+
+def failure_lines(output: str, limit: int = 5) -> list[str]:
+    """What a failed tool run said about its failing hosts: from fleetctl's --json document the
+    hosts whose status is not ok, else the output's last lines (kept in results.json)."""
+    try:
+        doc = json.loads(output[output.index("{"):output.rindex("}") + 1])
+    except ValueError:
+        doc = None
+    lines: list[str] = []
+    if isinstance(doc, dict):
+        for h in doc.get("hosts") or doc.get("results") or []:
+            if isinstance(h, dict) and h.get("status") not in ("ok", "changed", "unchanged", "noop"):
+                lines.append(f"{h.get('host')}: {h.get('status')}: {h.get('message') or h.get('reason')}")
+    if not lines:
+        lines = [ln for ln in output.strip().splitlines() if ln.strip()][-limit:]
+    return lines[:limit]
 
 
 # ---- the job ---------------------------------------------------------------------------------
@@ -264,6 +286,8 @@ class Runner:
         self.env.pop("PYTHONPATH", None)
 
     def _ok(self, m: dict[str, Any], hosts: list[Any], want: str, backup: str | None) -> dict[str, Any]:
+        if m.get("errors"):
+            say(f"  ! rc={m['rc']}: {m['errors'][0]}")
         good, bad = check_hosts(self.job, hosts, want, backup)
         m["hosts_correct"] = good
         if bad:
