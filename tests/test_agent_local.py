@@ -81,6 +81,19 @@ def test_second_file_failing_to_compile_restores_the_first(tmp_path: Path, pkg: 
     assert leftovers == []
 
 
+def test_compile_check_runs_on_a_host_whose_python_grammar_was_not_validated(tmp_path: Path, pkg: Path) -> None:
+    """The controller compiles the intended bytes once with its own Python and says which
+    (`validated_by`, major.minor). A host with another Python compiles them itself and refuses bytes
+    that do not compile there; a host with the same one skips that per-host CPU."""
+    bad = {"srt/a.py": b"def broken(:\n"}
+    with pytest.raises(AgentError, match=r"does not compile"):
+        ad.action_deploy({**payload(tmp_path, pkg, bad), "validated_by": "2.7"})
+    assert (pkg / "srt/a.py").read_bytes() == b"A = 1\n"
+    same = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    res = ad.action_deploy({**payload(tmp_path, pkg, bad, did="d2"), "validated_by": same})
+    assert res["deploy_id"] == "d2" and (pkg / "srt/a.py").read_bytes() == bad["srt/a.py"]
+
+
 def test_changed_since_plan_refused_before_any_change(tmp_path: Path, pkg: Path) -> None:
     p = payload(tmp_path, pkg, {"srt/a.py": b"A = 2\n"})
     (pkg / "srt/a.py").write_bytes(b"A = 'edited'\n")

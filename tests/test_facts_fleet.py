@@ -140,3 +140,53 @@ def test_bad_python_reported_clearly(sandbox: Sandbox, tmp_path: Path, capsys: p
     inv = _inventory_variant(sandbox, tmp_path, r"python: .*/h01/bin/python", "python: /nonexistent/python3")
     code, out, _ = run(capsys, "facts", "-i", str(inv), "--limit", "h01")
     assert code == 1 and "python interpreter '/nonexistent/python3' cannot run" in out
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")  # PID 1 here never reaps
+    except FileNotFoundError:
+        return True
+
+
+def test_one_agent_process_serves_every_call_of_a_command(sandbox: Sandbox) -> None:
+    """The agent runs in session mode: every call on one connection is answered by the same
+    process on the host (one exec, one Python start per host per command). An agent that ended
+    between calls is replaced; one that stops answering is a timeout; closing ends it."""
+    import os
+    import signal
+    import time
+
+    from fleetctl.config.inventory import load_inventory
+    from fleetctl.transport.ssh import HostConnection, RemoteError
+
+    inv = load_inventory(sandbox.inventory_path)
+    (host,) = inv.select("h01")
+    with HostConnection(host, inv) as conn:
+        first = conn.agent("ping")["pid"]
+        assert conn.agent("facts", {"gpus": False})["sglang"]["found"]
+        assert conn.agent("ping")["pid"] == first
+        os.kill(first, signal.SIGKILL)  # a sandbox host is this machine, and we started that agent
+        chan = conn._agent_chan
+        for _ in range(100):
+            if chan is not None and (chan.eof_received or chan.closed):
+                break
+            time.sleep(0.05)
+        second = conn.agent("ping")["pid"]
+        assert second != first
+        os.kill(second, signal.SIGSTOP)
+        try:
+            with pytest.raises(RemoteError) as err:
+                conn.agent("ping", timeout=1)
+            assert err.value.kind == "timeout" and "timed out" in err.value.message
+        finally:
+            os.kill(second, signal.SIGKILL)
+        third = conn.agent("ping")["pid"]
+        assert third not in (first, second)
+    for _ in range(100):
+        if _gone(third):
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError(f"agent {third} still running after the connection closed")

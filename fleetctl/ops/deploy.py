@@ -6,6 +6,7 @@ import base64
 import getpass
 import secrets
 import socket
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -137,7 +138,7 @@ def apply_plan(fleet: Fleet, plan: Plan, playbook: Playbook, op_id: str, *, vali
         payload: dict[str, Any] = {
             "state_dir": conn.host.state_dir, "deploy_id": op_id, "package_dir": hp.package_dir,
             "version": hp.version, "playbook": playbook.name, "by": who(), "host": conn.host.name,
-            "files": files, "validate": validate,
+            "files": files, "validate": validate, "validated_by": f"{sys.version_info[0]}.{sys.version_info[1]}",
             "verify_paths": [f.path for f in hp.files],
         }
         if fault_after_files and conn.host.name in fault_after_files:

@@ -1,22 +1,20 @@
 """fleetctl's remote agent: stdlib-only, runs on the host under the host's SGLang interpreter.
 
 Protocol: the controller runs `PYTHON -c BOOTSTRAP` and writes to stdin a 10-digit length, this
-file's source, then a JSON payload {"action": ..., ...}. The agent prints one JSON document:
-{"ok": true, "result": ...} or {"ok": false, "error": "...", "kind": "..."}.
+file's source, then (session mode, what the controller uses) b"S" and requests framed as a 10-digit
+length + JSON {"action": ..., ...}, each answered on stdout with the same framing, until stdin ends;
+or (one-shot mode) one JSON request up to EOF, answered by one JSON document on stdout. An answer
+is {"ok": true, "result": ...} or {"ok": false, "error": "...", "kind": "..."}.
 Every action is a function here taking the payload dict; they are unit-testable locally.
 """
 
 from __future__ import annotations
 
-import ast
 import hashlib
 import json
 import os
-import platform
 import re
-import shutil
 import stat
-import subprocess
 import sys
 import time
 
@@ -83,7 +81,17 @@ def file_info(pkg_dir, rel):
     return info
 
 
+_ASSIGN_RE = re.compile(r"""^((?:[A-Za-z_]\w*[ \t]*(?::[ \t]*str[ \t]*)?=[ \t]*)+)(['"])([^'"\\\n]*)\2[ \t]*(?:#.*)?$""", re.M)
+
+
 def _const_assign(source, names):
+    """The string constant a top-level `NAME = '...'` (or `a = b = '...'`) gives one of `names`.
+    A plain line is read with a regex; anything else goes through ast (a few ms to import)."""
+    for m in _ASSIGN_RE.finditer(source):
+        targets = [t.split(":")[0].strip() for t in m.group(1).split("=") if t.strip()]
+        if any(t in names for t in targets):
+            return m.group(3)
+    import ast
     try:
         tree = ast.parse(source)
     except SyntaxError:
@@ -101,7 +109,8 @@ def _const_assign(source, names):
 
 
 def read_os():
-    out = {"system": platform.system(), "release": platform.release(), "machine": platform.machine()}
+    u = os.uname()
+    out = {"system": u.sysname, "release": u.release, "machine": u.machine}
     try:
         with open("/etc/os-release") as fh:
             kv = dict(
@@ -218,14 +227,23 @@ def locate_sglang(sglang_dir=None):
 
 
 def torch_version():
-    try:
-        from importlib import metadata
-    except ImportError:  # pragma: no cover - python < 3.8
-        return None
-    try:
-        return metadata.version("torch")
-    except Exception:
-        return None
+    """The version of the torch distribution this interpreter would see first on sys.path (what
+    importlib.metadata.version('torch') answers, without importing importlib.metadata: ~15 ms)."""
+    for d in sys.path:
+        try:
+            entries = os.listdir(d or ".")
+        except OSError:
+            continue
+        for e in sorted(entries):
+            base, dot, ext = e.rpartition(".")
+            if ext not in ("dist-info", "egg-info") or not dot:
+                continue
+            name, _, version = base.partition("-")
+            if name.lower().replace("-", "_") != "torch" or not version:
+                continue
+            fields, _ = _metadata(os.path.join(d or ".", e)) if ext == "dist-info" else ({}, [])
+            return fields.get("Version") or version.split("-")[0]
+    return None
 
 
 def spec_files(pkg_dir, dirs, extra):
@@ -263,6 +281,8 @@ def registered_flags(pkg_dir, flags):
 
 
 def gpu_queries(timeout=20):
+    import shutil
+    import subprocess
     exe = shutil.which("nvidia-smi")
     if not exe:
         return {"available": False, "reason": "nvidia-smi not found on PATH"}
@@ -295,7 +315,7 @@ def action_facts(p):
     res = {
         "protocol": AGENT_PROTOCOL,
         "os": read_os(),
-        "python": {"executable": sys.executable, "version": platform.python_version()},
+        "python": {"executable": sys.executable, "version": sys.version.split()[0]},
         "user": _user(),
     }
     sg = locate_sglang(p.get("sglang_dir"))
@@ -329,14 +349,15 @@ def _user():
 
 
 def action_ping(p):
-    return {"pong": True, "python": sys.version.split()[0]}
+    return {"pong": True, "python": sys.version.split()[0], "pid": os.getpid()}
 
 
 ACTIONS = {"facts": action_facts, "ping": action_ping}
 EXTRA_FACTS = {}
 
 
-def _main(data):
+def _handle(data):
+    """One request (JSON bytes) -> one answer (JSON bytes); never raises."""
     try:
         payload = json.loads(data.decode("utf-8"))
         fn = ACTIONS.get(payload.get("action"))
@@ -350,6 +371,25 @@ def _main(data):
 
         doc = {"ok": False, "error": "%s: %s" % (e.__class__.__name__, e), "kind": "internal",
                "traceback": traceback.format_exc()}
-    sys.stdout.write(json.dumps(doc))
+    return json.dumps(doc).encode()
+
+
+def _main(data):
+    """One-shot mode: the rest of stdin is one request; the answer is all of stdout."""
+    sys.stdout.buffer.write(_handle(data))
     sys.stdout.flush()
     return 0
+
+
+def _serve(stdin):
+    """Session mode: requests framed as a 10-digit length + JSON, each answered with the same
+    framing, until stdin ends (the controller closed the session)."""
+    out = sys.stdout.buffer
+    while True:
+        head = stdin.read(10)
+        if len(head) < 10:
+            return 0
+        body = stdin.read(int(head))
+        answer = _handle(body)
+        out.write(b"%010d" % len(answer) + answer)
+        out.flush()

@@ -16,14 +16,11 @@ if __name__ != "fleetctl_agent":  # imported locally (tests, the sandbox simulat
     from fleetctl.remote.agent import ACTIONS, EXTRA_FACTS, AgentError, expand, sha256_file
     from fleetctl.remote.agent_deploy import acquire_lock, list_manifests, release_lock, write_atomic
 
-import ast
 import errno
 import json
 import os
 import re
 import signal
-import socket
-import subprocess
 import time
 
 INSTANCE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -200,6 +197,7 @@ def deploy_on_disk(state_dir):
 
 def port_free(port, host="127.0.0.1"):
     """True if nothing listens on host:port (a bind test; TIME_WAIT leftovers do not count)."""
+    import socket
     for addr in (host, "0.0.0.0"):
         s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
@@ -222,6 +220,7 @@ def marker_in_init(source, class_name, marker):
     Returns {"class": bool, "init": bool, "marker": bool, "error": str|None}. String literals
     include the constant parts of f-strings; comments and other methods do not count.
     """
+    import ast
     out = {"class": False, "init": False, "marker": False, "error": None}
     try:
         tree = ast.parse(source)
@@ -350,6 +349,7 @@ def action_server_start(p):
 
 
 def _start_locked(p, sd, name, lid, argv, env):
+    import subprocess
     prev = current_record(sd, name)
     if prev is not None and record_alive(prev):
         raise AgentError("%s is already running (pid %s, launch %s); stop it first or use --replace"

@@ -28,9 +28,9 @@ from fleetctl.transport.hostkeys import HostKeyError, StrictPolicy, fingerprint
 
 BOOTSTRAP = (
     "import sys,os,marshal,hashlib\n"
-    "d=sys.stdin.buffer.read()\n"
-    "n=int(d[:10])\n"
-    "s=d[10:10+n]\n"
+    "i=sys.stdin.buffer\n"
+    "n=int(i.read(10))\n"
+    "s=i.read(n)\n"
     "g={'__name__':'fleetctl_agent'}\n"
     # compiling the agent costs far more than running it: keep the code object per agent hash and
     # interpreter in the host's private state dir (only a regular file owned by us, in a dir owned
@@ -56,14 +56,17 @@ BOOTSTRAP = (
     "  except Exception:\n"
     "   pass\n"
     "exec(c,g)\n"
-    "p=d[10+n:]\n"
+    "k=i.read(1)\n"
     # optional secret-env block (b'E' + 10-digit length + JSON object): set in the agent's own
     # environment, so secret values never appear on a command line (ps, /proc/*/cmdline, audit logs)
-    "if p[:1]==b'E':\n"
-    " import json;m=int(p[1:11]);os.environ.update(json.loads(p[11:11+m]));p=p[11+m:]\n"
-    "sys.exit(g['_main'](p))\n"
+    "if k==b'E':\n"
+    " import json;m=int(i.read(10));os.environ.update(json.loads(i.read(m)));k=i.read(1)\n"
+    # b'S': a session: framed requests (10-digit length + JSON) answered one by one until stdin
+    # ends, so one process serves every step of a command on this host; else one request to EOF
+    "if k==b'S':\n"
+    " sys.exit(g['_serve'](i))\n"
+    "sys.exit(g['_main'](k+i.read()))\n"
 )
-
 
 class Unreachable(FleetctlError):
     """The host could not be reached or authenticated."""
@@ -122,6 +125,10 @@ class HostConnection:
         self._conn: Connection | None = None
         self.connect_seconds: float | None = None
         self.accepted_keys: list[str] = []
+        self._agent_chan: paramiko.Channel | None = None
+        self._agent_lock = threading.Lock()
+        self._agent_out = bytearray()
+        self._agent_err = bytearray()
 
     # -- connecting ---------------------------------------------------------------------------
 
@@ -222,6 +229,7 @@ class HostConnection:
         self._conn = conn
 
     def close(self) -> None:
+        self._agent_drop()
         if self._conn is not None:
             try:
                 self._conn.close()
@@ -284,36 +292,115 @@ class HostConnection:
             chan.close()
         return CommandResult(list(full), rc, bytes(out), bytes(err), time.monotonic() - t0, timed_out)
 
-    def agent(self, action: str, payload: Mapping[str, Any] | None = None, *,
-              timeout: float | None = None) -> Any:
-        """Run one agent action with the host's python; return its result or raise RemoteError."""
+    # -- the agent ----------------------------------------------------------------------------
+
+    def _agent_start(self) -> paramiko.Channel:
+        """Start the agent on the host in session mode: one process (one exec, one Python start)
+        serves every agent request of this command on this host, until close()."""
         src = agent_source()
-        body = json.dumps({"action": action, **(payload or {})}).encode()
         data = b"%010d" % len(src) + src
         secret = {k: v for k, v in self.host.env.items() if k in self.host.secret_env_keys}
         if secret:  # over stdin, never on the command line
             block = json.dumps(secret).encode()
             data += b"E%010d" % len(block) + block
-        data += body
+        data += b"S"
         public = {k: v for k, v in self.host.env.items() if k not in self.host.secret_env_keys}
         cache = self.host.state_dir.rstrip("/") + "/cache"
-        res = self.run([self.host.python, "-c", BOOTSTRAP, cache], stdin=data, timeout=timeout, env=public)
-        h = self.host.name
-        if res.timed_out:
-            raise RemoteError(f"{h}: '{action}' timed out after {res.elapsed:.0f}s", kind="timeout",
-                              hint="raise command_timeout in the inventory if the host is just slow")
-        if res.rc != 0 or not res.stdout:
-            tail = res.stderr.decode(errors="replace").strip().splitlines()
-            why = tail[-1] if tail else f"exit code {res.rc}"
-            if res.rc in (126, 127):
-                raise RemoteError(f"{h}: python interpreter {self.host.python!r} cannot run: {why}",
-                                  kind="bad_python", hint="fix 'python:' for this host in the inventory")
-            raise RemoteError(f"{h}: '{action}' failed: {why}", kind="failed",
-                              detail=res.stderr.decode(errors="replace"))
+        cmd = shlex.join([*env_prefix(public), self.host.python, "-c", BOOTSTRAP, cache])
         try:
-            doc = json.loads(res.stdout)
+            chan = self._transport().open_session(timeout=self.host.connect_timeout)
+        except (paramiko.SSHException, OSError, EOFError) as e:
+            raise Unreachable(f"{self.host.name}: cannot open a session: {e or e.__class__.__name__}") from None
+        try:
+            chan.exec_command(cmd)
+            chan.sendall(data)
+        except (paramiko.SSHException, OSError, EOFError) as e:
+            chan.close()
+            raise Unreachable(f"{self.host.name}: connection lost while starting the agent: "
+                              f"{e or e.__class__.__name__}") from None
+        self._agent_out.clear()
+        self._agent_err.clear()
+        return chan
+
+    def _agent_drop(self) -> None:
+        chan, self._agent_chan = self._agent_chan, None
+        if chan is not None:
+            try:
+                chan.shutdown_write()
+            except Exception:
+                pass
+            chan.close()
+
+    def _agent_answer(self, chan: paramiko.Channel, deadline: float) -> bytes | None:
+        """The next framed answer; None if the agent's stdout ended first (the process is gone).
+        Raises TimeoutError at the deadline."""
+        out, err = self._agent_out, self._agent_err
+        while True:
+            while chan.recv_ready():
+                out += chan.recv(1 << 16)
+            while chan.recv_stderr_ready():
+                err += chan.recv_stderr(1 << 16)
+                del err[:-(1 << 16)]  # keep the tail
+            if len(out) >= 10:
+                head = bytes(out[:10])
+                if not head.isdigit():  # something else wrote to stdout: treat as the answer
+                    answer = bytes(out)
+                    out.clear()
+                    return answer
+                n = int(head)
+                if len(out) >= 10 + n:
+                    answer = bytes(out[10:10 + n])
+                    del out[:10 + n]
+                    return answer
+            if (chan.eof_received or chan.closed) and not chan.recv_ready() and not chan.recv_stderr_ready():
+                return None
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            # stdout data and EOF wake the select at once; stderr is drained at least every 50 ms
+            select.select([chan], [], [], min(0.05, left))
+
+    def agent(self, action: str, payload: Mapping[str, Any] | None = None, *,
+              timeout: float | None = None) -> Any:
+        """Run one agent action with the host's python; return its result or raise RemoteError."""
+        body = json.dumps({"action": action, **(payload or {})}).encode()
+        limit = timeout if timeout is not None else self.host.command_timeout
+        h = self.host.name
+        with self._agent_lock:
+            chan = self._agent_chan
+            if chan is None or chan.closed or chan.eof_received:  # none yet, or it ended between requests
+                self._agent_drop()
+                chan = self._agent_chan = self._agent_start()
+            t0 = time.monotonic()
+            try:
+                chan.sendall(b"%010d" % len(body) + body)
+                answer = self._agent_answer(chan, t0 + limit)
+            except TimeoutError:
+                self._agent_drop()
+                raise RemoteError(f"{h}: '{action}' timed out after {time.monotonic() - t0:.0f}s", kind="timeout",
+                                  hint="raise command_timeout in the inventory if the host is just slow") from None
+            except (paramiko.SSHException, OSError, EOFError) as e:
+                self._agent_drop()
+                raise Unreachable(f"{h}: connection lost while running {action}: {e or e.__class__.__name__}") from None
+            if answer is None:  # the agent ended without answering: its exit status and stderr say why
+                end = time.monotonic() + 5
+                while not chan.exit_status_ready() and not chan.closed and time.monotonic() < end:
+                    time.sleep(0.02)
+                rc = chan.recv_exit_status() if chan.exit_status_ready() else None
+                while chan.recv_stderr_ready():
+                    self._agent_err += chan.recv_stderr(1 << 16)
+                stderr = self._agent_err.decode(errors="replace")
+                self._agent_drop()
+                tail = stderr.strip().splitlines()
+                why = tail[-1] if tail else f"exit code {rc}"
+                if rc in (126, 127):
+                    raise RemoteError(f"{h}: python interpreter {self.host.python!r} cannot run: {why}",
+                                      kind="bad_python", hint="fix 'python:' for this host in the inventory")
+                raise RemoteError(f"{h}: '{action}' failed: {why}", kind="failed", detail=stderr)
+        try:
+            doc = json.loads(answer)
         except ValueError:
-            raise RemoteError(f"{h}: '{action}' answered something that is not JSON: {res.stdout[:120]!r}") from None
+            raise RemoteError(f"{h}: '{action}' answered something that is not JSON: {answer[:120]!r}") from None
         if not doc.get("ok"):
             raise RemoteError(f"{h}: {doc.get('error')}", kind=doc.get("kind", "failed"), detail=doc.get("traceback"))
         return doc["result"]
