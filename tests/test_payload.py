@@ -520,3 +520,37 @@ def test_real_sglang_modules_on_cpu(version, tmp_path):
     assert after["draft_input_type"] == "EagleDraftInput" and after["draft_input_accept_length"] == [0, 0, 0]
     assert after["draft_input_hidden_rows"] == 3 and after["logits_rows"] == 3
     assert after["req_to_token_new_slots"] == [500, 501, 502]
+
+
+def test_intended_bytes_cache_is_used_and_checked(tmp_path, monkeypatch):
+    """The patched + compiled intended bytes are kept in the cache dir: a later run takes them from
+    there (no patching, no compile), and a cache entry whose bytes do not match its recorded sha256
+    is ignored and rebuilt."""
+    from fleetctl import payload
+
+    wheels_dir = wheels.cache_dir()
+    monkeypatch.setenv("FLEETCTL_CACHE_DIR", str(tmp_path))
+    (tmp_path / "wheels").symlink_to(wheels_dir / "wheels")
+    (tmp_path / "trees").symlink_to(wheels_dir / "trees")
+    pb = load_playbook(PLAYBOOK)
+    version = "0.5.9"
+    payload._apply.cache_clear()
+    first = payload.intended_for(pb, version)
+    assert first is not None
+    entries = sorted((tmp_path / "intended").glob("*.bytes"))
+    assert len(entries) == len(first)
+
+    payload._apply.cache_clear()
+    calls = []
+    monkeypatch.setattr("fleetctl.patching.engine.apply_patch", lambda *a, **k: calls.append(a))
+    again = payload.intended_for(pb, version)
+    assert calls == [] and {k: v.data for k, v in again.items()} == {k: v.data for k, v in first.items()}
+
+    entries[0].write_bytes(b"tampered\n")
+    payload._apply.cache_clear()
+    monkeypatch.undo()
+    monkeypatch.setenv("FLEETCTL_CACHE_DIR", str(tmp_path))
+    rebuilt = payload.intended_for(pb, version)
+    assert {k: v.data for k, v in rebuilt.items()} == {k: v.data for k, v in first.items()}
+    assert b"tampered" not in entries[0].read_bytes()
+    payload._apply.cache_clear()

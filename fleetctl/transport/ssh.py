@@ -7,6 +7,7 @@ agent (fleetctl/remote) is run through `agent()`.
 
 from __future__ import annotations
 
+import copy
 import json
 import random
 import select
@@ -109,8 +110,47 @@ def _fabric_config(ssh_config: Path | None) -> Config:
     cfg = _configs.get(key)
     if cfg is None:
         cfg = Config(runtime_ssh_path=str(ssh_config)) if ssh_config else Config()
+        _memoize_lookup(cfg.base_ssh_config)
         _configs[key] = cfg
     return cfg
+
+
+def _memoize_lookup(ssh_config: paramiko.SSHConfig) -> None:
+    """paramiko's SSHConfig.lookup walks every Host block (and asks the password database once per
+    block): ~5 ms per host with a 256-host ssh_config, for each of 256 connections. Within one
+    command the answer for a name does not change: look each name up once, hand out copies."""
+    lookup = ssh_config.lookup
+    seen: dict[str, paramiko.SSHConfigDict] = {}
+
+    def cached(hostname: str) -> paramiko.SSHConfigDict:
+        if hostname not in seen:
+            seen[hostname] = lookup(hostname)
+        return copy.deepcopy(seen[hostname])
+
+    ssh_config.lookup = cached  # type: ignore[method-assign]
+
+
+_known_hosts: dict[str, tuple[tuple[int, int], paramiko.HostKeys]] = {}
+_known_hosts_lock = threading.Lock()
+
+
+def _load_known_hosts(client: paramiko.SSHClient, path: Path) -> None:
+    """client.load_host_keys(path), parsing the file once per command (while it is unchanged)
+    instead of once per connection: a 256-line known_hosts costs ~7 ms to parse, 256 times."""
+    st = path.stat()
+    stamp = (st.st_mtime_ns, st.st_size)
+    with _known_hosts_lock:
+        got = _known_hosts.get(str(path))
+        if got is None or got[0] != stamp:
+            keys = paramiko.HostKeys()
+            keys.load(str(path))
+            got = _known_hosts[str(path)] = (stamp, keys)
+    mine = client.get_host_keys()
+    if hasattr(mine, "_entries"):
+        mine._entries.extend(copy.copy(e) for e in got[1]._entries)
+        client._host_keys_filename = str(path)  # what load_host_keys records
+    else:  # another paramiko layout: the plain way
+        client.load_host_keys(str(path))
 
 
 def env_prefix(env: Mapping[str, str]) -> list[str]:
@@ -150,7 +190,7 @@ class HostConnection:
         client = conn.client
         if kh.exists():
             try:
-                client.load_host_keys(str(kh))
+                _load_known_hosts(client, kh)
             except (OSError, paramiko.SSHException) as e:
                 raise HostKeyError(f"{label}: cannot read known_hosts {kh}: {e}") from None
         policy = StrictPolicy(kh, label, self.accept_new)
