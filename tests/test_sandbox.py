@@ -195,16 +195,19 @@ def test_unknown_keys_are_refused(sandbox: Sandbox, tmp_path: Path) -> None:
 
 def test_python_wrapper_finds_the_hosts_own_sglang(sandbox: Sandbox) -> None:
     code = ("import importlib.util as u, importlib.metadata as m, sys; s = u.find_spec('sglang'); "
-            "print(s.origin); print(m.version('sglang')); print(m.version('torch')); print(sys.executable)")
+            "print(s.origin); print(m.version('sglang')); print(m.version('torch')); print(sys.executable); "
+            "print(u.find_spec('yaml') is None, u.find_spec('fleetctl.sandbox.simulator') is not None)")
     for name, h in sandbox.hosts.items():
         r = ssh(sandbox, name, f"{h.python} -c \"{code}\"")
         assert r.returncode == 0, r.stderr
-        origin, version, torch, exe = r.stdout.split()
+        origin, version, torch, exe, no_controller_packages, simulator = r.stdout.split()
         assert origin == str(h.sglang_dir / "__init__.py")
         assert version == h.version
         tree = wheels.extracted(h.version or "")
         assert torch == fleet.torch_pin(tree, version) == h.torch_version
-        assert exe == sys.executable
+        # a bare venv of the controller's base interpreter: not the controller's venv and its installs
+        assert exe == sandbox.host_python == str(sandbox.dir / "hostpython" / "bin" / "python")
+        assert no_controller_packages == "True" and simulator == "True"
         assert (h.sglang_dir / "srt/speculative/eagle_worker_v2.py").is_file()
         assert (h.sglang_dir / "srt/speculative/eagle_worker.py").is_file() == (version == "0.5.9")
     assert sandbox.hosts["h01"].torch_version == "2.9.1"

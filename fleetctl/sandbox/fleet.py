@@ -8,6 +8,7 @@
     inventory.yaml                 the fleet, reached directly (address 127.0.0.1 + port)
     inventory-jump.yaml            the same hosts reached by their `-via-jump` ssh_config aliases
     sandbox.json                   what was built (ports, versions); pids live in the sshd.pid files
+    hostpython/, hostlib/fleetctl  the hosts' interpreter (a bare venv) and the fleetctl package link
     README.txt                     this layout, and what is a stand-in
     jump/                          the jump host's sshd (no SGLang)
     hosts/<name>/
@@ -28,8 +29,10 @@ Stand-ins, on purpose: there is no GPU and no real torch on a sandbox host.
 
 Everything else is real: one `/usr/sbin/sshd -D -e -f <cfg>` per host (detached, own session,
 127.0.0.1 only), real ssh, real ProxyJump through the jump host, real files that fleetctl patches.
-The host's python is the controller's own interpreter run with `-s` and PYTHONPATH set to the
-host's site-packages, so `importlib.util.find_spec("sglang")` finds that host's tree.
+The host's python is a bare virtualenv of the controller's base interpreter (`hostpython/`, no
+packages, no .pth files: a host does not carry the controller's installs) run with `-s` and
+PYTHONPATH set to the host's site-packages, then `hostlib/` (a link to the stdlib-only fleetctl
+package, for the simulator), so `importlib.util.find_spec("sglang")` finds that host's tree.
 
 Speed: `up` is dominated by creating the SGLang files (every host gets its own full copy, ~2,000
 files for 0.5.9 and ~3,200 for 0.5.14), done by parallel `cp` processes. File creation is the
@@ -74,6 +77,8 @@ MAX_GPUS = 64
 JUMP = "jump"
 VIA_JUMP = "-via-jump"
 META = "sandbox.json"
+HOSTPYTHON = "hostpython"
+HOSTLIB = "hostlib"
 LOCK = ".sandbox.lock"
 FORMAT = 1
 GPU_STATES = ("idle", "busy")
@@ -83,7 +88,7 @@ PROBE_PORT = 1  # `sshd -t` never binds; any valid port number does for the conf
 
 # what `up` writes at the top of the dir (and may remove again when rebuilding a stopped sandbox)
 MANAGED = ("hosts", "jump", "client_key", "client_key.pub", "known_hosts", "ssh_config",
-           "inventory.yaml", "inventory-jump.yaml", META, "README.txt")
+           "inventory.yaml", "inventory-jump.yaml", META, "README.txt", HOSTPYTHON, HOSTLIB)
 
 _SAFE_PATH = re.compile(r"^[A-Za-z0-9_./+@:=,-]+$")
 _VERSION = re.compile(r"^\d+(\.\d+)+((\.post|\.dev|rc|a|b)\d+)*$")
@@ -213,6 +218,7 @@ class Sandbox:
     gpus: int
     versions: list[str]
     controller_python: str
+    host_python: str = ""  # the bare venv's python the hosts run ("" in sandboxes made before it)
     created: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)
 
@@ -311,6 +317,7 @@ class Sandbox:
             "dir": str(self.dir),
             "created": self.created,
             "controller_python": self.controller_python,
+            "host_python": self.host_python,
             "gpus": self.gpus,
             "versions": self.versions,
             "hosts": [h.to_json() for h in self.all_hosts()],
@@ -398,7 +405,7 @@ def load(d: Path | str) -> Sandbox:
                             hint=f"run 'fleetctl sandbox down --dir {d}' and up again")
     return Sandbox(dir=d, hosts=fleet, jump=jumps[0], gpus=int(meta.get("gpus", DEFAULT_GPUS)),
                    versions=list(meta.get("versions", [])), controller_python=meta.get("controller_python", ""),
-                   created=float(meta.get("created", 0.0)))
+                   host_python=meta.get("host_python", ""), created=float(meta.get("created", 0.0)))
 
 
 def set_gpu_state(d: Path | str, name: str, state: str) -> None:
@@ -418,10 +425,11 @@ def set_gpu_state(d: Path | str, name: str, state: str) -> None:
 PYTHON_WRAPPER = """\
 #!/bin/sh
 # fleetctl sandbox host {name}: this host's `python`.
-# Runs the controller's interpreter with `-s` and this host's site-packages first on PYTHONPATH, so
-# `importlib.util.find_spec("sglang")` finds THIS host's SGLang tree ({version}).
+# Runs a bare venv of the controller's base interpreter with `-s` and this host's site-packages
+# first on PYTHONPATH, so `importlib.util.find_spec("sglang")` finds THIS host's SGLang tree
+# ({version}); then the link to fleetctl's stdlib-only package (the simulator runs from it).
 # torch here is a STAND-IN (dist-info metadata only, version {torch}); there is no real torch.
-PYTHONPATH={site}${{PYTHONPATH:+:$PYTHONPATH}}
+PYTHONPATH={site}:{hostlib}${{PYTHONPATH:+:$PYTHONPATH}}
 {marker}={sandbox}
 export PYTHONPATH {marker}
 exec {python} -s "$@"
@@ -459,6 +467,23 @@ def _copy_tree(src: Path, dst: Path) -> None:
     shutil.copytree(src, dst, copy_function=shutil.copyfile)
 
 
+def _host_interpreter(d: Path) -> str:
+    """The hosts' python: a bare venv (no pip, no packages, no .pth files) of the controller's base
+    interpreter, and hostlib/fleetctl -> this fleetctl package (its host-side modules are stdlib
+    only). A host thus starts Python as a real SGLang host would, without the controller's installs
+    (an editable install's import hook alone costs ~10 ms per start)."""
+    venv = d / HOSTPYTHON
+    proc = subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise FleetctlError(f"cannot make the sandbox hosts' interpreter {venv}: "
+                            f"{(proc.stderr.strip().splitlines() or [proc.returncode])[-1]}",
+                            hint="the python running fleetctl needs its venv module (Debian: python3-venv)")
+    lib = d / HOSTLIB
+    lib.mkdir()
+    (lib / "fleetctl").symlink_to(Path(__file__).resolve().parent.parent, target_is_directory=True)
+    return str(venv / "bin" / "python")
+
+
 def _build_fleet_host(sb: Sandbox, h: SandboxHost, tree: Path, busy: bool) -> None:
     assert h.version and h.torch_version
     h.site_packages.mkdir(parents=True)
@@ -474,7 +499,8 @@ def _build_fleet_host(sb: Sandbox, h: SandboxHost, tree: Path, busy: bool) -> No
     q = shlex.quote
     _write(h.python, PYTHON_WRAPPER.format(
         name=h.name, version=h.version, torch=h.torch_version, site=q(str(h.site_packages)),
-        marker=procs.MARKER_VAR, sandbox=q(str(sb.dir)), python=q(sb.controller_python)), 0o755)
+        hostlib=q(str(sb.dir / HOSTLIB)), marker=procs.MARKER_VAR, sandbox=q(str(sb.dir)),
+        python=q(sb.host_python or sb.controller_python)), 0o755)
     _write(h.nvidia_smi, NVIDIA_SMI_WRAPPER.format(
         name=h.name, gpus=sb.gpus, state_file=h.gpu_state_file, host_dir=q(str(h.host_dir)),
         marker=procs.MARKER_VAR, sandbox=q(str(sb.dir)), python=q(sb.controller_python),
@@ -551,7 +577,9 @@ fleetctl sandbox: {n} hosts + a jump host, real OpenSSH servers on 127.0.0.1 ({c
 Per host, hosts/<name>/site-packages holds a real copy of the pristine SGLang wheel tree.
 STAND-INS (no GPU, no torch here): torch-<v>.dist-info is metadata only (the version that SGLang
 release pins); bin/nvidia-smi replays real H200 captures (gpu-state: idle|busy); the inventory's
-launch_command runs fleetctl.sandbox.simulator, not SGLang.
+launch_command runs fleetctl.sandbox.simulator, not SGLang. The hosts' bin/python runs
+hostpython/ (a bare venv: none of the controller's packages) with the host's site-packages and
+hostlib/ (fleetctl's stdlib-only package, for the simulator) on PYTHONPATH.
 """
 
 
@@ -688,6 +716,8 @@ def _up(d: Path, names: list[str], versions: list[str], gpus: int, busy: set[str
         h.host_dir.mkdir(parents=True)
         pubs[h.name] = sshd.write_ed25519(h.host_dir / "ssh_host_ed25519_key", f"{h.name}@fleetctl-sandbox")
     lap("keys")
+    sb.host_python = _host_interpreter(d)
+    lap("host python")
 
     say(f"copying SGLang trees ({', '.join(dict.fromkeys(versions))}) to {len(names)} hosts")
     workers = min(len(names), max(4, 2 * (os.cpu_count() or 2)))
