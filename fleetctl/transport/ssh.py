@@ -153,6 +153,32 @@ def _load_known_hosts(client: paramiko.SSHClient, path: Path) -> None:
         client.load_host_keys(str(path))
 
 
+def _open_kwargs(conn: Connection) -> dict[str, Any]:
+    """What fabric's Connection.open() passes to SSHClient.connect, read from the connection and its
+    (shared) config; call it under _config_lock."""
+    kwargs = dict(conn.connect_kwargs, username=conn.user, hostname=conn.host, port=conn.port)
+    if conn.connect_timeout:
+        kwargs["timeout"] = conn.connect_timeout
+    if "key_filename" in kwargs and not kwargs["key_filename"]:
+        del kwargs["key_filename"]
+    auth = conn.config.get("authentication") or {}
+    strategy = auth.get("strategy_class") if hasattr(auth, "get") else None
+    if strategy is not None:  # fabric >= 3.1 lets the config name an auth strategy: keep honouring it
+        for key in ("allow_agent", "key_filename", "look_for_keys", "passphrase", "password", "pkey", "username"):
+            kwargs.pop(key, None)
+        kwargs["auth_strategy"] = strategy(ssh_config=conn.ssh_config, fabric_config=conn.config, username=conn.user)
+    return kwargs
+
+
+def _open(conn: Connection, kwargs: dict[str, Any]) -> None:
+    """fabric's Connection.open() with the config already read: the gateway (ProxyJump, its own
+    cloned config; or ProxyCommand), then paramiko's connect."""
+    if conn.gateway:
+        kwargs = {**kwargs, "sock": conn.open_gateway()}
+    conn.client.connect(**kwargs)
+    conn.transport = conn.client.get_transport()
+
+
 def env_prefix(env: Mapping[str, str]) -> list[str]:
     return ["env", *[f"{k}={v}" for k, v in env.items()]] if env else []
 
@@ -224,7 +250,12 @@ class HostConnection:
         kwargs: dict[str, Any] = {"banner_timeout": h.connect_timeout, "auth_timeout": h.connect_timeout}
         if h.identity_file:
             kwargs["key_filename"] = [h.identity_file]
-        with _config_lock:  # fabric's Config is not safe to read from many threads at once
+        # fabric's Config (shared by every connection to keep the parsed ssh_config once) is not
+        # safe to touch from many threads: a Connection built in one thread can catch the config
+        # half-merged in another (seen at N=128: "No attribute or config key found for
+        # 'authentication'"). So everything that reads it, including what Connection.open() would
+        # read, happens under the lock; the network part runs outside it.
+        with _config_lock:
             conn = Connection(
                 target,
                 user=h.user,
@@ -233,11 +264,12 @@ class HostConnection:
                 connect_timeout=max(1, round(h.connect_timeout)),
                 connect_kwargs=kwargs,
             )
+            open_kwargs = _open_kwargs(conn)
         policies = self._prepare(conn, h.name)
         where = f"{conn.user}@{conn.host}:{conn.port}"
         t0 = time.monotonic()
         try:
-            conn.open()
+            _open(conn, open_kwargs)
         except HostKeyError:
             raise
         except paramiko.BadHostKeyException as e:
@@ -353,14 +385,26 @@ class HostConnection:
             raise Unreachable(f"{self.host.name}: cannot open a session: {e or e.__class__.__name__}") from None
         try:
             chan.exec_command(cmd)
-            chan.sendall(data)
         except (paramiko.SSHException, OSError, EOFError) as e:
             chan.close()
             raise Unreachable(f"{self.host.name}: connection lost while starting the agent: "
                               f"{e or e.__class__.__name__}") from None
+        self._send(chan, data)  # if the process already ended (no such python), the first call says why
         self._agent_out.clear()
         self._agent_err.clear()
         return chan
+
+    def _send(self, chan: paramiko.Channel, data: bytes) -> bool:
+        """Write to the agent's stdin. False if its channel has ended (the process exited: its exit
+        status and stderr tell why); a connection that is gone raises."""
+        try:
+            chan.sendall(data)
+            return True
+        except (paramiko.SSHException, OSError, EOFError) as e:
+            t = chan.get_transport()
+            if t is not None and t.is_active():
+                return False
+            raise Unreachable(f"{self.host.name}: connection lost: {e or e.__class__.__name__}") from None
 
     def _agent_drop(self) -> None:
         chan, self._agent_chan = self._agent_chan, None
@@ -413,8 +457,7 @@ class HostConnection:
                 chan = self._agent_chan = self._agent_start()
             t0 = time.monotonic()
             try:
-                chan.sendall(b"%010d" % len(body) + body)
-                answer = self._agent_answer(chan, t0 + limit)
+                answer = self._agent_answer(chan, t0 + limit) if self._send(chan, b"%010d" % len(body) + body) else None
             except TimeoutError:
                 self._agent_drop()
                 raise RemoteError(f"{h}: '{action}' timed out after {time.monotonic() - t0:.0f}s", kind="timeout",
