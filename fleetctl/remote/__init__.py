@@ -1,9 +1,11 @@
 """Code that runs ON the hosts, with the host's own Python (stdlib only, Python >= 3.8).
 
-The agent is sent whole over the SSH channel's stdin for every remote call and executed by the
-interpreter the inventory names; it answers one JSON document. Nothing is installed on hosts.
-It is the concatenation of `agent.py` (core, protocol, facts) and the `agent_*.py` parts, each of
-which registers its actions in ACTIONS. Locally every part imports as a normal module for tests.
+The agent is sent whole over the SSH channel's stdin and executed by the interpreter the inventory
+names (the compiled code is cached in the host's state dir); one agent process per host answers
+every call of a command (session mode: framed JSON requests and answers, see agent.py).
+Nothing is installed on hosts. It is the concatenation of `agent.py` (core, protocol, facts)
+and the `agent_*.py` parts, each of which registers its actions in ACTIONS. Locally every part
+imports as a normal module for tests.
 """
 
 from functools import cache
