@@ -477,6 +477,11 @@ def markdown(doc: dict[str, Any]) -> str:
                 out.append(f"| {n} | {LABELS.get(tool, tool)} | {op} | {len(d['runs'])} | {md['wall']:.2f} | "
                            f"{md['cpu']:.2f} | {md['maxrss_mb']:.0f} | "
                            f"{'' if hc is None else f'{hc}/{n}'}{'' if d['all_rc0'] else ' (rc!=0)'} |")
+    for n in sorted(doc["sizes"], key=int):
+        kept = doc["sizes"][n].get("kept_from_earlier_run")
+        if kept:
+            out += ["", f"N={n}: the rows of {', '.join(LABELS.get(t, t) for t in kept)} come from an earlier "
+                        f"invocation than the others at this N (the others were re-run on {doc['sizes'][n]['date']})."]
     out += ["", "## Ratios (fleetctl wall / other tool wall, medians; < 1 means fleetctl is faster)", "",
             "| N | ratio | value |", "|---:|---|---:|"]
     for n in sorted(doc["sizes"], key=int):
@@ -590,6 +595,11 @@ def main(argv: list[str] | None = None) -> int:
             runner.ctl_dir = ctl_dir
             for n in sizes:
                 sz = runner.size(n)
+                old = doc["sizes"].get(str(n), {}).get("tools", {})
+                kept = sorted(t for t in old if t not in sz["tools"])
+                if kept:  # a re-run of some tools keeps the others' rows for this N (measured earlier)
+                    sz["tools"] = {**sz["tools"], **{t: old[t] for t in kept}}
+                    sz["kept_from_earlier_run"] = kept
                 sz["ratios"] = ratios(sz)
                 sz["date"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
                 doc["sizes"][str(n)] = sz
@@ -600,7 +610,8 @@ def main(argv: list[str] | None = None) -> int:
                     "mem_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
                     "versions": versions,
                     "playbook": str(PLAYBOOK.relative_to(REPO)),
-                    "tool_versions": tool_versions(args.tools, args.lean_python),
+                    "tool_versions": {**doc.get("meta", {}).get("tool_versions", {}),
+                                      **tool_versions(args.tools, args.lean_python)},
                     "note": args.note or doc.get("meta", {}).get("note", ""),
                     "sandbox_hosts": max(sizes),
                     "order": "rotating per run, reversed on odd runs; hosts reset to pristine before each tool",
