@@ -101,3 +101,12 @@ def fresh_sandbox(tmp_path_factory: pytest.TempPathFactory,
         return fleet.up(d, hosts=hosts, versions=list(versions), gpus=gpus, busy_gpus=busy_gpus)
 
     return make
+
+
+@pytest.fixture
+def ledger_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A private local ledger (FLEETCTL_STATE_DIR) per test; the fleet test modules use it for every
+    test (`pytest.mark.usefixtures("ledger_dir")`), so no test writes the user's real history."""
+    d = tmp_path / "ledger"
+    monkeypatch.setenv("FLEETCTL_STATE_DIR", str(d))
+    return d

@@ -34,14 +34,9 @@ from fleetctl.sandbox.sshd import write_ed25519
 CORPUS = Path(__file__).parent / "bad_inputs"
 CASES = yaml.safe_load((CORPUS / "cases.yaml").read_text())
 
-pytestmark = [pytest.mark.skipif(not Path("/usr/sbin/sshd").exists(), reason="OpenSSH sshd is not installed")]
+pytestmark = [pytest.mark.usefixtures("ledger_dir"),
+              pytest.mark.skipif(not Path("/usr/sbin/sshd").exists(), reason="OpenSSH sshd is not installed")]
 
-
-@pytest.fixture(autouse=True)
-def ledger_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    d = tmp_path / "ledger"
-    monkeypatch.setenv("FLEETCTL_STATE_DIR", str(d))
-    return d
 
 
 @pytest.fixture(scope="module")

@@ -37,12 +37,8 @@ from fleetctl.transport.ssh import BOOTSTRAP
 
 HOLD = 3.0
 
+pytestmark = [pytest.mark.usefixtures("ledger_dir")]
 
-@pytest.fixture(autouse=True)
-def ledger_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    d = tmp_path / "ledger"
-    monkeypatch.setenv("FLEETCTL_STATE_DIR", str(d))
-    return d
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from fleetctl.cli import main
 from fleetctl.patching import make_patch
 from fleetctl.sandbox import fleet as sbx
 
-pytestmark = [pytest.mark.fleet,
+pytestmark = [pytest.mark.usefixtures("ledger_dir"), pytest.mark.fleet,
               pytest.mark.skipif(shutil.which("sshd") is None and not Path("/usr/sbin/sshd").exists(),
                                  reason="OpenSSH sshd is not installed (scripts/setup.sh installs it)")]
 
@@ -54,10 +54,6 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[sbx.Sandbox]:
     finally:
         sbx.down(d / "sb", missing_ok=True)
 
-
-@pytest.fixture(autouse=True)
-def ledger_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("FLEETCTL_STATE_DIR", str(tmp_path / "ledger"))
 
 
 @pytest.fixture

@@ -49,7 +49,7 @@ from fleetctl.patching import make_patch
 from fleetctl.sandbox import fleet as sbx
 from fleetctl.sandbox import procs
 
-pytestmark = [pytest.mark.fleet, pytest.mark.faults,
+pytestmark = [pytest.mark.usefixtures("ledger_dir"), pytest.mark.fleet, pytest.mark.faults,
               pytest.mark.skipif(not Path("/usr/sbin/sshd").exists(), reason="OpenSSH sshd is not installed")]
 
 VERSION = "0.5.9"
@@ -218,12 +218,6 @@ def reset_host(h: sbx.SandboxHost, files: tuple[str, ...] = FILES) -> None:
         else:
             child.unlink()
 
-
-@pytest.fixture(autouse=True)
-def ledger_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    d = tmp_path / "ledger"
-    monkeypatch.setenv("FLEETCTL_STATE_DIR", str(d))
-    return d
 
 
 # ---------------------------------------------------------------------------------------------- the trials

@@ -32,18 +32,12 @@ from test_faults import (
 from fleetctl import wheels
 from fleetctl.sandbox import fleet as sbx
 
-pytestmark = [pytest.mark.fleet,
+pytestmark = [pytest.mark.usefixtures("ledger_dir"), pytest.mark.fleet,
               pytest.mark.skipif(not Path("/usr/sbin/sshd").exists(), reason="OpenSSH sshd is not installed")]
 
 EVIL = "$(touch {p}/PWNED-a) `touch {p}/PWNED-b`; touch {p}/PWNED-c | x && y \"dq\" 'sq' \\ *\nline2 >{p}/PWNED-d"
 SECRET = "s3cr3t-Zq9$(touch /tmp/never)-VALUE"
 
-
-@pytest.fixture(autouse=True)
-def ledger_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    d = tmp_path / "ledger"
-    monkeypatch.setenv("FLEETCTL_STATE_DIR", str(d))
-    return d
 
 
 @pytest.fixture(scope="module")
