@@ -82,9 +82,21 @@ def server_args_class(version: str) -> ast.ClassDef:
     return next(n for n in mod.body if isinstance(n, ast.ClassDef) and n.name == "ServerArgs")
 
 
+def field_statements(version: str) -> list[ast.stmt]:
+    """The ServerArgs field declarations: the class body, and from 0.5.20 the namespace classes in
+    srt/arg_groups/fields/*.py that ServerArgs composes."""
+    body = list(server_args_class(version).body)
+    fields_dir = pkg(version) / "srt" / "arg_groups" / "fields"
+    if fields_dir.is_dir():
+        for f in sorted(fields_dir.glob("*.py")):
+            mod = tree(version, str(f.relative_to(pkg(version))))
+            body += [s for c in mod.body if isinstance(c, ast.ClassDef) for s in c.body]
+    return body
+
+
 def field_defaults(version: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for stmt in server_args_class(version).body:
+    for stmt in field_statements(version):
         if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
             try:
                 out[stmt.target.id] = ast.literal_eval(stmt.value) if stmt.value is not None else None
@@ -104,14 +116,14 @@ def _const_expr(node: ast.expr | None) -> Any:
 
 def test_known_versions_are_every_pypi_release_in_range() -> None:
     published = [v.strip() for v in (DATA / "pypi_versions.txt").read_text().split() if v.strip()]
-    lo, hi = _vkey("0.5.4.post3"), _vkey("0.5.14")
+    lo, hi = _vkey("0.5.4.post3"), _vkey("0.5.23")
     in_range = sorted((v for v in published if lo <= _vkey(v) <= hi), key=_vkey)
     assert list(VERSIONS) == in_range
     assert sorted(VERSIONS, key=_vkey) == list(VERSIONS)
 
 
 def test_unknown_versions_are_refused() -> None:
-    for v in ("0.5.4.post2", "0.5.15", "0.5.23", "0.6.0", "latest", ""):
+    for v in ("0.5.4.post2", "0.5.24", "0.5.23.post1", "0.6.0", "latest", ""):
         assert not sglang.is_known(v)
         res = sglang.resolve_worker(v, {"--speculative-algorithm": "EAGLE3"}, {})
         assert not res.known and res.worker_class is None and res.disable_overlap_schedule is None
@@ -229,10 +241,14 @@ def test_scheduler_derives_overlap_from_disable_overlap_schedule(version: str) -
     sched = tree(version, "srt/managers/scheduler.py")
     assigns = [ast.unparse(n.value) for n in ast.walk(sched)
                if isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "self.enable_overlap"]
-    assert any(a.startswith("not server_args.disable_overlap_schedule") for a in assigns), assigns
-    create = "create_worker(self.server_args)" if R.RELEASES[version].rules.decider.endswith("create_worker") \
-        else "create_draft_worker("
-    assert create in ast.unparse(sched)
+    # from 0.5.19 the scheduler reads the resolved `schedule` config bag, not server_args
+    assert any(a.startswith(("not server_args.disable_overlap_schedule", "not get_schedule().disable_overlap_schedule"))
+               for a in assigns), assigns
+    src = ast.unparse(sched)
+    if R.RELEASES[version].rules.decider.endswith("create_worker"):  # 0.5.17/0.5.18 pass draft_server_args
+        assert "create_worker(self.server_args)" in src or "create_worker(draft_server_args)" in src
+    else:
+        assert "create_draft_worker(" in src
 
 
 # --- the env var -----------------------------------------------------------------------------
@@ -259,9 +275,10 @@ def test_spec_v2_env_default_and_readers(version: str) -> None:
     func = function(version, handler_file, handler.split(".")[-1])
     reads_env = f"envs.{R.SPEC_V2_ENV}.get()" in ast.unparse(func)
     assert reads_env == (rules.policy != "v2_only")
-    if rules.policy == "v2_only":
+    if rules.policy == "v2_only":  # gone: read only to warn about its removal (0.5.14-0.5.20), then not at all
         top = function(version, handler_file, "handle_speculative_decoding")
-        assert f"os.getenv('{R.SPEC_V2_ENV}')" in ast.unparse(top)
+        assert (f"os.getenv('{R.SPEC_V2_ENV}')" in ast.unparse(top)) == ("env_removed" in rules.messages)
+        assert (R.SPEC_V2_ENV in "".join(strings(tree(version, handler_file)))) == ("env_removed" in rules.messages)
 
 
 @pytest.mark.parametrize("version", _params())
@@ -275,7 +292,15 @@ def test_overlap_messages_are_sglangs(version: str) -> None:
     common = strings(function(version, handler_file, handler.split(".")[-1]))
     assert R.MAX_RUNNING_WARNING in common
     assert R.DRAFT_TOKENS_WARNING in strings(tree(version, handler_file))
-    assert R.PP_WARNING in strings(function(version, "srt/server_args.py", "_handle_pipeline_parallelism"))
+    assert R.PP_WARNING in strings(pp_handler(version))
+
+
+def pp_handler(version: str) -> ast.FunctionDef:
+    """Where pp_size > 1 turns the overlap schedule off: a ServerArgs method, from 0.5.15 a post-process pass."""
+    moved = "srt/arg_groups/overrides.py"
+    if (pkg(version) / moved).exists() and functions(tree(version, moved), "_pipeline_parallel_overlap_disable"):
+        return function(version, moved, "_pipeline_parallel_overlap_disable")
+    return function(version, "srt/server_args.py", "_handle_pipeline_parallelism")
 
 
 def _v2_branch_algorithms(version: str) -> tuple[str, ...] | None:
@@ -309,7 +334,7 @@ def parser_options(version: str) -> dict[str, tuple[str, Any, bool]]:
             tgt, val = ast.unparse(node.targets[0]), ast.unparse(node.value)
             if tgt.startswith("args.") and val.startswith("args."):
                 renames[val[5:]] = tgt[5:]
-    for stmt in cls.body:  # 0.5.14+: options derived from Annotated fields
+    for stmt in field_statements(version):  # 0.5.14+: options derived from Annotated fields
         if not (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)):
             continue
         ann = stmt.annotation
@@ -348,7 +373,8 @@ def parser_options(version: str) -> dict[str, tuple[str, Any, bool]]:
                 default = _const_expr(d)
         else:
             default = defaults.get(dest)
-        is_bool = "action" in kw and ast.unparse(kw["action"]) in ("'store_true'", '"store_true"')
+        is_bool = "action" in kw and ast.unparse(kw["action"]) in ("'store_true'", '"store_true"',
+                                                                   "DeprecatedStoreTrueAction")
         for n in names:
             out[n] = (dest, default, is_bool)
     return out
@@ -401,7 +427,7 @@ def test_algorithm_names(version: str) -> None:
                       if isinstance(n, ast.Call) and "--speculative-algorithm" in strings(n)
                       and ast.unparse(n.func).endswith("add_argument")), None)
     if algo_call is None:  # 0.5.14+: derived from the annotated field
-        field = next(s for s in server_args_class(version).body if isinstance(s, ast.AnnAssign)
+        field = next(s for s in field_statements(version) if isinstance(s, ast.AnnAssign)
                      and ast.unparse(s.target) == "speculative_algorithm")
         assert "Literal" not in ast.unparse(field.annotation)
         algo_call = next((n for n in ast.walk(field.annotation) if isinstance(n, ast.Call)), None)
@@ -433,7 +459,7 @@ def test_adaptive_flag_and_rules(version: str) -> None:
         return
     params = tree(version, "srt/speculative/adaptive_spec_params.py")
     texts = "\n".join(strings(functions(params, "adaptive_unsupported_reason")[0]))
-    for key, reason in R.ADAPTIVE_REASONS.items():
+    for key, reason in rel.adaptive.reasons.items():
         chunks = re.split(r"\{[^}]*\}", reason.replace("{worker}", rel.adaptive.multi_layer_class))
         present = all(chunk in texts for chunk in chunks if chunk)
         assert present == (key != "overlap" or rel.adaptive.requires_overlap_off), (key, reason)
@@ -522,10 +548,35 @@ def _multi_layer_overrides(version: str) -> tuple[set[str], bool]:
     return archs, forces
 
 
+def _multi_layer_override_passes(version: str) -> set[str]:
+    """0.5.15+: model overrides are registered passes (`@_register_for(*archs)` or a predicate over the
+    architecture) returning {"enable_multi_layer_eagle": True} when the algorithm is "EAGLE"."""
+    files = [pkg(version) / "srt/arg_groups/overrides.py",
+             *sorted((pkg(version) / "srt/arg_groups/model_overrides").glob("*.py"))]
+    archs: set[str] = set()
+    for f in files:
+        if not f.exists():
+            continue
+        for func in ast.walk(tree(version, str(f.relative_to(pkg(version))))):
+            if not isinstance(func, ast.FunctionDef):
+                continue
+            src = ast.unparse(func)
+            if not re.search(r"""(\['enable_multi_layer_eagle'\] = True|'enable_multi_layer_eagle': True)""", src):
+                continue
+            ifs = [n for n in ast.walk(func) if isinstance(n, ast.If) and "enable_multi_layer_eagle" in ast.unparse(n)
+                   and "speculative_algorithm" in ast.unparse(n.test)]
+            assert ifs and all(ast.unparse(n.test).endswith("speculative_algorithm == 'EAGLE'") for n in ifs), src
+            decos = [d for d in func.decorator_list if "register" in ast.unparse(d)]
+            assert decos, f"{version}: {func.name} is not a registered model override"
+            archs |= {a for d in decos for a in strings(d)}
+    return archs
+
+
 @pytest.mark.parametrize("version", _params())
 def test_multi_layer_model_overrides(version: str) -> None:
     rel = R.RELEASES[version]
     archs, forces = _multi_layer_overrides(version)
+    archs |= _multi_layer_override_passes(version)
     assert archs == set(rel.multi_layer_archs)
     assert forces == rel.multi_layer_arch_forces_env
     if forces:

@@ -67,7 +67,7 @@ def _norm(name: str) -> str:
     return name.lstrip("-").replace("-", "_")
 
 
-_ALL_OPTIONS: dict[str, R.Flag] = {_norm(o): f for f in R.FLAGS for o in f.options}
+_ALL_OPTIONS: frozenset[str] = frozenset(_norm(o) for f in R.FLAGS for o in f.options)
 
 
 def _convert(flag: R.Flag, option: str, value: Any) -> Any:
@@ -75,6 +75,9 @@ def _convert(flag: R.Flag, option: str, value: Any) -> Any:
         if isinstance(value, str):
             return value.strip().lower() in R.ENV_TRUE
         return bool(value)
+    if flag.type == "list":
+        return [_convert(R.Flag(flag.options, flag.dest, None, "int"), option, v)
+                for v in (value if isinstance(value, list | tuple) else str(value).split())]
     if flag.type in ("int", "float"):
         cast = int if flag.type == "int" else float
         if isinstance(value, bool) or (flag.type == "int" and isinstance(value, float)):
@@ -97,22 +100,23 @@ def parse_flags(version: str, flags: dict[str, Any]) -> tuple[dict[str, Any], tu
     args: dict[str, Any] = {f.dest: f.default for f in accepted}
     unknown: list[str] = []
     abbrev = {_norm(k): v for k, v in rel.abbreviations.items()}
+    options = {_norm(o): f for f in accepted for o in f.options}
     for name, value in flags.items():
         key = _norm(name)
         option = "--" + key.replace("_", "-")
-        if key in abbrev and key not in _ALL_OPTIONS:
+        if key in abbrev and key not in options:
             target = abbrev[key]
             if isinstance(target, tuple):
                 raise LaunchError(f"ambiguous option: {option} could match {', '.join(target)}")
             key, option = _norm(target), target
-        flag = _ALL_OPTIONS.get(key)
+        flag = options.get(key)
+        if flag is None and key in _ALL_OPTIONS:  # an upstream flag of other releases, not this one
+            raise LaunchError(f"unrecognized arguments: {option}")
         if flag is None:  # not an upstream flag fleetctl tracks (e.g. added by a patch): pass through
             unknown.append(option)
             if value is not None and value is not False:
                 args[key] = value
             continue
-        if flag not in accepted:
-            raise LaunchError(f"unrecognized arguments: {option}")
         if value is None:
             continue
         args[flag.dest] = _convert(flag, option, value)
@@ -259,7 +263,7 @@ def _run(st: _State, algorithm: str | None, model_arch: str | None) -> None:
         st.causes.append(f"pp_size={args['pp_size']}")
     elif args["disable_overlap_schedule"]:
         st.causes.append("--disable-overlap-schedule")
-    if rel.rules.policy == "v2_only" and st.env.raw is not None:
+    if "env_removed" in rel.rules.messages and st.env.raw is not None:
         st.warnings.append(rel.rules.messages["env_removed"])
     if algorithm not in EAGLE_FAMILY:
         if algorithm is not None:
@@ -381,7 +385,7 @@ def _check_adaptive(st: _State, algorithm: str) -> None:
     args, adaptive = st.args, st.rel.adaptive
     assert adaptive is not None
     topk = args.get("speculative_eagle_topk")
-    reasons = R.ADAPTIVE_REASONS
+    reasons = adaptive.reasons
     reason = None
     if algorithm not in ("EAGLE", "EAGLE3"):
         reason = reasons["algorithm"].format(algorithm=algorithm)
