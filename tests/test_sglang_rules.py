@@ -352,7 +352,9 @@ def parser_options(version: str) -> dict[str, tuple[str, Any, bool]]:
         name = stmt.target.id
         cli = ast.literal_eval(meta["cli_name"]) if "cli_name" in meta else "--" + name.replace("_", "-")
         names = [cli, *(ast.literal_eval(meta["aliases"]) if "aliases" in meta else [])]
-        is_bool = ast.unparse(elts[0]) in ("bool", "Optional[bool]") and "action" not in meta
+        # (a BooleanOptionalAction flag also gets a --no-X spelling, which the table does not track)
+        is_bool = ast.unparse(elts[0]) in ("bool", "Optional[bool]") and (
+            "action" not in meta or ast.unparse(meta["action"]) == "argparse.BooleanOptionalAction")
         for n in names:
             out[n] = (name, defaults.get(name), is_bool)
     for node in ast.walk(tree(version, "srt/server_args.py")):
