@@ -202,7 +202,7 @@ def test_expected_ranks_follow_the_launcher(version: str) -> None:
         want = []
         replicas = [None] if a["dp_size"] == 1 else ([0] if a["enable_dp_attention"] else range(a["dp_size"]))
         for replica, pp, tp in itertools.product(replicas, range(a["pp_size"]), range(a["tp_size"])):
-            ns: dict[str, Any] = {"server_args": server_args, "tp_rank": tp, "get_parallel": lambda: server_args}
+            ns: dict[str, Any] = {"server_args": server_args, "tp_rank": tp, "get_parallel": lambda sa=server_args: sa}
             for stmt in formulas:
                 exec(compile(ast.Module(body=[stmt], type_ignores=[]), "<engine>", "exec"), ns)
             dp = replica

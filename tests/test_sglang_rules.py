@@ -325,7 +325,6 @@ def test_v2_branch_algorithms(version: str) -> None:
 
 def parser_options(version: str) -> dict[str, tuple[str, Any, bool]]:
     """option string -> (ServerArgs field, default, is store_true), read off add_cli_args."""
-    cls = server_args_class(version)
     defaults = field_defaults(version)
     out: dict[str, tuple[str, Any, bool]] = {}
     renames = {}
