@@ -700,12 +700,33 @@ class Wheel:
         ns: dict[str, Any] = {"logger": logging.getLogger("sglang.srt.server_args"), "os": os, "json": json,
                               "logging": logging}
         exec(code, ns)
+        ns["_check_pp"] = self._compile_pp_check()
         handler = pp_handler(self.version)
         if handler.name == "_pipeline_parallel_overlap_disable":  # 0.5.15+: a post-process pass
             handler.decorator_list = []
             exec(compile(ast.Module(body=[handler], type_ignores=[]), f"<{self.version} overrides>", "exec"), ns)
             ns["_handle_pipeline_parallelism"] = lambda args: _run_pass(args, ns["_pipeline_parallel_overlap_disable"])
         return ns
+
+    def _compile_pp_check(self) -> Any:
+        """The release's own `if pp_size > 1:` block of check_server_args, as a function of the args."""
+        hook = "srt/arg_groups/validation_hook.py"
+        where = hook if (pkg(self.version) / hook).exists() and functions(tree(self.version, hook),
+                                                                            "check_server_args") \
+            else "srt/server_args.py"
+        check = function(self.version, where, "check_server_args")
+        block = next(n for n in ast.walk(check) if isinstance(n, ast.If)
+                     and ast.unparse(n.test) in ("self.pp_size > 1", "cfg.pp_size > 1"))
+        helpers = [f for f in functions(tree(self.version, where), "check_pipeline_parallel_compat")]
+        fn = ast.FunctionDef(name="_check_pp", args=ast.arguments(
+            posonlyargs=[], args=[ast.arg("self"), ast.arg("cfg")], kwonlyargs=[], kw_defaults=[], defaults=[]),
+            body=[block], decorator_list=[], returns=None, type_params=[])
+        mod = ast.fix_missing_locations(ast.Module(body=[*helpers, fn], type_ignores=[]))
+        ns: dict[str, Any] = {"get_platform": lambda: types.SimpleNamespace(is_npu=False),
+                              "attn_dp_enabled_of": lambda cfg: bool(cfg.enable_dp_attention)}
+        exec(compile(mod, f"<{self.version} check_server_args>", "exec"), ns)
+        self.pp_ns = ns
+        return lambda args: ns["_check_pp"](args, args)
 
     @contextlib.contextmanager
     def loaded(self) -> Iterator[None]:
@@ -718,7 +739,7 @@ class Wheel:
         log.addHandler(self.capture)
         old_level, log.level = log.level, logging.DEBUG
         try:
-            self.ns["envs"] = importlib.import_module("sglang.srt.environ").envs
+            self.ns["envs"] = self.pp_ns["envs"] = importlib.import_module("sglang.srt.environ").envs
             self.spec_info = importlib.import_module("sglang.srt.speculative.spec_info")
             self.hook = (importlib.import_module("sglang.srt.arg_groups.speculative_hook")
                          if self.rel.rules.handler.startswith("srt/arg_groups") else None)
@@ -747,6 +768,7 @@ class Wheel:
                     self.hook.handle_speculative_decoding(args)
                 else:
                     self.ns["_handle_speculative_decoding"](args)
+                self.ns["_check_pp"](args)
                 worker = self._worker(args)
         except (ValueError, AssertionError, TypeError) as exc:
             error = f"{type(exc).__name__}: {exc}"
@@ -966,3 +988,47 @@ def test_resolution_edges() -> None:
     assert "auto-chosen" in auto.reason
     assert sglang.eagle_worker_classes("0.5.14") == ("EAGLEWorkerV2", "MultiLayerEagleWorkerV2")
     assert "EAGLEWorker" not in sglang.worker_files("0.5.13")
+
+
+# --- pipeline parallelism with speculative decoding: the release's own check_server_args block ------
+
+@pytest.mark.parametrize("version", _params())
+def test_pp_with_speculation_matches_check_server_args(version: str) -> None:
+    """pp_size > 1 with a speculative algorithm: the server refuses to start (every release through
+    0.5.20); from 0.5.21 EAGLE (not multi-layer) runs under SGLANG_ENABLE_PP_SPEC=1 on the last stage."""
+    wheel = Wheel(version)
+    mismatches: list[str] = []
+    cases = itertools.product(("EAGLE", "EAGLE3", "NEXTN", "NGRAM", None), (None, "1", "0"),
+                              ({}, {"enable_multi_layer_eagle": True}, {"speculative_adaptive": True},
+                               {"enable_dp_attention": True}))
+    with wheel.loaded():
+        for algo, pp_env, extra in cases:
+            if any(k not in wheel.defaults for k in extra):
+                continue
+            fields = {"speculative_algorithm": algo, "speculative_num_steps": 3, "speculative_eagle_topk": 1,
+                      "speculative_num_draft_tokens": 4, "pp_size": 2, **extra}
+            args = _Args(wheel.defaults, "LlamaForCausalLM", **fields)
+            args.disable_overlap_schedule = True  # what the PP handler has set by then
+            if algo == "NEXTN":
+                args.speculative_algorithm = "EAGLE"  # the alias is resolved before check_server_args
+            saved = os.environ.pop(R.PP_SPEC_ENV, None)
+            if pp_env is not None:
+                os.environ[R.PP_SPEC_ENV] = pp_env
+            try:
+                wheel.ns["_check_pp"](args)
+                real = None
+            except AssertionError as exc:
+                real = f"AssertionError: {exc}"
+            finally:
+                os.environ.pop(R.PP_SPEC_ENV, None)
+                if saved is not None:
+                    os.environ[R.PP_SPEC_ENV] = saved
+            mine = sglang.resolve_worker(version, _flags(fields), {} if pp_env is None else {R.PP_SPEC_ENV: pp_env})
+            got = mine.startup_error if (mine.startup_error and "ipeline" in mine.startup_error) or \
+                (mine.startup_error or "").startswith(("AssertionError: SGLANG_ENABLE_PP_SPEC", "AssertionError: PP +")) \
+                else None
+            if algo == "NGRAM" and extra:  # other NGRAM/adaptive refusals come first in fleetctl; not this check
+                continue
+            if real != got:
+                mismatches.append(f"{algo} {extra} {R.PP_SPEC_ENV}={pp_env!r}: real={real!r} mine={got!r}")
+    assert not mismatches, "\n".join(mismatches[:10])

@@ -10,7 +10,7 @@ Paths are relative to the `sglang` package directory.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
@@ -394,6 +394,21 @@ DUMP_ANCHOR = "server_args="
 PORT_FLAG = "--port"
 
 
+# --- pipeline parallelism with speculative decoding (check_server_args) ------------------------
+
+PP_SPEC_ENV = "SGLANG_ENABLE_PP_SPEC"  # 0.5.21+: an EnvBool, default off
+PP_SPEC_ERROR_OLD = ("AssertionError: Pipeline parallelism is not compatible with overlap schedule, "
+                     "speculative decoding, mixed chunked prefill.")
+PP_SPEC_ERROR = "AssertionError: Pipeline parallelism is not compatible with overlap schedule, speculative decoding"
+PP_SPEC_ONLY_EAGLE = ("AssertionError: Pipeline parallelism currently only supports EAGLE (non-multi-layer) "
+                      "speculative decoding")
+PP_SPEC_ENV_ADAPTIVE = "AssertionError: SGLANG_ENABLE_PP_SPEC is not compatible with --speculative-adaptive"
+PP_SPEC_ENV_DP = "AssertionError: SGLANG_ENABLE_PP_SPEC is not compatible with attention DP (--attn-dp-size)"
+PP_SPEC_ENV_DP_0521 = "AssertionError: SGLANG_ENABLE_PP_SPEC is not compatible with --enable-dp-attention"
+PP_SPEC_PREFILL_ONLY = ("AssertionError: PP + speculative decoding (MTP) is only supported on prefill nodes "
+                        "(disaggregation-mode=prefill)")
+
+
 # --- the releases -----------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -412,6 +427,10 @@ class Release:
     # EAGLE` (exact, pre-normalisation string); and whether that override also forces the env var on
     multi_layer_archs: tuple[str, ...] = ()
     multi_layer_arch_forces_env: bool = False
+    # pp_size > 1 with any speculative algorithm: check_server_args refuses it with this error, or
+    # None: 0.5.21+ allow EAGLE (not multi-layer) under SGLANG_ENABLE_PP_SPEC (PP_SPEC_* errors otherwise)
+    pp_spec_error: str | None = PP_SPEC_ERROR
+    pp_spec_dp_error: str = PP_SPEC_ENV_DP  # (0.5.21+) SGLANG_ENABLE_PP_SPEC with DP attention
     notes: tuple[str, ...] = field(default=())
 
     @property
@@ -431,13 +450,14 @@ _MIMO2_STEP37_GIGA = (*_MIMO2_STEP37, "GigaChat35ForCausalLM", "GigaChat35ForCau
 
 
 def _beta(v: str, log: LogRules, auto: AutoParams = AUTO_0543) -> Release:
-    return Release(v, RULES_BETA, _W_OLD, log, auto, ALGORITHMS_OLD, True, ABBREV_0543)
+    return Release(v, RULES_BETA, _W_OLD, log, auto, ALGORITHMS_OLD, True, ABBREV_0543,
+                   pp_spec_error=PP_SPEC_ERROR_OLD)
 
 
 def _opt_in(v: str, auto: AutoParams = AUTO, log: LogRules = LOG_059,
             archs: tuple[str, ...] = _MIMO_STEP) -> Release:
     return Release(v, RULES_FORCES_V2, _W_058, log, auto, ALGORITHMS_OLD, True, ABBREV_057,
-                   multi_layer_archs=archs, multi_layer_arch_forces_env=True)
+                   multi_layer_archs=archs, multi_layer_arch_forces_env=True, pp_spec_error=PP_SPEC_ERROR_OLD)
 
 
 def _v2(v: str, rules: SpecRules, workers: tuple, log: LogRules, adaptive: AdaptiveRules,
@@ -449,7 +469,10 @@ def _v2(v: str, rules: SpecRules, workers: tuple, log: LogRules, adaptive: Adapt
 
 def _v2_new(v: str, rules: SpecRules, log: LogRules, adaptive: AdaptiveRules, algorithms: tuple[str, ...],
             abbreviations: MappingProxyType = ABBREV_057, archs: tuple[str, ...] = _MIMO2_STEP37) -> Release:
-    return _v2(v, rules, _W_V2, log, adaptive, archs, algorithms, abbreviations=abbreviations)
+    rel = _v2(v, rules, _W_V2, log, adaptive, archs, algorithms, abbreviations=abbreviations)
+    if rules is RULES_V2_ONLY_SILENT:  # 0.5.21+: PP + EAGLE allowed under SGLANG_ENABLE_PP_SPEC
+        rel = replace(rel, pp_spec_error=None)
+    return rel
 
 
 RELEASES: dict[str, Release] = {r.version: r for r in (
@@ -463,7 +486,7 @@ RELEASES: dict[str, Release] = {r.version: r for r in (
     _beta("0.5.6.post2", LOG_056, AUTO_0561),
     Release("0.5.7", RULES_FORCES_V2_057, _W_057, LOG_057, AUTO_057, ALGORITHMS_OLD, True, ABBREV_057,
             multi_layer_algorithms=("EAGLE", "EAGLE3", "STANDALONE"), multi_layer_archs=_MIMO,
-            multi_layer_arch_forces_env=True,
+            multi_layer_arch_forces_env=True, pp_spec_error=PP_SPEC_ERROR_OLD,
             notes=("multi-layer workers are chosen in the scheduler, before the algorithm's factory",)),
     _opt_in("0.5.8", log=LOG_057, archs=_MIMO),
     _opt_in("0.5.8.post1", log=LOG_057, archs=_MIMO),
@@ -483,7 +506,8 @@ RELEASES: dict[str, Release] = {r.version: r for r in (
     _v2_new("0.5.18", RULES_V2_ONLY, LOG_0514, ADAPTIVE_0514, ALGORITHMS_0516),
     _v2_new("0.5.19", RULES_V2_ONLY, LOG_0519, ADAPTIVE_0514, ALGORITHMS_0516),
     _v2_new("0.5.20", RULES_V2_ONLY, LOG_0519, ADAPTIVE_0520, ALGORITHMS_0520, ABBREV_0520),
-    _v2_new("0.5.21", RULES_V2_ONLY_SILENT, LOG_0519, ADAPTIVE_0520, ALGORITHMS_0520, ABBREV_0520, _MIMO2_STEP37_GIGA),
+    replace(_v2_new("0.5.21", RULES_V2_ONLY_SILENT, LOG_0519, ADAPTIVE_0520, ALGORITHMS_0520, ABBREV_0520,
+                    _MIMO2_STEP37_GIGA), pp_spec_dp_error=PP_SPEC_ENV_DP_0521),
     _v2_new("0.5.22", RULES_V2_ONLY_SILENT, LOG_0519, ADAPTIVE_0522, ALGORITHMS_0520, ABBREV_0520, _MIMO2_STEP37_GIGA),
     _v2_new("0.5.23", RULES_V2_ONLY_SILENT, LOG_0519, ADAPTIVE_0522, ALGORITHMS_0520, ABBREV_0520, _MIMO2_STEP37_GIGA),
 )}

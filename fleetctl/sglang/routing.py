@@ -205,6 +205,7 @@ def resolve_worker(version: str, flags: dict[str, Any], env: dict[str, str], *,
         algorithm = _normalize_algorithm(rel, st.args.get("speculative_algorithm"))
         error = None
         _run(st, algorithm, model_arch)
+        _check_pp_spec(st, algorithm, env)
     except LaunchError as exc:
         error = str(exc)
     args = st.args
@@ -222,6 +223,26 @@ def resolve_worker(version: str, flags: dict[str, Any], env: dict[str, str], *,
         startup_error=error, warnings=tuple(warnings), adaptive_available=adaptive_available,
         resolved_args=args, unknown_flags=unknown,
     )
+
+
+def _check_pp_spec(st: _State, algorithm: str | None, env: dict[str, str]) -> None:
+    """check_server_args on pp_size > 1 with speculative decoding (after every post-init handler)."""
+    args, rel = st.args, st.rel
+    if args["pp_size"] <= 1 or algorithm is None:
+        return
+    if rel.pp_spec_error is not None:
+        raise LaunchError(rel.pp_spec_error)
+    if algorithm != "EAGLE" or args.get("enable_multi_layer_eagle"):
+        raise LaunchError(R.PP_SPEC_ONLY_EAGLE)
+    raw = env.get(R.PP_SPEC_ENV)
+    if raw is not None and raw.lower() in R.ENV_TRUE:
+        if args.get("speculative_adaptive"):
+            raise LaunchError(R.PP_SPEC_ENV_ADAPTIVE)
+        if args.get("enable_dp_attention"):
+            raise LaunchError(rel.pp_spec_dp_error)
+        st.causes.append(f"{R.PP_SPEC_ENV}={raw}")
+        return
+    raise LaunchError(R.PP_SPEC_PREFILL_ONLY)  # (fleetctl does not model --disaggregation-mode prefill)
 
 
 def _normalize_algorithm(rel: R.Release, raw: Any) -> str | None:
