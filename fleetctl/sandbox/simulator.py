@@ -12,7 +12,8 @@ What it does, in order (all logs on stderr, in the installed release's format):
   2. finds the SGLang this interpreter would import (importlib find_spec, no import of sglang) and
      its version (`sglang/_version.py`);
   3. decides the worker with `fleetctl.sglang.resolve_worker(version, flags, os.environ)`; a
-     `startup_error` is printed like a Python traceback ending in that error, exit 1;
+     `startup_error` is printed like a Python traceback ending in that error, exit 1 (a command-line
+     error of the release's argparse -- unknown flag, ambiguous abbreviation -- as usage + error, exit 2);
   4. prints the startup warnings (bare before 0.5.11), the `server_args=` dump of the resolved args;
   5. binds 127.0.0.1:--port (in use: an "Address already in use" traceback, exit 1);
   6. per scheduler rank (`expected_ranks`): "Load weight" lines and, ONLY when the resolved worker
@@ -46,6 +47,9 @@ from typing import Any
 
 MARKER = "Dynamic speculation disable enabled"
 THRESHOLD_ARG = "speculative_disable_batch_threshold"  # the payload's flag, as a ServerArgs field
+USAGE = "usage: launch_server.py [-h] --model-path MODEL_PATH ... (fleetctl simulator)"
+# startup errors that come from argparse itself (the command line), not from SGLang's checks
+ARGPARSE_ERRORS = ("ambiguous option:", "unrecognized arguments:", "argument ")
 BANNER = ("fleetctl sandbox SIMULATOR of an SGLang server (not SGLang: no model, no GPU; "
           "see docs/simulator.md)")
 
@@ -173,6 +177,10 @@ def main(argv: list[str] | None = None) -> int:
     if not res.known:
         traceback_exit(f"RuntimeError: {res.reason}")
         return 1
+    if res.startup_error and res.startup_error.startswith(ARGPARSE_ERRORS):  # argparse: usage, exit 2
+        log(USAGE)
+        log(f"launch_server.py: error: {res.startup_error}")
+        return 2
     if res.startup_error:
         for w in res.warnings:
             log(format_startup_warning(version, w, datetime.now()))
@@ -193,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         for f in rejected:
             v = flags.get(f)
             parts.append(f if v is True or v is None else f"{f} {v}")
-        log("usage: launch_server.py [-h] --model-path MODEL_PATH ... (fleetctl simulator)")
+        log(USAGE)
         log(f"launch_server.py: error: unrecognized arguments: {' '.join(parts)}")
         return 2
     ms = env.get("SGLANG_LOG_MS", "").lower() in ("1", "true", "yes", "y")
