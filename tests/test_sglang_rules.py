@@ -665,14 +665,24 @@ def _run_pass(args: Any, fn: Any) -> None:
 # 0.5.15+ route ServerArgs changes through a resolution layer (declarations stashed on the record,
 # read back through a "resolved view"). Stand-ins with the same effect for one record, applied at once:
 # declare_resolution sets the fields, views are the record itself.
+def _direct_writes(args: Any, source: str, fn: Any) -> None:
+    fn(args)  # the real one records the writes fn makes to the record; here they land on it directly
+
+
+_SAME = {"resolved_view": lambda args: args, "resolving_view": lambda args: args,
+         "model_config_of": lambda args: args.get_model_config()}
 RESOLUTION_STAND_INS: dict[str, dict[str, Any]] = {
     "sglang.srt.arg_groups.overrides": {
-        "declare_resolution": _declare, "run_post_process_pass": _run_pass,
-        "resolved_view": lambda args: args, "resolving_view": lambda args: args,
+        **_SAME, "declare_resolution": _declare, "run_post_process_pass": _run_pass,
+        "declare_late_resolution": _declare, "declare_direct_writes": _direct_writes,
+        "record_foreign_defaults": lambda args, source, resolve: resolve(args),
         "attention_backends_of": lambda cfg: (cfg.prefill_attention_backend or cfg.attention_backend,
                                               cfg.decode_attention_backend or cfg.attention_backend)},
-    "sglang.srt.arg_groups.model_override_base": {"resolving_view": lambda args: args},
-    "sglang.srt.runtime_context": {"attn_dp_enabled_of": lambda cfg: bool(cfg.enable_dp_attention)},
+    "sglang.srt.arg_groups.model_override_base": dict(_SAME),
+    "sglang.srt.runtime_context": {"attn_dp_enabled_of": lambda cfg: bool(cfg.enable_dp_attention),
+                                   "get_platform": lambda: types.SimpleNamespace(is_npu=False, is_hip=False)},
+    # an in-tree CUDA platform (not an out-of-tree plugin)
+    "sglang.srt.platforms": {"current_platform": types.SimpleNamespace(is_out_of_tree=lambda: False)},
 }
 
 
@@ -832,16 +842,7 @@ def _flags(fields: dict[str, Any]) -> dict[str, Any]:
     return {"--" + k.replace("_", "-"): v for k, v in fields.items() if v is not None and v is not False}
 
 
-def _handler_params() -> list[Any]:
-    # 0.5.19+ dispatch the speculative hook through more of the resolution layer (model_config_of,
-    # platform objects, custom-algorithm registry) than these stand-ins cover: not replayed yet
-    late = set(VERSIONS[VERSIONS.index("0.5.19"):])
-    return [pytest.param(*p.values, id=p.id, marks=(*p.marks, *((pytest.mark.xfail(
-        strict=True, reason="0.5.19+ handlers not replayed by this harness yet"),) if p.values[0] in late else ())))
-        for p in _params()]
-
-
-@pytest.mark.parametrize("version", _handler_params())
+@pytest.mark.parametrize("version", _params())
 def test_resolve_worker_agrees_with_the_real_handlers(version: str) -> None:
     wheel = Wheel(version)
     mismatches: list[str] = []
