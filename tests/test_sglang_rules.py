@@ -1033,3 +1033,26 @@ def test_pp_with_speculation_matches_check_server_args(version: str) -> None:
             if real != got:
                 mismatches.append(f"{algo} {extra} {R.PP_SPEC_ENV}={pp_env!r}: real={real!r} mine={got!r}")
     assert not mismatches, "\n".join(mismatches[:10])
+
+
+def test_model_specific_routing_not_ruled_out_without_the_model_config() -> None:
+    """`--speculative-algorithm EAGLE` without the target's architectures: a model override of the release
+    may turn on multi-layer EAGLE, so the answer says it is not certain (never a silent default)."""
+    eagle = {"--speculative-algorithm": "EAGLE", "--speculative-num-steps": 3, "--speculative-eagle-topk": 1}
+    for version in ("0.5.9", "0.5.14", "0.5.23"):
+        blind = sglang.resolve_worker(version, eagle, {})
+        assert not blind.certain and blind.reason.startswith(
+            "not certain: model config not readable, model-specific routing not ruled out: ")
+        assert blind.worker_class is not None  # the answer for an architecture without an override
+        known = sglang.resolve_worker(version, eagle, {}, model_arch="LlamaForCausalLM")
+        assert known.certain and "not certain" not in known.reason
+        mimo = sglang.resolve_worker(version, eagle, {}, model_arch="MiMoV2FlashForCausalLM")
+        assert mimo.certain and mimo.worker_class == "MultiLayerEagleWorkerV2"
+    # EAGLE3 (and NEXTN, compared before normalisation) are not touched by those overrides
+    for algo in ("EAGLE3", "NEXTN"):
+        assert sglang.resolve_worker("0.5.23", {**eagle, "--speculative-algorithm": algo}, {}).certain
+    assert sglang.resolve_worker("0.5.6", eagle, {}).certain  # no model override there yet
+    giga = sglang.resolve_worker("0.5.21", eagle, {}, model_arch="GigaChat35ForCausalLM")
+    assert giga.worker_class == "MultiLayerEagleWorkerV2"
+    assert sglang.resolve_worker("0.5.20", eagle, {}, model_arch="GigaChat35ForCausalLM").worker_class == \
+        "EAGLEWorkerV2"

@@ -33,6 +33,9 @@ class Resolution:
     adaptive_available: bool  # upstream --speculative-adaptive exists
     resolved_args: dict[str, Any] = field(default_factory=dict)
     unknown_flags: tuple[str, ...] = ()  # flags the upstream parser of this release does not have
+    # False when the answer depends on the target model's config.json `architectures`, which was not
+    # given (not readable): model-specific overrides of this release could change the worker
+    certain: bool = True
 
 
 def is_known(version: str) -> bool:
@@ -199,9 +202,11 @@ def resolve_worker(version: str, flags: dict[str, Any], env: dict[str, str], *,
     st = _State(rel, {}, _Env(rel.rules, env.get(R.SPEC_V2_ENV), warnings), warnings)
     adaptive_available = "speculative_adaptive" in {f.dest for f in R.flags_for(version)}
     algorithm: str | None = None
+    raw_algorithm: Any = None
     unknown: tuple[str, ...] = ()
     try:
         st.args, unknown = parse_flags(version, flags)
+        raw_algorithm = st.args.get("speculative_algorithm")
         algorithm = _normalize_algorithm(rel, st.args.get("speculative_algorithm"))
         error = None
         _run(st, algorithm, model_arch)
@@ -216,13 +221,32 @@ def resolve_worker(version: str, flags: dict[str, Any], env: dict[str, str], *,
     if error is None and algorithm in EAGLE_FAMILY:
         worker_class = _route(rel, algorithm, args)
         worker_file = rel.worker_files[worker_class]
+    certain = not _model_dependent(rel, raw_algorithm, st.args, model_arch, error)
+    reason = _reason(st, algorithm, worker_class, worker_file, error)
+    if not certain:
+        reason = f"{NOT_CERTAIN}: {reason}"
     return Resolution(
         version=version, known=True, algorithm=algorithm, worker_class=worker_class,
         worker_file=worker_file, disable_overlap_schedule=dos, spec_v2_env=st.env.describe(),
-        reason=_reason(st, algorithm, worker_class, worker_file, error),
+        reason=reason,
         startup_error=error, warnings=tuple(warnings), adaptive_available=adaptive_available,
-        resolved_args=args, unknown_flags=unknown,
+        resolved_args=args, unknown_flags=unknown, certain=certain,
     )
+
+
+NOT_CERTAIN = "not certain: model config not readable, model-specific routing not ruled out"
+
+
+def _model_dependent(rel: R.Release, raw_algorithm: Any, args: dict[str, Any], model_arch: str | None,
+                     error: str | None) -> bool:
+    """Would a model-specific override of this release change the answer, for some architecture?
+
+    The overrides turn on multi-layer EAGLE for `--speculative-algorithm EAGLE` (the raw string) on the
+    architectures in `rel.multi_layer_archs`; without the model's architecture that is not ruled out.
+    """
+    if model_arch is not None or error is not None or not rel.multi_layer_archs:
+        return False
+    return raw_algorithm == "EAGLE" and not args.get("enable_multi_layer_eagle")
 
 
 def _check_pp_spec(st: _State, algorithm: str | None, env: dict[str, str]) -> None:
