@@ -402,6 +402,35 @@ def test_flags_table_matches_parser(version: str) -> None:
     assert spec_options <= accepted, f"{version}: untracked speculative flags {sorted(spec_options - accepted)}"
 
 
+def all_options(version: str) -> set[str]:
+    """Every option string the release's parser registers (read off its sources): parser_options, the
+    --no-X spelling of BooleanOptionalAction flags, and argparse's own --help."""
+    out = set(parser_options(version)) | {"--help"}
+    for f in field_statements(version):
+        if isinstance(f, ast.AnnAssign) and "BooleanOptionalAction" in ast.unparse(f.annotation):
+            out.add("--no-" + f.target.id.replace("_", "-"))
+    for node in ast.walk(tree(version, "srt/server_args.py")):
+        if isinstance(node, ast.Call) and ast.unparse(node.func).endswith("add_argument") \
+                and "BooleanOptionalAction" in ast.unparse(node):
+            out |= {"--no-" + a.value[2:] for a in node.args if isinstance(a, ast.Constant)
+                    and isinstance(a.value, str) and a.value.startswith("--")}
+    return out
+
+
+@pytest.mark.parametrize("version", _params())
+def test_cli_options_match_parser(version: str) -> None:
+    """The release's full option list (fleetctl/sglang/cli_options.json, stored as changes from the
+    previous release) is what its parser registers: it decides unknown flags and ambiguous prefixes."""
+    real = all_options(version)
+    mine = set(R.cli_options(version))
+    if real != mine:
+        i = VERSIONS.index(version)
+        prev = all_options(VERSIONS[i - 1]) if i else set()
+        entry = {"added": sorted(real - prev), "removed": sorted(prev - real)}
+        pytest.fail(f"{version}: cli_options.json entry should be {json.dumps(entry)}; "
+                    f"missing {sorted(real - mine)[:10]}, extra {sorted(mine - real)[:10]}")
+
+
 def _abbreviation(options: dict[str, Any], prefix: str) -> str | tuple[str, ...]:
     if prefix in options:
         return prefix
@@ -1056,3 +1085,20 @@ def test_model_specific_routing_not_ruled_out_without_the_model_config() -> None
     assert giga.worker_class == "MultiLayerEagleWorkerV2"
     assert sglang.resolve_worker("0.5.20", eagle, {}, model_arch="GigaChat35ForCausalLM").worker_class == \
         "EAGLEWorkerV2"
+
+
+def test_release_options_decide_unknown_and_ambiguous_flags() -> None:
+    """Flags fleetctl does not track are judged by the release's own option list: registered ones are
+    not "unknown" (0.5.20+ declare them outside server_args.py, so a text search there misses them),
+    unique prefixes resolve, shared prefixes are refused as argparse does, others pass through."""
+    base = {"--speculative-algorithm": "EAGLE3", "--speculative-num-steps": 3, "--speculative-eagle-topk": 1}
+    for version in ("0.5.9", "0.5.20", "0.5.23"):
+        res = sglang.resolve_worker(version, {**base, "--mem-fraction-static": 0.8, "--mem-frac": 0.8}, {})
+        assert res.startup_error is None and res.unknown_flags == (), (version, res.unknown_flags)
+    patch_flag = sglang.resolve_worker("0.5.23", {**base, "--speculative-disable-batch-threshold": 16}, {})
+    assert patch_flag.unknown_flags == ("--speculative-disable-batch-threshold",)
+    assert sglang.resolve_worker("0.5.9", {**base, "--cuda-graph-max": 8}, {}).resolved_args["cuda_graph_max_bs"] == 8
+    amb = sglang.resolve_worker("0.5.23", {**base, "--cuda-graph-max": 8}, {})
+    assert amb.startup_error.startswith("ambiguous option: --cuda-graph-max could match --cuda-graph-max-bs-decode")
+    gone = sglang.resolve_worker("0.5.23", {**base, "--speculative-skip-dp-mlp-sync": True}, {})
+    assert gone.startup_error == "unrecognized arguments: --speculative-skip-dp-mlp-sync"

@@ -286,3 +286,15 @@ def test_pp_with_speculation_refused_on_every_release(tmp_path: Path, sims: list
     assert code == 1
     assert errs.strip().splitlines()[-1] == ("AssertionError: Pipeline parallelism is not compatible with "
                                              "overlap schedule, speculative decoding")
+
+
+def test_release_registered_flag_not_refused_on_new_layout(tmp_path: Path, sims: list[Sim]) -> None:
+    """0.5.20+ declare most options outside srt/server_args.py: a flag the release registers (here
+    --mem-fraction-static) must start, even though that file does not spell it."""
+    site = fake_tree(tmp_path, "0.5.23", {"eagle_worker_v2.py": ""})
+    (site / "sglang" / "srt" / "server_args.py").write_text("class ServerArgs:\n    port: int = 30000\n")
+    s = run(sims, site, [*EAGLE_FLAGS, "--mem-fraction-static", "0.8"])
+    s.wait_ready()
+    bogus = run(sims, site, [*EAGLE_FLAGS, "--no-such-flag", "1"])
+    code, errs = bogus.finish()
+    assert code == 2 and "unrecognized arguments: --no-such-flag 1" in errs

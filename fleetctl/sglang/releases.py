@@ -10,7 +10,10 @@ Paths are relative to the `sglang` package directory.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field, replace
+from functools import cache
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
@@ -513,6 +516,26 @@ RELEASES: dict[str, Release] = {r.version: r for r in (
 )}
 
 KNOWN_VERSIONS: tuple[str, ...] = tuple(RELEASES)
+
+
+_CLI_OPTIONS = Path(__file__).with_name("cli_options.json")
+
+
+@cache
+def cli_options(version: str) -> frozenset[str]:
+    """Every option string `version`'s own argument parser registers (`--help` and `--no-X` included).
+
+    Stored in cli_options.json as the options each release adds and removes relative to the previous
+    release; tests/test_sglang_rules.py holds each entry to the release's own parser.
+    """
+    data = json.loads(_CLI_OPTIONS.read_text(encoding="utf-8"))
+    options: set[str] = set()
+    for v in KNOWN_VERSIONS:
+        entry = data.get(v, {})
+        options = (options | set(entry.get("added", ()))) - set(entry.get("removed", ()))
+        if v == version:
+            return frozenset(options)
+    raise KeyError(f"unknown SGLang version {version!r}")
 
 
 def flags_for(version: str) -> tuple[Flag, ...]:

@@ -115,11 +115,23 @@ def parse_flags(version: str, flags: dict[str, Any]) -> tuple[dict[str, Any], tu
         flag = options.get(key)
         if flag is None and key in _ALL_OPTIONS:  # an upstream flag of other releases, not this one
             raise LaunchError(f"unrecognized arguments: {option}")
-        if flag is None:  # not an upstream flag fleetctl tracks (e.g. added by a patch): pass through
-            unknown.append(option)
-            if value is not None and value is not False:
-                args[key] = value
-            continue
+        if flag is None:
+            # not a flag fleetctl tracks: the release's own option list says whether argparse takes it
+            # (exactly, or as the unique prefix of one option), finds it ambiguous, or does not know it
+            # (e.g. a flag a patch adds: passed through, the host's server_args.py decides)
+            registered = R.cli_options(version)
+            if option not in registered:
+                matches = sorted(o for o in registered if o.startswith(option))
+                if len(matches) > 1:
+                    raise LaunchError(f"ambiguous option: {option} could match {', '.join(matches)}")
+                if len(matches) == 1 and _norm(matches[0]) in options:  # a tracked flag, abbreviated
+                    key, option, flag = _norm(matches[0]), matches[0], options[_norm(matches[0])]
+                elif not matches:
+                    unknown.append(option)
+            if flag is None:
+                if value is not None and value is not False:
+                    args[key] = value
+                continue
         if value is None:
             continue
         args[flag.dest] = _convert(flag, option, value)
