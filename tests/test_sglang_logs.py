@@ -163,10 +163,16 @@ def _rank_formulas(version: str) -> list[ast.stmt]:
 
 def _dp_attention_rank(version: str, **kw: Any) -> int:
     func = find_function(version, ["srt/layers/dp_attention.py"], "compute_dp_attention_world_info")
+    # 0.5.19+ delegate the arithmetic to helpers in srt/runtime_context.py
+    helpers = [n for n in tree(version, "srt/runtime_context.py").body if isinstance(n, ast.FunctionDef)
+               and n.name.startswith("derive_att")] if (wheels.package_dir(version) / "srt/runtime_context.py").exists() \
+        else []
     ns: dict[str, Any] = {}
-    exec(compile(ast.Module(body=[func], type_ignores=[]), "<dp_attention>", "exec"), ns)
+    exec(compile(ast.Module(body=[*helpers, func], type_ignores=[]), "<dp_attention>", "exec"), ns)
     fn = ns["compute_dp_attention_world_info"]
     params = inspect.signature(fn).parameters
+    if "attn_dp_size" in params:  # 0.5.22+: the caller passes the attention-DP width
+        kw = {**kw, "attn_dp_size": kw["dp_size"] if kw.get("enable_dp_attention") else 1}
     return fn(**{k: v for k, v in kw.items() if k in params})[2]
 
 
@@ -180,11 +186,11 @@ LAYOUTS = [
 
 
 def _rank_params() -> list[Any]:
-    # 0.5.19+ lay the ranks out through derive_attention_widths / a new compute_dp_attention_world_info
-    # signature, which this replay does not run yet: those rows are expected to fail until it does
-    late = {v for v in VERSIONS if R.KNOWN_VERSIONS.index(v) >= R.KNOWN_VERSIONS.index("0.5.19")}
+    # 0.5.22+ launch DP schedulers per `num_dp_ranks` (replicas x attention-DP groups, with the new
+    # --attn-dp-size), which this replay does not model yet: those rows are expected to fail until it does
+    late = {v for v in VERSIONS if R.KNOWN_VERSIONS.index(v) >= R.KNOWN_VERSIONS.index("0.5.22")}
     return [pytest.param(*p.values, id=p.id, marks=(*p.marks, *((pytest.mark.xfail(
-        strict=True, reason="rank layout of 0.5.19+ not replayed yet"),) if p.values[0] in late else ())))
+        strict=True, reason="DP launch layout of 0.5.22+ (num_dp_ranks) not replayed yet"),) if p.values[0] in late else ())))
         for p in _params()]
 
 
@@ -192,6 +198,14 @@ def _rank_params() -> list[Any]:
 def test_expected_ranks_follow_the_launcher(version: str) -> None:
     rules = R.RELEASES[version].log
     formulas = _rank_formulas(version)
+    spawn = None
+    rc = wheels.package_dir(version) / "srt/runtime_context.py"
+    found = [n for n in ast.walk(tree(version, "srt/runtime_context.py")) if isinstance(n, ast.FunctionDef)
+             and n.name == "derive_spawn_ranks"] if rc.exists() else []
+    if found:
+        spawn_ns: dict[str, Any] = {}
+        exec(compile(ast.Module(body=found, type_ignores=[]), "<runtime_context>", "exec"), spawn_ns)
+        spawn = spawn_ns["derive_spawn_ranks"]
     for layout in LAYOUTS:
         if not set(layout) <= {"tp_size", "pp_size", "dp_size", "ep_size", "enable_dp_attention"} \
                 and "ATTN_CP" not in rules.prefix_order:
@@ -205,6 +219,12 @@ def test_expected_ranks_follow_the_launcher(version: str) -> None:
             ns: dict[str, Any] = {"server_args": server_args, "tp_rank": tp, "get_parallel": lambda sa=server_args: sa}
             for stmt in formulas:
                 exec(compile(ast.Module(body=[stmt], type_ignores=[]), "<engine>", "exec"), ns)
+            if spawn is not None:  # 0.5.21+: every rank of a spawned scheduler comes from one function
+                attn_dp = a["dp_size"] if a["enable_dp_attention"] else 1
+                ns.update(spawn(world_rank=a["tp_size"] * pp + tp, tp_size=a["tp_size"], ep_join_rank_offset=0,
+                                attn_cp_size=a["attn_cp_size"],
+                                attn_tp_size=a["tp_size"] // attn_dp // a["attn_cp_size"],
+                                moe_dp_size=a["moe_dp_size"], moe_ep_size=a["ep_size"]))
             dp = replica
             if a["dp_size"] > 1 and a["enable_dp_attention"]:
                 dp = _dp_attention_rank(version, enable_dp_attention=True, tp_rank=tp, tp_size=a["tp_size"],
