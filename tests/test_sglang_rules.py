@@ -809,7 +809,7 @@ class Wheel:
                     self.ns["_handle_speculative_decoding"](args)
                 self.ns["_check_pp"](args)
                 worker = self._worker(args)
-        except (ValueError, AssertionError, TypeError) as exc:
+        except (ValueError, AssertionError, TypeError, NameError) as exc:
             error = f"{type(exc).__name__}: {exc}"
         finally:
             os.environ.pop(R.SPEC_V2_ENV, None)
@@ -826,7 +826,18 @@ class Wheel:
         else:  # the scheduler passes enable_overlap only to EAGLE-family factories
             kwargs = {"enable_overlap": not args.disable_overlap_schedule} if algo.is_eagle() else {}
             cls = type(algo.create_draft_worker(**kwargs))
+        if cls.__name__.startswith("MultiLayerEagleWorker"):
+            self._import_worker_module(cls.__module__)
         return cls.__module__, cls.__name__
+
+    @cache  # noqa: B019 (one Wheel per test)
+    def _import_worker_module(self, module: str) -> None:
+        """Execute the worker's own module (its imports stubbed), as the scheduler's import would:
+        an annotation naming a TYPE_CHECKING-only class raises NameError here on CPython <= 3.13."""
+        file = pkg(self.version).parent / (module.replace(".", "/") + ".py")
+        spec = importlib.util.spec_from_file_location(module + "_as_imported", file)
+        assert spec is not None and spec.loader is not None
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))
 
 
 PARAMS = {  # (num_steps, topk, num_draft_tokens)
@@ -989,7 +1000,16 @@ def test_model_override_turns_on_multi_layer() -> None:
                                   model_arch="MiMoV2FlashForCausalLM")
     assert nextn.worker_class == "EAGLEWorker"  # the override compares the raw string to "EAGLE"
     new = sglang.resolve_worker("0.5.12", eagle, {R.SPEC_V2_ENV: "0"}, model_arch="MiMoV2ForCausalLM")
-    assert (new.worker_class, new.disable_overlap_schedule) == ("MultiLayerEagleWorker", True)
+    # the route is MultiLayerEagleWorker, whose module fails at import on 0.5.9-0.5.12 (CPython <= 3.13)
+    assert (new.worker_class, new.disable_overlap_schedule) == (None, True)
+    assert new.startup_error.startswith("NameError: name 'ModelRunner' is not defined")
+    assert "refuses to start" in new.reason
+    on = sglang.resolve_worker("0.5.12", eagle, {}, model_arch="MiMoV2ForCausalLM")
+    assert on.worker_class == "MultiLayerEagleWorkerV2" and on.startup_error is None
+    flag = {**eagle, "--enable-multi-layer-eagle": True, "--disable-overlap-schedule": True}
+    assert sglang.resolve_worker("0.5.8", flag, {}).worker_class == "MultiLayerEagleWorker"  # imports fine
+    assert sglang.resolve_worker("0.5.9", flag, {}).startup_error.startswith("NameError")
+    assert sglang.resolve_worker("0.5.13", flag, {}).worker_class == "MultiLayerEagleWorkerV2"  # synchronous v2
     assert sglang.resolve_worker("0.5.8", eagle, {}, model_arch="Step3p5ForCausalLM").worker_class == "EAGLEWorker"
 
 

@@ -434,6 +434,8 @@ class Release:
     # None: 0.5.21+ allow EAGLE (not multi-layer) under SGLANG_ENABLE_PP_SPEC (PP_SPEC_* errors otherwise)
     pp_spec_error: str | None = PP_SPEC_ERROR
     pp_spec_dp_error: str = PP_SPEC_ENV_DP  # (0.5.21+) SGLANG_ENABLE_PP_SPEC with DP attention
+    # the non-overlap multi-layer worker's module fails at import (on CPython <= 3.13) with this error
+    multi_layer_v1_import_error: str | None = None
     notes: tuple[str, ...] = field(default=())
 
     @property
@@ -457,17 +459,24 @@ def _beta(v: str, log: LogRules, auto: AutoParams = AUTO_0543) -> Release:
                    pp_spec_error=PP_SPEC_ERROR_OLD)
 
 
+# 0.5.9 - 0.5.12.post1: MultiLayerEagleWorker.mtp_model_runner is annotated `-> ModelRunner`, a name imported
+# only under TYPE_CHECKING, and the module has no `from __future__ import annotations`
+MULTI_V1_NAME_ERROR = "NameError: name 'ModelRunner' is not defined"
+
+
 def _opt_in(v: str, auto: AutoParams = AUTO, log: LogRules = LOG_059,
             archs: tuple[str, ...] = _MIMO_STEP) -> Release:
     return Release(v, RULES_FORCES_V2, _W_058, log, auto, ALGORITHMS_OLD, True, ABBREV_057,
-                   multi_layer_archs=archs, multi_layer_arch_forces_env=True, pp_spec_error=PP_SPEC_ERROR_OLD)
+                   multi_layer_archs=archs, multi_layer_arch_forces_env=True, pp_spec_error=PP_SPEC_ERROR_OLD,
+                   multi_layer_v1_import_error=None if v.startswith("0.5.8") else MULTI_V1_NAME_ERROR)
 
 
 def _v2(v: str, rules: SpecRules, workers: tuple, log: LogRules, adaptive: AdaptiveRules,
         archs: tuple[str, ...], algorithms: tuple[str, ...] = ALGORITHMS_0512, choices: bool = False,
         abbreviations: MappingProxyType = ABBREV_057) -> Release:
     return Release(v, rules, workers, log, AUTO, algorithms, choices, abbreviations,
-                   adaptive=adaptive, multi_layer_archs=archs)
+                   adaptive=adaptive, multi_layer_archs=archs,
+                   multi_layer_v1_import_error=MULTI_V1_NAME_ERROR if MULTI_V1 in workers else None)
 
 
 def _v2_new(v: str, rules: SpecRules, log: LogRules, adaptive: AdaptiveRules, algorithms: tuple[str, ...],

@@ -233,6 +233,10 @@ def resolve_worker(version: str, flags: dict[str, Any], env: dict[str, str], *,
     if error is None and algorithm in EAGLE_FAMILY:
         worker_class = _route(rel, algorithm, args)
         worker_file = rel.worker_files[worker_class]
+        if worker_class == R.MULTI_V1[0] and rel.multi_layer_v1_import_error:
+            error = (f"{rel.multi_layer_v1_import_error} ({worker_file} fails at import on CPython <= 3.13: "
+                     f"multi-layer EAGLE needs the overlap schedule in this release)")
+            worker_class = worker_file = None
     certain = not _model_dependent(rel, raw_algorithm, st.args, model_arch, error)
     reason = _reason(st, algorithm, worker_class, worker_file, error)
     if not certain:
