@@ -1122,3 +1122,55 @@ def test_release_options_decide_unknown_and_ambiguous_flags() -> None:
     assert amb.startup_error.startswith("ambiguous option: --cuda-graph-max could match --cuda-graph-max-bs-decode")
     gone = sglang.resolve_worker("0.5.23", {**base, "--speculative-skip-dp-mlp-sync": True}, {})
     assert gone.startup_error == "unrecognized arguments: --speculative-skip-dp-mlp-sync"
+
+
+# --- the target's architectures, from where the launch would read its config.json ----------------------
+
+def _read_arch(model_path: str, env: dict[str, str], home: str, cwd: str) -> str | None:
+    """What the host side does with the locations: the first readable config.json gives the answer."""
+    from fleetctl.sglang import model_config as mc
+
+    for loc in mc.config_locations(model_path, env, home, cwd=cwd):
+        path = loc.path
+        if loc.kind == "hub":
+            ref = Path(loc.ref or "")
+            if not ref.is_file():
+                continue
+            path = mc.snapshot_config(loc.path, ref.read_text()) or ""
+        if path and Path(path).is_file():
+            return mc.architecture(Path(path).read_bytes())
+    return None
+
+
+def test_model_config_located_like_the_launch_would(tmp_path: Path) -> None:
+    from fleetctl.sglang import model_config as mc
+
+    home, commit = tmp_path / "home", "0123456789abcdef0123456789abcdef01234567"
+    repo = home / ".cache/huggingface/hub/models--XiaomiMiMo--MiMo-V2-Flash"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs/main").write_text(commit + "\n")
+    (repo / "snapshots" / commit).mkdir(parents=True)
+    (repo / "snapshots" / commit / "config.json").write_text(json.dumps({"architectures": ["MiMoV2FlashForCausalLM"]}))
+    arch = _read_arch("XiaomiMiMo/MiMo-V2-Flash", {}, str(home), str(tmp_path))
+    assert arch == "MiMoV2FlashForCausalLM"
+    eagle = {"--speculative-algorithm": "EAGLE", "--speculative-num-steps": 3, "--speculative-eagle-topk": 1}
+    res = sglang.resolve_worker("0.5.23", eagle, {}, model_arch=arch)
+    assert res.certain and res.worker_class == "MultiLayerEagleWorkerV2"
+    # the launch's HF_HOME moves the cache: the same id is then not found there -> not certain
+    assert _read_arch("XiaomiMiMo/MiMo-V2-Flash", {"HF_HOME": str(tmp_path / "elsewhere")}, str(home),
+                      str(tmp_path)) is None
+    assert not sglang.resolve_worker("0.5.23", eagle, {}, model_arch=None).certain
+    assert mc.hub_cache_dir({"HF_HUB_CACHE": "/c", "HF_HOME": "/h"}, "/root") == "/c"
+    assert mc.hub_cache_dir({"HF_HOME": "~/hf"}, "/root") == "/root/hf/hub"
+    assert mc.hub_cache_dir({"XDG_CACHE_HOME": "/x"}, "/root") == "/x/huggingface/hub"
+    # a local directory (relative to the launch's working directory) comes first
+    local = tmp_path / "models" / "llama"
+    local.mkdir(parents=True)
+    (local / "config.json").write_text('{"architectures": ["LlamaForCausalLM"], "x": 1}')
+    assert _read_arch("models/llama", {}, str(home), str(tmp_path)) == "LlamaForCausalLM"
+    # host data is untrusted: malformed, oversized or implausible configs give no architecture
+    for bad in (b"{", b"[]", b'{"architectures": []}', b'{"architectures": [7]}',
+                b'{"architectures": ["[red]x[/red]"]}', b"\xff", b" " * (mc.MAX_CONFIG_BYTES + 1)):
+        assert mc.architecture(bad) is None, bad
+    assert [loc.kind for loc in mc.config_locations("../../etc", {}, "/root", cwd="/w")] == ["local"]
+    assert mc.snapshot_config("/r", "../../x") is None
