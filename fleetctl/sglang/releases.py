@@ -2,8 +2,9 @@
 
 Every fact here was read off the release's own wheel and is re-checked against it by
 tests/test_sglang_rules.py and tests/test_sglang_logs.py. Supporting a new release means
-adding one `Release(...)` row to `RELEASES` (reusing or adding a rules/log constant) plus
-fixtures; routing.py and logs.py only read this table.
+adding one `Release(...)` row to `RELEASES` (reusing or adding a rules/log constant), its entry in
+cli_options.json (the failing test prints it) and its version in tests/data/sglang/pypi_versions.txt;
+the tests then fetch and check its wheel. routing.py and logs.py only read this table.
 
 Paths are relative to the `sglang` package directory.
 """

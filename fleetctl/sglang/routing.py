@@ -6,6 +6,8 @@ auto-chosen params, adaptive), and finally the worker factory that reads disable
 
 Assumed, not modelled: a CUDA device, and a target whose model-specific handlers leave the overlap
 schedule alone (a few Mamba/embedding/NPU paths also flip it); the page-size/attention-backend checks.
+Without the target's `architectures` (model_arch=None), an answer a model override could change is
+marked `certain=False` and its reason starts with NOT_CERTAIN.
 """
 
 from __future__ import annotations
