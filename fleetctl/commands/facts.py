@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import typer
+from rich.text import Text
 
 from fleetctl.commands.common import (
     DEFAULT_FORKS,
@@ -20,6 +21,7 @@ from fleetctl.commands.context import fleet_context, print_debug_details
 from fleetctl.errors import EXIT_FAILED, EXIT_OK
 from fleetctl.facts import HostFacts, read_facts
 from fleetctl.render import host_progress, print_failures, status_cell, summary_line, table
+from fleetctl.safetext import safe, styled
 
 KEY_FILES = ("srt/server_args.py", "srt/speculative/eagle_worker.py", "srt/speculative/eagle_worker_v2.py")
 
@@ -86,14 +88,15 @@ def register(app: typer.Typer) -> None:
                         t.add_row(o.host, status_cell(o.status), "(see below)", "", "", "", "")
                         continue
                     f: HostFacts = o.data
-                    sg = (f"{f.sglang_version or '?'} ({f.sglang_install})\n{f.sglang_dir}" if f.sglang_found
-                          else "[red]not found[/] by this python")
+                    sg: str | Text = (f"{f.sglang_version or '?'} ({f.sglang_install})\n{f.sglang_dir}"
+                                      if f.sglang_found else Text.assemble(styled("not found", "red"), " by this python"))
                     tc = f.torch
-                    torch = ("[red]missing[/]" if tc.installed is None else
-                             f"{tc.installed} " + ({True: "[green]ok[/]", False: "[red]mismatch[/]",
-                                                    None: "(unchecked)"}[tc.satisfied]))
+                    torch = (styled("missing", "red") if tc.installed is None else
+                             Text.assemble(safe(tc.installed), " ",
+                                           {True: styled("ok", "green"), False: styled("mismatch", "red"),
+                                            None: "(unchecked)"}[tc.satisfied]))
                     if tc.required:
-                        torch += f"\nneeds {', '.join(tc.required)}"
+                        torch.append_text(safe(f"\nneeds {', '.join(tc.required)}"))
                     t.add_row(o.host, status_cell(o.status), f"{f.os}\n{f.python} ({f.python_version})",
                               sg, torch, _files_cell(f, files), _gpu_cell(f))
                 out.print(t)

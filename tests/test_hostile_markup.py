@@ -1,0 +1,178 @@
+"""Issue 11, defect 2: no text from a host (or an inventory/playbook value) is ever parsed as rich
+markup or emoji codes, and control characters reach the terminal only escaped.
+
+Unit part: the helper (fleetctl/safetext.py) on every corpus item, the SafeConsole/SafeTable, the
+CLI's error lines and `history` (local ledger). Fleet part: a real sshd sandbox whose hosts print
+the corpus (a login-script line on stdout, one on stderr), hold a lock written with the corpus,
+run a launch command that logs it, with a playbook whose name and markers are corpus strings;
+every command's table output is checked (and its JSON for the raw strings).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import unicodedata
+from pathlib import Path
+
+import pytest
+from rich.text import Text
+
+from fleetctl.cli import main
+from fleetctl.safetext import CELL_LIMIT, SafeConsole, clean, line, safe, styled, table, unsafe_char
+
+ESC = "\x1b"
+LONG = "L" * 20000 + "[/x]" + ESC + "[31m"
+CORPUS = [
+    "[/x]",
+    "[bold red]x",
+    "[link=file:///etc]x[/link]",
+    ESC + "[31mred" + ESC + "[0m",
+    ESC + "]0;title\x07",
+    ESC + "]8;;http://x" + ESC + "\\link" + ESC + "]8;;" + ESC + "\\",
+    "over\rwrite",
+    "\u202eevil",
+    "scratch [/dev/nvme0n1] mounted",
+    ":smile:",
+    "%s %d",
+    "{x} {0}",
+    "zero\u200bwidth\u2066iso\u2069",
+    "c1\x9bcsi\x85nel",
+    "del\x7f bell\x07 bs\x08",
+    "sep\u2028line\u2029para",
+    "bom\ufeff",
+]
+# the escaped forms that must appear in output, per control in the corpus
+ESCAPED = ["\\x1b[31m", "\\x1b]0;title\\x07", "\\r", "\\u202e", "\\u200b", "\\x9b", "\\x7f", "\\u2028"]
+
+
+def visible_controls(s: str, *, multiline: bool = True) -> list[str]:
+    return [c for c in s if unsafe_char(c) and not (multiline and c in "\n\t")]
+
+
+# ---------------------------------------------------------------------------------------- helper
+
+@pytest.mark.parametrize("s", [*CORPUS, LONG], ids=lambda s: repr(s[:30]))
+def test_clean_escapes_every_control_and_keeps_the_rest(s: str) -> None:
+    got = clean(s)
+    assert visible_controls(got) == []
+    assert visible_controls(clean(s, multiline=False), multiline=False) == []
+    # printable text is kept as it is, markup and emoji codes included
+    for c in s:
+        if not unsafe_char(c):
+            assert c in got
+    for c in s:
+        if unsafe_char(c):
+            assert c not in got and (f"\\x{ord(c):02x}" in got or f"\\u{ord(c):04x}" in got or c == "\r")
+    t = safe(s)
+    assert isinstance(t, Text) and t.spans == [] and ESC not in t.plain
+
+
+def test_clean_specific_forms_newlines_and_limit() -> None:
+    assert clean(ESC + "[31mx") == "\\x1b[31mx"
+    assert clean("a\rb\u202ec") == "a\\rb\\u202ec"
+    assert clean("a\nb\tc") == "a\nb\tc"
+    assert clean("a\nb\tc", multiline=False) == "a\\nb\\tc"
+    assert clean("\U000e0041") == "\\U000e0041"  # a tag character (format, invisible)
+    assert clean("\ud800") == "\\ud800"  # a lone surrogate would crash the write to stdout
+    assert clean("é ü 中文 ✓") == "é ü 中文 ✓"
+    assert clean(None) == "" and clean(42) == "42"
+    cut = clean("x" * 100, limit=10)
+    assert cut == "x" * 10 + "... (+90 characters)"
+    assert len(safe(LONG).plain) < CELL_LIMIT + 100
+
+
+def test_unsafe_char_covers_the_classes() -> None:
+    for o in [*range(0x20), 0x7F, *range(0x80, 0xA0), *range(0x202A, 0x202F), *range(0x2066, 0x206A),
+              0x200B, 0x200C, 0x200D, 0x2060, 0xFEFF, 0x2028, 0x2029]:
+        assert unsafe_char(chr(o)), hex(o)
+    for c in "aZ09 [](){}%:/\\é中✓":
+        assert not unsafe_char(c), c
+    assert unicodedata.category("\u202e") == "Cf"
+
+
+def _render(*renderables: object, terminal: bool = False) -> str:
+    buf = io.StringIO()
+    c = SafeConsole(file=buf, width=200, force_terminal=terminal, color_system="standard" if terminal else None)
+    for r in renderables:
+        c.print(r)
+    return buf.getvalue()
+
+
+def test_safe_console_never_parses_markup_nor_writes_controls() -> None:
+    t = table("title " + CORPUS[0] + CORPUS[3], ["host", "what"])
+    for s in CORPUS:
+        t.add_row(s, s)
+    t.add_row(styled("ok", "green"), LONG)
+    # plain strings, explicit markup=True, a Text built raw from host bytes by mistake
+    out = _render(t, *CORPUS, Text(CORPUS[3] + CORPUS[4]), line(styled("failed", "green"), " ", "a\nforged"))
+    assert ESC not in out and "\x07" not in out and "\r" not in out and "\u202e" not in out
+    for s in ("[/x]", "[bold red]x", "[link=file:///etc]x[/link]", "[/dev/nvme0n1]", ":smile:", "%s %d", "{x} {0}"):
+        assert s in out
+    for e in ESCAPED:
+        assert e in out
+    assert "a\\nforged" in out  # a line() stays one line
+    assert "(+" in out and "characters)" in out  # the long value is cut in its cell
+
+
+def test_safe_console_on_a_terminal_writes_only_its_own_styles() -> None:
+    t = table(None, ["host", "status"])
+    for s in CORPUS:
+        t.add_row(s, styled("ok", "green"))
+    out = _render(t, *CORPUS, terminal=True)
+    # every ESC is the start of an SGR sequence rich wrote for bold/green; none came from the corpus
+    assert ESC in out
+    assert re.sub(r"\x1b\[[0-9;]*m", "", out).count(ESC) == 0
+    assert "\x1b[31m" not in out and "\x1b]" not in out and "\x07" not in out
+    assert "\\x1b[31m" in out and "\\x1b]0;title\\x07" in out
+
+
+def test_markup_passed_explicitly_is_still_literal() -> None:
+    buf = io.StringIO()
+    c = SafeConsole(file=buf, width=100)
+    c.print("[bold red]x [/x]", markup=True, emoji=True)
+    c.print(":smile:", emoji=True)
+    assert buf.getvalue() == "[bold red]x [/x]\n:smile:\n"
+
+
+def test_progress_bar_with_hostile_description() -> None:
+    from fleetctl.render import host_progress
+
+    buf = io.StringIO()
+    c = SafeConsole(file=buf, width=100, force_terminal=True)
+    with host_progress(c, 3, "facts [/x] " + ESC + "]0;t\x07") as tick:
+        tick(type("O", (), {"ok": True})())
+    assert "\x1b]0;t" not in buf.getvalue()
+
+
+# ------------------------------------------------------------------------------- CLI, no hosts
+
+def test_error_line_is_one_escaped_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / ("inv [/x] " + ESC + "[31m\u202e\nforged.yaml")
+    code = main(["facts", "-i", str(bad)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith("error: ") and err.count("\n") == 1
+    assert ESC not in err and "\u202e" not in err and "\\x1b[31m" in err and "\\u202e" in err and "[/x]" in err
+
+
+@pytest.mark.usefixtures("ledger_dir")
+def test_history_shows_hostile_ledger_entries_escaped(capsys: pytest.CaptureFixture[str]) -> None:
+    from fleetctl.ledger import Ledger
+
+    led = Ledger()
+    evil = " | ".join(CORPUS)
+    led.start("d-evil", "deploy", inventory=Path("/x/" + CORPUS[8]), playbook=Path(CORPUS[3]), args={})
+    led.finish("d-evil", "failed", [{"host": "h01", "status": "failed", "message": evil},
+                                    {"host": "h02", "status": CORPUS[1], "message": LONG}])
+    led.close()
+    for args in (["history"], ["history", "d-evil"]):
+        code = main(args)
+        out, err = capsys.readouterr()
+        assert code == 0, err
+        assert "internal error" not in err and ESC not in out + err
+    assert "[/dev/nvme0n1]" in out and "\\x1b[31m" in out and "\\u202e" in out
+    code = main(["history", "d-evil", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 0 and doc["hosts"][0]["message"] == evil  # JSON keeps the raw string
