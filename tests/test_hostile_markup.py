@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
 import unicodedata
 from pathlib import Path
@@ -176,3 +177,127 @@ def test_history_shows_hostile_ledger_entries_escaped(capsys: pytest.CaptureFixt
     code = main(["history", "d-evil", "--json"])
     doc = json.loads(capsys.readouterr().out)
     assert code == 0 and doc["hosts"][0]["message"] == evil  # JSON keeps the raw string
+
+
+# ------------------------------------------------------------------------------- a hostile fleet
+
+# what a host's login script prints on stderr last (no line separators, so it is the reported line)
+STDERR_LINE = ("scratch [/dev/nvme0n1] mounted [/x] [bold red]x " + ESC + "[31mred " + ESC + "]0;title\x07 "
+               "\u202eevil :smile: %s {x} zero\u200bwidth c1\x9bcsi del\x7f")
+RAW_CONTROLS = [ESC, "\x07", "\u202e", "\u200b", "\x9b", "\x7f", "\u2066", "\ufeff"]
+
+
+def _hostile_fleet(sb, d: Path) -> tuple[Path, Path]:  # type: ignore[no-untyped-def]
+    """h01: its python prints the corpus on stdout first (a login script's output); h02: its python,
+    in a directory named with the corpus, prints it on stderr and fails; h03: healthy, but its lock
+    is held with corpus strings, a playbook file carries the corpus (drifted), and its launch
+    command logs the corpus and exits. The playbook's name and markers are corpus strings."""
+    import socket
+
+    import yaml
+    from test_faults import EW2, SA, make_playbook, write_inventory
+
+    noise = d / "corpus.txt"
+    noise.write_bytes(("\n".join(CORPUS) + "\n").encode())
+    errline = d / "stderr.txt"
+    errline.write_bytes(("\n".join(CORPUS) + "\n" + STDERR_LINE + "\n").encode())
+    h1, h2, h3 = (sb.hosts[n] for n in ("h01", "h02", "h03"))
+    noisy = h1.host_dir / "noisy-python"
+    noisy.write_text(f"#!/bin/sh\ncat '{noise}'\nexec '{h1.python}' \"$@\"\n")
+    noisy.chmod(0o755)
+    evil_dir = h2.host_dir / ("py [bold red]x " + ESC + "[31m \u202e :smile:")
+    evil_dir.mkdir()
+    failing = evil_dir / "python"
+    failing.write_text(f"#!/bin/sh\ncat '{errline}' >&2\nexit 127\n")
+    failing.chmod(0o755)
+    server = h3.host_dir / "evil-server"
+    server.write_text(f"#!/bin/sh\ncat '{noise}'\necho '{CORPUS[8]}'\nexit 3\n")
+    server.chmod(0o755)
+    (h3.state_dir / "lock").write_text(json.dumps({
+        "pid": 1, "start": None, "op": CORPUS[1], "id": "d-" + CORPUS[3], "since": 0,
+        "by": CORPUS[8] + " " + CORPUS[4] + CORPUS[7], "host": socket.gethostname()}))
+    (h3.state_dir / "lock").chmod(0o600)
+    ew2 = h3.sglang_dir / EW2
+    ew2.write_bytes(ew2.read_bytes() + ("\n# " + "\n# ".join(CORPUS) + "\n").encode())
+
+    inv = write_inventory(sb, d / "inventory.yaml", command_timeout=60)
+    doc = yaml.safe_load(inv.read_text())
+    doc["hosts"]["h01"]["python"] = str(noisy)
+    doc["hosts"]["h02"]["python"] = str(failing)
+    doc["hosts"]["h03"]["launch_command"] = str(server)
+    doc["hosts"]["h03"]["env"]["EVIL_NOTE"] = " ".join(CORPUS)
+    inv.write_text(yaml.safe_dump(doc, sort_keys=False))
+    pb = make_playbook(d / "pb", files=(EW2, SA), tag="hostile")
+    pdoc = yaml.safe_load(pb.read_text())
+    pdoc["name"] = "hostile " + CORPUS[0] + " " + CORPUS[3] + CORPUS[7]
+    pdoc["verify"] = {"markers": [CORPUS[1], CORPUS[3]], "forbidden": ["scratch"], "require_ready": False}
+    pdoc["launch"] = {"ready_timeout": 30, "stop_timeout": 5}
+    pb.write_text(yaml.safe_dump(pdoc, sort_keys=False))
+    return inv, pb
+
+
+def _check(code: int, out: str, err: str, what: str) -> None:
+    both = out + err
+    assert "internal error" not in err and "MarkupError" not in both and "Traceback" not in both, f"{what}: {err}"
+    assert code in (0, 1), f"{what}: exit {code}: {err}"
+    for c in RAW_CONTROLS:
+        assert c not in both, f"{what}: raw {c!r} in output"
+
+
+@pytest.mark.fleet
+@pytest.mark.usefixtures("ledger_dir")
+def test_every_command_shows_hostile_host_text_escaped(fresh_sandbox, tmp_path: Path,  # type: ignore[no-untyped-def]
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    from test_faults import run
+
+    sb = fresh_sandbox(hosts=3, versions=("0.5.9",), gpus=1)
+    inv, pb = _hostile_fleet(sb, tmp_path)
+    i = ["-i", str(inv)]
+    seen: dict[str, str] = {}
+
+    def cli(what: str, *args: str) -> tuple[int, str]:
+        code, out, err = run(capsys, *args)
+        _check(code, out, err, what)
+        seen[what] = out + err
+        return code, out + err
+
+    cli("facts", "facts", *i, "--debug")
+    cli("explain", "explain", *i, str(pb))
+    cli("deploy --check", "deploy", *i, str(pb), "--check")
+    code, text = cli("deploy --check --diff", "deploy", *i, str(pb), "--check", "--diff", "--limit", "h03")
+    assert "# \\x1b[31mred" in text and "# [link=file:///etc]x[/link]" in text  # the drifted bytes, escaped
+    code, text = cli("deploy", "deploy", *i, str(pb))
+    assert code == 1
+    cli("rollback --check", "rollback", *i, "--check")
+    cli("rollback", "rollback", *i)
+    code, text = cli("status", "status", *i, str(pb))
+    assert code == 1 and "scratch [/dev/nvme0n1] mounted" in text and "d-\\x1b[31mred" in text
+
+    # the JSON documents keep the raw strings (json.dumps escapes them itself)
+    code, out, err = run(capsys, "status", *i, "--json")
+    assert ESC not in out and code == 1
+    problems = " ".join(p for h in json.loads(out)["hosts"] for p in h["problems"])
+    assert "d-" + CORPUS[3] in problems and STDERR_LINE in problems
+    code, out, err = run(capsys, "facts", *i, "--json")
+    msgs = " ".join(h["message"] or "" for h in json.loads(out)["hosts"])
+    assert STDERR_LINE in msgs and "[/x]" in msgs
+
+    (sb.hosts["h03"].state_dir / "lock").unlink()
+    cli("launch", "launch", *i, str(pb), "--timeout", "30")
+    cli("servers", "servers", *i)
+    cli("verify-logs", "verify-logs", *i, str(pb))
+    cli("stop", "stop", *i, str(pb))
+    cli("history", "history")
+    code, out, err = run(capsys, "history", "--json")
+    op = json.loads(out)["operations"][0]["id"]
+    cli("history ID", "history", op)
+    code, text = cli("patch check", "patch", "check", str(pb))
+    assert code == 0 and "hostile [/x] \\x1b[31mred" in text
+
+    if os.environ.get("MARKUP_DUMP"):
+        Path(os.environ["MARKUP_DUMP"]).write_text(json.dumps(seen, indent=1))
+    everything = "".join(seen.values())
+    for e in ESCAPED[:4]:
+        assert e in everything, e
+    assert "[/dev/nvme0n1]" in seen["facts"] and "[bold red]x" in seen["facts"]
+    assert "\\x1b[31mred" in seen["launch"] and "\\x1b[31mred" in seen["verify-logs"]
