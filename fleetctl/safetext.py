@@ -112,6 +112,11 @@ def line(*parts: Any, limit: int | None = CELL_LIMIT) -> Text:
     return Text.assemble(*(as_text(p, multiline=False, limit=limit) for p in parts))
 
 
+def lines_cell(values: Iterable[Any]) -> Text:
+    """A cell of one line per untrusted value (each escaped and cut on its own)."""
+    return Text("\n").join(safe(v, multiline=False) for v in values)
+
+
 class SafeTable(Table):
     """A rich Table whose cells and title are never markup-parsed: str (or any value) cells are
     untrusted values, Text cells are ours."""

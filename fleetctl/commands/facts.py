@@ -21,7 +21,7 @@ from fleetctl.commands.context import fleet_context, print_debug_details
 from fleetctl.errors import EXIT_FAILED, EXIT_OK
 from fleetctl.facts import HostFacts, read_facts
 from fleetctl.render import host_progress, print_failures, status_cell, summary_line, table
-from fleetctl.safetext import safe, styled
+from fleetctl.safetext import lines_cell, safe, styled
 
 KEY_FILES = ("srt/server_args.py", "srt/speculative/eagle_worker.py", "srt/speculative/eagle_worker_v2.py")
 
@@ -42,7 +42,7 @@ def _gpu_cell(f: HostFacts) -> str:
     return s
 
 
-def _files_cell(f: HostFacts, all_files: bool) -> str:
+def _files_cell(f: HostFacts, all_files: bool) -> Text:
     lines = []
     for p, ff in sorted(f.files.items()):
         if not all_files and p not in KEY_FILES:
@@ -52,7 +52,7 @@ def _files_cell(f: HostFacts, all_files: bool) -> str:
     rest = len(f.files) - len(lines)
     if rest > 0:
         lines.append(f"(+{rest} more hashed; --files lists all)")
-    return "\n".join(lines)
+    return lines_cell(lines)
 
 
 def register(app: typer.Typer) -> None:

@@ -32,7 +32,7 @@ from fleetctl.ops.deploy import apply_plan, build_plan, gather, new_op_id
 from fleetctl.ops.rollback import apply_rollback, plan_rollback
 from fleetctl.plan import Plan
 from fleetctl.render import status_cell, table
-from fleetctl.safetext import line, styled
+from fleetctl.safetext import line, lines_cell, styled
 
 PlaybookArg = Annotated[Path, typer.Argument(help="Playbook YAML, or a directory holding playbook.yaml.",
                                              show_default=False)]
@@ -178,7 +178,7 @@ def register(app: typer.Typer) -> None:
             else:
                 t = table("result", ["host", "status", "deploy id", "what"])
                 for r in rows:
-                    t.add_row(r.host, _s(r.status), r.deploy_id or "", r.message + "".join(f"\n{n}" for n in r.notes))
+                    t.add_row(r.host, _s(r.status), r.deploy_id or "", lines_cell([r.message, *r.notes]))
                 out.print(t)
                 err.print(summary, markup=False)
             raise typer.Exit(EXIT_FAILED if failed else EXIT_OK)
@@ -234,7 +234,7 @@ def register(app: typer.Typer) -> None:
             else:
                 t = table("result", ["host", "status", "what"])
                 for r in rows:
-                    t.add_row(r["host"], _s(r["status"]), r.get("message", "") + "".join(f"\n{n}" for n in r.get("notes", [])))
+                    t.add_row(r["host"], _s(r["status"]), lines_cell([r.get("message", ""), *r.get("notes", [])]))
                 out.print(t)
                 err.print(summary, markup=False)
             raise typer.Exit(EXIT_FAILED if failed else EXIT_OK)
@@ -273,7 +273,7 @@ def register(app: typer.Typer) -> None:
                 t = table(None, ["host", "status", "SGLang", "last deploy", "files", "problems"])
                 for r in rows:
                     t.add_row(r["host"], status_cell(r["status"]), r.get("version") or "",
-                              r.get("last_deploy") or "", r.get("files") or "", "\n".join(r["problems"]))
+                              r.get("last_deploy") or "", r.get("files") or "", lines_cell(r["problems"]))
                 out.print(t)
                 if servers:
                     st = table("servers", ["host", "instance", "running", "since", "port", "worker",

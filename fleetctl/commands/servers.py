@@ -30,7 +30,7 @@ from fleetctl.ops.deploy import new_op_id
 from fleetctl.ops.launch import HostLaunch, launch_fleet, status_fleet, stop_fleet
 from fleetctl.ops.verify import HostVerify, rank_label, verify_fleet
 from fleetctl.render import status_cell, table
-from fleetctl.safetext import line, safe, styled
+from fleetctl.safetext import line, lines_cell, safe, styled
 
 PlaybookArg = Annotated[Path, typer.Argument(help="Playbook YAML, or a directory holding playbook.yaml.",
                                              show_default=False)]
@@ -53,7 +53,7 @@ def render_launch(rows: list[HostLaunch]) -> None:
         if not r.instances:
             t.add_row(r.host, "", "", "", _s(r.status), "", "", r.message)
         for i, it in enumerate(r.instances):
-            what = it.message + "".join(f"\n{n}" for n in it.notes)
+            what = lines_cell([it.message, *it.notes])
             t.add_row(r.host if i == 0 else "", it.instance, ",".join(map(str, it.gpus)), str(it.port),
                       _s(it.status), f"{it.seconds:.2f}s" if it.seconds is not None else "",
                       it.worker.get("class") or "", what)
@@ -240,6 +240,6 @@ def register(app: typer.Typer) -> None:
                     for k, s in enumerate(srv):
                         tb.add_row(h if k == 0 else "", s["instance"], _s("running" if s["running"] else "not running"),
                                    _ts(s["since"]), str(s["pid"] or ""), s["version"] or "", s["worker"] or "",
-                                   s["deploy_at_launch"] or "(none)", "\n".join(s["problems"]))
+                                   s["deploy_at_launch"] or "(none)", lines_cell(s["problems"]))
                 out.print(tb)
             raise typer.Exit(EXIT_FAILED if bad else EXIT_OK)
