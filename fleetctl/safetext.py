@@ -86,8 +86,9 @@ def needs_cleaning(s: str, *, multiline: bool = True) -> bool:
     return False
 
 
-def safe(value: Any, style: str | Style = "", *, multiline: bool = True, limit: int | None = CELL_LIMIT) -> Text:
-    """An untrusted value as a rich Text: never markup-parsed, unsafe characters escaped."""
+def safe(value: Any, style: str | Style = "", *, multiline: bool = False, limit: int | None = CELL_LIMIT) -> Text:
+    """An untrusted value as a rich Text: never markup-parsed, unsafe characters escaped (newlines
+    and tabs too unless `multiline`)."""
     return Text(clean(value, multiline=multiline, limit=limit), style=style)
 
 
@@ -96,12 +97,13 @@ def styled(word: str, style: str | Style) -> Text:
     return Text(clean(word, multiline=False), style=style)
 
 
-def as_text(part: Any, *, multiline: bool = True, limit: int | None = CELL_LIMIT) -> Text:
-    """A cell or line part: a Text is ours (re-escaped only if it carries unsafe characters, keeping
-    its base style); anything else is an untrusted value."""
+def as_text(part: Any, *, multiline: bool = False, limit: int | None = CELL_LIMIT) -> Text:
+    """A cell or line part: a Text is ours (its newlines are meant; it is re-escaped only if it
+    carries other unsafe characters, keeping its base style); anything else is an untrusted value,
+    escaped, on one line unless `multiline`."""
     if isinstance(part, Text):
-        if needs_cleaning(part.plain, multiline=multiline):
-            return Text(clean(part.plain, multiline=multiline), style=part.style)
+        if needs_cleaning(part.plain):
+            return Text(clean(part.plain), style=part.style)
         return part
     return safe(part, multiline=multiline, limit=limit)
 
@@ -109,17 +111,18 @@ def as_text(part: Any, *, multiline: bool = True, limit: int | None = CELL_LIMIT
 def line(*parts: Any, limit: int | None = CELL_LIMIT) -> Text:
     """One output line from parts: our styled Texts and untrusted values; newlines inside the
     values are escaped, so a host cannot forge further lines."""
-    return Text.assemble(*(as_text(p, multiline=False, limit=limit) for p in parts))
+    return Text.assemble(*(as_text(p, limit=limit) for p in parts))
 
 
 def lines_cell(values: Iterable[Any]) -> Text:
     """A cell of one line per untrusted value (each escaped and cut on its own)."""
-    return Text("\n").join(safe(v, multiline=False) for v in values)
+    return Text("\n").join(safe(v) for v in values)
 
 
 class SafeTable(Table):
     """A rich Table whose cells and title are never markup-parsed: str (or any value) cells are
-    untrusted values, Text cells are ours."""
+    untrusted values shown on one line (newlines escaped: use lines_cell for one line per value),
+    Text cells are ours."""
 
     def add_row(self, *renderables: Any, style: Any = None, end_section: bool = False) -> None:
         super().add_row(*(None if r is None else r if isinstance(r, ConsoleRenderable) and not isinstance(r, Text)
@@ -130,9 +133,9 @@ def table(title: Any, columns: Iterable[str], **kw: Any) -> SafeTable:
     kw.setdefault("show_lines", False)
     kw.setdefault("header_style", "bold")
     kw.setdefault("title_justify", "left")
-    t = SafeTable(title=None if title is None else safe(title, multiline=False), **kw)
+    t = SafeTable(title=None if title is None else safe(title), **kw)
     for c in columns:  # headers may be playbook values (verify markers)
-        t.add_column(safe(c, multiline=False), overflow="fold")
+        t.add_column(safe(c), overflow="fold")
     return t
 
 

@@ -67,7 +67,7 @@ def test_clean_escapes_every_control_and_keeps_the_rest(s: str) -> None:
         if unsafe_char(c):
             assert c not in got and (f"\\x{ord(c):02x}" in got or f"\\u{ord(c):04x}" in got or c == "\r")
     t = safe(s)
-    assert isinstance(t, Text) and t.spans == [] and ESC not in t.plain
+    assert isinstance(t, Text) and t.spans == [] and ESC not in t.plain and "\n" not in t.plain
 
 
 def test_clean_specific_forms_newlines_and_limit() -> None:
@@ -127,6 +127,17 @@ def test_safe_console_on_a_terminal_writes_only_its_own_styles() -> None:
     assert re.sub(r"\x1b\[[0-9;]*m", "", out).count(ESC) == 0
     assert "\x1b[31m" not in out and "\x1b]" not in out and "\x07" not in out
     assert "\\x1b[31m" in out and "\\x1b]0;title\\x07" in out
+
+
+def test_table_cells_keep_one_value_on_one_line() -> None:
+    from fleetctl.safetext import lines_cell
+
+    t = table(None, ["a", "b", "c"])
+    t.add_row("host\nforged row", lines_cell(["one\ntwo", "three"]), Text("ours\nmeant"))
+    out = _render(t)
+    assert "host\\nforged row" in out and "one\\ntwo" in out
+    rows = [r for r in out.splitlines() if "│" in r]
+    assert len(rows) == 2 and "three" in rows[1] and "meant" in rows[1]
 
 
 def test_markup_passed_explicitly_is_still_literal() -> None:

@@ -46,7 +46,7 @@ def print_debug_details(ctx: RunContext, outcomes: list) -> None:
     for o in outcomes:
         if getattr(o, "detail", None):
             err.print(line(f"--- {o.host} detail ---"))
-            err.print(safe(o.detail, limit=DETAIL_LIMIT))
+            err.print(safe(o.detail, multiline=True, limit=DETAIL_LIMIT))
 
 
 T = TypeVar("T")

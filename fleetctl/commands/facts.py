@@ -88,16 +88,17 @@ def register(app: typer.Typer) -> None:
                         t.add_row(o.host, status_cell(o.status), "(see below)", "", "", "", "")
                         continue
                     f: HostFacts = o.data
-                    sg: str | Text = (f"{f.sglang_version or '?'} ({f.sglang_install})\n{f.sglang_dir}"
-                                      if f.sglang_found else Text.assemble(styled("not found", "red"), " by this python"))
+                    sg = (lines_cell([f"{f.sglang_version or '?'} ({f.sglang_install})", f.sglang_dir])
+                          if f.sglang_found else Text.assemble(styled("not found", "red"), " by this python"))
                     tc = f.torch
                     torch = (styled("missing", "red") if tc.installed is None else
                              Text.assemble(safe(tc.installed), " ",
                                            {True: styled("ok", "green"), False: styled("mismatch", "red"),
                                             None: "(unchecked)"}[tc.satisfied]))
                     if tc.required:
-                        torch.append_text(safe(f"\nneeds {', '.join(tc.required)}"))
-                    t.add_row(o.host, status_cell(o.status), f"{f.os}\n{f.python} ({f.python_version})",
+                        torch.append("\n")
+                        torch.append_text(safe(f"needs {', '.join(tc.required)}"))
+                    t.add_row(o.host, status_cell(o.status), lines_cell([f.os, f"{f.python} ({f.python_version})"]),
                               sg, torch, _files_cell(f, files), _gpu_cell(f))
                 out.print(t)
                 print_failures(out, outcomes)

@@ -61,7 +61,7 @@ def render_launch(rows: list[HostLaunch]) -> None:
     for r in rows:
         for it in r.instances:
             if it.tail:
-                out.print(line(safe(f"{r.host} {it.instance}", "red", multiline=False),
+                out.print(line(safe(f"{r.host} {it.instance}", "red"),
                                f": last {len(it.tail)} log lines of {it.log}:"))
                 for ln in it.tail:  # each log line stays one line (a host cannot forge more)
                     out.print(line("    ", ln))
@@ -75,8 +75,8 @@ def render_verify(rows: list[HostVerify], markers: list[str]) -> None:
         first_host = True
         for iv in r.instances:
             args = ", ".join(f"{k}={v}" for k, v in iv.args.items() if v is not None)
-            head = (f"launch {iv.launch_id or '-'} since {_ts(iv.since)}"
-                    + (" (running)" if iv.running else " (NOT running)") + (f"\n{args}" if args else ""))
+            head = lines_cell([f"launch {iv.launch_id or '-'} since {_ts(iv.since)}"
+                               + (" (running)" if iv.running else " (NOT running)"), *([args] if args else [])])
             res = _s("PASS" if iv.ok else "FAIL")
             if not iv.ranks:
                 t.add_row(r.host if first_host else "", iv.instance, "", *["" for _ in markers], res, head)
