@@ -167,6 +167,9 @@ def test_error_line_is_one_escaped_line(tmp_path: Path, capsys: pytest.CaptureFi
     assert code == 2
     assert err.startswith("error: ") and err.count("\n") == 1
     assert ESC not in err and "\u202e" not in err and "\\x1b[31m" in err and "\\u202e" in err and "[/x]" in err
+    code = main(["facts", "-i", str(bad), "--debug"])  # the traceback is escaped too
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" in err and ESC not in err and "\u202e" not in err and "\\x1b[31m" in err
 
 
 @pytest.mark.usefixtures("ledger_dir")
@@ -220,7 +223,7 @@ def _hostile_fleet(sb, d: Path) -> tuple[Path, Path]:  # type: ignore[no-untyped
     evil_dir = h2.host_dir / ("py [bold red]x " + ESC + "[31m \u202e :smile:")
     evil_dir.mkdir()
     failing = evil_dir / "python"
-    failing.write_text(f"#!/bin/sh\ncat '{errline}' >&2\nexit 127\n")
+    failing.write_text(f"#!/bin/sh\ncat '{errline}' >&2\nexit 1\n")  # exit 127 after the first facts
     failing.chmod(0o755)
     server = h3.host_dir / "evil-server"
     server.write_text(f"#!/bin/sh\ncat '{noise}'\necho '{CORPUS[8]}'\nexit 3\n")
@@ -273,7 +276,11 @@ def test_every_command_shows_hostile_host_text_escaped(fresh_sandbox, tmp_path: 
         seen[what] = out + err
         return code, out + err
 
-    cli("facts", "facts", *i, "--debug")
+    code, text = cli("facts --debug", "facts", *i, "--debug")  # h02's whole stderr is its detail
+    assert "--- h02 detail ---" in text and "\\x1b]8;;http://x\\x1b\\link" in text and "over\\rwrite" in text
+    failing = next((sb.hosts["h02"].host_dir).glob("py */python"))
+    failing.write_text(failing.read_text().replace("exit 1", "exit 127"))  # now: 'cannot run', names the path
+    cli("facts", "facts", *i)
     cli("explain", "explain", *i, str(pb))
     cli("deploy --check", "deploy", *i, str(pb), "--check")
     code, text = cli("deploy --check --diff", "deploy", *i, str(pb), "--check", "--diff", "--limit", "h03")
