@@ -328,3 +328,20 @@ def test_every_command_shows_hostile_host_text_escaped(fresh_sandbox, tmp_path: 
         assert e in everything, e
     assert "[/dev/nvme0n1]" in seen["facts"] and "[bold red]x" in seen["facts"]
     assert "\\x1b[31mred" in seen["launch"] and "\\x1b[31mred" in seen["verify-logs"]
+
+
+def test_sources_print_only_through_the_safe_console() -> None:
+    """A guard for new code: no rich markup in string literals (it would now print literally), and
+    no Console/Table/Progress text column built outside fleetctl/safetext.py and render.py."""
+    root = Path(__file__).resolve().parent.parent / "fleetctl"
+    markup = re.compile(r"\[/?(bold|red|green|yellow|cyan|white|dim|italic|link)[^\]\n]*\]|\[/\]")
+    raw = re.compile(r"\b(Console|Table|Progress)\(")
+    bad = []
+    for p in sorted(root.rglob("*.py")):
+        rel = p.relative_to(root).as_posix()
+        if rel.startswith("remote/") or rel in ("safetext.py", "render.py"):
+            continue
+        for n, ln in enumerate(p.read_text().splitlines(), 1):
+            if markup.search(ln) or raw.search(ln):
+                bad.append(f"{rel}:{n}: {ln.strip()}")
+    assert bad == []
