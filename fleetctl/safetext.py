@@ -30,7 +30,7 @@ from rich.text import Text
 CELL_LIMIT = 4096  # characters of one untrusted value shown in a table cell or line
 DETAIL_LIMIT = 1 << 16  # --debug details (remote tracebacks, stderr)
 
-# Candidates: everything outside printable ASCII; `_escape_char` decides per character.
+# Candidates: everything outside printable ASCII; `unsafe_char` decides per character.
 _CANDIDATE = re.compile(r"[^\x20-\x7e]")
 _SHORT = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
 _UNSAFE_CATEGORIES = {"Cc", "Cf", "Cs", "Zl", "Zp"}
