@@ -10,6 +10,7 @@ import typer
 from fleetctl import __version__
 from fleetctl.commands import common
 from fleetctl.errors import EXIT_BAD_INPUT, EXIT_FAILED, FleetctlError
+from fleetctl.safetext import DETAIL_LIMIT, clean
 
 app = typer.Typer(
     name="fleetctl",
@@ -51,6 +52,10 @@ def _register_all() -> None:
 _register_all()
 
 
+def _print_traceback() -> None:
+    sys.stderr.write(clean(traceback.format_exc(), limit=DETAIL_LIMIT) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args
@@ -62,18 +67,21 @@ def main(argv: list[str] | None = None) -> int:
             code = c if isinstance(c, int) else (0 if c is None else EXIT_BAD_INPUT)
         else:
             code = 0
+    # Error lines carry host and inventory text: control characters (newlines too) are escaped,
+    # so the line stays one line and nothing reaches the terminal raw.
     except FleetctlError as e:
         if debug:
-            traceback.print_exc()
-        sys.stderr.write(f"error: {e.line()}\n")  # one line, never wrapped
+            _print_traceback()
+        sys.stderr.write(f"error: {clean(e.line(), multiline=False)}\n")  # one line, never wrapped
         code = e.exit_code
     except KeyboardInterrupt:
         common.err.print("interrupted", markup=False)
         code = 130
     except Exception as e:  # an internal error: one line unless --debug
         if debug:
-            traceback.print_exc()
-        sys.stderr.write(f"internal error: {e.__class__.__name__}: {e} (rerun with --debug for the traceback)\n")
+            _print_traceback()
+        sys.stderr.write(f"internal error: {e.__class__.__name__}: {clean(e, multiline=False)} "
+                         "(rerun with --debug for the traceback)\n")
         code = EXIT_FAILED
     sys.stdout.flush()
     return code

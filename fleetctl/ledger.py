@@ -58,6 +58,12 @@ def _digest(path: Path | None) -> str | None:
         return None
 
 
+def _storable(s: Any) -> Any:
+    """Host text may hold lone surrogates (a non-UTF-8 file name sent as JSON): SQLite cannot store
+    them, so they are kept as their escape (\\udcff) instead of failing the whole command."""
+    return s.encode("utf-8", "backslashreplace").decode("utf-8") if isinstance(s, str) else s
+
+
 class Ledger:
     def __init__(self, path: Path | None = None) -> None:
         self.path = path or state_dir() / "ledger.sqlite"
@@ -75,16 +81,16 @@ class Ledger:
                 "INSERT INTO operations (id, kind, started, user, controller, inventory, inventory_sha256, "
                 "playbook, playbook_sha256, args) VALUES (?,?,?,?,?,?,?,?,?,?)",
                 (op_id, kind, time.time(), getpass.getuser(), socket.gethostname(),
-                 str(inventory) if inventory else None, _digest(inventory),
-                 str(playbook) if playbook else None, _digest(playbook), json.dumps(args, default=str)))
+                 _storable(str(inventory)) if inventory else None, _digest(inventory),
+                 _storable(str(playbook)) if playbook else None, _digest(playbook), json.dumps(args, default=str)))
 
     def finish(self, op_id: str, outcome: str, hosts: list[dict[str, Any]]) -> None:
         with self.db:
             self.db.execute("UPDATE operations SET finished=?, outcome=? WHERE id=?", (time.time(), outcome, op_id))
             self.db.executemany(
                 "INSERT OR REPLACE INTO host_results (op_id, host, status, message, detail) VALUES (?,?,?,?,?)",
-                [(op_id, h["host"], h["status"], h.get("message", ""), json.dumps(h.get("detail"), default=str))
-                 for h in hosts])
+                [(op_id, _storable(h["host"]), _storable(h["status"]), _storable(h.get("message", "")),
+                  json.dumps(h.get("detail"), default=str)) for h in hosts])
 
     def list(self, limit: int = 50) -> list[dict[str, Any]]:
         rows = self.db.execute(

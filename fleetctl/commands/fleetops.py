@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.text import Text
 
 from fleetctl.commands.common import (
     DEFAULT_FORKS,
@@ -31,6 +32,7 @@ from fleetctl.ops.deploy import apply_plan, build_plan, gather, new_op_id
 from fleetctl.ops.rollback import apply_rollback, plan_rollback
 from fleetctl.plan import Plan
 from fleetctl.render import status_cell, table
+from fleetctl.safetext import line, lines_cell, styled
 
 PlaybookArg = Annotated[Path, typer.Argument(help="Playbook YAML, or a directory holding playbook.yaml.",
                                              show_default=False)]
@@ -41,8 +43,8 @@ STATE_STYLE = {"pristine": "cyan", "as-intended": "green", "drifted": "red", "mi
                "skipped": "yellow", "ok": "green", "rolled-back": "yellow", "untouched": "yellow"}
 
 
-def _s(state: str) -> str:
-    return f"[{STATE_STYLE.get(state, 'white')}]{state}[/]"
+def _s(state: str) -> Text:
+    return styled(state, STATE_STYLE.get(state, "white"))
 
 
 
@@ -58,14 +60,14 @@ def render_plan(plan: Plan) -> None:
                       fp.action, fp.note)
         if hp.coverage is not None:
             c = hp.coverage
-            t.add_row("", "", "(worker that will run)", "covered" if c.covered else "[red]NOT covered[/]",
+            t.add_row("", "", "(worker that will run)", "covered" if c.covered else styled("NOT covered", "red"),
                       "refuse" if c.refused else "", c.reason)
         if hp.interrupted:
             t.add_row("", "", "(interrupted deploy)", _s("drifted"), "repair", hp.reason)
     out.print(t)
     for hp in plan.hosts:
         if hp.status in ("refused", "unreachable", "failed"):
-            out.print(f"[red]{hp.status}[/] {hp.reason}")
+            out.print(line(styled(hp.status, "red"), " ", hp.reason))
 
 
 def _udiff(a: bytes, b: bytes, la: str, lb: str) -> str:
@@ -176,7 +178,7 @@ def register(app: typer.Typer) -> None:
             else:
                 t = table("result", ["host", "status", "deploy id", "what"])
                 for r in rows:
-                    t.add_row(r.host, _s(r.status), r.deploy_id or "", r.message + "".join(f"\n{n}" for n in r.notes))
+                    t.add_row(r.host, _s(r.status), r.deploy_id or "", lines_cell([r.message, *r.notes]))
                 out.print(t)
                 err.print(summary, markup=False)
             raise typer.Exit(EXIT_FAILED if failed else EXIT_OK)
@@ -212,7 +214,7 @@ def register(app: typer.Typer) -> None:
                     emit_json({"command": "rollback", "check": True, "plan": [p.to_json() for p in plans]})
                 else:
                     for p in bad:
-                        out.print(f"[red]{p.status}[/] {p.reason}")
+                        out.print(line(styled(p.status, "red"), " ", p.reason))
                 raise typer.Exit(EXIT_FAILED if bad else EXIT_OK)
             op_id = new_op_id("r")
             ledger = Ledger()
@@ -232,7 +234,7 @@ def register(app: typer.Typer) -> None:
             else:
                 t = table("result", ["host", "status", "what"])
                 for r in rows:
-                    t.add_row(r["host"], _s(r["status"]), r.get("message", "") + "".join(f"\n{n}" for n in r.get("notes", [])))
+                    t.add_row(r["host"], _s(r["status"]), lines_cell([r.get("message", ""), *r.get("notes", [])]))
                 out.print(t)
                 err.print(summary, markup=False)
             raise typer.Exit(EXIT_FAILED if failed else EXIT_OK)
@@ -271,16 +273,16 @@ def register(app: typer.Typer) -> None:
                 t = table(None, ["host", "status", "SGLang", "last deploy", "files", "problems"])
                 for r in rows:
                     t.add_row(r["host"], status_cell(r["status"]), r.get("version") or "",
-                              r.get("last_deploy") or "", r.get("files") or "", "\n".join(r["problems"]))
+                              r.get("last_deploy") or "", r.get("files") or "", lines_cell(r["problems"]))
                 out.print(t)
                 if servers:
                     st = table("servers", ["host", "instance", "running", "since", "port", "worker",
                                            "deploy at launch", "deploy on disk", "restart needed"])
                     for sv in servers:
-                        st.add_row(sv["host"], sv["instance"], "[green]yes[/]" if sv["running"] else "no",
+                        st.add_row(sv["host"], sv["instance"], styled("yes", "green") if sv["running"] else "no",
                                    _ts(sv["since"]), str(sv["port"] or ""), sv["worker"] or "",
                                    sv["deploy_at_launch"] or "-", sv["deploy_now"] or "-",
-                                   "[red]YES[/]" if sv["restart_needed"] else "no")
+                                   styled("YES", "red") if sv["restart_needed"] else "no")
                     out.print(st)
                 err.print(f"status: {len(rows)} hosts, {len(problems)} with problems, "
                           f"{sum(1 for sv in servers if sv['running'])} server(s) running ({ctx.elapsed():.2f}s)",
@@ -302,10 +304,11 @@ def register(app: typer.Typer) -> None:
                 if json_out:
                     emit_json(d)
                     raise typer.Exit(0)
-                out.print(f"{d['kind']} {d['id']} by {d['user']}@{d['controller']} at {_ts(d['started'])}: {d['outcome']}")
-                out.print(f"inventory {d['inventory']} (sha256 {str(d['inventory_sha256'])[:12]})")
+                out.print(line(f"{d['kind']} {d['id']} by {d['user']}@{d['controller']} at {_ts(d['started'])}: "
+                               f"{d['outcome']}"))
+                out.print(line(f"inventory {d['inventory']} (sha256 {str(d['inventory_sha256'])[:12]})"))
                 if d["playbook"]:
-                    out.print(f"playbook  {d['playbook']} (sha256 {str(d['playbook_sha256'])[:12]})")
+                    out.print(line(f"playbook  {d['playbook']} (sha256 {str(d['playbook_sha256'])[:12]})"))
                 t = table(None, ["host", "status", "message"])
                 for h in d["hosts"]:
                     t.add_row(h["host"], _s(h["status"]), h["message"] or "")
@@ -378,18 +381,18 @@ def register(app: typer.Typer) -> None:
             else:
                 for r in rows:
                     if r["status"] != "ok":
-                        out.print(f"{r['host']}: [red]{r['status']}[/] {r['reason']}")
+                        out.print(line(r["host"], ": ", styled(r["status"], "red"), " ", r["reason"]))
                         continue
-                    mark = "[green]ok[/]" if not r.get("refused") else "[red]REFUSED[/]"
+                    mark = styled("ok", "green") if not r.get("refused") else styled("REFUSED", "red")
                     insts = r.get("instances") or []
                     where = f" ({len(insts)} instances, each alike)" if len(insts) > 1 and all(
                         i["reason"] == insts[0]["reason"] for i in insts) else ""
-                    out.print(f"{r['host']}{where}: {r['reason']} [{mark}]")
+                    out.print(line(r["host"], where, ": ", r["reason"], " [", mark, "]"))
                     if len(insts) > 1 and not where:
                         for i in insts:
-                            out.print(f"  {i['instance']} (GPUs {','.join(map(str, i['gpus']))}): {i['reason']}")
+                            out.print(line(f"  {i['instance']} (GPUs {','.join(map(str, i['gpus']))}): {i['reason']}"))
                     if r.get("refused") and r["refused"] != r["reason"]:
-                        out.print(f"  {r['refused']}")
+                        out.print(line(f"  {r['refused']}"))
             raise typer.Exit(EXIT_FAILED if bad else EXIT_OK)
 
 

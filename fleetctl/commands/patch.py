@@ -9,13 +9,13 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
 from rich.text import Text
 
 from fleetctl import wheels
 from fleetctl.commands import common
 from fleetctl.config.playbook import check_relpath, load_playbook
 from fleetctl.errors import FleetctlError, InputError
+from fleetctl.safetext import table as safe_table
 
 patch_app = typer.Typer(help="Local tools for patch authors: apply, check, new.", no_args_is_help=True)
 
@@ -91,12 +91,10 @@ def check_cmd(
         common.emit_json({"playbook": str(pb.path), "name": pb.name, "ok": not failed,
                           "results": [r.as_dict() for r in results]})
     else:
-        table = Table(title=f"patch check: {pb.name}", title_justify="left")
-        for col in ("version", "file", "status", "detail"):
-            table.add_column(col, overflow="fold")
+        table = safe_table(f"patch check: {pb.name}", ("version", "file", "status", "detail"))
         for r in results:
             style = _STYLE.get(r.status, "red")
-            table.add_row(Text(r.version), Text(r.path), Text(r.status, style=style), Text(r.detail))
+            table.add_row(r.version, r.path, Text(r.status, style=style), r.detail)
         common.out.print(table)
     if failed:
         raise FleetctlError(f"patch check: {len(failed)} of {len(results)} file(s) failed")

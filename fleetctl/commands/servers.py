@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.text import Text
 
 from fleetctl.commands.common import (
     DEFAULT_FORKS,
@@ -29,6 +30,7 @@ from fleetctl.ops.deploy import new_op_id
 from fleetctl.ops.launch import HostLaunch, launch_fleet, status_fleet, stop_fleet
 from fleetctl.ops.verify import HostVerify, rank_label, verify_fleet
 from fleetctl.render import status_cell, table
+from fleetctl.safetext import line, lines_cell, safe, styled
 
 PlaybookArg = Annotated[Path, typer.Argument(help="Playbook YAML, or a directory holding playbook.yaml.",
                                              show_default=False)]
@@ -37,8 +39,8 @@ STYLE = {"ready": "green", "ok": "green", "stopped": "green", "refused": "red", 
          "never launched": "yellow", "still running": "red", "running": "green", "PASS": "green", "FAIL": "red"}
 
 
-def _s(state: str) -> str:
-    return f"[{STYLE.get(state, 'white')}]{state}[/]"
+def _s(state: str) -> Text:
+    return styled(state, STYLE.get(state, "white"))
 
 
 
@@ -51,7 +53,7 @@ def render_launch(rows: list[HostLaunch]) -> None:
         if not r.instances:
             t.add_row(r.host, "", "", "", _s(r.status), "", "", r.message)
         for i, it in enumerate(r.instances):
-            what = it.message + "".join(f"\n{n}" for n in it.notes)
+            what = lines_cell([it.message, *it.notes])
             t.add_row(r.host if i == 0 else "", it.instance, ",".join(map(str, it.gpus)), str(it.port),
                       _s(it.status), f"{it.seconds:.2f}s" if it.seconds is not None else "",
                       it.worker.get("class") or "", what)
@@ -59,8 +61,10 @@ def render_launch(rows: list[HostLaunch]) -> None:
     for r in rows:
         for it in r.instances:
             if it.tail:
-                out.print(f"[red]{r.host} {it.instance}[/]: last {len(it.tail)} log lines of {it.log}:")
-                out.print("\n".join("    " + ln for ln in it.tail), markup=False, highlight=False)
+                out.print(line(safe(f"{r.host} {it.instance}", "red"),
+                               f": last {len(it.tail)} log lines of {it.log}:"))
+                for ln in it.tail:  # each log line stays one line (a host cannot forge more)
+                    out.print(line("    ", ln))
 
 
 def render_verify(rows: list[HostVerify], markers: list[str]) -> None:
@@ -71,14 +75,14 @@ def render_verify(rows: list[HostVerify], markers: list[str]) -> None:
         first_host = True
         for iv in r.instances:
             args = ", ".join(f"{k}={v}" for k, v in iv.args.items() if v is not None)
-            head = (f"launch {iv.launch_id or '-'} since {_ts(iv.since)}"
-                    + (" (running)" if iv.running else " (NOT running)") + (f"\n{args}" if args else ""))
+            head = lines_cell([f"launch {iv.launch_id or '-'} since {_ts(iv.since)}"
+                               + (" (running)" if iv.running else " (NOT running)"), *([args] if args else [])])
             res = _s("PASS" if iv.ok else "FAIL")
             if not iv.ranks:
                 t.add_row(r.host if first_host else "", iv.instance, "", *["" for _ in markers], res, head)
                 first_host = False
             for k, rc in enumerate(iv.ranks):
-                cells = ["[green]yes[/]" if rc.markers.get(m) else "[red]MISSING[/]" for m in markers]
+                cells = [styled("yes", "green") if rc.markers.get(m) else styled("MISSING", "red") for m in markers]
                 t.add_row(r.host if first_host else "", iv.instance if k == 0 else "", rank_label(rc.ranks),
                           *cells, res if k == 0 else "", head if k == 0 else "")
                 first_host = False
@@ -87,13 +91,13 @@ def render_verify(rows: list[HostVerify], markers: list[str]) -> None:
         for iv in r.instances:
             if iv.ok:
                 continue
-            out.print(f"[red]FAIL[/] {r.host} {iv.instance}:")
+            out.print(line(styled("FAIL", "red"), f" {r.host} {iv.instance}:"))
             for p in iv.problems:
-                out.print(f"  - {p}", markup=False, highlight=False)
+                out.print(line(f"  - {p}"))
             for e in iv.explanation:
-                out.print(f"    why: {e}", markup=False, highlight=False)
+                out.print(line(f"    why: {e}"))
             for ln in iv.forbidden:
-                out.print(f"    | {ln}", markup=False, highlight=False)
+                out.print(line(f"    | {ln}"))
 
 
 def register(app: typer.Typer) -> None:
@@ -171,7 +175,7 @@ def register(app: typer.Typer) -> None:
                 render_verify(rows, list(pb.verify.markers))
                 for r in rows:
                     if r.status not in ("ok", "failed"):
-                        out.print(f"[red]{r.status}[/] {r.message}")
+                        out.print(line(styled(r.status, "red"), " ", r.message))
                 err.print(summary, markup=False)
             raise typer.Exit(EXIT_FAILED if bad else EXIT_OK)
 
@@ -236,6 +240,6 @@ def register(app: typer.Typer) -> None:
                     for k, s in enumerate(srv):
                         tb.add_row(h if k == 0 else "", s["instance"], _s("running" if s["running"] else "not running"),
                                    _ts(s["since"]), str(s["pid"] or ""), s["version"] or "", s["worker"] or "",
-                                   s["deploy_at_launch"] or "(none)", "\n".join(s["problems"]))
+                                   s["deploy_at_launch"] or "(none)", lines_cell(s["problems"]))
                 out.print(tb)
             raise typer.Exit(EXIT_FAILED if bad else EXIT_OK)
