@@ -232,3 +232,51 @@ def test_grep_on_the_host_is_bounded(tmp_path: Path) -> None:
     assert len(found["server_args="]["lines"][0]) == 1000
     found, _ = srv.grep_log(str(log), [MARKER], max_per_pattern=10_000, max_total=5_000)
     assert sum(len(x) for x in found[MARKER]["lines"]) <= 5_000 and found[MARKER]["truncated"]
+
+
+# ----------------------------------------------------------------------------- a server that ended on its own
+
+
+def test_crash_before_ready_is_named_as_a_crash_not_a_missing_marker(sb: Any, tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    inv = make_inventory(sb, tmp_path / "inv.yaml", hosts=["h01"], env={"h01": {"FLEETCTL_SIM_CRASH": "startup"}})
+    ok(capsys, "deploy", "-i", inv, FULL)
+    code, doc = cli(capsys, "launch", "--drop-unknown-flags", "-i", inv, FULL, "--timeout", "30")
+    assert code == 1
+    msg = doc["hosts"][0]["instances"][0]["message"]
+    assert msg.startswith("the server exited (status 1) before ready: RuntimeError: simulated crash"), msg
+    code, doc = cli(capsys, "verify-logs", "-i", inv, FULL)
+    iv = instances(doc)["h01"]
+    assert code == 1 and not iv["running"]
+    assert iv["problems"][0].startswith("the server exited (status 1) before ready: RuntimeError: simulated crash")
+    assert iv["exited"]["returncode"] == 1
+    assert not any("missing on" in p for p in iv["problems"]), iv["problems"]
+    assert not any("was the flag given" in e for e in iv["explanation"]), iv["explanation"]
+    assert any("Traceback (most recent call last)" in ln for ln in iv["tail"]) and len(iv["tail"]) <= 30
+    # the table says it too, with the log's last lines
+    capsys.readouterr()
+    assert main(["verify-logs", "-i", str(inv), str(FULL)]) == 1
+    out = capsys.readouterr().out
+    assert "the server exited (status 1) before ready" in out and "| Traceback (most recent call last):" in out
+
+
+def test_crash_after_ready_and_a_stop_are_told_apart(sb: Any, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    inv = make_inventory(sb, tmp_path / "inv.yaml", hosts=["h01", "h02"],
+                         env={"h01": {"FLEETCTL_SIM_CRASH": "after-ready:1"}})
+    ok(capsys, "deploy", "-i", inv, FULL)
+    launched = ok(capsys, "launch", "--drop-unknown-flags", "-i", inv, FULL, "--timeout", "30")
+    name = next(i["instance"] for h in launched["hosts"] if h["host"] == "h01" for i in h["instances"])
+    rec = srv.current_record(str(sb.hosts["h01"].state_dir), name)
+    deadline = time.monotonic() + 30
+    while srv.record_alive(rec) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    ok(capsys, "stop", "-i", inv, "--limit", "h02")
+    code, doc = cli(capsys, "verify-logs", "-i", inv, FULL)
+    assert code == 1
+    crashed, stopped = instances(doc)["h01"], instances(doc)["h02"]
+    assert crashed["problems"][0].startswith("the server exited (status 1) after ready: RuntimeError: simulated "
+                                             "crash after ready"), crashed["problems"]
+    assert all(r["ok"] for r in crashed["ranks"])  # the marker was logged before it died
+    assert stopped["exited"] is None and stopped["problems"][0].endswith("(stopped)"), stopped["problems"]
+    assert not any("exited" in p for p in stopped["problems"])

@@ -94,6 +94,10 @@ def render_verify(rows: list[HostVerify], markers: list[str]) -> None:
                 out.print(f"    why: {e}", markup=False, highlight=False)
             for ln in iv.forbidden:
                 out.print(f"    | {ln}", markup=False, highlight=False)
+            if iv.tail:
+                out.print(f"    last {len(iv.tail)} lines of {iv.log}:", markup=False, highlight=False)
+                for ln in iv.tail:
+                    out.print(f"    | {ln}", markup=False, highlight=False)
 
 
 def register(app: typer.Typer) -> None:

@@ -14,6 +14,7 @@ from fleetctl.facts import HostFacts, read_facts
 from fleetctl.fleet import Fleet
 from fleetctl.instances import INHERIT_FROM_HOST, Instance, plan_instances
 from fleetctl.ops.deploy import new_op_id, who
+from fleetctl.ops.exits import exited_line
 from fleetctl.plan import OPEN_STATES
 from fleetctl.sglang import READY_LINE, is_known, resolve_worker, worker_files
 from fleetctl.transport.ssh import HostConnection, RemoteError
@@ -295,6 +296,8 @@ def launch_host(conn: HostConnection, pb: Playbook, plan: list[Instance], *, lau
                 it.message = w.get("why") or w["status"]
                 if w.get("line"):
                     it.message += f": {w['line']}"
+                if not w.get("running") and w["status"] in ("exited", "forbidden"):
+                    it.message = exited_line(w.get("exit"), ready=False, tail=it.tail)
                 if w.get("running"):
                     to_stop.append(inst.name)
         if to_stop:

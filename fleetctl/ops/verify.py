@@ -14,6 +14,7 @@ from typing import Any
 from fleetctl.config.playbook import Playbook
 from fleetctl.fleet import Fleet
 from fleetctl.instances import Instance
+from fleetctl.ops.exits import exited_line
 from fleetctl.ops.launch import plan_fleet, predates_deploy
 from fleetctl.sglang import (
     DUMP_ANCHOR,
@@ -67,13 +68,16 @@ class InstanceVerify:
     problems: list[str] = field(default_factory=list)
     explanation: list[str] = field(default_factory=list)
     worker: dict[str, Any] = field(default_factory=dict)
+    exited: dict[str, Any] | None = None  # the server ended on its own: {"returncode", "ended_at", ...}
+    tail: list[str] = field(default_factory=list)  # the log's last lines, when the server has ended
 
     def to_json(self) -> dict[str, Any]:
         return {"host": self.host, "instance": self.instance, "port": self.port, "ok": self.ok,
                 "running": self.running, "launch_id": self.launch_id, "since": self.since,
                 "version": self.version, "log": self.log, "ready": self.ready, "args": self.args,
                 "ranks": [r.to_json() for r in self.ranks], "forbidden": self.forbidden,
-                "problems": self.problems, "explanation": self.explanation, "worker": self.worker}
+                "problems": self.problems, "explanation": self.explanation, "worker": self.worker,
+                "exited": self.exited, "tail": self.tail}
 
 
 @dataclass
@@ -103,16 +107,22 @@ def _check_instance(iv: InstanceVerify, st: dict[str, Any], pb: Playbook, deploy
     iv.running = bool(st.get("running"))
     iv.launch_id, iv.log, iv.version = rec.get("launch_id"), rec.get("log"), rec.get("version")
     iv.since = rec.get("process_started") or rec.get("launched_at")
-    if not iv.running:
-        how = f" ({rec.get('state')})" if rec.get("state") not in (None, "started") else ""
-        iv.problems.append(f"server not running: launch {iv.launch_id}{how}")
+    stopped = rec.get("state") in ("stopped", "stop-failed")  # by `fleetctl stop`: not a crash
+    if not iv.running and stopped:
+        iv.problems.append(f"server not running: launch {iv.launch_id} ({rec.get('state')})")
     if not st.get("log_exists"):
+        if not iv.running and not stopped:
+            iv.problems.append(f"server not running: launch {iv.launch_id}")
         iv.problems.append(f"the launch's log {iv.log} is gone")
         return
     matches = st.get("matches") or {}
     lines = {p: [parse_line(x) for x in (matches.get(p) or {}).get("lines", [])] for p in matches}
     iv.ready = bool(lines.get(READY_LINE))
-    if pb.verify.require_ready and not iv.ready:
+    if not iv.running and not stopped:  # it ended on its own: say how, first, with its last words
+        iv.exited = st.get("exit") or {}
+        iv.tail = [str(x) for x in (st.get("tail") or [])][-30:]
+        iv.problems.append(exited_line(st.get("exit"), ready=iv.ready, tail=iv.tail))
+    if pb.verify.require_ready and not iv.ready and iv.exited is None:
         iv.problems.append("no ready line in this launch's log")
     dump = None
     for ln in reversed(lines.get(DUMP_ANCHOR, [])):
@@ -121,7 +131,7 @@ def _check_instance(iv: InstanceVerify, st: dict[str, Any], pb: Playbook, deploy
             break
     version = iv.version or ""
     res = resolve_worker(version, rec.get("flags") or {}, rec.get("env") or {}) if is_known(version) else None
-    if dump is None:
+    if dump is None and iv.exited is None:
         iv.problems.append(f"no {DUMP_ANCHOR} dump in this launch's log")
     args = dump if dump is not None else (dict(res.resolved_args) if res else {})
     iv.args = {k: args.get(k) for k in REPORT_ARGS}
@@ -138,7 +148,7 @@ def _check_instance(iv: InstanceVerify, st: dict[str, Any], pb: Playbook, deploy
             iv.forbidden += got["lines"][:MAX_SHOWN]
             iv.problems.append(f"forbidden {f!r}: {got['count']} line(s) in this launch's log")
     missing = [(r, m) for r in iv.ranks for m, ok in r.markers.items() if not ok]
-    if missing:
+    if missing and iv.exited is None:  # a server that died before logging it says nothing of the patch
         by_marker: dict[str, list[str]] = {}
         for r, m in missing:
             by_marker.setdefault(m, []).append(rank_label(r.ranks))
@@ -206,7 +216,7 @@ def verify_host(conn: HostConnection, pb: Playbook, plan: list[Instance]) -> lis
         out.append(iv)
     # explanations need the worker file as it is on the host: one more call, only on failure
     need = [(iv, got["instances"][iv.instance]["record"]) for iv in out
-            if any(not r.ok for r in iv.ranks) and iv.worker.get("class")]
+            if any(not r.ok for r in iv.ranks) and iv.worker.get("class") and iv.exited is None]
     checks: list[Any] = []
     if need:
         pkg = need[0][1].get("package_dir")

@@ -4,9 +4,13 @@ Layout under the host's state dir:
     servers/<instance>/current.json          launch record of the instance's newest launch
     servers/<instance>/launches/<id>.json    every launch record (history)
     servers/<instance>/logs/<id>.log         stdout+stderr of that launch (a new file per launch)
+    servers/<instance>/launches/<id>.exit    how that launch's server process ended (exit status, time)
 
 A server is started detached (its own session and process group) with an exact argv list and an
-exact environment; it is identified later by pid AND its start time in /proc (pids get reused).
+exact environment, as the child of a small supervisor (SUPERVISOR below, in the same process
+group) whose only job is to wait for it and write its exit status to `<id>.exit`: the server is
+no child of the agent, which is gone long before the server ends, so without it the status that
+says "crashed" from "stopped" would be lost; it is identified later by pid AND its start time in /proc (pids get reused).
 Stopping signals that process group only. Log checks run here, on the host, and send back only
 the matching lines (bounded), never a whole log.
 """
@@ -21,11 +25,34 @@ import json
 import os
 import re
 import signal
+import sys
 import time
 
 INSTANCE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 LAUNCH_RE = INSTANCE_RE
 MAX_LINE = 65536
+
+# The supervisor: `python -I -c SUPERVISOR EXIT_FILE PIPE_FD ARGV...`. Starts ARGV as its child (same
+# session, stdio, env and cwd), hands the child's pid back over PIPE_FD ("E<why>" if it cannot
+# start), waits for it and writes {"pid", "returncode", "ended_at"} to EXIT_FILE (atomically). It
+# survives the SIGTERM/SIGINT/SIGHUP that `stop` sends the process group (a caught signal reverts to
+# the default in the child at exec, so the server gets them as usual); SIGKILL ends both, and then
+# no exit file says so. -I: the server's PYTHON* variables do not shape the supervisor.
+SUPERVISOR = (
+    "import os,sys,json,signal,subprocess,time\n"
+    "x,w,a=sys.argv[1],int(sys.argv[2]),sys.argv[3:]\n"
+    "for s in (signal.SIGTERM,signal.SIGINT,signal.SIGHUP):\n"
+    " signal.signal(s,lambda *_:None)\n"
+    "try:\n"
+    " p=subprocess.Popen(a)\n"
+    "except OSError as e:\n"
+    " os.write(w,('E%s'%e).encode());sys.exit(127)\n"
+    "os.write(w,str(p.pid).encode());os.close(w)\n"
+    "rc=p.wait()\n"
+    "d=json.dumps({'pid':p.pid,'returncode':rc,'ended_at':time.time()}).encode()\n"
+    "t=x+'.tmp';f=os.open(t,os.O_WRONLY|os.O_CREAT|os.O_TRUNC,0o600);os.write(f,d);os.fsync(f);os.close(f)\n"
+    "os.replace(t,x)\n"
+)
 
 
 # ----------------------------------------------------------------------------- /proc
@@ -150,6 +177,40 @@ def save_record(state_dir, rec):
     data = json.dumps(rec, indent=1, sort_keys=True).encode()
     write_atomic(os.path.join(d, "launches", check_name(rec["launch_id"], "launch") + ".json"), data)
     write_atomic(os.path.join(d, "current.json"), data)
+
+
+def exit_path(state_dir, name, launch_id):
+    return os.path.join(instance_dir(state_dir, name), "launches", check_name(launch_id, "launch") + ".exit")
+
+
+def read_exit(rec):
+    """How the record's server ended: {"returncode": int, "ended_at": float, "pid": int}, or None
+    (still running, killed with its supervisor, or launched before exit files existed)."""
+    path = rec.get("exit_file")
+    got = read_json(path) if isinstance(path, str) else None
+    if not isinstance(got, dict) or not isinstance(got.get("returncode"), int):
+        return None
+    if got.get("pid") != rec.get("pid"):
+        return None
+    return {"returncode": got["returncode"], "ended_at": got.get("ended_at"), "pid": got.get("pid")}
+
+
+def _read_pipe(fd, timeout):
+    """What the supervisor says on its pipe (a pid, or E<why>), until it closes it; bounded."""
+    import select
+    poller = select.poll()
+    poller.register(fd, select.POLLIN | select.POLLHUP)
+    out = b""
+    end = time.time() + timeout
+    while len(out) < 4096:
+        left = end - time.time()
+        if left <= 0 or not poller.poll(left * 1000):
+            break
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            break
+        out += chunk
+    return out.decode("utf-8", "replace")
 
 
 def list_instances(state_dir):
@@ -297,6 +358,8 @@ def instance_state(state_dir, name, deploy_now=None, with_hashes=True):
     if rec is None:
         return st
     st["running"] = record_alive(rec)
+    if not st["running"]:
+        st["exit"] = read_exit(rec)
     pkg = rec.get("package_dir")
     at_launch = rec.get("worker_hashes") or {}
     if with_hashes and pkg and at_launch:
@@ -376,19 +439,34 @@ def _start_locked(p, sd, name, lid, argv, env):
            "log": log, "package_dir": pkg, "worker_hashes": hashes,
            "deploy": dep, "cwd": cwd}
     rec.update(p.get("extra") or {})
+    exit_file = exit_path(sd, name, lid)
+    rfd, wfd = os.pipe()
     try:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, env=env, cwd=cwd,
-                                start_new_session=True, close_fds=True)
+        sup = subprocess.Popen([sys.executable, "-I", "-c", SUPERVISOR, exit_file, str(wfd), *argv],
+                               stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, env=env, cwd=cwd,
+                               start_new_session=True, close_fds=True, pass_fds=(wfd,))
+        os.close(wfd)
+        said = _read_pipe(rfd, 30.0)
     except OSError as e:
-        os.write(fd, ("fleetctl: cannot start %r: %s\n" % (argv[0], e)).encode())
+        said = "E%s" % e
+    finally:
+        for x in (rfd, wfd):
+            try:
+                os.close(x)
+            except OSError:
+                pass
+    if not said.isdigit():
+        why = said[1:] if said.startswith("E") else "the supervisor ended without starting it"
+        os.write(fd, ("fleetctl: cannot start %r: %s\n" % (argv[0], why)).encode())
         os.close(fd)
-        rec.update(pid=None, state="failed-to-start", error=str(e))
+        rec.update(pid=None, state="failed-to-start", error=why)
         save_record(sd, rec)
-        raise AgentError("cannot start %s: %s" % (argv[0], e), "failed") from None
+        raise AgentError("cannot start %s: %s" % (argv[0], why), "failed") from None
     os.close(fd)
-    ticks, _ = proc_start_ticks(proc.pid)
-    rec.update(pid=proc.pid, pgid=proc.pid, start_ticks=ticks, process_started=ticks_to_epoch(ticks),
-               state="started")
+    pid = int(said)
+    ticks, _ = proc_start_ticks(pid)
+    rec.update(pid=pid, pgid=sup.pid, supervisor_pid=sup.pid, start_ticks=ticks,
+               process_started=ticks_to_epoch(ticks), state="started", exit_file=exit_file)
     save_record(sd, rec)
     return rec
 
@@ -462,9 +540,16 @@ def action_server_wait(p):
     for n in names:
         s = st[n]
         rec = s.get("rec") or {}
-        r = {"status": s["status"], "why": s.get("why"), "line": s.get("line"),
-             "running": record_alive(rec) if rec else False,
+        running = record_alive(rec) if rec else False
+        r = {"status": s["status"], "why": s.get("why"), "line": s.get("line"), "running": running,
              "seconds": round(now - rec["launched_at"], 3) if rec.get("launched_at") else None}
+        if rec and not running:  # the supervisor writes the status just after the server ends
+            end = time.time() + 2.0
+            pg = rec.get("pgid")
+            r["exit"] = read_exit(rec)
+            while r["exit"] is None and time.time() < end and isinstance(pg, int) and pg > 0 and group_alive(pg):
+                time.sleep(0.05)
+                r["exit"] = read_exit(rec)
         if s["status"] != "ready" and rec.get("log"):
             r["tail"] = tail_lines(rec["log"], ntail)
         out[n] = r
@@ -541,8 +626,8 @@ def action_server_grep(p):
         rec = st.get("record")
         if rec and st.get("log_exists"):
             st["matches"], st["log_size"] = grep_log(rec["log"], patterns, cap)
-            if p.get("tail"):
-                st["tail"] = tail_lines(rec["log"], int(p["tail"]))
+            if p.get("tail") or not st["running"]:  # a server that ended: its last words say why
+                st["tail"] = tail_lines(rec["log"], int(p.get("tail") or 30))
         out["instances"][n] = st
     return out
 
