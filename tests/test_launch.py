@@ -344,3 +344,81 @@ def test_launch_refuses_a_flag_the_installed_sglang_does_not_register(sandbox: S
     assert "--speculative-disable-batch-threshold is not a flag of SGLang 0.5.9 as installed on h01" in h["message"]
     assert "--drop-unknown-flags" in h["message"]
     assert all(i["status"] != "ready" for i in h["instances"])
+
+
+# ----------------------------------------------------------------------------- servers fleetctl did not start
+
+SIM_FLAGS = ("--model-path m --speculative-algorithm EAGLE3 --speculative-num-steps 3 "
+             "--speculative-eagle-topk 1 --speculative-num-draft-tokens 4 --tp-size 2")
+
+
+def test_servers_started_by_hand_are_discovered_and_named_after_deploy_and_rollback(
+        sb: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    inv = make_inventory(sb, tmp_path / "inv.yaml", hosts=["h01", "h02"])
+    h01 = sb.hosts["h01"]
+    port = free_ports(1)[0]
+    log = tmp_path / "by-hand.log"
+    # an operator's own start over ssh, in the background, no fleetctl involved (0.5.9, env unset)
+    r = sb.ssh("h01", f"cd / ; nohup {h01.python} -m fleetctl.sandbox.simulator {SIM_FLAGS} --port {port} "
+                      f"> {log} 2>&1 < /dev/null & echo $!")
+    assert r.returncode == 0, r.stderr
+    pid = int(r.stdout.split()[-1])
+    try:
+        deadline = time.monotonic() + 30
+        while READY_LINE not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(1.1)  # a file changed in the same second as the start is not called newer
+        code, doc = cli(capsys, "servers", "--discover", "-i", inv)
+        assert code == 0, doc
+        by_host = {h["host"]: h["servers"] for h in doc["hosts"]}
+        assert by_host["h02"] == []  # another (sandbox) host does not see h01's processes
+        (s,) = by_host["h01"]
+        assert s["pid"] == pid and s["instance"] is None and s["launched_by"] == "not fleetctl"
+        assert s["ports"] == [port] and s["log"] == str(log) and s["cwd"] == "/"
+        assert s["worker"]["class"] == "EAGLEWorker" and s["version"] == "0.5.9"
+        assert s["stale"] is False and "--speculative-algorithm" in s["argv"]
+        # deploy: the by-hand server now runs older code than the files on disk, and deploy says so
+        code, doc = cli(capsys, "deploy", "-i", inv, FULL)
+        assert code == 0, doc
+        rn = doc["restart_needed"]
+        assert rn["servers"] == 1 and rn["hosts"] == 1 and rn["by_hand"] == [{"host": "h01", "pid": pid}]
+        capsys.readouterr()
+        assert main(["status", "-i", str(inv)]) == 1  # a server runs old code: a problem
+        cap = capsys.readouterr()
+        assert f"pid {pid} (not started by fleetctl) runs code older than the files on disk" in cap.out
+        assert "1 server on 1 host still runs the old code" in cap.err and f"h01 pid {pid}" in cap.err
+        # a fleetctl launch on h02 after the deploy is current; rollback makes both old
+        code, doc = cli(capsys, "launch", "--drop-unknown-flags", "-i", inv, FULL, "--limit", "h02", "--timeout", "30")
+        assert code == 0, doc
+        time.sleep(1.1)
+        capsys.readouterr()
+        assert main(["rollback", "-i", str(inv)]) == 0
+        cap = capsys.readouterr()
+        assert "2 servers on 2 hosts still run the old code" in cap.err, cap.err
+        assert f"fleetctl launch --replace -i {inv}" in cap.err and "--limit h02" in cap.err
+        assert f"restart by hand (not started by fleetctl): h01 pid {pid}" in cap.err
+    finally:
+        try:
+            os.kill(pid, 15)
+        except ProcessLookupError:
+            pass
+
+
+def test_discovery_reads_flags_and_entry_points() -> None:
+    from fleetctl.remote.agent_servers import server_argv_matches
+    from fleetctl.sglang.processes import match_rules, server_flags
+
+    rules = match_rules("{python} -m my.wrapper --x")
+    assert "my.wrapper" in rules["modules"] and "sglang.launch_server" in rules["modules"]
+    yes = [["python3", "-m", "sglang.launch_server", "--tp", "2"], ["/v/bin/sglang", "serve", "--port", "1"],
+           ["python", "-m", "sglang.cli.main", "serve"], ["python", "/x/sglang/launch_server.py"],
+           ["python", "-msglang.launch_server"], ["python", "-m", "my.wrapper"]]
+    no = [["python", "-m", "sglang.cli.main", "version"], ["sglang", "version"], ["bash", "-c", "python -m sglang.launch_server"],
+          ["python", "-m", "sglang.bench_serving"], ["grep", "sglang.launch_server"]]
+    assert all(server_argv_matches(a, rules) for a in yes)
+    assert not any(server_argv_matches(a, rules) for a in no)
+    assert server_flags(["python", "-m", "sglang.launch_server", "--model-path", "m", "--disable-overlap-schedule",
+                         "--tp-size=2", "--speculative-algorithm", "EAGLE3", "--enable-x"]) == {
+        "--model-path": "m", "--disable-overlap-schedule": True, "--tp-size": "2",
+        "--speculative-algorithm": "EAGLE3", "--enable-x": True}
+    assert server_flags(["/v/bin/sglang", "serve", "--port", "3"]) == {"--port": "3"}

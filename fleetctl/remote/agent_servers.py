@@ -388,6 +388,176 @@ def servers_facts(p, sg):
 EXTRA_FACTS["servers"] = servers_facts
 
 
+# ----------------------------------------------------------------------------- servers fleetctl did not start
+
+SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "KEY", "CREDENTIAL", "AUTH")
+MAX_DISCOVERED = 64
+MAX_ARGS = 256
+MAX_ARG = 4096
+
+
+def _read_proc(pid, name, limit=1 << 20):
+    try:
+        with open("/proc/%d/%s" % (pid, name), "rb") as fh:
+            return fh.read(limit)
+    except (OSError, ValueError):
+        return None
+
+
+def _readlink(path):
+    try:
+        return os.readlink(path)[:MAX_ARG]
+    except (OSError, ValueError):
+        return None
+
+
+def server_argv_matches(argv, rules):
+    """Does this command line start a server? rules: {"modules": ["pkg.mod", "pkg.cli serve"],
+    "scripts": ["name serve"], "paths": ["pkg/launch_server.py"]} (words after the first: the
+    subcommand that must follow)."""
+    for i, a in enumerate(argv[:8]):
+        for m in rules.get("modules") or []:
+            mod, _, sub = m.partition(" ")
+            hit = (a == "-m" and i + 1 < len(argv) and argv[i + 1] == mod) or a == "-m" + mod
+            if hit:
+                j = i + 2 if a == "-m" else i + 1
+                if not sub or (j < len(argv) and argv[j] == sub):
+                    return True
+        for sc in rules.get("scripts") or []:
+            name, _, sub = sc.partition(" ")
+            if os.path.basename(a) == name and (not sub or (i + 1 < len(argv) and argv[i + 1] == sub)):
+                return True
+        for suffix in rules.get("paths") or []:
+            if a.endswith("/" + suffix) or a == suffix:
+                return True
+    return False
+
+
+def _listening_ports(pid):
+    """TCP ports a process listens on: its socket fds matched against /proc/net/tcp{,6}."""
+    inodes = set()
+    try:
+        fds = os.listdir("/proc/%d/fd" % pid)[:4096]
+    except OSError:
+        return None
+    for fd in fds:
+        t = _readlink("/proc/%d/fd/%s" % (pid, fd)) or ""
+        if t.startswith("socket:["):
+            inodes.add(t[8:-1])
+    ports = set()
+    for table in ("tcp", "tcp6"):
+        raw = _read_proc(pid, "net/" + table, 8 << 20) or b""
+        for line in raw.decode("ascii", "replace").splitlines()[1:]:
+            f = line.split()
+            if len(f) > 9 and f[3] == "0A" and f[9] in inodes:
+                try:
+                    ports.add(int(f[1].rsplit(":", 1)[1], 16))
+                except (IndexError, ValueError):
+                    pass
+    return sorted(ports)
+
+
+def discover_facts(p, sg):
+    """Extra facts hook ("discover"): server processes on this host whoever started them, from /proc.
+
+    Each: pid, argv, start time, cwd, exe, log (fd 1/2), listening ports, the environment variables
+    named by p["discover_env"] prefixes (never names that look secret; None if unreadable), the
+    fleetctl instance whose record it is (if any), and `changed_files`: files of the located package
+    (p["discover_files"], relative) whose inode changed after the process started, i.e. it runs older
+    code than the files on disk, if it imports that package."""
+    rules = p.get("discover") or {}
+    prefixes = tuple(str(x) for x in (p.get("discover_env") or []))
+    files = [str(x) for x in (p.get("discover_files") or [])]
+    sd = p.get("state_dir") or "~/.fleetctl"
+    by_pid = {}
+    for n in list_instances(sd):
+        rec = current_record(sd, n)
+        if rec and isinstance(rec.get("pid"), int) and record_alive(rec):
+            by_pid[rec["pid"]] = n
+    mine = set()
+    pid = os.getpid()
+    while pid > 1 and len(mine) < 64:  # this agent and its ancestors (the ssh session) are not servers
+        mine.add(pid)
+        raw = _read_proc(pid, "stat", 4096) or b""
+        try:
+            pid = int(raw[raw.rfind(b")") + 2:].split()[1])
+        except (IndexError, ValueError):
+            break
+    pkg = sg.get("dir") if sg.get("found") else None
+    changed_at = {}
+    for rel in files:
+        if pkg and safe_rel(rel):
+            try:
+                st = os.stat(os.path.join(pkg, rel))
+                changed_at[rel] = max(st.st_mtime, st.st_ctime)
+            except OSError:
+                pass
+    # The sandbox runs every "host" on one machine: there, a host is the processes whose environment
+    # carries its FLEETCTL_SANDBOX_DIR and FLEETCTL_SANDBOX_HOST (the sandbox sets both in every session),
+    # so one sandbox host does not see another's servers. Real hosts never set these.
+    scope = [(k, os.environ[k]) for k in ("FLEETCTL_SANDBOX_DIR", "FLEETCTL_SANDBOX_HOST") if k in os.environ]
+    scope = [("%s=%s" % kv).encode("utf-8", "replace") for kv in scope] if len(scope) == 2 else []
+    out = []
+    truncated = False
+    try:
+        pids = sorted(int(x) for x in os.listdir("/proc") if x.isdigit())
+    except OSError:
+        pids = []
+    for pid in pids:
+        if pid in mine:
+            continue
+        raw = _read_proc(pid, "cmdline")
+        if not raw:
+            continue
+        argv = [a.decode("utf-8", "replace")[:MAX_ARG] for a in raw.split(b"\0")[:-1][:MAX_ARGS]]
+        if not argv or not server_argv_matches(argv, rules):
+            continue
+        ticks, state = proc_start_ticks(pid)
+        if state in (None, "Z", "X", "x"):
+            continue
+        if len(out) >= MAX_DISCOVERED:
+            truncated = True
+            break
+        started = ticks_to_epoch(ticks)
+        env = None
+        raw_env = _read_proc(pid, "environ")
+        if scope and not (raw_env and all(x in raw_env.split(b"\0") for x in scope)):
+            continue
+        if raw_env is not None:
+            env = {}
+            for item in raw_env.split(b"\0"):
+                k, eq, v = item.decode("utf-8", "replace").partition("=")
+                if eq and k.startswith(prefixes) and not any(w in k.upper() for w in SECRET_WORDS):
+                    env[k[:256]] = v[:MAX_ARG]
+        try:
+            uid = os.stat("/proc/%d" % pid).st_uid
+        except OSError:
+            uid = None
+        stale = sorted(r for r, t in changed_at.items() if started is not None and t >= started + 1.0)
+        stat = _read_proc(pid, "stat", 4096) or b""
+        try:
+            ppid = int(stat[stat.rfind(b")") + 2:].split()[1])
+        except (IndexError, ValueError):
+            ppid = None
+        out.append({"pid": pid, "ppid": ppid, "argv": argv, "started": started, "start_ticks": ticks, "uid": uid,
+                    "cwd": _readlink("/proc/%d/cwd" % pid), "exe": _readlink("/proc/%d/exe" % pid),
+                    "stdout": _readlink("/proc/%d/fd/1" % pid), "stderr": _readlink("/proc/%d/fd/2" % pid),
+                    "ports": _listening_ports(pid), "env": env, "instance": by_pid.get(pid),
+                    "package_dir": pkg, "changed_files": stale})
+    # a wrapper that runs the server as its child (`timeout 9h python -m ...`, fleetctl's own exit-status
+    # supervisor) matches too: the server is the innermost match
+    parents = set(x["ppid"] for x in out)
+    out = [x for x in out if x["pid"] not in parents]
+    return {"processes": out, "truncated": truncated}
+
+
+def safe_rel(rel):
+    return not rel.startswith("/") and ".." not in rel.split("/")
+
+
+EXTRA_FACTS["discover"] = discover_facts
+
+
 # ----------------------------------------------------------------------------- actions
 
 
