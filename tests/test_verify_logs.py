@@ -163,6 +163,7 @@ def test_stale_lines_of_an_earlier_launch_are_ignored(sb: Any, tmp_path: Path,
     assert code == 1 and iv["launch_id"] == second["launch_id"]
     assert not any(r["markers"][MARKER] for r in iv["ranks"])
     assert "does NOT carry" in text(iv)
+    assert "no deploy of 'dynamic-spec-disable' is on disk here" in text(iv)
 
 
 def test_redeploy_without_restart_says_restart_needed(sb: Any, tmp_path: Path,
@@ -280,3 +281,52 @@ def test_crash_after_ready_and_a_stop_are_told_apart(sb: Any, tmp_path: Path,
     assert all(r["ok"] for r in crashed["ranks"])  # the marker was logged before it died
     assert stopped["exited"] is None and stopped["problems"][0].endswith("(stopped)"), stopped["problems"]
     assert not any("exited" in p for p in stopped["problems"])
+
+
+# ----------------------------------------------------------------------------- log provenance
+
+
+def test_a_launch_command_that_replays_an_old_log_cannot_pass(sb: Any, tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    inv = make_inventory(sb, tmp_path / "inv.yaml", hosts=["h01"])
+    ok(capsys, "deploy", "-i", inv, FULL)
+    first = ok(capsys, "launch", "--drop-unknown-flags", "-i", inv, FULL, "--timeout", "30")
+    old_log = tmp_path / "sglang-earlier.log"
+    old_log.write_text(Path(instances(first)["h01"]["log"]).read_text())
+    assert MARKER in old_log.read_text()
+    ok(capsys, "stop", "-i", inv)
+    # the origin mistake on disk (EAGLEWorker unpatched on 0.5.9), launched through a command that first
+    # replays the earlier run's log (the `tail`/journal pattern) and then execs the server
+    ok(capsys, "rollback", "-i", inv)
+    ok(capsys, "deploy", "-i", inv, WRONG, "--allow-uncovered")
+    time.sleep(2.5)  # the replayed lines are older than the new process by more than the clock slack
+    doc = yaml.safe_load(inv.read_text())
+    doc["hosts"]["h01"]["launch_command"] = (
+        f"sh -c 'cat {old_log}; exec \"$0\" \"$@\"' {{python}} -m fleetctl.sandbox.simulator")
+    inv.write_text(yaml.safe_dump(doc))
+    launched = ok(capsys, "launch", "--drop-unknown-flags", "-i", inv, WRONG, "--timeout", "30")
+    assert MARKER in Path(instances(launched)["h01"]["log"]).read_text()  # the replayed lines are in the log
+    code, doc = cli(capsys, "verify-logs", "-i", inv, WRONG)
+    iv = instances(doc)["h01"]
+    assert code == 1 and not iv["ok"]
+    assert not any(r["markers"][MARKER] for r in iv["ranks"]), iv["ranks"]
+    assert any("carry a time before its server process started" in p and "replayed" in p for p in iv["problems"])
+    assert iv["worker"]["class"] == "EAGLEWorker" and "does NOT carry" in text(iv)
+
+
+def test_provenance_helpers() -> None:
+    from fleetctl.ops.verify import _dump_mismatches, _written_since
+    from fleetctl.sglang import parse_line
+
+    lines = {"m": [parse_line("[2026-11-30 10:00:00 TP0] m"), parse_line("[2026-11-30 10:00:09 TP0] m"),
+                   parse_line("m without a time")]}
+    import calendar
+    started = calendar.timegm((2026, 11, 30, 9, 0, 5, 0, 0, 0))  # 10:00:05 at UTC+1
+    kept, dropped = _written_since(lines, started, 3600)
+    assert dropped == 1 and [ln.raw for ln in kept["m"]] == ["[2026-11-30 10:00:09 TP0] m", "m without a time"]
+    assert _written_since(lines, None, 3600) == (lines, 0)
+    resolved = {"port": 31000, "tp_size": 2, "speculative_algorithm": "EAGLE3", "x": None}
+    dump = {"port": 30000, "tp_size": 2, "speculative_algorithm": "EAGLE3"}
+    assert _dump_mismatches(dump, resolved, {"--port": 31000, "--tp-size": 2, "--x": 1}) == [
+        "port=30000 in the log, launched with 31000"]
+    assert _dump_mismatches({**dump, "port": 31000}, resolved, {"--port": "31000"}) == []

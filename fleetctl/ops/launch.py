@@ -17,6 +17,7 @@ from fleetctl.ops.deploy import new_op_id, who
 from fleetctl.ops.exits import exited_line
 from fleetctl.plan import OPEN_STATES
 from fleetctl.sglang import READY_LINE, is_known, resolve_worker, worker_files
+from fleetctl.sglang.processes import LOG_STAMP_FMT, LOG_STAMP_RE
 from fleetctl.transport.ssh import HostConnection, RemoteError
 
 TAIL = 30
@@ -269,6 +270,7 @@ def launch_host(conn: HostConnection, pb: Playbook, plan: list[Instance], *, lau
         waited = conn.agent("server_wait", {
             "state_dir": h.state_dir, "instances": started, "launch_ids": dict.fromkeys(started, launch_id),
             "ready_line": READY_LINE, "forbidden": list(pb.verify.forbidden), "timeout": timeout, "tail": TAIL,
+            "stamp_re": LOG_STAMP_RE, "stamp_fmt": LOG_STAMP_FMT,
         }, timeout=timeout + 60)
         t = res.mark("wait ready", t)
         to_stop = []

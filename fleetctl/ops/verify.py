@@ -7,6 +7,7 @@ SGLang fact (ranks, line format, dump, worker routing) comes from `fleetctl.sgla
 
 from __future__ import annotations
 
+import calendar
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -117,6 +118,11 @@ def _check_instance(iv: InstanceVerify, st: dict[str, Any], pb: Playbook, deploy
         return
     matches = st.get("matches") or {}
     lines = {p: [parse_line(x) for x in (matches.get(p) or {}).get("lines", [])] for p in matches}
+    lines, old = _written_since(lines, rec.get("process_started"), st.get("tz_offset"))
+    if old:
+        iv.problems.append(f"{old} matching line(s) in this launch's log carry a time before its server process "
+                           f"started ({_hms(rec.get('process_started'))}): replayed from an earlier run? "
+                           "they are not counted")
     iv.ready = bool(lines.get(READY_LINE))
     if not iv.running and not stopped:  # it ended on its own: say how, first, with its last words
         iv.exited = st.get("exit") or {}
@@ -133,6 +139,17 @@ def _check_instance(iv: InstanceVerify, st: dict[str, Any], pb: Playbook, deploy
     res = resolve_worker(version, rec.get("flags") or {}, rec.get("env") or {}) if is_known(version) else None
     if dump is None and iv.exited is None:
         iv.problems.append(f"no {DUMP_ANCHOR} dump in this launch's log")
+    if dump is not None and res is not None:
+        wrong = _dump_mismatches(dump, res.resolved_args, rec.get("flags") or {})
+        if wrong:
+            iv.problems.append("the logged server arguments are not this launch's (" + "; ".join(wrong[:4])
+                               + "): the lines come from another process")
+    if pb.versions.get(version) and (deploy_now or {}).get("playbook") not in (None, pb.name):
+        iv.problems.append(f"the deploy on disk ({deploy_now.get('id')}) is of playbook "
+                           f"{deploy_now.get('playbook')!r}, not {pb.name!r}")
+    elif pb.versions.get(version) and deploy_now is None:
+        iv.problems.append(f"no deploy of {pb.name!r} is on disk here: the files hold no patch fleetctl put "
+                           "there, so no log line can prove one runs")
     args = dump if dump is not None else (dict(res.resolved_args) if res else {})
     iv.args = {k: args.get(k) for k in REPORT_ARGS}
     if res is not None:
@@ -163,6 +180,55 @@ def _check_instance(iv: InstanceVerify, st: dict[str, Any], pb: Playbook, deploy
         iv.problems.append(f"log is from before the deploy: launched {_hms(rec.get('launched_at'))}, before "
                            f"deploy {(deploy_now or {}).get('id')} ({_hms((deploy_now or {}).get('at'))}) of the "
                            f"files on disk")
+
+
+def _written_since(lines: dict[str, list[Any]], started: float | None,
+                   tz_offset: Any) -> tuple[dict[str, list[Any]], int]:
+    """Drop lines whose timestamp is before the server process started (2 s of slack for the
+    seconds-resolution clocks): a launch command that replays an old log (tail -f, journalctl)
+    writes another process's lines into this launch's log. Returns (kept, how many dropped)."""
+    if not isinstance(started, int | float) or not isinstance(tz_offset, int):
+        return lines, 0
+    kept: dict[str, list[Any]] = {}
+    dropped = 0
+    for pat, lns in lines.items():
+        kept[pat] = []
+        for ln in lns:
+            t = _epoch(ln.timestamp, tz_offset)
+            if t is not None and t < started - 2.0:
+                dropped += 1
+            else:
+                kept[pat].append(ln)
+    return kept, dropped
+
+
+def _epoch(stamp: str | None, tz_offset: int) -> float | None:
+    """A log timestamp ('YYYY-MM-DD HH:MM:SS[.mmm]', the host's local time) as epoch seconds."""
+    if not stamp:
+        return None
+    try:
+        return calendar.timegm(time.strptime(stamp[:19], "%Y-%m-%d %H:%M:%S")) - tz_offset
+    except ValueError:
+        return None
+
+
+def _dump_mismatches(dump: dict[str, Any], resolved: dict[str, Any], flags: dict[str, Any]) -> list[str]:
+    """Fields the launch set by flag whose value in the logged ServerArgs differs."""
+    out = []
+    for name in flags:
+        dest = name.lstrip("-").replace("-", "_")
+        if dest not in dump or dest not in resolved:
+            continue
+        want, got = resolved[dest], dump[dest]
+        if want is None or str(want).lower() == str(got).lower():
+            continue
+        try:
+            if float(want) == float(got):
+                continue
+        except (TypeError, ValueError):
+            pass
+        out.append(f"{dest}={got!r} in the log, launched with {want!r}")
+    return out
 
 
 def _hms(t: float | None) -> str:
@@ -211,7 +277,7 @@ def verify_host(conn: HostConnection, pb: Playbook, plan: list[Instance]) -> lis
     out = []
     for inst in plan:
         iv = InstanceVerify(h.name, inst.name, inst.port)
-        st = got["instances"].get(inst.name) or {}
+        st = {**(got["instances"].get(inst.name) or {}), "tz_offset": got.get("tz_offset")}
         _check_instance(iv, st, pb, deploy_now)
         out.append(iv)
     # explanations need the worker file as it is on the host: one more call, only on failure

@@ -252,7 +252,7 @@ def deploy_on_disk(state_dir):
                 break
         if ok:
             return {"id": m.get("id"), "at": m.get("updated") or m.get("created"), "created": m.get("created"),
-                    "files": [f["path"] for f in m["files"]], "package_dir": pkg}
+                    "files": [f["path"] for f in m["files"]], "package_dir": pkg, "playbook": m.get("playbook")}
     return None
 
 
@@ -650,6 +650,7 @@ def action_server_wait(p):
     deadline = time.time() + float(p.get("timeout", 900))
     poll = float(p.get("poll", 0.05))
     ntail = int(p.get("tail", 30))
+    stamp_re = re.compile(p["stamp_re"]) if p.get("stamp_re") else None
     st = {}
     for n in names:
         rec = current_record(sd, n)
@@ -682,6 +683,8 @@ def action_server_wait(p):
                 s["partial"] = b""
             for raw in lines:
                 line = raw.decode("utf-8", "replace")
+                if stamp_re is not None and _before(line, stamp_re, p.get("stamp_fmt"), rec):
+                    continue  # written before this server started: replayed from an earlier run
                 for f in forbidden:
                     if f in line:
                         s.update(status="forbidden", why="forbidden pattern %r in the log" % f, line=line[:2000])
@@ -724,6 +727,19 @@ def action_server_wait(p):
             r["tail"] = tail_lines(rec["log"], ntail)
         out[n] = r
     return out
+
+
+def _before(line, stamp_re, fmt, rec, slack=2.0):
+    """The line's own time (host local) is before the record's process started (by > slack s)."""
+    started = rec.get("process_started")
+    m = stamp_re.match(line)
+    if not m or not isinstance(started, (int, float)):
+        return False
+    try:
+        t = time.mktime(time.strptime(m.group(1), fmt or "%Y-%m-%d %H:%M:%S"))
+    except (ValueError, OverflowError):
+        return False
+    return t < started - slack
 
 
 def stop_record(rec, timeout, kill_after=5.0):
@@ -790,7 +806,8 @@ def action_server_grep(p):
     dep = deploy_on_disk(sd)
     patterns = [str(x) for x in p.get("patterns") or []]
     cap = int(p.get("max_per_pattern", 256))
-    out = {"deploy_now": dep, "instances": {}}
+    # log timestamps are the host's local time: its UTC offset lets the controller compare them
+    out = {"deploy_now": dep, "instances": {}, "tz_offset": time.localtime().tm_gmtoff}
     for n in [check_name(x) for x in p["instances"]]:
         st = instance_state(sd, n, dep)
         rec = st.get("record")

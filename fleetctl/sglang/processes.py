@@ -21,6 +21,10 @@ SERVER_PATHS = ("sglang/launch_server.py",)
 ROUTING_ENV_PREFIXES = ("SGLANG_", "CUDA_VISIBLE_DEVICES", "PYTHONPATH", "PYTHONPYCACHEPREFIX",
                         "PYTHONDONTWRITEBYTECODE", "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE")
 
+# a log line's time (the host's local time), as the agent reads it to drop replayed lines
+LOG_STAMP_RE = r"^\[(\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2})"
+LOG_STAMP_FMT = "%Y-%m-%d %H:%M:%S"
+
 _BOOL_OPTIONS = frozenset(o for f in R.FLAGS if f.type == "bool" for o in f.options)
 
 
