@@ -422,3 +422,79 @@ def test_discovery_reads_flags_and_entry_points() -> None:
         "--model-path": "m", "--disable-overlap-schedule": True, "--tp-size": "2",
         "--speculative-algorithm": "EAGLE3", "--enable-x": True}
     assert server_flags(["/v/bin/sglang", "serve", "--port", "3"]) == {"--port": "3"}
+
+
+# ----------------------------------------------------------------------------- settings that hide or defeat the proof
+
+
+def _ok(capsys: pytest.CaptureFixture[str], *args: Any) -> Any:
+    code, doc = cli(capsys, *args)
+    assert code == 0, json.dumps(doc, indent=1)[:3000]
+    return doc
+
+
+def test_a_threshold_at_or_above_max_running_requests_can_never_fire(sb: Any, tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    inv = make_inventory(sb, tmp_path / "inv.yaml", hosts=["h01", "h02"],
+                         flags={"h01": {"--speculative-disable-batch-threshold": 64},
+                                "h02": {"--speculative-disable-batch-threshold": 64, "--max-running-requests": 128}})
+    _ok(capsys, "deploy", "-i", inv, FULL)
+    code, doc = cli(capsys, "explain", "-i", inv, FULL)
+    notes = {h["host"]: h["instances"][0]["never_fires"] for h in doc["hosts"]}
+    assert notes["h02"] == [] and len(notes["h01"]) == 1
+    assert notes["h01"][0].startswith("speculative_disable_batch_threshold=64 >= max_running_requests=48: "
+                                      "the feature can never act")
+    _ok(capsys, "launch", "-i", inv, FULL, "--timeout", "30")
+    code, doc = cli(capsys, "verify-logs", "-i", inv, FULL)
+    by = {h["host"]: h["instances"][0] for h in doc["hosts"]}
+    assert code == 1 and not by["h01"]["ok"] and by["h02"]["ok"], by["h02"]["problems"]
+    assert any("=64 >= max_running_requests=48: the feature can never act" in p for p in by["h01"]["problems"])
+    assert all(r["ok"] for r in by["h01"]["ranks"])  # the patched code does run: only the setting is inert
+
+
+def test_launch_refuses_settings_that_hide_info_lines(sb: Any, tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    inv = make_inventory(sb, tmp_path / "inv.yaml", hosts=["h01", "h02"],
+                         flags={"h01": {"--log-level": "warning"}},
+                         env={"h02": {"SGLANG_LOGGING_CONFIG_PATH": "/etc/sglang/logging.json"}})
+    code, doc = cli(capsys, "launch", "--drop-unknown-flags", "-i", inv, FULL, "--timeout", "30")
+    assert code == 1
+    msg = {h["host"]: h["instances"][0]["message"] for h in doc["hosts"]}
+    assert {h["status"] for h in doc["hosts"]} == {"refused"}
+    assert "--log-level warning hides INFO lines" in msg["h01"]
+    assert "SGLANG_LOGGING_CONFIG_PATH replaces SGLang's log format" in msg["h02"]
+    assert all(not i["pid"] for h in doc["hosts"] for i in h["instances"])  # nothing was started
+
+
+def test_multi_node_each_node_proves_its_own_ranks(sb: Any, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    # node 1 of 2 with --tp-size 2 runs (and logs) only TP1
+    inv = make_inventory(sb, tmp_path / "inv.yaml", hosts=["h01"],
+                         flags={"h01": {"--nnodes": 2, "--node-rank": 1, "--dist-init-addr": "127.0.0.1:5000"}})
+    _ok(capsys, "deploy", "-i", inv, FULL)
+    _ok(capsys, "launch", "-i", inv, FULL, "--timeout", "30")
+    doc = _ok(capsys, "verify-logs", "-i", inv, FULL)
+    (iv,) = doc["hosts"][0]["instances"]
+    assert [r["rank"] for r in iv["ranks"]] == ["TP1"] and iv["ok"]
+
+
+def test_flag_pre_check_accepts_unambiguous_abbreviations() -> None:
+    from fleetctl.remote.agent import flag_registered
+
+    text = (wheels.package_dir("0.5.9") / "srt" / "server_args.py").read_text()
+    assert flag_registered(text, "--speculative-num-steps")
+    assert flag_registered(text, "--speculative-num-ste")  # argparse takes a unique prefix
+    assert not flag_registered(text, "--speculative")  # a prefix of many: argparse refuses it
+    assert not flag_registered(text, "--no-such-flag")
+
+
+def test_status_rechecks_which_worker_will_run(sb: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    wrong = ROOT / "playbooks" / "origin-wrong-file"
+    inv = make_inventory(sb, tmp_path / "inv.yaml", hosts=["h01"])
+    code, doc = cli(capsys, "status", "-i", inv, wrong)
+    assert code == 1
+    (row,) = doc["hosts"]
+    assert any(p.startswith("uncovered: ") and "EAGLEWorker" in p and "the playbook patches it: no" in p
+               for p in row["problems"]), row["problems"]
+    code, doc = cli(capsys, "status", "-i", inv, FULL)
+    assert code == 0 and not any(p.startswith("uncovered") for p in doc["hosts"][0]["problems"])

@@ -107,7 +107,12 @@ def test_origin_story_wrong_file_then_full_playbook(sb: Any, tmp_path: Path,
     inv = make_inventory(sb, tmp_path / "inv.yaml", hosts=["h01", "h02"])
     # only eagle_worker_v2.py (+ server_args.py) patched on 0.5.9; SGLANG_ENABLE_SPEC_V2 unset
     ok(capsys, "deploy", "-i", inv, WRONG, "--limit", "h01", "--allow-uncovered")
-    launched = ok(capsys, "launch", "--drop-unknown-flags", "-i", inv, WRONG, "--limit", "h01", "--timeout", "30")
+    code, refused = cli(capsys, "launch", "--drop-unknown-flags", "-i", inv, WRONG, "--limit", "h01", "--timeout", "30")
+    assert code == 1 and refused["hosts"][0]["status"] == "refused"
+    assert "the playbook patches it: no (--allow-uncovered to launch it anyway)" in \
+        refused["hosts"][0]["instances"][0]["message"]
+    launched = ok(capsys, "launch", "--drop-unknown-flags", "--allow-uncovered", "-i", inv, WRONG, "--limit", "h01",
+                  "--timeout", "30")
     notes = " ".join(instances(launched)["h01"]["notes"])
     assert "warning" in notes and "EAGLEWorker" in notes and "patches it: no" in notes
     t0 = time.monotonic()
@@ -304,7 +309,7 @@ def test_a_launch_command_that_replays_an_old_log_cannot_pass(sb: Any, tmp_path:
     doc["hosts"]["h01"]["launch_command"] = (
         f"sh -c 'cat {old_log}; exec \"$0\" \"$@\"' {{python}} -m fleetctl.sandbox.simulator")
     inv.write_text(yaml.safe_dump(doc))
-    launched = ok(capsys, "launch", "--drop-unknown-flags", "-i", inv, WRONG, "--timeout", "30")
+    launched = ok(capsys, "launch", "--drop-unknown-flags", "--allow-uncovered", "-i", inv, WRONG, "--timeout", "30")
     assert MARKER in Path(instances(launched)["h01"]["log"]).read_text()  # the replayed lines are in the log
     code, doc = cli(capsys, "verify-logs", "-i", inv, WRONG)
     iv = instances(doc)["h01"]

@@ -274,6 +274,15 @@ def register(app: typer.Typer) -> None:
             rows = status_rows(ctx, gathered, plan)
             servers = [s for o in outs if o.ok for s in server_status_facts(o.host, o.data)]
             found = {o.host: servers_from_facts(o.host, o.data, reqs[o.host]) for o in outs if o.ok}
+            if pb is not None:  # which worker the launch will run vs what the playbook patches
+                from fleetctl.coverage import host_coverage
+
+                by_name = {h.name: h for h in ctx.fleet.hosts}
+                for r in rows:
+                    f = gathered.facts.get(r["host"])
+                    cov = host_coverage(by_name[r["host"]], f, pb) if f else None
+                    if cov is not None and cov.refused and pb.files_for(f.sglang_version or "") is not None:
+                        r["problems"].append(f"uncovered: {cov.refused}")
             for r in rows:
                 r["servers"] = [s for s in servers if s["host"] == r["host"]]
                 r["problems"] += [f"{s['instance']}: {p}" for s in r["servers"] for p in s["problems"]]
@@ -359,6 +368,8 @@ def register(app: typer.Typer) -> None:
         accept_new_host_keys: AcceptNewOpt = False,
     ) -> None:
         from fleetctl.coverage import coverage, host_coverage, instances, launch_env, launch_flags
+        from fleetctl.ops.verify import never_fires
+        from fleetctl.sglang import is_known, resolve_worker
 
         pb = load_playbook(playbook)
         with fleet_context(inventory, limit, forks, json=json_out, debug=debug,
@@ -389,10 +400,13 @@ def register(app: typer.Typer) -> None:
                     row["instances"] = []
                     for inst in instances(h, pb):
                         ic = coverage(f.sglang_version, dict(inst.flags), dict(inst.env), pb)
+                        args = (resolve_worker(f.sglang_version, dict(inst.flags), dict(inst.env)).resolved_args
+                                if is_known(f.sglang_version) else {})
                         row["instances"].append({"instance": inst.name, "gpus": list(inst.gpus), "port": inst.port,
                                                  "worker_class": ic.worker_class, "worker_file": ic.worker_file,
                                                  "disable_overlap_schedule": ic.disable_overlap_schedule,
-                                                 "covered": ic.covered, "reason": ic.reason, "refused": ic.refused})
+                                                 "covered": ic.covered, "reason": ic.reason, "refused": ic.refused,
+                                                 "never_fires": never_fires(pb, dict(args))})
                 if f.sglang_version and pb.files_for(f.sglang_version) is None:
                     row["refused"] = (f"SGLang {f.sglang_version} has no patch set in {pb.path.name}; "
                                       f"supported: {', '.join(pb.supported())}")
@@ -415,6 +429,8 @@ def register(app: typer.Typer) -> None:
                             out.print(f"  {i['instance']} (GPUs {','.join(map(str, i['gpus']))}): {i['reason']}")
                     if r.get("refused") and r["refused"] != r["reason"]:
                         out.print(f"  {r['refused']}")
+                    for note in dict.fromkeys(n for i in insts for n in i.get("never_fires") or []):
+                        out.print(f"  warning: {note}", markup=False, highlight=False)
             raise typer.Exit(EXIT_FAILED if bad else EXIT_OK)
 
 

@@ -113,6 +113,8 @@ def register(app: typer.Typer) -> None:
         drop_unknown_flags: bool = typer.Option(
             False, "--drop-unknown-flags",
             help="Leave out flags the installed SGLang does not register (e.g. the patch's own flag after a rollback)."),
+        allow_uncovered: bool = typer.Option(
+            False, "--allow-uncovered", help="Launch even where the worker that will run is not one the playbook patches."),
         json_out: JsonOpt = False,
         debug: DebugOpt = False,
         accept_new_host_keys: AcceptNewOpt = False,
@@ -127,7 +129,8 @@ def register(app: typer.Typer) -> None:
             try:
                 _, rows = _tick_run(ctx, "launch", lambda: launch_fleet(ctx.fleet, pb, replace=replace,
                                                                          timeout=timeout, launch_id=lid,
-                                                                         drop_unknown_flags=drop_unknown_flags))
+                                                                         drop_unknown_flags=drop_unknown_flags,
+                                                                         allow_uncovered=allow_uncovered))
                 bad = [r for r in rows if r.status != "ok"]
                 ledger.finish(lid, "failed" if bad else "ok",
                               [{"host": r.host, "status": r.status, "message": r.message,

@@ -151,6 +151,7 @@ def _check_instance(iv: InstanceVerify, st: dict[str, Any], pb: Playbook, deploy
         iv.problems.append(f"no deploy of {pb.name!r} is on disk here: the files hold no patch fleetctl put "
                            "there, so no log line can prove one runs")
     args = dump if dump is not None else (dict(res.resolved_args) if res else {})
+    iv.problems += never_fires(pb, {**(dict(res.resolved_args) if res else {}), **args})
     iv.args = {k: args.get(k) for k in REPORT_ARGS}
     if res is not None:
         iv.worker = {"class": res.worker_class, "file": res.worker_file,
@@ -180,6 +181,21 @@ def _check_instance(iv: InstanceVerify, st: dict[str, Any], pb: Playbook, deploy
         iv.problems.append(f"log is from before the deploy: launched {_hms(rec.get('launched_at'))}, before "
                            f"deploy {(deploy_now or {}).get('id')} ({_hms((deploy_now or {}).get('at'))}) of the "
                            f"files on disk")
+
+
+def never_fires(pb: Playbook, args: dict[str, Any]) -> list[str]:
+    """The playbook's never_fires_when rules that hold for these server arguments."""
+    out = []
+    for rule in pb.verify.never_fires_when:
+        a, b = args.get(rule.arg), args.get(rule.at_least)
+        try:
+            if a is None or b is None or isinstance(a, bool) or float(a) < float(b):
+                continue
+        except (TypeError, ValueError):
+            continue
+        out.append(f"{rule.arg}={a} >= {rule.at_least}={b}: the feature can never act"
+                   + (f" ({rule.why})" if rule.why else ""))
+    return out
 
 
 def _written_since(lines: dict[str, list[Any]], started: float | None,

@@ -74,3 +74,24 @@ def server_flags(argv: list[str], modules: list[str] | None = None) -> dict[str,
             flags[name] = rest[i]
             i += 1
     return flags
+
+
+# --log-level sets the root logger's level (logging.basicConfig in configure_logger); the marker and
+# the ready line are INFO. SGLANG_LOGGING_CONFIG_PATH makes configure_logger load a dictConfig instead
+# of its own format and level (read off srt/utils/common.py of the wheels).
+QUIET_LEVELS = ("warning", "warn", "error", "critical", "fatal")
+LOGGING_CONFIG_ENV = "SGLANG_LOGGING_CONFIG_PATH"
+
+
+def log_visibility_problems(resolved_args: dict[str, Any], env: dict[str, str]) -> list[str]:
+    """Why this launch's log could not show the INFO lines fleetctl proves things with."""
+    out = []
+    level = str(resolved_args.get("log_level") or "info").lower()
+    if level in QUIET_LEVELS:
+        out.append(f"--log-level {level} hides INFO lines: neither the patch's marker nor the ready line would "
+                   "be logged, so nothing could be verified (use info or debug)")
+    if env.get(LOGGING_CONFIG_ENV):
+        out.append(f"{LOGGING_CONFIG_ENV} replaces SGLang's log format and levels with "
+                   f"{env[LOGGING_CONFIG_ENV]!r}: fleetctl could not read ranks, the marker or the ready line "
+                   "from the log (unset it in the launch env)")
+    return out
