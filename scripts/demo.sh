@@ -48,7 +48,9 @@ expect 0 "verify-logs: the marker on every host and every rank" $FLEETCTL verify
 expect 0 "rollback" $FLEETCTL rollback -i "$INV"
 expect 0 "the origin story on the 0.5.9 hosts: patch only eagle_worker_v2.py anyway (--allow-uncovered)" \
     $FLEETCTL deploy --allow-uncovered --limit v0_5_9 -i "$INV" "$WRONG"
-expect 0 "restart on it" $FLEETCTL launch --replace --limit v0_5_9 -i "$INV" "$WRONG"
+expect 1 "launch refuses it: the worker that will run is not the one patched" \
+    $FLEETCTL launch --replace --limit v0_5_9 -i "$INV" "$WRONG"
+expect 0 "restart on it anyway (--allow-uncovered)" $FLEETCTL launch --replace --allow-uncovered --limit v0_5_9 -i "$INV" "$WRONG"
 expect 1 "verify-logs catches it and says why" $FLEETCTL verify-logs --limit v0_5_9 -i "$INV" "$WRONG"
 expect 0 "rollback" $FLEETCTL rollback -i "$INV"
 expect 0 "restart everything on the original code (its SGLang does not know the patch's flag)" \

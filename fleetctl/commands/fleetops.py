@@ -172,15 +172,19 @@ def register(app: typer.Typer) -> None:
             summary = (f"deploy {op_id}: {len(rows)} hosts: "
                        + ", ".join(f"{n} {st}" for st, n in counts.items() if n or st in ("changed", "failed"))
                        + f" in {elapsed:.2f}s")
+            reminder = _restart_reminder(ctx, pb, [r.host for r in rows if r.status == "changed"])
             if json_out:
                 emit_json({"command": "deploy", "deploy_id": op_id, "plan": plan.to_json(),
-                           "results": [r.to_json() for r in rows], "summary": summary, "elapsed": round(elapsed, 3)})
+                           "results": [r.to_json() for r in rows], "summary": summary, "elapsed": round(elapsed, 3),
+                           "restart_needed": reminder.to_json() if reminder else None})
             else:
                 t = table("result", ["host", "status", "deploy id", "what"])
                 for r in rows:
                     t.add_row(r.host, _s(r.status), r.deploy_id or "", lines_cell([r.message, *r.notes]))
                 out.print(t)
                 err.print(summary, markup=False)
+                if reminder:
+                    err.print(reminder.line(str(ctx.inventory.path), str(playbook)), markup=False, highlight=False)
             raise typer.Exit(EXIT_FAILED if failed else EXIT_OK)
 
     @app.command("rollback", help="Restore each host's files to their bytes before its last (or a named) deploy.")
@@ -228,15 +232,20 @@ def register(app: typer.Typer) -> None:
             summary = (f"rollback {op_id}: {len(rows)} hosts: {sum(1 for r in rows if r['status'] == 'changed')} "
                        f"restored, {sum(1 for r in rows if r['status'] in ('unchanged', 'skipped'))} nothing to do, "
                        f"{len(failed)} failed in {ctx.elapsed():.2f}s")
+            touched = sorted({f["path"] for p in plans for f in p.files})
+            reminder = _restart_reminder(ctx, None, [r["host"] for r in rows if r["status"] == "changed"], touched)
             if json_out:
                 emit_json({"command": "rollback", "rollback_id": op_id, "plan": [p.to_json() for p in plans],
-                           "results": rows, "summary": summary})
+                           "results": rows, "summary": summary,
+                           "restart_needed": reminder.to_json() if reminder else None})
             else:
                 t = table("result", ["host", "status", "what"])
                 for r in rows:
                     t.add_row(r["host"], _s(r["status"]), lines_cell([r.get("message", ""), *r.get("notes", [])]))
                 out.print(t)
                 err.print(summary, markup=False)
+                if reminder:
+                    err.print(reminder.line(str(ctx.inventory.path), None), markup=False, highlight=False)
             raise typer.Exit(EXIT_FAILED if failed else EXIT_OK)
 
     @app.command("status", help="Per host: deploy state of the playbook's files, interrupted deploys, lock, servers.")
@@ -251,24 +260,44 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         from fleetctl.facts import read_facts
         from fleetctl.ops.deploy import Gathered
+        from fleetctl.ops.discover import discover_request, restart_reminder, servers_from_facts
         from fleetctl.ops.launch import server_status_facts
 
         pb: Playbook | None = load_playbook(playbook) if playbook else None
         with fleet_context(inventory, limit, forks, json=json_out, debug=debug,
                            accept_new_host_keys=accept_new_host_keys) as ctx:
             extra = sorted({f.path for files in (pb.versions.values() if pb else []) for f in files})
+            reqs = {h.name: discover_request(h.launch_command, pb) for h in ctx.fleet.hosts}
             outs = _tick_run(ctx, "facts", lambda: ctx.fleet.run(
-                lambda c: read_facts(c, extra_files=extra, with_=["state", "servers"], gpus=False)))
+                lambda c: read_facts(c, extra_files=extra, with_=["state", "servers", "discover"], gpus=False,
+                                     payload=reqs[c.host.name])))
             gathered = Gathered({o.host: o.data for o in outs if o.ok}, {o.host: o for o in outs})
             plan = build_plan(ctx.fleet, pb, gathered, allow_uncovered=True) if pb else None
             rows = status_rows(ctx, gathered, plan)
             servers = [s for o in outs if o.ok for s in server_status_facts(o.host, o.data)]
+            found = {o.host: servers_from_facts(o.host, o.data, reqs[o.host]) for o in outs if o.ok}
+            if pb is not None:  # which worker the launch will run vs what the playbook patches
+                from fleetctl.coverage import host_coverage
+
+                by_name = {h.name: h for h in ctx.fleet.hosts}
+                for r in rows:
+                    f = gathered.facts.get(r["host"])
+                    cov = host_coverage(by_name[r["host"]], f, pb) if f else None
+                    if cov is not None and cov.refused and pb.files_for(f.sglang_version or "") is not None:
+                        r["problems"].append(f"uncovered: {cov.refused}")
             for r in rows:
                 r["servers"] = [s for s in servers if s["host"] == r["host"]]
                 r["problems"] += [f"{s['instance']}: {p}" for s in r["servers"] for p in s["problems"]]
+                hs = found.get(r["host"])
+                r["discovered"] = [p.to_json() for p in hs.processes if not p.instance] if hs else []
+                r["problems"] += [f"pid {p['pid']} (not started by fleetctl) runs code older than the files on disk: "
+                                  f"{', '.join(p['changed_files'])} changed after it started"
+                                  for p in r["discovered"] if p["stale"]]
             problems = [r for r in rows if r["problems"]]
+            reminder = restart_reminder(list(found.values()))
             if json_out:
-                emit_json({"command": "status", "hosts": rows, "elapsed": round(ctx.elapsed(), 3)})
+                emit_json({"command": "status", "hosts": rows, "elapsed": round(ctx.elapsed(), 3),
+                           "restart_needed": reminder.to_json()})
             else:
                 t = table(None, ["host", "status", "SGLang", "last deploy", "files", "problems"])
                 for r in rows:
@@ -284,9 +313,14 @@ def register(app: typer.Typer) -> None:
                                    sv["deploy_at_launch"] or "-", sv["deploy_now"] or "-",
                                    styled("YES", "red") if sv["restart_needed"] else "no")
                     out.print(st)
+                n_other = sum(len(r["discovered"]) for r in rows)
                 err.print(f"status: {len(rows)} hosts, {len(problems)} with problems, "
-                          f"{sum(1 for sv in servers if sv['running'])} server(s) running ({ctx.elapsed():.2f}s)",
-                          markup=False)
+                          f"{sum(1 for sv in servers if sv['running'])} server(s) running"
+                          + (f" (+{n_other} not started by fleetctl)" if n_other else "")
+                          + f" ({ctx.elapsed():.2f}s)", markup=False)
+                if reminder.servers:
+                    err.print(reminder.line(str(ctx.inventory.path), str(playbook) if playbook else None),
+                              markup=False, highlight=False)
             raise typer.Exit(EXIT_FAILED if problems else EXIT_OK)
 
     @app.command("history", help="The local ledger of deploys and rollbacks; 'history ID' shows one.")
@@ -337,6 +371,8 @@ def register(app: typer.Typer) -> None:
         accept_new_host_keys: AcceptNewOpt = False,
     ) -> None:
         from fleetctl.coverage import coverage, host_coverage, instances, launch_env, launch_flags
+        from fleetctl.ops.verify import never_fires
+        from fleetctl.sglang import is_known, resolve_worker
 
         pb = load_playbook(playbook)
         with fleet_context(inventory, limit, forks, json=json_out, debug=debug,
@@ -367,10 +403,13 @@ def register(app: typer.Typer) -> None:
                     row["instances"] = []
                     for inst in instances(h, pb):
                         ic = coverage(f.sglang_version, dict(inst.flags), dict(inst.env), pb)
+                        args = (resolve_worker(f.sglang_version, dict(inst.flags), dict(inst.env)).resolved_args
+                                if is_known(f.sglang_version) else {})
                         row["instances"].append({"instance": inst.name, "gpus": list(inst.gpus), "port": inst.port,
                                                  "worker_class": ic.worker_class, "worker_file": ic.worker_file,
                                                  "disable_overlap_schedule": ic.disable_overlap_schedule,
-                                                 "covered": ic.covered, "reason": ic.reason, "refused": ic.refused})
+                                                 "covered": ic.covered, "reason": ic.reason, "refused": ic.refused,
+                                                 "never_fires": never_fires(pb, dict(args))})
                 if f.sglang_version and pb.files_for(f.sglang_version) is None:
                     row["refused"] = (f"SGLang {f.sglang_version} has no patch set in {pb.path.name}; "
                                       f"supported: {', '.join(pb.supported())}")
@@ -393,7 +432,21 @@ def register(app: typer.Typer) -> None:
                             out.print(line(f"  {i['instance']} (GPUs {','.join(map(str, i['gpus']))}): {i['reason']}"))
                     if r.get("refused") and r["refused"] != r["reason"]:
                         out.print(line(f"  {r['refused']}"))
+                    for note in dict.fromkeys(n for i in insts for n in i.get("never_fires") or []):
+                        out.print(line(f"  warning: {note}"))
             raise typer.Exit(EXIT_FAILED if bad else EXIT_OK)
+
+
+def _restart_reminder(ctx: RunContext, pb: Playbook | None, changed: list[str],
+                      files: list[str] | None = None) -> Any:
+    """After files changed on these hosts: which servers there (launched by fleetctl or not) now run
+    older code than the files on disk. None when nothing changed."""
+    from fleetctl.ops.discover import discover_fleet, restart_reminder
+
+    hosts = [h for h in ctx.fleet.hosts if h.name in set(changed)]
+    if not hosts:
+        return None
+    return restart_reminder(discover_fleet(ctx.fleet, pb, hosts, files))
 
 
 def _rolling(ctx: RunContext, pb: Playbook, plan: Plan, serial: int | None, canary: int | None, budget: float,

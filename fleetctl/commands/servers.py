@@ -20,7 +20,7 @@ from fleetctl.commands.common import (
     err,
     out,
 )
-from fleetctl.commands.context import fleet_context
+from fleetctl.commands.context import RunContext, fleet_context
 from fleetctl.commands.context import fmt_time as _ts
 from fleetctl.commands.context import run_with_progress as _tick_run
 from fleetctl.config.playbook import load_playbook
@@ -98,6 +98,10 @@ def render_verify(rows: list[HostVerify], markers: list[str]) -> None:
                 out.print(line(f"    why: {e}"))
             for ln in iv.forbidden:
                 out.print(line(f"    | {ln}"))
+            if iv.tail:
+                out.print(line(f"    last {len(iv.tail)} lines of {iv.log}:"))
+                for ln in iv.tail:
+                    out.print(line(f"    | {ln}"))
 
 
 def register(app: typer.Typer) -> None:
@@ -113,6 +117,8 @@ def register(app: typer.Typer) -> None:
         drop_unknown_flags: bool = typer.Option(
             False, "--drop-unknown-flags",
             help="Leave out flags the installed SGLang does not register (e.g. the patch's own flag after a rollback)."),
+        allow_uncovered: bool = typer.Option(
+            False, "--allow-uncovered", help="Launch even where the worker that will run is not one the playbook patches."),
         json_out: JsonOpt = False,
         debug: DebugOpt = False,
         accept_new_host_keys: AcceptNewOpt = False,
@@ -127,7 +133,8 @@ def register(app: typer.Typer) -> None:
             try:
                 _, rows = _tick_run(ctx, "launch", lambda: launch_fleet(ctx.fleet, pb, replace=replace,
                                                                          timeout=timeout, launch_id=lid,
-                                                                         drop_unknown_flags=drop_unknown_flags))
+                                                                         drop_unknown_flags=drop_unknown_flags,
+                                                                         allow_uncovered=allow_uncovered))
                 bad = [r for r in rows if r.status != "ok"]
                 ledger.finish(lid, "failed" if bad else "ok",
                               [{"host": r.host, "status": r.status, "message": r.message,
@@ -215,17 +222,23 @@ def register(app: typer.Typer) -> None:
                 err.print(summary, markup=False)
             raise typer.Exit(EXIT_FAILED if bad else EXIT_OK)
 
-    @app.command("servers", help="List the servers fleetctl launched: running, since, deploy, restart needed.")
+    @app.command("servers", help="List the servers fleetctl launched (--discover: every SGLang server process).")
     def servers(
         inventory: InventoryOpt = None,
         limit: LimitOpt = None,
         forks: ForksOpt = DEFAULT_FORKS,
+        discover: bool = typer.Option(
+            False, "--discover",
+            help="Find every SGLang server process from /proc, whoever started it: argv, environment, log, "
+                 "port, which worker it runs, and whether it runs code older than the files on disk."),
         json_out: JsonOpt = False,
         debug: DebugOpt = False,
         accept_new_host_keys: AcceptNewOpt = False,
     ) -> None:
         with fleet_context(inventory, limit, forks, json=json_out, debug=debug,
                            accept_new_host_keys=accept_new_host_keys) as ctx:
+            if discover:
+                _discover(ctx, json_out)
             rows = _tick_run(ctx, "servers", lambda: status_fleet(ctx.fleet))
             bad = [h for h, st, _, _ in rows if st != "ok"]
             if json_out:
@@ -243,3 +256,45 @@ def register(app: typer.Typer) -> None:
                                    s["deploy_at_launch"] or "(none)", lines_cell(s["problems"]))
                 out.print(tb)
             raise typer.Exit(EXIT_FAILED if bad else EXIT_OK)
+
+
+def _discover(ctx: RunContext, json_out: bool) -> None:
+    from fleetctl.ops.discover import discover_fleet, restart_reminder
+
+    found = _tick_run(ctx, "servers", lambda: discover_fleet(ctx.fleet))
+    bad = [h for h in found if h.status != "ok"]
+    reminder = restart_reminder(found)
+    n = sum(len(h.processes) for h in found)
+    summary = (f"servers --discover: {len(found)} hosts: {n} server process(es), "
+               f"{sum(1 for h in found for p in h.processes if not p.instance)} not started by fleetctl, "
+               f"{reminder.servers} running older code than the files on disk, {len(bad)} hosts failed "
+               f"({ctx.elapsed():.2f}s)")
+    if json_out:
+        emit_json({"command": "servers", "discover": True, "hosts": [h.to_json() for h in found],
+                   "restart_needed": reminder.to_json(), "summary": summary})
+    else:
+        tb = table("SGLang server processes", ["host", "pid", "since", "port", "started by", "SGLang", "worker",
+                                               "code", "log"])
+        for h in found:
+            if h.status != "ok":
+                tb.add_row(h.host, "", "", "", "", "", "", _s(h.status), h.message)
+            if h.status == "ok" and not h.processes:
+                tb.add_row(h.host, "", "", "", "", "", "", "", "no SGLang server process")
+            for k, p in enumerate(h.processes):
+                code = (line(styled("OLDER than the files on disk", "red"), ": " + ", ".join(p.changed_files))
+                        if p.stale else "current")
+                tb.add_row(h.host if k == 0 else "", str(p.pid), _ts(p.started), ",".join(map(str, p.ports)),
+                           f"fleetctl ({p.instance})" if p.instance else styled("not fleetctl", "yellow"),
+                           p.version or "", p.worker.get("class") or "-", code, p.log or "")
+            if h.truncated:
+                tb.add_row("", "", "", "", "", "", "", "", "(more processes: list cut)")
+        out.print(tb)
+        for h in found:
+            for p in h.processes:
+                if not p.instance:
+                    out.print(line(f"{h.host} pid {p.pid}: " + " ".join(p.argv)[:500]))
+                    out.print(line(f"    worker: {p.worker.get('reason', '')}"))
+        err.print(summary, markup=False)
+        if reminder.servers:
+            err.print(reminder.line(str(ctx.inventory.path), None), markup=False, highlight=False)
+    raise typer.Exit(EXIT_FAILED if bad else EXIT_OK)

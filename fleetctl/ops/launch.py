@@ -14,8 +14,10 @@ from fleetctl.facts import HostFacts, read_facts
 from fleetctl.fleet import Fleet
 from fleetctl.instances import INHERIT_FROM_HOST, Instance, plan_instances
 from fleetctl.ops.deploy import new_op_id, who
+from fleetctl.ops.exits import exited_line
 from fleetctl.plan import OPEN_STATES
 from fleetctl.sglang import READY_LINE, is_known, resolve_worker, worker_files
+from fleetctl.sglang.processes import LOG_STAMP_FMT, LOG_STAMP_RE, log_visibility_problems
 from fleetctl.transport.ssh import HostConnection, RemoteError
 
 TAIL = 30
@@ -155,7 +157,7 @@ def stop_instances(conn: HostConnection, names: list[str] | None, timeout: float
 
 
 def launch_host(conn: HostConnection, pb: Playbook, plan: list[Instance], *, launch_id: str, replace: bool,
-                timeout: float, drop_unknown_flags: bool = False) -> HostLaunch:
+                timeout: float, drop_unknown_flags: bool = False, allow_uncovered: bool = False) -> HostLaunch:
     h = conn.host
     res = HostLaunch(h.name, "ok")
     items = [InstanceLaunch(h.name, i.name, i.port, list(i.gpus), "skipped") for i in plan]
@@ -200,6 +202,11 @@ def launch_host(conn: HostConnection, pb: Playbook, plan: list[Instance], *, lau
         resolutions[inst.name] = r
         if r.startup_error:
             problems[inst.name].append(f"SGLang {v} would refuse to start: {r.startup_error}")
+        problems[inst.name] += log_visibility_problems(r.resolved_args, inst.env)
+        if pb.files_for(v) is not None and not r.startup_error and not allow_uncovered:
+            cov = coverage(v, inst.flags, inst.env, pb)
+            if cov.refused:  # the origin mistake: the worker that will run is not the one patched
+                problems[inst.name].append(f"{cov.refused} (--allow-uncovered to launch it anyway)")
     conflicts = _conflicts(_running(facts), plan)
     if conflicts and not replace:
         for s in conflicts:
@@ -268,6 +275,7 @@ def launch_host(conn: HostConnection, pb: Playbook, plan: list[Instance], *, lau
         waited = conn.agent("server_wait", {
             "state_dir": h.state_dir, "instances": started, "launch_ids": dict.fromkeys(started, launch_id),
             "ready_line": READY_LINE, "forbidden": list(pb.verify.forbidden), "timeout": timeout, "tail": TAIL,
+            "stamp_re": LOG_STAMP_RE, "stamp_fmt": LOG_STAMP_FMT,
         }, timeout=timeout + 60)
         t = res.mark("wait ready", t)
         to_stop = []
@@ -295,6 +303,8 @@ def launch_host(conn: HostConnection, pb: Playbook, plan: list[Instance], *, lau
                 it.message = w.get("why") or w["status"]
                 if w.get("line"):
                     it.message += f": {w['line']}"
+                if not w.get("running") and w["status"] in ("exited", "forbidden"):
+                    it.message = exited_line(w.get("exit"), ready=False, tail=it.tail)
                 if w.get("running"):
                     to_stop.append(inst.name)
         if to_stop:
@@ -333,14 +343,15 @@ def _refuse_items(res: HostLaunch, plan: list[Instance], problems: dict[str, lis
 
 def launch_fleet(fleet: Fleet, pb: Playbook, *, replace: bool = False, timeout: float | None = None,
                  launch_id: str | None = None, hosts: list[Host] | None = None,
-                 drop_unknown_flags: bool = False) -> tuple[str, list[HostLaunch]]:
+                 drop_unknown_flags: bool = False, allow_uncovered: bool = False) -> tuple[str, list[HostLaunch]]:
     """Launch the profile's instances on every host (or on `hosts`, e.g. those a deploy changed)."""
     targets = list(fleet.hosts if hosts is None else hosts)
     plans = {h.name: plan_instances(h, pb.launch) for h in targets}
     lid = launch_id or new_op_id("l")
     t = float(timeout if timeout is not None else pb.launch.ready_timeout)
     outs = fleet.run(lambda c: launch_host(c, pb, plans[c.host.name], launch_id=lid, replace=replace, timeout=t,
-                                           drop_unknown_flags=drop_unknown_flags), targets)
+                                           drop_unknown_flags=drop_unknown_flags, allow_uncovered=allow_uncovered),
+                     targets)
     results = []
     for o, h in zip(outs, targets, strict=True):
         if o.ok:

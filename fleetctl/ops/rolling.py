@@ -139,8 +139,9 @@ def rolling_deploy(fleet: Fleet, pb: Playbook, plan: Plan, *, serial: int | None
         live = [h for h in batch if rows[h.name].status == "ok"]
         # 2. restart + readiness
         if live:
+            # the plan already held each host to the playbook's coverage (or --allow-uncovered)
             _, launches = launch_fleet(sub, pb, replace=True, timeout=ready_timeout, launch_id=f"l{op_id[1:]}-b{bi}",
-                                       hosts=live)
+                                       hosts=live, allow_uncovered=True)
             for r in launches:
                 rows[r.host].steps["launch"] = r.status
                 if r.status != "ok" or any(i.status != "ready" for i in r.instances):
