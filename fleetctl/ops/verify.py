@@ -15,6 +15,8 @@ from fleetctl.config.playbook import Playbook
 from fleetctl.fleet import Fleet
 from fleetctl.instances import Instance
 from fleetctl.ops.launch import plan_fleet, predates_deploy
+from fleetctl.protocol import names
+from fleetctl.protocol.answers import DeployOnDisk, InstanceState, LaunchRecord, ServerGrepAnswer, WorkerCheck
 from fleetctl.sglang import (
     DUMP_ANCHOR,
     READY_LINE,
@@ -93,24 +95,24 @@ class HostVerify:
                 "elapsed": round(self.elapsed, 3), "instances": [i.to_json() for i in self.instances]}
 
 
-def _check_instance(iv: InstanceVerify, st: dict[str, Any], pb: Playbook, deploy_now: dict[str, Any] | None) -> None:
+def _check_instance(iv: InstanceVerify, st: InstanceState, pb: Playbook, deploy_now: DeployOnDisk | None) -> None:
     """Fill iv from the agent's state + matches for one instance (no host access)."""
-    rec = st.get("record")
+    rec = st.record
     markers = list(pb.verify.markers)
     if rec is None:
         iv.problems.append("server not running: never launched by fleetctl here (no launch record)")
         return
-    iv.running = bool(st.get("running"))
-    iv.launch_id, iv.log, iv.version = rec.get("launch_id"), rec.get("log"), rec.get("version")
-    iv.since = rec.get("process_started") or rec.get("launched_at")
+    iv.running = st.running
+    iv.launch_id, iv.log, iv.version = rec.launch_id, rec.log, rec.version
+    iv.since = rec.process_started or rec.launched_at
     if not iv.running:
-        how = f" ({rec.get('state')})" if rec.get("state") not in (None, "started") else ""
+        how = f" ({rec.state})" if rec.state not in (None, "started") else ""
         iv.problems.append(f"server not running: launch {iv.launch_id}{how}")
-    if not st.get("log_exists"):
+    if not st.log_exists:
         iv.problems.append(f"the launch's log {iv.log} is gone")
         return
-    matches = st.get("matches") or {}
-    lines = {p: [parse_line(x) for x in (matches.get(p) or {}).get("lines", [])] for p in matches}
+    matches = st.matches
+    lines = {p: [parse_line(x) for x in hits.lines] for p, hits in matches.items()}
     iv.ready = bool(lines.get(READY_LINE))
     if pb.verify.require_ready and not iv.ready:
         iv.problems.append("no ready line in this launch's log")
@@ -120,7 +122,7 @@ def _check_instance(iv: InstanceVerify, st: dict[str, Any], pb: Playbook, deploy
         if dump is not None:
             break
     version = iv.version or ""
-    res = resolve_worker(version, rec.get("flags") or {}, rec.get("env") or {}) if is_known(version) else None
+    res = resolve_worker(version, rec.flags, rec.env) if is_known(version) else None
     if dump is None:
         iv.problems.append(f"no {DUMP_ANCHOR} dump in this launch's log")
     args = dump if dump is not None else (dict(res.resolved_args) if res else {})
@@ -133,10 +135,10 @@ def _check_instance(iv: InstanceVerify, st: dict[str, Any], pb: Playbook, deploy
     for ranks in exp:
         iv.ranks.append(RankCheck(ranks, {m: any(ln.ranks == ranks for ln in lines.get(m, [])) for m in markers}))
     for f in pb.verify.forbidden:
-        got = matches.get(f) or {}
-        if got.get("count"):
-            iv.forbidden += got["lines"][:MAX_SHOWN]
-            iv.problems.append(f"forbidden {f!r}: {got['count']} line(s) in this launch's log")
+        got = matches.get(f)
+        if got is not None and got.count:
+            iv.forbidden += got.lines[:MAX_SHOWN]
+            iv.problems.append(f"forbidden {f!r}: {got.count} line(s) in this launch's log")
     missing = [(r, m) for r in iv.ranks for m, ok in r.markers.items() if not ok]
     if missing:
         by_marker: dict[str, list[str]] = {}
@@ -146,20 +148,19 @@ def _check_instance(iv: InstanceVerify, st: dict[str, Any], pb: Playbook, deploy
             n_ok = len(iv.ranks) - len(where)
             iv.problems.append(f"marker {m!r} missing on {', '.join(where)}"
                                + (f" (present on the other {n_ok} rank(s))" if n_ok else ""))
-    if st.get("restart_needed"):
-        iv.problems.append(f"restart needed: {', '.join(st.get('changed_files') or [])} changed on disk "
+    if st.restart_needed:
+        iv.problems.append(f"restart needed: {', '.join(st.changed_files)} changed on disk "
                            f"after the server started (hash at launch != hash now)")
-    if predates_deploy(rec, st.get("changed_files") or [], deploy_now):
-        iv.problems.append(f"log is from before the deploy: launched {_hms(rec.get('launched_at'))}, before "
-                           f"deploy {(deploy_now or {}).get('id')} ({_hms((deploy_now or {}).get('at'))}) of the "
-                           f"files on disk")
+    if deploy_now is not None and predates_deploy(rec, st.changed_files, deploy_now):
+        iv.problems.append(f"log is from before the deploy: launched {_hms(rec.launched_at)}, before "
+                           f"deploy {deploy_now.id} ({_hms(deploy_now.at)}) of the files on disk")
 
 
 def _hms(t: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "?"
 
 
-def _explain(iv: InstanceVerify, rec_env: dict[str, str], check: dict[str, Any] | None) -> None:
+def _explain(iv: InstanceVerify, rec_env: dict[str, str], check: WorkerCheck | None) -> None:
     w = iv.worker
     if not w.get("class"):
         iv.explanation.append(f"no speculative worker runs with this launch's flags: {w.get('reason', '')}")
@@ -176,45 +177,47 @@ def _explain(iv: InstanceVerify, rec_env: dict[str, str], check: dict[str, Any] 
                               f"model of this release says {w['disable_overlap_schedule']}")
     if check is None:
         return
-    c = check.get("check") or {}
-    if not check.get("exists"):
+    c = check.check
+    if not check.exists:
         iv.explanation.append(f"{w['file']} does not exist on the host")
-    elif c.get("error"):
-        iv.explanation.append(f"{w['file']} on disk {c['error']}")
-    elif c.get("marker"):
-        iv.explanation.append(f"{w['file']} on disk DOES carry {check['marker']!r} in {w['class']}.__init__"
+    elif c is not None and c.error:
+        iv.explanation.append(f"{w['file']} on disk {c.error}")
+    elif c is not None and c.marker:
+        iv.explanation.append(f"{w['file']} on disk DOES carry {check.marker!r} in {w['class']}.__init__"
                               + ("; the server started before that: restart needed"
                                  if any("restart needed" in p for p in iv.problems) else
                                  "; the log still lacks it (was the feature's flag given?)"))
     else:
-        iv.explanation.append(f"{w['file']} on disk does NOT carry {check['marker']!r} in {w['class']}.__init__: "
+        iv.explanation.append(f"{w['file']} on disk does NOT carry {check.marker!r} in {w['class']}.__init__: "
                               "the patch is not in the file that runs")
 
 
 def verify_host(conn: HostConnection, pb: Playbook, plan: list[Instance]) -> list[InstanceVerify]:
     h = conn.host
-    names = [i.name for i in plan]
+    wanted = [i.name for i in plan]
     patterns = list(dict.fromkeys([*pb.verify.markers, *pb.verify.forbidden, READY_LINE, DUMP_ANCHOR]))
-    got = conn.agent("server_grep", {"state_dir": h.state_dir, "instances": names, "patterns": patterns,
-                                     "max_per_pattern": 512})
-    deploy_now = got.get("deploy_now")
+    got: ServerGrepAnswer = conn.agent(names.SERVER_GREP, {
+        "state_dir": h.state_dir, "instances": wanted, "patterns": patterns, "max_per_pattern": 512})
     out = []
+    records: dict[str, LaunchRecord] = {}
     for inst in plan:
         iv = InstanceVerify(h.name, inst.name, inst.port)
-        st = got["instances"].get(inst.name) or {}
-        _check_instance(iv, st, pb, deploy_now)
+        st = got.instances.get(inst.name) or InstanceState(inst.name, running=False)
+        _check_instance(iv, st, pb, got.deploy_now)
+        if st.record is not None:
+            records[inst.name] = st.record
         out.append(iv)
     # explanations need the worker file as it is on the host: one more call, only on failure
-    need = [(iv, got["instances"][iv.instance]["record"]) for iv in out
-            if any(not r.ok for r in iv.ranks) and iv.worker.get("class")]
-    checks: list[Any] = []
+    need = [(iv, records[iv.instance]) for iv in out
+            if any(not r.ok for r in iv.ranks) and iv.worker.get("class") and iv.instance in records]
+    checks: list[WorkerCheck] = []
     if need:
-        pkg = need[0][1].get("package_dir")
-        checks = conn.agent("worker_check", {"package_dir": pkg, "checks": [
+        pkg = need[0][1].package_dir
+        checks = conn.agent(names.WORKER_CHECK, {"package_dir": pkg, "checks": [
             {"file": iv.worker["file"], "class": iv.worker["class"], "marker": m}
             for iv, _ in need for m in [next(m for r in iv.ranks for m, ok in r.markers.items() if not ok)]]})
     for k, (iv, rec) in enumerate(need):
-        _explain(iv, rec.get("env") or {}, checks[k] if k < len(checks) else None)
+        _explain(iv, rec.env, checks[k] if k < len(checks) else None)
     for iv in out:
         iv.ok = not iv.problems
     return out
