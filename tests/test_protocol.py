@@ -237,3 +237,16 @@ def test_the_agent_speaks_the_same_words() -> None:
     written = set(re.findall(r"""\["state"\] = "([a-z-]+)"|"state": "([a-z-]+)\"""", src))
     states = {x for pair in written for x in pair if x}
     assert states and states <= set(names.MANIFEST_STATES), states - set(names.MANIFEST_STATES)
+
+
+@pytest.mark.parametrize("csv_text", ["index, uuid\n" + "9" * 400 + ", GPU-1\n",
+                                      'index, name\n0, "' + "x" * 200000 + '"\n'])
+def test_bad_nvidia_smi_csv_fails_the_host_not_the_fleet(host: dict[str, Any], csv_text: str) -> None:
+    from fleetctl.facts import parse_facts
+
+    raw = copy.deepcopy(answers_of(host)[names.FACTS])
+    raw["gpus"] = {"available": True, "gpus": csv_text, "apps": ""}
+    with pytest.raises(InvalidAnswer) as e:
+        parse_facts("h03", parse_reply("h03", names.FACTS, frame(raw)).result)
+    assert e.value.where == "gpus" and e.value.line().startswith("h03: host answered an invalid 'facts' answer: gpus:")
+    assert len(e.value.line()) <= 300
