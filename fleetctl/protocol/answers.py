@@ -296,6 +296,7 @@ class StopResult:
     how: str | None = None
     pid: int | None = None
     launch_id: str | None = None
+    seconds: float | None = None
 
 
 ServerStopAnswer = list[StopResult]
