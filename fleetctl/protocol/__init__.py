@@ -37,6 +37,7 @@ ANSWERS: dict[str, Any] = {
 
 MAX_LINE = 300  # characters of an invalid-answer line
 MAX_ERROR = 4000  # characters of an agent's error text kept
+MAX_TRACEBACK = 16000  # characters of an agent's traceback kept (its end), shown with --debug
 
 
 class InvalidAnswer(FleetctlError):
@@ -92,7 +93,7 @@ def _error(doc: dict[str, Any]) -> Reply:
             raise Invalid("missing" if v is None else f"expected a string, got {kind(v)}").at("." + key)
     if tb is not None and not isinstance(tb, str):
         raise Invalid(f"expected a string, got {kind(tb)}").at(".traceback")
-    return Reply(error=err[:MAX_ERROR], kind=what[:40], traceback=tb)
+    return Reply(error=err[:MAX_ERROR], kind=what[:40], traceback=tb[-MAX_TRACEBACK:] if tb else tb)
 
 
 def _answer_type(action: str) -> Any:
