@@ -60,17 +60,23 @@ class FileFact:
 
 @dataclass
 class OsInfo:
+    """The host's OS (agent.read_os)."""
+
     pretty: str
 
 
 @dataclass
 class PythonInfo:
+    """The interpreter that runs the agent (the inventory's `python:`)."""
+
     executable: str
     version: str
 
 
 @dataclass
 class SglangInfo:
+    """Where that interpreter imports sglang from, its version and install kind."""
+
     found: bool
     dir: str | None = None
     version: str | None = None
@@ -80,6 +86,8 @@ class SglangInfo:
 
 @dataclass
 class GpuQuery:
+    """nvidia-smi's CSV answers, or why there are none."""
+
     available: bool
     reason: str = "not asked"
     gpus: str = ""  # nvidia-smi CSV
@@ -103,6 +111,8 @@ class Lock:
 
 @dataclass
 class ManifestFile:
+    """One file of a deploy manifest, with its hash now."""
+
     path: Name
     sha_before: Sha256 | None = None
     sha_after: Sha256 | None = None
@@ -149,6 +159,8 @@ class DeployOnDisk:
 
 @dataclass
 class Worker:
+    """The worker launch resolved for an instance (launch writes it into the record)."""
+
     class_: str | None = field(default=None, metadata={"json": "class"})
     file: str | None = None
     disable_overlap_schedule: bool | None = None
@@ -180,6 +192,8 @@ class LaunchRecord:
 
 @dataclass
 class GrepHits:
+    """Log lines matching one pattern (bounded by the agent)."""
+
     count: int
     lines: list[str]
     truncated: bool = False
@@ -211,6 +225,8 @@ class ServersFacts:
 
 @dataclass
 class FactsAnswer:
+    """`facts`: what the host is, plus the hooks asked for (state, servers, registered flags)."""
+
     os: OsInfo
     python: PythonInfo
     user: str
@@ -226,6 +242,8 @@ class FactsAnswer:
 
 @dataclass
 class PingAnswer:
+    """`ping`: the agent process is alive."""
+
     pong: bool
     pid: int
     python: str
@@ -236,12 +254,16 @@ class PingAnswer:
 
 @dataclass
 class DeployedFile:
+    """A file the deploy replaced."""
+
     path: Name
     sha_after: Sha256
 
 
 @dataclass
 class DeployAnswer:
+    """`deploy`: the transaction's deploy id (None: nothing to change), files and final hashes."""
+
     deploy_id: str | None
     files: list[DeployedFile]
     final: dict[str, Sha256 | None]  # hash of every verify path after the transaction
@@ -250,6 +272,8 @@ class DeployAnswer:
 
 @dataclass
 class Restored:
+    """One file of a rollback (or of a repair)."""
+
     path: Name
     action: RestoreAction
     sha_now: Sha256 | None = None
@@ -258,6 +282,8 @@ class Restored:
 
 @dataclass
 class RolledBack:
+    """One deploy a rollback undid (or skipped)."""
+
     deploy_id: Name
     state: ManifestState | None = None
     files: list[Restored] = field(default_factory=list)
@@ -266,6 +292,8 @@ class RolledBack:
 
 @dataclass
 class RollbackAnswer:
+    """`rollback`: the deploys undone, newest first."""
+
     rollbacks: list[RolledBack]
     notes: list[str] = field(default_factory=list)
 
@@ -278,6 +306,8 @@ ReadFilesAnswer = dict[str, Base64 | None]  # path -> base64 bytes (None: no suc
 
 @dataclass
 class WaitResult:
+    """`server_wait`, per instance: ready, or why not."""
+
     status: WaitStatus
     running: bool = False
     why: str | None = None
@@ -291,6 +321,8 @@ ServerWaitAnswer = dict[str, WaitResult]  # instance -> result
 
 @dataclass
 class StopResult:
+    """`server_stop`, per instance."""
+
     instance: Name
     action: StopAction
     how: str | None = None
@@ -304,18 +336,24 @@ ServerStopAnswer = list[StopResult]
 
 @dataclass
 class ServerGrepAnswer:
+    """`server_grep`: each instance's state with the matching lines of its current log."""
+
     instances: dict[str, InstanceState]
     deploy_now: DeployOnDisk | None = None
 
 
 @dataclass
 class MarkerCheck:
+    """Whether the class's __init__ carries the marker (AST), or why it could not be read."""
+
     marker: bool = False
     error: str | None = None
 
 
 @dataclass
 class WorkerCheck:
+    """`worker_check`, per worker file."""
+
     file: str
     exists: bool
     marker: str
