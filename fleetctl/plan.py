@@ -13,9 +13,9 @@ from typing import Any, Literal
 from fleetctl.config.inventory import Host
 from fleetctl.config.playbook import Playbook
 from fleetctl.facts import HostFacts
+from fleetctl.protocol.answers import Manifest
 
 FileState = Literal["pristine", "as-intended", "drifted", "missing", "unsafe"]
-OPEN_STATES = ("preparing", "applying", "rolling-back")
 
 
 @dataclass
@@ -95,26 +95,25 @@ def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def interrupted_deploys(facts: HostFacts) -> list[dict[str, Any]]:
-    st = facts.extra.get("state") or {}
-    return [m for m in st.get("deploys", []) if m.get("state") in OPEN_STATES]
+def interrupted_deploys(facts: HostFacts) -> list[Manifest]:
+    return facts.interrupted()
 
 
 def stale_lock(facts: HostFacts) -> str | None:
     """'op id by who' of a lock whose holder process is gone (the next agent call clears it)."""
-    lock = (facts.extra.get("state") or {}).get("lock")
-    if not lock or not lock.get("stale"):
+    lock = facts.state.lock if facts.state else None
+    if lock is None or not lock.stale:
         return None
-    return f"{lock.get('op')} {lock.get('id')} by {lock.get('by')}"
+    return lock.holder()
 
 
 def effective_hashes(facts: HostFacts) -> dict[str, str | None]:
     """Current file hashes as they will be once interrupted deploys are repaired (restored)."""
     cur = {p: f.sha256 for p, f in facts.files.items()}
     for m in interrupted_deploys(facts):
-        for f in m.get("files", []):
-            if f.get("sha_now") == f.get("sha_after") and f.get("status") in ("applied", "pending"):
-                cur[f["path"]] = f.get("sha_before")
+        for f in m.files:
+            if f.sha_now == f.sha_after and f.status in ("applied", "pending"):
+                cur[f.path] = f.sha_before
     return cur
 
 
@@ -130,7 +129,7 @@ def plan_host(host: Host, facts: HostFacts, playbook: Playbook, intended: dict[s
         hp.reason = (f"{host.name}: SGLang {v or '(unknown version)'} has no patch set in {playbook.path.name}; "
                      f"supported: {', '.join(playbook.supported())}")
         return hp
-    hp.interrupted = [m["id"] for m in interrupted_deploys(facts)]
+    hp.interrupted = [m.id for m in interrupted_deploys(facts)]
     now = effective_hashes(facts)
     refusals = []
     for rel, it in intended.items():

@@ -31,6 +31,8 @@ from fleetctl.ledger import Ledger
 from fleetctl.ops.deploy import apply_plan, build_plan, gather, new_op_id
 from fleetctl.ops.rollback import apply_rollback, plan_rollback
 from fleetctl.plan import Plan
+from fleetctl.protocol.answers import ReadFilesAnswer
+from fleetctl.protocol.names import READ_FILES, WITH_DISCOVER, WITH_SERVERS, WITH_STATE
 from fleetctl.render import status_cell, table
 from fleetctl.safetext import line, lines_cell, styled
 
@@ -90,7 +92,8 @@ def print_diffs(ctx: RunContext, plan: Plan) -> None:
             import base64
 
             host = next(h for h in ctx.fleet.hosts if h.name == hp.host)
-            got = ctx.fleet.connection(host).agent("read_files", {"package_dir": hp.package_dir, "paths": drifted})
+            got: ReadFilesAnswer = ctx.fleet.connection(host).agent(
+                READ_FILES, {"package_dir": hp.package_dir, "paths": drifted})
             remote = {k: (base64.b64decode(v) if v is not None else None) for k, v in got.items()}
         for fp in hp.files:
             if fp.state == "pristine":
@@ -269,7 +272,7 @@ def register(app: typer.Typer) -> None:
             extra = sorted({f.path for files in (pb.versions.values() if pb else []) for f in files})
             reqs = {h.name: discover_request(h.launch_command, pb) for h in ctx.fleet.hosts}
             outs = _tick_run(ctx, "facts", lambda: ctx.fleet.run(
-                lambda c: read_facts(c, extra_files=extra, with_=["state", "servers", "discover"], gpus=False,
+                lambda c: read_facts(c, extra_files=extra, with_=[WITH_STATE, WITH_SERVERS, WITH_DISCOVER], gpus=False,
                                      payload=reqs[c.host.name])))
             gathered = Gathered({o.host: o.data for o in outs if o.ok}, {o.host: o for o in outs})
             plan = build_plan(ctx.fleet, pb, gathered, allow_uncovered=True) if pb else None
@@ -496,18 +499,17 @@ def status_rows(ctx: RunContext, gathered: Any, plan: Plan | None) -> list[dict[
             rows.append({"host": h.name, "status": o.status, "problems": [o.message]})
             continue
         f = gathered.facts[h.name]
-        st = f.extra.get("state") or {}
-        deploys = st.get("deploys", [])
+        deploys = f.deploys()
         problems = []
-        interrupted = [m for m in deploys if m.get("state") in ("preparing", "applying", "rolling-back")]
+        interrupted = f.interrupted()
         for m in interrupted:
-            n_app = sum(1 for x in m["files"] if x.get("sha_now") == x.get("sha_after"))
-            problems.append(f"interrupted deploy {m['id']}: {n_app} of {len(m['files'])} files patched "
+            n_app = sum(1 for x in m.files if x.sha_now == x.sha_after)
+            problems.append(f"interrupted deploy {m.id}: {n_app} of {len(m.files)} files patched "
                             f"(mixed); run 'fleetctl rollback' or 'fleetctl deploy' to repair")
-        lock = st.get("lock")
+        lock = f.state.lock if f.state else None
         if lock:
-            problems.append(f"{'stale ' if lock.get('stale') else ''}lock: {lock.get('op')} {lock.get('id')} by {lock.get('by')}")
-        complete = [m for m in deploys if m.get("state") == "complete"]
+            problems.append(f"{'stale ' if lock.stale else ''}lock: {lock.holder()}")
+        complete = [m for m in deploys if m.state == "complete"]
         last = complete[-1] if complete else None
         files_desc = ""
         hp = by_plan.get(h.name)
@@ -522,6 +524,6 @@ def status_rows(ctx: RunContext, gathered: Any, plan: Plan | None) -> list[dict[
             if {"pristine", "as-intended"} <= states and not interrupted:
                 problems.append("mixed: some files patched, some original")
         rows.append({"host": h.name, "status": "ok", "version": f.sglang_version,
-                     "last_deploy": last["id"] if last else None, "files": files_desc, "problems": problems,
-                     "deploys": [{"id": m["id"], "state": m["state"]} for m in deploys]})
+                     "last_deploy": last.id if last else None, "files": files_desc, "problems": problems,
+                     "deploys": [{"id": m.id, "state": m.state} for m in deploys]})
     return rows

@@ -206,7 +206,7 @@ def register(app: typer.Typer) -> None:
                            accept_new_host_keys=accept_new_host_keys) as ctx:
             rows = _tick_run(ctx, "stop", lambda: stop_fleet(ctx.fleet, names=instance or None, timeout=t))
             bad = [r for r in rows if r.status != "ok"]
-            summary = (f"stop: {len(rows)} hosts: {sum(1 for r in rows for s in r.instances if s['action'] == 'stopped')}"
+            summary = (f"stop: {len(rows)} hosts: {sum(1 for r in rows for s in r.instances if s.action == 'stopped')}"
                        f" servers stopped, {len(bad)} hosts failed in {ctx.elapsed():.2f}s")
             if json_out:
                 emit_json({"command": "stop", "ok": not bad, "hosts": [r.to_json() for r in rows], "summary": summary})
@@ -216,8 +216,8 @@ def register(app: typer.Typer) -> None:
                     if not r.instances:
                         tb.add_row(r.host, "", "", _s(r.status), r.message if r.status != "ok" else "nothing launched")
                     for k, s in enumerate(r.instances):
-                        tb.add_row(r.host if k == 0 else "", s["instance"], str(s.get("pid") or ""),
-                                   _s(s["action"]), s.get("how") or "")
+                        tb.add_row(r.host if k == 0 else "", s.instance, str(s.pid or ""),
+                                   _s(s.action), s.how or "")
                 out.print(tb)
                 err.print(summary, markup=False)
             raise typer.Exit(EXIT_FAILED if bad else EXIT_OK)

@@ -18,6 +18,8 @@ from fleetctl.facts import HostFacts, read_facts
 from fleetctl.fleet import Fleet, HostOutcome
 from fleetctl.payload import intended_for
 from fleetctl.plan import Coverage, HostPlan, Intended, Plan, plan_host
+from fleetctl.protocol import names
+from fleetctl.protocol.answers import DeployAnswer
 from fleetctl.transport.ssh import HostConnection
 
 
@@ -37,7 +39,8 @@ class Gathered:
 
 def gather(fleet: Fleet, playbook: Playbook | None) -> Gathered:
     extra = sorted({f.path for files in (playbook.versions.values() if playbook else []) for f in files})
-    outs = fleet.run(lambda c: read_facts(c, extra_files=extra, with_=["state"], gpus=False, all_hashes=False))
+    outs = fleet.run(lambda c: read_facts(c, extra_files=extra, with_=[names.WITH_STATE], gpus=False,
+                                          all_hashes=False))
     return Gathered({o.host: o.data for o in outs if o.ok}, {o.host: o for o in outs})
 
 
@@ -143,13 +146,13 @@ def apply_plan(fleet: Fleet, plan: Plan, playbook: Playbook, op_id: str, *, vali
         }
         if fault_after_files and conn.host.name in fault_after_files:
             payload["_fault_after_files"] = fault_after_files[conn.host.name]
-        res = conn.agent("deploy", payload)
-        r = HostApply(conn.host.name, "changed" if res.get("deploy_id") else "unchanged",
+        res: DeployAnswer = conn.agent(names.DEPLOY, payload)
+        r = HostApply(conn.host.name, "changed" if res.deploy_id else "unchanged",
                       f"{len(files)} file(s) patched" if files else
-                      ("; ".join(res.get("notes", [])) or "nothing to change"),
-                      res.get("deploy_id"), [f["path"] for f in files], res.get("notes", []))
+                      ("; ".join(res.notes) or "nothing to change"),
+                      res.deploy_id, [f["path"] for f in files], res.notes)
         # verification: every playbook file must now hold exactly the intended bytes
-        final = res.get("final", {})
+        final = res.final
         bad = [f"{fp.path} hashes {(final.get(fp.path) or 'missing')[:12]}, expected {fp.sha_intended[:12]}"
                for fp in hp.files if final.get(fp.path) != fp.sha_intended]
         if bad:

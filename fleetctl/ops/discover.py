@@ -19,6 +19,8 @@ from fleetctl.config.inventory import Host
 from fleetctl.config.playbook import Playbook
 from fleetctl.facts import HASH_FILES, HostFacts, read_facts
 from fleetctl.fleet import Fleet
+from fleetctl.protocol import names
+from fleetctl.protocol.answers import InstanceState
 from fleetctl.sglang import is_known, resolve_worker, worker_files
 from fleetctl.sglang.processes import ROUTING_ENV_PREFIXES, match_rules, server_flags
 from fleetctl.sglang.releases import KNOWN_VERSIONS
@@ -96,34 +98,30 @@ def discover_request(launch_command: str | None, playbook: Playbook | None = Non
 def servers_from_facts(host: str, f: HostFacts, request: dict[str, Any]) -> HostServers:
     """The host's servers from facts read with the "servers" and "discover" hooks."""
     res = HostServers(host, "ok")
-    recs = {}
-    for s in (f.extra.get("servers") or {}).get("instances", []):
-        rec = s.get("record") or {}
-        if s.get("running") and isinstance(rec.get("pid"), int):
-            recs[rec["pid"]] = s
-    found = f.extra.get("discover") or {}
-    res.truncated = bool(found.get("truncated"))
-    for p in found.get("processes") or []:
-        flags = server_flags(p.get("argv") or [], request["discover"]["modules"])
-        sp = ServerProcess(host, int(p["pid"]), p.get("started"), list(p.get("argv") or []),
-                           list(p.get("ports") or []), p.get("stdout") or p.get("stderr"), p.get("cwd"),
-                           p.get("env"), p.get("instance"), f.sglang_version, p.get("package_dir"),
-                           list(p.get("changed_files") or []))
+    recs: dict[int, InstanceState] = {}
+    for s in (f.servers.instances if f.servers else []):
+        if s.running and s.record is not None and isinstance(s.record.pid, int):
+            recs[s.record.pid] = s
+    found = f.discover
+    res.truncated = bool(found and found.truncated)
+    for p in (found.processes if found else []):
+        flags = server_flags(p.argv, request["discover"]["modules"])
+        sp = ServerProcess(host, p.pid, p.started, list(p.argv), list(p.ports or []), p.stdout or p.stderr, p.cwd,
+                           p.env, p.instance, f.sglang_version, p.package_dir, list(p.changed_files))
         rec_state = recs.get(sp.pid)
         if rec_state is not None:  # fleetctl's own: its hash record is exact
-            sp.changed_files = list(rec_state.get("changed_files") or [])
-        sp.worker = _explain(f.sglang_version, flags, p.get("env"))
+            sp.changed_files = list(rec_state.changed_files)
+        sp.worker = _explain(f.sglang_version, flags, p.env)
         res.processes.append(sp)
     seen = {sp.pid for sp in res.processes}
     for pid, s in recs.items():  # launched by fleetctl through a command line the rules do not match
-        if pid in seen:
+        if pid in seen or s.record is None:
             continue
-        rec = s.get("record") or {}
-        sp = ServerProcess(host, pid, rec.get("process_started"), list(rec.get("argv") or []),
-                           [rec["port"]] if isinstance(rec.get("port"), int) else [], rec.get("log"),
-                           rec.get("cwd"), rec.get("env"), s.get("instance"), rec.get("version"),
-                           rec.get("package_dir"), list(s.get("changed_files") or []))
-        sp.worker = {"class": (rec.get("worker") or {}).get("class"), "reason": "from its launch record"}
+        rec = s.record
+        sp = ServerProcess(host, pid, rec.process_started, list(rec.argv),
+                           [rec.port] if isinstance(rec.port, int) else [], rec.log, rec.cwd, dict(rec.env),
+                           s.instance, rec.version, rec.package_dir, list(s.changed_files))
+        sp.worker = {"class": rec.worker.class_, "reason": "from its launch record"}
         res.processes.append(sp)
     return res
 
@@ -132,7 +130,8 @@ def discover_fleet(fleet: Fleet, playbook: Playbook | None = None, hosts: list[H
                    files: list[str] | None = None) -> list[HostServers]:
     def one(conn: HostConnection) -> HostServers:
         req = discover_request(conn.host.launch_command, playbook, files)
-        f = read_facts(conn, gpus=False, all_hashes=False, with_=["servers", "discover"], payload=req)
+        f = read_facts(conn, gpus=False, all_hashes=False, with_=[names.WITH_SERVERS, names.WITH_DISCOVER],
+                       payload=req)
         return servers_from_facts(conn.host.name, f, req)
 
     outs = fleet.run(one, hosts)

@@ -18,7 +18,13 @@ the matching lines (bounded), never a whole log.
 if __name__ != "fleetctl_agent":  # imported locally (tests, the sandbox simulator)
     from fleetctl.remote.agent import *  # noqa: F403
     from fleetctl.remote.agent import ACTIONS, EXTRA_FACTS, AgentError, expand, sha256_file
-    from fleetctl.remote.agent_deploy import acquire_lock, list_manifests, release_lock, write_atomic
+    from fleetctl.remote.agent_deploy import (
+        OPEN_STATES,
+        acquire_lock,
+        list_manifests,
+        release_lock,
+        write_atomic,
+    )
 
 import errno
 import json
@@ -588,7 +594,7 @@ def _start_locked(p, sd, name, lid, argv, env):
         raise AgentError("%s is already running (pid %s, launch %s); stop it first or use --replace"
                          % (name, prev.get("pid"), prev.get("launch_id")), "running")
     for m in list_manifests(sd):
-        if m.get("state") in ("preparing", "applying", "rolling-back"):
+        if m.get("state") in OPEN_STATES:
             raise AgentError("deploy %s was interrupted (%s): the files are mixed; run 'fleetctl rollback' or "
                              "'fleetctl deploy' to repair before launching" % (m.get("id"), m.get("state")),
                              "interrupted")
