@@ -62,6 +62,8 @@ def afleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
             invs[mode].write_text(yaml.safe_dump(doc, sort_keys=False))
         from fleetctl.cli import main
 
+        # deployed first: verify-logs never passes without the playbook's deploy on disk
+        assert main(["deploy", "-i", str(base), "--limit", ",".join(GOOD), str(pb), "--json"]) == 0
         assert main(["launch", "-i", str(base), "--limit", ",".join(GOOD), str(pb), "--timeout", "60",
                      "--json"]) == 0
         yield {"sb": sb, "pb": pb, "invs": invs}
