@@ -13,7 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from fleetctl import wheels
-from fleetctl.commands import common
+from fleetctl.commands import common, validate
 from fleetctl.config.playbook import check_relpath, load_playbook
 from fleetctl.errors import FleetctlError, InputError
 
@@ -116,6 +116,7 @@ def new_cmd(
     from fleetctl.patching import apply_patch, make_patch
     from fleetctl.patching.authoring import playbook_snippet
 
+    sglang = validate.sglang_version(sglang)
     try:
         rel = check_relpath(rel)
     except ValueError as e:
