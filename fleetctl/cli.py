@@ -1,15 +1,80 @@
-"""The fleetctl command line: parse, call, render, exit code. Thin on purpose."""
+"""The fleetctl command line: parse, call, render, exit code. Thin on purpose.
+
+Start-up is kept light (issue 16.10): `fleetctl --help` and `--version` import
+typer and nothing of fleetctl's own dependencies (paramiko, fabric, pydantic, rich). The command
+modules are imported only when their command is the one being run (or its own --help is asked for).
+"""
 
 from __future__ import annotations
 
+import importlib
 import sys
-import traceback
+from typing import Any
 
 import typer
+from typer.core import TyperCommand, TyperGroup
 
 from fleetctl import __version__
-from fleetctl.commands import common
 from fleetctl.errors import EXIT_BAD_INPUT, EXIT_FAILED, FleetctlError
+
+# name -> (module whose register(app) defines it, its help). The order is `fleetctl --help`'s order.
+# tests/test_startup.py checks each help against the command the module really defines.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "deploy": ("fleetops", "Patch every host to the playbook's intended files: plan, backup, atomic swap, verify."),
+    "rollback": ("fleetops", "Restore each host's files to their bytes before its last (or a named) deploy."),
+    "status": ("fleetops", "Per host: deploy state of the playbook's files, interrupted deploys, lock, servers."),
+    "history": ("fleetops", "The local ledger of deploys and rollbacks; 'history ID' shows one."),
+    "explain": ("fleetops", "Say per host which SGLang worker class and file will run, and whether the playbook "
+                            "patches it."),
+    "launch": ("servers", "Start the SGLang servers of the playbook's launch profile and wait until ready."),
+    "verify-logs": ("servers", "Prove from each server's current log, per host and rank, that the patched code runs."),
+    "stop": ("servers", "Stop the servers fleetctl launched (SIGTERM, then SIGKILL after a timeout)."),
+    "servers": ("servers", "List the servers fleetctl launched: running, since, deploy, restart needed."),
+    "facts": ("facts", "Per host: reachable, OS, python, SGLang version and dir, torch, file hashes, GPUs."),
+    "patch": ("patch", "Local tools for patch authors: apply, check, new."),
+    "sandbox": ("sandbox", "A local fleet of real OpenSSH hosts on loopback: up, down, status."),
+}
+
+
+class LazyGroup(TyperGroup):
+    """The root group: knows every command's name and help, imports a command's module on first use."""
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        return list(COMMANDS) + [n for n in self.commands if n not in COMMANDS]
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        if cmd_name not in self.commands and cmd_name in COMMANDS:
+            self.commands.update(load_commands(COMMANDS[cmd_name][0]))
+        return self.commands.get(cmd_name)
+
+    def format_commands(self, ctx: Any, formatter: Any) -> None:
+        stubs = {n: self.commands.get(n) or TyperCommand(name=n, help=h) for n, (_, h) in COMMANDS.items()}
+        limit = formatter.width - 6 - max(len(n) for n in stubs)
+        with formatter.section("Commands"):
+            formatter.write_dl([(n, c.get_short_help_str(limit)) for n, c in stubs.items()])
+
+    def resolve_command(self, ctx: Any, args: list[str]) -> Any:
+        if args and args[0] in COMMANDS:
+            self.get_command(ctx, args[0])
+            return super().resolve_command(ctx, args)
+        stubs = [n for n in COMMANDS if n not in self.commands]
+        for n in stubs:  # so that a typo is answered with the close names of every command
+            self.commands[n] = TyperCommand(name=n, help=COMMANDS[n][1], hidden=True)
+        try:
+            return super().resolve_command(ctx, args)
+        finally:
+            for n in stubs:
+                del self.commands[n]
+
+
+def load_commands(module: str) -> dict[str, Any]:
+    """The click commands a command module registers."""
+    mod = importlib.import_module(f"fleetctl.commands.{module}")
+    sub = typer.Typer(rich_markup_mode=None, add_completion=False)
+    mod.register(sub)
+    sub.callback()(lambda: None)  # always a group, even for a module with one command
+    return dict(typer.main.get_group(sub).commands)
+
 
 app = typer.Typer(
     name="fleetctl",
@@ -21,6 +86,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
+    cls=LazyGroup,
 )
 
 
@@ -37,20 +103,6 @@ def _root(
     """fleetctl: deploy, launch, verify-logs, rollback."""
 
 
-def _register_all() -> None:
-    from fleetctl.commands import facts, fleetops, patch, sandbox, servers
-
-    # Order here is the order `fleetctl --help` lists them.
-    fleetops.register(app)
-    servers.register(app)
-    facts.register(app)
-    patch.register(app)
-    sandbox.register(app)
-
-
-_register_all()
-
-
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args
@@ -64,14 +116,18 @@ def main(argv: list[str] | None = None) -> int:
             code = 0
     except FleetctlError as e:
         if debug:
+            import traceback
+
             traceback.print_exc()
         sys.stderr.write(f"error: {e.line()}\n")  # one line, never wrapped
         code = e.exit_code
     except KeyboardInterrupt:
-        common.err.print("interrupted", markup=False)
+        sys.stderr.write("interrupted\n")
         code = 130
     except Exception as e:  # an internal error: one line unless --debug
         if debug:
+            import traceback
+
             traceback.print_exc()
         sys.stderr.write(f"internal error: {e.__class__.__name__}: {e} (rerun with --debug for the traceback)\n")
         code = EXIT_FAILED
