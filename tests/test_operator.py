@@ -298,3 +298,22 @@ def test_a_killed_controller_shows_as_interrupted(sandbox: Any, tmp_path: Path, 
             proc.stderr.close()
         stop_all_local(sandbox)
         reset_host_files(sandbox)
+
+
+# ----------------------------------------------------------------------------- patch check: the origin mistake (16.11)
+
+
+def test_patch_check_warns_when_the_default_launch_runs_an_unpatched_worker(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "patch", "check", ROOT / "playbooks" / "origin-wrong-file", "--sglang", "0.5.9",
+                         "--json")
+    assert code == 0, err
+    (w,) = json.loads(out)["warnings"]
+    assert (w["version"], w["worker_class"], w["worker_file"], w["env"]) == (
+        "0.5.9", "EAGLEWorker", "srt/speculative/eagle_worker.py", {})
+    code, _, err = run(capsys, "patch", "check", ROOT / "playbooks" / "origin-wrong-file", "--sglang", "0.5.9")
+    assert code == 0
+    assert "warning: 0.5.9: the default launch (no env) runs EAGLEWorker from srt/speculative/eagle_worker.py" in err
+    code, out, err = run(capsys, "patch", "check", PB, "--json")
+    assert code == 0, err
+    assert json.loads(out)["warnings"] == []  # the real payload patches the worker each release runs
