@@ -122,7 +122,7 @@ class Ledger:
         gone = [op_id for op_id, pid, boot, start in self.db.execute(
                     "SELECT id, pid, boot_id, proc_start FROM operations "
                     "WHERE outcome IS NULL AND finished IS NULL AND controller=?", (me,)).fetchall()
-                if pid != os.getpid() and process_alive(pid, boot, start) is False]
+                if process_alive(pid, boot, start) is False]
         if gone:
             with self.db:
                 self.db.executemany("UPDATE operations SET outcome='interrupted', interrupted_seen=? "

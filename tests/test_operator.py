@@ -317,3 +317,11 @@ def test_patch_check_warns_when_the_default_launch_runs_an_unpatched_worker(
     code, out, err = run(capsys, "patch", "check", PB, "--json")
     assert code == 0, err
     assert json.loads(out)["warnings"] == []  # the real payload patches the worker each release runs
+
+
+def test_an_unfinished_entry_of_this_very_process_stays_running(tmp_path: Path) -> None:
+    lg = Ledger(tmp_path / "l.sqlite")
+    lg.start("d20260101-000000-0009", "deploy", inventory=None, playbook=None, args={}, hosts=["h01"])
+    assert lg.mark_interrupted() == []
+    assert Ledger(tmp_path / "l.sqlite").get("d20260101-000000-0009")["outcome"] is None
+    lg.close()
