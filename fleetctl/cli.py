@@ -48,23 +48,20 @@ class LazyGroup(TyperGroup):
         return self.commands.get(cmd_name)
 
     def format_commands(self, ctx: Any, formatter: Any) -> None:
-        stubs = {n: self.commands.get(n) or TyperCommand(name=n, help=h) for n, (_, h) in COMMANDS.items()}
-        limit = formatter.width - 6 - max(len(n) for n in stubs)
+        rows = {n: self.commands.get(n) or TyperCommand(name=n, help=h) for n, (_, h) in COMMANDS.items()}
+        rows.update({n: c for n, c in self.commands.items() if n not in rows})
+        limit = formatter.width - 6 - max(len(n) for n in rows)
         with formatter.section("Commands"):
-            formatter.write_dl([(n, c.get_short_help_str(limit)) for n, c in stubs.items()])
+            formatter.write_dl([(n, c.get_short_help_str(limit)) for n, c in rows.items()])
 
     def resolve_command(self, ctx: Any, args: list[str]) -> Any:
-        if args and args[0] in COMMANDS:
-            self.get_command(ctx, args[0])
-            return super().resolve_command(ctx, args)
-        stubs = [n for n in COMMANDS if n not in self.commands]
-        for n in stubs:  # so that a typo is answered with the close names of every command
-            self.commands[n] = TyperCommand(name=n, help=COMMANDS[n][1], hidden=True)
-        try:
-            return super().resolve_command(ctx, args)
-        finally:
-            for n in stubs:
-                del self.commands[n]
+        if args and args[0] not in COMMANDS:
+            # a typo (answered with the close names of every command), or a command a module
+            # defines without a row in COMMANDS: load them all, the slow path
+            for module in dict.fromkeys(m for m, _ in COMMANDS.values()):
+                for n, c in load_commands(module).items():
+                    self.commands.setdefault(n, c)
+        return super().resolve_command(ctx, args)
 
 
 def load_commands(module: str) -> dict[str, Any]:

@@ -44,3 +44,12 @@ def test_the_lazy_table_matches_the_commands() -> None:
     assert list(loaded) == list(cli.COMMANDS), "COMMANDS must list every command, in each module's order"
     for name, (_, help_text) in cli.COMMANDS.items():
         assert getattr(loaded[name], "help", None) == help_text, name
+
+
+def test_a_command_without_a_table_row_still_runs(monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.delitem(cli.COMMANDS, "servers")
+    assert cli.main(["servers", "--help"]) == 0
+    assert "Usage: fleetctl servers" in capsys.readouterr().out
+    assert cli.main(["servrs"]) == 2
+    assert "Did you mean 'servers'?" in capsys.readouterr().err
