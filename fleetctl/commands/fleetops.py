@@ -9,6 +9,7 @@ from typing import Annotated, Any
 import typer
 from rich.text import Text
 
+from fleetctl.commands import validate
 from fleetctl.commands.common import (
     DEFAULT_FORKS,
     AcceptNewOpt,
@@ -42,7 +43,8 @@ PlaybookArg = Annotated[Path, typer.Argument(help="Playbook YAML, or a directory
 STATE_STYLE = {"pristine": "cyan", "as-intended": "green", "drifted": "red", "missing": "red", "unsafe": "red",
                "original": "cyan", "as-deployed": "green", "change": "cyan", "noop": "green", "refused": "red",
                "unreachable": "red", "failed": "red", "changed": "green", "unchanged": "green",
-               "skipped": "yellow", "ok": "green", "rolled-back": "yellow", "untouched": "yellow"}
+               "skipped": "yellow", "ok": "green", "rolled-back": "yellow", "untouched": "yellow",
+               "interrupted": "red", "pending": "yellow", "running": "yellow"}
 
 
 def _s(state: str) -> Text:
@@ -125,17 +127,18 @@ def register(app: typer.Typer) -> None:
         restart: bool = typer.Option(False, "--restart", help="Rolling restart: per batch patch -> restart -> ready -> verify-logs."),
         serial: str | None = typer.Option(None, "--serial", help="With --restart: hosts per batch, N or P% (default: all at once)."),
         canary: str | None = typer.Option(None, "--canary", help="With --restart: size of the first batch, N or P%."),
-        max_fail: str = typer.Option("0%", "--max-fail", help="With --restart: failed hosts a batch may have (P%) before the rollout stops and that batch is rolled back."),
+        max_fail: str | None = typer.Option(None, "--max-fail", help="With --restart: failed hosts a batch may have (P%) before the rollout stops and that batch is rolled back (default 0%)."),
+        any_errors_fatal: bool = typer.Option(False, "--any-errors-fatal", help="Change no host at all if any selected host is unreachable or refused at plan time."),
         ready_timeout: float | None = typer.Option(None, "--timeout", min=0.1, help="With --restart: seconds to wait for each server to be ready."),
         json_out: JsonOpt = False,
         debug: DebugOpt = False,
         accept_new_host_keys: AcceptNewOpt = False,
     ) -> None:
-        from fleetctl.ops.rolling import parse_count, parse_percent
+        from fleetctl.ops.rolling import parse_count
 
-        if (serial or canary) and not restart:
-            raise InputError("--serial and --canary go with --restart", hint="add --restart")
-        budget = parse_percent(max_fail, "--max-fail")
+        budget = validate.rolling(restart, serial=serial, canary=canary, max_fail=max_fail,
+                                  ready_timeout=ready_timeout)
+        validate.exclusive(diff=diff, json=json_out)
         pb = load_playbook(playbook)
         with fleet_context(inventory, limit, forks, json=json_out, debug=debug,
                            accept_new_host_keys=accept_new_host_keys) as ctx:
@@ -156,6 +159,9 @@ def register(app: typer.Typer) -> None:
                               f"{sum(1 for hp in plan.hosts if hp.status == 'noop')} as intended, "
                               f"{len(bad_plan)} refused/unreachable; nothing was changed ({ctx.elapsed():.2f}s)")
                 raise typer.Exit(EXIT_FAILED if bad_plan else EXIT_OK)
+            if any_errors_fatal and bad_plan:
+                _fatal_refusal("deploy", plan.to_json(), [(hp.host, hp.status, hp.reason) for hp in bad_plan],
+                               json_out)
             if restart:
                 n = len(ctx.fleet.hosts)
                 _rolling(ctx, pb, plan, parse_count(serial, n, "--serial"), parse_count(canary, n, "--canary"),
@@ -163,7 +169,8 @@ def register(app: typer.Typer) -> None:
             op_id = new_op_id("d")
             ledger = Ledger()
             ledger.start(op_id, "deploy", inventory=ctx.inventory.path, playbook=pb.path,
-                         args={"limit": limit, "force": force, "allow_uncovered": allow_uncovered})
+                         args={"limit": limit, "force": force, "allow_uncovered": allow_uncovered},
+                         hosts=[h.name for h in ctx.fleet.hosts])
             results = _tick_run(ctx, "deploy", lambda: apply_plan(ctx.fleet, plan, pb, op_id))
             rows = [results[h.name] for h in ctx.fleet.hosts if h.name in results]
             failed = [r for r in rows if r.status not in ("changed", "unchanged")]
@@ -198,14 +205,19 @@ def register(app: typer.Typer) -> None:
         to: str | None = typer.Option(None, "--to", help="Undo this deploy id and every later one on each host."),
         check: bool = typer.Option(False, "--check", help="Show what would be restored and change nothing."),
         force: bool = typer.Option(False, "--force", help="Restore files changed since the deploy too (a copy is kept)."),
+        any_errors_fatal: bool = typer.Option(False, "--any-errors-fatal", help="Change no host at all if any selected host is unreachable or refused at plan time."),
         json_out: JsonOpt = False,
         debug: DebugOpt = False,
         accept_new_host_keys: AcceptNewOpt = False,
     ) -> None:
+        to = validate.deploy_id(to)
         with fleet_context(inventory, limit, forks, json=json_out, debug=debug,
                            accept_new_host_keys=accept_new_host_keys) as ctx:
             gathered = _tick_run(ctx, "facts", lambda: gather(ctx.fleet, None))
             plans = plan_rollback(ctx.fleet, gathered, to, force)
+            if to is not None and all(p.status == "skipped" for p in plans):
+                raise InputError(f"deploy {to} is not on any of the {len(plans)} selected host(s)",
+                                 hint="pick an id from 'fleetctl status' or 'fleetctl history', or widen --limit")
             if not json_out:
                 t = table("rollback plan", ["host", "deploys to undo", "file", "state", "action", "note"])
                 for p in plans:
@@ -223,10 +235,13 @@ def register(app: typer.Typer) -> None:
                     for p in bad:
                         out.print(line(styled(p.status, "red"), " ", p.reason))
                 raise typer.Exit(EXIT_FAILED if bad else EXIT_OK)
+            if any_errors_fatal and bad:
+                _fatal_refusal("rollback", [p.to_json() for p in plans], [(p.host, p.status, p.reason) for p in bad],
+                               json_out)
             op_id = new_op_id("r")
             ledger = Ledger()
             ledger.start(op_id, "rollback", inventory=ctx.inventory.path, playbook=None,
-                         args={"limit": limit, "to": to, "force": force})
+                         args={"limit": limit, "to": to, "force": force}, hosts=[h.name for h in ctx.fleet.hosts])
             results = _tick_run(ctx, "rollback", lambda: apply_rollback(ctx.fleet, plans, op_id, force))
             rows = [results[h.name] for h in ctx.fleet.hosts]
             failed = [r for r in rows if r["status"] not in ("changed", "unchanged", "skipped")]
@@ -329,7 +344,7 @@ def register(app: typer.Typer) -> None:
     @app.command("history", help="The local ledger of deploys and rollbacks; 'history ID' shows one.")
     def history(
         op_id: Annotated[str | None, typer.Argument(help="An operation id to show in full.")] = None,
-        limit_rows: int = typer.Option(30, "--last", help="How many operations to list."),
+        limit_rows: int = typer.Option(30, "--last", min=1, help="How many operations to list."),
         json_out: JsonOpt = False,
     ) -> None:
         ledger = Ledger()
@@ -342,7 +357,14 @@ def register(app: typer.Typer) -> None:
                     emit_json(d)
                     raise typer.Exit(0)
                 out.print(line(f"{d['kind']} {d['id']} by {d['user']}@{d['controller']} at {_ts(d['started'])}: "
-                               f"{d['outcome']}"))
+                               f"{d['outcome'] or 'running'}"))
+                if d["outcome"] == "interrupted":
+                    pending = [h["host"] for h in d["hosts"] if h["status"] == "pending"]
+                    out.print(line(f"interrupted: controller process {d['pid']} on {d['controller']} ended before it "
+                                   f"recorded a result (found gone at {_ts(d['interrupted_seen'])}); "
+                                   f"{len(pending)} host(s) without a result: {', '.join(pending) or '-'}. "
+                                   "Run 'fleetctl status -i INV' to see them; the next deploy or rollback repairs "
+                                   "an interrupted transaction."))
                 out.print(line(f"inventory {d['inventory']} (sha256 {str(d['inventory_sha256'])[:12]})"))
                 if d["playbook"]:
                     out.print(line(f"playbook  {d['playbook']} (sha256 {str(d['playbook_sha256'])[:12]})"))
@@ -452,6 +474,18 @@ def _restart_reminder(ctx: RunContext, pb: Playbook | None, changed: list[str],
     return restart_reminder(discover_fleet(ctx.fleet, pb, hosts, files))
 
 
+def _fatal_refusal(command: str, plan: Any, bad: list[tuple[str, str, str]], json_out: bool) -> None:
+    """--any-errors-fatal: some host cannot take part, so no host is changed (exit 1)."""
+    msg = (f"{command}: --any-errors-fatal: {len(bad)} selected host(s) unreachable or refused at plan time "
+           f"({bad[0][0]}: {bad[0][1]}); nothing was changed on any host")
+    if json_out:
+        emit_json({"command": command, "plan": plan, "changed": False, "any_errors_fatal": True,
+                   "blocking": [{"host": h, "status": st, "reason": why} for h, st, why in bad], "summary": msg})
+    else:
+        err.print(line(msg))
+    raise typer.Exit(EXIT_FAILED)
+
+
 def _rolling(ctx: RunContext, pb: Playbook, plan: Plan, serial: int | None, canary: int | None, budget: float,
              ready_timeout: float | None, limit: str | None) -> None:
     from fleetctl.ops.rolling import rolling_deploy
@@ -461,11 +495,13 @@ def _rolling(ctx: RunContext, pb: Playbook, plan: Plan, serial: int | None, cana
             bad = sum(1 for r in rows.values() if r.status != "ok")
             err.print(f"batch {bi}: {len(rows)} host(s), {bad} failed", markup=False)
 
+    op_id = new_op_id("d")
     ledger = Ledger()
+    ledger.start(op_id, "deploy --restart", inventory=ctx.inventory.path, playbook=pb.path,
+                 args={"limit": limit, "serial": serial, "canary": canary, "max_fail": budget},
+                 hosts=[h.name for h in ctx.fleet.hosts])
     res = rolling_deploy(ctx.fleet, pb, plan, serial=serial, canary=canary, max_fail=budget,
-                         ready_timeout=ready_timeout, progress=progress)
-    ledger.start(res.deploy_id, "deploy --restart", inventory=ctx.inventory.path, playbook=pb.path,
-                 args={"limit": limit, "serial": serial, "canary": canary, "max_fail": budget})
+                         ready_timeout=ready_timeout, progress=progress, op_id=op_id)
     ledger.finish(res.deploy_id, "ok" if res.ok else "failed", [h.to_json() for h in res.hosts])
     ledger.close()
     summary = (f"deploy --restart {res.deploy_id}: {len(res.batches)} batch(es), "

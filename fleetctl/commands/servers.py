@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 from rich.text import Text
 
+from fleetctl.commands import validate
 from fleetctl.commands.common import (
     DEFAULT_FORKS,
     AcceptNewOpt,
@@ -129,7 +130,8 @@ def register(app: typer.Typer) -> None:
             lid = new_op_id("l")
             ledger = Ledger()
             ledger.start(lid, "launch", inventory=ctx.inventory.path, playbook=pb.path,
-                         args={"limit": limit, "replace": replace, "timeout": timeout})
+                         args={"limit": limit, "replace": replace, "timeout": timeout},
+                         hosts=[h.name for h in ctx.fleet.hosts])
             try:
                 _, rows = _tick_run(ctx, "launch", lambda: launch_fleet(ctx.fleet, pb, replace=replace,
                                                                          timeout=timeout, launch_id=lid,
@@ -202,6 +204,7 @@ def register(app: typer.Typer) -> None:
         t = timeout if timeout is not None else (load_playbook(playbook).launch.stop_timeout if playbook else 30.0)
         if instance is not None and not instance:
             raise InputError("--instance given without a name")
+        validate.instances(instance)
         with fleet_context(inventory, limit, forks, json=json_out, debug=debug,
                            accept_new_host_keys=accept_new_host_keys) as ctx:
             rows = _tick_run(ctx, "stop", lambda: stop_fleet(ctx.fleet, names=instance or None, timeout=t))

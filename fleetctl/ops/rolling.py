@@ -115,11 +115,12 @@ class RollResult:
 
 
 def rolling_deploy(fleet: Fleet, pb: Playbook, plan: Plan, *, serial: int | None, canary: int | None,
-                   max_fail: float, ready_timeout: float | None = None, progress: Any = None) -> RollResult:
+                   max_fail: float, ready_timeout: float | None = None, progress: Any = None,
+                   op_id: str | None = None) -> RollResult:
     from fleetctl.ops.launch import launch_fleet
     from fleetctl.ops.verify import verify_fleet
 
-    op_id = new_op_id("d")
+    op_id = op_id or new_op_id("d")
     by_plan = {hp.host: hp for hp in plan.hosts}
     groups = batches(list(fleet.hosts), serial, canary)
     result = RollResult(op_id, [[h.name for h in b] for b in groups], [], budget=max_fail)
