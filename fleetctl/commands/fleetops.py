@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
+from fleetctl import hoststate
 from fleetctl.commands.common import (
     DEFAULT_FORKS,
     AcceptNewOpt,
@@ -122,6 +123,7 @@ def register(app: typer.Typer) -> None:
         canary: str | None = typer.Option(None, "--canary", help="With --restart: size of the first batch, N or P%."),
         max_fail: str = typer.Option("0%", "--max-fail", help="With --restart: failed hosts a batch may have (P%) before the rollout stops and that batch is rolled back."),
         ready_timeout: float | None = typer.Option(None, "--timeout", min=0.1, help="With --restart: seconds to wait for each server to be ready."),
+        break_lock: str | None = typer.Option(None, "--break-lock", help="Comma list of hosts whose lock, held by another machine sharing their state dir, may be taken over."),
         json_out: JsonOpt = False,
         debug: DebugOpt = False,
         accept_new_host_keys: AcceptNewOpt = False,
@@ -159,7 +161,8 @@ def register(app: typer.Typer) -> None:
             ledger = Ledger()
             ledger.start(op_id, "deploy", inventory=ctx.inventory.path, playbook=pb.path,
                          args={"limit": limit, "force": force, "allow_uncovered": allow_uncovered})
-            results = _tick_run(ctx, "deploy", lambda: apply_plan(ctx.fleet, plan, pb, op_id))
+            breaking = _break_lock_hosts(ctx, break_lock)
+            results = _tick_run(ctx, "deploy", lambda: apply_plan(ctx.fleet, plan, pb, op_id, break_lock=breaking))
             rows = [results[h.name] for h in ctx.fleet.hosts if h.name in results]
             failed = [r for r in rows if r.status not in ("changed", "unchanged")]
             ledger.finish(op_id, "failed" if failed else "ok", [r.to_json() for r in rows])
@@ -189,14 +192,26 @@ def register(app: typer.Typer) -> None:
         to: str | None = typer.Option(None, "--to", help="Undo this deploy id and every later one on each host."),
         check: bool = typer.Option(False, "--check", help="Show what would be restored and change nothing."),
         force: bool = typer.Option(False, "--force", help="Restore files changed since the deploy too (a copy is kept)."),
+        from_pristine: bool = typer.Option(False, "--from-pristine", help="Restore the release's pristine bytes (controller's wheel cache, checked against the wheel's RECORD) into files that differ from them with no deploy record."),
+        playbook: Path | None = typer.Option(None, "--playbook", "-p", help="With --from-pristine: also check its files, and the pristine bytes against its sha256."),
+        old_tree: bool = typer.Option(False, "--old-tree", help="Restore a deploy in the tree it patched even though this python now imports another one."),
+        break_lock: str | None = typer.Option(None, "--break-lock", help="Comma list of hosts whose lock, held by another machine sharing their state dir, may be taken over."),
         json_out: JsonOpt = False,
         debug: DebugOpt = False,
         accept_new_host_keys: AcceptNewOpt = False,
     ) -> None:
+        if playbook is not None and not from_pristine:
+            raise InputError("--playbook goes with --from-pristine", hint="add --from-pristine, or drop --playbook")
+        if from_pristine and (to or force or old_tree):
+            raise InputError("--from-pristine restores files no deploy record explains; it takes no --to, --force "
+                             "or --old-tree", hint="run the plain rollback separately")
+        rpb = load_playbook(playbook) if playbook else None
         with fleet_context(inventory, limit, forks, json=json_out, debug=debug,
                            accept_new_host_keys=accept_new_host_keys) as ctx:
-            gathered = _tick_run(ctx, "facts", lambda: gather(ctx.fleet, None))
-            plans = plan_rollback(ctx.fleet, gathered, to, force)
+            breaking = _break_lock_hosts(ctx, break_lock)
+            gathered = _tick_run(ctx, "facts", lambda: gather(ctx.fleet, rpb, all_hashes=True))
+            plans = plan_rollback(ctx.fleet, gathered, to, force, old_tree=old_tree, from_pristine=from_pristine,
+                                  playbook=rpb)
             if not json_out:
                 t = table("rollback plan", ["host", "deploys to undo", "file", "state", "action", "note"])
                 for p in plans:
@@ -217,8 +232,10 @@ def register(app: typer.Typer) -> None:
             op_id = new_op_id("r")
             ledger = Ledger()
             ledger.start(op_id, "rollback", inventory=ctx.inventory.path, playbook=None,
-                         args={"limit": limit, "to": to, "force": force})
-            results = _tick_run(ctx, "rollback", lambda: apply_rollback(ctx.fleet, plans, op_id, force))
+                         args={"limit": limit, "to": to, "force": force, "from_pristine": from_pristine,
+                               "old_tree": old_tree, "break_lock": break_lock})
+            results = _tick_run(ctx, "rollback", lambda: apply_rollback(ctx.fleet, plans, op_id, force,
+                                                                        old_tree=old_tree, break_lock=breaking))
             rows = [results[h.name] for h in ctx.fleet.hosts]
             failed = [r for r in rows if r["status"] not in ("changed", "unchanged", "skipped")]
             ledger.finish(op_id, "failed" if failed else "ok", rows)
@@ -264,6 +281,9 @@ def register(app: typer.Typer) -> None:
             for r in rows:
                 r["servers"] = [s for s in servers if s["host"] == r["host"]]
                 r["problems"] += [f"{s['instance']}: {p}" for s in r["servers"] for p in s["problems"]]
+                r["problems"] += [f"{s['instance']}: runs deploy {s['deploy_at_launch']}, which is no longer on "
+                                  f"disk: a restart would lose the patch" for s in r["servers"]
+                                  if s["running"] and s["deploy_at_launch"] in r.get("gone", [])]
             problems = [r for r in rows if r["problems"]]
             if json_out:
                 emit_json({"command": "status", "hosts": rows, "elapsed": round(ctx.elapsed(), 3)})
@@ -271,7 +291,8 @@ def register(app: typer.Typer) -> None:
                 t = table(None, ["host", "status", "SGLang", "last deploy", "files", "problems"])
                 for r in rows:
                     t.add_row(r["host"], status_cell(r["status"]), r.get("version") or "",
-                              r.get("last_deploy") or "", r.get("files") or "", "\n".join(r["problems"]))
+                              r.get("last_deploy") or "", r.get("files") or "",
+                              "\n".join(r["problems"] + [f"note: {n}" for n in r.get("notes", [])]))
                 out.print(t)
                 if servers:
                     st = table("servers", ["host", "instance", "running", "since", "port", "worker",
@@ -431,6 +452,19 @@ def _rolling(ctx: RunContext, pb: Playbook, plan: Plan, serial: int | None, cana
 
 
 
+def _break_lock_hosts(ctx: RunContext, value: str | None) -> set[str]:
+    """--break-lock h01,h02: each a selected host (a lock is broken per host, never fleet-wide)."""
+    if not value:
+        return set()
+    names = {n.strip() for n in value.split(",") if n.strip()}
+    selected = {h.name for h in ctx.fleet.hosts}
+    unknown = sorted(names - selected)
+    if unknown:
+        raise InputError(f"--break-lock names {', '.join(unknown)}, not a selected host",
+                         hint=f"name hosts of this command: {', '.join(sorted(selected))}")
+    return names
+
+
 def status_rows(ctx: RunContext, gathered: Any, plan: Plan | None) -> list[dict[str, Any]]:
     rows = []
     by_plan = {hp.host: hp for hp in plan.hosts} if plan else {}
@@ -443,6 +477,8 @@ def status_rows(ctx: RunContext, gathered: Any, plan: Plan | None) -> list[dict[
         st = f.extra.get("state") or {}
         deploys = st.get("deploys", [])
         problems = []
+        notes = [n for n in [hoststate.foreign_note(f)] if n]
+        deploys = hoststate.own(f)  # another machine's records in a shared state dir are not this host's
         interrupted = [m for m in deploys if m.get("state") in ("preparing", "applying", "rolling-back")]
         for m in interrupted:
             n_app = sum(1 for x in m["files"] if x.get("sha_now") == x.get("sha_after"))
@@ -450,8 +486,19 @@ def status_rows(ctx: RunContext, gathered: Any, plan: Plan | None) -> list[dict[
                             f"(mixed); run 'fleetctl rollback' or 'fleetctl deploy' to repair")
         lock = st.get("lock")
         if lock:
-            problems.append(f"{'stale ' if lock.get('stale') else ''}lock: {lock.get('op')} {lock.get('id')} by {lock.get('by')}")
-        complete = [m for m in deploys if m.get("state") == "complete"]
+            problems.append(hoststate.lock_problem(lock))
+        problems += [hoststate.moved_msg(m) for m in hoststate.live(f) if m.get("moved")]
+        gone = hoststate.gone(f)
+        problems += [hoststate.gone_msg(m) + "; 'fleetctl rollback' closes its record, 'fleetctl deploy' "
+                     "patches again" for m in gone]
+        pristine, why_not = hoststate.release_pristine(f.sglang_version)
+        if pristine is None:
+            notes.append(f"not checked against pristine sglang: {why_not}")
+        else:
+            loose = hoststate.unrecorded(f, pristine)
+            if loose:
+                problems.append(hoststate.unrecorded_msg(h.name, f.sglang_version, loose))
+        complete = hoststate.on_disk(f)
         last = complete[-1] if complete else None
         files_desc = ""
         hp = by_plan.get(h.name)
@@ -460,12 +507,13 @@ def status_rows(ctx: RunContext, gathered: Any, plan: Plan | None) -> list[dict[
             for fp in hp.files:
                 counts[fp.state] = counts.get(fp.state, 0) + 1
             files_desc = ", ".join(f"{n} {s}" for s, n in counts.items())
-            if hp.status in ("refused", "failed"):
-                problems.append(hp.reason)
+            if hp.status in ("refused", "failed") and not any(fp.state == "no-record" for fp in hp.files):
+                problems.append(hp.reason)  # (a file without a record is reported above, for every hashed file)
             states = set(counts)
             if {"pristine", "as-intended"} <= states and not interrupted:
                 problems.append("mixed: some files patched, some original")
         rows.append({"host": h.name, "status": "ok", "version": f.sglang_version,
                      "last_deploy": last["id"] if last else None, "files": files_desc, "problems": problems,
+                     "notes": notes, "gone": [m["id"] for m in gone],
                      "deploys": [{"id": m["id"], "state": m["state"]} for m in deploys]})
     return rows
