@@ -390,3 +390,33 @@ def test_shared_state_dir_two_machines(fresh_sandbox, tmp_path: Path,  # type: i
     assert any("broke the lock of another machine" in n for n in dep["results"][0]["notes"]), dep
     assert hashes(h1.sglang_dir) == patched(pb)
     assert not (shared / "lock").exists()
+
+
+def test_lock_identity_another_machine_or_another_boot(tmp_path: Path) -> None:
+    """On the agent itself: a lock naming another machine is never stale (its pid means nothing here)
+    and is taken over only with break_lock; a lock of this machine from an earlier boot is stale."""
+    from fleetctl.remote import agent_deploy as ad
+
+    sd = tmp_path / "state"
+    sd.mkdir(mode=0o700)
+    p = subprocess.Popen(["true"])
+    p.wait()  # a pid that ran and ended here
+    me = ad.machine_identity()
+    theirs = {"pid": p.pid, "start": 1, "op": "deploy", "id": "dTHEIRS", "by": "x", "since": 0,
+              "host": me["hostname"] + "-other", "writer": {"hostname": me["hostname"] + "-other", "pid": p.pid}}
+    (sd / "lock").write_text(json.dumps(theirs))
+    held = ad.read_lock(str(sd))
+    assert held["foreign"] and not held["stale"], held
+    with pytest.raises(ad.AgentError, match="locked by another machine"):
+        ad.acquire_lock(str(sd), "deploy", "dMINE", "t")
+    assert json.loads((sd / "lock").read_text())["id"] == "dTHEIRS"
+    notes = ad.acquire_lock(str(sd), "deploy", "dMINE", "t", {"break_lock": True})
+    assert "broke the lock of another machine" in notes[0], notes
+    mine = json.loads((sd / "lock").read_text())
+    assert mine["id"] == "dMINE" and mine["writer"]["boot_id"] == me["boot_id"], mine
+    ad.release_lock(str(sd))
+    # this machine, an earlier boot, the holder's pid alive now (reused): stale all the same
+    earlier = dict(theirs, pid=os.getpid(), start=None, host=me["hostname"],
+                   writer=dict(me, boot_id=f"not-{me['boot_id']}"))
+    (sd / "lock").write_text(json.dumps(earlier))
+    assert ad.read_lock(str(sd))["stale"] is True
