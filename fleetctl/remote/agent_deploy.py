@@ -589,11 +589,11 @@ def manifest_summary(m, pkg_dir=None, cur_real=None, cur_version=None):
     if m.get("_foreign"):
         out["foreign"] = m["_foreign"]
         return out
-    if cur_real and tree and os.path.realpath(tree) != cur_real:
-        out["moved"] = {"patched": tree, "imports_now": cur_real}
-    gone = gone_reason(m, cur_real, cur_version, hashes) if not out.get("moved") else None
+    gone = gone_reason(m, cur_real, cur_version, hashes)  # (what close_superseded will find, under the lock)
     if gone:
         out["gone"] = gone
+    elif cur_real and tree and os.path.realpath(tree) != cur_real:
+        out["moved"] = {"patched": tree, "imports_now": cur_real}
     return out
 
 
