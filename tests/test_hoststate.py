@@ -420,3 +420,32 @@ def test_lock_identity_another_machine_or_another_boot(tmp_path: Path) -> None:
                    writer=dict(me, boot_id=f"not-{me['boot_id']}"))
     (sd / "lock").write_text(json.dumps(earlier))
     assert ad.read_lock(str(sd))["stale"] is True
+
+
+def test_restart_would_lose_a_patch_no_longer_on_disk(clean: tuple, tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """A server launched on a deploy whose files were reinstalled since: status says a restart would
+    lose the patch (the server still runs it; the files on disk no longer hold it)."""
+    from test_launch import FULL, make_inventory, stop_all_local
+
+    from fleetctl.config.playbook import load_playbook
+
+    sb, _inv, _pb = clean
+    h = sb.hosts["h01"]
+    inv = str(make_inventory(sb, tmp_path / "inv.yaml", hosts=["h01"]))
+    files = [f.path for f in load_playbook(FULL).files_for(VERSION) or []]
+    try:
+        code, dep = run_json(capsys, "deploy", "-i", inv, "--limit", "h01", str(FULL))
+        assert code == 0, dep
+        code, la = run_json(capsys, "launch", "--drop-unknown-flags", "-i", inv, "--limit", "h01", str(FULL),
+                            "--timeout", "60")
+        assert code == 0, la
+        for rel in files:  # reinstalled under the running server
+            (h.sglang_dir / rel).write_bytes(wheels.pristine_bytes(VERSION, rel))
+        code, st = run_json(capsys, "status", "-i", inv, "--limit", "h01")
+        msg = problems(st, "h01")
+        assert code == 1 and f"runs deploy {dep['deploy_id']}, which is no longer on disk: a restart would lose " \
+                             "the patch" in msg, st
+    finally:
+        stop_all_local(sb)
+        reset_host(h, tuple(files))
