@@ -40,7 +40,14 @@ def live(facts: HostFacts) -> list[dict[str, Any]]:
 
 
 def gone(facts: HostFacts) -> list[dict[str, Any]]:
-    return [m for m in own(facts) if m.get("state") == "complete" and m.get("gone")]
+    """Complete or interrupted deploys whose tree now holds another release (or, complete, whose files
+    all hold their original bytes again): the next deploy or rollback closes them, restoring nothing."""
+    return [m for m in own(facts) if m.get("state") in ("complete", *OPEN_STATES) and m.get("gone")]
+
+
+def interrupted(facts: HostFacts) -> list[dict[str, Any]]:
+    """Deploys cut off half-way that the next deploy or rollback repairs from their backups."""
+    return [m for m in own(facts) if m.get("state") in OPEN_STATES and not m.get("gone")]
 
 
 def on_disk(facts: HostFacts) -> list[dict[str, Any]]:

@@ -97,8 +97,7 @@ def sha(data: bytes) -> str:
 
 
 def interrupted_deploys(facts: HostFacts) -> list[dict[str, Any]]:
-    st = facts.extra.get("state") or {}
-    return [m for m in st.get("deploys", []) if m.get("state") in OPEN_STATES and not m.get("foreign")]
+    return hoststate.interrupted(facts)
 
 
 def stale_lock(facts: HostFacts) -> str | None:

@@ -449,3 +449,30 @@ def test_restart_would_lose_a_patch_no_longer_on_disk(clean: tuple, tmp_path: Pa
     finally:
         stop_all_local(sb)
         reset_host(h, tuple(files))
+
+
+@pytest.mark.parametrize("state", ["complete", "applying"])
+def test_agent_never_writes_another_releases_backups(tmp_path: Path, state: str) -> None:
+    """On the agent itself: a deploy (complete, or cut off half-way) recorded on sglang 0.5.9 whose
+    tree now holds 0.5.14. `rollback --force` (or the repair of the interrupted deploy) must not write
+    the 0.5.9 backup into it: the record is closed as superseded, nothing restored."""
+    from fleetctl.remote import agent_deploy as ad
+
+    pkg = tmp_path / "site" / "sglang"
+    (pkg / "srt").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "version.py").write_text('__version__ = "0.5.14"\n')
+    (pkg / "srt" / "a.py").write_bytes(b"A = 14\n")
+    ddir = tmp_path / "state" / "deploys" / "d1"
+    (ddir / "backup" / "srt").mkdir(parents=True)
+    (ddir / "backup" / "srt" / "a.py").write_bytes(b"A = 9\n")
+    m = {"id": "d1", "kind": "deploy", "state": state, "created": 1.0, "package_dir": str(pkg), "version": "0.5.9",
+         "writer": getattr(ad, "writer_identity", dict)(),
+         "files": [{"path": "srt/a.py", "sha_before": sha(b"A = 9\n"), "sha_after": sha(b"A = 9 patched\n"),
+                    "status": "applied", "backed_up": True, "mode": 0o644, "uid": None, "gid": None}]}
+    (ddir / "manifest.json").write_text(json.dumps(m))
+    res = ad.action_rollback({"state_dir": str(tmp_path / "state"), "sglang_dir": str(pkg), "force": True,
+                              "deploy_ids": ["d1"] if state == "complete" else []})
+    assert (pkg / "srt" / "a.py").read_bytes() == b"A = 14\n"
+    assert any("no longer on disk" in n and "0.5.9" in n and "0.5.14" in n for n in res["notes"]), res
+    assert json.loads((ddir / "manifest.json").read_text())["state"] == "superseded"

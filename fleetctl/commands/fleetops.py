@@ -479,7 +479,7 @@ def status_rows(ctx: RunContext, gathered: Any, plan: Plan | None) -> list[dict[
         problems = []
         notes = [n for n in [hoststate.foreign_note(f)] if n]
         deploys = hoststate.own(f)  # another machine's records in a shared state dir are not this host's
-        interrupted = [m for m in deploys if m.get("state") in ("preparing", "applying", "rolling-back")]
+        interrupted = hoststate.interrupted(f)
         for m in interrupted:
             n_app = sum(1 for x in m["files"] if x.get("sha_now") == x.get("sha_after"))
             problems.append(f"interrupted deploy {m['id']}: {n_app} of {len(m['files'])} files patched "

@@ -45,7 +45,7 @@ def plan_rollback(fleet: Fleet, gathered: Gathered, to: str | None, force: bool,
         manifests = hoststate.own(facts)  # never another machine's records (a shared state dir)
         rp = RollbackPlan(h.name, "noop")
         rp.expect_live = [m["id"] for m in hoststate.live(facts)]
-        rp.interrupted = [m["id"] for m in manifests if m.get("state") in hoststate.OPEN_STATES]
+        rp.interrupted = [m["id"] for m in hoststate.interrupted(facts)]
         gone = hoststate.gone(facts)
         pristine, why_not = hoststate.release_pristine(facts.sglang_version)
         loose = hoststate.unrecorded(facts, pristine) if pristine is not None else []

@@ -543,15 +543,18 @@ def manifest_tree(m):
 
 
 def gone_reason(m, cur_real, cur_version, hashes=None):
-    """Why a complete deploy is no longer on disk (None: it is). Its tree now holds another release,
-    or every file it patched holds its original bytes again (the package was reinstalled)."""
-    if m.get("state") != "complete" or m.get("kind", "deploy") != "deploy":
+    """Why a complete (or interrupted) deploy is no longer on disk (None: it is). Its tree now holds
+    another release, or every file a complete deploy patched holds its original bytes again (the
+    package was reinstalled). Its backups then belong to another release: never to be written back."""
+    if m.get("state") not in ("complete", *OPEN_STATES) or m.get("kind", "deploy") != "deploy":
         return None
     tree = manifest_tree(m)
     if cur_real and tree and os.path.realpath(tree) == cur_real and m.get("version") and cur_version \
             and m.get("version") != cur_version:
         return "package reinstalled/upgraded: it patched sglang %s, %s now holds %s" % (
             m.get("version"), cur_real, cur_version)
+    if m.get("state") != "complete":
+        return None
     applied = [f for f in m.get("files", []) if f.get("status") == "applied"]
     if not applied:
         return None
@@ -719,8 +722,8 @@ def close_superseded(state_dir, cur_real, cur_version):
         why = gone_reason(m, cur_real, cur_version)
         if not why:
             continue
+        m["note"] = "no longer on disk (%s) when %s; record closed, nothing restored" % (why, m.get("state"))
         m["state"] = "superseded"
-        m["note"] = "no longer on disk (%s); record closed, nothing restored" % why
         save_manifest(state_dir, m)
         notes.append("deploy %s is no longer on disk (%s): record closed, nothing restored" % (m["id"], why))
     return notes
@@ -779,8 +782,8 @@ def action_deploy(p):
     notes = acquire_lock(sd, "deploy" if kind == "deploy" else "rollback", did, p.get("by", "?"), p)
     try:
         fault_point(p, "locked")
-        notes += recover_interrupted(sd)
         notes += close_superseded(sd, os.path.realpath(pkg), p.get("version"))
+        notes += recover_interrupted(sd)
         # what the plan saw for the files it does not change must still hold, now, under the lock: a
         # deploy never reports a host "as intended" from facts read before a concurrent rollback
         for rel, want in sorted((p.get("expect") or {}).items()):
@@ -885,11 +888,11 @@ def action_rollback(p):
     notes = acquire_lock(sd, "rollback", p.get("rollback_id"), p.get("by", "?"), p)
     try:
         fault_point(p, "locked")
-        notes += recover_interrupted(sd)
         cur_real = None
         if "sglang_dir" in p:  # where this python imports sglang from now (what a restore must not miss)
             cur_real, cur_version = _current_tree(locate_sglang(p.get("sglang_dir")))
             notes += close_superseded(sd, cur_real, cur_version)
+        notes += recover_interrupted(sd)
         expect = p.get("expect_live")
         if expect is not None and live_deploys(sd) != list(expect):
             # the plan was made from facts read without the lock: what it would undo is not what is here now
