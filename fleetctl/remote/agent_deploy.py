@@ -526,8 +526,9 @@ def list_manifests(state_dir, include_foreign=False):
                 m = json.load(fh)
         except (OSError, ValueError):
             continue
-        if not isinstance(m, dict) or not isinstance(m.get("files"), list):
-            continue
+        if not isinstance(m, dict) or not isinstance(m.get("id"), str) or not isinstance(m.get("files"), list) \
+                or not all(isinstance(f, dict) and isinstance(f.get("path"), str) for f in m["files"]):
+            continue  # not a manifest this agent wrote: never acted on
         if not same_machine(_ident_of(m), me):
             if not include_foreign:
                 continue
