@@ -55,7 +55,7 @@ class HostFacts:
 
     def interrupted(self) -> list[Manifest]:
         """Deploys cut off half-way (their files may be mixed)."""
-        return [m for m in self.deploys() if m.state in names.OPEN_STATES]
+        return [m for m in self.deploys() if m.state in names.OPEN_STATES and not m.foreign and not m.gone]
 
     def to_json(self) -> dict[str, Any]:
         return {

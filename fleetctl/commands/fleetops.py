@@ -9,6 +9,7 @@ from typing import Annotated, Any
 import typer
 from rich.text import Text
 
+from fleetctl import hoststate
 from fleetctl.commands import validate
 from fleetctl.commands.common import (
     DEFAULT_FORKS,
@@ -130,6 +131,7 @@ def register(app: typer.Typer) -> None:
         max_fail: str | None = typer.Option(None, "--max-fail", help="With --restart: failed hosts a batch may have (P%) before the rollout stops and that batch is rolled back (default 0%)."),
         any_errors_fatal: bool = typer.Option(False, "--any-errors-fatal", help="Change no host at all if any selected host is unreachable or refused at plan time."),
         ready_timeout: float | None = typer.Option(None, "--timeout", min=0.1, help="With --restart: seconds to wait for each server to be ready."),
+        break_lock: str | None = typer.Option(None, "--break-lock", help="Comma list of hosts whose lock, held by another machine sharing their state dir, may be taken over."),
         json_out: JsonOpt = False,
         debug: DebugOpt = False,
         accept_new_host_keys: AcceptNewOpt = False,
@@ -171,7 +173,8 @@ def register(app: typer.Typer) -> None:
             ledger.start(op_id, "deploy", inventory=ctx.inventory.path, playbook=pb.path,
                          args={"limit": limit, "force": force, "allow_uncovered": allow_uncovered},
                          hosts=[h.name for h in ctx.fleet.hosts])
-            results = _tick_run(ctx, "deploy", lambda: apply_plan(ctx.fleet, plan, pb, op_id))
+            breaking = _break_lock_hosts(ctx, break_lock)
+            results = _tick_run(ctx, "deploy", lambda: apply_plan(ctx.fleet, plan, pb, op_id, break_lock=breaking))
             rows = [results[h.name] for h in ctx.fleet.hosts if h.name in results]
             failed = [r for r in rows if r.status not in ("changed", "unchanged")]
             ledger.finish(op_id, "failed" if failed else "ok", [r.to_json() for r in rows])
@@ -206,15 +209,27 @@ def register(app: typer.Typer) -> None:
         check: bool = typer.Option(False, "--check", help="Show what would be restored and change nothing."),
         force: bool = typer.Option(False, "--force", help="Restore files changed since the deploy too (a copy is kept)."),
         any_errors_fatal: bool = typer.Option(False, "--any-errors-fatal", help="Change no host at all if any selected host is unreachable or refused at plan time."),
+        from_pristine: bool = typer.Option(False, "--from-pristine", help="Restore the release's pristine bytes (controller's wheel cache, checked against the wheel's RECORD) into files that differ from them with no deploy record."),
+        playbook: Path | None = typer.Option(None, "--playbook", "-p", help="With --from-pristine: also check its files, and the pristine bytes against its sha256."),
+        old_tree: bool = typer.Option(False, "--old-tree", help="Restore a deploy in the tree it patched even though this python now imports another one."),
+        break_lock: str | None = typer.Option(None, "--break-lock", help="Comma list of hosts whose lock, held by another machine sharing their state dir, may be taken over."),
         json_out: JsonOpt = False,
         debug: DebugOpt = False,
         accept_new_host_keys: AcceptNewOpt = False,
     ) -> None:
         to = validate.deploy_id(to)
+        if playbook is not None and not from_pristine:
+            raise InputError("--playbook goes with --from-pristine", hint="add --from-pristine, or drop --playbook")
+        if from_pristine and (to or force or old_tree):
+            raise InputError("--from-pristine restores files no deploy record explains; it takes no --to, --force "
+                             "or --old-tree", hint="run the plain rollback separately")
+        rpb = load_playbook(playbook) if playbook else None
         with fleet_context(inventory, limit, forks, json=json_out, debug=debug,
                            accept_new_host_keys=accept_new_host_keys) as ctx:
-            gathered = _tick_run(ctx, "facts", lambda: gather(ctx.fleet, None))
-            plans = plan_rollback(ctx.fleet, gathered, to, force)
+            breaking = _break_lock_hosts(ctx, break_lock)
+            gathered = _tick_run(ctx, "facts", lambda: gather(ctx.fleet, rpb, all_hashes=True))
+            plans = plan_rollback(ctx.fleet, gathered, to, force, old_tree=old_tree, from_pristine=from_pristine,
+                                  playbook=rpb)
             if to is not None and all(p.status == "skipped" for p in plans):
                 raise InputError(f"deploy {to} is not on any of the {len(plans)} selected host(s)",
                                  hint="pick an id from 'fleetctl status' or 'fleetctl history', or widen --limit")
@@ -241,8 +256,11 @@ def register(app: typer.Typer) -> None:
             op_id = new_op_id("r")
             ledger = Ledger()
             ledger.start(op_id, "rollback", inventory=ctx.inventory.path, playbook=None,
-                         args={"limit": limit, "to": to, "force": force}, hosts=[h.name for h in ctx.fleet.hosts])
-            results = _tick_run(ctx, "rollback", lambda: apply_rollback(ctx.fleet, plans, op_id, force))
+                         args={"limit": limit, "to": to, "force": force, "from_pristine": from_pristine,
+                               "old_tree": old_tree, "break_lock": break_lock},
+                         hosts=[h.name for h in ctx.fleet.hosts])
+            results = _tick_run(ctx, "rollback", lambda: apply_rollback(ctx.fleet, plans, op_id, force,
+                                                                        old_tree=old_tree, break_lock=breaking))
             rows = [results[h.name] for h in ctx.fleet.hosts]
             failed = [r for r in rows if r["status"] not in ("changed", "unchanged", "skipped")]
             ledger.finish(op_id, "failed" if failed else "ok", rows)
@@ -311,6 +329,9 @@ def register(app: typer.Typer) -> None:
                 r["problems"] += [f"pid {p['pid']} (not started by fleetctl) runs code older than the files on disk: "
                                   f"{', '.join(p['changed_files'])} changed after it started"
                                   for p in r["discovered"] if p["stale"]]
+                r["problems"] += [f"{s['instance']}: runs deploy {s['deploy_at_launch']}, which is no longer on "
+                                  f"disk: a restart would lose the patch" for s in r["servers"]
+                                  if s["running"] and s["deploy_at_launch"] in r.get("gone", [])]
             problems = [r for r in rows if r["problems"]]
             reminder = restart_reminder(list(found.values()))
             if json_out:
@@ -320,7 +341,8 @@ def register(app: typer.Typer) -> None:
                 t = table(None, ["host", "status", "SGLang", "last deploy", "files", "problems"])
                 for r in rows:
                     t.add_row(r["host"], status_cell(r["status"]), r.get("version") or "",
-                              r.get("last_deploy") or "", r.get("files") or "", lines_cell(r["problems"]))
+                              r.get("last_deploy") or "", r.get("files") or "",
+                              lines_cell(r["problems"] + [f"note: {n}" for n in r.get("notes", [])]))
                 out.print(t)
                 if servers:
                     st = table("servers", ["host", "instance", "running", "since", "port", "worker",
@@ -526,6 +548,19 @@ def _rolling(ctx: RunContext, pb: Playbook, plan: Plan, serial: int | None, cana
 
 
 
+def _break_lock_hosts(ctx: RunContext, value: str | None) -> set[str]:
+    """--break-lock h01,h02: each a selected host (a lock is broken per host, never fleet-wide)."""
+    if not value:
+        return set()
+    names = {n.strip() for n in value.split(",") if n.strip()}
+    selected = {h.name for h in ctx.fleet.hosts}
+    unknown = sorted(names - selected)
+    if unknown:
+        raise InputError(f"--break-lock names {', '.join(unknown)}, not a selected host",
+                         hint=f"name hosts of this command: {', '.join(sorted(selected))}")
+    return names
+
+
 def status_rows(ctx: RunContext, gathered: Any, plan: Plan | None) -> list[dict[str, Any]]:
     rows = []
     by_plan = {hp.host: hp for hp in plan.hosts} if plan else {}
@@ -535,17 +570,29 @@ def status_rows(ctx: RunContext, gathered: Any, plan: Plan | None) -> list[dict[
             rows.append({"host": h.name, "status": o.status, "problems": [o.message]})
             continue
         f = gathered.facts[h.name]
-        deploys = f.deploys()
         problems = []
-        interrupted = f.interrupted()
+        notes = [n for n in [hoststate.foreign_note(f)] if n]
+        deploys = hoststate.own(f)  # another machine's records in a shared state dir are not this host's
+        interrupted = hoststate.interrupted(f)
         for m in interrupted:
             n_app = sum(1 for x in m.files if x.sha_now == x.sha_after)
             problems.append(f"interrupted deploy {m.id}: {n_app} of {len(m.files)} files patched "
                             f"(mixed); run 'fleetctl rollback' or 'fleetctl deploy' to repair")
         lock = f.state.lock if f.state else None
         if lock:
-            problems.append(f"{'stale ' if lock.stale else ''}lock: {lock.holder()}")
-        complete = [m for m in deploys if m.state == "complete"]
+            problems.append(hoststate.lock_problem(lock))
+        problems += [hoststate.moved_msg(m) for m in hoststate.live(f) if m.moved]
+        gone = hoststate.gone(f)
+        problems += [hoststate.gone_msg(m) + "; 'fleetctl rollback' closes its record, 'fleetctl deploy' "
+                     "patches again" for m in gone]
+        pristine, why_not = hoststate.release_pristine(f.sglang_version)
+        if pristine is None:
+            notes.append(f"not checked against pristine sglang: {why_not}")
+        else:
+            loose = hoststate.unrecorded(f, pristine)
+            if loose:
+                problems.append(hoststate.unrecorded_msg(h.name, f.sglang_version, loose))
+        complete = hoststate.on_disk(f)
         last = complete[-1] if complete else None
         files_desc = ""
         hp = by_plan.get(h.name)
@@ -554,12 +601,13 @@ def status_rows(ctx: RunContext, gathered: Any, plan: Plan | None) -> list[dict[
             for fp in hp.files:
                 counts[fp.state] = counts.get(fp.state, 0) + 1
             files_desc = ", ".join(f"{n} {s}" for s, n in counts.items())
-            if hp.status in ("refused", "failed"):
-                problems.append(hp.reason)
+            if hp.status in ("refused", "failed") and not any(fp.state == "no-record" for fp in hp.files):
+                problems.append(hp.reason)  # (a file without a record is reported above, for every hashed file)
             states = set(counts)
             if {"pristine", "as-intended"} <= states and not interrupted:
                 problems.append("mixed: some files patched, some original")
         rows.append({"host": h.name, "status": "ok", "version": f.sglang_version,
                      "last_deploy": last.id if last else None, "files": files_desc, "problems": problems,
+                     "notes": notes, "gone": [m.id for m in gone],
                      "deploys": [{"id": m.id, "state": m.state} for m in deploys]})
     return rows

@@ -104,6 +104,9 @@ class Lock:
     by: str | None = None
     pid: int | None = None
     unreadable: bool = False
+    foreign: bool = False  # held by another machine (a shared state dir): never taken over automatically
+    owner: str | None = None  # that machine, described
+    stale_why: str | None = None
 
     def holder(self) -> str:
         return f"{self.op} {self.id} by {self.by}"
@@ -121,6 +124,12 @@ class ManifestFile:
 
 
 @dataclass
+class Moved:
+    patched: str | None = None
+    imports_now: str | None = None
+
+
+@dataclass
 class Manifest:
     """A deploy manifest on the host with the current hash of each of its files (agent_deploy)."""
 
@@ -135,6 +144,11 @@ class Manifest:
     by: str | None = None
     rolled_back_at: float | None = None
     note: str | None = None
+    kind: str = "deploy"  # deploy | restore-pristine
+    package_real: str | None = None  # the real path of the tree it patched
+    foreign: str | None = None  # written by another machine (described): ignored, never acted on
+    gone: str | None = None  # its patch is no longer on disk (why)
+    moved: Moved | None = None  # this python now imports another tree than the one it patched
 
 
 @dataclass
@@ -144,6 +158,8 @@ class StateFacts:
     deploys: list[Manifest]
     lock: Lock | None = None
     state_dir: str | None = None
+    machine: str | None = None  # this host, as it describes itself in locks and manifests
+    package_real: str | None = None
 
 
 @dataclass

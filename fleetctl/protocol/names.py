@@ -25,7 +25,7 @@ WITH_DISCOVER: Final = "discover"
 
 # A deploy manifest's state on the host (agent_deploy.py writes them).
 ManifestState = Literal["preparing", "applying", "complete", "failed-unchanged", "failed-restored",
-                        "rolling-back", "rolled-back", "interrupted-restored"]
+                        "rolling-back", "rolled-back", "interrupted-restored", "superseded", "restored-pristine"]
 # cut off half-way: the files may be mixed; the next deploy or rollback repairs it first
 OPEN_STATES: Final[tuple[ManifestState, ...]] = ("preparing", "applying", "rolling-back")
 MANIFEST_STATES: Final[tuple[str, ...]] = get_args(ManifestState)
