@@ -99,10 +99,15 @@ def find_sglang() -> tuple[Path, str | None]:
     pkg = Path(next(iter(spec.submodule_search_locations)))
     from fleetctl.remote.agent import _const_assign
 
-    try:
-        version = _const_assign((pkg / "_version.py").read_text(encoding="utf-8"), ("__version__", "version"))
-    except OSError:
-        version = None
+    version = None
+    # the releases keep it in _version.py, some (0.5.5.post3) in version.py: as the agent reads it
+    for fname, names in (("_version.py", ("__version__", "version")), ("version.py", ("__version__",))):
+        try:
+            version = _const_assign((pkg / fname).read_text(encoding="utf-8"), names)
+        except OSError:
+            continue
+        if version:
+            break
     return pkg, version
 
 
@@ -167,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         traceback_exit(f"ModuleNotFoundError: {e}", "import sglang")
         return 1
     if version is None:
-        traceback_exit(f"RuntimeError: cannot read the SGLang version from {pkg}/_version.py")
+        traceback_exit(f"RuntimeError: cannot read the SGLang version from {pkg}/_version.py or version.py")
         return 1
     env = dict(os.environ)
     res = resolve_worker(version, flags, env)
@@ -197,6 +202,13 @@ def main(argv: list[str] | None = None) -> int:
         log("usage: launch_server.py [-h] --model-path MODEL_PATH ... (fleetctl simulator)")
         log(f"launch_server.py: error: unrecognized arguments: {' '.join(parts)}")
         return 2
+    # the self-contained checks of the server_args.py on disk (a patch's own validation included)
+    from fleetctl.sandbox.server_args_checks import run_checks
+
+    refused = run_checks(sa_text, dict(res.resolved_args), pkg) if sa_text else None
+    if refused:
+        traceback_exit(refused, "check_server_args")
+        return 1
     ms = env.get("SGLANG_LOG_MS", "").lower() in ("1", "true", "yes", "y")
 
     def line(ranks: dict[str, int], msg: str) -> str:
