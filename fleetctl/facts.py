@@ -2,36 +2,23 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import csv
+from dataclasses import dataclass
 from typing import Any
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.version import InvalidVersion, Version
 
 from fleetctl.gpus import Gpu, combine
+from fleetctl.protocol import InvalidAnswer, names
+from fleetctl.protocol.answers import DiscoverFacts, FactsAnswer, FileFact, Manifest, ServersFacts, StateFacts
+from fleetctl.protocol.schema import shown
 from fleetctl.transport.ssh import HostConnection
+
+__all__ = ["FileFact", "HostFacts", "TorchCheck", "check_torch", "parse_facts", "read_facts"]
 
 HASH_DIRS = ["srt/speculative"]
 HASH_FILES = ["srt/server_args.py"]
-
-
-@dataclass
-class FileFact:
-    path: str
-    exists: bool
-    sha256: str | None = None
-    mode: int | None = None
-    uid: int | None = None
-    gid: int | None = None
-    size: int | None = None
-    mtime: float | None = None
-    symlink: str | None = None
-    escapes: bool = False
-    error: str | None = None
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> FileFact:
-        return cls(**{k: d.get(k) for k in cls.__dataclass_fields__ if k in d})  # type: ignore[arg-type]
 
 
 @dataclass
@@ -58,7 +45,17 @@ class HostFacts:
     gpus: list[Gpu] | None
     gpu_note: str
     remote_elapsed: float
-    extra: dict[str, Any] = field(default_factory=dict)
+    state: StateFacts | None = None  # asked with with_=["state"]: lock and deploy manifests
+    servers: ServersFacts | None = None  # asked with with_=["servers"]
+    discover: DiscoverFacts | None = None  # asked with with_=["discover"]: server processes from /proc
+    registered_flags: dict[str, bool] | None = None  # asked with payload check_flags
+
+    def deploys(self) -> list[Manifest]:
+        return self.state.deploys if self.state else []
+
+    def interrupted(self) -> list[Manifest]:
+        """Deploys cut off half-way (their files may be mixed)."""
+        return [m for m in self.deploys() if m.state in names.OPEN_STATES and not m.foreign and not m.gone]
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -104,32 +101,36 @@ def check_torch(installed: str | None, requires: list[str]) -> TorchCheck:
     return TorchCheck(installed, shown, ok, "" if ok else f"torch {installed} does not satisfy {', '.join(shown)}")
 
 
-def parse_facts(host: str, raw: dict[str, Any]) -> HostFacts:
-    sg = raw.get("sglang", {})
-    g = raw.get("gpus") or {}
-    if g.get("available"):
-        gpus: list[Gpu] | None = combine(g.get("gpus", ""), g.get("apps", ""))
+def parse_facts(host: str, raw: FactsAnswer) -> HostFacts:
+    g = raw.gpus
+    if g is not None and g.available:
+        try:
+            gpus: list[Gpu] | None = combine(g.gpus, g.apps)
+        except (csv.Error, ValueError, OverflowError) as e:
+            raise InvalidAnswer(host, names.FACTS, "gpus", f"not nvidia-smi CSV: {shown(str(e))}") from None
         note = ""
     else:
-        gpus, note = None, f"no GPU info ({g.get('reason', 'not asked')})"
-    extra = {k: v for k, v in raw.items() if k not in {"os", "python", "sglang", "torch", "files", "gpus", "user",
-                                                        "elapsed", "protocol"}}
+        gpus, note = None, f"no GPU info ({g.reason if g else 'not asked'})"
+    sg = raw.sglang
     return HostFacts(
         host=host,
-        os=raw.get("os", {}).get("pretty", "?"),
-        python=raw.get("python", {}).get("executable", "?"),
-        python_version=raw.get("python", {}).get("version", "?"),
-        user=raw.get("user", "?"),
-        sglang_found=bool(sg.get("found")),
-        sglang_version=sg.get("version"),
-        sglang_dir=sg.get("dir"),
-        sglang_install=sg.get("install"),
-        torch=check_torch(raw.get("torch"), sg.get("torch_requires", [])),
-        files={p: FileFact.from_json(d) for p, d in raw.get("files", {}).items()},
+        os=raw.os.pretty,
+        python=raw.python.executable,
+        python_version=raw.python.version,
+        user=raw.user,
+        sglang_found=sg.found,
+        sglang_version=sg.version,
+        sglang_dir=sg.dir,
+        sglang_install=sg.install,
+        torch=check_torch(raw.torch, sg.torch_requires),
+        files=raw.files,
         gpus=gpus,
         gpu_note=note,
-        remote_elapsed=float(raw.get("elapsed", 0.0)),
-        extra=extra,
+        remote_elapsed=raw.elapsed,
+        state=raw.state,
+        servers=raw.servers,
+        discover=raw.discover,
+        registered_flags=raw.registered_flags,
     )
 
 
@@ -149,5 +150,5 @@ def read_facts(conn: HostConnection, *, extra_files: list[str] | None = None, gp
         "state_dir": conn.host.state_dir,
     }
     p.update(payload or {})
-    raw = conn.agent("facts", p)
+    raw: FactsAnswer = conn.agent(names.FACTS, p)
     return parse_facts(conn.host.name, raw)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import typer
+from rich.text import Text
 
 from fleetctl.commands.common import (
     DEFAULT_FORKS,
@@ -20,6 +21,7 @@ from fleetctl.commands.context import fleet_context, print_debug_details
 from fleetctl.errors import EXIT_FAILED, EXIT_OK
 from fleetctl.facts import HostFacts, read_facts
 from fleetctl.render import host_progress, print_failures, status_cell, summary_line, table
+from fleetctl.safetext import lines_cell, safe, styled
 
 KEY_FILES = ("srt/server_args.py", "srt/speculative/eagle_worker.py", "srt/speculative/eagle_worker_v2.py")
 
@@ -40,7 +42,7 @@ def _gpu_cell(f: HostFacts) -> str:
     return s
 
 
-def _files_cell(f: HostFacts, all_files: bool) -> str:
+def _files_cell(f: HostFacts, all_files: bool) -> Text:
     lines = []
     for p, ff in sorted(f.files.items()):
         if not all_files and p not in KEY_FILES:
@@ -50,7 +52,7 @@ def _files_cell(f: HostFacts, all_files: bool) -> str:
     rest = len(f.files) - len(lines)
     if rest > 0:
         lines.append(f"(+{rest} more hashed; --files lists all)")
-    return "\n".join(lines)
+    return lines_cell(lines)
 
 
 def register(app: typer.Typer) -> None:
@@ -86,15 +88,17 @@ def register(app: typer.Typer) -> None:
                         t.add_row(o.host, status_cell(o.status), "(see below)", "", "", "", "")
                         continue
                     f: HostFacts = o.data
-                    sg = (f"{f.sglang_version or '?'} ({f.sglang_install})\n{f.sglang_dir}" if f.sglang_found
-                          else "[red]not found[/] by this python")
+                    sg = (lines_cell([f"{f.sglang_version or '?'} ({f.sglang_install})", f.sglang_dir])
+                          if f.sglang_found else Text.assemble(styled("not found", "red"), " by this python"))
                     tc = f.torch
-                    torch = ("[red]missing[/]" if tc.installed is None else
-                             f"{tc.installed} " + ({True: "[green]ok[/]", False: "[red]mismatch[/]",
-                                                    None: "(unchecked)"}[tc.satisfied]))
+                    torch = (styled("missing", "red") if tc.installed is None else
+                             Text.assemble(safe(tc.installed), " ",
+                                           {True: styled("ok", "green"), False: styled("mismatch", "red"),
+                                            None: "(unchecked)"}[tc.satisfied]))
                     if tc.required:
-                        torch += f"\nneeds {', '.join(tc.required)}"
-                    t.add_row(o.host, status_cell(o.status), f"{f.os}\n{f.python} ({f.python_version})",
+                        torch.append("\n")
+                        torch.append_text(safe(f"needs {', '.join(tc.required)}"))
+                    t.add_row(o.host, status_cell(o.status), lines_cell([f.os, f"{f.python} ({f.python_version})"]),
                               sg, torch, _files_cell(f, files), _gpu_cell(f))
                 out.print(t)
                 print_failures(out, outcomes)

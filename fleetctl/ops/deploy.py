@@ -18,6 +18,8 @@ from fleetctl.facts import HostFacts, read_facts
 from fleetctl.fleet import Fleet, HostOutcome
 from fleetctl.payload import intended_for
 from fleetctl.plan import Coverage, HostPlan, Intended, Plan, plan_host
+from fleetctl.protocol import names
+from fleetctl.protocol.answers import DeployAnswer
 from fleetctl.transport.ssh import HostConnection
 
 
@@ -35,9 +37,10 @@ class Gathered:
     outcomes: dict[str, HostOutcome]
 
 
-def gather(fleet: Fleet, playbook: Playbook | None) -> Gathered:
+def gather(fleet: Fleet, playbook: Playbook | None, *, all_hashes: bool = False) -> Gathered:
     extra = sorted({f.path for files in (playbook.versions.values() if playbook else []) for f in files})
-    outs = fleet.run(lambda c: read_facts(c, extra_files=extra, with_=["state"], gpus=False, all_hashes=False))
+    outs = fleet.run(lambda c: read_facts(c, extra_files=extra, with_=[names.WITH_STATE], gpus=False,
+                                          all_hashes=all_hashes))
     return Gathered({o.host: o.data for o in outs if o.ok}, {o.host: o for o in outs})
 
 
@@ -105,17 +108,18 @@ class HostApply:
 
 def apply_plan(fleet: Fleet, plan: Plan, playbook: Playbook, op_id: str, *, validate: bool = True,
                fault_after_files: dict[str, int] | None = None,
-               hosts: list[str] | None = None) -> dict[str, HostApply]:
-    """Apply the plan to every host whose plan says 'change'. Returns per-host results."""
+               hosts: list[str] | None = None, break_lock: set[str] | frozenset[str] = frozenset()
+               ) -> dict[str, HostApply]:
+    """Apply the plan to every host whose plan says 'change' or 'noop' (a no-op host is still visited:
+    its files are re-checked under the host lock, so 'unchanged' is never a guess from facts read
+    before a concurrent rollback). Returns per-host results."""
     results: dict[str, HostApply] = {}
     todo: dict[str, HostPlan] = {}
     for hp in plan.hosts:
         if hosts is not None and hp.host not in hosts:
             continue
-        if hp.status == "change":
+        if hp.status in ("change", "noop"):
             todo[hp.host] = hp
-        elif hp.status == "noop":
-            results[hp.host] = HostApply(hp.host, "unchanged", "already as intended")
         else:
             results[hp.host] = HostApply(hp.host, "unreachable" if hp.status == "unreachable" else
                                          ("refused" if hp.status == "refused" else "failed"), hp.reason)
@@ -140,16 +144,20 @@ def apply_plan(fleet: Fleet, plan: Plan, playbook: Playbook, op_id: str, *, vali
             "version": hp.version, "playbook": playbook.name, "by": who(), "host": conn.host.name,
             "files": files, "validate": validate, "validated_by": f"{sys.version_info[0]}.{sys.version_info[1]}",
             "verify_paths": [f.path for f in hp.files],
+            # the files the plan leaves alone must still hold what it saw, checked under the lock
+            "expect": {f.path: f.sha_now for f in hp.files if f.action == "none"},
         }
+        if conn.host.name in break_lock:
+            payload["break_lock"] = True
         if fault_after_files and conn.host.name in fault_after_files:
             payload["_fault_after_files"] = fault_after_files[conn.host.name]
-        res = conn.agent("deploy", payload)
-        r = HostApply(conn.host.name, "changed" if res.get("deploy_id") else "unchanged",
+        res: DeployAnswer = conn.agent(names.DEPLOY, payload)
+        r = HostApply(conn.host.name, "changed" if res.deploy_id else "unchanged",
                       f"{len(files)} file(s) patched" if files else
-                      ("; ".join(res.get("notes", [])) or "nothing to change"),
-                      res.get("deploy_id"), [f["path"] for f in files], res.get("notes", []))
+                      ("; ".join(res.notes) or "already as intended (checked under the host lock)"),
+                      res.deploy_id, [f["path"] for f in files], res.notes)
         # verification: every playbook file must now hold exactly the intended bytes
-        final = res.get("final", {})
+        final = res.final
         bad = [f"{fp.path} hashes {(final.get(fp.path) or 'missing')[:12]}, expected {fp.sha_intended[:12]}"
                for fp in hp.files if final.get(fp.path) != fp.sha_intended]
         if bad:

@@ -26,6 +26,7 @@ What it does, in order (all logs on stderr, in the installed release's format):
 Test knobs (environment):
   FLEETCTL_SIM_START_DELAY=<seconds>    sleep that long while "loading weights"
   FLEETCTL_SIM_CRASH=startup            print a traceback mid start-up and exit 1
+  FLEETCTL_SIM_CRASH=after-ready:<s>    become ready, serve <s> seconds (default 3), then the same
   FLEETCTL_SIM_DROP_MARKER_RANK=<n>     the n-th scheduler rank (0-based, TP rank for plain TP) omits the marker
   FLEETCTL_SIM_MARKER=<text>            the marker literal looked for (default below)
 See docs/simulator.md.
@@ -102,10 +103,15 @@ def find_sglang() -> tuple[Path, str | None]:
     pkg = Path(next(iter(spec.submodule_search_locations)))
     from fleetctl.remote.agent import _const_assign
 
-    try:
-        version = _const_assign((pkg / "_version.py").read_text(encoding="utf-8"), ("__version__", "version"))
-    except OSError:
-        version = None
+    version = None
+    # the releases keep it in _version.py, some (0.5.5.post3) in version.py: as the agent reads it
+    for fname, names in (("_version.py", ("__version__", "version")), ("version.py", ("__version__",))):
+        try:
+            version = _const_assign((pkg / fname).read_text(encoding="utf-8"), names)
+        except OSError:
+            continue
+        if version:
+            break
     return pkg, version
 
 
@@ -170,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         traceback_exit(f"ModuleNotFoundError: {e}", "import sglang")
         return 1
     if version is None:
-        traceback_exit(f"RuntimeError: cannot read the SGLang version from {pkg}/_version.py")
+        traceback_exit(f"RuntimeError: cannot read the SGLang version from {pkg}/_version.py or version.py")
         return 1
     env = dict(os.environ)
     res = resolve_worker(version, flags, env)
@@ -204,6 +210,13 @@ def main(argv: list[str] | None = None) -> int:
         log(USAGE)
         log(f"launch_server.py: error: unrecognized arguments: {' '.join(parts)}")
         return 2
+    # the self-contained checks of the server_args.py on disk (a patch's own validation included)
+    from fleetctl.sandbox.server_args_checks import run_checks
+
+    refused = run_checks(sa_text, dict(res.resolved_args), pkg) if sa_text else None
+    if refused:
+        traceback_exit(refused, "check_server_args")
+        return 1
     ms = env.get("SGLANG_LOG_MS", "").lower() in ("1", "true", "yes", "y")
 
     def line(ranks: dict[str, int], msg: str) -> str:
@@ -271,6 +284,13 @@ def main(argv: list[str] | None = None) -> int:
             log(line(r, f"{marker} (worker={res.worker_class}, threshold={threshold})"))
     srv.ready = True
     log(line({}, READY_LINE))
+    crash = env.get("FLEETCTL_SIM_CRASH") or ""
+    if crash.startswith("after-ready"):  # serve a while (launch sees it healthy), then die
+        if not stop.wait(float(crash.partition(":")[2] or 3)):
+            srv.shutdown()
+            srv.server_close()
+            traceback_exit("RuntimeError: simulated crash after ready (FLEETCTL_SIM_CRASH=after-ready)",
+                           "event_loop_overlap")
     while not stop.wait(0.2):
         pass
     log(line({}, "fleetctl simulator: SIGTERM received, shutting down"))

@@ -1,0 +1,113 @@
+"""The simulator replays what the server_args.py on disk itself checks (the payload's patched
+validation included), and starts on every release layout (version.py / _version.py). The refusals
+asserted here come from the real release files patched with the real playbook patches."""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from fleetctl import wheels
+from fleetctl.cli import main
+from fleetctl.config.playbook import load_playbook
+from fleetctl.patching.engine import apply_patch
+from fleetctl.sandbox.fleet import Sandbox
+from fleetctl.sandbox.server_args_checks import replayable_checks, run_checks
+from fleetctl.sglang import resolve_worker
+
+ROOT = Path(__file__).resolve().parents[1]
+PAYLOAD = ROOT / "playbooks" / "dynamic-spec-disable"
+FLAGS = {"--model-path": "m", "--speculative-algorithm": "EAGLE3", "--speculative-num-steps": 3,
+         "--speculative-eagle-topk": 1, "--speculative-num-draft-tokens": 4,
+         "--speculative-disable-batch-threshold": 16}
+
+
+def _patched(version: str) -> str:
+    pb = load_playbook(PAYLOAD)
+    spec = next(f for f in pb.files_for(version) or [] if f.path == "srt/server_args.py")
+    orig = (wheels.package_dir(version) / spec.path).read_bytes()
+    return apply_patch(orig, spec.patch_text, name=str(spec.patch_path)).output.decode()
+
+
+@pytest.mark.parametrize("version", load_playbook(PAYLOAD).supported())
+def test_the_patched_checks_are_replayed_from_the_file_on_disk(version: str) -> None:
+    pkg = wheels.package_dir(version)
+    src = _patched(version)
+    ok = dict(resolve_worker(version, FLAGS, {}).resolved_args)
+    dp = dict(resolve_worker(version, {**FLAGS, "--enable-dp-attention": True, "--dp-size": 2, "--tp-size": 2},
+                              {}).resolved_args)
+    assert [f.name for f in replayable_checks(src, ok, pkg)] == ["check_speculative_disable_batch_threshold"]
+    assert run_checks(src, ok, pkg) is None
+    refused = run_checks(src, dp, pkg) or ""
+    assert refused.startswith("ValueError: --speculative-disable-batch-threshold") and "dp" in refused, refused
+    pristine = (pkg / "srt" / "server_args.py").read_text()
+    assert run_checks(pristine, dp, pkg) is None  # the release's own checks need more than a replay has
+
+
+def test_a_check_that_needs_anything_else_is_skipped_not_guessed() -> None:
+    src = ("import os\nclass ServerArgs:\n    x: int = 1\n"
+           "    def check_server_args(self):\n        self.a()\n        self.b()\n        self.c()\n"
+           "    def a(self):\n        if os.environ: raise ValueError('needs os')\n"
+           "    def b(self):\n        if self.not_a_field: raise ValueError('unknown field')\n"
+           "    def c(self):\n        if self.x > 0 and self.tp_size > 1: raise ValueError('tp')\n")
+    assert [f.name for f in replayable_checks(src, {"tp_size": 2})] == ["c"]
+    assert run_checks(src, {"tp_size": 2}) == "ValueError: tp"
+    assert run_checks(src, {"tp_size": 1}) is None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _inventory(sb: Sandbox, path: Path, flags: dict[str, Any]) -> Path:
+    doc = yaml.safe_load(sb.inventory_path.read_text())
+    base = sb.inventory_path.parent
+    doc["ssh_config"] = str(base / doc["ssh_config"])
+    for k in ("identity_file", "known_hosts"):
+        doc["defaults"][k] = str(base / doc["defaults"][k])
+    for h in doc["hosts"].values():
+        h["flags"] = {"--port": _free_port(), **flags}
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def _cli(capsys: pytest.CaptureFixture[str], *args: Any) -> tuple[int, Any]:
+    capsys.readouterr()
+    code = main([*map(str, args), "--json"])
+    out = capsys.readouterr().out
+    return code, json.loads(out) if out.strip() else None
+
+
+@pytest.mark.fleet
+def test_sandbox_servers_refuse_what_the_patched_server_args_refuses_and_old_layouts_start(
+        fresh_sandbox: Callable[..., Sandbox], tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLEETCTL_STATE_DIR", str(tmp_path / "ledger"))
+    sb = fresh_sandbox(hosts=2, versions=("0.5.5.post3", "0.5.14"), gpus=1)
+    inv = _inventory(sb, tmp_path / "inv.yaml", {})
+    try:
+        assert _cli(capsys, "deploy", "-i", inv, PAYLOAD)[0] == 0
+        # 0.5.5.post3 keeps its version in version.py: its sandbox server starts and proves the patch
+        code, doc = _cli(capsys, "launch", "-i", inv, PAYLOAD, "--timeout", "30")
+        assert code == 0, doc
+        code, doc = _cli(capsys, "verify-logs", "-i", inv, PAYLOAD)
+        assert code == 0, doc
+        # topk 2 on 0.5.14: the patched server_args refuses it (through the release's own adaptive reasons)
+        inv2 = _inventory(sb, tmp_path / "inv2.yaml", {"--speculative-eagle-topk": 2,
+                                                        "--speculative-num-draft-tokens": 8})
+        code, doc = _cli(capsys, "launch", "--replace", "-i", inv2, PAYLOAD, "--limit", "h02", "--timeout", "30")
+        assert code == 1
+        msg = doc["hosts"][0]["instances"][0]["message"]
+        assert msg.startswith("the server exited (status 1) before ready: ValueError: "
+                              "--speculative-disable-batch-threshold cannot run in this setup: "
+                              "speculative_eagle_topk=2 (only topk=1 is supported)"), msg
+    finally:
+        main(["stop", "-i", str(inv)])
