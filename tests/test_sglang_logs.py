@@ -261,8 +261,9 @@ def test_each_node_logs_only_its_own_ranks(version: str) -> None:
     for tp, pp, nnodes in [(8, 1, 2), (16, 1, 4), (8, 2, 2), (4, 4, 2), (8, 2, 4), (4, 1, 1)]:
         for node_rank in range(nnodes):
             server_args = types.SimpleNamespace(tp_size=tp, pp_size=pp, nnodes=nnodes, node_rank=node_rank)
-            # inline on server_args in some releases, a helper taking the four as parameters in others
-            ns: dict[str, Any] = {"server_args": server_args, **vars(server_args)}
+            # inline on server_args in some releases, a helper taking the four as parameters in others,
+            # a helper reading the parallel config (get_parallel()) from 0.5.21
+            ns: dict[str, Any] = {"server_args": server_args, "parallel": server_args, **vars(server_args)}
             for stmt in formulas:
                 exec(compile(ast.Module(body=[stmt], type_ignores=[]), "<engine>", "exec"), ns)
             args = {"tp_size": tp, "pp_size": pp, "nnodes": str(nnodes), "node_rank": str(node_rank)}
