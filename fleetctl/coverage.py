@@ -28,8 +28,9 @@ def launch_flags(host: Host, playbook: Playbook) -> dict[str, Any]:
 
 
 def launch_env(host: Host, playbook: Playbook) -> dict[str, str]:
-    """The environment launch passes (playbook env + inventory env), never the controller's."""
-    return dict(instances(host, playbook)[0].env)
+    """The environment the launch's python sees (playbook env + inventory env + what an `env` prefix
+    in the launch command sets), never the controller's."""
+    return dict(instances(host, playbook)[0].effective_env)
 
 
 def coverage(version: str, flags: dict[str, Any], env: dict[str, str], playbook: Playbook) -> Coverage:

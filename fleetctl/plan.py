@@ -121,7 +121,8 @@ def effective_hashes(facts: HostFacts) -> dict[str, str | None]:
 def plan_host(host: Host, facts: HostFacts, playbook: Playbook, intended: dict[str, Intended] | None,
               *, force: bool, coverage: Coverage | None = None, allow_uncovered: bool = False) -> HostPlan:
     if not facts.sglang_found:
-        return HostPlan(host.name, "failed", f"{host.name}: sglang is not importable by {facts.python}",
+        return HostPlan(host.name, "failed", f"{host.name}: " + (
+            facts.sglang_error or f"sglang is not importable by the launch's python {facts.launch_python or facts.python}"),
                         coverage=coverage)
     v = facts.sglang_version
     hp = HostPlan(host.name, "noop", version=v, package_dir=facts.sglang_dir, coverage=coverage)

@@ -256,7 +256,8 @@ def register(app: typer.Typer) -> None:
                            accept_new_host_keys=accept_new_host_keys) as ctx:
             extra = sorted({f.path for files in (pb.versions.values() if pb else []) for f in files})
             outs = _tick_run(ctx, "facts", lambda: ctx.fleet.run(
-                lambda c: read_facts(c, extra_files=extra, with_=["state", "servers"], gpus=False)))
+                lambda c: read_facts(c, extra_files=extra, with_=["state", "servers"], gpus=False,
+                                     profile=pb.launch if pb else None)))
             gathered = Gathered({o.host: o.data for o in outs if o.ok}, {o.host: o for o in outs})
             plan = build_plan(ctx.fleet, pb, gathered, allow_uncovered=True) if pb else None
             rows = status_rows(ctx, gathered, plan)
@@ -363,7 +364,7 @@ def register(app: typer.Typer) -> None:
                 if f.sglang_version:
                     row["instances"] = []
                     for inst in instances(h, pb):
-                        ic = coverage(f.sglang_version, dict(inst.flags), dict(inst.env), pb)
+                        ic = coverage(f.sglang_version, dict(inst.flags), dict(inst.effective_env), pb)
                         row["instances"].append({"instance": inst.name, "gpus": list(inst.gpus), "port": inst.port,
                                                  "worker_class": ic.worker_class, "worker_file": ic.worker_file,
                                                  "disable_overlap_schedule": ic.disable_overlap_schedule,

@@ -16,6 +16,7 @@ from fleetctl.config.playbook import Playbook
 from fleetctl.errors import InputError
 from fleetctl.facts import HostFacts, read_facts
 from fleetctl.fleet import Fleet, HostOutcome
+from fleetctl.instances import host_launch_spec
 from fleetctl.payload import intended_for
 from fleetctl.plan import Coverage, HostPlan, Intended, Plan, plan_host
 from fleetctl.transport.ssh import HostConnection
@@ -37,7 +38,9 @@ class Gathered:
 
 def gather(fleet: Fleet, playbook: Playbook | None) -> Gathered:
     extra = sorted({f.path for files in (playbook.versions.values() if playbook else []) for f in files})
-    outs = fleet.run(lambda c: read_facts(c, extra_files=extra, with_=["state"], gpus=False, all_hashes=False))
+    profile = playbook.launch if playbook else None
+    outs = fleet.run(lambda c: read_facts(c, extra_files=extra, with_=["state"], gpus=False, all_hashes=False,
+                                          profile=profile))
     return Gathered({o.host: o.data for o in outs if o.ok}, {o.host: o for o in outs})
 
 
@@ -140,6 +143,8 @@ def apply_plan(fleet: Fleet, plan: Plan, playbook: Playbook, op_id: str, *, vali
             "version": hp.version, "playbook": playbook.name, "by": who(), "host": conn.host.name,
             "files": files, "validate": validate, "validated_by": f"{sys.version_info[0]}.{sys.version_info[1]}",
             "verify_paths": [f.path for f in hp.files],
+            # the launch's python, env and cwd: the agent asks it for its pycache prefix (bytecode)
+            "launch": host_launch_spec(conn.host, playbook.launch).to_agent(),
         }
         if fault_after_files and conn.host.name in fault_after_files:
             payload["_fault_after_files"] = fault_after_files[conn.host.name]

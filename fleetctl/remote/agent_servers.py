@@ -13,7 +13,15 @@ the matching lines (bounded), never a whole log.
 
 if __name__ != "fleetctl_agent":  # imported locally (tests, the sandbox simulator)
     from fleetctl.remote.agent import *  # noqa: F403
-    from fleetctl.remote.agent import ACTIONS, EXTRA_FACTS, AgentError, expand, sha256_file
+    from fleetctl.remote.agent import (
+        ACTIONS,
+        EXTRA_FACTS,
+        AgentError,
+        expand,
+        launch_cwd,
+        launch_environment,
+        sha256_file,
+    )
     from fleetctl.remote.agent_deploy import acquire_lock, list_manifests, release_lock, write_atomic
 
 import errno
@@ -336,10 +344,9 @@ def action_server_start(p):
     argv = p["argv"]
     if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
         raise AgentError("argv must be a non-empty list of strings", "bad_input")
-    env = dict((str(k), str(v)) for k, v in (p.get("env") or {}).items())
-    for k in p.get("inherit_env") or []:  # host basics (PATH, HOME, ...) from this host's session
-        if k in os.environ and k not in env:
-            env[k] = os.environ[k]
+    # host basics (PATH, HOME, ...) from this host's session, then the launch's env: the same
+    # computation the probe that located sglang for this launch used (an `env` prefix in argv does the rest)
+    env = launch_environment({"env": p.get("env") or {}, "inherit": p.get("inherit_env") or []})
     # the host lock: no launch while a deploy or rollback is changing files (and vice versa)
     acquire_lock(sd, "launch", lid, p.get("by", "?"))
     try:
@@ -367,9 +374,7 @@ def _start_locked(p, sd, name, lid, argv, env):
     pkg = p.get("package_dir")
     hashes = hash_files(pkg, p.get("hash_files")) if pkg else {}
     dep = deploy_on_disk(sd)
-    cwd = p.get("cwd") or env.get("HOME") or expand("~")
-    if not os.path.isdir(cwd):
-        cwd = "/"
+    cwd = launch_cwd(p.get("cwd"), env)
     rec = {"instance": name, "launch_id": lid, "launched_at": time.time(), "argv": p.get("public_argv") or argv,
            "env": p.get("public_env") or {}, "inherited_env": sorted(k for k in (p.get("inherit_env") or [])
                                                                      if k in os.environ),
