@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import typer
+from rich.markup import escape
 
 from fleetctl.commands.common import (
     DEFAULT_FORKS,
@@ -86,15 +87,21 @@ def register(app: typer.Typer) -> None:
                         t.add_row(o.host, status_cell(o.status), "(see below)", "", "", "", "")
                         continue
                     f: HostFacts = o.data
-                    sg = (f"{f.sglang_version or '?'} ({f.sglang_install})\n{f.sglang_dir}" if f.sglang_found
-                          else "[red]not found[/] by this python")
+                    sg = (escape(f"{f.sglang_version or '?'} ({f.sglang_install})\n{f.sglang_dir}") if f.sglang_found
+                          else "[red]not found[/] by the launch's python"
+                          + (f"\n{escape(f.sglang_error)}" if f.sglang_error else ""))
+                    for n in f.sglang_notes + [p for p in map(f.bytecode_problem, f.bytecode) if p]:
+                        sg += f"\n[yellow]note:[/] {escape(n)}"
                     tc = f.torch
                     torch = ("[red]missing[/]" if tc.installed is None else
                              f"{tc.installed} " + ({True: "[green]ok[/]", False: "[red]mismatch[/]",
                                                     None: "(unchecked)"}[tc.satisfied]))
                     if tc.required:
                         torch += f"\nneeds {', '.join(tc.required)}"
-                    t.add_row(o.host, status_cell(o.status), f"{f.os}\n{f.python} ({f.python_version})",
+                    py = f"{f.os}\n{f.python} ({f.python_version})"
+                    if f.launch_python and f.launch_python != f.python:
+                        py += f"\nlaunch: {f.launch_python} ({f.launch_python_version})"
+                    t.add_row(o.host, status_cell(o.status), escape(py),
                               sg, torch, _files_cell(f, files), _gpu_cell(f))
                 out.print(t)
                 print_failures(out, outcomes)

@@ -358,8 +358,8 @@ def register(app: typer.Typer) -> None:
                     "worker_file": cov.worker_file if cov else None,
                     "disable_overlap_schedule": cov.disable_overlap_schedule if cov else None,
                     "covered": cov.covered if cov else None,
-                    "reason": cov.reason if cov else "SGLang not found on this host",
-                    "refused": cov.refused if cov else None,
+                    "reason": cov.reason if cov else (f.sglang_error or "SGLang not found by the launch's python"),
+                    "refused": cov.refused if cov else (f.sglang_error or "SGLang not found by the launch's python"),
                 }
                 if f.sglang_version:
                     row["instances"] = []
@@ -369,6 +369,14 @@ def register(app: typer.Typer) -> None:
                                                  "worker_class": ic.worker_class, "worker_file": ic.worker_file,
                                                  "disable_overlap_schedule": ic.disable_overlap_schedule,
                                                  "covered": ic.covered, "reason": ic.reason, "refused": ic.refused})
+                # the code import would load for the worker file, not only its source (bytecode)
+                bc = f.bytecode_problem(cov.worker_file) if cov and cov.worker_file else None
+                row["bytecode"] = bc
+                row["notes"] = list(f.sglang_notes)
+                if bc and (f.bytecode.get(cov.worker_file or "") or {}).get("loader") != "source":
+                    row["refused"] = row["refused"] or bc
+                elif bc:
+                    row["notes"].append(f"{bc}: deploy removes it when it patches the file")
                 if f.sglang_version and pb.files_for(f.sglang_version) is None:
                     row["refused"] = (f"SGLang {f.sglang_version} has no patch set in {pb.path.name}; "
                                       f"supported: {', '.join(pb.supported())}")
@@ -390,7 +398,9 @@ def register(app: typer.Typer) -> None:
                         for i in insts:
                             out.print(f"  {i['instance']} (GPUs {','.join(map(str, i['gpus']))}): {i['reason']}")
                     if r.get("refused") and r["refused"] != r["reason"]:
-                        out.print(f"  {r['refused']}")
+                        out.print(f"  {r['refused']}", markup=False, highlight=False)
+                    for n in r.get("notes") or []:
+                        out.print(f"  note: {n}", markup=False, highlight=False)
             raise typer.Exit(EXIT_FAILED if bad else EXIT_OK)
 
 

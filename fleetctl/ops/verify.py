@@ -7,11 +7,13 @@ SGLang fact (ranks, line format, dump, worker routing) comes from `fleetctl.sgla
 
 from __future__ import annotations
 
+import posixpath
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from fleetctl.config.playbook import Playbook
+from fleetctl.facts import bytecode_problem
 from fleetctl.fleet import Fleet
 from fleetctl.instances import Instance
 from fleetctl.ops.launch import plan_fleet, predates_deploy
@@ -25,7 +27,7 @@ from fleetctl.sglang import (
     resolve_worker,
 )
 from fleetctl.sglang import releases as sg_releases
-from fleetctl.transport.ssh import HostConnection
+from fleetctl.transport.ssh import HostConnection, RemoteError
 
 REPORT_ARGS = ("speculative_algorithm", "disable_overlap_schedule", "speculative_eagle_topk",
                "speculative_disable_batch_threshold")
@@ -159,6 +161,22 @@ def _hms(t: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "?"
 
 
+def _explain_loaded(iv: InstanceVerify, loaded: dict[str, Any] | None) -> None:
+    """What the launch's python would load for the worker module (the probe): the code that runs,
+    which is not always the source on disk (a cached hash-based pyc, an extension, sourceless)."""
+    if not loaded:
+        return
+    w, v = iv.worker, loaded.get("view") or {}
+    problem = bytecode_problem(w["file"], v)
+    if problem:
+        iv.explanation.append(problem)
+    c = loaded.get("check") or {}
+    if loaded.get("loaded") and v.get("loader") == "source" and v.get("pyc_used"):
+        iv.explanation.append(f"the code import loads for {w['file']} (from {v.get('pyc')}) "
+                              f"{'DOES' if c.get('marker') else 'does NOT'} carry {loaded.get('marker')!r} in "
+                              f"{w['class']}.__init__")
+
+
 def _explain(iv: InstanceVerify, rec_env: dict[str, str], check: dict[str, Any] | None) -> None:
     w = iv.worker
     if not w.get("class"):
@@ -213,8 +231,20 @@ def verify_host(conn: HostConnection, pb: Playbook, plan: list[Instance]) -> lis
         checks = conn.agent("worker_check", {"package_dir": pkg, "checks": [
             {"file": iv.worker["file"], "class": iv.worker["class"], "marker": m}
             for iv, _ in need for m in [next(m for r in iv.ranks for m, ok in r.markers.items() if not ok)]]})
+    loaded: list[Any] = []
+    if need and plan and plan[0].launch is not None:
+        try:  # the code the launch's python would load now, bytecode included
+            got_l = conn.agent("locate", {"launch": plan[0].launch.to_agent(), "checks": [
+                {"file": iv.worker["file"], "class": iv.worker["class"], "marker": m}
+                for iv, _ in need for m in [next(m for r in iv.ranks for m, ok in r.markers.items() if not ok)]]})
+            if got_l.get("sglang_dir") and posixpath.normpath(got_l["sglang_dir"]) == posixpath.normpath(
+                    need[0][1].get("package_dir") or "."):
+                loaded = got_l.get("checks") or []
+        except RemoteError:
+            loaded = []
     for k, (iv, rec) in enumerate(need):
         _explain(iv, rec.get("env") or {}, checks[k] if k < len(checks) else None)
+        _explain_loaded(iv, loaded[k] if k < len(loaded) else None)
     for iv in out:
         iv.ok = not iv.problems
     return out
