@@ -255,6 +255,8 @@ def locate_sglang(sglang_dir=None, launch=None, files=()):
         pkg = pr.get("sglang_dir")
         if sglang_dir:
             given = expand(sglang_dir)
+            if not os.path.isfile(os.path.join(given, "__init__.py")):
+                raise AgentError("sglang_dir %s holds no __init__.py" % given, "bad_input")
             if not pkg:
                 raise AgentError("sglang_dir %s: the launch's python %s imports no sglang with the launch's "
                                  "environment and cwd" % (given, pr.get("executable")), "bad_input")
