@@ -154,7 +154,8 @@ def launch_spec(words: list[str], host_python: str, env: dict[str, str],
         if name in WRAPPERS:
             # skip the wrapper's own options up to the first word that is a python
             j = i + 1
-            while j < len(words) and not _is_python(words[j], host_python) and posixpath.basename(words[j]) != "env":
+            while (j < len(words) and not _is_python(words[j], host_python)
+                   and posixpath.basename(words[j]) not in WRAPPERS | {"env"}):
                 if not (words[j].startswith("-") or re.match(r"^[0-9a-fx,:-]+$", words[j])):
                     return unresolved(f"{name} runs {words[j]!r}, which is not a python")
                 j += 1
