@@ -64,4 +64,11 @@ def coverage(version: str, flags: dict[str, Any], env: dict[str, str], playbook:
 def host_coverage(host: Host, facts: HostFacts, playbook: Playbook) -> Coverage | None:
     if not facts.sglang_version:
         return None
-    return coverage(facts.sglang_version, launch_flags(host, playbook), launch_env(host, playbook), playbook)
+    cov = coverage(facts.sglang_version, launch_flags(host, playbook), launch_env(host, playbook), playbook)
+    # the code import loads for the worker must come from the source fleetctl patches: a compiled
+    # extension module or sourceless bytecode in its place is never patched (a stale cached pyc is:
+    # deploy removes it with the file)
+    view = facts.bytecode.get(cov.worker_file or "") or {}
+    if cov.worker_file and view.get("loader") in ("extension", "sourceless") and not cov.refused:
+        cov.refused = facts.bytecode_problem(cov.worker_file)
+    return cov

@@ -320,3 +320,22 @@ def test_pycache_prefix_of_the_launch(sb: Sandbox, tmp_path: Path, capsys: pytes
     # cached the patched source there as a plain timestamp pyc
     assert sys.implementation.cache_tag in pyc.name
     assert not pyc.exists() or int.from_bytes(pyc.read_bytes()[4:8], "little") == 0
+
+
+def test_compiled_extension_in_place_of_the_worker_is_refused(sb: Sandbox, tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """An extension module beside the .py wins over it at import: patching the .py changes nothing."""
+    import importlib.machinery
+
+    h = sb.hosts["h01"]
+    ext = (h.sglang_dir / WORKER).with_name("eagle_worker" + importlib.machinery.EXTENSION_SUFFIXES[0])
+    ext.write_bytes(b"\x7fELF not really")
+    try:
+        inv = inventory(sb, tmp_path / "inv.yaml")
+        pb = playbook(tmp_path)
+        code, doc, _ = cli(capsys, "explain", "-i", inv, pb)
+        assert code == 1 and "compiled extension" in doc["hosts"][0]["refused"]
+        code, doc, _ = cli(capsys, "deploy", "-i", inv, pb)
+        assert code == 1 and "compiled extension" in json.dumps(doc) and not patched(h.sglang_dir)
+    finally:
+        ext.unlink()
