@@ -339,3 +339,42 @@ def test_compiled_extension_in_place_of_the_worker_is_refused(sb: Sandbox, tmp_p
         assert code == 1 and "compiled extension" in json.dumps(doc) and not patched(h.sglang_dir)
     finally:
         ext.unlink()
+
+
+# ----------------------------------------------------------------------------- item 3 (liveness)
+
+
+def test_wrapper_that_outlives_the_server_is_not_a_running_server(sb: Sandbox, tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """The launch's python is a shell wrapper without `exec` that stays after the server exits."""
+    import os
+    import signal
+    import time
+
+    h = sb.hosts["h01"]
+    alt = tmp_path / "shim" / "bin" / "python3"
+    alt.parent.mkdir(parents=True)
+    text = h.python.read_text()
+    assert 'exec ' in text
+    alt.write_text(text.replace('exec ', '', 1) + '\ncase "$*" in *fleetctl.sandbox.simulator*) '
+                   'sleep 300 </dev/null >/dev/null 2>&1;; esac\n')
+    alt.chmod(0o755)
+    inv = inventory(sb, tmp_path / "inv.yaml", python=str(alt))
+    pb = playbook(tmp_path)
+    deploy_launch_verify(capsys, inv, pb)
+    (name,) = srv.list_instances(str(h.state_dir))
+    rec = srv.current_record(str(h.state_dir), name)
+    assert rec["server_pid"] != rec["pid"]  # the python, not the wrapper shell
+    os.kill(rec["server_pid"], signal.SIGKILL)  # the server dies; the wrapper shell lives on
+    deadline = time.monotonic() + 30
+    while srv.server_alive(rec) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert srv.record_alive(rec)  # the wrapper
+    code, doc, _ = cli(capsys, "status", "-i", inv)
+    (row,) = doc["hosts"][0]["servers"]
+    assert code == 1 and row["running"] is False and "launch wrapper" in " ".join(row["problems"])
+    code, doc, _ = cli(capsys, "verify-logs", "-i", inv, pb)
+    assert code == 1 and "server not running" in json.dumps(doc)
+    # a relaunch is not blocked by a stale "not running" view: --replace stops the wrapper first
+    code, doc, err = cli(capsys, "launch", "-i", inv, pb, "--timeout", "60", "--replace")
+    assert code == 0, (doc, err)

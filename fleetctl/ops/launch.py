@@ -82,7 +82,9 @@ def _public_flags(inst: Instance) -> dict[str, Any]:
 
 
 def _running(facts: HostFacts) -> list[dict[str, Any]]:
-    return [s for s in (facts.extra.get("servers") or {}).get("instances", []) if s.get("running")]
+    """Instances whose server runs, or whose launch still has a live process (a wrapper)."""
+    return [s for s in (facts.extra.get("servers") or {}).get("instances", [])
+            if s.get("running") or s.get("launch_alive")]
 
 
 def _conflicts(running: list[dict[str, Any]], plan: list[Instance]) -> list[dict[str, Any]]:
@@ -257,7 +259,10 @@ def launch_host(conn: HostConnection, pb: Playbook, plan: list[Instance], *, lau
             "inherit_env": list(INHERIT_FROM_HOST), "package_dir": facts.sglang_dir, "hash_files": hashes,
             "extra": {"version": v, "port": inst.port, "gpus": list(inst.gpus), "flags": _public_flags(inst),
                       "playbook": pb.name, "by": who(), "host": h.name, "worker": it.worker,
-                      "ready_timeout": timeout},
+                      "ready_timeout": timeout,
+                      # how the agent tells the server process from its wrappers (liveness)
+                      "server_match": {"executable": facts.launch_python,
+                                       "target": inst.launch.target if inst.launch else None}},
         }
         try:
             rec = conn.agent("server_start", payload)
@@ -412,6 +417,9 @@ def server_status_facts(host: Host | str, facts: HostFacts | dict[str, Any]) -> 
     for s in srv.get("instances", []):
         rec = s.get("record") or {}
         problems = []
+        if s.get("wrapper_only"):
+            problems.append(f"server process {rec.get('server_pid') or '?'} is gone; its launch wrapper (pid "
+                            f"{rec.get('pid')}) still runs: 'fleetctl stop' it")
         if s.get("restart_needed"):
             problems.append(f"restart needed: {', '.join(s.get('changed_files') or [])} changed on disk after "
                             f"the server started")

@@ -16,7 +16,7 @@ from fleetctl.config.playbook import Playbook
 from fleetctl.facts import bytecode_problem
 from fleetctl.fleet import Fleet
 from fleetctl.instances import Instance
-from fleetctl.ops.launch import plan_fleet, predates_deploy
+from fleetctl.ops.launch import http_get, plan_fleet, predates_deploy
 from fleetctl.sglang import (
     DUMP_ANCHOR,
     READY_LINE,
@@ -107,6 +107,9 @@ def _check_instance(iv: InstanceVerify, st: dict[str, Any], pb: Playbook, deploy
     iv.since = rec.get("process_started") or rec.get("launched_at")
     if not iv.running:
         how = f" ({rec.get('state')})" if rec.get("state") not in (None, "started") else ""
+        if st.get("wrapper_only"):
+            how = (f" (its server process {rec.get('server_pid') or '?'} is gone; only its launch wrapper, pid "
+                   f"{rec.get('pid')}, still runs)")
         iv.problems.append(f"server not running: launch {iv.launch_id}{how}")
     if not st.get("log_exists"):
         iv.problems.append(f"the launch's log {iv.log} is gone")
@@ -221,6 +224,14 @@ def verify_host(conn: HostConnection, pb: Playbook, plan: list[Instance]) -> lis
         iv = InstanceVerify(h.name, inst.name, inst.port)
         st = got["instances"].get(inst.name) or {}
         _check_instance(iv, st, pb, deploy_now)
+        if iv.running:  # alive is not enough: the server must answer on its port now
+            port = (st.get("record") or {}).get("port") or inst.port
+            try:
+                code, _ = http_get(conn, int(port), "/health", timeout=15.0)
+                if code != 200:
+                    iv.problems.append(f"GET /health on port {port} answered {code or 'nothing'}")
+            except (RemoteError, OSError, ValueError) as e:
+                iv.problems.append(f"GET /health on port {port} failed: {e}")
         out.append(iv)
     # explanations need the worker file as it is on the host: one more call, only on failure
     need = [(iv, got["instances"][iv.instance]["record"]) for iv in out

@@ -82,6 +82,87 @@ def record_alive(rec):
     return ticks == rec.get("start_ticks")
 
 
+def session_members(sid):
+    """(pid, start ticks) of the live processes in session `sid` (the launch's pid tree: the agent
+    starts every server in a new session), read from /proc."""
+    out = []
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return out
+    for n in names:
+        if not n.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % n, "rb") as fh:
+                raw = fh.read()
+        except (OSError, ValueError):
+            continue
+        rest = raw[raw.rfind(b")") + 2:].split()
+        try:
+            if int(rest[3]) == sid and rest[0] not in (b"Z", b"X", b"x"):
+                out.append((int(n), int(rest[19])))
+        except (IndexError, ValueError):
+            continue
+    return out
+
+
+def proc_cmdline(pid, limit=65536):
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as fh:
+            raw = fh.read(limit)
+    except OSError:
+        return []
+    return [a.decode("utf-8", "replace") for a in raw.split(b"\0") if a]
+
+
+def find_server_process(rec):
+    """The process of this launch that runs the server: in the launch's session, the oldest process
+    whose executable is the launch's python (resolved on this host) and whose argv names the
+    launch's module or script. Wrappers (a shell, nohup, numactl ...) never match: their executable
+    is not that python. Returns (pid, start ticks) or None (unknown, or not found)."""
+    m = rec.get("server_match") or {}
+    exe = m.get("executable")
+    sid = rec.get("pgid") or rec.get("pid")
+    if not exe or not isinstance(sid, int):
+        return None
+    want = os.path.realpath(exe)
+    best = None
+    for pid, ticks in session_members(sid):
+        try:
+            real = os.path.realpath("/proc/%d/exe" % pid)
+        except OSError:
+            continue
+        if real != want:
+            continue
+        target = m.get("target")
+        if target and target not in proc_cmdline(pid):
+            continue
+        if best is None or ticks < best[1]:
+            best = (pid, ticks)
+    return best
+
+
+def server_alive(rec):
+    """Is the SERVER of this launch alive (not merely its wrapper)? Judged by the server process
+    identified when it became ready; a launch whose server was never identified (no python of the
+    launch found, or an old record) is judged by its launch process."""
+    spid = rec.get("server_pid")
+    if isinstance(spid, int) and spid > 0:
+        ticks, st = proc_start_ticks(spid)
+        return ticks is not None and st not in ("Z", "X", "x") and ticks == rec.get("server_start_ticks")
+    return record_alive(rec)
+
+
+def identify_server(rec):
+    """Record the server process of a launch in `rec` (server_pid/server_start_ticks); True if found."""
+    got = find_server_process(rec)
+    if got is None:
+        return False
+    rec["server_pid"], rec["server_start_ticks"] = got
+    return True
+
+
 def group_members(pgid):
     """Pids of the live (non-zombie) processes in process group `pgid`, read from /proc."""
     out = []
@@ -304,7 +385,13 @@ def instance_state(state_dir, name, deploy_now=None, with_hashes=True):
     st = {"instance": name, "record": rec, "running": False}
     if rec is None:
         return st
-    st["running"] = record_alive(rec)
+    launch_alive = record_alive(rec) or (isinstance(rec.get("pgid"), int) and group_alive(rec["pgid"]))
+    if launch_alive and not rec.get("server_pid") and rec.get("state") == "started":
+        identify_server(rec)  # identified late (not saved: facts are read-only)
+    st["running"] = launch_alive and server_alive(rec)
+    st["launch_alive"] = launch_alive
+    if launch_alive and not st["running"]:
+        st["wrapper_only"] = True  # the server process is gone, a wrapper of the launch lives on
     pkg = rec.get("package_dir")
     at_launch = rec.get("worker_hashes") or {}
     if with_hashes and pkg and at_launch:
@@ -422,7 +509,9 @@ def action_server_wait(p):
         for n in pending:
             s = st[n]
             rec = s["rec"]
-            alive = record_alive(rec)
+            if not rec.get("server_pid") and record_alive(rec):
+                identify_server(rec)
+            alive = record_alive(rec) and server_alive(rec)
             try:
                 with open(rec["log"], "rb") as fh:
                     fh.seek(s["offset"])
@@ -467,8 +556,11 @@ def action_server_wait(p):
     for n in names:
         s = st[n]
         rec = s.get("rec") or {}
+        if rec and s["status"] == "ready":
+            if rec.get("server_pid") or identify_server(rec):
+                save_record(sd, rec)  # judged by its server process from now on (status, verify-logs)
         r = {"status": s["status"], "why": s.get("why"), "line": s.get("line"),
-             "running": record_alive(rec) if rec else False,
+             "running": record_alive(rec) if rec else False, "server_pid": rec.get("server_pid"),
              "seconds": round(now - rec["launched_at"], 3) if rec.get("launched_at") else None}
         if s["status"] != "ready" and rec.get("log"):
             r["tail"] = tail_lines(rec["log"], ntail)
