@@ -377,6 +377,10 @@ def register(app: typer.Typer) -> None:
                     row["refused"] = row["refused"] or bc
                 elif bc:
                     row["notes"].append(f"{bc}: deploy removes it when it patches the file")
+                for pf in pb.files_for(f.sglang_version or "") or []:
+                    other = f.bytecode_problem(pf.path) if pf.path != (cov.worker_file if cov else None) else None
+                    if other:
+                        row["notes"].append(other)
                 if f.sglang_version and pb.files_for(f.sglang_version) is None:
                     row["refused"] = (f"SGLang {f.sglang_version} has no patch set in {pb.path.name}; "
                                       f"supported: {', '.join(pb.supported())}")
