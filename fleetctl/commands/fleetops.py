@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 
 from fleetctl.commands.common import (
     DEFAULT_FORKS,
@@ -391,16 +392,16 @@ def register(app: typer.Typer) -> None:
             else:
                 for r in rows:
                     if r["status"] != "ok":
-                        out.print(f"{r['host']}: [red]{r['status']}[/] {r['reason']}")
+                        out.print(f"{r['host']}: [red]{r['status']}[/] {escape(r['reason'])}")
                         continue
                     mark = "[green]ok[/]" if not r.get("refused") else "[red]REFUSED[/]"
                     insts = r.get("instances") or []
                     where = f" ({len(insts)} instances, each alike)" if len(insts) > 1 and all(
                         i["reason"] == insts[0]["reason"] for i in insts) else ""
-                    out.print(f"{r['host']}{where}: {r['reason']} [{mark}]")
+                    out.print(f"{r['host']}{where}: {escape(r['reason'])} [{mark}]")
                     if len(insts) > 1 and not where:
                         for i in insts:
-                            out.print(f"  {i['instance']} (GPUs {','.join(map(str, i['gpus']))}): {i['reason']}")
+                            out.print(f"  {i['instance']} (GPUs {','.join(map(str, i['gpus']))}): {escape(i['reason'])}")
                     if r.get("refused") and r["refused"] != r["reason"]:
                         out.print(f"  {r['refused']}", markup=False, highlight=False)
                     for n in r.get("notes") or []:
