@@ -69,6 +69,7 @@ class HostPlan:
     files: list[FilePlan] = field(default_factory=list)
     interrupted: list[str] = field(default_factory=list)
     coverage: Coverage | None = None
+    drop_bytecode: list[str] = field(default_factory=list)  # files not replaced whose cached pyc is stale
 
     @property
     def to_patch(self) -> list[FilePlan]:
@@ -77,7 +78,7 @@ class HostPlan:
     def to_json(self) -> dict[str, Any]:
         return {"host": self.host, "status": self.status, "reason": self.reason, "version": self.version,
                 "package_dir": self.package_dir, "interrupted": self.interrupted,
-                "files": [f.to_json() for f in self.files],
+                "files": [f.to_json() for f in self.files], "drop_bytecode": self.drop_bytecode,
                 "coverage": self.coverage.to_json() if self.coverage else None}
 
 

@@ -306,6 +306,14 @@ def test_stale_pyc_makes_verify_logs_fail_and_say_why(sb: Sandbox, tmp_path: Pat
     assert code == 1
     text = json.dumps(doc)
     assert "unchecked-hash" in text and "does NOT carry" in text
+    # the files are already as intended, yet deploy is not a no-op: it removes the stale bytecode
+    code, doc, _ = cli(capsys, "deploy", "-i", inv, pb)
+    assert code == 0 and doc["plan"]["hosts"][0]["drop_bytecode"] == [WORKER]
+    assert "stale cached bytecode" in json.dumps(doc["results"])
+    code, doc, err = cli(capsys, "launch", "-i", inv, pb, "--timeout", "60", "--replace")
+    assert code == 0, (doc, err)
+    code, doc, err = cli(capsys, "verify-logs", "-i", inv, pb)
+    assert code == 0, (doc, err)
 
 
 def test_pycache_prefix_of_the_launch(sb: Sandbox, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

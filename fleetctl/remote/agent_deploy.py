@@ -639,6 +639,17 @@ def _pycache_prefixes(p):
     return [got["pycache_prefix"]] if got.get("pycache_prefix") else []
 
 
+def _drop_stale(pkg, rels, prefixes):
+    """Remove the cached bytecode of files the deploy does not replace (the controller found it
+    stale: import would run it instead of the file). Returns notes."""
+    removed = []
+    for rel in rels or []:
+        drop_bytecode(safe_target(pkg, rel), prefixes, removed)
+    if not removed:
+        return []
+    return ["removed %d stale cached bytecode file(s): %s" % (len(removed), ", ".join(removed))]
+
+
 def action_deploy(p):
     """Apply one host's planned files in one transaction: all intended, or all original."""
     import base64
@@ -663,6 +674,7 @@ def action_deploy(p):
                                  % (f["path"], cur[:12], f["sha_before"][:12]), "changed")
             plan.append((f, path, st))
         if not plan:
+            notes += _drop_stale(pkg, p.get("drop_bytecode"), _pycache_prefixes(p) if p.get("drop_bytecode") else [])
             return {"deploy_id": None, "files": [], "notes": notes, "final": _final(pkg, p)}
         ddir = os.path.dirname(manifest_path(sd, did))
         if os.path.exists(ddir):
@@ -732,6 +744,7 @@ def action_deploy(p):
         if pyc["removed"]:
             notes.append("removed %d cached bytecode file(s) of the replaced sources: %s"
                          % (len(pyc["removed"]), ", ".join(pyc["removed"])))
+        notes += _drop_stale(pkg, p.get("drop_bytecode"), m["pycache_prefixes"])
         return {"deploy_id": did, "files": [{"path": x["path"], "sha_after": x["sha_after"]} for x in m["files"]],
                 "notes": notes, "final": _final(pkg, p)}
     finally:
