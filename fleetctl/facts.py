@@ -194,6 +194,8 @@ def read_facts(conn: HostConnection, *, extra_files: list[str] | None = None, gp
     p: dict[str, Any] = {
         "sglang_dir": conn.host.sglang_dir,
         "launch": host_launch_spec(conn.host, profile).to_agent(),
+        # without a playbook the launch env is not fully known: a sglang_dir mismatch is a note
+        "strict_sglang_dir": profile is not None,
         "bytecode_files": bytecode_files(extra_files),
         "hash_dirs": HASH_DIRS if all_hashes else [],
         "hash_files": (HASH_FILES + [f for f in (extra_files or []) if f not in HASH_FILES] if all_hashes

@@ -183,8 +183,13 @@ def test_sglang_dir_not_imported_by_the_launch_is_refused(sb: Sandbox, tmp_path:
                                                           capsys: pytest.CaptureFixture[str]) -> None:
     site = other_tree(tmp_path)
     inv = inventory(sb, tmp_path / "inv.yaml", sglang_dir=str(site / "sglang"))
+    # without a playbook (facts, rollback, status): a note naming both, sglang_dir used
     code, doc, _ = cli(capsys, "facts", "-i", inv)
-    msg = doc["hosts"][0]["message"]
+    notes = " ".join(doc["hosts"][0]["facts"]["sglang"]["notes"])
+    assert code == 0 and str(site / "sglang") in notes and str(sb.hosts["h01"].sglang_dir) in notes
+    # with the playbook's launch: refused, naming both
+    code, doc, _ = cli(capsys, "explain", "-i", inv, playbook(tmp_path))
+    msg = doc["hosts"][0]["reason"]
     assert code == 1 and str(site / "sglang") in msg and str(sb.hosts["h01"].sglang_dir) in msg
     code, doc, _ = cli(capsys, "deploy", "-i", inv, playbook(tmp_path))
     assert code == 1 and not patched(site / "sglang") and not patched(sb.hosts["h01"].sglang_dir)

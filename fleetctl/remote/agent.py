@@ -229,12 +229,14 @@ def run_probe(launch, files=(), checks=(), timeout=PROBE_TIMEOUT):
     return res
 
 
-def locate_sglang(sglang_dir=None, launch=None, files=()):
+def locate_sglang(sglang_dir=None, launch=None, files=(), strict=True):
     """Where the LAUNCH's interpreter would import sglang from (its options, environment and cwd:
     `launch`, computed by the controller), its version and install kind, and per file of `files`
     what import would load (bytecode). An inventory `sglang_dir` must be that same directory.
 
-    Without `launch` (old callers), the agent's own interpreter and environment are asked."""
+    Without `launch` (old callers), the agent's own interpreter and environment are asked. With
+    strict=False (no playbook: the launch's env is not fully known) a `sglang_dir` that is not what
+    the default launch imports is used, with a note naming both, instead of refused."""
     res = {"found": False}
     if launch is not None:
         pr = run_probe(launch, files)
@@ -257,13 +259,18 @@ def locate_sglang(sglang_dir=None, launch=None, files=()):
             given = expand(sglang_dir)
             if not os.path.isfile(os.path.join(given, "__init__.py")):
                 raise AgentError("sglang_dir %s holds no __init__.py" % given, "bad_input")
+            why = None
             if not pkg:
-                raise AgentError("sglang_dir %s: the launch's python %s imports no sglang with the launch's "
-                                 "environment and cwd" % (given, pr.get("executable")), "bad_input")
-            if os.path.realpath(given) != os.path.realpath(pkg):
-                raise AgentError("sglang_dir %s is not the sglang the launch imports: %s (python %s with the "
-                                 "launch's environment and cwd); fix or remove sglang_dir"
-                                 % (given, pkg, pr.get("executable")), "bad_input")
+                why = ("sglang_dir %s: the launch's python %s imports no sglang with the launch's environment and "
+                       "cwd" % (given, pr.get("executable")))
+            elif os.path.realpath(given) != os.path.realpath(pkg):
+                why = ("sglang_dir %s is not the sglang the launch imports: %s (python %s with the launch's "
+                       "environment and cwd); fix or remove sglang_dir" % (given, pkg, pr.get("executable")))
+            if why and strict:
+                raise AgentError(why, "bad_input")
+            if why:
+                notes.append(why + " (without a playbook fleetctl uses sglang_dir; with one it refuses)")
+                pkg = given
         if not pkg:
             if pr.get("error"):
                 res["error"] = pr["error"]
@@ -426,7 +433,8 @@ def action_facts(p):
         "python": {"executable": sys.executable, "version": sys.version.split()[0]},
         "user": _user(),
     }
-    sg = locate_sglang(p.get("sglang_dir"), p.get("launch"), p.get("bytecode_files") or [])
+    sg = locate_sglang(p.get("sglang_dir"), p.get("launch"), p.get("bytecode_files") or [],
+                       p.get("strict_sglang_dir", True))
     res["sglang"] = sg
     res["torch"] = torch_version()
     files = {}
