@@ -1,15 +1,77 @@
-"""The fleetctl command line: parse, call, render, exit code. Thin on purpose."""
+"""The fleetctl command line: parse, call, render, exit code. Thin on purpose.
+
+Start-up is kept light (issue 16.10): `fleetctl --help` and `--version` import
+typer and nothing of fleetctl's own dependencies (paramiko, fabric, pydantic, rich). The command
+modules are imported only when their command is the one being run (or its own --help is asked for).
+"""
 
 from __future__ import annotations
 
+import importlib
 import sys
-import traceback
+from typing import Any
 
 import typer
+from typer.core import TyperCommand, TyperGroup
 
 from fleetctl import __version__
-from fleetctl.commands import common
 from fleetctl.errors import EXIT_BAD_INPUT, EXIT_FAILED, FleetctlError
+
+# name -> (module whose register(app) defines it, its help). The order is `fleetctl --help`'s order.
+# tests/test_startup.py checks each help against the command the module really defines.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "deploy": ("fleetops", "Patch every host to the playbook's intended files: plan, backup, atomic swap, verify."),
+    "rollback": ("fleetops", "Restore each host's files to their bytes before its last (or a named) deploy."),
+    "status": ("fleetops", "Per host: deploy state of the playbook's files, interrupted deploys, lock, servers."),
+    "history": ("fleetops", "The local ledger of deploys and rollbacks; 'history ID' shows one."),
+    "explain": ("fleetops", "Say per host which SGLang worker class and file will run, and whether the playbook "
+                            "patches it."),
+    "launch": ("servers", "Start the SGLang servers of the playbook's launch profile and wait until ready."),
+    "verify-logs": ("servers", "Prove from each server's current log, per host and rank, that the patched code runs."),
+    "stop": ("servers", "Stop the servers fleetctl launched (SIGTERM, then SIGKILL after a timeout)."),
+    "servers": ("servers", "List the servers fleetctl launched (--discover: every SGLang server process)."),
+    "facts": ("facts", "Per host: reachable, OS, python, SGLang version and dir, torch, file hashes, GPUs."),
+    "patch": ("patch", "Local tools for patch authors: apply, check, new."),
+    "sandbox": ("sandbox", "A local fleet of real OpenSSH hosts on loopback: up, down, status."),
+}
+
+
+class LazyGroup(TyperGroup):
+    """The root group: knows every command's name and help, imports a command's module on first use."""
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        return list(COMMANDS) + [n for n in self.commands if n not in COMMANDS]
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        if cmd_name not in self.commands and cmd_name in COMMANDS:
+            self.commands.update(load_commands(COMMANDS[cmd_name][0]))
+        return self.commands.get(cmd_name)
+
+    def format_commands(self, ctx: Any, formatter: Any) -> None:
+        rows = {n: self.commands.get(n) or TyperCommand(name=n, help=h) for n, (_, h) in COMMANDS.items()}
+        rows.update({n: c for n, c in self.commands.items() if n not in rows})
+        limit = formatter.width - 6 - max(len(n) for n in rows)
+        with formatter.section("Commands"):
+            formatter.write_dl([(n, c.get_short_help_str(limit)) for n, c in rows.items()])
+
+    def resolve_command(self, ctx: Any, args: list[str]) -> Any:
+        if args and args[0] not in COMMANDS:
+            # a typo (answered with the close names of every command), or a command a module
+            # defines without a row in COMMANDS: load them all, the slow path
+            for module in dict.fromkeys(m for m, _ in COMMANDS.values()):
+                for n, c in load_commands(module).items():
+                    self.commands.setdefault(n, c)
+        return super().resolve_command(ctx, args)
+
+
+def load_commands(module: str) -> dict[str, Any]:
+    """The click commands a command module registers."""
+    mod = importlib.import_module(f"fleetctl.commands.{module}")
+    sub = typer.Typer(rich_markup_mode=None, add_completion=False)
+    mod.register(sub)
+    sub.callback()(lambda: None)  # always a group, even for a module with one command
+    return dict(typer.main.get_group(sub).commands)
+
 
 app = typer.Typer(
     name="fleetctl",
@@ -21,6 +83,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
+    cls=LazyGroup,
 )
 
 
@@ -37,18 +100,18 @@ def _root(
     """fleetctl: deploy, launch, verify-logs, rollback."""
 
 
-def _register_all() -> None:
-    from fleetctl.commands import facts, fleetops, patch, sandbox, servers
+def _print_traceback() -> None:
+    import traceback
 
-    # Order here is the order `fleetctl --help` lists them.
-    fleetops.register(app)
-    servers.register(app)
-    facts.register(app)
-    patch.register(app)
-    sandbox.register(app)
+    from fleetctl.safetext import DETAIL_LIMIT, clean
+
+    sys.stderr.write(clean(traceback.format_exc(), limit=DETAIL_LIMIT) + "\n")
 
 
-_register_all()
+def _clean(x: object) -> str:
+    from fleetctl.safetext import clean
+
+    return clean(x, multiline=False)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,18 +125,21 @@ def main(argv: list[str] | None = None) -> int:
             code = c if isinstance(c, int) else (0 if c is None else EXIT_BAD_INPUT)
         else:
             code = 0
+    # Error lines carry host and inventory text: control characters (newlines too) are escaped,
+    # so the line stays one line and nothing reaches the terminal raw.
     except FleetctlError as e:
         if debug:
-            traceback.print_exc()
-        sys.stderr.write(f"error: {e.line()}\n")  # one line, never wrapped
+            _print_traceback()
+        sys.stderr.write(f"error: {_clean(e.line())}\n")  # one line, never wrapped
         code = e.exit_code
     except KeyboardInterrupt:
-        common.err.print("interrupted", markup=False)
+        sys.stderr.write("interrupted\n")
         code = 130
     except Exception as e:  # an internal error: one line unless --debug
         if debug:
-            traceback.print_exc()
-        sys.stderr.write(f"internal error: {e.__class__.__name__}: {e} (rerun with --debug for the traceback)\n")
+            _print_traceback()
+        sys.stderr.write(f"internal error: {e.__class__.__name__}: {_clean(e)} "
+                         "(rerun with --debug for the traceback)\n")
         code = EXIT_FAILED
     sys.stdout.flush()
     return code

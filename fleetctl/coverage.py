@@ -68,7 +68,6 @@ def host_coverage(host: Host, facts: HostFacts, playbook: Playbook) -> Coverage 
     # the code import loads for the worker must come from the source fleetctl patches: a compiled
     # extension module or sourceless bytecode in its place is never patched (a stale cached pyc is:
     # deploy removes it with the file)
-    view = facts.bytecode.get(cov.worker_file or "") or {}
-    if cov.worker_file and view.get("loader") in ("extension", "sourceless") and not cov.refused:
+    if cov.worker_file and facts.bytecode_loader(cov.worker_file) in ("extension", "sourceless") and not cov.refused:
         cov.refused = facts.bytecode_problem(cov.worker_file)
     return cov

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -10,29 +11,23 @@ from packaging.version import InvalidVersion, Version
 
 from fleetctl.config.playbook import LaunchProfile
 from fleetctl.gpus import Gpu, combine
+from fleetctl.protocol import InvalidAnswer, names
+from fleetctl.protocol.answers import (
+    DiscoverFacts,
+    FactsAnswer,
+    FileFact,
+    ImportView,
+    Manifest,
+    ServersFacts,
+    StateFacts,
+)
+from fleetctl.protocol.schema import shown
 from fleetctl.transport.ssh import HostConnection
+
+__all__ = ["FileFact", "HostFacts", "TorchCheck", "check_torch", "parse_facts", "read_facts"]
 
 HASH_DIRS = ["srt/speculative"]
 HASH_FILES = ["srt/server_args.py"]
-
-
-@dataclass
-class FileFact:
-    path: str
-    exists: bool
-    sha256: str | None = None
-    mode: int | None = None
-    uid: int | None = None
-    gid: int | None = None
-    size: int | None = None
-    mtime: float | None = None
-    symlink: str | None = None
-    escapes: bool = False
-    error: str | None = None
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> FileFact:
-        return cls(**{k: d.get(k) for k in cls.__dataclass_fields__ if k in d})  # type: ignore[arg-type]
 
 
 @dataclass
@@ -59,18 +54,33 @@ class HostFacts:
     gpus: list[Gpu] | None
     gpu_note: str
     remote_elapsed: float
-    extra: dict[str, Any] = field(default_factory=dict)
+    state: StateFacts | None = None  # asked with with_=["state"]: lock and deploy manifests
+    servers: ServersFacts | None = None  # asked with with_=["servers"]
+    discover: DiscoverFacts | None = None  # asked with with_=["discover"]: server processes from /proc
+    registered_flags: dict[str, bool] | None = None  # asked with payload check_flags
     # how the LAUNCH's python (not the agent's) imports sglang: see fleetctl/launchspec.py
     launch_python: str | None = None
     launch_python_version: str | None = None
     sglang_error: str | None = None
     sglang_notes: list[str] = field(default_factory=list)
-    bytecode: dict[str, dict[str, Any]] = field(default_factory=dict)  # rel -> what import would load
+    bytecode: dict[str, ImportView] = field(default_factory=dict)  # rel -> what import would load
     pycache_prefix: str | None = None
+
+    def deploys(self) -> list[Manifest]:
+        return self.state.deploys if self.state else []
+
+    def interrupted(self) -> list[Manifest]:
+        """Deploys cut off half-way (their files may be mixed)."""
+        return [m for m in self.deploys() if m.state in names.OPEN_STATES and not m.foreign and not m.gone]
 
     def bytecode_problem(self, rel: str) -> str | None:
         """Why import of `rel` would not run the source file on disk (None: it would)."""
         return bytecode_problem(rel, self.bytecode.get(rel))
+
+    def bytecode_loader(self, rel: str) -> str | None:
+        """What import of `rel` loads (source, sourceless, extension, none); None: not asked."""
+        view = self.bytecode.get(rel)
+        return view.loader if view else None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -82,7 +92,7 @@ class HostFacts:
                        "notes": self.sglang_notes},
             "launch_python": {"executable": self.launch_python, "version": self.launch_python_version,
                               "pycache_prefix": self.pycache_prefix},
-            "bytecode": {p: b for p, b in self.bytecode.items() if bytecode_problem(p, b)},
+            "bytecode": {p: b.to_json() for p, b in self.bytecode.items() if bytecode_problem(p, b)},
             "torch": {"installed": self.torch.installed, "required": self.torch.required,
                       "satisfied": self.torch.satisfied, "note": self.torch.note},
             "files": {p: {"sha256": f.sha256, "exists": f.exists, "mode": f.mode, "size": f.size,
@@ -95,17 +105,16 @@ class HostFacts:
         }
 
 
-def bytecode_problem(rel: str, view: dict[str, Any] | None) -> str | None:
+def bytecode_problem(rel: str, view: ImportView | None) -> str | None:
     """Why `import` would not run the source of `rel` as it is on disk, from the probe's view."""
-    if not view:
+    if view is None:
         return None
-    loader = view.get("loader")
-    if loader == "extension":
-        return f"{rel}: import loads the compiled extension {view.get('file')}, not this source"
-    if loader == "sourceless":
-        return f"{rel}: missing; import loads the sourceless bytecode {view.get('file')}"
-    if view.get("stale"):
-        return (f"{rel}: import runs {view.get('pyc')} ({view.get('pyc_kind')} pyc, not checked against the "
+    if view.loader == "extension":
+        return f"{rel}: import loads the compiled extension {view.file}, not this source"
+    if view.loader == "sourceless":
+        return f"{rel}: missing; import loads the sourceless bytecode {view.file}"
+    if view.stale:
+        return (f"{rel}: import runs {view.pyc} ({view.pyc_kind} pyc, not checked against the "
                 f"source), compiled from other source than the file on disk")
     return None
 
@@ -135,38 +144,42 @@ def check_torch(installed: str | None, requires: list[str]) -> TorchCheck:
     return TorchCheck(installed, shown, ok, "" if ok else f"torch {installed} does not satisfy {', '.join(shown)}")
 
 
-def parse_facts(host: str, raw: dict[str, Any]) -> HostFacts:
-    sg = raw.get("sglang", {})
-    g = raw.get("gpus") or {}
-    if g.get("available"):
-        gpus: list[Gpu] | None = combine(g.get("gpus", ""), g.get("apps", ""))
+def parse_facts(host: str, raw: FactsAnswer) -> HostFacts:
+    g = raw.gpus
+    if g is not None and g.available:
+        try:
+            gpus: list[Gpu] | None = combine(g.gpus, g.apps)
+        except (csv.Error, ValueError, OverflowError) as e:
+            raise InvalidAnswer(host, names.FACTS, "gpus", f"not nvidia-smi CSV: {shown(str(e))}") from None
         note = ""
     else:
-        gpus, note = None, f"no GPU info ({g.get('reason', 'not asked')})"
-    extra = {k: v for k, v in raw.items() if k not in {"os", "python", "sglang", "torch", "files", "gpus", "user",
-                                                        "elapsed", "protocol"}}
+        gpus, note = None, f"no GPU info ({g.reason if g else 'not asked'})"
+    sg = raw.sglang
     return HostFacts(
         host=host,
-        os=raw.get("os", {}).get("pretty", "?"),
-        python=raw.get("python", {}).get("executable", "?"),
-        python_version=raw.get("python", {}).get("version", "?"),
-        user=raw.get("user", "?"),
-        sglang_found=bool(sg.get("found")),
-        sglang_version=sg.get("version"),
-        sglang_dir=sg.get("dir"),
-        sglang_install=sg.get("install"),
-        torch=check_torch(raw.get("torch"), sg.get("torch_requires", [])),
-        files={p: FileFact.from_json(d) for p, d in raw.get("files", {}).items()},
+        os=raw.os.pretty,
+        python=raw.python.executable,
+        python_version=raw.python.version,
+        user=raw.user,
+        sglang_found=sg.found,
+        sglang_version=sg.version,
+        sglang_dir=sg.dir,
+        sglang_install=sg.install,
+        torch=check_torch(raw.torch, sg.torch_requires),
+        files=raw.files,
         gpus=gpus,
         gpu_note=note,
-        remote_elapsed=float(raw.get("elapsed", 0.0)),
-        extra=extra,
-        launch_python=(sg.get("launch") or {}).get("executable"),
-        launch_python_version=(sg.get("launch") or {}).get("version"),
-        sglang_error=sg.get("error"),
-        sglang_notes=list(sg.get("notes") or []),
-        bytecode=dict(sg.get("bytecode") or {}),
-        pycache_prefix=(sg.get("launch") or {}).get("pycache_prefix"),
+        remote_elapsed=raw.elapsed,
+        state=raw.state,
+        servers=raw.servers,
+        discover=raw.discover,
+        registered_flags=raw.registered_flags,
+        launch_python=sg.launch.executable if sg.launch else None,
+        launch_python_version=sg.launch.version if sg.launch else None,
+        sglang_error=sg.error,
+        sglang_notes=list(sg.notes),
+        bytecode=dict(sg.bytecode),
+        pycache_prefix=sg.launch.pycache_prefix if sg.launch else None,
     )
 
 
@@ -205,5 +218,5 @@ def read_facts(conn: HostConnection, *, extra_files: list[str] | None = None, gp
         "state_dir": conn.host.state_dir,
     }
     p.update(payload or {})
-    raw = conn.agent("facts", p)
+    raw: FactsAnswer = conn.agent(names.FACTS, p)
     return parse_facts(conn.host.name, raw)

@@ -10,12 +10,13 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from fleetctl import hoststate
 from fleetctl.config.inventory import Host
 from fleetctl.config.playbook import Playbook
 from fleetctl.facts import HostFacts
+from fleetctl.protocol.answers import Manifest
 
-FileState = Literal["pristine", "as-intended", "drifted", "missing", "unsafe"]
-OPEN_STATES = ("preparing", "applying", "rolling-back")
+FileState = Literal["pristine", "as-intended", "drifted", "missing", "unsafe", "no-record"]
 
 
 @dataclass
@@ -96,26 +97,25 @@ def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def interrupted_deploys(facts: HostFacts) -> list[dict[str, Any]]:
-    st = facts.extra.get("state") or {}
-    return [m for m in st.get("deploys", []) if m.get("state") in OPEN_STATES]
+def interrupted_deploys(facts: HostFacts) -> list[Manifest]:
+    return hoststate.interrupted(facts)
 
 
 def stale_lock(facts: HostFacts) -> str | None:
     """'op id by who' of a lock whose holder process is gone (the next agent call clears it)."""
-    lock = (facts.extra.get("state") or {}).get("lock")
-    if not lock or not lock.get("stale"):
+    lock = facts.state.lock if facts.state else None
+    if lock is None or not lock.stale:
         return None
-    return f"{lock.get('op')} {lock.get('id')} by {lock.get('by')}"
+    return lock.holder()
 
 
 def effective_hashes(facts: HostFacts) -> dict[str, str | None]:
     """Current file hashes as they will be once interrupted deploys are repaired (restored)."""
     cur = {p: f.sha256 for p, f in facts.files.items()}
     for m in interrupted_deploys(facts):
-        for f in m.get("files", []):
-            if f.get("sha_now") == f.get("sha_after") and f.get("status") in ("applied", "pending"):
-                cur[f["path"]] = f.get("sha_before")
+        for f in m.files:
+            if f.sha_now == f.sha_after and f.status in ("applied", "pending"):
+                cur[f.path] = f.sha_before
     return cur
 
 
@@ -132,7 +132,7 @@ def plan_host(host: Host, facts: HostFacts, playbook: Playbook, intended: dict[s
         hp.reason = (f"{host.name}: SGLang {v or '(unknown version)'} has no patch set in {playbook.path.name}; "
                      f"supported: {', '.join(playbook.supported())}")
         return hp
-    hp.interrupted = [m["id"] for m in interrupted_deploys(facts)]
+    hp.interrupted = [m.id for m in interrupted_deploys(facts)]
     now = effective_hashes(facts)
     refusals = []
     for rel, it in intended.items():
@@ -143,13 +143,18 @@ def plan_host(host: Host, facts: HostFacts, playbook: Playbook, intended: dict[s
                           f"is a symlink to {ff.symlink}" + (" outside the package dir" if ff.escapes else ""))
         elif ff is None or not ff.exists or s is None:
             fp = FilePlan(rel, "missing", "refuse", None, it.sha_pristine, it.sha_intended, "not on the host")
+        elif s == it.sha_intended and not hoststate.explained(facts, rel, s):
+            # patched, but no record of this host says so: a rollback could not undo it
+            fp = FilePlan(rel, "no-record", "refuse", s, it.sha_pristine, it.sha_intended,
+                          "deployed without a record (state dir deleted or moved, or state_dir changed?)")
         elif s == it.sha_intended:
             fp = FilePlan(rel, "as-intended", "none", s, it.sha_pristine, it.sha_intended)
         elif s == it.sha_pristine:
             fp = FilePlan(rel, "pristine", "patch", s, it.sha_pristine, it.sha_intended)
         else:
             fp = FilePlan(rel, "drifted", "force" if force else "refuse", s, it.sha_pristine, it.sha_intended,
-                          "someone edited it" + ("; --force replaces it (backup kept)" if force else ""))
+                          "someone edited it" + ("" if hoststate.explained(facts, rel, s) else " (no deploy record)")
+                          + ("; --force replaces it (backup kept)" if force else ""))
         hp.files.append(fp)
         if fp.action == "refuse":
             refusals.append(fp)
@@ -157,7 +162,9 @@ def plan_host(host: Host, facts: HostFacts, playbook: Playbook, intended: dict[s
         f = refusals[0]
         hint = {"drifted": "inspect with --diff, then --force to replace it (a backup is kept)",
                 "missing": "is this the right SGLang install?",
-                "unsafe": "fleetctl never writes through a symlink; replace it with a regular file"}[f.state]
+                "unsafe": "fleetctl never writes through a symlink; replace it with a regular file",
+                "no-record": "'fleetctl rollback --from-pristine' restores the release's pristine bytes "
+                             "(verified, with backups), then deploy again"}[f.state]
         hp.status = "refused"
         hp.reason = f"{host.name}: {f.path} is {f.state} ({f.note}); {hint}"
         return hp

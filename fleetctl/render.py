@@ -9,9 +9,11 @@ from contextlib import contextmanager
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
+from rich.text import Text
 
 from fleetctl.fleet import HostOutcome
+from fleetctl.safetext import SafeTable, clean, line, styled
+from fleetctl.safetext import table as _safe_table
 
 STATUS_STYLE = {"ok": "green", "failed": "red", "unreachable": "red", "skipped": "yellow"}
 
@@ -27,10 +29,12 @@ def host_progress(console: Console, total: int, what: str, enabled: bool = True)
 
         yield tick
         return
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TextColumn("{task.fields[failed]} failed"), TimeElapsedColumn(),
+    # markup=False: the description and fields are shown as they are, never parsed
+    with Progress(TextColumn("{task.description}", style="bold", markup=False), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("{task.fields[failed]} failed", markup=False), TimeElapsedColumn(),
                   console=console, transient=True) as prog:
-        task = prog.add_task(what, total=total, failed=0)
+        # a live display is drawn outside the console's print path: its text is escaped here
+        task = prog.add_task(clean(what, multiline=False, limit=80), total=total, failed=0)
 
         def tick(o: HostOutcome) -> None:
             with lock:
@@ -50,15 +54,14 @@ def summary_line(what: str, outcomes: Sequence[HostOutcome], elapsed: float) -> 
     return f"{what}: {n} host{'s' if n != 1 else ''}: {', '.join(parts)} in {elapsed:.2f}s"
 
 
-def table(title: str | None, columns: Sequence[str]) -> Table:
-    t = Table(title=title, show_lines=False, header_style="bold", title_justify="left")
-    for c in columns:
-        t.add_column(c, overflow="fold")
-    return t
+def table(title: str | None, columns: Sequence[str]) -> SafeTable:
+    """A results table: str cells (and the title) are untrusted values, shown as they are with
+    control characters escaped; Text cells (status_cell, styled) are ours."""
+    return _safe_table(title, columns)
 
 
-def status_cell(status: str) -> str:
-    return f"[{STATUS_STYLE.get(status, 'white')}]{status}[/]"
+def status_cell(status: str) -> Text:
+    return styled(status, STATUS_STYLE.get(status, "white"))
 
 
 def stderr_is_tty() -> bool:
@@ -69,4 +72,4 @@ def print_failures(console: Console, outcomes: Sequence[HostOutcome]) -> None:
     """One line per failed host, under the table: host, status, what, the fix."""
     for o in outcomes:
         if not o.ok and o.status != "skipped":
-            console.print(f"[red]{o.status}[/] {o.message}")
+            console.print(line(styled(o.status, "red"), " ", o.message))

@@ -122,5 +122,48 @@ def pristine_bytes(version: str, rel: str) -> bytes:
         raise InputError(f"{PACKAGE} {version} has no file {rel}", hint="check the path in the playbook") from None
 
 
+def pristine_hashes(version: str) -> dict[str, str]:
+    """sha256 (hex) of every file of the package in release `version`, relative to the package dir,
+    as the wheel's own RECORD states them (no hashing of the tree). Cached per process."""
+    if version not in _RECORDS:
+        import base64
+        import csv
+        import io
+
+        wheel = ensure_wheel(version)
+        with zipfile.ZipFile(wheel) as zf:
+            name = next((n for n in zf.namelist() if n.endswith(".dist-info/RECORD") and n.count("/") == 1), None)
+            if name is None:
+                raise FleetctlError(f"{wheel}: no RECORD in the wheel")
+            text = zf.read(name).decode("utf-8")
+        out: dict[str, str] = {}
+        prefix = PACKAGE + "/"
+        for row in csv.reader(io.StringIO(text)):
+            if len(row) < 2 or not row[0].startswith(prefix) or not row[1].startswith("sha256="):
+                continue
+            digest = row[1][len("sha256="):]
+            out[row[0][len(prefix):]] = base64.urlsafe_b64decode(digest + "=" * (-len(digest) % 4)).hex()
+        _RECORDS[version] = out
+    return _RECORDS[version]
+
+
+_RECORDS: dict[str, dict[str, str]] = {}
+
+
+def verified_pristine(version: str, rel: str, expect_sha: str | None = None) -> bytes:
+    """The pristine bytes of `rel` in `version`, checked against the wheel's RECORD and, if given, the
+    sha256 a playbook states for it, before anyone writes them anywhere."""
+    data = pristine_bytes(version, rel)
+    got = sha256_bytes(data)
+    rec = pristine_hashes(version).get(rel)
+    if rec is None or got != rec:
+        raise FleetctlError(f"{PACKAGE} {version}: cached {rel} hashes {got[:12]}, the wheel's RECORD says "
+                            f"{(rec or 'nothing')[:12]}", hint=f"remove {cache_dir() / 'trees' / version} to re-extract")
+    if expect_sha is not None and got != expect_sha:
+        raise InputError(f"{PACKAGE} {version}: pristine {rel} hashes {got[:12]}, the playbook says {expect_sha[:12]}",
+                         hint="check the playbook's sha256 for this file and version")
+    return data
+
+
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()

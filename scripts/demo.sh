@@ -3,13 +3,39 @@
 # SGLang package trees from the wheels, the labelled server SIMULATOR instead of GPUs).
 #   deploy -> launch -> verify-logs (pass) -> the origin story's wrong-file mistake caught and
 #   explained -> rollback -> verify-logs shows the marker gone after restart.
-# Everything it starts is stopped at the end, also on failure. Options: HOSTS=N, KEEP=1.
+# Everything it starts is stopped at the end, also on failure, and its dir (~160 MB of SGLang trees,
+# made under $TMPDIR, else /tmp) is removed: nothing is left behind unless KEEP=1.
+# Options: HOSTS=N, KEEP=1 (leave the sandbox running), DIR=path (use and keep this dir).
+#   bash scripts/demo.sh down DIR   stops a sandbox a KEEP=1 demo left, and removes DIR
 set -uo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh || exit $?
 FLEETCTL=.venv/bin/fleetctl
+
+teardown() { # teardown DIR REMOVE: stop everything the sandbox in DIR runs; REMOVE=1: then delete DIR
+    local dir=$1 remove=$2
+    if [ -f "$dir/sandbox.json" ] && ! $FLEETCTL sandbox down --dir "$dir"; then
+        echo "demo: could not stop everything in $dir: kept for inspection" >&2
+        return 1
+    fi
+    if [ "$remove" = 1 ] && [ -d "$dir" ]; then
+        rm -rf -- "$dir" && echo "== removed $dir"
+    fi
+}
+
+if [ "${1:-}" = down ]; then
+    [ -n "${2:-}" ] || { echo "usage: bash scripts/demo.sh down DIR" >&2; exit 2; }
+    [ -f "$2/sandbox.json" ] || { echo "demo: $2 holds no sandbox (no sandbox.json)" >&2; exit 2; }
+    teardown "$2" 1
+    exit $?
+fi
+
+bash scripts/setup.sh || exit $?
 HOSTS=${HOSTS:-4}
-DIR=${DIR:-$(mktemp -d /tmp/fleetctl-demo.XXXXXX)}
+OWN_DIR=0
+if [ -z "${DIR:-}" ]; then
+    DIR=$(mktemp -d "${TMPDIR:-/tmp}/fleetctl-demo.XXXXXX") || exit 1
+    OWN_DIR=1
+fi
 export FLEETCTL_STATE_DIR="$DIR/controller-state"   # the demo's ledger, not your real one
 INV="$DIR/inventory.yaml"
 PAYLOAD=playbooks/dynamic-spec-disable
@@ -17,10 +43,10 @@ WRONG=playbooks/origin-wrong-file
 
 cleanup() {
     if [ "${KEEP:-0}" = 1 ]; then
-        echo "== KEEP=1: sandbox left running; stop it with: $FLEETCTL sandbox down --dir $DIR"
+        echo "== KEEP=1: sandbox left running in $DIR; stop it and remove the dir with: bash scripts/demo.sh down $DIR"
     else
         echo "== tearing down the sandbox"
-        $FLEETCTL sandbox down --dir "$DIR" || true
+        teardown "$DIR" "$OWN_DIR" || true
     fi
 }
 trap cleanup EXIT
@@ -48,7 +74,9 @@ expect 0 "verify-logs: the marker on every host and every rank" $FLEETCTL verify
 expect 0 "rollback" $FLEETCTL rollback -i "$INV"
 expect 0 "the origin story on the 0.5.9 hosts: patch only eagle_worker_v2.py anyway (--allow-uncovered)" \
     $FLEETCTL deploy --allow-uncovered --limit v0_5_9 -i "$INV" "$WRONG"
-expect 0 "restart on it" $FLEETCTL launch --replace --limit v0_5_9 -i "$INV" "$WRONG"
+expect 1 "launch refuses it: the worker that will run is not the one patched" \
+    $FLEETCTL launch --replace --limit v0_5_9 -i "$INV" "$WRONG"
+expect 0 "restart on it anyway (--allow-uncovered)" $FLEETCTL launch --replace --allow-uncovered --limit v0_5_9 -i "$INV" "$WRONG"
 expect 1 "verify-logs catches it and says why" $FLEETCTL verify-logs --limit v0_5_9 -i "$INV" "$WRONG"
 expect 0 "rollback" $FLEETCTL rollback -i "$INV"
 expect 0 "restart everything on the original code (its SGLang does not know the patch's flag)" \

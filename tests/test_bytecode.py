@@ -87,17 +87,19 @@ def test_check_hash_based_pycs_always_runs_the_source(worker: Path) -> None:
 
 def test_sourceless_and_extension_are_reported(worker: Path) -> None:
     from fleetctl.facts import bytecode_problem
+    from fleetctl.protocol.answers import ImportView
+    from fleetctl.protocol.schema import parse
 
     ext = worker.with_name("eagle_worker" + importlib.machinery.EXTENSION_SUFFIXES[0])
     ext.write_bytes(b"\x7fELF")
     v = probe.import_view(str(worker))
     assert v["loader"] == "extension"
-    assert "compiled extension" in (bytecode_problem("w.py", v) or "")
+    assert "compiled extension" in (bytecode_problem("w.py", parse(ImportView, v)) or "")
     ext.unlink()
     py_compile.compile(str(worker), cfile=str(worker.with_suffix(".pyc")), doraise=True)
     worker.unlink()
     v = probe.import_view(str(worker))
-    assert v["loader"] == "sourceless" and "sourceless" in (bytecode_problem("w.py", v) or "")
+    assert v["loader"] == "sourceless" and "sourceless" in (bytecode_problem("w.py", parse(ImportView, v)) or "")
 
 
 def test_replace_file_drops_every_cached_pyc_incl_opt_levels_and_prefix(worker: Path, tmp_path: Path) -> None:

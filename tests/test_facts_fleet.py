@@ -164,16 +164,16 @@ def test_one_agent_process_serves_every_call_of_a_command(sandbox: Sandbox) -> N
     inv = load_inventory(sandbox.inventory_path)
     (host,) = inv.select("h01")
     with HostConnection(host, inv) as conn:
-        first = conn.agent("ping")["pid"]
-        assert conn.agent("facts", {"gpus": False})["sglang"]["found"]
-        assert conn.agent("ping")["pid"] == first
+        first = conn.agent("ping").pid
+        assert conn.agent("facts", {"gpus": False}).sglang.found
+        assert conn.agent("ping").pid == first
         os.kill(first, signal.SIGKILL)  # a sandbox host is this machine, and we started that agent
         chan = conn._agent_chan
         for _ in range(100):
             if chan is not None and (chan.eof_received or chan.closed):
                 break
             time.sleep(0.05)
-        second = conn.agent("ping")["pid"]
+        second = conn.agent("ping").pid
         assert second != first
         os.kill(second, signal.SIGSTOP)
         try:
@@ -182,7 +182,7 @@ def test_one_agent_process_serves_every_call_of_a_command(sandbox: Sandbox) -> N
             assert err.value.kind == "timeout" and "timed out" in err.value.message
         finally:
             os.kill(second, signal.SIGKILL)
-        third = conn.agent("ping")["pid"]
+        third = conn.agent("ping").pid
         assert third not in (first, second)
     for _ in range(100):
         if _gone(third):

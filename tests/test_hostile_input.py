@@ -134,7 +134,7 @@ def test_hostile_cli_values(fleet: tuple, tmp_path: Path, monkeypatch: pytest.Mo
     code, out, err = run(capsys, "deploy", "-i", inv, "--limit", "$(touch PWNED-l);h01", str(pb))
     assert code == 2 and "matches no host" in err
     code, out, err = run(capsys, "rollback", "-i", inv, "--to", "../../$(touch PWNED-to); touch PWNED-to2")
-    assert code == 0 and "never changed this host" in out
+    assert code == 2 and "is not a deploy id" in err and out == ""  # refused by its shape, before any host
     code, out, err = run(capsys, "deploy", "-i", inv, str(tmp_path / "pb $(touch PWNED-pb).yaml"))
     assert code == 2 and "playbook file not found" in err
     code, out, err = run(capsys, "history", "$(touch PWNED-h)")

@@ -50,6 +50,14 @@ def test_values_resolve_host_over_group_over_defaults(tmp_path: Path) -> None:
         ("west,a2", ["a2", "b1"]),
         ("a*,!a2", ["a1"]),
         (None, ["a1", "a2", "b1"]),
+        # Ansible's meaning: only exclusions = every host but them; order does not matter
+        ("!a1", ["a2", "b1"]),
+        ("!a1,!west", ["a2"]),
+        ("!a2,a*", ["a1"]),
+        ("all", ["a1", "a2", "b1"]),
+        ("all,!h200", ["a2", "b1"]),
+        ("a*,&h200", ["a1"]),
+        ("&east", ["a1"]),
     ],
 )
 def test_limit_patterns(tmp_path: Path, limit: str | None, expect: list[str]) -> None:
@@ -61,6 +69,13 @@ def test_limit_matching_nothing_is_an_input_error(tmp_path: Path) -> None:
     inv = load_inventory(write(tmp_path, GOOD))
     with pytest.raises(InputError, match="'zz' matches no host"):
         inv.select("zz")
+
+
+@pytest.mark.parametrize("limit", ["!all", "a1,!a*", "west,&east", " , ", ""])
+def test_an_empty_selection_is_an_input_error(tmp_path: Path, limit: str) -> None:
+    inv = load_inventory(write(tmp_path, GOOD))
+    with pytest.raises(InputError, match="no host"):
+        inv.select(limit)
 
 
 BAD = [

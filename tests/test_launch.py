@@ -344,3 +344,157 @@ def test_launch_refuses_a_flag_the_installed_sglang_does_not_register(sandbox: S
     assert "--speculative-disable-batch-threshold is not a flag of SGLang 0.5.9 as installed on h01" in h["message"]
     assert "--drop-unknown-flags" in h["message"]
     assert all(i["status"] != "ready" for i in h["instances"])
+
+
+# ----------------------------------------------------------------------------- servers fleetctl did not start
+
+SIM_FLAGS = ("--model-path m --speculative-algorithm EAGLE3 --speculative-num-steps 3 "
+             "--speculative-eagle-topk 1 --speculative-num-draft-tokens 4 --tp-size 2")
+
+
+def test_servers_started_by_hand_are_discovered_and_named_after_deploy_and_rollback(
+        sb: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    inv = make_inventory(sb, tmp_path / "inv.yaml", hosts=["h01", "h02"])
+    h01 = sb.hosts["h01"]
+    port = free_ports(1)[0]
+    log = tmp_path / "by-hand.log"
+    # an operator's own start over ssh, in the background, no fleetctl involved (0.5.9, env unset)
+    r = sb.ssh("h01", f"cd / ; nohup {h01.python} -m fleetctl.sandbox.simulator {SIM_FLAGS} --port {port} "
+                      f"> {log} 2>&1 < /dev/null & echo $!")
+    assert r.returncode == 0, r.stderr
+    pid = int(r.stdout.split()[-1])
+    try:
+        deadline = time.monotonic() + 30
+        while READY_LINE not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(1.1)  # a file changed in the same second as the start is not called newer
+        code, doc = cli(capsys, "servers", "--discover", "-i", inv)
+        assert code == 0, doc
+        by_host = {h["host"]: h["servers"] for h in doc["hosts"]}
+        assert by_host["h02"] == []  # another (sandbox) host does not see h01's processes
+        (s,) = by_host["h01"]
+        assert s["pid"] == pid and s["instance"] is None and s["launched_by"] == "not fleetctl"
+        assert s["ports"] == [port] and s["log"] == str(log) and s["cwd"] == "/"
+        assert s["worker"]["class"] == "EAGLEWorker" and s["version"] == "0.5.9"
+        assert s["stale"] is False and "--speculative-algorithm" in s["argv"]
+        # deploy: the by-hand server now runs older code than the files on disk, and deploy says so
+        code, doc = cli(capsys, "deploy", "-i", inv, FULL)
+        assert code == 0, doc
+        rn = doc["restart_needed"]
+        assert rn["servers"] == 1 and rn["hosts"] == 1 and rn["by_hand"] == [{"host": "h01", "pid": pid}]
+        capsys.readouterr()
+        assert main(["status", "-i", str(inv)]) == 1  # a server runs old code: a problem
+        cap = capsys.readouterr()
+        assert f"pid {pid} (not started by fleetctl) runs code older than the files on disk" in cap.out
+        assert "1 server on 1 host still runs the old code" in cap.err and f"h01 pid {pid}" in cap.err
+        # a fleetctl launch on h02 after the deploy is current; rollback makes both old
+        code, doc = cli(capsys, "launch", "--drop-unknown-flags", "-i", inv, FULL, "--limit", "h02", "--timeout", "30")
+        assert code == 0, doc
+        time.sleep(1.1)
+        capsys.readouterr()
+        assert main(["rollback", "-i", str(inv)]) == 0
+        cap = capsys.readouterr()
+        assert "2 servers on 2 hosts still run the old code" in cap.err, cap.err
+        assert f"fleetctl launch --replace -i {inv}" in cap.err and "--limit h02" in cap.err
+        assert f"restart by hand (not started by fleetctl): h01 pid {pid}" in cap.err
+    finally:
+        try:
+            os.kill(pid, 15)
+        except ProcessLookupError:
+            pass
+
+
+def test_discovery_reads_flags_and_entry_points() -> None:
+    from fleetctl.remote.agent_servers import server_argv_matches
+    from fleetctl.sglang.processes import match_rules, server_flags
+
+    rules = match_rules("{python} -m my.wrapper --x")
+    assert "my.wrapper" in rules["modules"] and "sglang.launch_server" in rules["modules"]
+    yes = [["python3", "-m", "sglang.launch_server", "--tp", "2"], ["/v/bin/sglang", "serve", "--port", "1"],
+           ["python", "-m", "sglang.cli.main", "serve"], ["python", "/x/sglang/launch_server.py"],
+           ["python", "-msglang.launch_server"], ["python", "-m", "my.wrapper"]]
+    no = [["python", "-m", "sglang.cli.main", "version"], ["sglang", "version"], ["bash", "-c", "python -m sglang.launch_server"],
+          ["python", "-m", "sglang.bench_serving"], ["grep", "sglang.launch_server"]]
+    assert all(server_argv_matches(a, rules) for a in yes)
+    assert not any(server_argv_matches(a, rules) for a in no)
+    assert server_flags(["python", "-m", "sglang.launch_server", "--model-path", "m", "--disable-overlap-schedule",
+                         "--tp-size=2", "--speculative-algorithm", "EAGLE3", "--enable-x"]) == {
+        "--model-path": "m", "--disable-overlap-schedule": True, "--tp-size": "2",
+        "--speculative-algorithm": "EAGLE3", "--enable-x": True}
+    assert server_flags(["/v/bin/sglang", "serve", "--port", "3"]) == {"--port": "3"}
+
+
+# ----------------------------------------------------------------------------- settings that hide or defeat the proof
+
+
+def _ok(capsys: pytest.CaptureFixture[str], *args: Any) -> Any:
+    code, doc = cli(capsys, *args)
+    assert code == 0, json.dumps(doc, indent=1)[:3000]
+    return doc
+
+
+def test_a_threshold_at_or_above_max_running_requests_can_never_fire(sb: Any, tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    inv = make_inventory(sb, tmp_path / "inv.yaml", hosts=["h01", "h02"],
+                         flags={"h01": {"--speculative-disable-batch-threshold": 64},
+                                "h02": {"--speculative-disable-batch-threshold": 64, "--max-running-requests": 128}})
+    _ok(capsys, "deploy", "-i", inv, FULL)
+    code, doc = cli(capsys, "explain", "-i", inv, FULL)
+    notes = {h["host"]: h["instances"][0]["never_fires"] for h in doc["hosts"]}
+    assert notes["h02"] == [] and len(notes["h01"]) == 1
+    assert notes["h01"][0].startswith("speculative_disable_batch_threshold=64 >= max_running_requests=48: "
+                                      "the feature can never act")
+    _ok(capsys, "launch", "-i", inv, FULL, "--timeout", "30")
+    code, doc = cli(capsys, "verify-logs", "-i", inv, FULL)
+    by = {h["host"]: h["instances"][0] for h in doc["hosts"]}
+    assert code == 1 and not by["h01"]["ok"] and by["h02"]["ok"], by["h02"]["problems"]
+    assert any("=64 >= max_running_requests=48: the feature can never act" in p for p in by["h01"]["problems"])
+    assert all(r["ok"] for r in by["h01"]["ranks"])  # the patched code does run: only the setting is inert
+
+
+def test_launch_refuses_settings_that_hide_info_lines(sb: Any, tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    inv = make_inventory(sb, tmp_path / "inv.yaml", hosts=["h01", "h02"],
+                         flags={"h01": {"--log-level": "warning"}},
+                         env={"h02": {"SGLANG_LOGGING_CONFIG_PATH": "/etc/sglang/logging.json"}})
+    code, doc = cli(capsys, "launch", "--drop-unknown-flags", "-i", inv, FULL, "--timeout", "30")
+    assert code == 1
+    msg = {h["host"]: h["instances"][0]["message"] for h in doc["hosts"]}
+    assert {h["status"] for h in doc["hosts"]} == {"refused"}
+    assert "--log-level warning hides INFO lines" in msg["h01"]
+    assert "SGLANG_LOGGING_CONFIG_PATH replaces SGLang's log format" in msg["h02"]
+    assert all(not i["pid"] for h in doc["hosts"] for i in h["instances"])  # nothing was started
+
+
+def test_multi_node_each_node_proves_its_own_ranks(sb: Any, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    # node 1 of 2 with --tp-size 2 runs (and logs) only TP1
+    inv = make_inventory(sb, tmp_path / "inv.yaml", hosts=["h01"],
+                         flags={"h01": {"--nnodes": 2, "--node-rank": 1, "--dist-init-addr": "127.0.0.1:5000"}})
+    _ok(capsys, "deploy", "-i", inv, FULL)
+    _ok(capsys, "launch", "-i", inv, FULL, "--timeout", "30")
+    doc = _ok(capsys, "verify-logs", "-i", inv, FULL)
+    (iv,) = doc["hosts"][0]["instances"]
+    assert [r["rank"] for r in iv["ranks"]] == ["TP1"] and iv["ok"]
+
+
+def test_flag_pre_check_accepts_unambiguous_abbreviations() -> None:
+    from fleetctl.remote.agent import flag_registered
+
+    text = (wheels.package_dir("0.5.9") / "srt" / "server_args.py").read_text()
+    assert flag_registered(text, "--speculative-num-steps")
+    assert flag_registered(text, "--speculative-num-ste")  # argparse takes a unique prefix
+    assert not flag_registered(text, "--speculative")  # a prefix of many: argparse refuses it
+    assert not flag_registered(text, "--no-such-flag")
+
+
+def test_status_rechecks_which_worker_will_run(sb: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    wrong = ROOT / "playbooks" / "origin-wrong-file"
+    inv = make_inventory(sb, tmp_path / "inv.yaml", hosts=["h01"])
+    code, doc = cli(capsys, "status", "-i", inv, wrong)
+    assert code == 1
+    (row,) = doc["hosts"]
+    assert any(p.startswith("uncovered: ") and "EAGLEWorker" in p and "the playbook patches it: no" in p
+               for p in row["problems"]), row["problems"]
+    code, doc = cli(capsys, "status", "-i", inv, FULL)
+    assert code == 0 and not any(p.startswith("uncovered") for p in doc["hosts"][0]["problems"])

@@ -393,6 +393,9 @@ def test_wrapper_that_outlives_the_server_is_not_a_running_server(sb: Sandbox, t
     (name,) = srv.list_instances(str(h.state_dir))
     rec = srv.current_record(str(h.state_dir), name)
     (server,) = _children(rec["pid"], "fleetctl.sandbox.simulator")  # the python under the wrapper shell
+    # identified at ready: that python, never the launch's exit-status supervisor (the same python here,
+    # its argv carrying the simulator's) nor the wrapper
+    assert rec["server_pid"] == server and server not in (rec["supervisor_pid"], rec["pid"])
     os.kill(server, signal.SIGKILL)  # the server dies; the wrapper shell lives on
     deadline = time.monotonic() + 30
     while os.path.exists(f"/proc/{server}") and time.monotonic() < deadline:

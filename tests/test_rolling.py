@@ -56,6 +56,8 @@ def test_one_failing_host_in_the_second_batch(fresh_sandbox: Callable[..., Sandb
     st = {h["host"]: h for h in ro["hosts"]}
     assert st["h01"]["status"] == "ok"  # the canary passed and stays
     assert st["h03"]["status"] == "failed" and "launch" in st["h03"]["steps"]
+    # the crash is named as a crash, with its exception (not as a missing marker)
+    assert "the server exited (status 1) before ready: RuntimeError: simulated crash" in st["h03"]["message"]
     assert st["h02"]["status"] == "rolled-back"
     assert st["h04"]["status"] == st["h05"]["status"] == "untouched"
     pristine = wheels.pristine_bytes("0.5.9", EW)

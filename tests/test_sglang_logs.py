@@ -185,6 +185,39 @@ def test_expected_ranks_follow_the_launcher(version: str) -> None:
     assert "for dp_rank in range(server_args.dp_size)" in controller
 
 
+def _node_range_formulas(version: str) -> list[ast.stmt]:
+    """The launcher's (dp_size == 1) assignments that pick the pp and tp ranks a node runs, in source order."""
+    names = ["pp_size_per_node", "nnodes_per_pp_rank", "pp_rank_range", "nnodes_per_tp_group", "tp_size_per_node",
+             "tp_rank_range"]
+    for node in ast.walk(tree(version, "srt/entrypoints/engine.py")):
+        body = getattr(node, "body", None)
+        if not isinstance(body, list):
+            continue
+        got = [st for st in body if isinstance(st, ast.Assign) and isinstance(st.targets[0], ast.Name)
+               and st.targets[0].id in names]
+        if {"pp_rank_range", "tp_rank_range"} <= {st.targets[0].id for st in got}:  # (their order varies)
+            return got
+    raise AssertionError(f"{version}: no per-node rank ranges in srt/entrypoints/engine.py")
+
+
+@pytest.mark.parametrize("version", _params())
+def test_each_node_logs_only_its_own_ranks(version: str) -> None:
+    formulas = _node_range_formulas(version)
+    for tp, pp, nnodes in [(8, 1, 2), (16, 1, 4), (8, 2, 2), (4, 4, 2), (8, 2, 4), (4, 1, 1)]:
+        for node_rank in range(nnodes):
+            server_args = types.SimpleNamespace(tp_size=tp, pp_size=pp, nnodes=nnodes, node_rank=node_rank)
+            # inline on server_args in some releases, a helper taking the four as parameters in others
+            ns: dict[str, Any] = {"server_args": server_args, **vars(server_args)}
+            for stmt in formulas:
+                exec(compile(ast.Module(body=[stmt], type_ignores=[]), "<engine>", "exec"), ns)
+            args = {"tp_size": tp, "pp_size": pp, "nnodes": str(nnodes), "node_rank": str(node_rank)}
+            got = sglang.expected_ranks(version, args)
+            want = [{**({"PP": a} if pp > 1 else {}), **({"TP": b} if tp > 1 else {})}
+                    for a in ns["pp_rank_range"] for b in ns["tp_rank_range"]]
+            order = R.RELEASES[version].log.prefix_order
+            assert got == [{k: w[k] for k in order if k in w} for w in want], (tp, pp, nnodes, node_rank)
+
+
 # --- units -------------------------------------------------------------------------------------
 
 def test_parse_line_forms() -> None:

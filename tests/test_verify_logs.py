@@ -107,7 +107,12 @@ def test_origin_story_wrong_file_then_full_playbook(sb: Any, tmp_path: Path,
     inv = make_inventory(sb, tmp_path / "inv.yaml", hosts=["h01", "h02"])
     # only eagle_worker_v2.py (+ server_args.py) patched on 0.5.9; SGLANG_ENABLE_SPEC_V2 unset
     ok(capsys, "deploy", "-i", inv, WRONG, "--limit", "h01", "--allow-uncovered")
-    launched = ok(capsys, "launch", "--drop-unknown-flags", "-i", inv, WRONG, "--limit", "h01", "--timeout", "30")
+    code, refused = cli(capsys, "launch", "--drop-unknown-flags", "-i", inv, WRONG, "--limit", "h01", "--timeout", "30")
+    assert code == 1 and refused["hosts"][0]["status"] == "refused"
+    assert "the playbook patches it: no (--allow-uncovered to launch it anyway)" in \
+        refused["hosts"][0]["instances"][0]["message"]
+    launched = ok(capsys, "launch", "--drop-unknown-flags", "--allow-uncovered", "-i", inv, WRONG, "--limit", "h01",
+                  "--timeout", "30")
     notes = " ".join(instances(launched)["h01"]["notes"])
     assert "warning" in notes and "EAGLEWorker" in notes and "patches it: no" in notes
     t0 = time.monotonic()
@@ -163,6 +168,7 @@ def test_stale_lines_of_an_earlier_launch_are_ignored(sb: Any, tmp_path: Path,
     assert code == 1 and iv["launch_id"] == second["launch_id"]
     assert not any(r["markers"][MARKER] for r in iv["ranks"])
     assert "does NOT carry" in text(iv)
+    assert "no deploy of 'dynamic-spec-disable' is on disk here" in text(iv)
 
 
 def test_redeploy_without_restart_says_restart_needed(sb: Any, tmp_path: Path,
@@ -232,3 +238,104 @@ def test_grep_on_the_host_is_bounded(tmp_path: Path) -> None:
     assert len(found["server_args="]["lines"][0]) == 1000
     found, _ = srv.grep_log(str(log), [MARKER], max_per_pattern=10_000, max_total=5_000)
     assert sum(len(x) for x in found[MARKER]["lines"]) <= 5_000 and found[MARKER]["truncated"]
+
+
+# ----------------------------------------------------------------------------- a server that ended on its own
+
+
+def test_crash_before_ready_is_named_as_a_crash_not_a_missing_marker(sb: Any, tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    inv = make_inventory(sb, tmp_path / "inv.yaml", hosts=["h01"], env={"h01": {"FLEETCTL_SIM_CRASH": "startup"}})
+    ok(capsys, "deploy", "-i", inv, FULL)
+    code, doc = cli(capsys, "launch", "--drop-unknown-flags", "-i", inv, FULL, "--timeout", "30")
+    assert code == 1
+    msg = doc["hosts"][0]["instances"][0]["message"]
+    assert msg.startswith("the server exited (status 1) before ready: RuntimeError: simulated crash"), msg
+    code, doc = cli(capsys, "verify-logs", "-i", inv, FULL)
+    iv = instances(doc)["h01"]
+    assert code == 1 and not iv["running"]
+    assert iv["problems"][0].startswith("the server exited (status 1) before ready: RuntimeError: simulated crash")
+    assert iv["exited"]["returncode"] == 1
+    assert not any("missing on" in p for p in iv["problems"]), iv["problems"]
+    assert not any("was the flag given" in e for e in iv["explanation"]), iv["explanation"]
+    assert any("Traceback (most recent call last)" in ln for ln in iv["tail"]) and len(iv["tail"]) <= 30
+    # the table says it too, with the log's last lines
+    capsys.readouterr()
+    assert main(["verify-logs", "-i", str(inv), str(FULL)]) == 1
+    out = capsys.readouterr().out
+    assert "the server exited (status 1) before ready" in out and "| Traceback (most recent call last):" in out
+
+
+def test_crash_after_ready_and_a_stop_are_told_apart(sb: Any, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    inv = make_inventory(sb, tmp_path / "inv.yaml", hosts=["h01", "h02"],
+                         env={"h01": {"FLEETCTL_SIM_CRASH": "after-ready:1"}})
+    ok(capsys, "deploy", "-i", inv, FULL)
+    launched = ok(capsys, "launch", "--drop-unknown-flags", "-i", inv, FULL, "--timeout", "30")
+    name = next(i["instance"] for h in launched["hosts"] if h["host"] == "h01" for i in h["instances"])
+    rec = srv.current_record(str(sb.hosts["h01"].state_dir), name)
+    deadline = time.monotonic() + 30
+    while srv.record_alive(rec) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    ok(capsys, "stop", "-i", inv, "--limit", "h02")
+    code, doc = cli(capsys, "verify-logs", "-i", inv, FULL)
+    assert code == 1
+    crashed, stopped = instances(doc)["h01"], instances(doc)["h02"]
+    assert crashed["problems"][0].startswith("the server exited (status 1) after ready: RuntimeError: simulated "
+                                             "crash after ready"), crashed["problems"]
+    assert all(r["ok"] for r in crashed["ranks"])  # the marker was logged before it died
+    assert stopped["exited"] is None and stopped["problems"][0].endswith("(stopped)"), stopped["problems"]
+    assert not any("exited" in p for p in stopped["problems"])
+
+
+# ----------------------------------------------------------------------------- log provenance
+
+
+def test_a_launch_command_that_replays_an_old_log_cannot_pass(sb: Any, tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    inv = make_inventory(sb, tmp_path / "inv.yaml", hosts=["h01"])
+    ok(capsys, "deploy", "-i", inv, FULL)
+    first = ok(capsys, "launch", "--drop-unknown-flags", "-i", inv, FULL, "--timeout", "30")
+    old_log = tmp_path / "sglang-earlier.log"
+    old_log.write_text(Path(instances(first)["h01"]["log"]).read_text())
+    assert MARKER in old_log.read_text()
+    ok(capsys, "stop", "-i", inv)
+    # the origin mistake on disk (EAGLEWorker unpatched on 0.5.9), launched through a command that first
+    # replays the earlier run's log (the `tail`/journal pattern) and then execs the server (a python
+    # script: fleetctl must see which python a launch runs, so no `sh -c`)
+    ok(capsys, "rollback", "-i", inv)
+    ok(capsys, "deploy", "-i", inv, WRONG, "--allow-uncovered")
+    time.sleep(2.5)  # the replayed lines are older than the new process by more than the clock slack
+    replay = tmp_path / "replay_then_serve.py"
+    replay.write_text(f"import os, sys\nsys.stderr.buffer.write(open({str(old_log)!r}, 'rb').read())\n"
+                      "sys.stderr.flush()\n"
+                      "os.execv(sys.executable, [sys.executable, '-m', 'fleetctl.sandbox.simulator', *sys.argv[1:]])\n")
+    doc = yaml.safe_load(inv.read_text())
+    doc["hosts"]["h01"]["launch_command"] = f"{{python}} {replay}"
+    inv.write_text(yaml.safe_dump(doc))
+    launched = ok(capsys, "launch", "--drop-unknown-flags", "--allow-uncovered", "-i", inv, WRONG, "--timeout", "30")
+    assert MARKER in Path(instances(launched)["h01"]["log"]).read_text()  # the replayed lines are in the log
+    code, doc = cli(capsys, "verify-logs", "-i", inv, WRONG)
+    iv = instances(doc)["h01"]
+    assert code == 1 and not iv["ok"]
+    assert not any(r["markers"][MARKER] for r in iv["ranks"]), iv["ranks"]
+    assert any("carry a time before its server process started" in p and "replayed" in p for p in iv["problems"])
+    assert iv["worker"]["class"] == "EAGLEWorker" and "does NOT carry" in text(iv)
+
+
+def test_provenance_helpers() -> None:
+    from fleetctl.ops.verify import _dump_mismatches, _written_since
+    from fleetctl.sglang import parse_line
+
+    lines = {"m": [parse_line("[2026-11-30 10:00:00 TP0] m"), parse_line("[2026-11-30 10:00:09 TP0] m"),
+                   parse_line("m without a time")]}
+    import calendar
+    started = calendar.timegm((2026, 11, 30, 9, 0, 5, 0, 0, 0))  # 10:00:05 at UTC+1
+    kept, dropped = _written_since(lines, started, 3600)
+    assert dropped == 1 and [ln.raw for ln in kept["m"]] == ["[2026-11-30 10:00:09 TP0] m", "m without a time"]
+    assert _written_since(lines, None, 3600) == (lines, 0)
+    resolved = {"port": 31000, "tp_size": 2, "speculative_algorithm": "EAGLE3", "x": None}
+    dump = {"port": 30000, "tp_size": 2, "speculative_algorithm": "EAGLE3"}
+    assert _dump_mismatches(dump, resolved, {"--port": 31000, "--tp-size": 2, "--x": 1}) == [
+        "port=30000 in the log, launched with 31000"]
+    assert _dump_mismatches({**dump, "port": 31000}, resolved, {"--port": "31000"}) == []

@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 
 from fleetctl.errors import InputError
+from fleetctl.safetext import SafeConsole
 
 InventoryOpt = Annotated[
     Path | None,
@@ -32,10 +32,12 @@ AcceptNewOpt = Annotated[
 DEFAULT_FORKS = 32
 
 # stdout carries results (tables or the JSON document); stderr carries progress and errors.
-def _console(stderr: bool) -> Console:
-    c = Console(stderr=stderr, highlight=False, soft_wrap=True)
+# SafeConsole: strings are never parsed as markup or emoji codes and control characters are shown
+# escaped (fleetctl/safetext.py); our own styling is passed as rich Text.
+def _console(stderr: bool) -> SafeConsole:
+    c = SafeConsole(stderr=stderr, highlight=False, soft_wrap=True)
     if not c.is_terminal:  # pipes and CI logs: wide enough for the tables, never wrapped at 80
-        c = Console(stderr=stderr, highlight=False, soft_wrap=True, width=160)
+        c = SafeConsole(stderr=stderr, highlight=False, soft_wrap=True, width=160)
     return c
 
 
@@ -50,5 +52,7 @@ def require_inventory(path: Path | None) -> Path:
 
 
 def emit_json(doc: Any) -> None:
+    """The JSON document keeps every value raw: json.dumps escapes control characters (and, with
+    ensure_ascii, everything outside ASCII) itself, so nothing is interpreted by a terminal."""
     sys.stdout.write(json.dumps(doc, indent=2, sort_keys=False, default=str) + "\n")
     sys.stdout.flush()

@@ -12,6 +12,7 @@ from typing import TypeVar
 from fleetctl.commands.common import err, require_inventory
 from fleetctl.config.inventory import Inventory, load_inventory
 from fleetctl.fleet import Fleet
+from fleetctl.safetext import DETAIL_LIMIT, line, safe
 
 
 @dataclass
@@ -44,7 +45,8 @@ def print_debug_details(ctx: RunContext, outcomes: list) -> None:
         return
     for o in outcomes:
         if getattr(o, "detail", None):
-            err.print(f"--- {o.host} detail ---\n{o.detail}", markup=False, highlight=False)
+            err.print(line(f"--- {o.host} detail ---"))
+            err.print(safe(o.detail, multiline=True, limit=DETAIL_LIMIT))
 
 
 T = TypeVar("T")

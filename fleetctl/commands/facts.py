@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import typer
-from rich.markup import escape
+from rich.text import Text
 
 from fleetctl.commands.common import (
     DEFAULT_FORKS,
@@ -21,6 +21,7 @@ from fleetctl.commands.context import fleet_context, print_debug_details
 from fleetctl.errors import EXIT_FAILED, EXIT_OK
 from fleetctl.facts import HostFacts, read_facts
 from fleetctl.render import host_progress, print_failures, status_cell, summary_line, table
+from fleetctl.safetext import line, lines_cell, safe, styled
 
 KEY_FILES = ("srt/server_args.py", "srt/speculative/eagle_worker.py", "srt/speculative/eagle_worker_v2.py")
 
@@ -41,7 +42,7 @@ def _gpu_cell(f: HostFacts) -> str:
     return s
 
 
-def _files_cell(f: HostFacts, all_files: bool) -> str:
+def _files_cell(f: HostFacts, all_files: bool) -> Text:
     lines = []
     for p, ff in sorted(f.files.items()):
         if not all_files and p not in KEY_FILES:
@@ -51,7 +52,7 @@ def _files_cell(f: HostFacts, all_files: bool) -> str:
     rest = len(f.files) - len(lines)
     if rest > 0:
         lines.append(f"(+{rest} more hashed; --files lists all)")
-    return "\n".join(lines)
+    return lines_cell(lines)
 
 
 def register(app: typer.Typer) -> None:
@@ -87,21 +88,26 @@ def register(app: typer.Typer) -> None:
                         t.add_row(o.host, status_cell(o.status), "(see below)", "", "", "", "")
                         continue
                     f: HostFacts = o.data
-                    sg = (escape(f"{f.sglang_version or '?'} ({f.sglang_install})\n{f.sglang_dir}") if f.sglang_found
-                          else "[red]not found[/] by the launch's python"
-                          + (f"\n{escape(f.sglang_error)}" if f.sglang_error else ""))
+                    sg = (lines_cell([f"{f.sglang_version or '?'} ({f.sglang_install})", f.sglang_dir])
+                          if f.sglang_found else Text.assemble(styled("not found", "red"), " by the launch's python"))
+                    if not f.sglang_found and f.sglang_error:
+                        sg.append("\n")
+                        sg.append_text(safe(f.sglang_error))
                     for n in f.sglang_notes + [p for p in map(f.bytecode_problem, f.bytecode) if p]:
-                        sg += f"\n[yellow]note:[/] {escape(n)}"
+                        sg.append("\n")
+                        sg.append_text(line(styled("note:", "yellow"), " ", n))
                     tc = f.torch
-                    torch = ("[red]missing[/]" if tc.installed is None else
-                             f"{tc.installed} " + ({True: "[green]ok[/]", False: "[red]mismatch[/]",
-                                                    None: "(unchecked)"}[tc.satisfied]))
+                    torch = (styled("missing", "red") if tc.installed is None else
+                             Text.assemble(safe(tc.installed), " ",
+                                           {True: styled("ok", "green"), False: styled("mismatch", "red"),
+                                            None: "(unchecked)"}[tc.satisfied]))
                     if tc.required:
-                        torch += f"\nneeds {', '.join(tc.required)}"
-                    py = f"{f.os}\n{f.python} ({f.python_version})"
+                        torch.append("\n")
+                        torch.append_text(safe(f"needs {', '.join(tc.required)}"))
+                    py = [f.os, f"{f.python} ({f.python_version})"]
                     if f.launch_python and f.launch_python != f.python:
-                        py += f"\nlaunch: {f.launch_python} ({f.launch_python_version})"
-                    t.add_row(o.host, status_cell(o.status), escape(py),
+                        py.append(f"launch: {f.launch_python} ({f.launch_python_version})")
+                    t.add_row(o.host, status_cell(o.status), lines_cell(py),
                               sg, torch, _files_cell(f, files), _gpu_cell(f))
                 out.print(t)
                 print_failures(out, outcomes)

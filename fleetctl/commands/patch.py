@@ -6,16 +6,16 @@ import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 from rich.text import Text
 
 from fleetctl import wheels
-from fleetctl.commands import common
-from fleetctl.config.playbook import check_relpath, load_playbook
+from fleetctl.commands import common, validate
+from fleetctl.config.playbook import Playbook, check_relpath, load_playbook
 from fleetctl.errors import FleetctlError, InputError
+from fleetctl.safetext import table as safe_table
 
 patch_app = typer.Typer(help="Local tools for patch authors: apply, check, new.", no_args_is_help=True)
 
@@ -87,19 +87,45 @@ def check_cmd(
     pb = load_playbook(playbook)
     results = check_playbook(pb, sglang)
     failed = [r for r in results if not r.ok]
+    warnings = launch_warnings(pb, list(dict.fromkeys(r.version for r in results)))
     if json_out:
         common.emit_json({"playbook": str(pb.path), "name": pb.name, "ok": not failed,
-                          "results": [r.as_dict() for r in results]})
+                          "results": [r.as_dict() for r in results], "warnings": warnings})
     else:
-        table = Table(title=f"patch check: {pb.name}", title_justify="left")
-        for col in ("version", "file", "status", "detail"):
-            table.add_column(col, overflow="fold")
+        table = safe_table(f"patch check: {pb.name}", ("version", "file", "status", "detail"))
         for r in results:
             style = _STYLE.get(r.status, "red")
-            table.add_row(Text(r.version), Text(r.path), Text(r.status, style=style), Text(r.detail))
+            table.add_row(r.version, r.path, Text(r.status, style=style), r.detail)
         common.out.print(table)
+        for w in warnings:
+            common.err.print(f"warning: {w['message']}", markup=False, highlight=False)
     if failed:
         raise FleetctlError(f"patch check: {len(failed)} of {len(results)} file(s) failed")
+
+
+def launch_warnings(pb: Playbook, versions: list[str]) -> list[dict[str, Any]]:
+    """Per release: does the playbook's own launch, with no env at all (a bare host) and with the
+    launch's env, run a worker the playbook does not patch? The origin mistake, caught offline."""
+    from fleetctl.coverage import coverage
+    from fleetctl.instances import env_string
+
+    own_env = {k: env_string(v) for k, v in pb.launch.env.items()}
+    envs = [("no env", {})] + ([("the launch's env", own_env)] if own_env else [])
+    out: list[dict[str, Any]] = []
+    for version in versions:
+        for label, env in envs:
+            cov = coverage(version, dict(pb.launch.flags), env, pb)
+            if cov.covered is not False and not (cov.refused and cov.worker_file is None):
+                continue
+            if cov.covered is False:
+                what = (f"{version}: the default launch ({label}) runs {cov.worker_class} from {cov.worker_file}, "
+                        f"which this playbook does not patch for {version} ({cov.reason}); deploy would refuse "
+                        f"such hosts: patch {cov.worker_file} too, or set the env that selects a patched worker")
+            else:
+                what = f"{version}: the default launch ({label}): {cov.refused}"
+            out.append({"version": version, "env": env, "worker_class": cov.worker_class,
+                        "worker_file": cov.worker_file, "message": what})
+    return out
 
 
 @patch_app.command("new", help="Diff an edited copy against the pristine file of an SGLang release: print "
@@ -116,6 +142,7 @@ def new_cmd(
     from fleetctl.patching import apply_patch, make_patch
     from fleetctl.patching.authoring import playbook_snippet
 
+    sglang = validate.sglang_version(sglang)
     try:
         rel = check_relpath(rel)
     except ValueError as e:

@@ -6,10 +6,10 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
 from fleetctl.commands import common
 from fleetctl.errors import FleetctlError
+from fleetctl.safetext import SafeTable
 
 sandbox_app = typer.Typer(help="A local fleet of real OpenSSH hosts on loopback: up, down, status.", no_args_is_help=True)
 
@@ -20,8 +20,8 @@ DirOpt = Annotated[
 ]
 
 
-def _table(*cols: str) -> Table:
-    t = Table(box=None, pad_edge=False, show_edge=False, header_style="bold")
+def _table(*cols: str) -> SafeTable:
+    t = SafeTable(box=None, pad_edge=False, show_edge=False, header_style="bold")
     for c in cols:
         t.add_column(c)
     return t

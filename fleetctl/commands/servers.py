@@ -6,7 +6,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.text import Text
 
+from fleetctl.commands import validate
 from fleetctl.commands.common import (
     DEFAULT_FORKS,
     AcceptNewOpt,
@@ -19,7 +21,7 @@ from fleetctl.commands.common import (
     err,
     out,
 )
-from fleetctl.commands.context import fleet_context
+from fleetctl.commands.context import RunContext, fleet_context
 from fleetctl.commands.context import fmt_time as _ts
 from fleetctl.commands.context import run_with_progress as _tick_run
 from fleetctl.config.playbook import load_playbook
@@ -29,6 +31,7 @@ from fleetctl.ops.deploy import new_op_id
 from fleetctl.ops.launch import HostLaunch, launch_fleet, status_fleet, stop_fleet
 from fleetctl.ops.verify import HostVerify, rank_label, verify_fleet
 from fleetctl.render import status_cell, table
+from fleetctl.safetext import line, lines_cell, safe, styled
 
 PlaybookArg = Annotated[Path, typer.Argument(help="Playbook YAML, or a directory holding playbook.yaml.",
                                              show_default=False)]
@@ -37,8 +40,8 @@ STYLE = {"ready": "green", "ok": "green", "stopped": "green", "refused": "red", 
          "never launched": "yellow", "still running": "red", "running": "green", "PASS": "green", "FAIL": "red"}
 
 
-def _s(state: str) -> str:
-    return f"[{STYLE.get(state, 'white')}]{state}[/]"
+def _s(state: str) -> Text:
+    return styled(state, STYLE.get(state, "white"))
 
 
 
@@ -51,7 +54,7 @@ def render_launch(rows: list[HostLaunch]) -> None:
         if not r.instances:
             t.add_row(r.host, "", "", "", _s(r.status), "", "", r.message)
         for i, it in enumerate(r.instances):
-            what = it.message + "".join(f"\n{n}" for n in it.notes)
+            what = lines_cell([it.message, *it.notes])
             t.add_row(r.host if i == 0 else "", it.instance, ",".join(map(str, it.gpus)), str(it.port),
                       _s(it.status), f"{it.seconds:.2f}s" if it.seconds is not None else "",
                       it.worker.get("class") or "", what)
@@ -59,8 +62,10 @@ def render_launch(rows: list[HostLaunch]) -> None:
     for r in rows:
         for it in r.instances:
             if it.tail:
-                out.print(f"[red]{r.host} {it.instance}[/]: last {len(it.tail)} log lines of {it.log}:")
-                out.print("\n".join("    " + ln for ln in it.tail), markup=False, highlight=False)
+                out.print(line(safe(f"{r.host} {it.instance}", "red"),
+                               f": last {len(it.tail)} log lines of {it.log}:"))
+                for ln in it.tail:  # each log line stays one line (a host cannot forge more)
+                    out.print(line("    ", ln))
 
 
 def render_verify(rows: list[HostVerify], markers: list[str]) -> None:
@@ -71,14 +76,14 @@ def render_verify(rows: list[HostVerify], markers: list[str]) -> None:
         first_host = True
         for iv in r.instances:
             args = ", ".join(f"{k}={v}" for k, v in iv.args.items() if v is not None)
-            head = (f"launch {iv.launch_id or '-'} since {_ts(iv.since)}"
-                    + (" (running)" if iv.running else " (NOT running)") + (f"\n{args}" if args else ""))
+            head = lines_cell([f"launch {iv.launch_id or '-'} since {_ts(iv.since)}"
+                               + (" (running)" if iv.running else " (NOT running)"), *([args] if args else [])])
             res = _s("PASS" if iv.ok else "FAIL")
             if not iv.ranks:
                 t.add_row(r.host if first_host else "", iv.instance, "", *["" for _ in markers], res, head)
                 first_host = False
             for k, rc in enumerate(iv.ranks):
-                cells = ["[green]yes[/]" if rc.markers.get(m) else "[red]MISSING[/]" for m in markers]
+                cells = [styled("yes", "green") if rc.markers.get(m) else styled("MISSING", "red") for m in markers]
                 t.add_row(r.host if first_host else "", iv.instance if k == 0 else "", rank_label(rc.ranks),
                           *cells, res if k == 0 else "", head if k == 0 else "")
                 first_host = False
@@ -87,13 +92,17 @@ def render_verify(rows: list[HostVerify], markers: list[str]) -> None:
         for iv in r.instances:
             if iv.ok:
                 continue
-            out.print(f"[red]FAIL[/] {r.host} {iv.instance}:")
+            out.print(line(styled("FAIL", "red"), f" {r.host} {iv.instance}:"))
             for p in iv.problems:
-                out.print(f"  - {p}", markup=False, highlight=False)
+                out.print(line(f"  - {p}"))
             for e in iv.explanation:
-                out.print(f"    why: {e}", markup=False, highlight=False)
+                out.print(line(f"    why: {e}"))
             for ln in iv.forbidden:
-                out.print(f"    | {ln}", markup=False, highlight=False)
+                out.print(line(f"    | {ln}"))
+            if iv.tail:
+                out.print(line(f"    last {len(iv.tail)} lines of {iv.log}:"))
+                for ln in iv.tail:
+                    out.print(line(f"    | {ln}"))
 
 
 def register(app: typer.Typer) -> None:
@@ -109,6 +118,8 @@ def register(app: typer.Typer) -> None:
         drop_unknown_flags: bool = typer.Option(
             False, "--drop-unknown-flags",
             help="Leave out flags the installed SGLang does not register (e.g. the patch's own flag after a rollback)."),
+        allow_uncovered: bool = typer.Option(
+            False, "--allow-uncovered", help="Launch even where the worker that will run is not one the playbook patches."),
         json_out: JsonOpt = False,
         debug: DebugOpt = False,
         accept_new_host_keys: AcceptNewOpt = False,
@@ -119,11 +130,13 @@ def register(app: typer.Typer) -> None:
             lid = new_op_id("l")
             ledger = Ledger()
             ledger.start(lid, "launch", inventory=ctx.inventory.path, playbook=pb.path,
-                         args={"limit": limit, "replace": replace, "timeout": timeout})
+                         args={"limit": limit, "replace": replace, "timeout": timeout},
+                         hosts=[h.name for h in ctx.fleet.hosts])
             try:
                 _, rows = _tick_run(ctx, "launch", lambda: launch_fleet(ctx.fleet, pb, replace=replace,
                                                                          timeout=timeout, launch_id=lid,
-                                                                         drop_unknown_flags=drop_unknown_flags))
+                                                                         drop_unknown_flags=drop_unknown_flags,
+                                                                         allow_uncovered=allow_uncovered))
                 bad = [r for r in rows if r.status != "ok"]
                 ledger.finish(lid, "failed" if bad else "ok",
                               [{"host": r.host, "status": r.status, "message": r.message,
@@ -171,7 +184,7 @@ def register(app: typer.Typer) -> None:
                 render_verify(rows, list(pb.verify.markers))
                 for r in rows:
                     if r.status not in ("ok", "failed"):
-                        out.print(f"[red]{r.status}[/] {r.message}")
+                        out.print(line(styled(r.status, "red"), " ", r.message))
                 err.print(summary, markup=False)
             raise typer.Exit(EXIT_FAILED if bad else EXIT_OK)
 
@@ -191,11 +204,12 @@ def register(app: typer.Typer) -> None:
         t = timeout if timeout is not None else (load_playbook(playbook).launch.stop_timeout if playbook else 30.0)
         if instance is not None and not instance:
             raise InputError("--instance given without a name")
+        validate.instances(instance)
         with fleet_context(inventory, limit, forks, json=json_out, debug=debug,
                            accept_new_host_keys=accept_new_host_keys) as ctx:
             rows = _tick_run(ctx, "stop", lambda: stop_fleet(ctx.fleet, names=instance or None, timeout=t))
             bad = [r for r in rows if r.status != "ok"]
-            summary = (f"stop: {len(rows)} hosts: {sum(1 for r in rows for s in r.instances if s['action'] == 'stopped')}"
+            summary = (f"stop: {len(rows)} hosts: {sum(1 for r in rows for s in r.instances if s.action == 'stopped')}"
                        f" servers stopped, {len(bad)} hosts failed in {ctx.elapsed():.2f}s")
             if json_out:
                 emit_json({"command": "stop", "ok": not bad, "hosts": [r.to_json() for r in rows], "summary": summary})
@@ -205,23 +219,29 @@ def register(app: typer.Typer) -> None:
                     if not r.instances:
                         tb.add_row(r.host, "", "", _s(r.status), r.message if r.status != "ok" else "nothing launched")
                     for k, s in enumerate(r.instances):
-                        tb.add_row(r.host if k == 0 else "", s["instance"], str(s.get("pid") or ""),
-                                   _s(s["action"]), s.get("how") or "")
+                        tb.add_row(r.host if k == 0 else "", s.instance, str(s.pid or ""),
+                                   _s(s.action), s.how or "")
                 out.print(tb)
                 err.print(summary, markup=False)
             raise typer.Exit(EXIT_FAILED if bad else EXIT_OK)
 
-    @app.command("servers", help="List the servers fleetctl launched: running, since, deploy, restart needed.")
+    @app.command("servers", help="List the servers fleetctl launched (--discover: every SGLang server process).")
     def servers(
         inventory: InventoryOpt = None,
         limit: LimitOpt = None,
         forks: ForksOpt = DEFAULT_FORKS,
+        discover: bool = typer.Option(
+            False, "--discover",
+            help="Find every SGLang server process from /proc, whoever started it: argv, environment, log, "
+                 "port, which worker it runs, and whether it runs code older than the files on disk."),
         json_out: JsonOpt = False,
         debug: DebugOpt = False,
         accept_new_host_keys: AcceptNewOpt = False,
     ) -> None:
         with fleet_context(inventory, limit, forks, json=json_out, debug=debug,
                            accept_new_host_keys=accept_new_host_keys) as ctx:
+            if discover:
+                _discover(ctx, json_out)
             rows = _tick_run(ctx, "servers", lambda: status_fleet(ctx.fleet))
             bad = [h for h, st, _, _ in rows if st != "ok"]
             if json_out:
@@ -236,6 +256,48 @@ def register(app: typer.Typer) -> None:
                     for k, s in enumerate(srv):
                         tb.add_row(h if k == 0 else "", s["instance"], _s("running" if s["running"] else "not running"),
                                    _ts(s["since"]), str(s["pid"] or ""), s["version"] or "", s["worker"] or "",
-                                   s["deploy_at_launch"] or "(none)", "\n".join(s["problems"]))
+                                   s["deploy_at_launch"] or "(none)", lines_cell(s["problems"]))
                 out.print(tb)
             raise typer.Exit(EXIT_FAILED if bad else EXIT_OK)
+
+
+def _discover(ctx: RunContext, json_out: bool) -> None:
+    from fleetctl.ops.discover import discover_fleet, restart_reminder
+
+    found = _tick_run(ctx, "servers", lambda: discover_fleet(ctx.fleet))
+    bad = [h for h in found if h.status != "ok"]
+    reminder = restart_reminder(found)
+    n = sum(len(h.processes) for h in found)
+    summary = (f"servers --discover: {len(found)} hosts: {n} server process(es), "
+               f"{sum(1 for h in found for p in h.processes if not p.instance)} not started by fleetctl, "
+               f"{reminder.servers} running older code than the files on disk, {len(bad)} hosts failed "
+               f"({ctx.elapsed():.2f}s)")
+    if json_out:
+        emit_json({"command": "servers", "discover": True, "hosts": [h.to_json() for h in found],
+                   "restart_needed": reminder.to_json(), "summary": summary})
+    else:
+        tb = table("SGLang server processes", ["host", "pid", "since", "port", "started by", "SGLang", "worker",
+                                               "code", "log"])
+        for h in found:
+            if h.status != "ok":
+                tb.add_row(h.host, "", "", "", "", "", "", _s(h.status), h.message)
+            if h.status == "ok" and not h.processes:
+                tb.add_row(h.host, "", "", "", "", "", "", "", "no SGLang server process")
+            for k, p in enumerate(h.processes):
+                code = (line(styled("OLDER than the files on disk", "red"), ": " + ", ".join(p.changed_files))
+                        if p.stale else "current")
+                tb.add_row(h.host if k == 0 else "", str(p.pid), _ts(p.started), ",".join(map(str, p.ports)),
+                           f"fleetctl ({p.instance})" if p.instance else styled("not fleetctl", "yellow"),
+                           p.version or "", p.worker.get("class") or "-", code, p.log or "")
+            if h.truncated:
+                tb.add_row("", "", "", "", "", "", "", "", "(more processes: list cut)")
+        out.print(tb)
+        for h in found:
+            for p in h.processes:
+                if not p.instance:
+                    out.print(line(f"{h.host} pid {p.pid}: " + " ".join(p.argv)[:500]))
+                    out.print(line(f"    worker: {p.worker.get('reason', '')}"))
+        err.print(summary, markup=False)
+        if reminder.servers:
+            err.print(reminder.line(str(ctx.inventory.path), None), markup=False, highlight=False)
+    raise typer.Exit(EXIT_FAILED if bad else EXIT_OK)

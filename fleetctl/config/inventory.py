@@ -151,32 +151,46 @@ class Inventory(BaseModel):
                                       "'identity_file:' to use your ssh agent and default keys")
 
     def select(self, limit: str | None) -> list[Host]:
-        """Hosts matching --limit: comma list of host names, group names or globs (their local
-        files checked)."""
+        """Hosts matching --limit (Ansible's meaning), their local files checked. An empty selection is
+        bad input: no command ever runs on zero hosts."""
         chosen = self._select(limit)
         self.check_local_files(chosen)
         return chosen
 
+    def _match(self, pat: str, limit: str) -> list[Host]:
+        if pat in ("all", "*"):
+            return list(self.hosts)
+        if not pat:
+            raise InputError(f"--limit {limit!r}: an empty pattern after '!' or '&'",
+                             hint="write '!NAME' or '&GROUP' with a host, group or glob")
+        matched = [h for h in self.hosts if fnmatch.fnmatchcase(h.name, pat) or pat in h.groups]
+        if not matched:
+            raise InputError(f"--limit: '{pat}' matches no host or group in {self.path}",
+                             hint="run 'fleetctl facts -i INV' to list hosts")
+        return matched
+
     def _select(self, limit: str | None) -> list[Host]:
-        if not limit:
+        """Comma list of patterns: host names, group names, globs, `all`; `&P` keeps only hosts also
+        matching P; `!P` removes hosts matching P. As in Ansible the order does not matter: the union
+        of the plain patterns (all hosts when there is none), then each `&`, then each `!`."""
+        if limit is None:
             return list(self.hosts)
         patterns = [p.strip() for p in limit.split(",") if p.strip()]
         if not patterns:
-            raise InputError(f"--limit {limit!r} names no host", hint="give host names, groups or globs")
+            raise InputError(f"--limit {limit!r} names no host", hint="give host names, groups, globs or 'all'")
+        include = [p for p in patterns if p[0] not in "!&"]
         chosen: list[Host] = []
-        for pat in patterns:
-            negate = pat.startswith("!")
-            pat = pat[1:] if negate else pat
-            matched = [h for h in self.hosts if fnmatch.fnmatchcase(h.name, pat) or pat in h.groups]
-            if not matched:
-                raise InputError(
-                    f"--limit: '{pat}' matches no host or group in {self.path}",
-                    hint="run 'fleetctl facts -i INV' to list hosts",
-                )
-            if negate:
-                chosen = [h for h in chosen if h not in matched]
-            else:
-                chosen += [h for h in matched if h not in chosen]
+        for pat in include or ["all"]:
+            chosen += [h for h in self._match(pat, limit) if h not in chosen]
+        for pat in (p[1:].strip() for p in patterns if p[0] == "&"):
+            keep = self._match(pat, limit)
+            chosen = [h for h in chosen if h in keep]
+        for pat in (p[1:].strip() for p in patterns if p[0] == "!"):
+            drop = self._match(pat, limit)
+            chosen = [h for h in chosen if h not in drop]
+        if not chosen:
+            raise InputError(f"no host matches --limit {limit!r} in {self.path}",
+                             hint="'!x' alone means every host but x; check the names with 'fleetctl facts -i INV'")
         order = {h.name: i for i, h in enumerate(self.hosts)}
         return sorted(chosen, key=lambda h: order[h.name])
 

@@ -86,8 +86,19 @@ class LaunchProfile(Strict):
     stop_timeout: Annotated[float, Field(gt=0)] = 30.0
 
 
+class NeverFires(Strict):
+    """The feature can never act when ServerArgs field `arg` >= field `at_least` (both as the server
+    resolves them, defaults and SGLang's own adjustments included)."""
+    arg: str
+    at_least: str
+    why: str = ""
+
+
 class VerifySpec(Strict):
     markers: list[str] = ["Dynamic speculation disable enabled"]
+    # settings under which the patched code runs but the feature can never act: explain warns,
+    # verify-logs fails (checked on the server arguments the log shows, else on fleetctl's model)
+    never_fires_when: list[NeverFires] = []
     forbidden: list[str] = [
         "Traceback (most recent call last)",
         "CUDA out of memory",

@@ -19,6 +19,8 @@ from fleetctl.fleet import Fleet, HostOutcome
 from fleetctl.instances import host_launch_spec
 from fleetctl.payload import intended_for
 from fleetctl.plan import Coverage, HostPlan, Intended, Plan, plan_host
+from fleetctl.protocol import names
+from fleetctl.protocol.answers import DeployAnswer
 from fleetctl.transport.ssh import HostConnection
 
 
@@ -36,11 +38,11 @@ class Gathered:
     outcomes: dict[str, HostOutcome]
 
 
-def gather(fleet: Fleet, playbook: Playbook | None) -> Gathered:
+def gather(fleet: Fleet, playbook: Playbook | None, *, all_hashes: bool = False) -> Gathered:
     extra = sorted({f.path for files in (playbook.versions.values() if playbook else []) for f in files})
     profile = playbook.launch if playbook else None
-    outs = fleet.run(lambda c: read_facts(c, extra_files=extra, with_=["state"], gpus=False, all_hashes=False,
-                                          profile=profile))
+    outs = fleet.run(lambda c: read_facts(c, extra_files=extra, with_=[names.WITH_STATE], gpus=False,
+                                          all_hashes=all_hashes, profile=profile))
     return Gathered({o.host: o.data for o in outs if o.ok}, {o.host: o for o in outs})
 
 
@@ -93,6 +95,11 @@ def build_plan(fleet: Fleet, playbook: Playbook, gathered: Gathered, *, force: b
     return Plan(str(playbook.path), hosts, intended)
 
 
+def _stale(facts: HostFacts, rel: str) -> bool:
+    view = facts.bytecode.get(rel)
+    return view is not None and view.stale
+
+
 def _plan_stale_bytecode(hp: HostPlan, facts: HostFacts) -> None:
     """A playbook file that is not replaced but whose cached pyc import would run instead of it
     (compiled from other bytes): the deploy removes that bytecode too, even on a host that is
@@ -100,7 +107,7 @@ def _plan_stale_bytecode(hp: HostPlan, facts: HostFacts) -> None:
     if hp.status not in ("change", "noop"):
         return
     replaced = {fp.path for fp in hp.to_patch}
-    stale = [fp.path for fp in hp.files if fp.path not in replaced and (facts.bytecode.get(fp.path) or {}).get("stale")]
+    stale = [fp.path for fp in hp.files if fp.path not in replaced and _stale(facts, fp.path)]
     if not stale:
         return
     hp.drop_bytecode = stale
@@ -129,17 +136,18 @@ class HostApply:
 
 def apply_plan(fleet: Fleet, plan: Plan, playbook: Playbook, op_id: str, *, validate: bool = True,
                fault_after_files: dict[str, int] | None = None,
-               hosts: list[str] | None = None) -> dict[str, HostApply]:
-    """Apply the plan to every host whose plan says 'change'. Returns per-host results."""
+               hosts: list[str] | None = None, break_lock: set[str] | frozenset[str] = frozenset()
+               ) -> dict[str, HostApply]:
+    """Apply the plan to every host whose plan says 'change' or 'noop' (a no-op host is still visited:
+    its files are re-checked under the host lock, so 'unchanged' is never a guess from facts read
+    before a concurrent rollback). Returns per-host results."""
     results: dict[str, HostApply] = {}
     todo: dict[str, HostPlan] = {}
     for hp in plan.hosts:
         if hosts is not None and hp.host not in hosts:
             continue
-        if hp.status == "change":
+        if hp.status in ("change", "noop"):
             todo[hp.host] = hp
-        elif hp.status == "noop":
-            results[hp.host] = HostApply(hp.host, "unchanged", "already as intended")
         else:
             results[hp.host] = HostApply(hp.host, "unreachable" if hp.status == "unreachable" else
                                          ("refused" if hp.status == "refused" else "failed"), hp.reason)
@@ -166,16 +174,20 @@ def apply_plan(fleet: Fleet, plan: Plan, playbook: Playbook, op_id: str, *, vali
             "verify_paths": [f.path for f in hp.files], "drop_bytecode": hp.drop_bytecode,
             # the launch's python, env and cwd: the agent asks it for its pycache prefix (bytecode)
             "launch": host_launch_spec(conn.host, playbook.launch).to_agent(),
+            # the files the plan leaves alone must still hold what it saw, checked under the lock
+            "expect": {f.path: f.sha_now for f in hp.files if f.action == "none"},
         }
+        if conn.host.name in break_lock:
+            payload["break_lock"] = True
         if fault_after_files and conn.host.name in fault_after_files:
             payload["_fault_after_files"] = fault_after_files[conn.host.name]
-        res = conn.agent("deploy", payload)
-        r = HostApply(conn.host.name, "changed" if res.get("deploy_id") else "unchanged",
+        res: DeployAnswer = conn.agent(names.DEPLOY, payload)
+        r = HostApply(conn.host.name, "changed" if res.deploy_id else "unchanged",
                       f"{len(files)} file(s) patched" if files else
-                      ("; ".join(res.get("notes", [])) or "nothing to change"),
-                      res.get("deploy_id"), [f["path"] for f in files], res.get("notes", []))
+                      ("; ".join(res.notes) or "already as intended (checked under the host lock)"),
+                      res.deploy_id, [f["path"] for f in files], res.notes)
         # verification: every playbook file must now hold exactly the intended bytes
-        final = res.get("final", {})
+        final = res.final
         bad = [f"{fp.path} hashes {(final.get(fp.path) or 'missing')[:12]}, expected {fp.sha_intended[:12]}"
                for fp in hp.files if final.get(fp.path) != fp.sha_intended]
         if bad:

@@ -15,8 +15,20 @@ from fleetctl.fleet import Fleet
 from fleetctl.instances import Instance, plan_instances
 from fleetctl.launchspec import INHERIT_FROM_HOST
 from fleetctl.ops.deploy import new_op_id, who
-from fleetctl.plan import OPEN_STATES
+from fleetctl.ops.exits import exited_line
+from fleetctl.protocol import names
+from fleetctl.protocol.answers import (
+    DeployOnDisk,
+    InstanceState,
+    LaunchRecord,
+    ServersFacts,
+    ServerStopAnswer,
+    ServerWaitAnswer,
+    StopResult,
+)
+from fleetctl.protocol.schema import to_json
 from fleetctl.sglang import READY_LINE, is_known, resolve_worker, worker_files
+from fleetctl.sglang.processes import LOG_STAMP_FMT, LOG_STAMP_RE, log_visibility_problems
 from fleetctl.transport.ssh import HostConnection, RemoteError
 
 TAIL = 30
@@ -81,20 +93,19 @@ def _public_flags(inst: Instance) -> dict[str, Any]:
     return out
 
 
-def _running(facts: HostFacts) -> list[dict[str, Any]]:
+def _running(facts: HostFacts) -> list[InstanceState]:
     """Instances whose server runs, or whose launch still has a live process (a wrapper)."""
-    return [s for s in (facts.extra.get("servers") or {}).get("instances", [])
-            if s.get("running") or s.get("launch_alive")]
+    return [s for s in (facts.servers.instances if facts.servers else []) if s.running or s.launch_alive]
 
 
-def _conflicts(running: list[dict[str, Any]], plan: list[Instance]) -> list[dict[str, Any]]:
-    names = {i.name for i in plan}
+def _conflicts(running: list[InstanceState], plan: list[Instance]) -> list[InstanceState]:
+    wanted = {i.name for i in plan}
     ports = {i.port for i in plan}
     gpus = {g for i in plan for g in i.gpus}
     out = []
     for s in running:
-        rec = s.get("record") or {}
-        if s["instance"] in names or rec.get("port") in ports or gpus & set(rec.get("gpus") or []):
+        rec = s.record
+        if s.instance in wanted or (rec is not None and (rec.port in ports or gpus & set(rec.gpus))):
             out.append(s)
     return out
 
@@ -152,13 +163,15 @@ def hash_set(pb: Playbook | None, version: str) -> list[str]:
     return rels
 
 
-def stop_instances(conn: HostConnection, names: list[str] | None, timeout: float) -> list[dict[str, Any]]:
-    return conn.agent("server_stop", {"state_dir": conn.host.state_dir, "instances": names, "timeout": timeout},
-                      timeout=timeout + 30 + 10 * len(names or [1]))
+def stop_instances(conn: HostConnection, instances: list[str] | None, timeout: float) -> ServerStopAnswer:
+    res: ServerStopAnswer = conn.agent(
+        names.SERVER_STOP, {"state_dir": conn.host.state_dir, "instances": instances, "timeout": timeout},
+        timeout=timeout + 30 + 10 * len(instances or [1]))
+    return res
 
 
 def launch_host(conn: HostConnection, pb: Playbook, plan: list[Instance], *, launch_id: str, replace: bool,
-                timeout: float, drop_unknown_flags: bool = False) -> HostLaunch:
+                timeout: float, drop_unknown_flags: bool = False, allow_uncovered: bool = False) -> HostLaunch:
     h = conn.host
     res = HostLaunch(h.name, "ok")
     items = [InstanceLaunch(h.name, i.name, i.port, list(i.gpus), "skipped") for i in plan]
@@ -166,7 +179,7 @@ def launch_host(conn: HostConnection, pb: Playbook, plan: list[Instance], *, lau
     ports = [i.port for i in plan]
     t = time.monotonic()
     flag_names = sorted({f for i in plan for f in i.flags})
-    facts = read_facts(conn, gpus=True, with_=["state", "servers"], profile=pb.launch,
+    facts = read_facts(conn, gpus=True, with_=[names.WITH_STATE, names.WITH_SERVERS], profile=pb.launch,
                        payload={"server_ports": ports, "check_flags": flag_names})
     t = res.mark("facts", t)
     v = facts.sglang_version
@@ -177,13 +190,13 @@ def launch_host(conn: HostConnection, pb: Playbook, plan: list[Instance], *, lau
         return _refuse(res, f"SGLang {v} is not a release fleetctl knows; it will not guess how it starts")
     resolutions = {}
     problems: dict[str, list[str]] = {i.name: [] for i in plan}
-    for m in (facts.extra.get("state") or {}).get("deploys", []):
-        if m.get("state") in OPEN_STATES:
-            return _refuse(res, f"deploy {m.get('id')} was interrupted ({m.get('state')}): the files are mixed; "
-                                "run 'fleetctl rollback' or 'fleetctl deploy' to repair before launching")
+    if facts.interrupted():
+        m = facts.interrupted()[0]
+        return _refuse(res, f"deploy {m.id} was interrupted ({m.state}): the files are mixed; "
+                            "run 'fleetctl rollback' or 'fleetctl deploy' to repair before launching")
     # a flag neither this release knows nor the installed server_args.py registers: argparse would
     # refuse it (typically the payload's flag on a host where the patch is not deployed)
-    registered = facts.extra.get("registered_flags") or {}
+    registered = facts.registered_flags or {}
     unregistered = sorted({f for inst in plan for f in resolve_worker(v, inst.flags, inst.effective_env).unknown_flags
                            if registered.get(f) is False})
     if unregistered and drop_unknown_flags:
@@ -203,33 +216,38 @@ def launch_host(conn: HostConnection, pb: Playbook, plan: list[Instance], *, lau
         resolutions[inst.name] = r
         if r.startup_error:
             problems[inst.name].append(f"SGLang {v} would refuse to start: {r.startup_error}")
+        problems[inst.name] += log_visibility_problems(r.resolved_args, inst.effective_env)
+        if pb.files_for(v) is not None and not r.startup_error and not allow_uncovered:
+            cov = coverage(v, inst.flags, inst.effective_env, pb)
+            if cov.refused:  # the origin mistake: the worker that will run is not the one patched
+                problems[inst.name].append(f"{cov.refused} (--allow-uncovered to launch it anyway)")
     conflicts = _conflicts(_running(facts), plan)
     if conflicts and not replace:
         for s in conflicts:
-            rec = s.get("record") or {}
-            msg = (f"a fleetctl server is already running here: {s['instance']} pid {rec.get('pid')} "
-                   f"(launch {rec.get('launch_id')}); stop it or pass --replace")
+            rec = s.record or LaunchRecord(s.instance)
+            msg = (f"a fleetctl server is already running here: {s.instance} pid {rec.pid} "
+                   f"(launch {rec.launch_id}); stop it or pass --replace")
             for inst in plan:
-                if inst.name == s["instance"] or inst.port == rec.get("port") or set(inst.gpus) & set(rec.get("gpus") or []):
+                if inst.name == s.instance or inst.port == rec.port or set(inst.gpus) & set(rec.gpus):
                     problems[inst.name].append(msg)
     if any(problems.values()):
         return _refuse_items(res, plan, problems)
     if conflicts:
         t = time.monotonic()
-        stopped = stop_instances(conn, [s["instance"] for s in conflicts], pb.launch.stop_timeout)
+        stopped = stop_instances(conn, [s.instance for s in conflicts], pb.launch.stop_timeout)
         t = res.mark("stop old", t)
-        for s in stopped:
+        for sr in stopped:
             for it in items:
-                it.notes.append(f"replaced {s['instance']} (pid {s.get('pid')}): {s['action']}"
-                                f"{' by ' + s['how'] if s.get('how') else ''}")
-        bad = [s for s in stopped if s["action"] == "still running"]
+                it.notes.append(f"replaced {sr.instance} (pid {sr.pid}): {sr.action}"
+                                f"{' by ' + sr.how if sr.how else ''}")
+        bad = [sr for sr in stopped if sr.action == "still running"]
         if bad:
-            return _refuse(res, f"could not stop {bad[0]['instance']} (pid {bad[0].get('pid')})", "failed")
+            return _refuse(res, f"could not stop {bad[0].instance} (pid {bad[0].pid})", "failed")
         # re-check ports and GPUs now that the old server is gone (no file hashing this time)
-        facts = read_facts(conn, gpus=True, with_=["servers"], profile=pb.launch,
+        facts = read_facts(conn, gpus=True, with_=[names.WITH_SERVERS], profile=pb.launch,
                            payload={"server_ports": ports, "hash_dirs": [], "hash_files": []})
         res.mark("re-check", t)
-    free = (facts.extra.get("servers") or {}).get("ports", {})
+    free = facts.servers.ports if facts.servers else {}
     for inst in plan:
         if free.get(str(inst.port)) is False:
             problems[inst.name].append(f"port {inst.port} is in use on the host")
@@ -265,17 +283,18 @@ def launch_host(conn: HostConnection, pb: Playbook, plan: list[Instance], *, lau
                                        "target": inst.launch.target if inst.launch else None}},
         }
         try:
-            rec = conn.agent("server_start", payload)
+            rec: LaunchRecord = conn.agent(names.SERVER_START, payload)
         except RemoteError as e:
             it.status, it.message = "failed", e.message
             continue
-        it.launch_id, it.pid, it.log = launch_id, rec.get("pid"), rec.get("log")
+        it.launch_id, it.pid, it.log = launch_id, rec.pid, rec.log
         started.append(inst.name)
     t = res.mark("start", t)
     if started:
-        waited = conn.agent("server_wait", {
+        waited: ServerWaitAnswer = conn.agent(names.SERVER_WAIT, {
             "state_dir": h.state_dir, "instances": started, "launch_ids": dict.fromkeys(started, launch_id),
             "ready_line": READY_LINE, "forbidden": list(pb.verify.forbidden), "timeout": timeout, "tail": TAIL,
+            "stamp_re": LOG_STAMP_RE, "stamp_fmt": LOG_STAMP_FMT,
         }, timeout=timeout + 60)
         t = res.mark("wait ready", t)
         to_stop = []
@@ -283,9 +302,9 @@ def launch_host(conn: HostConnection, pb: Playbook, plan: list[Instance], *, lau
             w = waited.get(inst.name)
             if w is None:
                 continue
-            it.seconds = w.get("seconds")
-            it.tail = w.get("tail") or []
-            if w["status"] == "ready":
+            it.seconds = w.seconds
+            it.tail = w.tail
+            if w.status == "ready":
                 it.status, it.message = "ready", "ready line seen in this launch's log"
                 try:
                     code, _ = http_get(conn, inst.port, "/health", timeout=min(30.0, max(5.0, timeout)))
@@ -299,18 +318,22 @@ def launch_host(conn: HostConnection, pb: Playbook, plan: list[Instance], *, lau
                     it.message = f"ready line seen, but GET /health answered {code}"
                     to_stop.append(inst.name)
             else:
-                it.status = "timeout" if w["status"] == "timeout" else "failed"
-                it.message = w.get("why") or w["status"]
-                if w.get("line"):
-                    it.message += f": {w['line']}"
-                if w.get("running"):
+                it.status = "timeout" if w.status == "timeout" else "failed"
+                it.message = w.why or w.status
+                if w.line:
+                    it.message += f": {w.line}"
+                if not w.running and w.status in ("exited", "forbidden"):
+                    it.message = exited_line(w.exit.to_json() if w.exit else None, ready=False, tail=it.tail)
+                    if w.wrapper_only:
+                        it.message += " (its launch wrapper still ran)"
+                if w.running or w.wrapper_only:  # a wrapper that outlived its server is stopped too
                     to_stop.append(inst.name)
         if to_stop:
-            for s in stop_instances(conn, to_stop, pb.launch.stop_timeout):
+            for sr in stop_instances(conn, to_stop, pb.launch.stop_timeout):
                 for it in items:
-                    if it.instance == s["instance"]:
-                        it.notes.append(f"stopped the failed server ({s['action']}"
-                                        f"{', ' + s['how'] if s.get('how') else ''})")
+                    if it.instance == sr.instance:
+                        it.notes.append(f"stopped the failed server ({sr.action}"
+                                        f"{', ' + sr.how if sr.how else ''})")
     bad = [it for it in items if it.status != "ready"]
     if bad:
         res.status = "failed"
@@ -341,14 +364,15 @@ def _refuse_items(res: HostLaunch, plan: list[Instance], problems: dict[str, lis
 
 def launch_fleet(fleet: Fleet, pb: Playbook, *, replace: bool = False, timeout: float | None = None,
                  launch_id: str | None = None, hosts: list[Host] | None = None,
-                 drop_unknown_flags: bool = False) -> tuple[str, list[HostLaunch]]:
+                 drop_unknown_flags: bool = False, allow_uncovered: bool = False) -> tuple[str, list[HostLaunch]]:
     """Launch the profile's instances on every host (or on `hosts`, e.g. those a deploy changed)."""
     targets = list(fleet.hosts if hosts is None else hosts)
     plans = {h.name: plan_instances(h, pb.launch) for h in targets}
     lid = launch_id or new_op_id("l")
     t = float(timeout if timeout is not None else pb.launch.ready_timeout)
     outs = fleet.run(lambda c: launch_host(c, pb, plans[c.host.name], launch_id=lid, replace=replace, timeout=t,
-                                           drop_unknown_flags=drop_unknown_flags), targets)
+                                           drop_unknown_flags=drop_unknown_flags, allow_uncovered=allow_uncovered),
+                     targets)
     results = []
     for o, h in zip(outs, targets, strict=True):
         if o.ok:
@@ -367,10 +391,11 @@ class HostStop:
     host: str
     status: str
     message: str = ""
-    instances: list[dict[str, Any]] = field(default_factory=list)
+    instances: list[StopResult] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        return {"host": self.host, "status": self.status, "message": self.message, "instances": self.instances}
+        return {"host": self.host, "status": self.status, "message": self.message,
+                "instances": to_json(self.instances)}
 
 
 def stop_fleet(fleet: Fleet, *, names: list[str] | None = None, timeout: float = 30.0) -> list[HostStop]:
@@ -380,61 +405,62 @@ def stop_fleet(fleet: Fleet, *, names: list[str] | None = None, timeout: float =
         if not o.ok:
             res.append(HostStop(o.host, o.status, o.message))
             continue
-        bad = [s for s in o.data if s["action"] == "still running"]
-        n = sum(1 for s in o.data if s["action"] == "stopped")
+        stopped: ServerStopAnswer = o.data
+        bad = [s for s in stopped if s.action == "still running"]
+        n = sum(1 for s in stopped if s.action == "stopped")
         res.append(HostStop(o.host, "failed" if bad else "ok",
-                            f"could not stop {bad[0]['instance']}" if bad else f"{n} stopped", o.data))
+                            f"could not stop {bad[0].instance}" if bad else f"{n} stopped", stopped))
     return res
 
 
 # ----------------------------------------------------------------------------- status
 
 
-def predates_deploy(rec: dict[str, Any], changed_files: list[str], deploy_now: dict[str, Any] | None) -> bool:
+def predates_deploy(rec: LaunchRecord, changed_files: list[str], deploy_now: DeployOnDisk | None) -> bool:
     """The server started before the deploy whose files are on disk, and runs other bytes than it put there
     (a later deploy of byte-identical files does not count)."""
-    if not deploy_now or not deploy_now.get("at") or not rec.get("launched_at"):
+    if deploy_now is None or not deploy_now.at or not rec.launched_at:
         return False
-    if (rec.get("deploy") or {}).get("id") == deploy_now.get("id") or rec["launched_at"] >= deploy_now["at"]:
+    if (rec.deploy.id if rec.deploy else None) == deploy_now.id or rec.launched_at >= deploy_now.at:
         return False
-    return bool(set(changed_files) & set(deploy_now.get("files") or []))
+    return bool(set(changed_files) & set(deploy_now.files))
 
 
-def server_status_facts(host: Host | str, facts: HostFacts | dict[str, Any]) -> list[dict[str, Any]]:
+def server_status_facts(host: Host | str, facts: HostFacts | ServersFacts | None) -> list[dict[str, Any]]:
     """Rows for `fleetctl status`: one per server fleetctl launched on the host.
 
-    `facts` is the host's HostFacts read with `read_facts(conn, with_=["servers"], ...)` (or the raw
-    `extra["servers"]` dict). Each row: instance, running, since (process start, epoch), pid, port,
+    `facts` is the host's HostFacts read with `read_facts(conn, with_=["servers"], ...)` (or its
+    `servers`). Each row: instance, running, since (process start, epoch), pid, port,
     gpus, launch_id, flags, deploy id of the files at launch, deploy id on disk now, restart_needed
     (files on disk changed since the process started: hash at launch != hash now), changed_files, log.
     """
     name = host if isinstance(host, str) else host.name
-    srv = facts.extra.get("servers") if isinstance(facts, HostFacts) else facts
+    srv = facts.servers if isinstance(facts, HostFacts) else facts
     if not srv:
         return []
-    dep_now = srv.get("deploy_now")
+    dep_now = srv.deploy_now
     rows = []
-    for s in srv.get("instances", []):
-        rec = s.get("record") or {}
+    for s in srv.instances:
+        rec = s.record or LaunchRecord(s.instance)
         problems = []
-        if s.get("wrapper_only"):
-            problems.append(f"server process {rec.get('server_pid') or '?'} is gone; its launch wrapper (pid "
-                            f"{rec.get('pid')}) still runs: 'fleetctl stop' it")
-        if s.get("restart_needed"):
-            problems.append(f"restart needed: {', '.join(s.get('changed_files') or [])} changed on disk after "
+        if s.wrapper_only:
+            problems.append(f"server process {rec.server_pid or '?'} is gone; its launch wrapper (pid "
+                            f"{rec.pid}) still runs: 'fleetctl stop' it")
+        if s.restart_needed:
+            problems.append(f"restart needed: {', '.join(s.changed_files)} changed on disk after "
                             f"the server started")
-        dep_launch = (rec.get("deploy") or {}).get("id")
-        if s.get("running") and predates_deploy(rec, s.get("changed_files") or [], dep_now):
-            problems.append(f"launched before deploy {dep_now.get('id')} of the files on disk")
+        dep_launch = rec.deploy.id if rec.deploy else None
+        if s.running and predates_deploy(rec, s.changed_files, dep_now):
+            problems.append(f"launched before deploy {dep_now.id if dep_now else None} of the files on disk")
         rows.append({
-            "host": name, "instance": s["instance"], "running": bool(s.get("running")),
-            "since": rec.get("process_started") or rec.get("launched_at"), "pid": rec.get("pid"),
-            "port": rec.get("port"), "gpus": rec.get("gpus"), "launch_id": rec.get("launch_id"),
-            "version": rec.get("version"), "flags": rec.get("flags") or {},
-            "worker": (rec.get("worker") or {}).get("class"),
-            "deploy_at_launch": dep_launch, "deploy_now": (dep_now or {}).get("id"),
-            "restart_needed": bool(s.get("restart_needed")), "changed_files": s.get("changed_files") or [],
-            "state": rec.get("state"), "stopped_at": rec.get("stopped_at"), "log": rec.get("log"),
+            "host": name, "instance": s.instance, "running": s.running,
+            "since": rec.process_started or rec.launched_at, "pid": rec.pid,
+            "port": rec.port, "gpus": rec.gpus if s.record else None, "launch_id": rec.launch_id,
+            "version": rec.version, "flags": rec.flags,
+            "worker": rec.worker.class_,
+            "deploy_at_launch": dep_launch, "deploy_now": dep_now.id if dep_now else None,
+            "restart_needed": s.restart_needed, "changed_files": s.changed_files,
+            "state": rec.state, "stopped_at": rec.stopped_at, "log": rec.log,
             "problems": problems,
         })
     return rows
@@ -442,5 +468,5 @@ def server_status_facts(host: Host | str, facts: HostFacts | dict[str, Any]) -> 
 
 def status_fleet(fleet: Fleet) -> list[tuple[str, str, str, list[dict[str, Any]]]]:
     """(host, status, message, rows) per host, for a `servers` listing."""
-    outs = fleet.run(lambda c: read_facts(c, gpus=False, with_=["servers"]))
+    outs = fleet.run(lambda c: read_facts(c, gpus=False, with_=[names.WITH_SERVERS]))
     return [(o.host, o.status, o.message, server_status_facts(o.host, o.data) if o.ok else []) for o in outs]

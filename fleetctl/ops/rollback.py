@@ -3,11 +3,19 @@ manifests alone (any controller can roll back)."""
 
 from __future__ import annotations
 
+import base64
 from dataclasses import dataclass, field
 from typing import Any
 
+from fleetctl import hoststate, wheels
+from fleetctl.config.playbook import LaunchProfile, Playbook
+from fleetctl.facts import HostFacts
 from fleetctl.fleet import Fleet
+from fleetctl.instances import host_launch_spec
 from fleetctl.ops.deploy import Gathered, who
+from fleetctl.protocol import names
+from fleetctl.protocol.answers import DeployAnswer, RollbackAnswer
+from fleetctl.protocol.schema import to_json
 from fleetctl.transport.ssh import HostConnection
 
 
@@ -19,92 +27,184 @@ class RollbackPlan:
     deploy_ids: list[str] = field(default_factory=list)  # newest first
     files: list[dict[str, Any]] = field(default_factory=list)  # path, deploy, state, action
     interrupted: list[str] = field(default_factory=list)
+    expect_live: list[str] = field(default_factory=list)  # this machine's live deploys when planned
+    pristine_version: str | None = None  # --from-pristine: the release whose pristine bytes are restored
+    package_dir: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"host": self.host, "status": self.status, "reason": self.reason, "deploy_ids": self.deploy_ids,
                 "files": self.files, "interrupted": self.interrupted}
 
 
-def plan_rollback(fleet: Fleet, gathered: Gathered, to: str | None, force: bool) -> list[RollbackPlan]:
+def plan_rollback(fleet: Fleet, gathered: Gathered, to: str | None, force: bool, *, old_tree: bool = False,
+                  from_pristine: bool = False, playbook: Playbook | None = None) -> list[RollbackPlan]:
     plans = []
     for h in fleet.hosts:
         o = gathered.outcomes[h.name]
         if not o.ok:
             plans.append(RollbackPlan(h.name, "unreachable" if o.status == "unreachable" else "failed", o.message))
             continue
-        st = gathered.facts[h.name].extra.get("state") or {}
-        manifests = st.get("deploys", [])
+        facts = gathered.facts[h.name]
+        manifests = hoststate.own(facts)  # never another machine's records (a shared state dir)
         rp = RollbackPlan(h.name, "noop")
-        rp.interrupted = [m["id"] for m in manifests if m.get("state") in ("preparing", "applying", "rolling-back")]
-        live = [m for m in manifests if m.get("state") == "complete"]
+        rp.expect_live = [m.id for m in hoststate.live(facts)]
+        rp.interrupted = [m.id for m in hoststate.interrupted(facts)]
+        gone = hoststate.gone(facts)
+        pristine, why_not = hoststate.release_pristine(facts.sglang_version)
+        loose = hoststate.unrecorded(facts, pristine) if pristine is not None else []
+        if from_pristine:
+            _plan_from_pristine(rp, h.name, facts, loose, pristine, why_not, playbook)
+            plans.append(rp)
+            continue
+        if loose:
+            rp.status = "refused"
+            rp.reason = hoststate.unrecorded_msg(h.name, facts.sglang_version, loose)
+            plans.append(rp)
+            continue
+        live = hoststate.live(facts)
         if to is not None:
-            ids = [m["id"] for m in manifests]
+            ids = [m.id for m in manifests]
             if to not in ids:
                 rp.status = "skipped"
                 rp.reason = f"deploy {to} never changed this host"
                 plans.append(rp)
                 continue
             start = ids.index(to)
-            chosen = [m for m in manifests[start:] if m.get("state") == "complete"]
+            chosen = [m for m in manifests[start:] if m in live]
         else:
             chosen = live[-1:]
         chosen = list(reversed(chosen))
+        moved = [m for m in chosen if m.moved]
+        if moved and not old_tree:
+            mv = moved[0].moved
+            rp.status = "refused"
+            rp.reason = (f"{h.name}: {hoststate.moved_msg(moved[0])}; nothing was changed; rerun with --old-tree "
+                         f"to restore {mv.patched if mv else '?'} anyway")
+            plans.append(rp)
+            continue
+        notes = [hoststate.gone_msg(m) + ": its record will be closed, nothing restored (its backups belong "
+                                         "to what was there before)" for m in gone]
         if not chosen:
-            lock = st.get("lock") or {}
-            stale = lock.get("stale")
-            rp.status = "change" if rp.interrupted or stale else "noop"
+            lock = facts.state.lock if facts.state else None
+            stale = lock is not None and lock.stale
+            rp.status = "change" if rp.interrupted or stale or gone else "noop"
             rp.reason = ("interrupted deploy will be repaired" if rp.interrupted else
-                         f"a stale lock ({lock.get('op')} {lock.get('id')} by {lock.get('by')}) will be cleared"
-                         if stale else
+                         f"a stale lock ({lock.holder()}) will be cleared" if lock is not None and stale
+                         else "; ".join(notes) if notes else
                          (f"deploy {to} is already rolled back" if to else "nothing to roll back"))
             plans.append(rp)
             continue
-        rp.deploy_ids = [m["id"] for m in chosen]
+        rp.deploy_ids = [m.id for m in chosen]
         refused = []
         for m in chosen:
-            for f in m.get("files", []):
-                if f.get("status") != "applied":
+            for f in m.files:
+                if f.status != "applied":
                     continue
-                now = f.get("sha_now")
-                if now == f.get("sha_before"):
+                now = f.sha_now
+                if now == f.sha_before:
                     state, action = "original", "none"
-                elif now == f.get("sha_after"):
+                elif now == f.sha_after:
                     state, action = "as-deployed", "restore"
                 else:
                     state, action = "drifted", "force" if force else "refuse"
                     if not force:
-                        refused.append(f"{f['path']} changed since deploy {m['id']}")
-                rp.files.append({"path": f["path"], "deploy": m["id"], "state": state, "action": action,
-                                 "sha_now": now, "sha_before": f.get("sha_before")})
+                        refused.append(f"{f.path} changed since deploy {m.id}")
+                rp.files.append({"path": f.path, "deploy": m.id, "state": state, "action": action,
+                                 "sha_now": now, "sha_before": f.sha_before})
         if refused:
             rp.status = "refused"
             rp.reason = f"{h.name}: {refused[0]}; rerun with --force to overwrite it (a copy is kept)"
         else:
             rp.status = "change"
+            rp.reason = "; ".join(notes)
         plans.append(rp)
     return plans
 
 
-def apply_rollback(fleet: Fleet, plans: list[RollbackPlan], op_id: str, force: bool) -> dict[str, dict[str, Any]]:
-    todo = {p.host: p for p in plans if p.status == "change"}
+def _plan_from_pristine(rp: RollbackPlan, host: str, facts: HostFacts, loose: list[str],
+                        pristine: dict[str, str] | None, why_not: str, playbook: Playbook | None) -> None:
+    """rollback --from-pristine: put the release's pristine bytes back into the files that differ from
+    them with no record (a deploy whose state dir is gone); recorded deploys are left to a plain rollback."""
+    if pristine is None:
+        rp.status = "refused"
+        rp.reason = f"{host}: no pristine bytes for sglang {facts.sglang_version}: {why_not}"
+        return
+    rp.pristine_version = facts.sglang_version
+    rp.package_dir = facts.sglang_dir
+    stated = {f.path: f.sha256 for f in (playbook.files_for(facts.sglang_version or "") or [])} if playbook else {}
+    for rel in loose:
+        ff = facts.files[rel]
+        rp.files.append({"path": rel, "deploy": None, "state": "no-record", "action": "restore-pristine",
+                         "sha_now": ff.sha256, "sha_before": pristine[rel], "sha_stated": stated.get(rel)})
+    rp.status = "change" if loose else "noop"
+    rp.reason = (f"{len(loose)} file(s) without a record will get sglang {facts.sglang_version}'s pristine bytes"
+                 if loose else "no file differs from pristine without a record")
+
+
+def apply_rollback(fleet: Fleet, plans: list[RollbackPlan], op_id: str, force: bool, *, old_tree: bool = False,
+                   break_lock: set[str] | frozenset[str] = frozenset(),
+                   profile: LaunchProfile | None = None) -> dict[str, dict[str, Any]]:
+    """Undo per host what its plan says. Hosts with nothing to do are visited too: 'nothing to roll back'
+    is said only after the agent saw, under the host lock, the same deploys the plan saw. The agent
+    locates sglang as the launch (`profile`, else the default one) imports it, as the plan's facts did,
+    and asks that python for its pycache prefix (the restored files' cached bytecode is removed)."""
+    todo = {p.host: p for p in plans if p.status in ("change", "noop")}
     results: dict[str, dict[str, Any]] = {}
     for p in plans:
         if p.host not in todo:
-            status = {"noop": "unchanged", "skipped": "skipped"}.get(p.status, p.status)
+            status = {"skipped": "skipped"}.get(p.status, p.status)
             results[p.host] = {"host": p.host, "status": status, "message": p.reason}
+    # the pristine bytes are checked (wheel RECORD, playbook sha256) before any host is written
+    pristine: dict[tuple[str, str], bytes] = {}
+    for p in todo.values():
+        for f in p.files:
+            if f["action"] == "restore-pristine":
+                key = (p.pristine_version or "", f["path"])
+                if key not in pristine:
+                    pristine[key] = wheels.verified_pristine(key[0], key[1], f.get("sha_stated"))
 
     def one(conn: HostConnection) -> dict[str, Any]:
         p = todo[conn.host.name]
-        res = conn.agent("rollback", {"state_dir": conn.host.state_dir, "deploy_ids": p.deploy_ids,
-                                      "force": force, "rollback_id": op_id, "by": who()})
-        restored = [f for r in res["rollbacks"] for f in r.get("files", []) if f["action"] == "restored"]
-        bad = [f for r in res["rollbacks"] for f in r.get("files", []) if f["action"] == "refused"]
+        extra: dict[str, Any] = {"break_lock": True} if conn.host.name in break_lock else {}
+        extra["launch"] = host_launch_spec(conn.host, profile).to_agent()
+        if p.pristine_version is not None:
+            return _restore_pristine(conn, p, op_id, pristine, extra)
+        res: RollbackAnswer = conn.agent(names.ROLLBACK, {
+            "state_dir": conn.host.state_dir, "deploy_ids": p.deploy_ids, "force": force, "rollback_id": op_id,
+            "by": who(), "sglang_dir": conn.host.sglang_dir, "expect_live": p.expect_live, "old_tree": old_tree,
+            **extra})
+        restored = [f for r in res.rollbacks for f in r.files if f.action == "restored"]
+        bad = [f for r in res.rollbacks for f in r.files if f.action == "refused"]
         msg = (f"{len(restored)} file(s) restored from {', '.join(p.deploy_ids)}" if p.deploy_ids else
-               "; ".join(res.get("notes", [])) or "nothing to restore")
-        return {"host": conn.host.name, "status": "failed" if bad else "changed",
-                "message": msg if not bad else f"{bad[0]['path']}: {bad[0]['why']}",
-                "notes": res.get("notes", []), "detail": res["rollbacks"]}
+               "; ".join(res.notes) or "nothing to roll back (checked under the host lock)")
+        changed = bool(p.deploy_ids) or bool(res.notes)
+        return {"host": conn.host.name, "status": "failed" if bad else ("changed" if changed else "unchanged"),
+                "message": msg if not bad else f"{bad[0].path}: {bad[0].why}",
+                "notes": res.notes, "detail": to_json(res.rollbacks)}
 
     for o in fleet.run(one, [h for h in fleet.hosts if h.name in todo]):
         results[o.host] = o.data if o.ok else {"host": o.host, "status": o.status, "message": o.message}
     return results
+
+
+def _restore_pristine(conn: HostConnection, p: RollbackPlan, op_id: str, pristine: dict[tuple[str, str], bytes],
+                      extra: dict[str, Any]) -> dict[str, Any]:
+    """One transaction like a deploy's (lock, backups of the bytes there now, manifest, atomic swaps,
+    re-hash), whose target is the pristine bytes; its record is closed as `restored-pristine`."""
+    files = [{"path": f["path"], "sha_before": f["sha_now"], "sha_after": f["sha_before"],
+              "content_b64": base64.b64encode(pristine[(p.pristine_version or "", f["path"])]).decode()}
+             for f in p.files if f["action"] == "restore-pristine"]
+    res: DeployAnswer = conn.agent(names.DEPLOY, {
+        "state_dir": conn.host.state_dir, "deploy_id": op_id, "kind": "restore-pristine",
+        "package_dir": p.package_dir, "version": p.pristine_version, "by": who(), "host": conn.host.name,
+        "files": files, "verify_paths": [f["path"] for f in files], **extra})
+    final = res.final
+    bad = [f"{f['path']} hashes {(final.get(f['path']) or 'missing')[:12]}, expected {f['sha_after'][:12]}"
+           for f in files if final.get(f["path"]) != f["sha_after"]]
+    if bad:
+        return {"host": conn.host.name, "status": "failed", "message": "verification failed: " + "; ".join(bad),
+                "notes": res.notes}
+    return {"host": conn.host.name, "status": "changed" if files else "unchanged",
+            "message": f"{len(files)} file(s) restored to pristine sglang {p.pristine_version} (record {op_id})"
+            if files else "; ".join(res.notes) or "nothing to restore",
+            "notes": res.notes}

@@ -115,11 +115,12 @@ class RollResult:
 
 
 def rolling_deploy(fleet: Fleet, pb: Playbook, plan: Plan, *, serial: int | None, canary: int | None,
-                   max_fail: float, ready_timeout: float | None = None, progress: Any = None) -> RollResult:
+                   max_fail: float, ready_timeout: float | None = None, progress: Any = None,
+                   op_id: str | None = None) -> RollResult:
     from fleetctl.ops.launch import launch_fleet
     from fleetctl.ops.verify import verify_fleet
 
-    op_id = new_op_id("d")
+    op_id = op_id or new_op_id("d")
     by_plan = {hp.host: hp for hp in plan.hosts}
     groups = batches(list(fleet.hosts), serial, canary)
     result = RollResult(op_id, [[h.name for h in b] for b in groups], [], budget=max_fail)
@@ -139,8 +140,9 @@ def rolling_deploy(fleet: Fleet, pb: Playbook, plan: Plan, *, serial: int | None
         live = [h for h in batch if rows[h.name].status == "ok"]
         # 2. restart + readiness
         if live:
+            # the plan already held each host to the playbook's coverage (or --allow-uncovered)
             _, launches = launch_fleet(sub, pb, replace=True, timeout=ready_timeout, launch_id=f"l{op_id[1:]}-b{bi}",
-                                       hosts=live)
+                                       hosts=live, allow_uncovered=True)
             for r in launches:
                 rows[r.host].steps["launch"] = r.status
                 if r.status != "ok" or any(i.status != "ready" for i in r.instances):
@@ -183,7 +185,7 @@ def _roll_back_batch(fleet: Fleet, pb: Playbook, plan: Plan, batch: list[Host], 
     gathered: Gathered = gather(sub, None)
     plans = [p for p in plan_rollback(sub, gathered, op_id, force=False) if p.status == "change"]
     if plans:
-        res = apply_rollback(sub, plans, new_op_id("r"), force=False)
+        res = apply_rollback(sub, plans, new_op_id("r"), force=False, profile=pb.launch)
         for n, r in res.items():
             rows[n].steps["rollback"] = r["status"]
     # restart on the original code (without the patch's own flags), where we can reach the host

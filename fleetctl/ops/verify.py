@@ -7,6 +7,7 @@ SGLang fact (ranks, line format, dump, worker routing) comes from `fleetctl.sgla
 
 from __future__ import annotations
 
+import calendar
 import posixpath
 import time
 from dataclasses import dataclass, field
@@ -16,7 +17,18 @@ from fleetctl.config.playbook import Playbook
 from fleetctl.facts import bytecode_problem
 from fleetctl.fleet import Fleet
 from fleetctl.instances import Instance
+from fleetctl.ops.exits import exited_line
 from fleetctl.ops.launch import http_get, plan_fleet, predates_deploy
+from fleetctl.protocol import names
+from fleetctl.protocol.answers import (
+    DeployOnDisk,
+    InstanceState,
+    LaunchRecord,
+    LoadedCheck,
+    LocateAnswer,
+    ServerGrepAnswer,
+    WorkerCheck,
+)
 from fleetctl.sglang import (
     DUMP_ANCHOR,
     READY_LINE,
@@ -69,13 +81,16 @@ class InstanceVerify:
     problems: list[str] = field(default_factory=list)
     explanation: list[str] = field(default_factory=list)
     worker: dict[str, Any] = field(default_factory=dict)
+    exited: dict[str, Any] | None = None  # the server ended on its own: {"returncode", "ended_at", ...}
+    tail: list[str] = field(default_factory=list)  # the log's last lines, when the server has ended
 
     def to_json(self) -> dict[str, Any]:
         return {"host": self.host, "instance": self.instance, "port": self.port, "ok": self.ok,
                 "running": self.running, "launch_id": self.launch_id, "since": self.since,
                 "version": self.version, "log": self.log, "ready": self.ready, "args": self.args,
                 "ranks": [r.to_json() for r in self.ranks], "forbidden": self.forbidden,
-                "problems": self.problems, "explanation": self.explanation, "worker": self.worker}
+                "problems": self.problems, "explanation": self.explanation, "worker": self.worker,
+                "exited": self.exited, "tail": self.tail}
 
 
 @dataclass
@@ -95,29 +110,41 @@ class HostVerify:
                 "elapsed": round(self.elapsed, 3), "instances": [i.to_json() for i in self.instances]}
 
 
-def _check_instance(iv: InstanceVerify, st: dict[str, Any], pb: Playbook, deploy_now: dict[str, Any] | None) -> None:
+def _check_instance(iv: InstanceVerify, st: InstanceState, pb: Playbook, deploy_now: DeployOnDisk | None,
+                    tz_offset: int | None = None) -> None:
     """Fill iv from the agent's state + matches for one instance (no host access)."""
-    rec = st.get("record")
+    rec = st.record
     markers = list(pb.verify.markers)
     if rec is None:
         iv.problems.append("server not running: never launched by fleetctl here (no launch record)")
         return
-    iv.running = bool(st.get("running"))
-    iv.launch_id, iv.log, iv.version = rec.get("launch_id"), rec.get("log"), rec.get("version")
-    iv.since = rec.get("process_started") or rec.get("launched_at")
-    if not iv.running:
-        how = f" ({rec.get('state')})" if rec.get("state") not in (None, "started") else ""
-        if st.get("wrapper_only"):
-            how = (f" (its server process {rec.get('server_pid') or '?'} is gone; only its launch wrapper, pid "
-                   f"{rec.get('pid')}, still runs)")
-        iv.problems.append(f"server not running: launch {iv.launch_id}{how}")
-    if not st.get("log_exists"):
+    iv.running = st.running
+    iv.launch_id, iv.log, iv.version = rec.launch_id, rec.log, rec.version
+    iv.since = rec.process_started or rec.launched_at
+    stopped = rec.state in ("stopped", "stop-failed")  # by `fleetctl stop`: not a crash
+    if not iv.running and stopped:
+        iv.problems.append(f"server not running: launch {iv.launch_id} ({rec.state})")
+    elif st.wrapper_only:  # judged by its server process, not by a wrapper that outlived it
+        iv.problems.append(f"server not running: launch {iv.launch_id} (its server process {rec.server_pid or '?'} "
+                           f"is gone; only its launch wrapper, pid {rec.pid}, still runs)")
+    if not st.log_exists:
+        if not iv.running and not stopped and not st.wrapper_only:
+            iv.problems.append(f"server not running: launch {iv.launch_id}")
         iv.problems.append(f"the launch's log {iv.log} is gone")
         return
-    matches = st.get("matches") or {}
-    lines = {p: [parse_line(x) for x in (matches.get(p) or {}).get("lines", [])] for p in matches}
+    matches = st.matches
+    lines = {p: [parse_line(x) for x in hits.lines] for p, hits in matches.items()}
+    lines, old = _written_since(lines, rec.process_started, tz_offset)
+    if old:
+        iv.problems.append(f"{old} matching line(s) in this launch's log carry a time before its server process "
+                           f"started ({_hms(rec.process_started)}): replayed from an earlier run? "
+                           "they are not counted")
     iv.ready = bool(lines.get(READY_LINE))
-    if pb.verify.require_ready and not iv.ready:
+    if not iv.running and not stopped:  # it ended on its own: say how, first, with its last words
+        iv.exited = st.exit.to_json() if st.exit is not None else {}
+        iv.tail = list(st.tail)[-30:]
+        iv.problems.append(exited_line(iv.exited or None, ready=iv.ready, tail=iv.tail))
+    if pb.verify.require_ready and not iv.ready and iv.exited is None:
         iv.problems.append("no ready line in this launch's log")
     dump = None
     for ln in reversed(lines.get(DUMP_ANCHOR, [])):
@@ -125,10 +152,22 @@ def _check_instance(iv: InstanceVerify, st: dict[str, Any], pb: Playbook, deploy
         if dump is not None:
             break
     version = iv.version or ""
-    res = resolve_worker(version, rec.get("flags") or {}, rec.get("env") or {}) if is_known(version) else None
-    if dump is None:
+    res = resolve_worker(version, rec.flags, rec.env) if is_known(version) else None
+    if dump is None and iv.exited is None:
         iv.problems.append(f"no {DUMP_ANCHOR} dump in this launch's log")
+    if dump is not None and res is not None:
+        wrong = _dump_mismatches(dump, res.resolved_args, rec.flags)
+        if wrong:
+            iv.problems.append("the logged server arguments are not this launch's (" + "; ".join(wrong[:4])
+                               + "): the lines come from another process")
+    if pb.versions.get(version) and deploy_now is not None and deploy_now.playbook not in (None, pb.name):
+        iv.problems.append(f"the deploy on disk ({deploy_now.id}) is of playbook "
+                           f"{deploy_now.playbook!r}, not {pb.name!r}")
+    elif pb.versions.get(version) and deploy_now is None:
+        iv.problems.append(f"no deploy of {pb.name!r} is on disk here: the files hold no patch fleetctl put "
+                           "there, so no log line can prove one runs")
     args = dump if dump is not None else (dict(res.resolved_args) if res else {})
+    iv.problems += never_fires(pb, {**(dict(res.resolved_args) if res else {}), **args})
     iv.args = {k: args.get(k) for k in REPORT_ARGS}
     if res is not None:
         iv.worker = {"class": res.worker_class, "file": res.worker_file,
@@ -138,12 +177,12 @@ def _check_instance(iv: InstanceVerify, st: dict[str, Any], pb: Playbook, deploy
     for ranks in exp:
         iv.ranks.append(RankCheck(ranks, {m: any(ln.ranks == ranks for ln in lines.get(m, [])) for m in markers}))
     for f in pb.verify.forbidden:
-        got = matches.get(f) or {}
-        if got.get("count"):
-            iv.forbidden += got["lines"][:MAX_SHOWN]
-            iv.problems.append(f"forbidden {f!r}: {got['count']} line(s) in this launch's log")
+        got = matches.get(f)
+        if got is not None and got.count:
+            iv.forbidden += got.lines[:MAX_SHOWN]
+            iv.problems.append(f"forbidden {f!r}: {got.count} line(s) in this launch's log")
     missing = [(r, m) for r in iv.ranks for m, ok in r.markers.items() if not ok]
-    if missing:
+    if missing and iv.exited is None:  # a server that died before logging it says nothing of the patch
         by_marker: dict[str, list[str]] = {}
         for r, m in missing:
             by_marker.setdefault(m, []).append(rank_label(r.ranks))
@@ -151,36 +190,99 @@ def _check_instance(iv: InstanceVerify, st: dict[str, Any], pb: Playbook, deploy
             n_ok = len(iv.ranks) - len(where)
             iv.problems.append(f"marker {m!r} missing on {', '.join(where)}"
                                + (f" (present on the other {n_ok} rank(s))" if n_ok else ""))
-    if st.get("restart_needed"):
-        iv.problems.append(f"restart needed: {', '.join(st.get('changed_files') or [])} changed on disk "
+    if st.restart_needed:
+        iv.problems.append(f"restart needed: {', '.join(st.changed_files)} changed on disk "
                            f"after the server started (hash at launch != hash now)")
-    if predates_deploy(rec, st.get("changed_files") or [], deploy_now):
-        iv.problems.append(f"log is from before the deploy: launched {_hms(rec.get('launched_at'))}, before "
-                           f"deploy {(deploy_now or {}).get('id')} ({_hms((deploy_now or {}).get('at'))}) of the "
-                           f"files on disk")
+    if deploy_now is not None and predates_deploy(rec, st.changed_files, deploy_now):
+        iv.problems.append(f"log is from before the deploy: launched {_hms(rec.launched_at)}, before "
+                           f"deploy {deploy_now.id} ({_hms(deploy_now.at)}) of the files on disk")
+
+
+def never_fires(pb: Playbook, args: dict[str, Any]) -> list[str]:
+    """The playbook's never_fires_when rules that hold for these server arguments."""
+    out = []
+    for rule in pb.verify.never_fires_when:
+        a, b = args.get(rule.arg), args.get(rule.at_least)
+        try:
+            if a is None or b is None or isinstance(a, bool) or float(a) < float(b):
+                continue
+        except (TypeError, ValueError):
+            continue
+        out.append(f"{rule.arg}={a} >= {rule.at_least}={b}: the feature can never act"
+                   + (f" ({rule.why})" if rule.why else ""))
+    return out
+
+
+def _written_since(lines: dict[str, list[Any]], started: float | None,
+                   tz_offset: Any) -> tuple[dict[str, list[Any]], int]:
+    """Drop lines whose timestamp is before the server process started (2 s of slack for the
+    seconds-resolution clocks): a launch command that replays an old log (tail -f, journalctl)
+    writes another process's lines into this launch's log. Returns (kept, how many dropped)."""
+    if not isinstance(started, int | float) or not isinstance(tz_offset, int):
+        return lines, 0
+    kept: dict[str, list[Any]] = {}
+    dropped = 0
+    for pat, lns in lines.items():
+        kept[pat] = []
+        for ln in lns:
+            t = _epoch(ln.timestamp, tz_offset)
+            if t is not None and t < started - 2.0:
+                dropped += 1
+            else:
+                kept[pat].append(ln)
+    return kept, dropped
+
+
+def _epoch(stamp: str | None, tz_offset: int) -> float | None:
+    """A log timestamp ('YYYY-MM-DD HH:MM:SS[.mmm]', the host's local time) as epoch seconds."""
+    if not stamp:
+        return None
+    try:
+        return calendar.timegm(time.strptime(stamp[:19], "%Y-%m-%d %H:%M:%S")) - tz_offset
+    except ValueError:
+        return None
+
+
+def _dump_mismatches(dump: dict[str, Any], resolved: dict[str, Any], flags: dict[str, Any]) -> list[str]:
+    """Fields the launch set by flag whose value in the logged ServerArgs differs."""
+    out = []
+    for name in flags:
+        dest = name.lstrip("-").replace("-", "_")
+        if dest not in dump or dest not in resolved:
+            continue
+        want, got = resolved[dest], dump[dest]
+        if want is None or str(want).lower() == str(got).lower():
+            continue
+        try:
+            if float(want) == float(got):
+                continue
+        except (TypeError, ValueError):
+            pass
+        out.append(f"{dest}={got!r} in the log, launched with {want!r}")
+    return out
 
 
 def _hms(t: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "?"
 
 
-def _explain_loaded(iv: InstanceVerify, loaded: dict[str, Any] | None) -> None:
+def _explain_loaded(iv: InstanceVerify, loaded: LoadedCheck | None) -> None:
     """What the launch's python would load for the worker module (the probe): the code that runs,
     which is not always the source on disk (a cached hash-based pyc, an extension, sourceless)."""
-    if not loaded:
+    if loaded is None:
         return
-    w, v = iv.worker, loaded.get("view") or {}
+    w, v = iv.worker, loaded.view
     problem = bytecode_problem(w["file"], v)
     if problem:
         iv.explanation.append(problem)
-    c = loaded.get("check") or {}
-    if loaded.get("loaded") and v.get("loader") == "source" and v.get("pyc_used"):
-        iv.explanation.append(f"the code import loads for {w['file']} (from {v.get('pyc')}) "
-                              f"{'DOES' if c.get('marker') else 'does NOT'} carry {loaded.get('marker')!r} in "
+    if loaded.loaded and v.loader == "source" and v.pyc_used:
+        marked = loaded.check is not None and loaded.check.marker
+        iv.explanation.append(f"the code import loads for {w['file']} (from {v.pyc}) "
+                              f"{'DOES' if marked else 'does NOT'} carry {loaded.marker!r} in "
                               f"{w['class']}.__init__")
 
 
-def _explain(iv: InstanceVerify, rec_env: dict[str, str], check: dict[str, Any] | None) -> None:
+def _explain(iv: InstanceVerify, rec_env: dict[str, str], check: WorkerCheck | None) -> None:
     w = iv.worker
     if not w.get("class"):
         iv.explanation.append(f"no speculative worker runs with this launch's flags: {w.get('reason', '')}")
@@ -197,35 +299,37 @@ def _explain(iv: InstanceVerify, rec_env: dict[str, str], check: dict[str, Any] 
                               f"model of this release says {w['disable_overlap_schedule']}")
     if check is None:
         return
-    c = check.get("check") or {}
-    if not check.get("exists"):
+    c = check.check
+    if not check.exists:
         iv.explanation.append(f"{w['file']} does not exist on the host")
-    elif c.get("error"):
-        iv.explanation.append(f"{w['file']} on disk {c['error']}")
-    elif c.get("marker"):
-        iv.explanation.append(f"{w['file']} on disk DOES carry {check['marker']!r} in {w['class']}.__init__"
+    elif c is not None and c.error:
+        iv.explanation.append(f"{w['file']} on disk {c.error}")
+    elif c is not None and c.marker:
+        iv.explanation.append(f"{w['file']} on disk DOES carry {check.marker!r} in {w['class']}.__init__"
                               + ("; the server started before that: restart needed"
                                  if any("restart needed" in p for p in iv.problems) else
                                  "; the log still lacks it (was the feature's flag given?)"))
     else:
-        iv.explanation.append(f"{w['file']} on disk does NOT carry {check['marker']!r} in {w['class']}.__init__: "
+        iv.explanation.append(f"{w['file']} on disk does NOT carry {check.marker!r} in {w['class']}.__init__: "
                               "the patch is not in the file that runs")
 
 
 def verify_host(conn: HostConnection, pb: Playbook, plan: list[Instance]) -> list[InstanceVerify]:
     h = conn.host
-    names = [i.name for i in plan]
+    wanted = [i.name for i in plan]
     patterns = list(dict.fromkeys([*pb.verify.markers, *pb.verify.forbidden, READY_LINE, DUMP_ANCHOR]))
-    got = conn.agent("server_grep", {"state_dir": h.state_dir, "instances": names, "patterns": patterns,
-                                     "max_per_pattern": 512})
-    deploy_now = got.get("deploy_now")
+    got: ServerGrepAnswer = conn.agent(names.SERVER_GREP, {
+        "state_dir": h.state_dir, "instances": wanted, "patterns": patterns, "max_per_pattern": 512})
     out = []
+    records: dict[str, LaunchRecord] = {}
     for inst in plan:
         iv = InstanceVerify(h.name, inst.name, inst.port)
-        st = got["instances"].get(inst.name) or {}
-        _check_instance(iv, st, pb, deploy_now)
+        st = got.instances.get(inst.name) or InstanceState(inst.name, running=False)
+        _check_instance(iv, st, pb, got.deploy_now, got.tz_offset)
+        if st.record is not None:
+            records[inst.name] = st.record
         if iv.running:  # alive is not enough: the server must answer on its port now
-            port = (st.get("record") or {}).get("port") or inst.port
+            port = (st.record.port if st.record else None) or inst.port
             try:
                 code, _ = http_get(conn, int(port), "/health", timeout=15.0)
                 if code != 200:
@@ -234,27 +338,28 @@ def verify_host(conn: HostConnection, pb: Playbook, plan: list[Instance]) -> lis
                 iv.problems.append(f"GET /health on port {port} failed: {e}")
         out.append(iv)
     # explanations need the worker file as it is on the host: one more call, only on failure
-    need = [(iv, got["instances"][iv.instance]["record"]) for iv in out
-            if any(not r.ok for r in iv.ranks) and iv.worker.get("class")]
-    checks: list[Any] = []
+    need = [(iv, records[iv.instance]) for iv in out
+            if any(not r.ok for r in iv.ranks) and iv.worker.get("class") and iv.instance in records
+            and iv.exited is None]
+    checks: list[WorkerCheck] = []
     if need:
-        pkg = need[0][1].get("package_dir")
-        checks = conn.agent("worker_check", {"package_dir": pkg, "checks": [
+        pkg = need[0][1].package_dir
+        checks = conn.agent(names.WORKER_CHECK, {"package_dir": pkg, "checks": [
             {"file": iv.worker["file"], "class": iv.worker["class"], "marker": m}
             for iv, _ in need for m in [next(m for r in iv.ranks for m, ok in r.markers.items() if not ok)]]})
-    loaded: list[Any] = []
+    loaded: list[LoadedCheck] = []
     if need and plan and plan[0].launch is not None:
         try:  # the code the launch's python would load now, bytecode included
-            got_l = conn.agent("locate", {"launch": plan[0].launch.to_agent(), "checks": [
+            got_l: LocateAnswer = conn.agent(names.LOCATE, {"launch": plan[0].launch.to_agent(), "checks": [
                 {"file": iv.worker["file"], "class": iv.worker["class"], "marker": m}
                 for iv, _ in need for m in [next(m for r in iv.ranks for m, ok in r.markers.items() if not ok)]]})
-            if got_l.get("sglang_dir") and posixpath.normpath(got_l["sglang_dir"]) == posixpath.normpath(
-                    need[0][1].get("package_dir") or "."):
-                loaded = got_l.get("checks") or []
+            if got_l.sglang_dir and posixpath.normpath(got_l.sglang_dir) == posixpath.normpath(
+                    need[0][1].package_dir or "."):
+                loaded = got_l.checks
         except RemoteError:
             loaded = []
     for k, (iv, rec) in enumerate(need):
-        _explain(iv, rec.get("env") or {}, checks[k] if k < len(checks) else None)
+        _explain(iv, rec.env, checks[k] if k < len(checks) else None)
         _explain_loaded(iv, loaded[k] if k < len(loaded) else None)
     for iv in out:
         iv.ok = not iv.problems

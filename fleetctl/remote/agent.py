@@ -382,7 +382,14 @@ def flag_registered(server_args_text, flag):
     if ('"%s"' % flag) in server_args_text or ("'%s'" % flag) in server_args_text:
         return True
     dest = flag.lstrip("-").replace("-", "_")
-    return re.search(r"^[ \t]+%s[ \t]*:" % re.escape(dest), server_args_text, re.M) is not None
+    if re.search(r"^[ \t]+%s[ \t]*:" % re.escape(dest), server_args_text, re.M) is not None:
+        return True
+    # argparse also takes an unambiguous prefix of an option (allow_abbrev, on in SGLang's parser):
+    # registered if it starts exactly one option string the file spells out
+    if flag.startswith("--") and len(flag) > 3:
+        options = set(re.findall(r"""["'](--[A-Za-z0-9][A-Za-z0-9_-]*)["']""", server_args_text))
+        return len([o for o in options if o.startswith(flag)]) == 1
+    return False
 
 
 def registered_flags(pkg_dir, flags):

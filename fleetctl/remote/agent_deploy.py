@@ -5,6 +5,10 @@ Layout under the host's state dir (default ~/.fleetctl, mode 0700):
     lock                         JSON of the holder; O_EXCL-created, removed on release
     deploys/<id>/manifest.json   what the deploy did, per file, and how far it got
     deploys/<id>/backup/<path>   the original bytes of every file the deploy changed
+    deploys/<id>@<hostname>/     the same, when a state dir shared with another machine (an NFS home)
+                                 already holds that machine's deploys/<id>
+Locks and manifests record the machine that wrote them (see machine_identity): a host never takes
+over another machine's lock on its own and never acts on another machine's manifest.
 """
 
 if __name__ != "fleetctl_agent":  # imported locally (tests); on the host the parts are concatenated
@@ -15,6 +19,7 @@ if __name__ != "fleetctl_agent":  # imported locally (tests); on the host the pa
         AgentError,
         expand,
         file_info,
+        locate_sglang,
         run_probe,
         sha256_file,
     )
@@ -309,6 +314,68 @@ def _pid_alive(pid, start=None):
     return True
 
 
+# ----------------------------------------------------------------------------- machine identity
+#
+# The state dir may sit on a home shared by several machines (NFS): a pid means nothing on another
+# machine. Locks and manifests record who wrote them: hostname (uname nodename), /etc/machine-id
+# where the host has one, the boot id (/proc/sys/kernel/random/boot_id, new at every boot), pid and
+# the process's start time. Two records are from the same machine when hostname and machine-id
+# (where both have one) agree; a lock from this machine but another boot is stale (its holder died
+# with that boot). There is no test hook here: the tests give a sandbox host another hostname by
+# running its sshd in its own UTS namespace (unshare --uts), which is what another machine looks like.
+
+
+def _read_first_line(path):
+    try:
+        with open(path) as fh:
+            return fh.readline().strip() or None
+    except OSError:
+        return None
+
+
+def machine_identity():
+    return {"hostname": os.uname()[1], "machine_id": _read_first_line("/etc/machine-id")
+            or _read_first_line("/var/lib/dbus/machine-id"),
+            "boot_id": _read_first_line("/proc/sys/kernel/random/boot_id")}
+
+
+def writer_identity():
+    """This process as the writer of a lock or manifest."""
+    me = machine_identity()
+    own = _proc_stat(os.getpid())
+    me.update(pid=os.getpid(), start=own[1] if own else None)
+    return me
+
+
+def _ident_of(rec):
+    """The machine identity a lock/manifest records (older ones recorded only `host`: the hostname
+    for locks; for manifests, nothing, and they are taken as this machine's)."""
+    w = rec.get("writer") if isinstance(rec, dict) else None
+    if isinstance(w, dict):
+        return w
+    h = rec.get("host") if isinstance(rec, dict) and "pid" in rec else None
+    return {"hostname": h} if isinstance(h, str) else None
+
+
+def same_machine(ident, me=None):
+    if not ident or not ident.get("hostname"):
+        return True  # a record older than machine identities: nothing says it is another machine's
+    me = me or machine_identity()
+    if ident.get("hostname") != me["hostname"]:
+        return False
+    a, b = ident.get("machine_id"), me.get("machine_id")
+    return not (a and b and a != b)
+
+
+def describe_writer(ident):
+    if not ident:
+        return "an unknown machine"
+    out = "%s" % ident.get("hostname")
+    if ident.get("boot_id"):
+        out += " (boot %s)" % str(ident.get("boot_id"))[:8]
+    return out
+
+
 LOCK_YOUNG = 30.0  # an unreadable lock younger than this may be one being written: not stale
 
 
@@ -331,6 +398,18 @@ def read_lock(state_dir):
         return info
     pid = info.get("pid")
     start = info.get("start")
+    ident = _ident_of(info)
+    me = machine_identity()
+    if not same_machine(ident, me):
+        # another machine's pid cannot be checked from here: never stale, never taken over automatically
+        info["foreign"] = True
+        info["owner"] = describe_writer(ident)
+        info["stale"] = False
+        return info
+    if ident and ident.get("boot_id") and me.get("boot_id") and ident.get("boot_id") != me.get("boot_id"):
+        info["stale"] = True  # this machine, an earlier boot: its holder died with that boot
+        info["stale_why"] = "taken before this machine's last reboot"
+        return info
     info["stale"] = not (isinstance(pid, int) and _pid_alive(pid, start if isinstance(start, int) else None))
     return info
 
@@ -372,6 +451,14 @@ def _locked_error(held):
     if held.get("unreadable"):
         return AgentError("locked: the lock file is being written or is damaged (less than %ds old); "
                           "retry, or check that host" % LOCK_YOUNG, "locked")
+    if held.get("foreign"):
+        return AgentError("locked by another machine: %s %s by %s since %s (pid %s on %s); this state dir is "
+                          "shared with that machine: a lock there is never taken over automatically; give each "
+                          "host its own state_dir, or, if that holder is surely gone, rerun with --break-lock "
+                          "for this host"
+                          % (held.get("op"), held.get("id"), held.get("by"),
+                             time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(held.get("since") or 0)),
+                             held.get("pid"), held.get("owner")), "locked")
     return AgentError("locked: %s %s by %s since %s (pid %s); wait for it or check that host"
                       % (held.get("op"), held.get("id"), held.get("by"),
                          time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(held.get("since") or 0)),
@@ -381,24 +468,30 @@ def _locked_error(held):
 def acquire_lock(state_dir, op, deploy_id, who, p=None):
     """Take the host lock (created atomically with its content). A lock whose holder process is
     gone is reported and taken over, under a flock'ed guard so that only one of several agents that
-    found it stale removes it (none ever removes the fresh lock another has just taken)."""
+    found it stale removes it (none ever removes the fresh lock another has just taken). Another
+    machine's lock is never taken over, unless the payload says `break_lock` (the operator's
+    --break-lock for this host)."""
     import fcntl
-    import socket
 
     root = ensure_state_dir(state_dir)
     _, _, lock = state_paths(state_dir)
-    own = _proc_stat(os.getpid())
-    info = {"pid": os.getpid(), "start": own[1] if own else None, "op": op, "id": deploy_id, "by": who,
-            "since": time.time(), "host": socket.gethostname()}
+    me = writer_identity()
+    info = {"pid": me["pid"], "start": me["start"], "op": op, "id": deploy_id, "by": who,
+            "since": time.time(), "host": me["hostname"], "writer": me}
     data = json.dumps(info).encode()
     notes = []
+    brk = bool(p.get("break_lock")) if isinstance(p, dict) else False
+
+    def takeable(held):
+        return held.get("stale") or (brk and held.get("foreign"))
+
     for _ in range(3):
         if _create_lock(lock, data):
             return notes
         held = read_lock(state_dir)
         if held is None:  # released meanwhile
             continue
-        if not held.get("stale"):
+        if not takeable(held):
             raise _locked_error(held)
         gfd = os.open(os.path.join(root, "lock.guard"), os.O_RDWR | os.O_CREAT, 0o600)
         try:
@@ -406,11 +499,16 @@ def acquire_lock(state_dir, op, deploy_id, who, p=None):
             held = read_lock(state_dir)  # again, now that no one else can take over
             if held is None:
                 continue
-            if not held.get("stale"):
+            if not takeable(held):
                 raise _locked_error(held)
             fault_point(p, "stale_lock_seen")
-            notes.append("removed a stale lock of %s %s by %s (its process %s is gone)"
-                         % (held.get("op"), held.get("id"), held.get("by"), held.get("pid")))
+            if held.get("foreign"):
+                notes.append("broke the lock of another machine (--break-lock): %s %s by %s (pid %s on %s)"
+                             % (held.get("op"), held.get("id"), held.get("by"), held.get("pid"), held.get("owner")))
+            else:
+                notes.append("removed a stale lock of %s %s by %s (%s)"
+                             % (held.get("op"), held.get("id"), held.get("by"),
+                                held.get("stale_why") or "its process %s is gone" % held.get("pid")))
             try:
                 os.unlink(lock)
             except FileNotFoundError:
@@ -427,7 +525,7 @@ def release_lock(state_dir):
     try:
         with open(lock) as fh:
             info = json.load(fh)
-        if info.get("pid") == os.getpid():
+        if info.get("pid") == os.getpid() and same_machine(_ident_of(info)):  # not another machine's pid
             os.unlink(lock)
     except (OSError, ValueError):
         pass
@@ -436,16 +534,42 @@ def release_lock(state_dir):
 # ----------------------------------------------------------------------------- manifests
 
 
-def manifest_path(state_dir, deploy_id):
-    _, deploys, _ = state_paths(state_dir)
-    if not deploy_id or "/" in deploy_id or deploy_id.startswith("."):
+def _check_id(deploy_id):
+    if not deploy_id or "/" in deploy_id or deploy_id.startswith(".") or "@" in deploy_id:
         raise AgentError("bad deploy id %r" % deploy_id, "bad_input")
-    return os.path.join(deploys, deploy_id, MANIFEST)
+
+
+def _host_tag():
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", machine_identity()["hostname"] or "unknown")
+
+
+def deploy_dir(state_dir, deploy_id):
+    """This machine's directory for `deploy_id`: deploys/<id>, or deploys/<id>@<hostname> when a
+    state dir shared with another machine already holds that machine's deploys/<id>."""
+    _check_id(deploy_id)
+    _, deploys, _ = state_paths(state_dir)
+    base = os.path.join(deploys, deploy_id)
+    mine = "%s@%s" % (base, _host_tag())
+    if os.path.isdir(mine):
+        return mine
+    try:
+        with open(os.path.join(base, MANIFEST)) as fh:
+            m = json.load(fh)
+    except (OSError, ValueError):
+        return base
+    return base if not isinstance(m, dict) or same_machine(_ident_of(m)) else mine
+
+
+def manifest_path(state_dir, deploy_id):
+    return os.path.join(deploy_dir(state_dir, deploy_id), MANIFEST)
 
 
 def load_manifest(state_dir, deploy_id):
     with open(manifest_path(state_dir, deploy_id)) as fh:
-        return json.load(fh)
+        m = json.load(fh)
+    if not same_machine(_ident_of(m)):  # (deploy_dir never names another machine's; belt and braces)
+        raise FileNotFoundError(deploy_id)
+    return m
 
 
 def save_manifest(state_dir, m):
@@ -453,46 +577,113 @@ def save_manifest(state_dir, m):
     write_atomic(manifest_path(state_dir, m["id"]), json.dumps(m, indent=1, sort_keys=True).encode())
 
 
-def list_manifests(state_dir):
+def list_manifests(state_dir, include_foreign=False):
+    """Every deploy manifest in the state dir, oldest first: only this machine's unless asked (a host
+    never acts on a manifest another machine wrote into a shared state dir)."""
     _, deploys, _ = state_paths(state_dir)
     out = []
     try:
         names = os.listdir(deploys)
     except OSError:
         return out
+    me = machine_identity()
     for name in names:
         try:
             with open(os.path.join(deploys, name, MANIFEST)) as fh:
-                out.append(json.load(fh))
+                m = json.load(fh)
         except (OSError, ValueError):
             continue
+        if not isinstance(m, dict) or not isinstance(m.get("id"), str) or not isinstance(m.get("files"), list) \
+                or not all(isinstance(f, dict) and isinstance(f.get("path"), str) for f in m["files"]):
+            continue  # not a manifest this agent wrote: never acted on
+        if not same_machine(_ident_of(m), me):
+            if not include_foreign:
+                continue
+            m["_foreign"] = describe_writer(_ident_of(m))
+        out.append(m)
     out.sort(key=lambda m: (m.get("created", 0), m.get("id", "")))
     return out
 
 
-def manifest_summary(m, pkg_dir=None):
+def manifest_tree(m):
+    """The real package dir the deploy wrote into (recorded since manifests record it; else as located)."""
+    return m.get("package_real") or m.get("package_dir")
+
+
+def gone_reason(m, cur_real, cur_version, hashes=None):
+    """Why a complete (or interrupted) deploy is no longer on disk (None: it is). Its tree now holds
+    another release, or every file a complete deploy patched holds its original bytes again (the
+    package was reinstalled). Its backups then belong to another release: never to be written back."""
+    if m.get("state") not in ("complete", *OPEN_STATES) or m.get("kind", "deploy") != "deploy":
+        return None
+    tree = manifest_tree(m)
+    if cur_real and tree and os.path.realpath(tree) == cur_real and m.get("version") and cur_version \
+            and m.get("version") != cur_version:
+        return "package reinstalled/upgraded: it patched sglang %s, %s now holds %s" % (
+            m.get("version"), cur_real, cur_version)
+    if m.get("state") != "complete":
+        return None
+    applied = [f for f in m.get("files", []) if f.get("status") == "applied"]
+    if not applied:
+        return None
+    for f in applied:
+        if hashes is not None:
+            now = hashes.get(f["path"])
+        else:
+            try:
+                now = sha256_file(os.path.join(tree, f["path"]))
+            except OSError:
+                now = None
+        if now != f.get("sha_before"):
+            return None
+    return "package reinstalled/upgraded: every file it patched holds its original bytes again"
+
+
+def manifest_summary(m, pkg_dir=None, cur_real=None, cur_version=None):
     files = []
+    tree = manifest_tree(m) or pkg_dir
+    hashes = {}
     for f in m.get("files", []):
         cur = None
-        if pkg_dir or m.get("package_dir"):
-            p = os.path.join(m.get("package_dir") or pkg_dir, f["path"])
+        if tree and not m.get("_foreign"):
             try:
-                cur = sha256_file(p)
+                cur = sha256_file(os.path.join(tree, f["path"]))
             except OSError:
                 cur = None
+        hashes[f["path"]] = cur
         files.append({"path": f["path"], "sha_before": f.get("sha_before"), "sha_after": f.get("sha_after"),
                       "status": f.get("status"), "sha_now": cur})
     out = dict((k, m.get(k)) for k in ("id", "state", "created", "updated", "package_dir", "version", "playbook",
-                                       "by", "rolled_back_at", "note"))
+                                       "by", "rolled_back_at", "note", "package_real"))
+    out["kind"] = m.get("kind", "deploy")
     out["files"] = files  # (no dict `|`: the agent runs on Python >= 3.8)
+    if m.get("_foreign"):
+        out["foreign"] = m["_foreign"]
+        return out
+    gone = gone_reason(m, cur_real, cur_version, hashes)  # (what close_superseded will find, under the lock)
+    if gone:
+        out["gone"] = gone
+    elif cur_real and tree and os.path.realpath(tree) != cur_real:
+        out["moved"] = {"patched": tree, "imports_now": cur_real}
     return out
 
 
+def _current_tree(sg):
+    if not sg or not sg.get("found") or not sg.get("dir"):
+        return None, None
+    return os.path.realpath(sg["dir"]), sg.get("version")
+
+
 def state_facts(p, sg):
-    """Extra facts: lock holder and every manifest with the current hash of its files."""
+    """Extra facts: lock holder and every manifest with the current hash of its files, each marked
+    if another machine wrote it (`foreign`), if this python now imports another tree than the one it
+    patched (`moved`), or if its patch is no longer on disk (`gone`)."""
     sd = p.get("state_dir") or "~/.fleetctl"
-    return {"lock": read_lock(sd), "deploys": [manifest_summary(m) for m in list_manifests(sd)],
-            "state_dir": expand(sd)}
+    cur_real, cur_version = _current_tree(sg)
+    return {"lock": read_lock(sd),
+            "deploys": [manifest_summary(m, cur_real=cur_real, cur_version=cur_version)
+                        for m in list_manifests(sd, include_foreign=True)],
+            "state_dir": expand(sd), "machine": describe_writer(machine_identity()), "package_real": cur_real}
 
 
 EXTRA_FACTS["state"] = state_facts
@@ -594,6 +785,28 @@ def recover_interrupted(state_dir):
     return notes
 
 
+def close_superseded(state_dir, cur_real, cur_version):
+    """Close the record of every complete deploy whose patch is no longer on disk (the package was
+    reinstalled or upgraded under it): state `superseded`; nothing is restored (its backups belong to
+    another release, or equal what is there). Returns notes."""
+    notes = []
+    for m in list_manifests(state_dir):
+        why = gone_reason(m, cur_real, cur_version)
+        if not why:
+            continue
+        m["note"] = "no longer on disk (%s) when %s; record closed, nothing restored" % (why, m.get("state"))
+        m["state"] = "superseded"
+        save_manifest(state_dir, m)
+        notes.append("deploy %s is no longer on disk (%s): record closed, nothing restored" % (m["id"], why))
+    return notes
+
+
+def live_deploys(state_dir):
+    """Ids of this machine's complete deploys (what a rollback would undo), oldest first."""
+    return [m["id"] for m in list_manifests(state_dir)
+            if m.get("state") == "complete" and m.get("kind", "deploy") == "deploy"]
+
+
 def _final(pkg, p):
     """Hashes of the files the controller wants verified, read after the transaction."""
     out = {}
@@ -656,10 +869,25 @@ def action_deploy(p):
     sd = p["state_dir"]
     did = p["deploy_id"]
     pkg = p["package_dir"]
-    notes = acquire_lock(sd, "deploy", did, p.get("by", "?"), p)
+    kind = p.get("kind") or "deploy"
+    if kind not in ("deploy", "restore-pristine"):
+        raise AgentError("bad kind %r" % kind, "bad_input")
+    notes = acquire_lock(sd, "deploy" if kind == "deploy" else "rollback", did, p.get("by", "?"), p)
     try:
         fault_point(p, "locked")
+        notes += close_superseded(sd, os.path.realpath(pkg), p.get("version"))
         notes += recover_interrupted(sd)
+        # what the plan saw for the files it does not change must still hold, now, under the lock: a
+        # deploy never reports a host "as intended" from facts read before a concurrent rollback
+        for rel, want in sorted((p.get("expect") or {}).items()):
+            try:
+                now = sha256_file(safe_target(pkg, rel))
+            except FileNotFoundError:
+                now = None
+            if now != want:
+                raise AgentError("%s changed since the plan (now %s, planned against %s; a concurrent rollback or "
+                                 "deploy?); nothing was changed; run deploy again"
+                                 % (rel, (now or "missing")[:12], (want or "missing")[:12]), "changed")
         files = p["files"]
         plan = []
         for f in files:
@@ -680,7 +908,8 @@ def action_deploy(p):
         if os.path.exists(ddir):
             raise AgentError("deploy %s already exists on this host" % did, "bad_input")
         makedirs_private(os.path.join(ddir, "backup"))
-        m = {"id": did, "kind": "deploy", "state": "preparing", "created": time.time(), "package_dir": pkg,
+        m = {"id": did, "kind": kind, "state": "preparing", "created": time.time(), "package_dir": os.path.realpath(pkg),
+             "package_real": os.path.realpath(pkg), "package_located": pkg, "writer": writer_identity(),
              "version": p.get("version"), "playbook": p.get("playbook"), "by": p.get("by"),
              "host": p.get("host"), "files": [], "pycache_prefixes": _pycache_prefixes(p)}
         for f, path, st in plan:
@@ -738,7 +967,7 @@ def action_deploy(p):
             kind = getattr(e, "kind", "failed")
             raise AgentError("%s; the host was restored to its original files (%d restored)"
                              % (e, sum(1 for r in res if r["action"] == "restored")), kind) from None
-        m["state"] = "complete"
+        m["state"] = "complete" if kind == "deploy" else "restored-pristine"
         save_manifest(sd, m)
         fault_point(p, "after_complete")
         if pyc["removed"]:
@@ -758,7 +987,18 @@ def action_rollback(p):
     notes = acquire_lock(sd, "rollback", p.get("rollback_id"), p.get("by", "?"), p)
     try:
         fault_point(p, "locked")
+        cur_real = None
+        if "sglang_dir" in p:  # where this python imports sglang from now (what a restore must not miss)
+            # (the launch's python when the controller sends the launch, as facts located it)
+            cur_real, cur_version = _current_tree(locate_sglang(p.get("sglang_dir"), p.get("launch"), strict=False))
+            notes += close_superseded(sd, cur_real, cur_version)
         notes += recover_interrupted(sd)
+        expect = p.get("expect_live")
+        if expect is not None and live_deploys(sd) != list(expect):
+            # the plan was made from facts read without the lock: what it would undo is not what is here now
+            raise AgentError("the deploys on this host changed since the plan (planned against %s, now %s; a "
+                             "concurrent deploy?); nothing was changed; run rollback again"
+                             % (", ".join(expect) or "none", ", ".join(live_deploys(sd)) or "none"), "changed")
         done = []
         for did in p["deploy_ids"]:
             try:
@@ -768,6 +1008,10 @@ def action_rollback(p):
             if m.get("state") not in ("complete",):
                 done.append({"deploy_id": did, "state": m.get("state"), "files": [], "skipped": True})
                 continue
+            tree = manifest_tree(m)
+            if cur_real and tree and os.path.realpath(tree) != cur_real and not p.get("old_tree"):
+                raise AgentError("deploy %s patched %s; this python now imports %s; nothing was changed; rerun "
+                                 "with --old-tree to restore %s anyway" % (did, tree, cur_real, tree), "moved")
             entries = [f for f in m["files"] if f.get("status") == "applied"]
             # check everything first: refuse before changing anything
             pre = []

@@ -4,9 +4,13 @@ Layout under the host's state dir:
     servers/<instance>/current.json          launch record of the instance's newest launch
     servers/<instance>/launches/<id>.json    every launch record (history)
     servers/<instance>/logs/<id>.log         stdout+stderr of that launch (a new file per launch)
+    servers/<instance>/launches/<id>.exit    how that launch's server process ended (exit status, time)
 
 A server is started detached (its own session and process group) with an exact argv list and an
-exact environment; it is identified later by pid AND its start time in /proc (pids get reused).
+exact environment, as the child of a small supervisor (SUPERVISOR below, in the same process
+group) whose only job is to wait for it and write its exit status to `<id>.exit`: the server is
+no child of the agent, which is gone long before the server ends, so without it the status that
+says "crashed" from "stopped" would be lost; it is identified later by pid AND its start time in /proc (pids get reused).
 Stopping signals that process group only. Log checks run here, on the host, and send back only
 the matching lines (bounded), never a whole log.
 """
@@ -22,18 +26,47 @@ if __name__ != "fleetctl_agent":  # imported locally (tests, the sandbox simulat
         launch_environment,
         sha256_file,
     )
-    from fleetctl.remote.agent_deploy import acquire_lock, list_manifests, release_lock, write_atomic
+    from fleetctl.remote.agent_deploy import (
+        OPEN_STATES,
+        acquire_lock,
+        list_manifests,
+        release_lock,
+        write_atomic,
+    )
 
 import errno
 import json
 import os
 import re
 import signal
+import sys
 import time
 
 INSTANCE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 LAUNCH_RE = INSTANCE_RE
 MAX_LINE = 65536
+
+# The supervisor: `python -I -c SUPERVISOR EXIT_FILE PIPE_FD ARGV...`. Starts ARGV as its child (same
+# session, stdio, env and cwd), hands the child's pid back over PIPE_FD ("E<why>" if it cannot
+# start), waits for it and writes {"pid", "returncode", "ended_at"} to EXIT_FILE (atomically). It
+# survives the SIGTERM/SIGINT/SIGHUP that `stop` sends the process group (a caught signal reverts to
+# the default in the child at exec, so the server gets them as usual); SIGKILL ends both, and then
+# no exit file says so. -I: the server's PYTHON* variables do not shape the supervisor.
+SUPERVISOR = (
+    "import os,sys,json,signal,subprocess,time\n"
+    "x,w,a=sys.argv[1],int(sys.argv[2]),sys.argv[3:]\n"
+    "for s in (signal.SIGTERM,signal.SIGINT,signal.SIGHUP):\n"
+    " signal.signal(s,lambda *_:None)\n"
+    "try:\n"
+    " p=subprocess.Popen(a)\n"
+    "except OSError as e:\n"
+    " os.write(w,('E%s'%e).encode());sys.exit(127)\n"
+    "os.write(w,str(p.pid).encode());os.close(w)\n"
+    "rc=p.wait()\n"
+    "d=json.dumps({'pid':p.pid,'returncode':rc,'ended_at':time.time()}).encode()\n"
+    "t=x+'.tmp';f=os.open(t,os.O_WRONLY|os.O_CREAT|os.O_TRUNC,0o600);os.write(f,d);os.fsync(f);os.close(f)\n"
+    "os.replace(t,x)\n"
+)
 
 
 # ----------------------------------------------------------------------------- /proc
@@ -116,11 +149,18 @@ def proc_cmdline(pid, limit=65536):
     return [a.decode("utf-8", "replace") for a in raw.split(b"\0") if a]
 
 
+def is_supervisor(rec, pid, argv):
+    """The launch's exit-status supervisor (SUPERVISOR): often the very same python as the server,
+    its argv even carries the server's argv; never the server."""
+    return pid == rec.get("supervisor_pid") or SUPERVISOR in argv[1:4]
+
+
 def find_server_process(rec):
     """The process of this launch that runs the server: in the launch's session, the oldest process
     whose executable is the launch's python (resolved on this host) and whose argv names the
     launch's module or script. Wrappers (a shell, nohup, numactl ...) never match: their executable
-    is not that python. Returns (pid, start ticks) or None (unknown, or not found)."""
+    is not that python; nor does the launch's supervisor (is_supervisor). Returns (pid, start
+    ticks) or None (unknown, or not found)."""
     m = rec.get("server_match") or {}
     exe = m.get("executable")
     sid = rec.get("pgid") or rec.get("pid")
@@ -135,8 +175,11 @@ def find_server_process(rec):
             continue
         if real != want:
             continue
+        argv = proc_cmdline(pid)
+        if is_supervisor(rec, pid, argv):
+            continue
         target = m.get("target")
-        if target and target not in proc_cmdline(pid):
+        if target and target not in argv and "-m" + target not in argv:
             continue
         if best is None or ticks < best[1]:
             best = (pid, ticks)
@@ -152,6 +195,21 @@ def server_alive(rec):
         ticks, st = proc_start_ticks(spid)
         return ticks is not None and st not in ("Z", "X", "x") and ticks == rec.get("server_start_ticks")
     return record_alive(rec)
+
+
+def launch_alive(rec):
+    """Does any process of this launch still run: its launch process, its identified server, or
+    another member of its process group that is not its supervisor (a wrapper's child that outlived
+    the wrapper)?"""
+    if record_alive(rec):
+        return True
+    spid = rec.get("server_pid")
+    if isinstance(spid, int) and spid > 0 and server_alive(rec):
+        return True
+    pg = rec.get("pgid")
+    if not isinstance(pg, int) or pg <= 0:
+        return False
+    return any(x != rec.get("supervisor_pid") for x in group_members(pg))
 
 
 def identify_server(rec):
@@ -241,6 +299,40 @@ def save_record(state_dir, rec):
     write_atomic(os.path.join(d, "current.json"), data)
 
 
+def exit_path(state_dir, name, launch_id):
+    return os.path.join(instance_dir(state_dir, name), "launches", check_name(launch_id, "launch") + ".exit")
+
+
+def read_exit(rec):
+    """How the record's server ended: {"returncode": int, "ended_at": float, "pid": int}, or None
+    (still running, killed with its supervisor, or launched before exit files existed)."""
+    path = rec.get("exit_file")
+    got = read_json(path) if isinstance(path, str) else None
+    if not isinstance(got, dict) or not isinstance(got.get("returncode"), int):
+        return None
+    if got.get("pid") != rec.get("pid"):
+        return None
+    return {"returncode": got["returncode"], "ended_at": got.get("ended_at"), "pid": got.get("pid")}
+
+
+def _read_pipe(fd, timeout):
+    """What the supervisor says on its pipe (a pid, or E<why>), until it closes it; bounded."""
+    import select
+    poller = select.poll()
+    poller.register(fd, select.POLLIN | select.POLLHUP)
+    out = b""
+    end = time.time() + timeout
+    while len(out) < 4096:
+        left = end - time.time()
+        if left <= 0 or not poller.poll(left * 1000):
+            break
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            break
+        out += chunk
+    return out.decode("utf-8", "replace")
+
+
 def list_instances(state_dir):
     root = servers_root(state_dir)
     try:
@@ -280,7 +372,7 @@ def deploy_on_disk(state_dir):
                 break
         if ok:
             return {"id": m.get("id"), "at": m.get("updated") or m.get("created"), "created": m.get("created"),
-                    "files": [f["path"] for f in m["files"]], "package_dir": pkg}
+                    "files": [f["path"] for f in m["files"]], "package_dir": pkg, "playbook": m.get("playbook")}
     return None
 
 
@@ -385,13 +477,15 @@ def instance_state(state_dir, name, deploy_now=None, with_hashes=True):
     st = {"instance": name, "record": rec, "running": False}
     if rec is None:
         return st
-    launch_alive = record_alive(rec) or (isinstance(rec.get("pgid"), int) and group_alive(rec["pgid"]))
-    if launch_alive and not rec.get("server_pid") and rec.get("state") == "started":
+    alive = launch_alive(rec)
+    if alive and not rec.get("server_pid") and rec.get("state") == "started":
         identify_server(rec)  # identified late (not saved: facts are read-only)
-    st["running"] = launch_alive and server_alive(rec)
-    st["launch_alive"] = launch_alive
-    if launch_alive and not st["running"]:
+    st["running"] = alive and server_alive(rec)
+    st["launch_alive"] = alive
+    if alive and not st["running"]:
         st["wrapper_only"] = True  # the server process is gone, a wrapper of the launch lives on
+    if not alive:
+        st["exit"] = read_exit(rec)  # how its launch process ended (its supervisor wrote it)
     pkg = rec.get("package_dir")
     at_launch = rec.get("worker_hashes") or {}
     if with_hashes and pkg and at_launch:
@@ -420,6 +514,178 @@ def servers_facts(p, sg):
 EXTRA_FACTS["servers"] = servers_facts
 
 
+# ----------------------------------------------------------------------------- servers fleetctl did not start
+
+SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "KEY", "CREDENTIAL", "AUTH")
+MAX_DISCOVERED = 64
+MAX_ARGS = 256
+MAX_ARG = 4096
+
+
+def _read_proc(pid, name, limit=1 << 20):
+    try:
+        with open("/proc/%d/%s" % (pid, name), "rb") as fh:
+            return fh.read(limit)
+    except (OSError, ValueError):
+        return None
+
+
+def _readlink(path):
+    try:
+        return os.readlink(path)[:MAX_ARG]
+    except (OSError, ValueError):
+        return None
+
+
+def server_argv_matches(argv, rules):
+    """Does this command line start a server? rules: {"modules": ["pkg.mod", "pkg.cli serve"],
+    "scripts": ["name serve"], "paths": ["pkg/launch_server.py"]} (words after the first: the
+    subcommand that must follow)."""
+    for i, a in enumerate(argv[:8]):
+        for m in rules.get("modules") or []:
+            mod, _, sub = m.partition(" ")
+            hit = (a == "-m" and i + 1 < len(argv) and argv[i + 1] == mod) or a == "-m" + mod
+            if hit:
+                j = i + 2 if a == "-m" else i + 1
+                if not sub or (j < len(argv) and argv[j] == sub):
+                    return True
+        for sc in rules.get("scripts") or []:
+            name, _, sub = sc.partition(" ")
+            if os.path.basename(a) == name and (not sub or (i + 1 < len(argv) and argv[i + 1] == sub)):
+                return True
+        for suffix in rules.get("paths") or []:
+            if a.endswith("/" + suffix) or a == suffix:
+                return True
+    return False
+
+
+def _listening_ports(pid):
+    """TCP ports a process listens on: its socket fds matched against /proc/net/tcp{,6}."""
+    inodes = set()
+    try:
+        fds = os.listdir("/proc/%d/fd" % pid)[:4096]
+    except OSError:
+        return None
+    for fd in fds:
+        t = _readlink("/proc/%d/fd/%s" % (pid, fd)) or ""
+        if t.startswith("socket:["):
+            inodes.add(t[8:-1])
+    ports = set()
+    for table in ("tcp", "tcp6"):
+        raw = _read_proc(pid, "net/" + table, 8 << 20) or b""
+        for line in raw.decode("ascii", "replace").splitlines()[1:]:
+            f = line.split()
+            if len(f) > 9 and f[3] == "0A" and f[9] in inodes:
+                try:
+                    ports.add(int(f[1].rsplit(":", 1)[1], 16))
+                except (IndexError, ValueError):
+                    pass
+    return sorted(ports)
+
+
+def discover_facts(p, sg):
+    """Extra facts hook ("discover"): server processes on this host whoever started them, from /proc.
+
+    Each: pid, argv, start time, cwd, exe, log (fd 1/2), listening ports, the environment variables
+    named by p["discover_env"] prefixes (never names that look secret; None if unreadable), the
+    fleetctl instance whose record it is (if any), and `changed_files`: files of the located package
+    (p["discover_files"], relative) whose inode changed after the process started, i.e. it runs older
+    code than the files on disk, if it imports that package."""
+    rules = p.get("discover") or {}
+    prefixes = tuple(str(x) for x in (p.get("discover_env") or []))
+    files = [str(x) for x in (p.get("discover_files") or [])]
+    sd = p.get("state_dir") or "~/.fleetctl"
+    by_pid = {}
+    for n in list_instances(sd):
+        rec = current_record(sd, n)
+        if rec and isinstance(rec.get("pid"), int) and record_alive(rec):
+            by_pid[rec["pid"]] = n
+        if rec and isinstance(rec.get("server_pid"), int) and server_alive(rec):
+            by_pid[rec["server_pid"]] = n  # the server under a wrapper (identified at ready)
+    mine = set()
+    pid = os.getpid()
+    while pid > 1 and len(mine) < 64:  # this agent and its ancestors (the ssh session) are not servers
+        mine.add(pid)
+        raw = _read_proc(pid, "stat", 4096) or b""
+        try:
+            pid = int(raw[raw.rfind(b")") + 2:].split()[1])
+        except (IndexError, ValueError):
+            break
+    pkg = sg.get("dir") if sg.get("found") else None
+    changed_at = {}
+    for rel in files:
+        if pkg and safe_rel(rel):
+            try:
+                st = os.stat(os.path.join(pkg, rel))
+                changed_at[rel] = max(st.st_mtime, st.st_ctime)
+            except OSError:
+                pass
+    # The sandbox runs every "host" on one machine: there, a host is the processes whose environment
+    # carries its FLEETCTL_SANDBOX_DIR and FLEETCTL_SANDBOX_HOST (the sandbox sets both in every session),
+    # so one sandbox host does not see another's servers. Real hosts never set these.
+    scope = [(k, os.environ[k]) for k in ("FLEETCTL_SANDBOX_DIR", "FLEETCTL_SANDBOX_HOST") if k in os.environ]
+    scope = [("%s=%s" % kv).encode("utf-8", "replace") for kv in scope] if len(scope) == 2 else []
+    out = []
+    truncated = False
+    try:
+        pids = sorted(int(x) for x in os.listdir("/proc") if x.isdigit())
+    except OSError:
+        pids = []
+    for pid in pids:
+        if pid in mine:
+            continue
+        raw = _read_proc(pid, "cmdline")
+        if not raw:
+            continue
+        argv = [a.decode("utf-8", "replace")[:MAX_ARG] for a in raw.split(b"\0")[:-1][:MAX_ARGS]]
+        if not argv or not server_argv_matches(argv, rules):
+            continue
+        ticks, state = proc_start_ticks(pid)
+        if state in (None, "Z", "X", "x"):
+            continue
+        if len(out) >= MAX_DISCOVERED:
+            truncated = True
+            break
+        started = ticks_to_epoch(ticks)
+        env = None
+        raw_env = _read_proc(pid, "environ")
+        if scope and not (raw_env and all(x in raw_env.split(b"\0") for x in scope)):
+            continue
+        if raw_env is not None:
+            env = {}
+            for item in raw_env.split(b"\0"):
+                k, eq, v = item.decode("utf-8", "replace").partition("=")
+                if eq and k.startswith(prefixes) and not any(w in k.upper() for w in SECRET_WORDS):
+                    env[k[:256]] = v[:MAX_ARG]
+        try:
+            uid = os.stat("/proc/%d" % pid).st_uid
+        except OSError:
+            uid = None
+        stale = sorted(r for r, t in changed_at.items() if started is not None and t >= started + 1.0)
+        stat = _read_proc(pid, "stat", 4096) or b""
+        try:
+            ppid = int(stat[stat.rfind(b")") + 2:].split()[1])
+        except (IndexError, ValueError):
+            ppid = None
+        out.append({"pid": pid, "ppid": ppid, "argv": argv, "started": started, "start_ticks": ticks, "uid": uid,
+                    "cwd": _readlink("/proc/%d/cwd" % pid), "exe": _readlink("/proc/%d/exe" % pid),
+                    "stdout": _readlink("/proc/%d/fd/1" % pid), "stderr": _readlink("/proc/%d/fd/2" % pid),
+                    "ports": _listening_ports(pid), "env": env, "instance": by_pid.get(pid),
+                    "package_dir": pkg, "changed_files": stale})
+    # a wrapper that runs the server as its child (`timeout 9h python -m ...`, fleetctl's own exit-status
+    # supervisor) matches too: the server is the innermost match
+    parents = set(x["ppid"] for x in out)
+    out = [x for x in out if x["pid"] not in parents]
+    return {"processes": out, "truncated": truncated}
+
+
+def safe_rel(rel):
+    return not rel.startswith("/") and ".." not in rel.split("/")
+
+
+EXTRA_FACTS["discover"] = discover_facts
+
+
 # ----------------------------------------------------------------------------- actions
 
 
@@ -445,11 +711,11 @@ def action_server_start(p):
 def _start_locked(p, sd, name, lid, argv, env):
     import subprocess
     prev = current_record(sd, name)
-    if prev is not None and record_alive(prev):
+    if prev is not None and launch_alive(prev):
         raise AgentError("%s is already running (pid %s, launch %s); stop it first or use --replace"
                          % (name, prev.get("pid"), prev.get("launch_id")), "running")
     for m in list_manifests(sd):
-        if m.get("state") in ("preparing", "applying", "rolling-back"):
+        if m.get("state") in OPEN_STATES:
             raise AgentError("deploy %s was interrupted (%s): the files are mixed; run 'fleetctl rollback' or "
                              "'fleetctl deploy' to repair before launching" % (m.get("id"), m.get("state")),
                              "interrupted")
@@ -468,19 +734,34 @@ def _start_locked(p, sd, name, lid, argv, env):
            "log": log, "package_dir": pkg, "worker_hashes": hashes,
            "deploy": dep, "cwd": cwd}
     rec.update(p.get("extra") or {})
+    exit_file = exit_path(sd, name, lid)
+    rfd, wfd = os.pipe()
     try:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, env=env, cwd=cwd,
-                                start_new_session=True, close_fds=True)
+        sup = subprocess.Popen([sys.executable, "-I", "-c", SUPERVISOR, exit_file, str(wfd), *argv],
+                               stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, env=env, cwd=cwd,
+                               start_new_session=True, close_fds=True, pass_fds=(wfd,))
+        os.close(wfd)
+        said = _read_pipe(rfd, 30.0)
     except OSError as e:
-        os.write(fd, ("fleetctl: cannot start %r: %s\n" % (argv[0], e)).encode())
+        said = "E%s" % e
+    finally:
+        for x in (rfd, wfd):
+            try:
+                os.close(x)
+            except OSError:
+                pass
+    if not said.isdigit():
+        why = said[1:] if said.startswith("E") else "the supervisor ended without starting it"
+        os.write(fd, ("fleetctl: cannot start %r: %s\n" % (argv[0], why)).encode())
         os.close(fd)
-        rec.update(pid=None, state="failed-to-start", error=str(e))
+        rec.update(pid=None, state="failed-to-start", error=why)
         save_record(sd, rec)
-        raise AgentError("cannot start %s: %s" % (argv[0], e), "failed") from None
+        raise AgentError("cannot start %s: %s" % (argv[0], why), "failed") from None
     os.close(fd)
-    ticks, _ = proc_start_ticks(proc.pid)
-    rec.update(pid=proc.pid, pgid=proc.pid, start_ticks=ticks, process_started=ticks_to_epoch(ticks),
-               state="started")
+    pid = int(said)
+    ticks, _ = proc_start_ticks(pid)
+    rec.update(pid=pid, pgid=sup.pid, supervisor_pid=sup.pid, start_ticks=ticks,
+               process_started=ticks_to_epoch(ticks), state="started", exit_file=exit_file)
     save_record(sd, rec)
     return rec
 
@@ -494,6 +775,7 @@ def action_server_wait(p):
     deadline = time.time() + float(p.get("timeout", 900))
     poll = float(p.get("poll", 0.05))
     ntail = int(p.get("tail", 30))
+    stamp_re = re.compile(p["stamp_re"]) if p.get("stamp_re") else None
     st = {}
     for n in names:
         rec = current_record(sd, n)
@@ -509,9 +791,9 @@ def action_server_wait(p):
         for n in pending:
             s = st[n]
             rec = s["rec"]
-            if not rec.get("server_pid") and record_alive(rec):
+            if not rec.get("server_pid") and launch_alive(rec):
                 identify_server(rec)
-            alive = record_alive(rec) and server_alive(rec)
+            alive = launch_alive(rec) and server_alive(rec)
             try:
                 with open(rec["log"], "rb") as fh:
                     fh.seek(s["offset"])
@@ -528,6 +810,8 @@ def action_server_wait(p):
                 s["partial"] = b""
             for raw in lines:
                 line = raw.decode("utf-8", "replace")
+                if stamp_re is not None and _before(line, stamp_re, p.get("stamp_fmt"), rec):
+                    continue  # written before this server started: replayed from an earlier run
                 for f in forbidden:
                     if f in line:
                         s.update(status="forbidden", why="forbidden pattern %r in the log" % f, line=line[:2000])
@@ -559,19 +843,41 @@ def action_server_wait(p):
         if rec and s["status"] == "ready":
             if rec.get("server_pid") or identify_server(rec):
                 save_record(sd, rec)  # judged by its server process from now on (status, verify-logs)
-        r = {"status": s["status"], "why": s.get("why"), "line": s.get("line"),
-             "running": record_alive(rec) if rec else False, "server_pid": rec.get("server_pid"),
+        alive = launch_alive(rec) if rec else False
+        running = alive and server_alive(rec)
+        r = {"status": s["status"], "why": s.get("why"), "line": s.get("line"), "running": running,
+             "server_pid": rec.get("server_pid"), "wrapper_only": alive and not running,
              "seconds": round(now - rec["launched_at"], 3) if rec.get("launched_at") else None}
+        if rec and not alive:  # the supervisor writes the status just after the server ends
+            end = time.time() + 2.0
+            pg = rec.get("pgid")
+            r["exit"] = read_exit(rec)
+            while r["exit"] is None and time.time() < end and isinstance(pg, int) and pg > 0 and group_alive(pg):
+                time.sleep(0.05)
+                r["exit"] = read_exit(rec)
         if s["status"] != "ready" and rec.get("log"):
             r["tail"] = tail_lines(rec["log"], ntail)
         out[n] = r
     return out
 
 
+def _before(line, stamp_re, fmt, rec, slack=2.0):
+    """The line's own time (host local) is before the record's process started (by > slack s)."""
+    started = rec.get("process_started")
+    m = stamp_re.match(line)
+    if not m or not isinstance(started, (int, float)):
+        return False
+    try:
+        t = time.mktime(time.strptime(m.group(1), fmt or "%Y-%m-%d %H:%M:%S"))
+    except (ValueError, OverflowError):
+        return False
+    return t < started - slack
+
+
 def stop_record(rec, timeout, kill_after=5.0):
     """SIGTERM the record's process group, wait, then SIGKILL it. Returns what happened."""
     pid = rec.get("pid")
-    if not isinstance(pid, int) or not record_alive(rec):
+    if not isinstance(pid, int) or not launch_alive(rec):
         return {"instance": rec["instance"], "action": "not running", "launch_id": rec.get("launch_id")}
     pgid = rec.get("pgid") or pid
     t0 = time.time()
@@ -632,14 +938,15 @@ def action_server_grep(p):
     dep = deploy_on_disk(sd)
     patterns = [str(x) for x in p.get("patterns") or []]
     cap = int(p.get("max_per_pattern", 256))
-    out = {"deploy_now": dep, "instances": {}}
+    # log timestamps are the host's local time: its UTC offset lets the controller compare them
+    out = {"deploy_now": dep, "instances": {}, "tz_offset": time.localtime().tm_gmtoff}
     for n in [check_name(x) for x in p["instances"]]:
         st = instance_state(sd, n, dep)
         rec = st.get("record")
         if rec and st.get("log_exists"):
             st["matches"], st["log_size"] = grep_log(rec["log"], patterns, cap)
-            if p.get("tail"):
-                st["tail"] = tail_lines(rec["log"], int(p["tail"]))
+            if p.get("tail") or not st["running"]:  # a server that ended: its last words say why
+                st["tail"] = tail_lines(rec["log"], int(p.get("tail") or 30))
         out["instances"][n] = st
     return out
 

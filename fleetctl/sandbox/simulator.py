@@ -26,6 +26,7 @@ What it does, in order (all logs on stderr, in the installed release's format):
 Test knobs (environment):
   FLEETCTL_SIM_START_DELAY=<seconds>    sleep that long while "loading weights"
   FLEETCTL_SIM_CRASH=startup            print a traceback mid start-up and exit 1
+  FLEETCTL_SIM_CRASH=after-ready:<s>    become ready, serve <s> seconds (default 3), then the same
   FLEETCTL_SIM_DROP_MARKER_RANK=<n>     the n-th scheduler rank (0-based, TP rank for plain TP) omits the marker
   FLEETCTL_SIM_MARKER=<text>            the marker literal looked for (default below)
 See docs/simulator.md.
@@ -277,6 +278,13 @@ def main(argv: list[str] | None = None) -> int:
             log(line(r, f"{marker} (worker={res.worker_class}, threshold={threshold})"))
     srv.ready = True
     log(line({}, READY_LINE))
+    crash = env.get("FLEETCTL_SIM_CRASH") or ""
+    if crash.startswith("after-ready"):  # serve a while (launch sees it healthy), then die
+        if not stop.wait(float(crash.partition(":")[2] or 3)):
+            srv.shutdown()
+            srv.server_close()
+            traceback_exit("RuntimeError: simulated crash after ready (FLEETCTL_SIM_CRASH=after-ready)",
+                           "event_loop_overlap")
     while not stop.wait(0.2):
         pass
     log(line({}, "fleetctl simulator: SIGTERM received, shutting down"))

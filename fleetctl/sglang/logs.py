@@ -94,10 +94,11 @@ def expected_ranks(version: str, resolved_args: dict[str, Any]) -> list[dict[str
     cp, moe_dp = (a["attn_cp_size"], a["moe_dp_size"]) if has_cp else (1, 1)
     dp_attention = bool(resolved_args.get("enable_dp_attention"))
     replicas: list[int | None] = [None] if dp == 1 else ([0] if dp_attention else list(range(dp)))
+    pp_ranks, tp_ranks = node_rank_ranges(resolved_args, tp, pp)
     out: list[dict[str, int]] = []
     for replica in replicas:
-        for pp_rank in range(pp):
-            for tp_rank in range(tp):
+        for pp_rank in pp_ranks:
+            for tp_rank in tp_ranks:
                 dp_rank = replica
                 if dp > 1 and dp_attention:
                     attn_tp = tp // dp // cp
@@ -115,6 +116,22 @@ def expected_ranks(version: str, resolved_args: dict[str, Any]) -> list[dict[str
                     ranks["EP"] = tp_rank % (tp // moe_dp) // (tp // moe_dp // ep)
                 out.append({k: ranks[k] for k in rel.log.prefix_order if k in ranks})
     return out
+
+
+def node_rank_ranges(resolved_args: dict[str, Any], tp: int, pp: int) -> tuple[range, range]:
+    """The pp and tp ranks whose schedulers run (and log) on THIS node: with --nnodes N each node
+    starts only its share, split as the launcher does (pp stages across nodes first, then the tp
+    group across the nodes of one stage)."""
+    nnodes = int(resolved_args.get("nnodes") or 1)
+    node_rank = int(resolved_args.get("node_rank") or 0)
+    if nnodes <= 1:
+        return range(pp), range(tp)
+    pp_per_node = max(pp // nnodes, 1)
+    nodes_per_pp_rank = max(nnodes // pp, 1)
+    tp_per_node = tp // nodes_per_pp_rank
+    first_pp = pp_per_node * (node_rank // nodes_per_pp_rank)
+    first_tp = tp_per_node * (node_rank % nodes_per_pp_rank)
+    return range(first_pp, first_pp + pp_per_node), range(first_tp, first_tp + tp_per_node)
 
 
 def _stamp(rel: R.Release, when: datetime, ms: bool) -> str:

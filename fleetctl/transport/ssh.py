@@ -24,6 +24,7 @@ from fabric import Config, Connection
 
 from fleetctl.config.inventory import Host, Inventory
 from fleetctl.errors import FleetctlError
+from fleetctl.protocol import parse_reply
 from fleetctl.remote import agent_source
 from fleetctl.transport.hostkeys import HostKeyError, StrictPolicy, fingerprint
 
@@ -446,7 +447,8 @@ class HostConnection:
 
     def agent(self, action: str, payload: Mapping[str, Any] | None = None, *,
               timeout: float | None = None) -> Any:
-        """Run one agent action with the host's python; return its result or raise RemoteError."""
+        """Run one agent action with the host's python; return its result, checked and typed as
+        fleetctl.protocol.ANSWERS[action] says, or raise RemoteError (InvalidAnswer if it does not fit)."""
         body = json.dumps({"action": action, **(payload or {})}).encode()
         limit = timeout if timeout is not None else self.host.command_timeout
         h = self.host.name
@@ -480,13 +482,10 @@ class HostConnection:
                     raise RemoteError(f"{h}: python interpreter {self.host.python!r} cannot run: {why}",
                                       kind="bad_python", hint="fix 'python:' for this host in the inventory")
                 raise RemoteError(f"{h}: '{action}' failed: {why}", kind="failed", detail=stderr)
-        try:
-            doc = json.loads(answer)
-        except ValueError:
-            raise RemoteError(f"{h}: '{action}' answered something that is not JSON: {answer[:120]!r}") from None
-        if not doc.get("ok"):
-            raise RemoteError(f"{h}: {doc.get('error')}", kind=doc.get("kind", "failed"), detail=doc.get("traceback"))
-        return doc["result"]
+        reply = parse_reply(h, action, answer)  # the one check of what the host sent (fleetctl/protocol)
+        if reply.error is not None:
+            raise RemoteError(f"{h}: {reply.error}", kind=reply.kind, detail=reply.traceback)
+        return reply.result
 
     def open_tcp(self, port: int, host: str = "127.0.0.1", timeout: float = 10.0) -> paramiko.Channel:
         """A direct-tcpip channel to host:port as seen from the remote machine (no port exposed)."""

@@ -1,0 +1,69 @@
+"""Option checks every command runs before it loads facts or connects to any host.
+
+Each check raises InputError (exit 2) with one line naming the option and the fix, so a typo in
+an option never costs a round trip to the fleet (issue 16.3).
+"""
+
+from __future__ import annotations
+
+import re
+
+from fleetctl.errors import InputError
+
+# new_op_id(): <prefix><YYYYmmdd>-<HHMMSS>-<hex>; 'd' for deploys (also rolling ones)
+DEPLOY_ID = re.compile(r"d\d{8}-\d{6}-[0-9a-f]{2,16}")
+OP_ID = re.compile(r"[a-z]\d{8}-\d{6}-[0-9a-f]{2,16}")
+INSTANCE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+SGLANG_VERSION = re.compile(r"\d+(\.\d+){1,3}((\.|-)?(post|dev|rc|a|b)\d*)*")
+
+
+def deploy_id(value: str | None, option: str = "--to") -> str | None:
+    """A deploy id's shape (hosts may know ids this controller's ledger never saw, so only the shape)."""
+    if value is None:
+        return None
+    v = value.strip()
+    if DEPLOY_ID.fullmatch(v):
+        return v
+    if OP_ID.fullmatch(v):
+        raise InputError(f"{option} {value!r} is not a deploy id (deploy ids start with 'd')",
+                         hint="pick a deploy from 'fleetctl history' or 'fleetctl status'")
+    raise InputError(f"{option} {value!r} is not a deploy id (like d20260101-120000-ab12)",
+                     hint="pick one from 'fleetctl history' or 'fleetctl status'")
+
+
+def rolling(restart: bool, *, serial: str | None, canary: str | None, max_fail: str | None,
+            ready_timeout: float | None) -> float:
+    """deploy's rolling options: they go with --restart and have the right shape. Returns the budget."""
+    from fleetctl.ops.rolling import parse_count, parse_percent
+
+    given = [name for name, v in (("--serial", serial), ("--canary", canary), ("--max-fail", max_fail),
+                                  ("--timeout", ready_timeout)) if v is not None]
+    if given and not restart:
+        raise InputError(f"{', '.join(given)} go{'es' if len(given) == 1 else ''} with --restart",
+                         hint="add --restart for a rolling restart, or drop " + ", ".join(given))
+    parse_count(serial, 1, "--serial")  # the shape now; the count once the hosts are known
+    parse_count(canary, 1, "--canary")
+    return parse_percent(max_fail if max_fail is not None else "0%", "--max-fail")
+
+
+def instances(names: list[str] | None) -> list[str] | None:
+    if names is None:
+        return None
+    for n in names:
+        if not INSTANCE.fullmatch(n):
+            raise InputError(f"--instance {n!r}: not an instance name",
+                             hint="instance names look like port-30000 ('fleetctl servers' lists them)")
+    return names
+
+
+def sglang_version(value: str, option: str = "--sglang") -> str:
+    if not SGLANG_VERSION.fullmatch(value.strip()):
+        raise InputError(f"{option} {value!r}: not an SGLang release number", hint="e.g. 0.5.9 or 0.5.5.post3")
+    return value.strip()
+
+
+def exclusive(**given: bool) -> None:
+    """At most one of these flags (names as keyword arguments, '_' for '-')."""
+    on = ["--" + k.replace("_", "-") for k, v in given.items() if v]
+    if len(on) > 1:
+        raise InputError(f"{' and '.join(on)} do not go together", hint=f"keep one of {', '.join(on)}")

@@ -1,0 +1,118 @@
+"""What the host's deploy records say, and what they cannot: the controller's reading of the agent's
+`state` facts (fleetctl/remote/agent_deploy.py: state_facts).
+
+Every manifest the agent reports is marked when another machine wrote it into a shared state dir
+(`foreign`: ignored here, never acted on), when this python now imports another tree than the one
+it patched (`moved`), or when its patch is no longer on disk (`gone`: the package was reinstalled
+or upgraded under it). Files that differ from the release's pristine bytes (the wheel's RECORD) and
+that no record explains are "deployed without a record" (a deleted or moved state dir, a changed
+`state_dir` in the inventory, or a hand edit).
+"""
+
+from __future__ import annotations
+
+from fleetctl.errors import FleetctlError
+from fleetctl.facts import HostFacts
+from fleetctl.protocol.answers import Lock, Manifest
+from fleetctl.protocol.names import OPEN_STATES
+
+
+def own(facts: HostFacts) -> list[Manifest]:
+    """This machine's deploy records, oldest first."""
+    return [m for m in facts.deploys() if not m.foreign]
+
+
+def foreign(facts: HostFacts) -> list[Manifest]:
+    return [m for m in facts.deploys() if m.foreign]
+
+
+def live(facts: HostFacts) -> list[Manifest]:
+    """Complete deploys a rollback would undo (moved ones included: they are still on disk, elsewhere)."""
+    return [m for m in own(facts) if m.state == "complete" and m.kind == "deploy" and not m.gone]
+
+
+def gone(facts: HostFacts) -> list[Manifest]:
+    """Complete or interrupted deploys whose tree now holds another release (or, complete, whose files
+    all hold their original bytes again): the next deploy or rollback closes them, restoring nothing."""
+    return [m for m in own(facts) if m.state in ("complete", *OPEN_STATES) and m.gone]
+
+
+def interrupted(facts: HostFacts) -> list[Manifest]:
+    """Deploys cut off half-way that the next deploy or rollback repairs from their backups."""
+    return [m for m in own(facts) if m.state in OPEN_STATES and not m.gone]
+
+
+def on_disk(facts: HostFacts) -> list[Manifest]:
+    """Live deploys in the tree this python imports now."""
+    return [m for m in live(facts) if not m.moved]
+
+
+def explained(facts: HostFacts, rel: str, sha: str | None) -> bool:
+    """Does a record of this machine, for the tree imported now, account for `rel` (holding `sha`)? A
+    live or open deploy of that file does (its own checks say whether the file drifted since)."""
+    for m in own(facts):
+        if m.moved or m.gone:
+            continue
+        if m.state not in ("complete", *OPEN_STATES):
+            continue
+        if any(f.path == rel for f in m.files):
+            return True
+    return False
+
+
+def unrecorded(facts: HostFacts, pristine: dict[str, str]) -> list[str]:
+    """Files the facts hashed that differ from `pristine` (rel -> sha256) with no record explaining them."""
+    out = []
+    for rel, ff in sorted(facts.files.items()):
+        want = pristine.get(rel)
+        if want is None or not ff.exists or ff.sha256 is None or ff.sha256 == want:
+            continue
+        if not explained(facts, rel, ff.sha256):
+            out.append(rel)
+    return out
+
+
+def release_pristine(version: str | None) -> tuple[dict[str, str] | None, str]:
+    """The release's pristine hashes from the controller's wheel cache, or (None, why not)."""
+    if not version:
+        return None, "the SGLang version is unknown"
+    from fleetctl import wheels
+
+    try:
+        return wheels.pristine_hashes(version), ""
+    except FleetctlError as e:
+        return None, e.message
+
+
+def unrecorded_msg(host: str, version: str | None, files: list[str]) -> str:
+    shown = ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
+    return (f"{host}: deployed without a record: {len(files)} file(s) differ from pristine sglang {version} and "
+            f"no deploy record on this host explains them ({shown}); was the state dir deleted or moved, or "
+            f"state_dir changed in the inventory? 'fleetctl rollback --from-pristine' restores the release's "
+            f"pristine bytes (verified, with backups)")
+
+
+def moved_msg(m: Manifest) -> str:
+    mv = m.moved
+    return (f"deploy {m.id} patched {mv.patched if mv else '?'}; this python now imports "
+            f"{mv.imports_now if mv else '?'}")
+
+
+def gone_msg(m: Manifest) -> str:
+    return f"deploy {m.id} is no longer on disk ({m.gone})"
+
+
+def foreign_note(facts: HostFacts) -> str | None:
+    fm = foreign(facts)
+    if not fm:
+        return None
+    who = sorted({str(m.foreign) for m in fm})
+    return (f"{len(fm)} deploy record(s) in this state dir were written by another machine ({', '.join(who)}): "
+            f"ignored, never acted on; give each host its own state_dir")
+
+
+def lock_problem(lock: Lock) -> str:
+    if lock.foreign:
+        return (f"lock held by another machine ({lock.owner}): {lock.holder()} (pid {lock.pid} there); never "
+                f"taken over automatically: --break-lock for this host if that holder is surely gone")
+    return f"{'stale ' if lock.stale else ''}lock: {lock.holder()}"

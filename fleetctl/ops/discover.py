@@ -1,0 +1,184 @@
+"""Every SGLang server on the selected hosts, whoever started it, and which of them run code older
+than the files on disk (so deploy, rollback and status can say "restart these").
+
+Two sources, one pass (the agent's facts with the "servers" and "discover" hooks):
+- servers fleetctl launched: its launch records; stale when a worker file's hash at launch differs
+  from its hash now (exact);
+- every process on the host whose command line starts a server (/proc): stale when a file of the
+  package this host's python imports changed (inode change time) after the process started.
+  That assumes the process imports that package (it is the one the launch would import); its own
+  PYTHONPATH, if it sets one, is shown beside it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from fleetctl.config.inventory import Host
+from fleetctl.config.playbook import Playbook
+from fleetctl.facts import HASH_FILES, HostFacts, read_facts
+from fleetctl.fleet import Fleet
+from fleetctl.protocol import names
+from fleetctl.protocol.answers import InstanceState
+from fleetctl.sglang import is_known, resolve_worker, worker_files
+from fleetctl.sglang.processes import ROUTING_ENV_PREFIXES, match_rules, server_flags
+from fleetctl.sglang.releases import KNOWN_VERSIONS
+from fleetctl.transport.ssh import HostConnection
+
+
+@dataclass
+class ServerProcess:
+    host: str
+    pid: int
+    started: float | None
+    argv: list[str]
+    ports: list[int]
+    log: str | None
+    cwd: str | None
+    env: dict[str, str] | None  # the routing-relevant variables; None: not readable
+    instance: str | None  # the fleetctl instance whose record this is, if any
+    version: str | None
+    package_dir: str | None
+    changed_files: list[str] = field(default_factory=list)
+    worker: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def stale(self) -> bool:
+        return bool(self.changed_files)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"host": self.host, "pid": self.pid, "started": self.started, "argv": self.argv,
+                "ports": self.ports, "log": self.log, "cwd": self.cwd, "env": self.env,
+                "launched_by": f"fleetctl ({self.instance})" if self.instance else "not fleetctl",
+                "instance": self.instance, "version": self.version, "package_dir": self.package_dir,
+                "stale": self.stale, "changed_files": self.changed_files, "worker": self.worker}
+
+
+@dataclass
+class HostServers:
+    host: str
+    status: str
+    message: str = ""
+    processes: list[ServerProcess] = field(default_factory=list)
+    truncated: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {"host": self.host, "status": self.status, "message": self.message, "truncated": self.truncated,
+                "servers": [p.to_json() for p in self.processes]}
+
+
+def files_to_check(playbook: Playbook | None = None, extra: list[str] | None = None) -> list[str]:
+    """The package files whose change means a running server runs old code: every worker file
+    fleetctl knows, server_args.py, what the playbook patches, and `extra`."""
+    rels = {rel for v in KNOWN_VERSIONS for rel in worker_files(v).values()} | set(HASH_FILES) | set(extra or [])
+    if playbook is not None:
+        rels |= {f.path for files in playbook.versions.values() for f in files}
+    return sorted(rels)
+
+
+def _explain(version: str | None, flags: dict[str, Any], env: dict[str, str] | None) -> dict[str, Any]:
+    if not version or not is_known(version):
+        return {"class": None, "reason": f"SGLang {version or '?'}: not in fleetctl's table"}
+    r = resolve_worker(version, flags, env or {})
+    if r.startup_error:
+        return {"class": None, "reason": f"this command line would not start: {r.startup_error}"}
+    note = "" if env is not None else " (its environment is not readable: routing assumes none)"
+    return {"class": r.worker_class, "file": r.worker_file, "reason": r.reason + note}
+
+
+def discover_request(launch_command: str | None, playbook: Playbook | None = None,
+                     files: list[str] | None = None) -> dict[str, Any]:
+    """What to add to a facts call's payload (with the "servers" and "discover" hooks) to learn a
+    host's servers."""
+    return {"discover": match_rules(launch_command), "discover_env": list(ROUTING_ENV_PREFIXES),
+            "discover_files": files_to_check(playbook, files)}
+
+
+def servers_from_facts(host: str, f: HostFacts, request: dict[str, Any]) -> HostServers:
+    """The host's servers from facts read with the "servers" and "discover" hooks."""
+    res = HostServers(host, "ok")
+    recs: dict[int, InstanceState] = {}
+    for s in (f.servers.instances if f.servers else []):
+        if s.running and s.record is not None and isinstance(s.record.pid, int):
+            recs[s.record.pid] = s
+    found = f.discover
+    res.truncated = bool(found and found.truncated)
+    for p in (found.processes if found else []):
+        flags = server_flags(p.argv, request["discover"]["modules"])
+        sp = ServerProcess(host, p.pid, p.started, list(p.argv), list(p.ports or []), p.stdout or p.stderr, p.cwd,
+                           p.env, p.instance, f.sglang_version, p.package_dir, list(p.changed_files))
+        rec_state = recs.get(sp.pid)
+        if rec_state is not None:  # fleetctl's own: its hash record is exact
+            sp.changed_files = list(rec_state.changed_files)
+        sp.worker = _explain(f.sglang_version, flags, p.env)
+        res.processes.append(sp)
+    seen = {sp.pid for sp in res.processes}
+    for pid, s in recs.items():  # launched by fleetctl through a command line the rules do not match
+        if pid in seen or s.record is None:
+            continue
+        rec = s.record
+        sp = ServerProcess(host, pid, rec.process_started, list(rec.argv),
+                           [rec.port] if isinstance(rec.port, int) else [], rec.log, rec.cwd, dict(rec.env),
+                           s.instance, rec.version, rec.package_dir, list(s.changed_files))
+        sp.worker = {"class": rec.worker.class_, "reason": "from its launch record"}
+        res.processes.append(sp)
+    return res
+
+
+def discover_fleet(fleet: Fleet, playbook: Playbook | None = None, hosts: list[Host] | None = None,
+                   files: list[str] | None = None) -> list[HostServers]:
+    def one(conn: HostConnection) -> HostServers:
+        req = discover_request(conn.host.launch_command, playbook, files)
+        f = read_facts(conn, gpus=False, all_hashes=False, with_=[names.WITH_SERVERS, names.WITH_DISCOVER],
+                       payload=req)
+        return servers_from_facts(conn.host.name, f, req)
+
+    outs = fleet.run(one, hosts)
+    return [o.data if o.ok else HostServers(o.host, o.status, o.message) for o in outs]
+
+
+@dataclass
+class RestartReminder:
+    servers: int
+    hosts: int
+    launched: list[tuple[str, str]]  # (host, instance) of fleetctl's stale servers
+    by_hand: list[tuple[str, int]]  # (host, pid) of stale servers fleetctl did not start
+    unchecked: list[tuple[str, str]] = field(default_factory=list)  # (host, why) where servers could not be read
+
+    def line(self, inventory: str, playbook: str | None) -> str:
+        cut = ""
+        if self.unchecked:
+            h, why = self.unchecked[0]
+            cut = (f"; servers on {len(self.unchecked)} host(s) could not be checked ({h}: {why}): "
+                   f"run 'fleetctl servers --discover -i {inventory}'")
+        if not self.servers:
+            return "no running server runs code older than the files on disk" + cut
+        one = self.servers == 1
+        s = (f"{self.servers} server{'' if one else 's'} on {self.hosts} host{'s' if self.hosts != 1 else ''} "
+             f"still run{'s' if one else ''} the old code (files changed on disk after {'it' if one else 'they'} "
+             "started)")
+        how = []
+        if self.launched:
+            hosts = sorted({h for h, _ in self.launched})
+            how.append(f"fleetctl launch --replace -i {inventory} {playbook or 'PLAYBOOK'} --limit {','.join(hosts)}")
+        if self.by_hand:
+            pids = ", ".join(f"{h} pid {p}" for h, p in self.by_hand[:8])
+            more = f" and {len(self.by_hand) - 8} more" if len(self.by_hand) > 8 else ""
+            how.append(f"restart by hand (not started by fleetctl): {pids}{more}")
+        return s + ": " + "; ".join(how) + cut
+
+    def to_json(self) -> dict[str, Any]:
+        return {"servers": self.servers, "hosts": self.hosts,
+                "launched": [{"host": h, "instance": i} for h, i in self.launched],
+                "by_hand": [{"host": h, "pid": p} for h, p in self.by_hand],
+                "unchecked": [{"host": h, "why": w} for h, w in self.unchecked]}
+
+
+def restart_reminder(found: list[HostServers]) -> RestartReminder:
+    """Which servers run code older than the files on disk now, and how to restart them."""
+    stale = [p for h in found for p in h.processes if p.stale]
+    return RestartReminder(len(stale), len({p.host for p in stale}),
+                           [(p.host, p.instance) for p in stale if p.instance],
+                           [(p.host, p.pid) for p in stale if not p.instance],
+                           [(h.host, h.message) for h in found if h.status != "ok"])

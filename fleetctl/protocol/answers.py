@@ -1,0 +1,515 @@
+"""What each agent action answers, as types. These dataclasses are the schema: an answer is
+checked against its type once, when it arrives (fleetctl/protocol/__init__.py `parse_reply`), and
+everything downstream reads attributes. Fields the controller does not read are not listed (the
+agent may send more); a field with a default may be absent."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal
+
+from fleetctl.protocol.names import ManifestFileStatus, ManifestState, RestoreAction, StopAction, WaitStatus
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def _sha256(v: str) -> str | None:
+    return None if _SHA256.fullmatch(v) else "expected a sha256 (64 lowercase hex digits)"
+
+
+def _base64(v: str) -> str | None:
+    try:
+        base64.b64decode(v, validate=True)
+    except (binascii.Error, ValueError):
+        return "expected base64"
+    return None
+
+
+def _not_empty(v: str) -> str | None:
+    return None if v else "is empty"
+
+
+Sha256 = Annotated[str, _sha256]
+Base64 = Annotated[str, _base64]
+Name = Annotated[str, _not_empty]
+Scalar = str | int | float | bool | None
+
+
+# ------------------------------------------------------------------------------------------ facts
+
+
+@dataclass
+class FileFact:
+    """One file of the package as the host sees it (agent.file_info)."""
+
+    path: str
+    exists: bool
+    sha256: Sha256 | None = None
+    mode: int | None = None
+    uid: int | None = None
+    gid: int | None = None
+    size: int | None = None
+    mtime: float | None = None
+    symlink: str | None = None
+    escapes: bool = False
+    error: str | None = None
+
+
+@dataclass
+class OsInfo:
+    """The host's OS (agent.read_os)."""
+
+    pretty: str
+
+
+@dataclass
+class PythonInfo:
+    """The interpreter that runs the agent (the inventory's `python:`)."""
+
+    executable: str
+    version: str
+
+
+Loader = Literal["source", "sourceless", "extension", "none"]
+
+
+@dataclass
+class ImportView:
+    """What `import` of one source file would load under the launch's python (probe.import_view)."""
+
+    loader: Loader
+    file: str | None = None  # the file loaded
+    pyc: str | None = None  # the cached bytecode import reads for this source
+    pyc_kind: str | None = None  # timestamp | checked-hash | unchecked-hash | invalid
+    pyc_used: bool = False  # import would run that pyc instead of compiling the source
+    stale: bool = False  # ... and it was not compiled from the source on disk
+    other_pycs: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"loader": self.loader, "file": self.file, "pyc": self.pyc, "pyc_kind": self.pyc_kind,
+                "pyc_used": self.pyc_used, "stale": self.stale, "other_pycs": list(self.other_pycs)}
+
+
+@dataclass
+class LaunchPython:
+    """The launch's own python as the probe saw it (interpreter, options, env and cwd of the launch)."""
+
+    executable: str | None = None
+    version: str | None = None
+    cache_tag: str | None = None
+    optimize: int | None = None
+    pycache_prefix: str | None = None
+    check_hash_based_pycs: str | None = None
+    cwd: str | None = None
+    path: list[str] = field(default_factory=list)
+
+
+@dataclass
+class SglangInfo:
+    """Where the launch's interpreter imports sglang from (fleetctl/launchspec.py: its options, env
+    and cwd), its version and install kind, and what import would load for the asked files."""
+
+    found: bool
+    dir: str | None = None
+    version: str | None = None
+    install: str | None = None
+    torch_requires: list[str] = field(default_factory=list)
+    how: str | None = None
+    error: str | None = None  # why it is not found (or the launch's python cannot be asked)
+    unresolved: bool = False  # the launch command's python cannot be told
+    notes: list[str] = field(default_factory=list)  # e.g. a sglang_dir the default launch does not import
+    launch: LaunchPython | None = None  # None: located by the agent's own python (no launch sent)
+    bytecode: dict[str, ImportView] = field(default_factory=dict)  # rel -> what import would load
+
+
+@dataclass
+class GpuQuery:
+    """nvidia-smi's CSV answers, or why there are none."""
+
+    available: bool
+    reason: str = "not asked"
+    gpus: str = ""  # nvidia-smi CSV
+    apps: str = ""
+
+
+@dataclass
+class Lock:
+    """The host lock as read by the agent; `stale`: its holder is gone."""
+
+    stale: bool
+    op: str | None = None
+    id: str | None = None
+    by: str | None = None
+    pid: int | None = None
+    unreadable: bool = False
+    foreign: bool = False  # held by another machine (a shared state dir): never taken over automatically
+    owner: str | None = None  # that machine, described
+    stale_why: str | None = None
+
+    def holder(self) -> str:
+        return f"{self.op} {self.id} by {self.by}"
+
+
+@dataclass
+class ManifestFile:
+    """One file of a deploy manifest, with its hash now."""
+
+    path: Name
+    sha_before: Sha256 | None = None
+    sha_after: Sha256 | None = None
+    status: ManifestFileStatus | None = None
+    sha_now: Sha256 | None = None
+
+
+@dataclass
+class Moved:
+    patched: str | None = None
+    imports_now: str | None = None
+
+
+@dataclass
+class Manifest:
+    """A deploy manifest on the host with the current hash of each of its files (agent_deploy)."""
+
+    id: Name
+    state: ManifestState
+    files: list[ManifestFile] = field(default_factory=list)
+    created: float | None = None
+    updated: float | None = None
+    package_dir: str | None = None
+    version: str | None = None
+    playbook: str | None = None
+    by: str | None = None
+    rolled_back_at: float | None = None
+    note: str | None = None
+    kind: str = "deploy"  # deploy | restore-pristine
+    package_real: str | None = None  # the real path of the tree it patched
+    foreign: str | None = None  # written by another machine (described): ignored, never acted on
+    gone: str | None = None  # its patch is no longer on disk (why)
+    moved: Moved | None = None  # this python now imports another tree than the one it patched
+    pycache_prefixes: list[str] = field(default_factory=list)  # the launch's, when it was deployed
+
+
+@dataclass
+class StateFacts:
+    """Facts hook "state": the lock and every deploy manifest, oldest first."""
+
+    deploys: list[Manifest]
+    lock: Lock | None = None
+    state_dir: str | None = None
+    machine: str | None = None  # this host, as it describes itself in locks and manifests
+    package_real: str | None = None
+
+
+@dataclass
+class DeployOnDisk:
+    """The newest complete deploy whose files all still hold its patched bytes."""
+
+    id: str | None = None
+    at: float | None = None
+    created: float | None = None
+    files: list[str] = field(default_factory=list)
+    package_dir: str | None = None
+    playbook: str | None = None
+
+
+@dataclass
+class Worker:
+    """The worker launch resolved for an instance (launch writes it into the record)."""
+
+    class_: str | None = field(default=None, metadata={"json": "class"})
+    file: str | None = None
+    disable_overlap_schedule: bool | None = None
+    reason: str | None = None
+
+
+@dataclass
+class ExitInfo:
+    """How a launched server ended (its supervisor's exit file): exit status, or -signal."""
+
+    returncode: int
+    ended_at: float | None = None
+    pid: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"returncode": self.returncode, "ended_at": self.ended_at, "pid": self.pid}
+
+
+@dataclass
+class LaunchRecord:
+    """A server's launch record (servers/<instance>/current.json, written by the agent)."""
+
+    instance: Name
+    launch_id: str | None = None
+    launched_at: float | None = None
+    process_started: float | None = None
+    pid: int | None = None  # the launch command's process (the supervisor's child; maybe a wrapper)
+    supervisor_pid: int | None = None  # the exit-status supervisor (its process group: pgid)
+    server_pid: int | None = None  # the server's own python under any wrapper (identified at ready)
+    log: str | None = None
+    state: str | None = None  # started, failed-to-start, stopped, stop-failed
+    stopped_at: float | None = None
+    package_dir: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    deploy: DeployOnDisk | None = None
+    argv: list[str] = field(default_factory=list)  # as launched (secret values masked)
+    cwd: str | None = None
+    # what launch put in the record ("extra")
+    version: str | None = None
+    port: int | None = None
+    gpus: list[int] = field(default_factory=list)
+    flags: dict[str, Scalar] = field(default_factory=dict)
+    worker: Worker = field(default_factory=Worker)
+
+
+@dataclass
+class GrepHits:
+    """Log lines matching one pattern (bounded by the agent)."""
+
+    count: int
+    lines: list[str]
+    truncated: bool = False
+
+
+@dataclass
+class InstanceState:
+    """One server instance: its record, alive or not, files changed since its launch."""
+
+    instance: Name
+    running: bool
+    record: LaunchRecord | None = None
+    changed_files: list[str] = field(default_factory=list)
+    restart_needed: bool = False
+    log_exists: bool = False
+    matches: dict[str, GrepHits] = field(default_factory=dict)  # server_grep only
+    tail: list[str] = field(default_factory=list)
+    exit: ExitInfo | None = None  # not running: how it ended, if its supervisor wrote it
+    launch_alive: bool = False  # a process of the launch runs (the server, or only a wrapper)
+    wrapper_only: bool = False  # the server process is gone, a wrapper of its launch lives on
+
+
+@dataclass
+class ServersFacts:
+    """Facts hook "servers": every instance with a record, and which asked ports are free."""
+
+    instances: list[InstanceState]
+    deploy_now: DeployOnDisk | None = None
+    ports: dict[str, bool] = field(default_factory=dict)
+    state_dir: str | None = None
+
+
+@dataclass
+class DiscoveredProcess:
+    """A server process found from /proc (the "discover" hook), whoever started it."""
+
+    pid: int
+    argv: list[str]
+    ppid: int | None = None
+    started: float | None = None
+    start_ticks: int | None = None
+    uid: int | None = None
+    cwd: str | None = None
+    exe: str | None = None
+    stdout: str | None = None
+    stderr: str | None = None
+    ports: list[int] | None = None
+    env: dict[str, str] | None = None  # the routing-relevant variables; None: not readable
+    instance: str | None = None  # the fleetctl instance whose record it is
+    package_dir: str | None = None
+    changed_files: list[str] = field(default_factory=list)
+
+
+@dataclass
+class DiscoverFacts:
+    processes: list[DiscoveredProcess]
+    truncated: bool = False
+
+
+@dataclass
+class FactsAnswer:
+    """`facts`: what the host is, plus the hooks asked for (state, servers, registered flags)."""
+
+    os: OsInfo
+    python: PythonInfo
+    user: str
+    sglang: SglangInfo
+    torch: str | None
+    files: dict[str, FileFact]
+    elapsed: float = 0.0
+    gpus: GpuQuery | None = None
+    registered_flags: dict[str, bool] | None = None
+    state: StateFacts | None = None
+    servers: ServersFacts | None = None
+    discover: DiscoverFacts | None = None
+
+
+@dataclass
+class PingAnswer:
+    """`ping`: the agent process is alive."""
+
+    pong: bool
+    pid: int
+    python: str
+
+
+# ------------------------------------------------------------------------------------------ deploy
+
+
+@dataclass
+class DeployedFile:
+    """A file the deploy replaced."""
+
+    path: Name
+    sha_after: Sha256
+
+
+@dataclass
+class DeployAnswer:
+    """`deploy`: the transaction's deploy id (None: nothing to change), files and final hashes."""
+
+    deploy_id: str | None
+    files: list[DeployedFile]
+    final: dict[str, Sha256 | None]  # hash of every verify path after the transaction
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Restored:
+    """One file of a rollback (or of a repair)."""
+
+    path: Name
+    action: RestoreAction
+    sha_now: Sha256 | None = None
+    why: str = ""
+    bytecode_removed: list[str] = field(default_factory=list)  # cached pycs removed with it
+
+
+@dataclass
+class RolledBack:
+    """One deploy a rollback undid (or skipped)."""
+
+    deploy_id: Name
+    state: ManifestState | None = None
+    files: list[Restored] = field(default_factory=list)
+    skipped: bool = False
+
+
+@dataclass
+class RollbackAnswer:
+    """`rollback`: the deploys undone, newest first."""
+
+    rollbacks: list[RolledBack]
+    notes: list[str] = field(default_factory=list)
+
+
+ReadFilesAnswer = dict[str, Base64 | None]  # path -> base64 bytes (None: no such file)
+
+
+# ------------------------------------------------------------------------------------------ servers
+
+
+@dataclass
+class WaitResult:
+    """`server_wait`, per instance: ready, or why not."""
+
+    status: WaitStatus
+    running: bool = False
+    why: str | None = None
+    line: str | None = None
+    seconds: float | None = None
+    tail: list[str] = field(default_factory=list)
+    exit: ExitInfo | None = None
+    server_pid: int | None = None  # the server's own python, identified at ready
+    wrapper_only: bool = False  # the server process is gone, a wrapper of its launch lives on
+
+
+ServerWaitAnswer = dict[str, WaitResult]  # instance -> result
+
+
+@dataclass
+class StopResult:
+    """`server_stop`, per instance."""
+
+    instance: Name
+    action: StopAction
+    how: str | None = None
+    pid: int | None = None
+    launch_id: str | None = None
+    seconds: float | None = None
+
+
+ServerStopAnswer = list[StopResult]
+
+
+@dataclass
+class ServerGrepAnswer:
+    """`server_grep`: each instance's state with the matching lines of its current log."""
+
+    instances: dict[str, InstanceState]
+    deploy_now: DeployOnDisk | None = None
+    tz_offset: int | None = None  # the host's UTC offset in seconds (log times are local)
+
+
+@dataclass
+class MarkerCheck:
+    """Whether the class's __init__ carries the marker (AST), or why it could not be read."""
+
+    marker: bool = False
+    error: str | None = None
+
+
+@dataclass
+class WorkerCheck:
+    """`worker_check`, per worker file."""
+
+    file: str
+    exists: bool
+    marker: str
+    class_: str = field(metadata={"json": "class"})
+    check: MarkerCheck | None = None
+    sha256: Sha256 | None = None
+
+
+WorkerCheckAnswer = list[WorkerCheck]
+
+
+# ------------------------------------------------------------------------------------------ locate
+
+
+@dataclass
+class CodeMarker:
+    """Does the code import would execute define the class, its __init__, the marker in it?"""
+
+    class_: bool = field(default=False, metadata={"json": "class"})
+    init: bool = False
+    marker: bool = False
+
+
+@dataclass
+class LoadedCheck:
+    """`locate`, per check: the code import would load for a worker file (bytecode included)."""
+
+    file: str
+    class_: str = field(metadata={"json": "class"})
+    marker: str
+    view: ImportView
+    loaded: bool = False
+    check: CodeMarker | None = None
+
+
+@dataclass
+class LocateAnswer:
+    """`locate`: the probe run under the launch's interpreter, options, env and cwd (probe.py), or
+    why it could not run (`error`; `unresolved`: the launch command's python cannot be told)."""
+
+    executable: str | None = None
+    version: str | None = None
+    sglang_dir: str | None = None
+    pycache_prefix: str | None = None
+    files: dict[str, ImportView] = field(default_factory=dict)
+    checks: list[LoadedCheck] = field(default_factory=list)
+    error: str | None = None
+    unresolved: bool = False

@@ -1,0 +1,132 @@
+"""A host whose agent answers are hostile (null, a list, missing keys, wrong types) fails alone, with
+one bounded "host answered an invalid ..." line; the other hosts succeed; no "internal error".
+
+The hostile host is a real sandbox host whose inventory `python:` is a wrapper running the real
+agent through tests/data/hostile_agent.py, which rewrites every answer it sends."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from test_faults import EW2, SA, VERSION, make_playbook, run, write_inventory
+
+from fleetctl.remote import agent_servers as srv
+from fleetctl.sandbox import fleet as sbx
+
+pytestmark = [pytest.mark.fleet, pytest.mark.usefixtures("ledger_dir"),
+              pytest.mark.skipif(not Path("/usr/sbin/sshd").exists(), reason="OpenSSH sshd is not installed")]
+
+HOSTILE = "h03"
+GOOD = ("h01", "h02")
+MODES = ("null", "list", "missing", "type")
+SCRIPT = Path(__file__).parent / "data" / "hostile_agent.py"
+LINE = re.compile(r"^h03: host answered an invalid '(facts|server_grep)' answer: \S.*: \S")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def afleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """3 hosts (0.5.9); servers launched on h01 and h02; one inventory per hostile mode."""
+    d = tmp_path_factory.mktemp("answers")
+    sb = None
+    try:
+        sb = sbx.up(d / "sb", hosts=3, versions=[VERSION], gpus=1)
+        pb = make_playbook(d / "pb", files=(EW2, SA))
+        with pb.open("a") as fh:  # a marker the simulator logs on every rank, patched or not
+            fh.write("launch:\n  flags:\n    --model-path: test/model\n"
+                     "verify:\n  markers: ['Load weight end.']\n")
+        base = write_inventory(sb, d / "inventory.yaml", command_timeout=60)
+        doc = yaml.safe_load(base.read_text())
+        for name in doc["hosts"]:
+            doc["hosts"][name]["flags"] = {"--port": free_port()}
+        base.write_text(yaml.safe_dump(doc, sort_keys=False))
+        invs = {}
+        for mode in MODES:
+            wrapper = d / f"python-{mode}"
+            wrapper.write_text(f"#!/bin/sh\nHOSTILE_MODE={mode} exec {sb.hosts[HOSTILE].python} {SCRIPT} \"$@\"\n")
+            wrapper.chmod(0o755)
+            doc["hosts"][HOSTILE]["python"] = str(wrapper)
+            invs[mode] = d / f"inventory-{mode}.yaml"
+            invs[mode].write_text(yaml.safe_dump(doc, sort_keys=False))
+        from fleetctl.cli import main
+
+        # deployed first: verify-logs never passes without the playbook's deploy on disk
+        assert main(["deploy", "-i", str(base), "--limit", ",".join(GOOD), str(pb), "--json"]) == 0
+        assert main(["launch", "-i", str(base), "--limit", ",".join(GOOD), str(pb), "--timeout", "60",
+                     "--json"]) == 0
+        yield {"sb": sb, "pb": pb, "invs": invs}
+    finally:
+        if sb is not None:
+            for h in sb.hosts.values():
+                for name in srv.list_instances(str(h.state_dir)):
+                    rec = srv.current_record(str(h.state_dir), name)
+                    if rec and srv.record_alive(rec):
+                        srv.stop_record(rec, 5.0)
+            sbx.down(d / "sb", missing_ok=True)
+
+
+def _rows(command: str, doc: dict[str, Any]) -> dict[str, tuple[bool, str]]:
+    """host -> (succeeded, its message) from a command's --json document."""
+    if command == "status":
+        return {r["host"]: (r["status"] == "ok" and not r["problems"], " ".join(r["problems"])) for r in doc["hosts"]}
+    if command == "deploy":
+        return {h["host"]: (h["status"] in ("change", "noop"), h["reason"]) for h in doc["plan"]["hosts"]}
+    if command == "rollback":
+        return {p["host"]: (p["status"] in ("noop", "change"), p["reason"]) for p in doc["plan"]}
+    if command == "verify-logs":
+        return {h["host"]: (h["ok"], h["message"]) for h in doc["hosts"]}
+    return {h["host"]: (h["status"] == "ok", h["message"]) for h in doc["hosts"]}  # facts, servers
+
+
+COMMANDS = {
+    "facts": lambda inv, pb: ["facts", "-i", inv],
+    "status": lambda inv, pb: ["status", "-i", inv],
+    "servers": lambda inv, pb: ["servers", "-i", inv],
+    "deploy": lambda inv, pb: ["deploy", "--check", "-i", inv, pb],
+    "rollback": lambda inv, pb: ["rollback", "--check", "-i", inv],
+    "verify-logs": lambda inv, pb: ["verify-logs", "-i", inv, pb],
+}
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_hostile_answers_fail_that_host_only(afleet: dict[str, Any], command: str, mode: str,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    args = COMMANDS[command](str(afleet["invs"][mode]), str(afleet["pb"]))
+    code, out, err = run(capsys, *args, "--json")
+    assert "internal error" not in out + err and "Traceback" not in out + err, out + err
+    assert code == 1, (code, out, err)
+    rows = _rows(command, json.loads(out))
+    assert set(rows) == {*GOOD, HOSTILE}
+    for name in GOOD:
+        assert rows[name][0], (name, rows[name])
+    ok, msg = rows[HOSTILE]
+    assert not ok and LINE.search(msg), msg
+    assert len(msg) <= 300 and "\n" not in msg
+    if mode == "missing":
+        assert msg.endswith(": missing"), msg
+    if mode == "type":
+        assert "expected a string, got a number" in msg or "expected true or false, got a string" in msg, msg
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_hostile_answers_in_table_output(afleet: dict[str, Any], command: str,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    args = COMMANDS[command](str(afleet["invs"]["missing"]), str(afleet["pb"]))
+    code, out, err = run(capsys, *args)
+    assert "internal error" not in out + err and "Traceback" not in out + err, out + err
+    assert code == 1, (code, out, err)
+    flat = re.sub(r"[\s│┃|]+", "", out + err)
+    assert "h03:hostansweredaninvalid" in flat, out + err
