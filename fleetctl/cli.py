@@ -9,6 +9,7 @@ import typer
 
 from fleetctl import __version__
 from fleetctl.commands import common
+from fleetctl.commands.context import Interrupted
 from fleetctl.errors import EXIT_BAD_INPUT, EXIT_FAILED, FleetctlError
 
 app = typer.Typer(
@@ -62,6 +63,9 @@ def main(argv: list[str] | None = None) -> int:
             code = c if isinstance(c, int) else (0 if c is None else EXIT_BAD_INPUT)
         else:
             code = 0
+    except Interrupted as e:  # the per-host report is already on stderr
+        sys.stderr.write(f"{e.line()}\n")
+        code = e.exit_code
     except FleetctlError as e:
         if debug:
             traceback.print_exc()
