@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import random
 import shlex
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,10 @@ BOOTSTRAP = (
     " sys.exit(g['_serve'](i))\n"
     "sys.exit(g['_main'](k+i.read()))\n"
 )
+
+# paramiko logs a failed handshake with its traceback at ERROR; with no handler configured Python
+# prints that on stderr. fleetctl reports every failure itself, on one line per host.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 CHUNK = 1 << 16
 STDERR_TAIL = 1 << 16  # bytes of a remote stderr kept (its tail)
@@ -208,12 +213,10 @@ class HostConnection:
         self.aborted: str | None = None  # why the watchdog cut this host off (its line)
         self.done: list[str] = []  # agent actions this host answered, in order
         self._opening: Connection | None = None  # the connection being opened (the watchdog may cut it)
-        # test hook: called with (conn, step name) as each step starts (e.g. to freeze the host there)
-        self.step_hook: Callable[[HostConnection, str], None] | None = None
 
     # -- steps and deadlines --------------------------------------------------------------------
 
-    def _begin(self, name: str, step: str, limit: float, stalled: str | None = None,
+    def _begin(self, step: str, limit: float, stalled: str | None = None,
                grace: float = ABORT_GRACE) -> float:
         """Start a step that must end within `limit` seconds (the watchdog cuts it `grace` seconds
         later); returns its deadline."""
@@ -222,8 +225,6 @@ class HostConnection:
         deadline = time.monotonic() + limit
         self.step, self.step_deadline = step, deadline + grace
         self.step_stalled = stalled or f"{self.host.name}: no answer to {step} within {limit:g}s"
-        if self.step_hook is not None:
-            self.step_hook(self, name)
         return deadline
 
     def _end(self) -> None:
@@ -336,7 +337,7 @@ class HostConnection:
         policies = self._prepare(conn, h.name)
         where = f"{conn.user}@{conn.host}:{conn.port}"
         t0 = time.monotonic()
-        self._begin("connect", "the SSH connection", h.connect_timeout,
+        self._begin("the SSH connection", h.connect_timeout,
                     f"{h.name}: no SSH connection to {where} within {h.connect_timeout:g}s "
                     "(TCP connect, SSH banner, key exchange and authentication)", grace=1.0)
         self._opening = conn
@@ -420,7 +421,7 @@ class HostConnection:
 
     def _session(self, why: str, limit: float) -> paramiko.Channel:
         """Open a session channel within `limit` seconds."""
-        deadline = self._begin("session", f"the session request ({why})", limit)
+        deadline = self._begin(f"the session request ({why})", limit)
         try:
             chan = self._transport().open_session(timeout=limit)
         except (paramiko.SSHException, OSError, EOFError) as e:
@@ -437,7 +438,7 @@ class HostConnection:
         """chan.exec_command(cmd), but waiting at most `limit` seconds for the host's answer (paramiko
         waits on the channel's event with no timeout: a host that stops answering right there would
         hang the command forever). Raises RemoteError(kind="timeout") naming the step."""
-        self._begin("exec", f"the exec request ({why})", limit)
+        self._begin(f"the exec request ({why})", limit)
         try:
             if all(hasattr(chan, a) for a in ("_event_pending", "event", "event_ready", "remote_chanid")):
                 m = paramiko.Message()
@@ -496,7 +497,7 @@ class HostConnection:
         timed_out = False
         try:
             self._exec(chan, cmd, f"running {argv[0]}", self.host.command_timeout)
-            deadline = self._begin("run", f"{argv[0]}", limit)
+            deadline = self._begin(f"{argv[0]}", limit)
             chan.settimeout(max(0.001, deadline - time.monotonic()))
             if stdin:
                 chan.sendall(stdin)
@@ -550,7 +551,7 @@ class HostConnection:
         limit = self.host.command_timeout
         chan = self._session("starting the agent", limit)
         self._exec(chan, cmd, "starting the agent", limit)
-        deadline = self._begin("send", "sending the agent to the host", limit,
+        deadline = self._begin("sending the agent to the host", limit,
                                f"{self.host.name}: the host took no agent code for {limit:g}s (sending the agent)")
         try:
             # if the process already ended (no such python), the first call says why
@@ -642,7 +643,7 @@ class HostConnection:
             if chan is None or chan.closed or chan.eof_received:  # none yet, or it ended between requests
                 self._agent_drop()
                 chan = self._agent_chan = self._agent_start()
-            deadline = self._begin("answer", f"the '{action}' request", limit,
+            deadline = self._begin(f"the '{action}' request", limit,
                                    f"{h}: '{action}' timed out: no answer within {limit:g}s")
             try:
                 answer = self._agent_answer(chan, deadline, action) if self._send(chan, b"%010d" % len(body) + body, deadline) else None
