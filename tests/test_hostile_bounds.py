@@ -289,14 +289,21 @@ def test_per_host_deadline_cuts_a_host_whose_steps_each_keep_their_bound(
 
 # ---- defect 1: Ctrl-C ---------------------------------------------------------------------------------
 
-def _established_to(port: int) -> bool:
-    """Is there an ESTABLISHED TCP connection to 127.0.0.1:port on this machine?"""
+def _connected(pid: int, port: int) -> bool:
+    """Does process `pid` hold an ESTABLISHED TCP connection to 127.0.0.1:port?"""
     want = f"0100007F:{port:04X}"
+    inodes = set()
     for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
         f = line.split()
         if f[2] == want and f[3] == "01":
-            return True
-    return False
+            inodes.add(f"socket:[{f[9]}]")
+    if not inodes:
+        return False
+    fds = Path(f"/proc/{pid}/fd")
+    try:
+        return any(os.readlink(fd) in inodes for fd in fds.iterdir())
+    except OSError:  # an fd closed while we looked: ask again
+        return False
 
 
 def _cli(args: list[str], env_extra: dict[str, str]) -> subprocess.Popen[str]:
@@ -331,7 +338,7 @@ def test_first_ctrl_c_starts_no_new_host_and_reports_each(fleet3: Sandbox, freez
     freezer.freeze(fleet3, "h01")
     proc = _cli(["status", "-i", str(inv), "-f", "1"], {"FLEETCTL_STATE_DIR": str(ledger_dir)})
     try:
-        _wait_until(lambda: _established_to(fleet3.host("h01").port), 30, "the CLI to connect to h01")
+        _wait_until(lambda: _connected(proc.pid, fleet3.host("h01").port), 30, "the CLI to connect to h01")
         time.sleep(0.3)
         proc.send_signal(signal.SIGINT)  # the CLI subprocess this test started
         code, _, err, took = _finish(proc, BOUND)
@@ -352,7 +359,7 @@ def test_second_ctrl_c_exits_at_once_and_points_at_status(fleet3: Sandbox, freez
     freezer.freeze(fleet3, "h02")
     proc = _cli(["status", "-i", str(inv), "-f", "3"], {"FLEETCTL_STATE_DIR": str(ledger_dir)})
     try:
-        _wait_until(lambda: _established_to(fleet3.host("h02").port), 30, "the CLI to connect to h02")
+        _wait_until(lambda: _connected(proc.pid, fleet3.host("h02").port), 30, "the CLI to connect to h02")
         time.sleep(0.3)
         proc.send_signal(signal.SIGINT)
         time.sleep(1.0)
