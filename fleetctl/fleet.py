@@ -138,10 +138,12 @@ class Fleet:
                 with cond:
                     finish(i, out)
 
-        workers = max(1, min(self.forks, len(targets)))
-        for k in range(workers):
+        def start_worker() -> None:
             # daemon threads: a host stuck beyond every bound must not keep the process alive
-            threading.Thread(target=worker, name=f"fleetctl-host-{k}", daemon=True).start()
+            threading.Thread(target=worker, name="fleetctl-host", daemon=True).start()
+
+        for _ in range(max(1, min(self.forks, len(targets)))):
+            start_worker()
         with cond:
             while len(results) < len(targets):
                 if self.interrupt.is_set() and not running:
@@ -157,6 +159,7 @@ class Fleet:
                     elif now - cut_at[i] > ABANDON_AFTER:  # its thread did not come back: report it anyway
                         finish(i, HostOutcome(host.name, "unreachable", conn.aborted or "cut off",
                                               elapsed=now - cut_at[i]))
+                        start_worker()  # in place of the one left behind
             for i, host in enumerate(targets):
                 if i not in results:
                     self.not_started.add(host.name)

@@ -287,6 +287,26 @@ def test_per_host_deadline_cuts_a_host_whose_steps_each_keep_their_bound(
     assert took < 2 + 20
 
 
+def test_a_host_stuck_outside_the_network_is_given_up_on(fleet3: Sandbox, tmp_path: Path) -> None:
+    """The watchdog's backstop: a host whose thread does not return even after its connection was
+    cut (here: stuck in a local wait) is reported at its deadline plus the abandon grace, and the
+    run returns."""
+    from fleetctl.fleet import ABANDON_AFTER
+
+    inv = load_inventory(write_inventory(fleet3, tmp_path / "inv.yaml", hosts={"h01": {"host_timeout": 1}}))
+    release = threading.Event()
+    with Fleet(inv, inv.hosts, forks=3) as fleet:
+        try:
+            outs, took = run_bounded(fleet, lambda c: release.wait(120) if c.host.name == "h01" else c.agent("ping"))
+        finally:
+            release.set()
+    got = _by_host(outs)
+    assert got["h02"].ok and got["h03"].ok
+    assert got["h01"].status == "unreachable"
+    assert got["h01"].message.startswith("h01: past its per-host deadline of 1s"), got["h01"].message
+    assert took < 1 + ABANDON_AFTER + 20
+
+
 # ---- defect 1: Ctrl-C ---------------------------------------------------------------------------------
 
 def _connected(pid: int, port: int) -> bool:
@@ -369,7 +389,8 @@ def test_second_ctrl_c_exits_at_once_and_points_at_status(fleet3: Sandbox, freez
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert code == 130, err
-    assert "interrupted again: exiting now; 1 host(s) left in flight: h02 (at the SSH connection)" in err, err
+    again = err[err.index("interrupted again: exiting now; "):]  # h01/h03 may still be in flight on a slow machine
+    assert "h02 (at the SSH connection)" in again.splitlines()[0], err
     assert f"'fleetctl status -i {inv}' shows it" in err
     assert took < 20, f"took {took:.1f}s with a 120s connect_timeout"
 

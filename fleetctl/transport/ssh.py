@@ -253,6 +253,7 @@ class HostConnection:
             return
         self.aborted = why
         conns = [c for c in (self._opening, self._conn) if c is not None]
+        conns += [c.gateway for c in conns if isinstance(c.gateway, Connection)]  # a stalled ProxyJump
 
         def cut() -> None:
             for c in conns:
