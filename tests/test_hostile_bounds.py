@@ -395,6 +395,50 @@ def test_second_ctrl_c_exits_at_once_and_points_at_status(fleet3: Sandbox, freez
     assert took < 20, f"took {took:.1f}s with a 120s connect_timeout"
 
 
+def test_ctrl_c_during_deploy_lets_the_transaction_in_flight_finish(fleet3: Sandbox, tmp_path: Path,
+                                                                   ledger_dir: Path) -> None:
+    """forks=1; h01's deploy transaction is held for 3 s between its renames (the agent's test-only
+    fault point). One SIGINT then: h01's transaction completes (all files intended, no mixed state),
+    h02 and h03 are not started (still pristine), exit 130, and status is clean afterwards."""
+    import json
+
+    from test_faults import DRIVER, FILES, intended_bytes, make_playbook
+
+    from fleetctl import wheels
+
+    pb = make_playbook(tmp_path / "pb", tag="ctrlc")
+    want = intended_bytes(pb)
+    inv = write_inventory(fleet3, tmp_path / "inv.yaml", command_timeout=60)
+    marker = tmp_path / "at-fault"
+    fault = {"h01": {"at": "between_renames", "n": 1, "how": "wait", "hold": 3, "marker": str(marker)}}
+    env = {**os.environ, "FLEETCTL_STATE_DIR": str(ledger_dir)}
+    proc = subprocess.Popen([sys.executable, "-c", DRIVER, json.dumps(fault), "deploy", "-i", str(inv), "-f", "1",
+                             str(pb)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    try:
+        _wait_until(marker.exists, 120, "h01's deploy to reach its fault point")
+        proc.send_signal(signal.SIGINT)
+        code, _, err, _ = _finish(proc, BOUND)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    try:
+        assert code == 130, err
+        assert "  h01: in flight at the 'deploy' request when interrupted; then done" in err, err
+        assert "  h02: not started (done: facts)" in err and "  h03: not started (done: facts)" in err, err
+        for name in ("h01", "h02", "h03"):
+            h = fleet3.host(name)
+            got = {rel: (h.sglang_dir / rel).read_bytes() for rel in FILES}
+            expect = want if name == "h01" else {rel: wheels.pristine_bytes(h.version, rel) for rel in FILES}
+            assert got == expect, f"{name} is not {'all intended' if name == 'h01' else 'pristine'}"
+        st = subprocess.run([sys.executable, "-m", "fleetctl", "status", "-i", str(inv)], capture_output=True,
+                            text=True, env=env, timeout=BOUND)
+        assert st.returncode == 0, st.stdout + st.stderr
+    finally:  # leave the module's sandbox pristine
+        subprocess.run([sys.executable, "-m", "fleetctl", "rollback", "-i", str(inv)], capture_output=True,
+                       env=env, timeout=BOUND)
+
+
 # ---- defect 4: answer size cap ----------------------------------------------------------------------
 
 HOSTILE = """\
