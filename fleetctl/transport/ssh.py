@@ -521,8 +521,10 @@ class HostConnection:
                 while chan.recv_stderr_ready():
                     err += chan.recv_stderr(CHUNK)
                     del err[:-STDERR_TAIL]
-                if data == b"" and chan.exit_status_ready():
-                    break
+                if data == b"":  # stdout ended: wait for the exit status without spinning
+                    if chan.exit_status_ready():
+                        break
+                    time.sleep(0.01)
             rc = None if timed_out else chan.recv_exit_status()
         except (paramiko.SSHException, OSError, EOFError) as e:
             if self.aborted:
