@@ -270,6 +270,76 @@ def test_host_frozen_mid_request_is_cut_at_command_timeout(fleet3: Sandbox, free
     assert took < 3 + 30
 
 
+FREEZE_DRIVER = """\
+import json, os, signal, sys
+import paramiko
+from fleetctl.sandbox import procs
+port, listener, record = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+original = paramiko.Transport.open_session
+def open_session(self, *a, **kw):
+    chan = original(self, *a, **kw)
+    if self.getpeername()[1] == port and not os.path.exists(record):
+        # freeze the host right before the exec request: its sshd and every session process
+        pids = [listener, *sorted(procs.descendants([listener]))]
+        with open(record, "w") as f:
+            json.dump(pids, f)
+        for p in pids:
+            os.kill(p, signal.SIGSTOP)
+    return chan
+paramiko.Transport.open_session = open_session
+from fleetctl.cli import main
+sys.exit(main(sys.argv[4:]))
+"""
+
+
+def test_deploy_returns_when_a_host_freezes_at_the_exec_request(fleet3: Sandbox, tmp_path: Path,
+                                                                ledger_dir: Path) -> None:
+    """The issue's case end to end: `fleetctl deploy` while h03 freezes (sshd and sessions
+    SIGSTOPped) as its agent is started. Before: deploy never returned. Now: h03 is reported with
+    the step, h01 and h02 are deployed, exit 1."""
+    import json
+
+    from test_faults import FILES, intended_bytes, make_playbook
+
+    from fleetctl import wheels
+
+    pb = make_playbook(tmp_path / "pb", tag="frozen")
+    want = intended_bytes(pb)
+    inv = write_inventory(fleet3, tmp_path / "inv.yaml", command_timeout=15)
+    h03 = fleet3.host("h03")
+    record = tmp_path / "frozen.json"
+    env = {**os.environ, "FLEETCTL_STATE_DIR": str(ledger_dir)}
+    proc = subprocess.Popen([sys.executable, "-c", FREEZE_DRIVER, str(h03.port), str(h03.pid), str(record),
+                             "deploy", "-i", str(inv), "--json", str(pb)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    try:
+        code, out, err, took = _finish(proc, BOUND)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        for pid in json.loads(record.read_text()) if record.exists() else []:
+            try:
+                os.kill(pid, signal.SIGCONT)  # pids of this test's own sandbox, frozen by its driver
+            except ProcessLookupError:
+                pass
+    try:
+        assert record.exists(), "the fault was never injected"
+        assert code == 1, err
+        res = {r["host"]: r for r in json.loads(out)["results"]}
+        assert res["h01"]["status"] == res["h02"]["status"] == "changed", res
+        assert res["h03"]["status"] == "unreachable"
+        assert res["h03"]["message"].startswith(
+            "h03: no answer to the exec request (starting the agent) within 15s"), res["h03"]["message"]
+        for name in ("h01", "h02", "h03"):
+            h = fleet3.host(name)
+            got = {rel: (h.sglang_dir / rel).read_bytes() for rel in FILES}
+            assert got == (want if name != "h03" else {rel: wheels.pristine_bytes(h.version, rel) for rel in FILES})
+        assert took < 15 + 60, f"took {took:.0f}s"
+    finally:  # leave the module's sandbox pristine
+        subprocess.run([sys.executable, "-m", "fleetctl", "rollback", "-i", str(inv)], capture_output=True,
+                       env=env, timeout=BOUND)
+
+
 def test_per_host_deadline_cuts_a_host_whose_steps_each_keep_their_bound(
         fleet3: Sandbox, tmp_path: Path) -> None:
     """host_timeout bounds a host's whole part of a command, however many steps it takes."""
