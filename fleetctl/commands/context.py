@@ -76,14 +76,15 @@ class _CtrlC:
         self.fleet = fleet
         self.inventory = inventory
 
-    def install(self) -> object:
+    def install(self) -> tuple[bool, object]:
         if threading.current_thread() is not threading.main_thread():
-            return None
-        return signal.signal(signal.SIGINT, self)
+            return False, None
+        return True, signal.signal(signal.SIGINT, self)
 
-    def uninstall(self, previous: object) -> None:
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)  # type: ignore[arg-type]
+    def uninstall(self, previous: tuple[bool, object]) -> None:
+        installed, handler = previous
+        if installed:  # a handler not set from Python reads as None: restore the default then
+            signal.signal(signal.SIGINT, handler if handler is not None else signal.default_int_handler)  # type: ignore[arg-type]
 
     def __call__(self, signum: int, frame: FrameType | None) -> None:
         f = self.fleet
