@@ -507,7 +507,7 @@ def _restart_reminder(ctx: RunContext, pb: Playbook | None, changed: list[str],
     from fleetctl.ops.discover import discover_fleet, restart_reminder
 
     hosts = [h for h in ctx.fleet.hosts if h.name in set(changed)]
-    if not hosts:
+    if not hosts or ctx.fleet.interrupt.is_set():  # Ctrl-C: no new step on any host (its report says so)
         return None
     return restart_reminder(discover_fleet(ctx.fleet, pb, hosts, files))
 
