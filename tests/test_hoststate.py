@@ -444,7 +444,7 @@ def test_restart_would_lose_a_patch_no_longer_on_disk(clean: tuple, tmp_path: Pa
             (h.sglang_dir / rel).write_bytes(wheels.pristine_bytes(VERSION, rel))
         code, st = run_json(capsys, "status", "-i", inv, "--limit", "h01")
         msg = problems(st, "h01")
-        assert code == 1 and f"runs deploy {dep['deploy_id']}, which is no longer on disk: a restart would lose " \
+        assert code == 1 and f"runs deploy {dep['op_id']}, which is no longer on disk: a restart would lose " \
                              "the patch" in msg, st
     finally:
         stop_all_local(sb)
