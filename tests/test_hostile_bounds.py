@@ -325,7 +325,7 @@ def test_deploy_returns_when_a_host_freezes_at_the_exec_request(fleet3: Sandbox,
     try:
         assert record.exists(), "the fault was never injected"
         assert code == 1, err
-        res = {r["host"]: r for r in json.loads(out)["results"]}
+        res = {r["host"]: r for r in json.loads(out)["hosts"]}
         assert res["h01"]["status"] == res["h02"]["status"] == "changed", res
         assert res["h03"]["status"] == "unreachable"
         assert res["h03"]["message"].startswith(

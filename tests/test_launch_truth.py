@@ -274,7 +274,7 @@ def test_unchecked_hash_pyc_of_the_original_source(sb: Sandbox, tmp_path: Path,
     code, doc, _ = cli(capsys, "deploy", "-i", inv, pb)
     assert code == 0, doc
     assert not pyc.exists()  # removed inside the deploy's transaction
-    notes = " ".join(n for r in doc["results"] for n in r.get("notes", []))
+    notes = " ".join(n for r in doc["hosts"] for n in r.get("notes", []))
     assert "unchecked-hash" in notes and pyc.name in notes
     code, doc, err = cli(capsys, "launch", "-i", inv, pb, "--timeout", "60")
     assert code == 0, (doc, err)
@@ -314,7 +314,7 @@ def test_stale_pyc_makes_verify_logs_fail_and_say_why(sb: Sandbox, tmp_path: Pat
     # the files are already as intended, yet deploy is not a no-op: it removes the stale bytecode
     code, doc, _ = cli(capsys, "deploy", "-i", inv, pb)
     assert code == 0 and doc["plan"]["hosts"][0]["drop_bytecode"] == [WORKER]
-    assert "stale cached bytecode" in json.dumps(doc["results"])
+    assert "stale cached bytecode" in json.dumps(doc["hosts"])
     code, doc, err = cli(capsys, "launch", "-i", inv, pb, "--timeout", "60", "--replace")
     assert code == 0, (doc, err)
     code, doc, err = cli(capsys, "verify-logs", "-i", inv, pb)

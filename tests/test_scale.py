@@ -133,15 +133,15 @@ def test_facts_deploy_rollback_over_1000_hosts(tmp_path_factory: pytest.TempPath
 
     code, out, st = _cli(["deploy", "-i", str(inv), str(PLAYBOOK)], ledger_dir, bound)
     report["deploy"] = st
-    assert code == 0, [r for r in out.get("results", []) if r["status"] != "changed"][:5]
-    assert [r["status"] for r in out["results"]] == ["changed"] * n
+    assert code == 0, [r for r in out.get("hosts", []) if r["status"] != "changed"][:5]
+    assert [r["status"] for r in out["hosts"]] == ["changed"] * n
     after = {_sha(v / "site-packages" / "sglang" / SA) for v in vdirs}
     assert len(after) == 1 and pristine not in after  # every host holds the one intended file
 
     code, out, st = _cli(["rollback", "-i", str(inv)], ledger_dir, bound)
     report["rollback"] = st
-    assert code == 0, [r for r in out.get("results", []) if r["status"] != "changed"][:5]
-    assert [r["status"] for r in out["results"]] == ["changed"] * n
+    assert code == 0, [r for r in out.get("hosts", []) if r["status"] != "changed"][:5]
+    assert [r["status"] for r in out["hosts"]] == ["changed"] * n
     assert {_sha(v / "site-packages" / "sglang" / SA) for v in vdirs} == {pristine}
     if 256 + 4 * n > 1024:
         for op in ("facts", "deploy", "rollback"):

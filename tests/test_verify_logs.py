@@ -165,7 +165,7 @@ def test_stale_lines_of_an_earlier_launch_are_ignored(sb: Any, tmp_path: Path,
     assert MARKER in old_log.read_text() and instances(second)["h01"]["log"] != str(old_log)
     code, doc = cli(capsys, "verify-logs", "-i", inv, FULL)
     iv = instances(doc)["h01"]
-    assert code == 1 and iv["launch_id"] == second["launch_id"]
+    assert code == 1 and iv["launch_id"] == second["op_id"]
     assert not any(r["markers"][MARKER] for r in iv["ranks"])
     assert "does NOT carry" in text(iv)
     assert "no deploy of 'dynamic-spec-disable' is on disk here" in text(iv)

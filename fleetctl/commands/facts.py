@@ -20,6 +20,7 @@ from fleetctl.commands.common import (
 from fleetctl.commands.context import fleet_context, print_debug_details
 from fleetctl.errors import EXIT_FAILED, EXIT_OK
 from fleetctl.facts import HostFacts, read_facts
+from fleetctl.jsonout import host_row
 from fleetctl.render import host_progress, print_failures, status_cell, summary_line, table
 from fleetctl.safetext import line, lines_cell, safe, styled
 
@@ -74,13 +75,10 @@ def register(app: typer.Typer) -> None:
             elapsed = ctx.elapsed()
             summary = summary_line("facts", outcomes, elapsed)
             if json_out:
-                emit_json({
-                    "command": "facts",
-                    "inventory": str(ctx.inventory.path),
-                    "elapsed": round(elapsed, 3),
-                    "hosts": [{**o.to_json(), "facts": o.data.to_json() if o.ok else None} for o in outcomes],
-                    "summary": summary,
-                })
+                emit_json("facts", ok=all(o.ok for o in outcomes), message=summary,
+                          hosts=[host_row({**o.to_json(), "facts": o.data.to_json() if o.ok else None}, ok=o.ok)
+                                 for o in outcomes],
+                          inventory=str(ctx.inventory.path), elapsed=round(elapsed, 3))
             else:
                 t = table(None, ["host", "status", "OS / python", "SGLang", "torch", "files (sha256)", "GPUs"])
                 for o in outcomes:

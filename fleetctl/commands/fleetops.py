@@ -29,6 +29,7 @@ from fleetctl.commands.context import run_with_progress as _tick_run
 from fleetctl.config.playbook import Playbook, load_playbook
 from fleetctl.errors import EXIT_FAILED, EXIT_OK, InputError
 from fleetctl.fleet import HostOutcome
+from fleetctl.jsonout import host_row
 from fleetctl.ledger import Ledger
 from fleetctl.ops.deploy import apply_plan, build_plan, gather, new_op_id
 from fleetctl.ops.rollback import apply_rollback, plan_rollback
@@ -153,8 +154,9 @@ def register(app: typer.Typer) -> None:
             bad_plan = [hp for hp in plan.hosts if hp.status in ("refused", "unreachable", "failed")]
             if check:
                 if json_out:
-                    emit_json({"command": "deploy", "check": True, "plan": plan.to_json(),
-                               "elapsed": round(ctx.elapsed(), 3)})
+                    emit_json("deploy", ok=not bad_plan, hosts=plan_hosts(plan.to_json()["hosts"]), check=True,
+                              plan=plan.to_json(), elapsed=round(ctx.elapsed(), 3),
+                              message=f"deploy --check: nothing was changed ({ctx.elapsed():.2f}s)")
                 else:
                     n = sum(1 for hp in plan.hosts if hp.status == "change")
                     err.print(f"deploy --check: {len(plan.hosts)} hosts: {n} would change, "
@@ -187,9 +189,10 @@ def register(app: typer.Typer) -> None:
                        + f" in {elapsed:.2f}s")
             reminder = _restart_reminder(ctx, pb, [r.host for r in rows if r.status == "changed"])
             if json_out:
-                emit_json({"command": "deploy", "deploy_id": op_id, "plan": plan.to_json(),
-                           "results": [r.to_json() for r in rows], "summary": summary, "elapsed": round(elapsed, 3),
-                           "restart_needed": reminder.to_json() if reminder else None})
+                emit_json("deploy", op_id=op_id, ok=not failed, message=summary,
+                          hosts=[host_row(r.to_json(), ok=r.status in ("changed", "unchanged")) for r in rows],
+                          plan=plan.to_json(), elapsed=round(elapsed, 3),
+                          restart_needed=reminder.to_json() if reminder else None)
             else:
                 t = table("result", ["host", "status", "deploy id", "what"])
                 for r in rows:
@@ -245,7 +248,8 @@ def register(app: typer.Typer) -> None:
             bad = [p for p in plans if p.status in ("refused", "unreachable", "failed")]
             if check:
                 if json_out:
-                    emit_json({"command": "rollback", "check": True, "plan": [p.to_json() for p in plans]})
+                    emit_json("rollback", ok=not bad, hosts=plan_hosts([p.to_json() for p in plans]), check=True,
+                              plan=[p.to_json() for p in plans], message="rollback --check: nothing was changed")
                 else:
                     for p in bad:
                         out.print(line(styled(p.status, "red"), " ", p.reason))
@@ -272,9 +276,10 @@ def register(app: typer.Typer) -> None:
             touched = sorted({f["path"] for p in plans for f in p.files})
             reminder = _restart_reminder(ctx, None, [r["host"] for r in rows if r["status"] == "changed"], touched)
             if json_out:
-                emit_json({"command": "rollback", "rollback_id": op_id, "plan": [p.to_json() for p in plans],
-                           "results": rows, "summary": summary,
-                           "restart_needed": reminder.to_json() if reminder else None})
+                emit_json("rollback", op_id=op_id, ok=not failed, message=summary,
+                          hosts=[host_row(r, ok=r["status"] in ("changed", "unchanged", "skipped")) for r in rows],
+                          plan=[p.to_json() for p in plans],
+                          restart_needed=reminder.to_json() if reminder else None)
             else:
                 t = table("result", ["host", "status", "what"])
                 for r in rows:
@@ -336,8 +341,12 @@ def register(app: typer.Typer) -> None:
             problems = [r for r in rows if r["problems"]]
             reminder = restart_reminder(list(found.values()))
             if json_out:
-                emit_json({"command": "status", "hosts": rows, "elapsed": round(ctx.elapsed(), 3),
-                           "restart_needed": reminder.to_json()})
+                emit_json("status", ok=not problems, hosts=[
+                    host_row(r, ok=not r["problems"], message="; ".join(r["problems"]),
+                             state=r["status"] if r["status"] != "ok" else ("problems" if r["problems"] else "ok"))
+                    for r in rows], summary={"servers_running": sum(1 for sv in servers if sv["running"]),
+                                             "restart_needed": reminder.servers},
+                          elapsed=round(ctx.elapsed(), 3), restart_needed=reminder.to_json())
             else:
                 t = table(None, ["host", "status", "SGLang", "last deploy", "files", "problems"])
                 for r in rows:
@@ -377,7 +386,10 @@ def register(app: typer.Typer) -> None:
                 if d is None:
                     raise InputError(f"no operation {op_id} in {ledger.path}", hint="run 'fleetctl history' to list ids")
                 if json_out:
-                    emit_json(d)
+                    emit_json("history", op_id=d["id"], ok=True,
+                              hosts=[host_row(h, ok=h["status"] in HISTORY_OK) for h in d["hosts"]],
+                              message=f"{d['kind']} {d['id']}: {d['outcome'] or 'running'}",
+                              operation={k: v for k, v in d.items() if k != "hosts"})
                     raise typer.Exit(0)
                 out.print(line(f"{d['kind']} {d['id']} by {d['user']}@{d['controller']} at {_ts(d['started'])}: "
                                f"{d['outcome'] or 'running'}"))
@@ -398,7 +410,8 @@ def register(app: typer.Typer) -> None:
             else:
                 rows = ledger.list(limit_rows)
                 if json_out:
-                    emit_json({"ledger": str(ledger.path), "operations": rows})
+                    emit_json("history", ok=True, summary={"operations": len(rows)}, ledger=str(ledger.path),
+                              operations=rows)
                     raise typer.Exit(0)
                 t = table(f"history ({ledger.path})", ["id", "kind", "started", "user", "hosts", "failed", "outcome"])
                 for r in rows:
@@ -477,7 +490,10 @@ def register(app: typer.Typer) -> None:
                 rows.append(row)
             bad = [r for r in rows if r["status"] != "ok" or r.get("refused")]
             if json_out:
-                emit_json({"command": "explain", "playbook": str(pb.path), "hosts": rows})
+                emit_json("explain", ok=not bad, playbook=str(pb.path), hosts=[
+                    host_row(r, ok=r["status"] == "ok" and not r.get("refused"),
+                             state=r["status"] if r["status"] != "ok" else ("refused" if r.get("refused") else "ok"))
+                    for r in rows])
             else:
                 for r in rows:
                     if r["status"] != "ok":
@@ -500,6 +516,15 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(EXIT_FAILED if bad else EXIT_OK)
 
 
+PLAN_BAD = ("refused", "unreachable", "failed")
+HISTORY_OK = ("ok", "changed", "unchanged", "skipped")
+
+
+def plan_hosts(rows: list[dict[str, Any]], blocking: set[str] | None = None) -> list[dict[str, Any]]:
+    """--check and --any-errors-fatal: one envelope row per planned host (its plan row's fields kept)."""
+    return [host_row(r, ok=r["status"] not in PLAN_BAD and r["host"] not in (blocking or set())) for r in rows]
+
+
 def _restart_reminder(ctx: RunContext, pb: Playbook | None, changed: list[str],
                       files: list[str] | None = None) -> Any:
     """After files changed on these hosts: which servers there (launched by fleetctl or not) now run
@@ -517,8 +542,11 @@ def _fatal_refusal(command: str, plan: Any, bad: list[tuple[str, str, str]], jso
     msg = (f"{command}: --any-errors-fatal: {len(bad)} selected host(s) unreachable or refused at plan time "
            f"({bad[0][0]}: {bad[0][1]}); nothing was changed on any host")
     if json_out:
-        emit_json({"command": command, "plan": plan, "changed": False, "any_errors_fatal": True,
-                   "blocking": [{"host": h, "status": st, "reason": why} for h, st, why in bad], "summary": msg})
+        blocking = {h for h, _, _ in bad}
+        emit_json(command, ok=False, message=msg,
+                  hosts=plan_hosts(plan["hosts"] if isinstance(plan, dict) else plan, blocking),
+                  plan=plan, changed=False, any_errors_fatal=True,
+                  blocking=[{"host": h, "status": st, "reason": why} for h, st, why in bad])
     else:
         err.print(line(msg))
     raise typer.Exit(EXIT_FAILED)
@@ -550,8 +578,9 @@ def _rolling(ctx: RunContext, pb: Playbook, plan: Plan, serial: int | None, cana
                   if res.stopped_at is not None else "")
                + f" in {ctx.elapsed():.2f}s")
     if ctx.json:
-        emit_json({"command": "deploy", "restart": True, "plan": plan.to_json(), "rollout": res.to_json(),
-                   "summary": summary})
+        emit_json("deploy", op_id=res.deploy_id, ok=res.ok, message=summary,
+                  hosts=[host_row(h.to_json(), ok=h.status == "ok") for h in res.hosts],
+                  summary={"batches": len(res.batches)}, restart=True, plan=plan.to_json(), rollout=res.to_json())
     else:
         t = table("rollout", ["batch", "host", "status", "steps", "what"])
         for h in res.hosts:

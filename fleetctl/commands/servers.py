@@ -26,6 +26,7 @@ from fleetctl.commands.context import fmt_time as _ts
 from fleetctl.commands.context import run_with_progress as _tick_run
 from fleetctl.config.playbook import load_playbook
 from fleetctl.errors import EXIT_FAILED, EXIT_OK, InputError
+from fleetctl.jsonout import host_row
 from fleetctl.ledger import Ledger
 from fleetctl.ops.deploy import new_op_id
 from fleetctl.ops.launch import HostLaunch, launch_fleet, status_fleet, stop_fleet
@@ -148,9 +149,9 @@ def register(app: typer.Typer) -> None:
             summary = (f"launch {lid}: {len(rows)} hosts, {n} instances: {ready} ready, {n - ready} not "
                        f"in {ctx.elapsed():.2f}s")
             if json_out:
-                emit_json({"command": "launch", "launch_id": lid, "ok": not bad,
-                           "hosts": [r.to_json() for r in rows], "summary": summary,
-                           "elapsed": round(ctx.elapsed(), 3)})
+                emit_json("launch", op_id=lid, ok=not bad, message=summary,
+                          hosts=[host_row(r.to_json(), ok=r.status == "ok") for r in rows],
+                          summary={"instances": n, "ready": ready}, elapsed=round(ctx.elapsed(), 3))
             else:
                 render_launch(rows)
                 err.print(summary, markup=False)
@@ -177,9 +178,11 @@ def register(app: typer.Typer) -> None:
                        f"{n_bad} failed, {sum(1 for r in rows if r.status not in ('ok', 'failed'))} unreachable "
                        f"in {ctx.elapsed():.2f}s")
             if json_out:
-                emit_json({"command": "verify-logs", "ok": not bad, "markers": pb.verify.markers,
-                           "hosts": [r.to_json() for r in rows], "summary": summary,
-                           "elapsed": round(ctx.elapsed(), 3)})
+                emit_json("verify-logs", ok=not bad, message=summary,
+                          hosts=[host_row(r.to_json(), ok=r.ok) for r in rows],
+                          summary={"instances": n_inst, "instances_passed": n_inst - n_bad,
+                                   "instances_failed": n_bad},
+                          markers=list(pb.verify.markers), elapsed=round(ctx.elapsed(), 3))
             else:
                 render_verify(rows, list(pb.verify.markers))
                 for r in rows:
@@ -212,7 +215,9 @@ def register(app: typer.Typer) -> None:
             summary = (f"stop: {len(rows)} hosts: {sum(1 for r in rows for s in r.instances if s.action == 'stopped')}"
                        f" servers stopped, {len(bad)} hosts failed in {ctx.elapsed():.2f}s")
             if json_out:
-                emit_json({"command": "stop", "ok": not bad, "hosts": [r.to_json() for r in rows], "summary": summary})
+                emit_json("stop", ok=not bad, message=summary,
+                          hosts=[host_row(r.to_json(), ok=r.status == "ok") for r in rows],
+                          summary={"stopped": sum(1 for r in rows for s in r.instances if s.action == "stopped")})
             else:
                 tb = table("stop", ["host", "instance", "pid", "result", "how"])
                 for r in rows:
@@ -245,8 +250,11 @@ def register(app: typer.Typer) -> None:
             rows = _tick_run(ctx, "servers", lambda: status_fleet(ctx.fleet))
             bad = [h for h, st, _, _ in rows if st != "ok"]
             if json_out:
-                emit_json({"command": "servers", "hosts": [{"host": h, "status": st, "message": m, "servers": srv}
-                                                           for h, st, m, srv in rows]})
+                emit_json("servers", ok=not bad,
+                          hosts=[host_row({"host": h, "status": st, "message": m, "servers": srv}, ok=st == "ok")
+                                 for h, st, m, srv in rows],
+                          summary={"servers": sum(len(srv) for _, _, _, srv in rows),
+                                   "running": sum(1 for _, _, _, srv in rows for sv in srv if sv["running"])})
             else:
                 tb = table("servers", ["host", "instance", "state", "since", "pid", "SGLang", "worker",
                                        "deploy at launch", "notes"])
@@ -273,8 +281,11 @@ def _discover(ctx: RunContext, json_out: bool) -> None:
                f"{reminder.servers} running older code than the files on disk, {len(bad)} hosts failed "
                f"({ctx.elapsed():.2f}s)")
     if json_out:
-        emit_json({"command": "servers", "discover": True, "hosts": [h.to_json() for h in found],
-                   "restart_needed": reminder.to_json(), "summary": summary})
+        emit_json("servers", ok=not bad, message=summary,
+                  hosts=[host_row(h.to_json(), ok=h.status == "ok") for h in found],
+                  summary={"servers": n, "not_fleetctl": sum(1 for h in found for p in h.processes if not p.instance),
+                           "restart_needed": reminder.servers},
+                  discover=True, restart_needed=reminder.to_json())
     else:
         tb = table("SGLang server processes", ["host", "pid", "since", "port", "started by", "SGLang", "worker",
                                                "code", "log"])
