@@ -21,7 +21,7 @@ from fleetctl.commands.context import fleet_context, print_debug_details
 from fleetctl.errors import EXIT_FAILED, EXIT_OK
 from fleetctl.facts import HostFacts, read_facts
 from fleetctl.render import host_progress, print_failures, status_cell, summary_line, table
-from fleetctl.safetext import lines_cell, safe, styled
+from fleetctl.safetext import line, lines_cell, safe, styled
 
 KEY_FILES = ("srt/server_args.py", "srt/speculative/eagle_worker.py", "srt/speculative/eagle_worker_v2.py")
 
@@ -89,7 +89,13 @@ def register(app: typer.Typer) -> None:
                         continue
                     f: HostFacts = o.data
                     sg = (lines_cell([f"{f.sglang_version or '?'} ({f.sglang_install})", f.sglang_dir])
-                          if f.sglang_found else Text.assemble(styled("not found", "red"), " by this python"))
+                          if f.sglang_found else Text.assemble(styled("not found", "red"), " by the launch's python"))
+                    if not f.sglang_found and f.sglang_error:
+                        sg.append("\n")
+                        sg.append_text(safe(f.sglang_error))
+                    for n in f.sglang_notes + [p for p in map(f.bytecode_problem, f.bytecode) if p]:
+                        sg.append("\n")
+                        sg.append_text(line(styled("note:", "yellow"), " ", n))
                     tc = f.torch
                     torch = (styled("missing", "red") if tc.installed is None else
                              Text.assemble(safe(tc.installed), " ",
@@ -98,7 +104,10 @@ def register(app: typer.Typer) -> None:
                     if tc.required:
                         torch.append("\n")
                         torch.append_text(safe(f"needs {', '.join(tc.required)}"))
-                    t.add_row(o.host, status_cell(o.status), lines_cell([f.os, f"{f.python} ({f.python_version})"]),
+                    py = [f.os, f"{f.python} ({f.python_version})"]
+                    if f.launch_python and f.launch_python != f.python:
+                        py.append(f"launch: {f.launch_python} ({f.launch_python_version})")
+                    t.add_row(o.host, status_cell(o.status), lines_cell(py),
                               sg, torch, _files_cell(f, files), _gpu_cell(f))
                 out.print(t)
                 print_failures(out, outcomes)

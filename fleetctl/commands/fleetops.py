@@ -260,7 +260,8 @@ def register(app: typer.Typer) -> None:
                                "old_tree": old_tree, "break_lock": break_lock},
                          hosts=[h.name for h in ctx.fleet.hosts])
             results = _tick_run(ctx, "rollback", lambda: apply_rollback(ctx.fleet, plans, op_id, force,
-                                                                        old_tree=old_tree, break_lock=breaking))
+                                                                        old_tree=old_tree, break_lock=breaking,
+                                                                        profile=rpb.launch if rpb else None))
             rows = [results[h.name] for h in ctx.fleet.hosts]
             failed = [r for r in rows if r["status"] not in ("changed", "unchanged", "skipped")]
             ledger.finish(op_id, "failed" if failed else "ok", rows)
@@ -306,7 +307,7 @@ def register(app: typer.Typer) -> None:
             reqs = {h.name: discover_request(h.launch_command, pb) for h in ctx.fleet.hosts}
             outs = _tick_run(ctx, "facts", lambda: ctx.fleet.run(
                 lambda c: read_facts(c, extra_files=extra, with_=[WITH_STATE, WITH_SERVERS, WITH_DISCOVER], gpus=False,
-                                     payload=reqs[c.host.name])))
+                                     payload=reqs[c.host.name], profile=pb.launch if pb else None)))
             gathered = Gathered({o.host: o.data for o in outs if o.ok}, {o.host: o for o in outs})
             plan = build_plan(ctx.fleet, pb, gathered, allow_uncovered=True) if pb else None
             rows = status_rows(ctx, gathered, plan)
@@ -443,20 +444,33 @@ def register(app: typer.Typer) -> None:
                     "worker_file": cov.worker_file if cov else None,
                     "disable_overlap_schedule": cov.disable_overlap_schedule if cov else None,
                     "covered": cov.covered if cov else None,
-                    "reason": cov.reason if cov else "SGLang not found on this host",
-                    "refused": cov.refused if cov else None,
+                    "reason": cov.reason if cov else (f.sglang_error or "SGLang not found by the launch's python"),
+                    "refused": cov.refused if cov else (f.sglang_error or "SGLang not found by the launch's python"),
                 }
                 if f.sglang_version:
                     row["instances"] = []
                     for inst in instances(h, pb):
-                        ic = coverage(f.sglang_version, dict(inst.flags), dict(inst.env), pb)
-                        args = (resolve_worker(f.sglang_version, dict(inst.flags), dict(inst.env)).resolved_args
+                        # the env the launch's python sees (an `env` prefix in the command included)
+                        ic = coverage(f.sglang_version, dict(inst.flags), dict(inst.effective_env), pb)
+                        args = (resolve_worker(f.sglang_version, dict(inst.flags), dict(inst.effective_env)).resolved_args
                                 if is_known(f.sglang_version) else {})
                         row["instances"].append({"instance": inst.name, "gpus": list(inst.gpus), "port": inst.port,
                                                  "worker_class": ic.worker_class, "worker_file": ic.worker_file,
                                                  "disable_overlap_schedule": ic.disable_overlap_schedule,
                                                  "covered": ic.covered, "reason": ic.reason, "refused": ic.refused,
                                                  "never_fires": never_fires(pb, dict(args))})
+                # the code import would load for the worker file, not only its source (bytecode)
+                bc = f.bytecode_problem(cov.worker_file) if cov and cov.worker_file else None
+                row["bytecode"] = bc
+                row["notes"] = list(f.sglang_notes)
+                if bc and f.bytecode_loader(cov.worker_file or "") != "source":
+                    row["refused"] = row["refused"] or bc
+                elif bc:
+                    row["notes"].append(f"{bc}: deploy removes it when it patches the file")
+                for pf in pb.files_for(f.sglang_version or "") or []:
+                    other = f.bytecode_problem(pf.path) if pf.path != (cov.worker_file if cov else None) else None
+                    if other:
+                        row["notes"].append(other)
                 if f.sglang_version and pb.files_for(f.sglang_version) is None:
                     row["refused"] = (f"SGLang {f.sglang_version} has no patch set in {pb.path.name}; "
                                       f"supported: {', '.join(pb.supported())}")
@@ -479,6 +493,8 @@ def register(app: typer.Typer) -> None:
                             out.print(line(f"  {i['instance']} (GPUs {','.join(map(str, i['gpus']))}): {i['reason']}"))
                     if r.get("refused") and r["refused"] != r["reason"]:
                         out.print(line(f"  {r['refused']}"))
+                    for n in r.get("notes") or []:
+                        out.print(line(f"  note: {n}"))
                     for note in dict.fromkeys(n for i in insts for n in i.get("never_fires") or []):
                         out.print(line(f"  warning: {note}"))
             raise typer.Exit(EXIT_FAILED if bad else EXIT_OK)
