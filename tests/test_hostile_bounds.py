@@ -443,6 +443,30 @@ def test_first_ctrl_c_starts_no_new_host_and_reports_each(fleet3: Sandbox, freez
     assert took < 4 + 30
 
 
+def test_ctrl_c_while_planning_starts_no_later_step(fleet3: Sandbox, freezer: Freezer, tmp_path: Path,
+                                                   ledger_dir: Path) -> None:
+    """A rollback interrupted while it gathers facts never goes on to its apply step: no host is
+    reported as 'skipped' or 'failed' by a step that never ran, and none is counted twice."""
+    inv = write_inventory(fleet3, tmp_path / "inv.yaml", connect_timeout=4, command_timeout=5)
+    freezer.freeze(fleet3, "h01")
+    proc = _cli(["rollback", "-i", str(inv), "-f", "1"], {"FLEETCTL_STATE_DIR": str(ledger_dir)})
+    try:
+        _wait_until(lambda: _connected(proc.pid, fleet3.host("h01").port), 30, "the CLI to connect to h01")
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGINT)  # the CLI subprocess this test started
+        time.sleep(0.5)
+        freezer.thaw()  # h01 answers after all: its facts step ends done, and the rollback must stop there
+        code, out, err, _ = _finish(proc, BOUND)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert code == 130, err
+    assert "interrupted: 2 host(s) not started, 1 were in flight" in err, err
+    assert "  h01: in flight at " in err and "when interrupted; then done" in err, err
+    assert "  h02: not started" in err and "  h03: not started" in err, err
+    assert "skipped" not in err and "Traceback" not in err, (out, err)
+
+
 def test_second_ctrl_c_exits_at_once_and_points_at_status(fleet3: Sandbox, freezer: Freezer, tmp_path: Path,
                                                           ledger_dir: Path) -> None:
     inv = write_inventory(fleet3, tmp_path / "inv.yaml", connect_timeout=120, command_timeout=120)

@@ -139,6 +139,8 @@ def run_with_progress(ctx: RunContext, what: str, fn: Callable[[], T]) -> T:
     """Run fn with a live 'hosts done / failed' bar on stderr (not with --json, not off a terminal)."""
     from fleetctl.render import host_progress
 
+    if ctx.fleet.interrupt.is_set():  # after a Ctrl-C no later step starts on any host: the report
+        raise Interrupted(f"interrupted before {what}")  # (fleet_context) says what each host did
     with host_progress(err, len(ctx.fleet.hosts), what, enabled=not ctx.json) as tick:
         ctx.fleet.progress = tick
         try:
