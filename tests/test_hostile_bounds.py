@@ -223,7 +223,7 @@ def test_host_frozen_at_the_exec_request_is_reported_and_the_others_finish(
     assert got["h03"].message.startswith("h03: no answer to the exec request (starting the agent) within 3s"), \
         got["h03"].message
     assert freezer.frozen, "the fault was never injected"
-    assert took < 3 + 30, f"took {took:.1f}s for a 3s bound"
+    assert took < 3 + 60, f"took {took:.1f}s for a 3s bound"
 
 
 def test_packets_dropped_at_the_exec_request_are_bounded(
@@ -251,7 +251,7 @@ def test_packets_dropped_at_the_exec_request_are_bounded(
     assert got["h02"].status == "unreachable"
     assert got["h02"].message.startswith("h02: no answer to the exec request (starting the agent) within 3s"), \
         got["h02"].message
-    assert took < 3 + 30
+    assert took < 3 + 60
 
 
 def test_host_frozen_mid_request_is_cut_at_command_timeout(fleet3: Sandbox, freezer: Freezer, tmp_path: Path) -> None:
@@ -267,7 +267,7 @@ def test_host_frozen_mid_request_is_cut_at_command_timeout(fleet3: Sandbox, free
     assert got["h02"].ok and got["h03"].ok
     assert got["h01"].status == "unreachable"
     assert got["h01"].message.startswith("h01: 'ping' timed out: no answer within 3s"), got["h01"].message
-    assert took < 3 + 30
+    assert took < 3 + 60
 
 
 FREEZE_DRIVER = """\
@@ -354,7 +354,7 @@ def test_per_host_deadline_cuts_a_host_whose_steps_each_keep_their_bound(
         outs, took = run_bounded(fleet, slow)
     assert outs[0].status == "unreachable"
     assert outs[0].message.startswith("h01: past its per-host deadline of 2s"), outs[0].message
-    assert took < 2 + 20
+    assert took < 2 + 45
 
 
 def test_a_host_stuck_outside_the_network_is_given_up_on(fleet3: Sandbox, tmp_path: Path) -> None:
@@ -374,7 +374,7 @@ def test_a_host_stuck_outside_the_network_is_given_up_on(fleet3: Sandbox, tmp_pa
     assert got["h02"].ok and got["h03"].ok
     assert got["h01"].status == "unreachable"
     assert got["h01"].message.startswith("h01: past its per-host deadline of 1s"), got["h01"].message
-    assert took < 1 + ABANDON_AFTER + 20
+    assert took < 1 + ABANDON_AFTER + 45
 
 
 # ---- defect 1: Ctrl-C ---------------------------------------------------------------------------------
@@ -440,7 +440,7 @@ def test_first_ctrl_c_starts_no_new_host_and_reports_each(fleet3: Sandbox, freez
     assert "h01: in flight at the SSH connection when interrupted; then unreachable: h01: no SSH" in err, err
     assert "  h02: not started" in err and "  h03: not started" in err, err
     assert "Traceback" not in err
-    assert took < 4 + 30
+    assert took < 4 + 60
 
 
 def test_ctrl_c_while_planning_starts_no_later_step(fleet3: Sandbox, freezer: Freezer, tmp_path: Path,
@@ -486,7 +486,7 @@ def test_second_ctrl_c_exits_at_once_and_points_at_status(fleet3: Sandbox, freez
     again = err[err.index("interrupted again: exiting now; "):]  # h01/h03 may still be in flight on a slow machine
     assert "h02 (at the SSH connection)" in again.splitlines()[0], err
     assert f"'fleetctl status -i {inv}' shows it" in err
-    assert took < 20, f"took {took:.1f}s with a 120s connect_timeout"
+    assert took < 60, f"took {took:.1f}s with a 120s connect_timeout"
 
 
 def test_ctrl_c_during_deploy_lets_the_transaction_in_flight_finish(fleet3: Sandbox, tmp_path: Path,
@@ -608,13 +608,13 @@ def test_answer_cap_is_configurable_and_counts_real_bytes(fleet3: Sandbox, tmp_p
 def test_stdout_that_is_not_a_frame_is_bounded(fleet3: Sandbox, tmp_path: Path) -> None:
     py = hostile_python(tmp_path, "junk", claim=0, stream=1 << 30, framed=False, fill=b"y\n")
     inv = load_inventory(write_inventory(fleet3, tmp_path / "inv.yaml", hosts={"h01": {"python": py}},
-                                         command_timeout=10))
+                                         command_timeout=60))
     with Fleet(inv, inv.hosts[:1], forks=1) as fleet:
         outs, took = run_bounded(fleet, lambda c: c.agent("ping"))
     assert outs[0].status == "failed"
     assert outs[0].message.startswith("h01: 'ping' answered something that is not an agent answer: b'y\\ny\\n"), \
         outs[0].message
-    assert took < 10
+    assert took < 45
 
 
 # ---- defect 9: file descriptors above 1024 ----------------------------------------------------------
