@@ -447,14 +447,15 @@ def register(app: typer.Typer) -> None:
             else:
                 render_status(rows)
                 if servers:
-                    st = table("servers", ["host", "instance", "running", "since", "port", "worker",
-                                           "deploy at launch", "deploy on disk", "restart needed"],
-                           whole=("deploy at launch", "deploy on disk"))
-                    for sv in servers:
-                        st.add_row(sv["host"], sv["instance"], styled("yes", "green") if sv["running"] else "no",
-                                   _ts(sv["since"]), str(sv["port"] or ""), sv["worker"] or "",
-                                   sv["deploy_at_launch"] or "-", sv["deploy_now"] or "-",
-                                   styled("YES", "red") if sv["restart_needed"] else "no")
+                    st = table("servers", ["host", "instance", "running", "worker", "deploy at launch / on disk",
+                                           "restart"], whole=("instance", "worker", "deploy at launch / on disk"))
+                    for hosts, (inst, running, worker, at, now, restart) in group(
+                            (sv["host"], (sv["instance"], bool(sv["running"]), sv["worker"] or "",
+                                          sv["deploy_at_launch"] or "-", sv["deploy_now"] or "-",
+                                          bool(sv["restart_needed"]))) for sv in servers):
+                        st.add_row(hosts_cell(hosts), inst, styled("yes", "green") if running else "no", worker,
+                                   lines_cell([at, "(same on disk)" if now == at else now]),
+                                   styled("YES", "red") if restart else "no")
                     out.print(st)
                 n_other = sum(len(r["discovered"]) for r in rows)
                 err.print(f"status: {len(rows)} hosts, {len(problems)} with problems, "
@@ -505,7 +506,7 @@ def register(app: typer.Typer) -> None:
                 if json_out:
                     emit_json({"ledger": str(ledger.path), "operations": rows})
                     raise typer.Exit(0)
-                t = table(f"history ({ledger.path})", ["id", "kind", "started", "user", "hosts", "outcome"],
+                t = table("history", ["id", "kind", "started", "user", "hosts", "outcome"],
                           whole=("id", "started"))
                 for r in rows:
                     t.add_row(r["id"], r["kind"], lines_cell(_ts(r["started"]).split(" ", 1)), r["user"],
@@ -515,7 +516,7 @@ def register(app: typer.Typer) -> None:
                 outcomes = [r["outcome"] or "running" for r in rows]
                 err.print(line(f"history: {len(rows)} operation(s) shown (--last {limit_rows})"
                                + (": " + _counts(outcomes, {}) if rows else "")
-                               + "; 'fleetctl history ID' shows one"))
+                               + f"; 'fleetctl history ID' shows one; ledger {ledger.path}"))
         finally:
             ledger.close()
 
