@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import csv
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.version import InvalidVersion, Version
@@ -13,7 +13,9 @@ from fleetctl.gpus import Gpu, combine
 from fleetctl.protocol import InvalidAnswer, names
 from fleetctl.protocol.answers import DiscoverFacts, FactsAnswer, FileFact, Manifest, ServersFacts, StateFacts
 from fleetctl.protocol.schema import shown
-from fleetctl.transport.ssh import HostConnection
+
+if TYPE_CHECKING:  # the transport (paramiko, fabric) is imported on first connect
+    from fleetctl.transport.ssh import HostConnection
 
 __all__ = ["FileFact", "HostFacts", "TorchCheck", "check_torch", "parse_facts", "read_facts"]
 

@@ -6,15 +6,18 @@ import sys
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from fleetctl.fleet import HostOutcome
 from fleetctl.hostnames import host_ranges
 from fleetctl.safetext import SafeTable, clean, line, lines_cell, safe, styled
 from fleetctl.safetext import table as _safe_table
+
+if TYPE_CHECKING:
+    from fleetctl.fleet import HostOutcome
 
 STATUS_STYLE = {"ok": "green", "failed": "red", "unreachable": "red", "skipped": "yellow"}
 

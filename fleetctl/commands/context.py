@@ -7,12 +7,14 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from fleetctl.commands.common import err, require_inventory
-from fleetctl.config.inventory import Inventory, load_inventory
-from fleetctl.fleet import Fleet
 from fleetctl.safetext import DETAIL_LIMIT, line, safe
+
+if TYPE_CHECKING:  # imported when a command reaches its hosts (issue 16.10)
+    from fleetctl.config.inventory import Inventory
+    from fleetctl.fleet import Fleet
 
 
 @dataclass
@@ -30,9 +32,12 @@ class RunContext:
 @contextmanager
 def fleet_context(inventory: Path | None, limit: str | None, forks: int, *, json: bool, debug: bool,
                   accept_new_host_keys: bool = False) -> Iterator[RunContext]:
+    from fleetctl.config.inventory import load_inventory
+
     started = time.monotonic()
     inv = load_inventory(require_inventory(inventory))
     hosts = inv.select(limit)
+    from fleetctl.fleet import Fleet  # the transport (paramiko, fabric): only once the input is valid
     fleet = Fleet(inv, hosts, forks=forks, accept_new_host_keys=accept_new_host_keys)
     try:
         yield RunContext(inv, fleet, started, json, debug)

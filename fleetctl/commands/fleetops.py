@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import difflib
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.text import Text
@@ -26,18 +26,19 @@ from fleetctl.commands.common import (
 from fleetctl.commands.context import RunContext, fleet_context
 from fleetctl.commands.context import fmt_time as _ts
 from fleetctl.commands.context import run_with_progress as _tick_run
-from fleetctl.config.playbook import Playbook, load_playbook
 from fleetctl.errors import EXIT_FAILED, EXIT_OK, InputError
-from fleetctl.fleet import HostOutcome
 from fleetctl.hostnames import group, hosts_label, strip_host
 from fleetctl.ledger import Ledger
-from fleetctl.ops.deploy import apply_plan, build_plan, gather, new_op_id
-from fleetctl.ops.rollback import apply_rollback, plan_rollback
-from fleetctl.plan import Plan
-from fleetctl.protocol.answers import ReadFilesAnswer
 from fleetctl.protocol.names import READ_FILES, WITH_DISCOVER, WITH_SERVERS, WITH_STATE
 from fleetctl.render import hosts_cell, say, status_cell, table
 from fleetctl.safetext import line, lines_cell, styled
+
+if TYPE_CHECKING:  # the playbook (pydantic, yaml), the fleet and the transport (paramiko, fabric) are
+    # imported by the commands that use them (issue 16.10: 'fleetctl history' never loads them)
+    from fleetctl.config.playbook import Playbook
+    from fleetctl.fleet import HostOutcome
+    from fleetctl.plan import Plan
+    from fleetctl.protocol.answers import ReadFilesAnswer
 
 PlaybookArg = Annotated[Path, typer.Argument(help="Playbook YAML, or a directory holding playbook.yaml.",
                                              show_default=False)]
@@ -236,7 +237,7 @@ def register(app: typer.Typer) -> None:
         debug: DebugOpt = False,
         accept_new_host_keys: AcceptNewOpt = False,
     ) -> None:
-        from fleetctl.ops.rolling import parse_count
+        from fleetctl.config.playbook import load_playbook
 
         budget = validate.rolling(restart, serial=serial, canary=canary, max_fail=max_fail,
                                   ready_timeout=ready_timeout)
@@ -244,6 +245,8 @@ def register(app: typer.Typer) -> None:
         pb = load_playbook(playbook)
         with fleet_context(inventory, limit, forks, json=json_out, debug=debug,
                            accept_new_host_keys=accept_new_host_keys) as ctx:
+            from fleetctl.ops.deploy import apply_plan, build_plan, gather, new_op_id
+            from fleetctl.ops.rolling import parse_count
             gathered = _tick_run(ctx, "facts", lambda: gather(ctx.fleet, pb))
             plan = build_plan(ctx.fleet, pb, gathered, force=force, allow_uncovered=allow_uncovered)
             if not json_out:
@@ -322,6 +325,7 @@ def register(app: typer.Typer) -> None:
         debug: DebugOpt = False,
         accept_new_host_keys: AcceptNewOpt = False,
     ) -> None:
+        from fleetctl.config.playbook import load_playbook
         to = validate.deploy_id(to)
         if playbook is not None and not from_pristine:
             raise InputError("--playbook goes with --from-pristine", hint="add --from-pristine, or drop --playbook")
@@ -331,6 +335,8 @@ def register(app: typer.Typer) -> None:
         rpb = load_playbook(playbook) if playbook else None
         with fleet_context(inventory, limit, forks, json=json_out, debug=debug,
                            accept_new_host_keys=accept_new_host_keys) as ctx:
+            from fleetctl.ops.deploy import gather, new_op_id
+            from fleetctl.ops.rollback import apply_rollback, plan_rollback
             breaking = _break_lock_hosts(ctx, break_lock)
             gathered = _tick_run(ctx, "facts", lambda: gather(ctx.fleet, rpb, all_hashes=True))
             plans = plan_rollback(ctx.fleet, gathered, to, force, old_tree=old_tree, from_pristine=from_pristine,
@@ -401,14 +407,15 @@ def register(app: typer.Typer) -> None:
         debug: DebugOpt = False,
         accept_new_host_keys: AcceptNewOpt = False,
     ) -> None:
-        from fleetctl.facts import read_facts
-        from fleetctl.ops.deploy import Gathered
-        from fleetctl.ops.discover import discover_request, restart_reminder, servers_from_facts
-        from fleetctl.ops.launch import server_status_facts
+        from fleetctl.config.playbook import load_playbook
 
         pb: Playbook | None = load_playbook(playbook) if playbook else None
         with fleet_context(inventory, limit, forks, json=json_out, debug=debug,
                            accept_new_host_keys=accept_new_host_keys) as ctx:
+            from fleetctl.facts import read_facts
+            from fleetctl.ops.deploy import Gathered, build_plan
+            from fleetctl.ops.discover import discover_request, restart_reminder, servers_from_facts
+            from fleetctl.ops.launch import server_status_facts
             extra = sorted({f.path for files in (pb.versions.values() if pb else []) for f in files})
             reqs = {h.name: discover_request(h.launch_command, pb) for h in ctx.fleet.hosts}
             outs = _tick_run(ctx, "facts", lambda: ctx.fleet.run(
@@ -530,13 +537,15 @@ def register(app: typer.Typer) -> None:
         debug: DebugOpt = False,
         accept_new_host_keys: AcceptNewOpt = False,
     ) -> None:
-        from fleetctl.coverage import coverage, host_coverage, instances, launch_env, launch_flags
-        from fleetctl.ops.verify import never_fires
-        from fleetctl.sglang import is_known, resolve_worker
+        from fleetctl.config.playbook import load_playbook
 
         pb = load_playbook(playbook)
         with fleet_context(inventory, limit, forks, json=json_out, debug=debug,
                            accept_new_host_keys=accept_new_host_keys) as ctx:
+            from fleetctl.coverage import coverage, host_coverage, instances, launch_env, launch_flags
+            from fleetctl.ops.deploy import gather
+            from fleetctl.ops.verify import never_fires
+            from fleetctl.sglang import is_known, resolve_worker
             gathered = _tick_run(ctx, "facts", lambda: gather(ctx.fleet, pb))
             rows: list[dict[str, Any]] = []
             for h in ctx.fleet.hosts:
@@ -619,6 +628,7 @@ def _fatal_refusal(command: str, plan: Any, bad: list[tuple[str, str, str]], jso
 
 def _rolling(ctx: RunContext, pb: Playbook, plan: Plan, serial: int | None, canary: int | None, budget: float,
              ready_timeout: float | None, limit: str | None) -> None:
+    from fleetctl.ops.deploy import new_op_id
     from fleetctl.ops.rolling import rolling_deploy
 
     def progress(bi: int, rows: dict[str, Any]) -> None:

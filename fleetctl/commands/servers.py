@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.text import Text
@@ -24,15 +24,15 @@ from fleetctl.commands.common import (
 from fleetctl.commands.context import RunContext, fleet_context
 from fleetctl.commands.context import fmt_time as _ts
 from fleetctl.commands.context import run_with_progress as _tick_run
-from fleetctl.config.playbook import load_playbook
 from fleetctl.errors import EXIT_FAILED, EXIT_OK, InputError
 from fleetctl.hostnames import group, hosts_label, strip_host
 from fleetctl.ledger import Ledger
-from fleetctl.ops.deploy import new_op_id
-from fleetctl.ops.launch import HostLaunch, launch_fleet, status_fleet, stop_fleet
-from fleetctl.ops.verify import HostVerify, rank_label, verify_fleet
 from fleetctl.render import hosts_cell, say, status_cell, table
 from fleetctl.safetext import line, lines_cell, safe, styled
+
+if TYPE_CHECKING:  # the playbook, the fleet and the transport: imported by the command that runs
+    from fleetctl.ops.launch import HostLaunch
+    from fleetctl.ops.verify import HostVerify
 
 PlaybookArg = Annotated[Path, typer.Argument(help="Playbook YAML, or a directory holding playbook.yaml.",
                                              show_default=False)]
@@ -90,6 +90,8 @@ def _instances_label(hosts: list[str], names: list[str]) -> str:
 def render_verify(rows: list[HostVerify], markers: list[str]) -> None:
     """Rows alike (same instance, rank results, launch) share one row whatever their host; the launch
     and its arguments, and each distinct failure, are said once under the table with their hosts."""
+    from fleetctl.ops.verify import rank_label
+
     t = table("verify-logs", ["host", "instance", "rank", *markers, "result"])
     plain: list[tuple[str, tuple[object, ...]]] = []
     for r in rows:
@@ -166,9 +168,13 @@ def register(app: typer.Typer) -> None:
         debug: DebugOpt = False,
         accept_new_host_keys: AcceptNewOpt = False,
     ) -> None:
+        from fleetctl.config.playbook import load_playbook
+
         pb = load_playbook(playbook)
         with fleet_context(inventory, limit, forks, json=json_out, debug=debug,
                            accept_new_host_keys=accept_new_host_keys) as ctx:
+            from fleetctl.ops.deploy import new_op_id
+            from fleetctl.ops.launch import launch_fleet
             lid = new_op_id("l")
             ledger = Ledger()
             ledger.start(lid, "launch", inventory=ctx.inventory.path, playbook=pb.path,
@@ -208,9 +214,12 @@ def register(app: typer.Typer) -> None:
         debug: DebugOpt = False,
         accept_new_host_keys: AcceptNewOpt = False,
     ) -> None:
+        from fleetctl.config.playbook import load_playbook
+
         pb = load_playbook(playbook)
         with fleet_context(inventory, limit, forks, json=json_out, debug=debug,
                            accept_new_host_keys=accept_new_host_keys) as ctx:
+            from fleetctl.ops.verify import verify_fleet
             rows = _tick_run(ctx, "verify-logs", lambda: verify_fleet(ctx.fleet, pb))
             bad = [r for r in rows if not r.ok]
             n_inst = sum(len(r.instances) for r in rows)
@@ -243,12 +252,15 @@ def register(app: typer.Typer) -> None:
         debug: DebugOpt = False,
         accept_new_host_keys: AcceptNewOpt = False,
     ) -> None:
+        from fleetctl.config.playbook import load_playbook
+
         t = timeout if timeout is not None else (load_playbook(playbook).launch.stop_timeout if playbook else 30.0)
         if instance is not None and not instance:
             raise InputError("--instance given without a name")
         validate.instances(instance)
         with fleet_context(inventory, limit, forks, json=json_out, debug=debug,
                            accept_new_host_keys=accept_new_host_keys) as ctx:
+            from fleetctl.ops.launch import stop_fleet
             rows = _tick_run(ctx, "stop", lambda: stop_fleet(ctx.fleet, names=instance or None, timeout=t))
             bad = [r for r in rows if r.status != "ok"]
             summary = (f"stop: {len(rows)} hosts: {sum(1 for r in rows for s in r.instances if s.action == 'stopped')}"
@@ -283,8 +295,10 @@ def register(app: typer.Typer) -> None:
         debug: DebugOpt = False,
         accept_new_host_keys: AcceptNewOpt = False,
     ) -> None:
+
         with fleet_context(inventory, limit, forks, json=json_out, debug=debug,
                            accept_new_host_keys=accept_new_host_keys) as ctx:
+            from fleetctl.ops.launch import status_fleet
             if discover:
                 _discover(ctx, json_out)
             rows = _tick_run(ctx, "servers", lambda: status_fleet(ctx.fleet))
