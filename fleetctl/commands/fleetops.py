@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.text import Text
 
-from fleetctl import hoststate
 from fleetctl.commands import validate
 from fleetctl.commands.common import (
     DEFAULT_FORKS,
@@ -681,6 +680,8 @@ def _break_lock_hosts(ctx: RunContext, value: str | None) -> set[str]:
 
 
 def status_rows(ctx: RunContext, gathered: Any, plan: Plan | None) -> list[dict[str, Any]]:
+    from fleetctl import hoststate
+
     rows = []
     by_plan = {hp.host: hp for hp in plan.hosts} if plan else {}
     for h in ctx.fleet.hosts:
