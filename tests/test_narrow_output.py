@@ -213,4 +213,6 @@ def test_every_command_reads_at_80_and_100_columns(six: Any, capsys: pytest.Capt
 
         code, out, err = run(capsys, monkeypatch, w, "facts", "-i", inv)
         assert code == 0
+        readable(out, w, paths)
+        assert all(f"h0{i}" in out for i in range(1, 7)) and "│" not in out  # blocks, not a 7-column table
         assert len(summaries(err, "facts:")) == 1

@@ -656,9 +656,10 @@ def _rolling(ctx: RunContext, pb: Playbook, plan: Plan, serial: int | None, cana
                    "summary": summary})
     else:
         t = table("rollout", ["batch", "host", "status", "steps", "what"])
-        for h in res.hosts:
-            t.add_row(str(h.batch) + (" (canary)" if h.batch == 0 else ""), h.host, _s(h.status),
-                      ", ".join(f"{k}: {v}" for k, v in h.steps.items()), h.message)
+        for hosts, (batch, st, steps, what) in group(
+                (h.host, (h.batch, h.status, ", ".join(f"{k}: {v}" for k, v in h.steps.items()),
+                          strip_host(h.host, h.message))) for h in res.hosts):
+            t.add_row(str(batch) + (" (canary)" if batch == 0 else ""), hosts_cell(hosts), _s(st), steps, what)
         out.print(t)
         err.print(summary, markup=False)
     raise typer.Exit(EXIT_OK if res.ok else EXIT_FAILED)
