@@ -143,6 +143,14 @@ def test_every_command_reads_at_80_and_100_columns(six: Any, capsys: pytest.Capt
         (s,) = summaries(err, "verify-logs:")
         assert "6 hosts, 6 instances: 3 passed, 3 failed" in s
 
+    for w in (80, 100):
+        code, out, err = run(capsys, monkeypatch, w, "servers", "-i", inv, "--discover")
+        assert code == 0
+        readable(out, w, paths)
+        assert "h04-h06 (3 hosts): no SGLang server process" in out and flat(out).count("started by fleetctl") == 3
+        (s,) = summaries(err, "servers --discover:")
+        assert "6 hosts: 3 server process(es)" in s
+
     args6 = site / "h06" / "site-packages" / "sglang" / paths[0]
     args6.write_bytes(args6.read_bytes() + b"# edited by hand\n")
     code, out, err = run(capsys, monkeypatch, 100, "deploy", PB, "-i", inv, "--check")

@@ -346,27 +346,30 @@ def _discover(ctx: RunContext, json_out: bool) -> None:
         emit_json({"command": "servers", "discover": True, "hosts": [h.to_json() for h in found],
                    "restart_needed": reminder.to_json(), "summary": summary})
     else:
-        tb = table("SGLang server processes", ["host", "pid", "since", "port", "started by", "SGLang", "worker",
-                                               "code", "log"])
-        for h in found:
-            if h.status != "ok":
-                tb.add_row(h.host, "", "", "", "", "", "", _s(h.status), h.message)
-            if h.status == "ok" and not h.processes:
-                tb.add_row(h.host, "", "", "", "", "", "", "", "no SGLang server process")
-            for k, p in enumerate(h.processes):
-                code = (line(styled("OLDER than the files on disk", "red"), ": " + ", ".join(p.changed_files))
-                        if p.stale else "current")
-                tb.add_row(h.host if k == 0 else "", str(p.pid), _ts(p.started), ",".join(map(str, p.ports)),
-                           f"fleetctl ({p.instance})" if p.instance else styled("not fleetctl", "yellow"),
-                           p.version or "", p.worker.get("class") or "-", code, p.log or "")
-            if h.truncated:
-                tb.add_row("", "", "", "", "", "", "", "", "(more processes: list cut)")
-        out.print(tb)
+        # one block per process (each its own pid): fits 80 columns, paths whole on their line
+        say(out, styled("SGLang server processes", "bold"))
+        quiet = group((h.host, (h.status, strip_host(h.host, h.message) if h.status != "ok" else ""))
+                      for h in found if h.status != "ok" or not h.processes)
         for h in found:
             for p in h.processes:
+                who = f"fleetctl ({p.instance})" if p.instance else styled("not fleetctl", "yellow")
+                say(out, styled(f"{h.host} pid {p.pid}", "bold"), f" port {','.join(map(str, p.ports)) or '-'}: "
+                    "started by ", who, f", SGLang {p.version or '?'}, since {_ts(p.started) or '?'}", indent=4)
+                code = (line(styled("OLDER than the files on disk", "red"), ": " + ", ".join(p.changed_files))
+                        if p.stale else "current")
+                say(out, f"    worker {p.worker.get('class') or '-'}; code ", code, indent=8)
+                if p.log:
+                    say(out, "    log ", p.log, indent=4)
                 if not p.instance:
-                    out.print(line(f"{h.host} pid {p.pid}: " + " ".join(p.argv)[:500]))
-                    out.print(line(f"    worker: {p.worker.get('reason', '')}"))
+                    say(out, "    argv: ", " ".join(p.argv)[:500], indent=8)
+                    say(out, f"    worker: {p.worker.get('reason', '')}", indent=8)
+            if h.truncated:
+                say(out, f"{h.host}: (more processes: list cut)")
+        for hosts, (st, msg) in quiet:
+            if st == "ok":
+                say(out, hosts_label(hosts), ": no SGLang server process", indent=4)
+            else:
+                say(out, _s(st), " ", hosts_label(hosts), ": ", msg, indent=4)
         err.print(summary, markup=False)
         if reminder.servers:
             err.print(reminder.line(str(ctx.inventory.path), None), markup=False, highlight=False)
