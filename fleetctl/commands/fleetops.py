@@ -71,6 +71,9 @@ def render_plan(plan: Plan) -> None:
     for hosts, _ in groups:
         hp = by_host[hosts[0]]
         why = strip_host(hp.host, hp.reason)
+        if not hp.files and hp.status in ("refused", "unreachable", "failed"):  # "failed h03: why"
+            say(out, _s(hp.status), " ", hosts_label(hosts), ": ", why, indent=4)
+            continue
         say(out, styled(hosts_label(hosts), "bold"), f": SGLang {hp.version or '?'}: ", _s(hp.status),
             *([": ", why] if why and not hp.files else []), indent=4)
         for fp in hp.files:
@@ -110,6 +113,9 @@ def render_rollback_plan(plans: list[Any]) -> None:
         why = strip_host(p.host, p.reason)
         undo = f": undo {', '.join(p.deploy_ids)}" if p.deploy_ids else ""
         on_file = next((f for f in p.files if f["state"] == "drifted"), None) if p.status == "refused" else None
+        if not p.files and p.status in ("refused", "unreachable", "failed"):  # "failed h03: why"
+            say(out, _s(p.status), " ", hosts_label(hosts), ": ", why, indent=4)
+            continue
         say(out, styled(hosts_label(hosts), "bold"), undo, ": ", _s(p.status),
             *([": ", why] if why and on_file is None else []), indent=4)
         for f in p.files:
