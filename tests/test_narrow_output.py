@@ -224,3 +224,10 @@ def test_every_command_reads_at_80_and_100_columns(six: Any, capsys: pytest.Capt
         readable(out, w, paths)
         assert all(f"h0{i}" in out for i in range(1, 7)) and "│" not in out  # blocks, not a 7-column table
         assert len(summaries(err, "facts:")) == 1
+
+
+def test_a_padded_state_keeps_its_style() -> None:
+    from fleetctl.commands import fleetops
+
+    assert fleetops._s("drifted", 11).plain == "drifted    " and str(fleetops._s("drifted", 11).style) == "red"
+    assert str(fleetops._s("as-intended", 11).style) == "green"

@@ -49,8 +49,9 @@ STATE_STYLE = {"pristine": "cyan", "as-intended": "green", "drifted": "red", "mi
                "interrupted": "red", "pending": "yellow", "running": "yellow"}
 
 
-def _s(state: str) -> Text:
-    return styled(state, STATE_STYLE.get(state, "white"))
+def _s(state: str, width: int = 0) -> Text:
+    """A state in its style, padded to `width` (columns of one line per file)."""
+    return styled(state.ljust(width), STATE_STYLE.get(state, "white"))
 
 
 
@@ -77,7 +78,7 @@ def render_plan(plan: Plan) -> None:
         say(out, styled(hosts_label(hosts), "bold"), f": SGLang {hp.version or '?'}: ", _s(hp.status),
             *([": ", why] if why and not hp.files else []), indent=4)
         for fp in hp.files:
-            say(out, "  ", _s(f"{fp.state:<11}"), f" {fp.action:<7} ", fp.path, *([": ", fp.note] if fp.note else []),
+            say(out, "  ", _s(fp.state, 11), f" {fp.action:<7} ", fp.path, *([": ", fp.note] if fp.note else []),
                 indent=24)
         c = hp.coverage
         if c is not None:
@@ -120,7 +121,7 @@ def render_rollback_plan(plans: list[Any]) -> None:
             *([": ", why] if why and on_file is None else []), indent=4)
         for f in p.files:
             note = why[len(f["path"]) + 1:] if why.startswith(f["path"] + " ") else why
-            say(out, "  ", _s(f"{f['state']:<11}"), f" {f['action']:<7} ", f["path"],
+            say(out, "  ", _s(f["state"], 11), f" {f['action']:<7} ", f["path"],
                 *([": ", note] if f is on_file else []), indent=24)
 
 
