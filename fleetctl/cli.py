@@ -15,7 +15,7 @@ import typer
 from typer.core import TyperCommand, TyperGroup
 
 from fleetctl import __version__
-from fleetctl.errors import EXIT_BAD_INPUT, EXIT_FAILED, FleetctlError
+from fleetctl.errors import EXIT_BAD_INPUT, EXIT_FAILED, FleetctlError, Interrupted
 
 # name -> (module whose register(app) defines it, its help). The order is `fleetctl --help`'s order.
 # tests/test_startup.py checks each help against the command the module really defines.
@@ -127,6 +127,9 @@ def main(argv: list[str] | None = None) -> int:
             code = 0
     # Error lines carry host and inventory text: control characters (newlines too) are escaped,
     # so the line stays one line and nothing reaches the terminal raw.
+    except Interrupted as e:  # the per-host report is already on stderr
+        sys.stderr.write(f"{_clean(e.line())}\n")
+        code = e.exit_code
     except FleetctlError as e:
         if debug:
             _print_traceback()

@@ -28,8 +28,9 @@ def launch_flags(host: Host, playbook: Playbook) -> dict[str, Any]:
 
 
 def launch_env(host: Host, playbook: Playbook) -> dict[str, str]:
-    """The environment launch passes (playbook env + inventory env), never the controller's."""
-    return dict(instances(host, playbook)[0].env)
+    """The environment the launch's python sees (playbook env + inventory env + what an `env` prefix
+    in the launch command sets), never the controller's."""
+    return dict(instances(host, playbook)[0].effective_env)
 
 
 def coverage(version: str, flags: dict[str, Any], env: dict[str, str], playbook: Playbook) -> Coverage:
@@ -63,4 +64,10 @@ def coverage(version: str, flags: dict[str, Any], env: dict[str, str], playbook:
 def host_coverage(host: Host, facts: HostFacts, playbook: Playbook) -> Coverage | None:
     if not facts.sglang_version:
         return None
-    return coverage(facts.sglang_version, launch_flags(host, playbook), launch_env(host, playbook), playbook)
+    cov = coverage(facts.sglang_version, launch_flags(host, playbook), launch_env(host, playbook), playbook)
+    # the code import loads for the worker must come from the source fleetctl patches: a compiled
+    # extension module or sourceless bytecode in its place is never patched (a stale cached pyc is:
+    # deploy removes it with the file)
+    if cov.worker_file and facts.bytecode_loader(cov.worker_file) in ("extension", "sourceless") and not cov.refused:
+        cov.refused = facts.bytecode_problem(cov.worker_file)
+    return cov

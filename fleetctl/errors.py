@@ -34,3 +34,12 @@ class HostFailure(FleetctlError):
     """An operation failed on a host. Exit 1."""
 
     exit_code = EXIT_FAILED
+
+
+EXIT_INTERRUPTED = 130
+
+
+class Interrupted(FleetctlError):
+    """The command was interrupted (Ctrl-C) after the hosts in flight finished or timed out."""
+
+    exit_code = EXIT_INTERRUPTED

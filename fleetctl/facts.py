@@ -3,15 +3,24 @@
 from __future__ import annotations
 
 import csv
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.version import InvalidVersion, Version
 
+from fleetctl.config.playbook import LaunchProfile
 from fleetctl.gpus import Gpu, combine
 from fleetctl.protocol import InvalidAnswer, names
-from fleetctl.protocol.answers import DiscoverFacts, FactsAnswer, FileFact, Manifest, ServersFacts, StateFacts
+from fleetctl.protocol.answers import (
+    DiscoverFacts,
+    FactsAnswer,
+    FileFact,
+    ImportView,
+    Manifest,
+    ServersFacts,
+    StateFacts,
+)
 from fleetctl.protocol.schema import shown
 
 if TYPE_CHECKING:  # the transport (paramiko, fabric) is imported on first connect
@@ -51,6 +60,13 @@ class HostFacts:
     servers: ServersFacts | None = None  # asked with with_=["servers"]
     discover: DiscoverFacts | None = None  # asked with with_=["discover"]: server processes from /proc
     registered_flags: dict[str, bool] | None = None  # asked with payload check_flags
+    # how the LAUNCH's python (not the agent's) imports sglang: see fleetctl/launchspec.py
+    launch_python: str | None = None
+    launch_python_version: str | None = None
+    sglang_error: str | None = None
+    sglang_notes: list[str] = field(default_factory=list)
+    bytecode: dict[str, ImportView] = field(default_factory=dict)  # rel -> what import would load
+    pycache_prefix: str | None = None
 
     def deploys(self) -> list[Manifest]:
         return self.state.deploys if self.state else []
@@ -59,13 +75,26 @@ class HostFacts:
         """Deploys cut off half-way (their files may be mixed)."""
         return [m for m in self.deploys() if m.state in names.OPEN_STATES and not m.foreign and not m.gone]
 
+    def bytecode_problem(self, rel: str) -> str | None:
+        """Why import of `rel` would not run the source file on disk (None: it would)."""
+        return bytecode_problem(rel, self.bytecode.get(rel))
+
+    def bytecode_loader(self, rel: str) -> str | None:
+        """What import of `rel` loads (source, sourceless, extension, none); None: not asked."""
+        view = self.bytecode.get(rel)
+        return view.loader if view else None
+
     def to_json(self) -> dict[str, Any]:
         return {
             "os": self.os,
             "python": {"executable": self.python, "version": self.python_version},
             "user": self.user,
             "sglang": {"found": self.sglang_found, "version": self.sglang_version,
-                       "dir": self.sglang_dir, "install": self.sglang_install},
+                       "dir": self.sglang_dir, "install": self.sglang_install, "error": self.sglang_error,
+                       "notes": self.sglang_notes},
+            "launch_python": {"executable": self.launch_python, "version": self.launch_python_version,
+                              "pycache_prefix": self.pycache_prefix},
+            "bytecode": {p: b.to_json() for p, b in self.bytecode.items() if bytecode_problem(p, b)},
             "torch": {"installed": self.torch.installed, "required": self.torch.required,
                       "satisfied": self.torch.satisfied, "note": self.torch.note},
             "files": {p: {"sha256": f.sha256, "exists": f.exists, "mode": f.mode, "size": f.size,
@@ -76,6 +105,20 @@ class HostFacts:
             "gpus": [g.to_json() for g in self.gpus] if self.gpus is not None else None,
             "gpu_note": self.gpu_note,
         }
+
+
+def bytecode_problem(rel: str, view: ImportView | None) -> str | None:
+    """Why `import` would not run the source of `rel` as it is on disk, from the probe's view."""
+    if view is None:
+        return None
+    if view.loader == "extension":
+        return f"{rel}: import loads the compiled extension {view.file}, not this source"
+    if view.loader == "sourceless":
+        return f"{rel}: missing; import loads the sourceless bytecode {view.file}"
+    if view.stale:
+        return (f"{rel}: import runs {view.pyc} ({view.pyc_kind} pyc, not checked against the "
+                f"source), compiled from other source than the file on disk")
+    return None
 
 
 def check_torch(installed: str | None, requires: list[str]) -> TorchCheck:
@@ -133,17 +176,42 @@ def parse_facts(host: str, raw: FactsAnswer) -> HostFacts:
         servers=raw.servers,
         discover=raw.discover,
         registered_flags=raw.registered_flags,
+        launch_python=sg.launch.executable if sg.launch else None,
+        launch_python_version=sg.launch.version if sg.launch else None,
+        sglang_error=sg.error,
+        sglang_notes=list(sg.notes),
+        bytecode=dict(sg.bytecode),
+        pycache_prefix=sg.launch.pycache_prefix if sg.launch else None,
     )
+
+
+def bytecode_files(extra_files: list[str] | None = None) -> list[str]:
+    """Files whose bytecode import view is read: server_args, every EAGLE worker file any known
+    release has, and the playbook's files."""
+    from fleetctl.sglang import KNOWN_VERSIONS, worker_files
+
+    rels = list(HASH_FILES)
+    for v in KNOWN_VERSIONS:
+        rels += [r for r in worker_files(v).values() if r not in rels]
+    return rels + [r for r in (extra_files or []) if r not in rels and r.endswith(".py")]
 
 
 def read_facts(conn: HostConnection, *, extra_files: list[str] | None = None, gpus: bool = True,
                with_: list[str] | None = None, payload: dict[str, Any] | None = None,
-               all_hashes: bool = True) -> HostFacts:
+               all_hashes: bool = True, profile: LaunchProfile | None = None) -> HostFacts:
     """One agent round trip: everything fleetctl needs to know about the host.
 
+    SGLang is located as the launch will import it: the playbook's launch `profile` (or the default
+    launch without a playbook) + the inventory's launch_command and env (fleetctl/launchspec.py).
     all_hashes=False hashes only `extra_files` (what deploy plans need), not srt/speculative/**."""
+    from fleetctl.instances import host_launch_spec
+
     p: dict[str, Any] = {
         "sglang_dir": conn.host.sglang_dir,
+        "launch": host_launch_spec(conn.host, profile).to_agent(),
+        # without a playbook the launch env is not fully known: a sglang_dir mismatch is a note
+        "strict_sglang_dir": profile is not None,
+        "bytecode_files": bytecode_files(extra_files),
         "hash_dirs": HASH_DIRS if all_hashes else [],
         "hash_files": (HASH_FILES + [f for f in (extra_files or []) if f not in HASH_FILES] if all_hashes
                        else list(extra_files or [])),

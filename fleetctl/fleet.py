@@ -7,7 +7,6 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -39,9 +38,15 @@ class HostOutcome:
 
 ProgressFn = Callable[[HostOutcome], None]
 
+NOT_STARTED = "not started: interrupted (Ctrl-C)"
+ABANDON_AFTER = 10.0  # seconds a host's thread may take to give up after its connection was cut
+
 
 @dataclass
 class Fleet:
+    """The hosts of one command. Copies made with dataclasses.replace (a batch of a rolling deploy)
+    share the connections, the interrupt flag and the per-host record."""
+
     inventory: Inventory
     hosts: list[Host]
     forks: int = 32
@@ -49,6 +54,13 @@ class Fleet:
     progress: ProgressFn | None = None
     _conns: dict[str, HostConnection] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    # set by the first Ctrl-C: no host starts anything new; hosts in flight finish or time out
+    interrupt: threading.Event = field(default_factory=threading.Event)
+    inflight: dict[str, HostConnection] = field(default_factory=dict)
+    # per host: the last outcome of each run, and where it was when Ctrl-C came
+    last: dict[str, HostOutcome] = field(default_factory=dict)
+    at_interrupt: dict[str, str] = field(default_factory=dict)
+    not_started: set[str] = field(default_factory=set)
 
     def connection(self, host: Host) -> HostConnection:
         with self._lock:
@@ -58,37 +70,101 @@ class Fleet:
                 self._conns[host.name] = c
             return c
 
+    def _one(self, host: Host, conn: HostConnection, fn: Callable[[HostConnection], Any]) -> HostOutcome:
+        t0 = time.monotonic()
+        try:
+            conn.connect()
+            data = fn(conn)
+            out = HostOutcome(host.name, "ok", data=data)
+        except (Unreachable, HostKeyError) as e:
+            out = HostOutcome(host.name, "unreachable", conn.aborted or e.line())
+        except RemoteError as e:
+            out = HostOutcome(host.name, "unreachable" if e.kind == "timeout" else "failed",
+                              conn.aborted or e.line(), detail=e.detail)
+        except FleetctlError as e:
+            out = HostOutcome(host.name, "failed", conn.aborted or e.line())
+        except Exception as e:  # a bug: report it on this host, keep going with the others
+            out = HostOutcome(host.name, "failed", conn.aborted or f"internal error: {e.__class__.__name__}: {e}",
+                              detail=traceback.format_exc())
+        if conn.aborted and out.ok:  # cut off just as it finished: it did finish
+            conn.aborted = None
+        elif conn.aborted:
+            out.status = "unreachable"
+        out.elapsed = time.monotonic() - t0
+        return out
+
     def run(self, fn: Callable[[HostConnection], Any], hosts: Iterable[Host] | None = None) -> list[HostOutcome]:
-        """Call fn(conn) for each host (connecting first); outcomes in inventory order."""
+        """Call fn(conn) for each host (connecting first); outcomes in inventory order.
+
+        At most `forks` hosts at once. Every host is bounded: each of its steps by its own timeout
+        (transport/ssh.py) and, as a backstop, by this thread's watchdog (the step's bound plus a
+        grace, and the per-host `host_timeout`), which cuts the host's connection and reports the
+        step that stalled; a host whose thread still does not return is given up on, so one host
+        never holds up the others or the command. After `interrupt` is set no host starts."""
         targets = list(self.hosts if hosts is None else hosts)
-
-        def one(host: Host) -> HostOutcome:
-            t0 = time.monotonic()
-            conn = self.connection(host)
-            try:
-                conn.connect()
-                data = fn(conn)
-                out = HostOutcome(host.name, "ok", data=data)
-            except (Unreachable, HostKeyError) as e:
-                out = HostOutcome(host.name, "unreachable", e.line())
-            except RemoteError as e:
-                out = HostOutcome(host.name, "unreachable" if e.kind == "timeout" else "failed", e.line(),
-                                  detail=e.detail)
-            except FleetctlError as e:
-                out = HostOutcome(host.name, "failed", e.line())
-            except Exception as e:  # a bug: report it on this host, keep going with the others
-                out = HostOutcome(host.name, "failed", f"internal error: {e.__class__.__name__}: {e}",
-                                  detail=traceback.format_exc())
-            out.elapsed = time.monotonic() - t0
-            if self.progress:
-                self.progress(out)
-            return out
-
         if not targets:
             return []
-        workers = max(1, min(self.forks, len(targets)))
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fleetctl-host") as pool:
-            return list(pool.map(one, targets))
+        results: dict[int, HostOutcome] = {}
+        running: dict[int, tuple[Host, HostConnection]] = {}
+        cut_at: dict[int, float] = {}
+        cond = threading.Condition()
+        todo = iter(range(len(targets)))
+
+        def finish(i: int, out: HostOutcome) -> None:  # under cond
+            if i in results:
+                return
+            results[i] = out
+            running.pop(i, None)
+            self.inflight.pop(out.host, None)
+            self.last[out.host] = out
+            if self.progress:
+                self.progress(out)
+            cond.notify_all()
+
+        def worker() -> None:
+            while True:
+                with cond:
+                    if self.interrupt.is_set():
+                        return
+                    i = next(todo, None)
+                    if i is None:
+                        return
+                    host = targets[i]
+                    conn = self.connection(host)
+                    conn.begin_transaction()
+                    running[i] = (host, conn)
+                    self.inflight[host.name] = conn
+                out = self._one(host, conn, fn)
+                with cond:
+                    finish(i, out)
+
+        def start_worker() -> None:
+            # daemon threads: a host stuck beyond every bound must not keep the process alive
+            threading.Thread(target=worker, name="fleetctl-host", daemon=True).start()
+
+        for _ in range(max(1, min(self.forks, len(targets)))):
+            start_worker()
+        with cond:
+            while len(results) < len(targets):
+                if self.interrupt.is_set() and not running:
+                    break
+                cond.wait(0.2)
+                now = time.monotonic()
+                for i, (host, conn) in list(running.items()):
+                    if i not in cut_at:
+                        why = conn.overdue(now)
+                        if why:
+                            conn.abort(why)
+                            cut_at[i] = now
+                    elif now - cut_at[i] > ABANDON_AFTER:  # its thread did not come back: report it anyway
+                        finish(i, HostOutcome(host.name, "unreachable", conn.aborted or "cut off",
+                                              elapsed=now - cut_at[i]))
+                        start_worker()  # in place of the one left behind
+            for i, host in enumerate(targets):
+                if i not in results:
+                    self.not_started.add(host.name)
+                    finish(i, HostOutcome(host.name, "skipped", NOT_STARTED))
+        return [results[i] for i in range(len(targets))]
 
     def close(self) -> None:
         conns = list(self._conns.values())
@@ -101,3 +177,29 @@ class Fleet:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+FDS_PER_HOST = 4  # its socket (and a jump host's), with room to spare
+FDS_BASE = 256  # the controller's own files, wheels, the ledger
+
+
+def raise_fd_limit(hosts: int) -> str | None:
+    """Raise the soft RLIMIT_NOFILE toward the hard limit when `hosts` connections need it (each host
+    keeps one connection open for the whole command). Returns a line for stderr if the limit is
+    still too low, else None."""
+    import resource
+
+    need = FDS_BASE + FDS_PER_HOST * hosts
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return None
+    target = need if hard == resource.RLIM_INFINITY else min(need, hard)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError) as e:
+        return (f"fleetctl: {hosts} hosts need about {need} open files but the limit is {soft} and cannot "
+                f"be raised ({e}); raise it (ulimit -n) or use --limit for fewer hosts")
+    if target < need:
+        return (f"fleetctl: {hosts} hosts need about {need} open files but the hard limit is {hard} "
+                f"(soft limit raised to it); raise it (ulimit -Hn) or use --limit for fewer hosts")
+    return None

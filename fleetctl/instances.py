@@ -17,6 +17,7 @@ from typing import Any
 from fleetctl.config.inventory import FLAG_RE, Host
 from fleetctl.config.playbook import LaunchProfile
 from fleetctl.errors import InputError
+from fleetctl.launchspec import LaunchSpec, launch_spec
 from fleetctl.sglang import releases as sg_releases
 
 # The tensor-parallel flag, every spelling SGLang accepts (from the SGLang knowledge module).
@@ -26,9 +27,6 @@ TP_SPELLINGS = frozenset(_TP.options) | frozenset(
     k for table in (sg_releases.ABBREV_0543, sg_releases.ABBREV_057) for k, v in table.items() if v == TP_FLAG)
 PORT_FLAG = sg_releases.PORT_FLAG
 
-# Host basics a process needs that come from the HOST's own login session (never the controller):
-# the server's environment is these (when set on the host) + playbook env + inventory env.
-INHERIT_FROM_HOST = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR")
 
 
 @dataclass(frozen=True)
@@ -43,10 +41,17 @@ class Instance:
     secret_keys: frozenset[str]
     flags: dict[str, Any]  # '--flag' -> value, after every override (what resolve_worker reads)
     public_argv: list[str] = field(default_factory=list)
+    launch: LaunchSpec | None = None  # interpreter, options, env, cwd: how sglang is located for it
 
     @property
     def public_env(self) -> dict[str, str]:
         return {k: ("***" if k in self.secret_keys else v) for k, v in self.env.items()}
+
+    @property
+    def effective_env(self) -> dict[str, str]:
+        """The environment the server's python sees on top of the host basics (what worker routing
+        reads): this env plus what an `env` prefix in the launch command sets or unsets."""
+        return self.launch.effective_env if self.launch is not None else dict(self.env)
 
     def to_json(self) -> dict[str, Any]:
         return {"host": self.host, "instance": self.name, "gpus": list(self.gpus), "port": self.port,
@@ -110,6 +115,22 @@ def _mask_argv(argv: list[str], secrets: list[str]) -> list[str]:
     return out
 
 
+def _base_env(host: Host, profile: LaunchProfile) -> dict[str, str]:
+    env = {k: env_string(v) for k, v in profile.env.items()}
+    env.update(host.env)
+    return env
+
+
+def host_launch_spec(host: Host, profile: LaunchProfile | None) -> LaunchSpec:
+    """How the host's launch runs python (the profile's, or the default one without a playbook):
+    what facts, explain, deploy and status locate SGLang with. Instances differ from it only in
+    CUDA_VISIBLE_DEVICES and flags, which do not change where sglang is imported from."""
+    profile = profile if profile is not None else LaunchProfile()
+    env = _base_env(host, profile)
+    secret_keys = frozenset(k for k in host.secret_env_keys if k in env)
+    return launch_spec(command_argv(host, profile), host.python, env, secret_keys)
+
+
 def plan_instances(host: Host, profile: LaunchProfile) -> list[Instance]:
     """The instances to run on `host`, in order (index 0 first)."""
     flags = _norm_flags(profile.flags, "launch.flags")
@@ -120,8 +141,7 @@ def plan_instances(host: Host, profile: LaunchProfile) -> list[Instance]:
             base_port = int(flags.pop(PORT_FLAG))
         except (TypeError, ValueError):
             raise InputError(f"{host.name}: flag {PORT_FLAG} must be a port number") from None
-    env = {k: env_string(v) for k, v in profile.env.items()}
-    env.update(host.env)
+    env = _base_env(host, profile)
     secret_keys = frozenset(k for k in host.secret_env_keys if k in env)
     secrets = [env[k] for k in secret_keys]
     gpus = list(host.gpus)
@@ -151,7 +171,8 @@ def plan_instances(host: Host, profile: LaunchProfile) -> list[Instance]:
             ienv["CUDA_VISIBLE_DEVICES"] = ",".join(str(x) for x in g)
         argv = cmd + flag_argv(f)
         out.append(Instance(host=host.name, name=f"port-{port}", index=i, gpus=g, port=port, argv=argv,
-                            env=ienv, secret_keys=secret_keys, flags=f, public_argv=_mask_argv(argv, secrets)))
+                            env=ienv, secret_keys=secret_keys, flags=f, public_argv=_mask_argv(argv, secrets),
+                            launch=launch_spec(cmd, host.python, ienv, secret_keys)))
     ports = [x.port for x in out]
     if len(set(ports)) != len(ports):
         raise InputError(f"{host.name}: instances share a port", hint="set layout.port_stride >= 1")

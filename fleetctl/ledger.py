@@ -169,7 +169,7 @@ class Ledger:
             "SELECT o.id, o.kind, o.started, o.finished, o.user, o.outcome, o.playbook, "
             "(SELECT COUNT(*) FROM host_results h WHERE h.op_id=o.id), "
             "(SELECT COUNT(*) FROM host_results h WHERE h.op_id=o.id AND h.status NOT IN ('ok','changed','unchanged',"
-            "'skipped','pending')), "
+            "'skipped','pending','untouched','rolled-back')), "  # (a rollout's hosts kept out of a failed batch)
             "(SELECT COUNT(*) FROM host_results h WHERE h.op_id=o.id AND h.status='pending'), o.controller, o.pid"
             " FROM operations o ORDER BY o.started DESC LIMIT ?", (limit,)).fetchall()
         keys = ["id", "kind", "started", "finished", "user", "outcome", "playbook", "hosts", "hosts_failed",

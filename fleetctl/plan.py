@@ -70,6 +70,7 @@ class HostPlan:
     files: list[FilePlan] = field(default_factory=list)
     interrupted: list[str] = field(default_factory=list)
     coverage: Coverage | None = None
+    drop_bytecode: list[str] = field(default_factory=list)  # files not replaced whose cached pyc is stale
 
     @property
     def to_patch(self) -> list[FilePlan]:
@@ -78,7 +79,7 @@ class HostPlan:
     def to_json(self) -> dict[str, Any]:
         return {"host": self.host, "status": self.status, "reason": self.reason, "version": self.version,
                 "package_dir": self.package_dir, "interrupted": self.interrupted,
-                "files": [f.to_json() for f in self.files],
+                "files": [f.to_json() for f in self.files], "drop_bytecode": self.drop_bytecode,
                 "coverage": self.coverage.to_json() if self.coverage else None}
 
 
@@ -121,7 +122,8 @@ def effective_hashes(facts: HostFacts) -> dict[str, str | None]:
 def plan_host(host: Host, facts: HostFacts, playbook: Playbook, intended: dict[str, Intended] | None,
               *, force: bool, coverage: Coverage | None = None, allow_uncovered: bool = False) -> HostPlan:
     if not facts.sglang_found:
-        return HostPlan(host.name, "failed", f"{host.name}: sglang is not importable by {facts.python}",
+        return HostPlan(host.name, "failed", f"{host.name}: " + (
+            facts.sglang_error or f"sglang is not importable by the launch's python {facts.launch_python or facts.python}"),
                         coverage=coverage)
     v = facts.sglang_version
     hp = HostPlan(host.name, "noop", version=v, package_dir=facts.sglang_dir, coverage=coverage)

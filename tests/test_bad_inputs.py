@@ -143,7 +143,7 @@ def expect_host_failure(capsys: pytest.CaptureFixture[str], sb: sbx.Sandbox, inv
     code, out, err = run(capsys, "deploy", "-i", str(inv), "--limit", "h01", str(pb), "--json")
     no_traceback(out, err)
     assert code == 1, (out, err)
-    (r,) = json.loads(out)["results"]
+    (r,) = json.loads(out)["hosts"]
     assert r["status"] == status, r
     msg = r["message"]
     assert "\n" not in msg and msg.startswith("h01: ") and re.search(pattern, msg), msg

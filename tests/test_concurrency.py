@@ -94,12 +94,12 @@ def test_two_deploys_at_once_second_refused_with_the_holder(clean: tuple, ledger
     before = files_of(h1)
     code, doc = run_json(capsys, "deploy", "-i", str(inv), "--limit", "h01", str(pa))
     assert code == 1
-    (r,) = doc["results"]
+    (r,) = doc["hosts"]
     assert r["status"] == "failed" and "locked: deploy d" in r["message"] and " by " in r["message"], r
     assert files_of(h1) == before  # the refused deploy changed nothing
     code1, doc1 = finish(first)
     assert code1 == 0, doc1
-    assert doc1["deploy_id"] in r["message"]  # it named the holder: the first deploy's id
+    assert doc1["op_id"] in r["message"]  # it named the holder: the first deploy's id
     it = intended_bytes(pa)
     for rel in (EW2, SA):
         assert (h1.sglang_dir / rel).read_bytes() == it[rel]
@@ -116,11 +116,11 @@ def test_deploy_holding_the_lock_refuses_a_rollback(clean: tuple, ledger_dir: Pa
     before = files_of(h1)
     code, doc = run_json(capsys, "rollback", "-i", str(inv), "--limit", "h01")
     assert code == 1
-    (r,) = doc["results"]
+    (r,) = doc["hosts"]
     assert r["status"] == "failed" and "locked: deploy d" in r["message"], r
     assert files_of(h1) == before
     code1, doc1 = finish(first)
-    assert code1 == 0 and doc1["deploy_id"] in r["message"], doc1
+    assert code1 == 0 and doc1["op_id"] in r["message"], doc1
     assert (h1.sglang_dir / EW).read_bytes() == intended_bytes(pb)[EW]
 
 
@@ -134,11 +134,11 @@ def test_rollback_holding_the_lock_refuses_a_deploy(clean: tuple, ledger_dir: Pa
     before = files_of(h1)
     code, doc = run_json(capsys, "deploy", "-i", str(inv), "--limit", "h01", str(pb))
     assert code == 1
-    (r,) = doc["results"]
+    (r,) = doc["hosts"]
     assert r["status"] == "failed" and "locked: rollback r" in r["message"], r
     assert files_of(h1) == before
     code1, doc1 = finish(first)
-    assert code1 == 0 and doc1["rollback_id"] in r["message"], doc1
+    assert code1 == 0 and doc1["op_id"] in r["message"], doc1
     for rel in (EW2, SA, EW):
         assert (h1.sglang_dir / rel).read_bytes() == wheels.pristine_bytes(VERSION, rel)
 

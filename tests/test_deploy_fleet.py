@@ -106,7 +106,7 @@ def test_check_deploy_noop_rollback_mixed_versions(pristine: sbx.Sandbox, tmp_pa
 
     code, doc = run_json(capsys, "deploy", "-i", inv, str(pb))
     assert code == 0, doc
-    assert {r["status"] for r in doc["results"]} == {"changed"}
+    assert {r["status"] for r in doc["hosts"]} == {"changed"}
     intended = {}
     for _n, h in sb.hosts.items():
         for rel in (EW2, SA):
@@ -119,17 +119,17 @@ def test_check_deploy_noop_rollback_mixed_versions(pristine: sbx.Sandbox, tmp_pa
 
     # again: a no-op, no new deploy dir, no body sent
     code, doc = run_json(capsys, "deploy", "-i", inv, str(pb))
-    assert code == 0 and {r["status"] for r in doc["results"]} == {"unchanged"}
+    assert code == 0 and {r["status"] for r in doc["hosts"]} == {"unchanged"}
     for h in sb.hosts.values():
         assert len(list((h.state_dir / "deploys").iterdir())) == 1
 
     code, doc = run_json(capsys, "rollback", "-i", inv)
-    assert code == 0 and {r["status"] for r in doc["results"]} == {"changed"}
+    assert code == 0 and {r["status"] for r in doc["hosts"]} == {"changed"}
     for h in sb.hosts.values():
         for rel in (EW2, SA):
             assert (h.sglang_dir / rel).read_bytes() == wheels.pristine_bytes(h.version, rel)
     code, doc = run_json(capsys, "rollback", "-i", inv)  # idempotent
-    assert code == 0 and {r["status"] for r in doc["results"]} == {"unchanged"}
+    assert code == 0 and {r["status"] for r in doc["hosts"]} == {"unchanged"}
 
     code, out, _ = run(capsys, "history")
     assert code == 0 and "deploy" in out and "rollback" in out
@@ -145,7 +145,7 @@ def test_drifted_host_refused_others_deploy_then_force(pristine: sbx.Sandbox, tm
     (h1.sglang_dir / EW2).write_bytes(drift)
     code, doc = run_json(capsys, "deploy", "-i", inv, str(pb))
     assert code == 1
-    res = {r["host"]: r for r in doc["results"]}
+    res = {r["host"]: r for r in doc["hosts"]}
     assert res["h01"]["status"] == "refused" and "drifted" in res["h01"]["message"]
     assert all(res[n]["status"] == "changed" for n in sb.hosts if n != "h01")
     assert (h1.sglang_dir / EW2).read_bytes() == drift
@@ -154,7 +154,7 @@ def test_drifted_host_refused_others_deploy_then_force(pristine: sbx.Sandbox, tm
     assert code == 1 and "+# hand edit" in out and "(pristine 0.5.9)" in out
 
     code, doc = run_json(capsys, "deploy", "--force", "-i", inv, "--limit", "h01", str(pb))
-    assert code == 0 and doc["results"][0]["status"] == "changed"
+    assert code == 0 and doc["hosts"][0]["status"] == "changed"
     assert b"# x \xe2\x80\x93 fleetctl test" in (h1.sglang_dir / EW2).read_bytes()
     # rollback gives back the drifted bytes exactly (they were backed up)
     code, doc = run_json(capsys, "rollback", "-i", inv, "--limit", "h01")
@@ -170,7 +170,7 @@ def test_rollback_refuses_file_changed_since_deploy_unless_force(pristine: sbx.S
     h = sb.hosts["h02"]
     (h.sglang_dir / EW2).write_bytes((h.sglang_dir / EW2).read_bytes() + b"# later edit\n")
     code, doc = run_json(capsys, "rollback", "-i", inv, "--limit", "h02")
-    assert code == 1 and doc["results"][0]["status"] == "refused"
+    assert code == 1 and doc["hosts"][0]["status"] == "refused"
     code, doc = run_json(capsys, "rollback", "--force", "-i", inv, "--limit", "h02")
     assert code == 0
     assert (h.sglang_dir / EW2).read_bytes() == wheels.pristine_bytes(h.version, EW2)
@@ -188,8 +188,8 @@ def test_rollback_to_an_older_deploy(pristine: sbx.Sandbox, tmp_path: Path,
     assert code == 0
     # roll back only the last one: a stays
     code, doc = run_json(capsys, "rollback", "--check", "-i", inv)
-    assert code == 0 and all(p["deploy_ids"] == [db["deploy_id"]] for p in doc["plan"])
-    code, doc = run_json(capsys, "rollback", "-i", inv, "--to", da["deploy_id"])
+    assert code == 0 and all(p["deploy_ids"] == [db["op_id"]] for p in doc["plan"])
+    code, doc = run_json(capsys, "rollback", "-i", inv, "--to", da["op_id"])
     assert code == 0
     for h in sb.hosts.values():
         for rel in (EW2, SA):
@@ -203,7 +203,7 @@ def test_unreachable_host_reported_others_deploy(pristine: sbx.Sandbox, tmp_path
     sb.stop_host("h03")
     code, doc = run_json(capsys, "deploy", "-i", str(sb.inventory_path), str(pb))
     assert code == 1
-    res = {r["host"]: r for r in doc["results"]}
+    res = {r["host"]: r for r in doc["hosts"]}
     assert res["h03"]["status"] == "unreachable" and "h03" in res["h03"]["message"]
     assert [res[n]["status"] for n in ("h01", "h02", "h04")] == ["changed"] * 3
 
@@ -236,7 +236,7 @@ def test_host_killed_mid_deploy_is_reported_and_repaired(pristine: sbx.Sandbox, 
 
     code, doc = run_json(capsys, "deploy", "-i", str(inv), "--limit", "h01", str(pbp))
     assert code == 0, doc
-    assert any("repaired interrupted deploy" in n for n in doc["results"][0]["notes"])
+    assert any("repaired interrupted deploy" in n for n in doc["hosts"][0]["notes"])
     assert all(b"fleetctl test" in (h1.sglang_dir / rel).read_bytes() for rel in (EW2, SA))
     assert run_json(capsys, "rollback", "-i", str(inv), "--limit", "h01")[0] == 0
     for rel in (EW2, SA):
@@ -251,7 +251,7 @@ def test_unsupported_version_refused_before_any_change(pristine: sbx.Sandbox, tm
     pb = make_playbook(tmp_path / "pb", "only-059", {EW2: "v"}, versions=["0.5.9"])
     code, doc = run_json(capsys, "deploy", "-i", str(sb.inventory_path), str(pb))
     assert code == 1
-    res = {r["host"]: r for r in doc["results"]}
+    res = {r["host"]: r for r in doc["hosts"]}
     for n, h in sb.hosts.items():
         if h.version == "0.5.14":
             assert res[n]["status"] == "refused"

@@ -363,7 +363,7 @@ def _check_trial(sb: sbx.Sandbox, inv: Path, pb: Path, intended: dict[str, bytes
                  frozen: dict[str, list[int]], unreached: set[str]) -> dict[str, Any]:
     res: dict[str, Any] = {"trial": t.label(), "rc": proc.returncode}
     doc = json.loads(out)
-    by_host = {r["host"]: r for r in doc["results"]}
+    by_host = {r["host"]: r for r in doc["hosts"]}
     bad = {n for n, r in by_host.items() if r["status"] not in ("changed", "unchanged", "skipped")}
     for f in t.faults:
         if f.host in unreached:
@@ -439,7 +439,7 @@ def _check_trial(sb: sbx.Sandbox, inv: Path, pb: Path, intended: dict[str, bytes
     code, st = run_json(capsys, "status", "-i", str(inv), str(pb))
     assert code == 0 and all(not r["problems"] for r in st["hosts"]), (t.label(), st)
     res["repaired_by"] = t.repair
-    res["notes"] = sorted({n.split(":")[0] for r in rep["results"] for n in r.get("notes", [])})
+    res["notes"] = sorted({n.split(":")[0] for r in rep["hosts"] for n in r.get("notes", [])})
     return res
 
 

@@ -245,7 +245,7 @@ def test_stale_lock_detected_reported_and_cleared(fleet: tuple, tmp_path: Path, 
     code, doc = run_json(capsys, "rollback", "--check", "-i", inv)
     assert doc["plan"][0]["status"] == "change" and "stale lock" in doc["plan"][0]["reason"]
     code, doc = run_json(capsys, "rollback", "-i", inv)  # nothing to roll back, but the stale lock goes
-    assert code == 0 and "removed a stale lock of deploy dGONE by bob@ctl" in doc["results"][0]["message"], doc
+    assert code == 0 and "removed a stale lock of deploy dGONE by bob@ctl" in doc["hosts"][0]["message"], doc
     assert not (h.state_dir / "lock").exists()
     code, doc = run_json(capsys, "status", "-i", inv)
     assert code == 0 and not doc["hosts"][0]["problems"]
@@ -253,9 +253,9 @@ def test_stale_lock_detected_reported_and_cleared(fleet: tuple, tmp_path: Path, 
     (h.state_dir / "lock").write_text(json.dumps({"pid": int(dead.stdout), "op": "rollback", "id": "rGONE",
                                                   "by": "eve@ctl", "since": 0}))
     code, doc = run_json(capsys, "deploy", "-i", inv, str(pb))
-    assert code == 0 and any("removed a stale lock of rollback rGONE" in n for n in doc["results"][0]["notes"]), doc
+    assert code == 0 and any("removed a stale lock of rollback rGONE" in n for n in doc["hosts"][0]["notes"]), doc
     (h.state_dir / "lock").write_text(json.dumps({"pid": os.getpid(), "op": "deploy", "id": "dLIVE", "by": "me",
                                                   "since": 0}))
     code, doc = run_json(capsys, "rollback", "-i", inv)
-    assert code == 1 and "locked: deploy dLIVE by me" in doc["results"][0]["message"]
+    assert code == 1 and "locked: deploy dLIVE by me" in doc["hosts"][0]["message"]
     (h.state_dir / "lock").unlink()

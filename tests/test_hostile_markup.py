@@ -225,9 +225,12 @@ def _hostile_fleet(sb, d: Path) -> tuple[Path, Path]:  # type: ignore[no-untyped
     failing = evil_dir / "python"
     failing.write_text(f"#!/bin/sh\ncat '{errline}' >&2\nexit 1\n")  # exit 127 after the first facts
     failing.chmod(0o755)
-    server = h3.host_dir / "evil-server"
-    server.write_text(f"#!/bin/sh\ncat '{noise}'\necho '{CORPUS[8]}'\nexit 3\n")
-    server.chmod(0o755)
+    last = d / "last.txt"
+    last.write_bytes((CORPUS[8] + "\n").encode())
+    # a python script (fleetctl locates sglang with the launch's own python: a shell script's is unknown)
+    server = h3.host_dir / "evil_server.py"
+    server.write_text(f"import sys\nfor p in ({str(noise)!r}, {str(last)!r}):\n"
+                      f"    sys.stdout.buffer.write(open(p, 'rb').read())\nsys.exit(3)\n")
     (h3.state_dir / "lock").write_text(json.dumps({
         "pid": 1, "start": None, "op": CORPUS[1], "id": "d-" + CORPUS[3], "since": 0,
         "by": CORPUS[8] + " " + CORPUS[4] + CORPUS[7] + " surrogate\udcff " + LONG, "host": socket.gethostname()}))
@@ -239,7 +242,7 @@ def _hostile_fleet(sb, d: Path) -> tuple[Path, Path]:  # type: ignore[no-untyped
     doc = yaml.safe_load(inv.read_text())
     doc["hosts"]["h01"]["python"] = str(noisy)
     doc["hosts"]["h02"]["python"] = str(failing)
-    doc["hosts"]["h03"]["launch_command"] = str(server)
+    doc["hosts"]["h03"]["launch_command"] = "{python} " + str(server)
     doc["hosts"]["h03"]["env"]["EVIL_NOTE"] = " ".join(CORPUS)
     inv.write_text(yaml.safe_dump(doc, sort_keys=False))
     pb = make_playbook(d / "pb", files=(EW2, SA), tag="hostile")

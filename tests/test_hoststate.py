@@ -116,7 +116,7 @@ def test_state_dir_gone_is_deployed_without_a_record(clean: tuple, tmp_path: Pat
     assert {f["state"] for f in hp["files"]} == {"no-record"} and "--from-pristine" in hp["reason"], hp
     code, rb = run_json(capsys, "rollback", "-i", str(inv), "--limit", "h01")
     assert code == 1, rb
-    (r,) = rb["results"]
+    (r,) = rb["hosts"]
     assert r["status"] == "refused" and "deployed without a record" in r["message"]
     assert "rollback --from-pristine" in r["message"], r
     assert hashes(h.sglang_dir) == patched(pb)  # refused: nothing written
@@ -133,7 +133,7 @@ def test_state_dir_gone_is_deployed_without_a_record(clean: tuple, tmp_path: Pat
 
     code, rb = run_json(capsys, "rollback", "--from-pristine", "-p", str(pb), "-i", str(inv), "--limit", "h01")
     assert code == 0, rb
-    (r,) = rb["results"]
+    (r,) = rb["hosts"]
     assert r["status"] == "changed" and "2 file(s) restored to pristine sglang 0.5.9" in r["message"], r
     assert hashes(h.sglang_dir) == pristine()
     # the transaction's record: backups of the patched bytes, closed as restored-pristine
@@ -142,7 +142,7 @@ def test_state_dir_gone_is_deployed_without_a_record(clean: tuple, tmp_path: Pat
     code, st = run_json(capsys, "status", "-i", str(inv), "--limit", "h01")
     assert code == 0 and not problems(st, "h01"), st
     code, rb = run_json(capsys, "rollback", "-i", str(inv), "--limit", "h01")
-    assert code == 0 and rb["results"][0]["status"] == "unchanged", rb  # nothing left to undo
+    assert code == 0 and rb["hosts"][0]["status"] == "unchanged", rb  # nothing left to undo
     assert hashes(h.sglang_dir) == pristine()
 
 
@@ -175,11 +175,11 @@ def test_package_dir_flipped_to_another_tree(clean: tuple, capsys: pytest.Captur
         assert code == 1 and f"patched {tree_a / 'sglang'}; this python now imports {tree_b / 'sglang'}" in msg, st
         code, rb = run_json(capsys, "rollback", "-i", str(inv), "--limit", "h02")
         assert code == 1, rb
-        (r,) = rb["results"]
+        (r,) = rb["hosts"]
         assert r["status"] == "refused" and "this python now imports" in r["message"] and "--old-tree" in r["message"]
         assert hashes(tree_a / "sglang") == patched(pb)  # refused: the old tree untouched
         code, rb = run_json(capsys, "rollback", "--old-tree", "-i", str(inv), "--limit", "h02")
-        assert code == 0 and "2 file(s) restored" in rb["results"][0]["message"], rb
+        assert code == 0 and "2 file(s) restored" in rb["hosts"][0]["message"], rb
         assert hashes(tree_a / "sglang") == pristine()
         assert hashes(tree_b / "sglang") == pristine()
     finally:
@@ -198,20 +198,20 @@ def test_reinstall_and_upgrade_under_a_deploy(clean: tuple, capsys: pytest.Captu
     args = ("-i", str(inv), "--limit", "h01")
     code, dep = run_json(capsys, "deploy", *args, str(pb))
     assert code == 0
-    did = dep["deploy_id"]
+    did = dep["op_id"]
     for rel in FILES:  # `pip install --force-reinstall` of the same release
         (h.sglang_dir / rel).write_bytes(wheels.pristine_bytes(VERSION, rel))
     code, st = run_json(capsys, "status", *args)
     assert code == 1 and f"deploy {did} is no longer on disk (package reinstalled/upgraded" in problems(st, "h01")
     assert st["hosts"][0]["last_deploy"] is None, st
     code, rb = run_json(capsys, "rollback", *args)
-    assert code == 0 and "record closed, nothing restored" in rb["results"][0]["message"], rb
+    assert code == 0 and "record closed, nothing restored" in rb["hosts"][0]["message"], rb
     assert run_json(capsys, "status", *args)[0] == 0
 
     # upgraded to another release under a second deploy
     code, dep = run_json(capsys, "deploy", *args, str(pb))
     assert code == 0
-    did = dep["deploy_id"]
+    did = dep["op_id"]
     old = h.host_dir / "old-sglang"
     os.replace(h.sglang_dir, old)
     try:
@@ -223,7 +223,7 @@ def test_reinstall_and_upgrade_under_a_deploy(clean: tuple, capsys: pytest.Captu
                              f"sglang 0.5.9" in msg and "0.5.14" in msg, st
         code, rb = run_json(capsys, "rollback", "--force", *args)
         assert code == 0, rb
-        assert "no longer on disk" in rb["results"][0]["message"], rb
+        assert "no longer on disk" in rb["hosts"][0]["message"], rb
         # 0.5.9 backups were never written into the 0.5.14 tree
         assert {rel: sha((h.sglang_dir / rel).read_bytes()) for rel in FILES} == before
         m = json.loads((h.state_dir / "deploys" / did / "manifest.json").read_text())
@@ -262,7 +262,7 @@ def test_noop_deploy_during_a_rollback_is_not_unchanged(clean: tuple, ledger_dir
     finally:
         out, _ = rollback.communicate(timeout=120)
     assert code == 1, doc
-    (r,) = doc["results"]
+    (r,) = doc["hosts"]
     assert r["status"] == "failed" and "locked: rollback r" in r["message"], r
     assert rollback.returncode == 0, out
     assert hashes(h.sglang_dir) == pristine()  # the host ended pristine: "unchanged" would have been false
@@ -278,7 +278,7 @@ def test_noop_rollback_during_a_deploy_is_not_nothing_to_do(clean: tuple, ledger
     finally:
         out, _ = deploy.communicate(timeout=120)
     assert code == 1, doc
-    assert "locked: deploy d" in doc["results"][0]["message"], doc
+    assert "locked: deploy d" in doc["hosts"][0]["message"], doc
     assert deploy.returncode == 0, out
     assert hashes(h.sglang_dir) == patched(pb)
 
@@ -351,7 +351,7 @@ def test_shared_state_dir_two_machines(fresh_sandbox, tmp_path: Path,  # type: i
     code, dep = run_json(capsys, "deploy", *i, "--limit", "h01", str(pb))
     assert code == 0, dep
     code, rb = run_json(capsys, "rollback", *i, "--limit", "h02")
-    assert code == 0 and rb["results"][0]["status"] == "unchanged", rb
+    assert code == 0 and rb["hosts"][0]["status"] == "unchanged", rb
     assert hashes(h1.sglang_dir) == patched(pb)
     code, st = run_json(capsys, "status", *i, "--limit", "h02")
     assert code == 0, st
@@ -362,11 +362,11 @@ def test_shared_state_dir_two_machines(fresh_sandbox, tmp_path: Path,  # type: i
     # one deploy id on both hosts of one command: each records its own, in its own directory
     code, dep = run_json(capsys, "deploy", *i, "-f", "1", str(pb))
     assert code == 0, dep
-    did = dep["deploy_id"]
+    did = dep["op_id"]
     dirs = sorted(p.name for p in (shared / "deploys").iterdir() if p.name.startswith(did))
     assert dirs == sorted([did, f"{did}@other-machine"]), dirs
     code, rb = run_json(capsys, "rollback", *i, "-f", "1")
-    assert code == 0 and all("2 file(s) restored" in r["message"] for r in rb["results"]), rb
+    assert code == 0 and all("2 file(s) restored" in r["message"] for r in rb["hosts"]), rb
     assert hashes(h1.sglang_dir) == pristine() and hashes(h2.sglang_dir) == pristine()
 
     # a lock another machine holds is never taken over, even if its pid means nothing here
@@ -377,7 +377,7 @@ def test_shared_state_dir_two_machines(fresh_sandbox, tmp_path: Path,  # type: i
     (shared / "lock").write_text(json.dumps(lock))
     code, dep = run_json(capsys, "deploy", *i, "--limit", "h01", str(pb))
     assert code == 1, dep
-    msg = dep["results"][0]["message"]
+    msg = dep["hosts"][0]["message"]
     assert "locked by another machine" in msg and "dTHEIRS" in msg and "other-machine" in msg, msg
     assert json.loads((shared / "lock").read_text())["id"] == "dTHEIRS"
     assert hashes(h1.sglang_dir) == pristine()
@@ -387,7 +387,7 @@ def test_shared_state_dir_two_machines(fresh_sandbox, tmp_path: Path,  # type: i
     assert code == 2 and "--break-lock names h09" in err, err
     code, dep = run_json(capsys, "deploy", *i, "--limit", "h01", "--break-lock", "h01", str(pb))
     assert code == 0, dep
-    assert any("broke the lock of another machine" in n for n in dep["results"][0]["notes"]), dep
+    assert any("broke the lock of another machine" in n for n in dep["hosts"][0]["notes"]), dep
     assert hashes(h1.sglang_dir) == patched(pb)
     assert not (shared / "lock").exists()
 
@@ -444,7 +444,7 @@ def test_restart_would_lose_a_patch_no_longer_on_disk(clean: tuple, tmp_path: Pa
             (h.sglang_dir / rel).write_bytes(wheels.pristine_bytes(VERSION, rel))
         code, st = run_json(capsys, "status", "-i", inv, "--limit", "h01")
         msg = problems(st, "h01")
-        assert code == 1 and f"runs deploy {dep['deploy_id']}, which is no longer on disk: a restart would lose " \
+        assert code == 1 and f"runs deploy {dep['op_id']}, which is no longer on disk: a restart would lose " \
                              "the patch" in msg, st
     finally:
         stop_all_local(sb)

@@ -185,7 +185,7 @@ def test_launch_ready_env_exact_status_and_stop(sb: Any, tmp_path: Path, capsys:
     assert environ["CUDA_VISIBLE_DEVICES"] == "0,1"
     assert set(rec["env"]) == {"FROM_PROFILE", "FROM_INVENTORY", "WEIRD", "PATH", "CUDA_VISIBLE_DEVICES"}
     assert rec["worker_hashes"]["srt/speculative/eagle_worker.py"] and rec["process_started"]
-    assert rec["log"].endswith(f"/logs/{doc['launch_id']}.log") and rec["deploy"] is None
+    assert rec["log"].endswith(f"/logs/{doc['op_id']}.log") and rec["deploy"] is None
 
     # status rows (what `fleetctl status` shows), then a file changes on disk: restart needed
     inventory = load_inventory(inv)

@@ -325,3 +325,16 @@ def test_an_unfinished_entry_of_this_very_process_stays_running(tmp_path: Path) 
     assert lg.mark_interrupted() == []
     assert Ledger(tmp_path / "l.sqlite").get("d20260101-000000-0009")["outcome"] is None
     lg.close()
+
+
+def test_history_counts_a_rollouts_kept_out_hosts_as_not_failed(tmp_path: Path) -> None:
+    led = Ledger(tmp_path / "ledger.sqlite")
+    try:
+        led.start("d20260101-000000-abcd", "deploy", inventory=None, playbook=None, args={})
+        led.finish("d20260101-000000-abcd", "failed", [
+            {"host": "h01", "status": "ok"}, {"host": "h02", "status": "failed"},
+            {"host": "h03", "status": "rolled-back"}, {"host": "h04", "status": "untouched"}])
+        (op,) = led.list()
+        assert op["hosts"] == 4 and op["hosts_failed"] == 1
+    finally:
+        led.close()

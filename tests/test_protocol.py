@@ -9,6 +9,7 @@ import copy
 import hashlib
 import json
 import re
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -95,6 +96,12 @@ def _answers(h: dict[str, Any]) -> dict[str, Any]:
             {"file": "srt/a.py", "class": "W", "marker": "MARK"}, {"file": "srt/b.py", "class": "W", "marker": "M"}]}),
         names.SERVER_STOP: real(names.SERVER_STOP, {"state_dir": sd, "instances": ["port-1", "port-9"], "timeout": 5}),
         names.ROLLBACK: real(names.ROLLBACK, {"state_dir": sd, "deploy_ids": ["d1"]}),
+        # the probe under a launch's python: this interpreter, with the package's site dir on PYTHONPATH
+        names.LOCATE: real(names.LOCATE, {"launch": {
+            "interpreter": sys.executable, "options": [], "target_kind": "module", "target": "x",
+            "env": {"PYTHONPATH": str(Path(pkg).parent)}, "inherit": ["PATH"], "command_env": {}, "unset": [],
+            "clear": False, "cwd": None, "problem": None},
+            "files": ["srt/a.py"], "checks": [{"file": "srt/a.py", "class": "W", "marker": "MARK"}]}),
     }
 
 
@@ -117,6 +124,9 @@ def test_every_real_answer_parses_into_its_type(host: dict[str, Any]) -> None:
     wc = got[names.WORKER_CHECK]
     assert wc[0].check is not None and wc[0].check.marker and not wc[1].exists
     assert got[names.PING].pong
+    loc: a.LocateAnswer = got[names.LOCATE]
+    assert loc.sglang_dir == host["pkg"] and loc.files["srt/a.py"].loader == "source"
+    assert loc.checks[0].view.loader == "source" and loc.checks[0].check is not None and loc.checks[0].check.marker
 
 
 # one broken variant per action: (action, how to break the real answer, where, problem)
@@ -163,6 +173,11 @@ BROKEN = [
      "expected a whole number, got a string"),
     (names.SERVER_GREP, _set("instances/port-2/running", KeyError), "instances['port-2'].running", "missing"),
     (names.WORKER_CHECK, _set("0/class", KeyError), "[0].class", "missing"),
+    (names.LOCATE, _set("checks/0/view/loader", "magic"), "checks[0].view.loader", "unknown value 'magic'"),
+    (names.LOCATE, _set(("files", "srt/a.py", "stale"), "yes"), "files['srt/a.py'].stale",
+     "expected true or false, got a string"),
+    (names.LOCATE, _set("checks/0/check/marker", 1), "checks[0].check.marker", "expected true or false"),
+    (names.FACTS, _set("sglang/notes", "x"), "sglang.notes", "expected a list, got a string"),
 ]
 
 

@@ -82,9 +82,21 @@ def server_args_class(version: str) -> ast.ClassDef:
     return next(n for n in mod.body if isinstance(n, ast.ClassDef) and n.name == "ServerArgs")
 
 
+def field_statements(version: str) -> list[ast.stmt]:
+    """The ServerArgs field declarations: the class body, and from 0.5.20 the namespace classes in
+    srt/arg_groups/fields/*.py that ServerArgs composes."""
+    body = list(server_args_class(version).body)
+    fields_dir = pkg(version) / "srt" / "arg_groups" / "fields"
+    if fields_dir.is_dir():
+        for f in sorted(fields_dir.glob("*.py")):
+            mod = tree(version, str(f.relative_to(pkg(version))))
+            body += [s for c in mod.body if isinstance(c, ast.ClassDef) for s in c.body]
+    return body
+
+
 def field_defaults(version: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for stmt in server_args_class(version).body:
+    for stmt in field_statements(version):
         if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
             try:
                 out[stmt.target.id] = ast.literal_eval(stmt.value) if stmt.value is not None else None
@@ -104,14 +116,14 @@ def _const_expr(node: ast.expr | None) -> Any:
 
 def test_known_versions_are_every_pypi_release_in_range() -> None:
     published = [v.strip() for v in (DATA / "pypi_versions.txt").read_text().split() if v.strip()]
-    lo, hi = _vkey("0.5.4.post3"), _vkey("0.5.14")
+    lo, hi = _vkey("0.5.4.post3"), _vkey("0.5.23")
     in_range = sorted((v for v in published if lo <= _vkey(v) <= hi), key=_vkey)
     assert list(VERSIONS) == in_range
     assert sorted(VERSIONS, key=_vkey) == list(VERSIONS)
 
 
 def test_unknown_versions_are_refused() -> None:
-    for v in ("0.5.4.post2", "0.5.15", "0.5.23", "0.6.0", "latest", ""):
+    for v in ("0.5.4.post2", "0.5.24", "0.5.23.post1", "0.6.0", "latest", ""):
         assert not sglang.is_known(v)
         res = sglang.resolve_worker(v, {"--speculative-algorithm": "EAGLE3"}, {})
         assert not res.known and res.worker_class is None and res.disable_overlap_schedule is None
@@ -229,10 +241,14 @@ def test_scheduler_derives_overlap_from_disable_overlap_schedule(version: str) -
     sched = tree(version, "srt/managers/scheduler.py")
     assigns = [ast.unparse(n.value) for n in ast.walk(sched)
                if isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "self.enable_overlap"]
-    assert any(a.startswith("not server_args.disable_overlap_schedule") for a in assigns), assigns
-    create = "create_worker(self.server_args)" if R.RELEASES[version].rules.decider.endswith("create_worker") \
-        else "create_draft_worker("
-    assert create in ast.unparse(sched)
+    # from 0.5.19 the scheduler reads the resolved `schedule` config bag, not server_args
+    assert any(a.startswith(("not server_args.disable_overlap_schedule", "not get_schedule().disable_overlap_schedule"))
+               for a in assigns), assigns
+    src = ast.unparse(sched)
+    if R.RELEASES[version].rules.decider.endswith("create_worker"):  # 0.5.17/0.5.18 pass draft_server_args
+        assert "create_worker(self.server_args)" in src or "create_worker(draft_server_args)" in src
+    else:
+        assert "create_draft_worker(" in src
 
 
 # --- the env var -----------------------------------------------------------------------------
@@ -259,9 +275,10 @@ def test_spec_v2_env_default_and_readers(version: str) -> None:
     func = function(version, handler_file, handler.split(".")[-1])
     reads_env = f"envs.{R.SPEC_V2_ENV}.get()" in ast.unparse(func)
     assert reads_env == (rules.policy != "v2_only")
-    if rules.policy == "v2_only":
+    if rules.policy == "v2_only":  # gone: read only to warn about its removal (0.5.14-0.5.20), then not at all
         top = function(version, handler_file, "handle_speculative_decoding")
-        assert f"os.getenv('{R.SPEC_V2_ENV}')" in ast.unparse(top)
+        assert (f"os.getenv('{R.SPEC_V2_ENV}')" in ast.unparse(top)) == ("env_removed" in rules.messages)
+        assert (R.SPEC_V2_ENV in "".join(strings(tree(version, handler_file)))) == ("env_removed" in rules.messages)
 
 
 @pytest.mark.parametrize("version", _params())
@@ -275,7 +292,15 @@ def test_overlap_messages_are_sglangs(version: str) -> None:
     common = strings(function(version, handler_file, handler.split(".")[-1]))
     assert R.MAX_RUNNING_WARNING in common
     assert R.DRAFT_TOKENS_WARNING in strings(tree(version, handler_file))
-    assert R.PP_WARNING in strings(function(version, "srt/server_args.py", "_handle_pipeline_parallelism"))
+    assert R.PP_WARNING in strings(pp_handler(version))
+
+
+def pp_handler(version: str) -> ast.FunctionDef:
+    """Where pp_size > 1 turns the overlap schedule off: a ServerArgs method, from 0.5.15 a post-process pass."""
+    moved = "srt/arg_groups/overrides.py"
+    if (pkg(version) / moved).exists() and functions(tree(version, moved), "_pipeline_parallel_overlap_disable"):
+        return function(version, moved, "_pipeline_parallel_overlap_disable")
+    return function(version, "srt/server_args.py", "_handle_pipeline_parallelism")
 
 
 def _v2_branch_algorithms(version: str) -> tuple[str, ...] | None:
@@ -300,7 +325,6 @@ def test_v2_branch_algorithms(version: str) -> None:
 
 def parser_options(version: str) -> dict[str, tuple[str, Any, bool]]:
     """option string -> (ServerArgs field, default, is store_true), read off add_cli_args."""
-    cls = server_args_class(version)
     defaults = field_defaults(version)
     out: dict[str, tuple[str, Any, bool]] = {}
     renames = {}
@@ -309,7 +333,7 @@ def parser_options(version: str) -> dict[str, tuple[str, Any, bool]]:
             tgt, val = ast.unparse(node.targets[0]), ast.unparse(node.value)
             if tgt.startswith("args.") and val.startswith("args."):
                 renames[val[5:]] = tgt[5:]
-    for stmt in cls.body:  # 0.5.14+: options derived from Annotated fields
+    for stmt in field_statements(version):  # 0.5.14+: options derived from Annotated fields
         if not (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)):
             continue
         ann = stmt.annotation
@@ -327,7 +351,9 @@ def parser_options(version: str) -> dict[str, tuple[str, Any, bool]]:
         name = stmt.target.id
         cli = ast.literal_eval(meta["cli_name"]) if "cli_name" in meta else "--" + name.replace("_", "-")
         names = [cli, *(ast.literal_eval(meta["aliases"]) if "aliases" in meta else [])]
-        is_bool = ast.unparse(elts[0]) in ("bool", "Optional[bool]") and "action" not in meta
+        # (a BooleanOptionalAction flag also gets a --no-X spelling, which the table does not track)
+        is_bool = ast.unparse(elts[0]) in ("bool", "Optional[bool]") and (
+            "action" not in meta or ast.unparse(meta["action"]) == "argparse.BooleanOptionalAction")
         for n in names:
             out[n] = (name, defaults.get(name), is_bool)
     for node in ast.walk(tree(version, "srt/server_args.py")):
@@ -348,7 +374,8 @@ def parser_options(version: str) -> dict[str, tuple[str, Any, bool]]:
                 default = _const_expr(d)
         else:
             default = defaults.get(dest)
-        is_bool = "action" in kw and ast.unparse(kw["action"]) in ("'store_true'", '"store_true"')
+        is_bool = "action" in kw and ast.unparse(kw["action"]) in ("'store_true'", '"store_true"',
+                                                                   "DeprecatedStoreTrueAction")
         for n in names:
             out[n] = (dest, default, is_bool)
     return out
@@ -373,6 +400,35 @@ def test_flags_table_matches_parser(version: str) -> None:
             f"{version}: {option} exists but the table says it does not"
     spec_options = {o for o in options if o.startswith("--speculative")}
     assert spec_options <= accepted, f"{version}: untracked speculative flags {sorted(spec_options - accepted)}"
+
+
+def all_options(version: str) -> set[str]:
+    """Every option string the release's parser registers (read off its sources): parser_options, the
+    --no-X spelling of BooleanOptionalAction flags, and argparse's own --help."""
+    out = set(parser_options(version)) | {"--help"}
+    for f in field_statements(version):
+        if isinstance(f, ast.AnnAssign) and "BooleanOptionalAction" in ast.unparse(f.annotation):
+            out.add("--no-" + f.target.id.replace("_", "-"))
+    for node in ast.walk(tree(version, "srt/server_args.py")):
+        if isinstance(node, ast.Call) and ast.unparse(node.func).endswith("add_argument") \
+                and "BooleanOptionalAction" in ast.unparse(node):
+            out |= {"--no-" + a.value[2:] for a in node.args if isinstance(a, ast.Constant)
+                    and isinstance(a.value, str) and a.value.startswith("--")}
+    return out
+
+
+@pytest.mark.parametrize("version", _params())
+def test_cli_options_match_parser(version: str) -> None:
+    """The release's full option list (fleetctl/sglang/cli_options.json, stored as changes from the
+    previous release) is what its parser registers: it decides unknown flags and ambiguous prefixes."""
+    real = all_options(version)
+    mine = set(R.cli_options(version))
+    if real != mine:
+        i = VERSIONS.index(version)
+        prev = all_options(VERSIONS[i - 1]) if i else set()
+        entry = {"added": sorted(real - prev), "removed": sorted(prev - real)}
+        pytest.fail(f"{version}: cli_options.json entry should be {json.dumps(entry)}; "
+                    f"missing {sorted(real - mine)[:10]}, extra {sorted(mine - real)[:10]}")
 
 
 def _abbreviation(options: dict[str, Any], prefix: str) -> str | tuple[str, ...]:
@@ -401,7 +457,7 @@ def test_algorithm_names(version: str) -> None:
                       if isinstance(n, ast.Call) and "--speculative-algorithm" in strings(n)
                       and ast.unparse(n.func).endswith("add_argument")), None)
     if algo_call is None:  # 0.5.14+: derived from the annotated field
-        field = next(s for s in server_args_class(version).body if isinstance(s, ast.AnnAssign)
+        field = next(s for s in field_statements(version) if isinstance(s, ast.AnnAssign)
                      and ast.unparse(s.target) == "speculative_algorithm")
         assert "Literal" not in ast.unparse(field.annotation)
         algo_call = next((n for n in ast.walk(field.annotation) if isinstance(n, ast.Call)), None)
@@ -433,7 +489,7 @@ def test_adaptive_flag_and_rules(version: str) -> None:
         return
     params = tree(version, "srt/speculative/adaptive_spec_params.py")
     texts = "\n".join(strings(functions(params, "adaptive_unsupported_reason")[0]))
-    for key, reason in R.ADAPTIVE_REASONS.items():
+    for key, reason in rel.adaptive.reasons.items():
         chunks = re.split(r"\{[^}]*\}", reason.replace("{worker}", rel.adaptive.multi_layer_class))
         present = all(chunk in texts for chunk in chunks if chunk)
         assert present == (key != "overlap" or rel.adaptive.requires_overlap_off), (key, reason)
@@ -522,10 +578,35 @@ def _multi_layer_overrides(version: str) -> tuple[set[str], bool]:
     return archs, forces
 
 
+def _multi_layer_override_passes(version: str) -> set[str]:
+    """0.5.15+: model overrides are registered passes (`@_register_for(*archs)` or a predicate over the
+    architecture) returning {"enable_multi_layer_eagle": True} when the algorithm is "EAGLE"."""
+    files = [pkg(version) / "srt/arg_groups/overrides.py",
+             *sorted((pkg(version) / "srt/arg_groups/model_overrides").glob("*.py"))]
+    archs: set[str] = set()
+    for f in files:
+        if not f.exists():
+            continue
+        for func in ast.walk(tree(version, str(f.relative_to(pkg(version))))):
+            if not isinstance(func, ast.FunctionDef):
+                continue
+            src = ast.unparse(func)
+            if not re.search(r"""(\['enable_multi_layer_eagle'\] = True|'enable_multi_layer_eagle': True)""", src):
+                continue
+            ifs = [n for n in ast.walk(func) if isinstance(n, ast.If) and "enable_multi_layer_eagle" in ast.unparse(n)
+                   and "speculative_algorithm" in ast.unparse(n.test)]
+            assert ifs and all(ast.unparse(n.test).endswith("speculative_algorithm == 'EAGLE'") for n in ifs), src
+            decos = [d for d in func.decorator_list if "register" in ast.unparse(d)]
+            assert decos, f"{version}: {func.name} is not a registered model override"
+            archs |= {a for d in decos for a in strings(d)}
+    return archs
+
+
 @pytest.mark.parametrize("version", _params())
 def test_multi_layer_model_overrides(version: str) -> None:
     rel = R.RELEASES[version]
     archs, forces = _multi_layer_overrides(version)
+    archs |= _multi_layer_override_passes(version)
     assert archs == set(rel.multi_layer_archs)
     assert forces == rel.multi_layer_arch_forces_env
     if forces:
@@ -599,6 +680,41 @@ class _Args:
         return types.SimpleNamespace(architectures=[self._arch])
 
 
+def _declare(args: Any, source: str, **fields: Any) -> None:
+    for k, v in fields.items():
+        setattr(args, k, v)
+
+
+def _run_pass(args: Any, fn: Any) -> None:
+    declared = fn(args)
+    if isinstance(declared, dict):  # (a pass this harness stubs out returns a stub object: no effect)
+        _declare(args, fn.__name__, **declared)
+
+
+# 0.5.15+ route ServerArgs changes through a resolution layer (declarations stashed on the record,
+# read back through a "resolved view"). Stand-ins with the same effect for one record, applied at once:
+# declare_resolution sets the fields, views are the record itself.
+def _direct_writes(args: Any, source: str, fn: Any) -> None:
+    fn(args)  # the real one records the writes fn makes to the record; here they land on it directly
+
+
+_SAME = {"resolved_view": lambda args: args, "resolving_view": lambda args: args,
+         "model_config_of": lambda args: args.get_model_config()}
+RESOLUTION_STAND_INS: dict[str, dict[str, Any]] = {
+    "sglang.srt.arg_groups.overrides": {
+        **_SAME, "declare_resolution": _declare, "run_post_process_pass": _run_pass,
+        "declare_late_resolution": _declare, "declare_direct_writes": _direct_writes,
+        "record_foreign_defaults": lambda args, source, resolve: resolve(args),
+        "attention_backends_of": lambda cfg: (cfg.prefill_attention_backend or cfg.attention_backend,
+                                              cfg.decode_attention_backend or cfg.attention_backend)},
+    "sglang.srt.arg_groups.model_override_base": dict(_SAME),
+    "sglang.srt.runtime_context": {"attn_dp_enabled_of": lambda cfg: bool(cfg.enable_dp_attention),
+                                   "get_platform": lambda: types.SimpleNamespace(is_npu=False, is_hip=False)},
+    # an in-tree CUDA platform (not an out-of-tree plugin)
+    "sglang.srt.platforms": {"current_platform": types.SimpleNamespace(is_out_of_tree=lambda: False)},
+}
+
+
 class Wheel:
     """The parts of one release that decide the speculative worker, runnable without GPUs."""
 
@@ -623,19 +739,46 @@ class Wheel:
         ns: dict[str, Any] = {"logger": logging.getLogger("sglang.srt.server_args"), "os": os, "json": json,
                               "logging": logging}
         exec(code, ns)
+        ns["_check_pp"] = self._compile_pp_check()
+        handler = pp_handler(self.version)
+        if handler.name == "_pipeline_parallel_overlap_disable":  # 0.5.15+: a post-process pass
+            handler.decorator_list = []
+            exec(compile(ast.Module(body=[handler], type_ignores=[]), f"<{self.version} overrides>", "exec"), ns)
+            ns["_handle_pipeline_parallelism"] = lambda args: _run_pass(args, ns["_pipeline_parallel_overlap_disable"])
         return ns
+
+    def _compile_pp_check(self) -> Any:
+        """The release's own `if pp_size > 1:` block of check_server_args, as a function of the args."""
+        hook = "srt/arg_groups/validation_hook.py"
+        where = hook if (pkg(self.version) / hook).exists() and functions(tree(self.version, hook),
+                                                                            "check_server_args") \
+            else "srt/server_args.py"
+        check = function(self.version, where, "check_server_args")
+        block = next(n for n in ast.walk(check) if isinstance(n, ast.If)
+                     and ast.unparse(n.test) in ("self.pp_size > 1", "cfg.pp_size > 1"))
+        helpers = [f for f in functions(tree(self.version, where), "check_pipeline_parallel_compat")]
+        fn = ast.FunctionDef(name="_check_pp", args=ast.arguments(
+            posonlyargs=[], args=[ast.arg("self"), ast.arg("cfg")], kwonlyargs=[], kw_defaults=[], defaults=[]),
+            body=[block], decorator_list=[], returns=None, type_params=[])
+        mod = ast.fix_missing_locations(ast.Module(body=[*helpers, fn], type_ignores=[]))
+        ns: dict[str, Any] = {"get_platform": lambda: types.SimpleNamespace(is_npu=False),
+                              "attn_dp_enabled_of": lambda cfg: bool(cfg.enable_dp_attention)}
+        exec(compile(mod, f"<{self.version} check_server_args>", "exec"), ns)
+        self.pp_ns = ns
+        return lambda args: ns["_check_pp"](args, args)
 
     @contextlib.contextmanager
     def loaded(self) -> Iterator[None]:
         before = set(sys.modules)
-        importer = _Importer(pkg(self.version), self.REAL, {"sglang.srt.server_args": {
-            "auto_choose_speculative_params": self.ns.get("auto_choose_speculative_params")}})
+        importer = _Importer(pkg(self.version), self.REAL, {
+            "sglang.srt.server_args": {"auto_choose_speculative_params": self.ns.get("auto_choose_speculative_params")},
+            **RESOLUTION_STAND_INS})
         sys.meta_path.insert(0, importer)
         log = logging.getLogger("sglang")
         log.addHandler(self.capture)
         old_level, log.level = log.level, logging.DEBUG
         try:
-            self.ns["envs"] = importlib.import_module("sglang.srt.environ").envs
+            self.ns["envs"] = self.pp_ns["envs"] = importlib.import_module("sglang.srt.environ").envs
             self.spec_info = importlib.import_module("sglang.srt.speculative.spec_info")
             self.hook = (importlib.import_module("sglang.srt.arg_groups.speculative_hook")
                          if self.rel.rules.handler.startswith("srt/arg_groups") else None)
@@ -664,8 +807,9 @@ class Wheel:
                     self.hook.handle_speculative_decoding(args)
                 else:
                     self.ns["_handle_speculative_decoding"](args)
+                self.ns["_check_pp"](args)
                 worker = self._worker(args)
-        except (ValueError, AssertionError, TypeError) as exc:
+        except (ValueError, AssertionError, TypeError, NameError) as exc:
             error = f"{type(exc).__name__}: {exc}"
         finally:
             os.environ.pop(R.SPEC_V2_ENV, None)
@@ -682,7 +826,18 @@ class Wheel:
         else:  # the scheduler passes enable_overlap only to EAGLE-family factories
             kwargs = {"enable_overlap": not args.disable_overlap_schedule} if algo.is_eagle() else {}
             cls = type(algo.create_draft_worker(**kwargs))
+        if cls.__name__.startswith("MultiLayerEagleWorker"):
+            self._import_worker_module(cls.__module__)
         return cls.__module__, cls.__name__
+
+    @cache  # noqa: B019 (one Wheel per test)
+    def _import_worker_module(self, module: str) -> None:
+        """Execute the worker's own module (its imports stubbed), as the scheduler's import would:
+        an annotation naming a TYPE_CHECKING-only class raises NameError here on CPython <= 3.13."""
+        file = pkg(self.version).parent / (module.replace(".", "/") + ".py")
+        spec = importlib.util.spec_from_file_location(module + "_as_imported", file)
+        assert spec is not None and spec.loader is not None
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))
 
 
 PARAMS = {  # (num_steps, topk, num_draft_tokens)
@@ -845,7 +1000,16 @@ def test_model_override_turns_on_multi_layer() -> None:
                                   model_arch="MiMoV2FlashForCausalLM")
     assert nextn.worker_class == "EAGLEWorker"  # the override compares the raw string to "EAGLE"
     new = sglang.resolve_worker("0.5.12", eagle, {R.SPEC_V2_ENV: "0"}, model_arch="MiMoV2ForCausalLM")
-    assert (new.worker_class, new.disable_overlap_schedule) == ("MultiLayerEagleWorker", True)
+    # the route is MultiLayerEagleWorker, whose module fails at import on 0.5.9-0.5.12 (CPython <= 3.13)
+    assert (new.worker_class, new.disable_overlap_schedule) == (None, True)
+    assert new.startup_error.startswith("NameError: name 'ModelRunner' is not defined")
+    assert "refuses to start" in new.reason
+    on = sglang.resolve_worker("0.5.12", eagle, {}, model_arch="MiMoV2ForCausalLM")
+    assert on.worker_class == "MultiLayerEagleWorkerV2" and on.startup_error is None
+    flag = {**eagle, "--enable-multi-layer-eagle": True, "--disable-overlap-schedule": True}
+    assert sglang.resolve_worker("0.5.8", flag, {}).worker_class == "MultiLayerEagleWorker"  # imports fine
+    assert sglang.resolve_worker("0.5.9", flag, {}).startup_error.startswith("NameError")
+    assert sglang.resolve_worker("0.5.13", flag, {}).worker_class == "MultiLayerEagleWorkerV2"  # synchronous v2
     assert sglang.resolve_worker("0.5.8", eagle, {}, model_arch="Step3p5ForCausalLM").worker_class == "EAGLEWorker"
 
 
@@ -874,3 +1038,139 @@ def test_resolution_edges() -> None:
     assert "auto-chosen" in auto.reason
     assert sglang.eagle_worker_classes("0.5.14") == ("EAGLEWorkerV2", "MultiLayerEagleWorkerV2")
     assert "EAGLEWorker" not in sglang.worker_files("0.5.13")
+
+
+# --- pipeline parallelism with speculative decoding: the release's own check_server_args block ------
+
+@pytest.mark.parametrize("version", _params())
+def test_pp_with_speculation_matches_check_server_args(version: str) -> None:
+    """pp_size > 1 with a speculative algorithm: the server refuses to start (every release through
+    0.5.20); from 0.5.21 EAGLE (not multi-layer) runs under SGLANG_ENABLE_PP_SPEC=1 on the last stage."""
+    wheel = Wheel(version)
+    mismatches: list[str] = []
+    cases = itertools.product(("EAGLE", "EAGLE3", "NEXTN", "NGRAM", None), (None, "1", "0"),
+                              ({}, {"enable_multi_layer_eagle": True}, {"speculative_adaptive": True},
+                               {"enable_dp_attention": True}))
+    with wheel.loaded():
+        for algo, pp_env, extra in cases:
+            if any(k not in wheel.defaults for k in extra):
+                continue
+            fields = {"speculative_algorithm": algo, "speculative_num_steps": 3, "speculative_eagle_topk": 1,
+                      "speculative_num_draft_tokens": 4, "pp_size": 2, **extra}
+            args = _Args(wheel.defaults, "LlamaForCausalLM", **fields)
+            args.disable_overlap_schedule = True  # what the PP handler has set by then
+            if algo == "NEXTN":
+                args.speculative_algorithm = "EAGLE"  # the alias is resolved before check_server_args
+            saved = os.environ.pop(R.PP_SPEC_ENV, None)
+            if pp_env is not None:
+                os.environ[R.PP_SPEC_ENV] = pp_env
+            try:
+                wheel.ns["_check_pp"](args)
+                real = None
+            except AssertionError as exc:
+                real = f"AssertionError: {exc}"
+            finally:
+                os.environ.pop(R.PP_SPEC_ENV, None)
+                if saved is not None:
+                    os.environ[R.PP_SPEC_ENV] = saved
+            mine = sglang.resolve_worker(version, _flags(fields), {} if pp_env is None else {R.PP_SPEC_ENV: pp_env})
+            got = mine.startup_error if (mine.startup_error and "ipeline" in mine.startup_error) or \
+                (mine.startup_error or "").startswith(("AssertionError: SGLANG_ENABLE_PP_SPEC", "AssertionError: PP +")) \
+                else None
+            if algo == "NGRAM" and extra:  # other NGRAM/adaptive refusals come first in fleetctl; not this check
+                continue
+            if real != got:
+                mismatches.append(f"{algo} {extra} {R.PP_SPEC_ENV}={pp_env!r}: real={real!r} mine={got!r}")
+    assert not mismatches, "\n".join(mismatches[:10])
+
+
+def test_model_specific_routing_not_ruled_out_without_the_model_config() -> None:
+    """`--speculative-algorithm EAGLE` without the target's architectures: a model override of the release
+    may turn on multi-layer EAGLE, so the answer says it is not certain (never a silent default)."""
+    eagle = {"--speculative-algorithm": "EAGLE", "--speculative-num-steps": 3, "--speculative-eagle-topk": 1}
+    for version in ("0.5.9", "0.5.14", "0.5.23"):
+        blind = sglang.resolve_worker(version, eagle, {})
+        assert not blind.certain and blind.reason.startswith(
+            "not certain: model config not readable, model-specific routing not ruled out: ")
+        assert blind.worker_class is not None  # the answer for an architecture without an override
+        known = sglang.resolve_worker(version, eagle, {}, model_arch="LlamaForCausalLM")
+        assert known.certain and "not certain" not in known.reason
+        mimo = sglang.resolve_worker(version, eagle, {}, model_arch="MiMoV2FlashForCausalLM")
+        assert mimo.certain and mimo.worker_class == "MultiLayerEagleWorkerV2"
+    # EAGLE3 (and NEXTN, compared before normalisation) are not touched by those overrides
+    for algo in ("EAGLE3", "NEXTN"):
+        assert sglang.resolve_worker("0.5.23", {**eagle, "--speculative-algorithm": algo}, {}).certain
+    assert sglang.resolve_worker("0.5.6", eagle, {}).certain  # no model override there yet
+    giga = sglang.resolve_worker("0.5.21", eagle, {}, model_arch="GigaChat35ForCausalLM")
+    assert giga.worker_class == "MultiLayerEagleWorkerV2"
+    assert sglang.resolve_worker("0.5.20", eagle, {}, model_arch="GigaChat35ForCausalLM").worker_class == \
+        "EAGLEWorkerV2"
+
+
+def test_release_options_decide_unknown_and_ambiguous_flags() -> None:
+    """Flags fleetctl does not track are judged by the release's own option list: registered ones are
+    not "unknown" (0.5.20+ declare them outside server_args.py, so a text search there misses them),
+    unique prefixes resolve, shared prefixes are refused as argparse does, others pass through."""
+    base = {"--speculative-algorithm": "EAGLE3", "--speculative-num-steps": 3, "--speculative-eagle-topk": 1}
+    for version in ("0.5.9", "0.5.20", "0.5.23"):
+        res = sglang.resolve_worker(version, {**base, "--mem-fraction-static": 0.8, "--mem-frac": 0.8}, {})
+        assert res.startup_error is None and res.unknown_flags == (), (version, res.unknown_flags)
+    patch_flag = sglang.resolve_worker("0.5.23", {**base, "--speculative-disable-batch-threshold": 16}, {})
+    assert patch_flag.unknown_flags == ("--speculative-disable-batch-threshold",)
+    assert sglang.resolve_worker("0.5.9", {**base, "--cuda-graph-max": 8}, {}).resolved_args["cuda_graph_max_bs"] == 8
+    amb = sglang.resolve_worker("0.5.23", {**base, "--cuda-graph-max": 8}, {})
+    assert amb.startup_error.startswith("ambiguous option: --cuda-graph-max could match --cuda-graph-max-bs-decode")
+    gone = sglang.resolve_worker("0.5.23", {**base, "--speculative-skip-dp-mlp-sync": True}, {})
+    assert gone.startup_error == "unrecognized arguments: --speculative-skip-dp-mlp-sync"
+
+
+# --- the target's architectures, from where the launch would read its config.json ----------------------
+
+def _read_arch(model_path: str, env: dict[str, str], home: str, cwd: str) -> str | None:
+    """What the host side does with the locations: the first readable config.json gives the answer."""
+    from fleetctl.sglang import model_config as mc
+
+    for loc in mc.config_locations(model_path, env, home, cwd=cwd):
+        path = loc.path
+        if loc.kind == "hub":
+            ref = Path(loc.ref or "")
+            if not ref.is_file():
+                continue
+            path = mc.snapshot_config(loc.path, ref.read_text()) or ""
+        if path and Path(path).is_file():
+            return mc.architecture(Path(path).read_bytes())
+    return None
+
+
+def test_model_config_located_like_the_launch_would(tmp_path: Path) -> None:
+    from fleetctl.sglang import model_config as mc
+
+    home, commit = tmp_path / "home", "0123456789abcdef0123456789abcdef01234567"
+    repo = home / ".cache/huggingface/hub/models--XiaomiMiMo--MiMo-V2-Flash"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs/main").write_text(commit + "\n")
+    (repo / "snapshots" / commit).mkdir(parents=True)
+    (repo / "snapshots" / commit / "config.json").write_text(json.dumps({"architectures": ["MiMoV2FlashForCausalLM"]}))
+    arch = _read_arch("XiaomiMiMo/MiMo-V2-Flash", {}, str(home), str(tmp_path))
+    assert arch == "MiMoV2FlashForCausalLM"
+    eagle = {"--speculative-algorithm": "EAGLE", "--speculative-num-steps": 3, "--speculative-eagle-topk": 1}
+    res = sglang.resolve_worker("0.5.23", eagle, {}, model_arch=arch)
+    assert res.certain and res.worker_class == "MultiLayerEagleWorkerV2"
+    # the launch's HF_HOME moves the cache: the same id is then not found there -> not certain
+    assert _read_arch("XiaomiMiMo/MiMo-V2-Flash", {"HF_HOME": str(tmp_path / "elsewhere")}, str(home),
+                      str(tmp_path)) is None
+    assert not sglang.resolve_worker("0.5.23", eagle, {}, model_arch=None).certain
+    assert mc.hub_cache_dir({"HF_HUB_CACHE": "/c", "HF_HOME": "/h"}, "/root") == "/c"
+    assert mc.hub_cache_dir({"HF_HOME": "~/hf"}, "/root") == "/root/hf/hub"
+    assert mc.hub_cache_dir({"XDG_CACHE_HOME": "/x"}, "/root") == "/x/huggingface/hub"
+    # a local directory (relative to the launch's working directory) comes first
+    local = tmp_path / "models" / "llama"
+    local.mkdir(parents=True)
+    (local / "config.json").write_text('{"architectures": ["LlamaForCausalLM"], "x": 1}')
+    assert _read_arch("models/llama", {}, str(home), str(tmp_path)) == "LlamaForCausalLM"
+    # host data is untrusted: malformed, oversized or implausible configs give no architecture
+    for bad in (b"{", b"[]", b'{"architectures": []}', b'{"architectures": [7]}',
+                b'{"architectures": ["[red]x[/red]"]}', b"\xff", b" " * (mc.MAX_CONFIG_BYTES + 1)):
+        assert mc.architecture(bad) is None, bad
+    assert [loc.kind for loc in mc.config_locations("../../etc", {}, "/root", cwd="/w")] == ["local"]
+    assert mc.snapshot_config("/r", "../../x") is None

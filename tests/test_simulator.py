@@ -237,3 +237,64 @@ def test_unregistered_flag_is_refused_like_argparse(tmp_path: Path, sims: list[S
     s2 = Sim(site, args)
     sims.append(s2)
     s2.wait_ready()
+
+
+# --- releases newer than 0.5.14: their log format, dump form and refusals ------------------------------
+
+def test_new_release_dict_dump_and_silent_env(tmp_path: Path, sims: list[Sim]) -> None:
+    """0.5.23: the startup dump is `server_args={...}` (a dict, from 0.5.19) and SGLANG_ENABLE_SPEC_V2 is
+    ignored without a word (from 0.5.21); the worker is EAGLEWorkerV2 with TP ranks in the prefix."""
+    from fleetctl.sglang import parse_server_args_dump
+
+    site = fake_tree(tmp_path, "0.5.23", {"eagle_worker_v2.py": WORKER_WITH.format(cls="EAGLEWorkerV2")})
+    s = run(sims, site, [*EAGLE_FLAGS, "--tp-size", "2", "--speculative-disable-batch-threshold", "8"],
+            {"SGLANG_ENABLE_SPEC_V2": "0", "SGLANG_LOG_MS": "1"})
+    lines = s.wait_ready()
+    parsed = [parse_line(x) for x in lines]
+    dump = next(p for p in parsed if "server_args=" in p.message)
+    assert dump.message.startswith("server_args={'model_path': 'm'")
+    fields = parse_server_args_dump(dump.message)
+    assert fields is not None and fields["disable_overlap_schedule"] is False and fields["tp_size"] == 2
+    sglang_lines = [x for x in lines if "fleetctl simulator" not in x and "SIMULATOR" not in x]
+    assert not any("SGLANG_ENABLE_SPEC_V2" in x for x in sglang_lines)  # no removal warning any more
+    marks = [p for p in parsed if MARKER in p.message]
+    assert [p.ranks for p in marks] == [{"TP": 0}, {"TP": 1}]
+    assert all("worker=EAGLEWorkerV2" in p.message and p.timestamp and "." in p.timestamp for p in marks)
+
+
+@pytest.mark.parametrize(("version", "flag", "error"), [
+    ("0.5.23", "--cuda-graph-max-bs", "ambiguous option: --cuda-graph-max-bs could match"),
+    ("0.5.20", "--cuda-graph-bs", "ambiguous option: --cuda-graph-bs could match"),
+    ("0.5.13", "--cuda-graph-max-bs-decode", "unrecognized arguments: --cuda-graph-max-bs-decode"),
+])
+def test_flag_refusals_of_a_release(tmp_path: Path, sims: list[Sim], version: str, flag: str, error: str) -> None:
+    site = fake_tree(tmp_path, version, {"eagle_worker_v2.py": ""})
+    s = run(sims, site, [*EAGLE_FLAGS, flag, "32"])
+    code, errs = s.finish()
+    assert code == 2, errs  # argparse's exit status, with its usage line
+    assert errs.strip().splitlines()[-1].startswith(f"launch_server.py: error: {error}"), errs
+    # the same value under the release's own spelling starts
+    if version != "0.5.13":
+        ok = run(sims, site, [*EAGLE_FLAGS, "--cuda-graph-max-bs-decode", "32"])
+        ok.wait_ready()
+
+
+def test_pp_with_speculation_refused_on_every_release(tmp_path: Path, sims: list[Sim]) -> None:
+    site = fake_tree(tmp_path, "0.5.14", {"eagle_worker_v2.py": ""})
+    s = run(sims, site, [*EAGLE_FLAGS, "--pp-size", "2"])
+    code, errs = s.finish()
+    assert code == 1
+    assert errs.strip().splitlines()[-1] == ("AssertionError: Pipeline parallelism is not compatible with "
+                                             "overlap schedule, speculative decoding")
+
+
+def test_release_registered_flag_not_refused_on_new_layout(tmp_path: Path, sims: list[Sim]) -> None:
+    """0.5.20+ declare most options outside srt/server_args.py: a flag the release registers (here
+    --mem-fraction-static) must start, even though that file does not spell it."""
+    site = fake_tree(tmp_path, "0.5.23", {"eagle_worker_v2.py": ""})
+    (site / "sglang" / "srt" / "server_args.py").write_text("class ServerArgs:\n    port: int = 30000\n")
+    s = run(sims, site, [*EAGLE_FLAGS, "--mem-fraction-static", "0.8"])
+    s.wait_ready()
+    bogus = run(sims, site, [*EAGLE_FLAGS, "--no-such-flag", "1"])
+    code, errs = bogus.finish()
+    assert code == 2 and "unrecognized arguments: --no-such-flag 1" in errs

@@ -165,7 +165,7 @@ def test_stale_lines_of_an_earlier_launch_are_ignored(sb: Any, tmp_path: Path,
     assert MARKER in old_log.read_text() and instances(second)["h01"]["log"] != str(old_log)
     code, doc = cli(capsys, "verify-logs", "-i", inv, FULL)
     iv = instances(doc)["h01"]
-    assert code == 1 and iv["launch_id"] == second["launch_id"]
+    assert code == 1 and iv["launch_id"] == second["op_id"]
     assert not any(r["markers"][MARKER] for r in iv["ranks"])
     assert "does NOT carry" in text(iv)
     assert "no deploy of 'dynamic-spec-disable' is on disk here" in text(iv)
@@ -301,13 +301,17 @@ def test_a_launch_command_that_replays_an_old_log_cannot_pass(sb: Any, tmp_path:
     assert MARKER in old_log.read_text()
     ok(capsys, "stop", "-i", inv)
     # the origin mistake on disk (EAGLEWorker unpatched on 0.5.9), launched through a command that first
-    # replays the earlier run's log (the `tail`/journal pattern) and then execs the server
+    # replays the earlier run's log (the `tail`/journal pattern) and then execs the server (a python
+    # script: fleetctl must see which python a launch runs, so no `sh -c`)
     ok(capsys, "rollback", "-i", inv)
     ok(capsys, "deploy", "-i", inv, WRONG, "--allow-uncovered")
     time.sleep(2.5)  # the replayed lines are older than the new process by more than the clock slack
+    replay = tmp_path / "replay_then_serve.py"
+    replay.write_text(f"import os, sys\nsys.stderr.buffer.write(open({str(old_log)!r}, 'rb').read())\n"
+                      "sys.stderr.flush()\n"
+                      "os.execv(sys.executable, [sys.executable, '-m', 'fleetctl.sandbox.simulator', *sys.argv[1:]])\n")
     doc = yaml.safe_load(inv.read_text())
-    doc["hosts"]["h01"]["launch_command"] = (
-        f"sh -c 'cat {old_log}; exec \"$0\" \"$@\"' {{python}} -m fleetctl.sandbox.simulator")
+    doc["hosts"]["h01"]["launch_command"] = f"{{python}} {replay}"
     inv.write_text(yaml.safe_dump(doc))
     launched = ok(capsys, "launch", "--drop-unknown-flags", "--allow-uncovered", "-i", inv, WRONG, "--timeout", "30")
     assert MARKER in Path(instances(launched)["h01"]["log"]).read_text()  # the replayed lines are in the log

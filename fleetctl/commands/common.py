@@ -55,8 +55,13 @@ def require_inventory(path: Path | None) -> Path:
     return path
 
 
-def emit_json(doc: Any) -> None:
-    """The JSON document keeps every value raw: json.dumps escapes control characters (and, with
-    ensure_ascii, everything outside ASCII) itself, so nothing is interpreted by a terminal."""
+def emit_json(command: str, *, ok: bool, hosts: list[dict[str, Any]] | None = None, op_id: str | None = None,
+              message: str | None = None, summary: dict[str, int] | None = None, **extra: Any) -> None:
+    """Print the command's one JSON document: the envelope of fleetctl/jsonout.py (docs/json.md).
+    Every value stays raw: json.dumps escapes control characters (and, with ensure_ascii, everything
+    outside ASCII) itself, so nothing is interpreted by a terminal."""
+    from fleetctl.jsonout import envelope
+
+    doc = envelope(command, ok=ok, hosts=hosts, op_id=op_id, message=message, summary=summary, **extra)
     sys.stdout.write(json.dumps(doc, indent=2, sort_keys=False, default=str) + "\n")
     sys.stdout.flush()

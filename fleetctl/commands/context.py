@@ -2,19 +2,27 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING, TypeVar
 
 from fleetctl.commands.common import err, require_inventory
+from fleetctl.errors import EXIT_INTERRUPTED, Interrupted
 from fleetctl.safetext import DETAIL_LIMIT, line, safe
 
 if TYPE_CHECKING:  # imported when a command reaches its hosts (issue 16.10)
     from fleetctl.config.inventory import Inventory
     from fleetctl.fleet import Fleet
+
+__all__ = ["EXIT_INTERRUPTED", "Interrupted"]
 
 
 @dataclass
@@ -37,12 +45,91 @@ def fleet_context(inventory: Path | None, limit: str | None, forks: int, *, json
     started = time.monotonic()
     inv = load_inventory(require_inventory(inventory))
     hosts = inv.select(limit)
-    from fleetctl.fleet import Fleet  # the transport (paramiko, fabric): only once the input is valid
+    from fleetctl.fleet import (  # the transport (paramiko, fabric): once the input is valid
+        Fleet,
+        raise_fd_limit,
+    )
+
+    note = raise_fd_limit(len(hosts))
+    if note:
+        sys.stderr.write(note + "\n")
     fleet = Fleet(inv, hosts, forks=forks, accept_new_host_keys=accept_new_host_keys)
+    handler = _CtrlC(fleet, inv.path)
+    previous = handler.install()
     try:
         yield RunContext(inv, fleet, started, json, debug)
     finally:
-        fleet.close()
+        handler.uninstall(previous)
+        try:
+            if fleet.interrupt.is_set():
+                sys.stdout.flush()
+                sys.stderr.write(interrupt_report(fleet))
+                raise Interrupted(
+                    f"interrupted: {len(fleet.not_started)} host(s) not started, {len(fleet.at_interrupt)} were in "
+                    f"flight and finished or timed out", hint=f"'fleetctl status -i {inv.path}' shows each host's state")
+        finally:
+            fleet.close()
+
+
+class _CtrlC:
+    """SIGINT during a fleet command. First press: start no new host, let the hosts in flight finish
+    or time out (their transactions end cleanly), then report per host and exit 130. Second press:
+    exit at once, naming the hosts that may be left mid-transaction."""
+
+    def __init__(self, fleet: Fleet, inventory: Path) -> None:
+        self.fleet = fleet
+        self.inventory = inventory
+
+    def install(self) -> tuple[bool, object]:
+        if threading.current_thread() is not threading.main_thread():
+            return False, None
+        return True, signal.signal(signal.SIGINT, self)
+
+    def uninstall(self, previous: tuple[bool, object]) -> None:
+        installed, handler = previous
+        if installed:  # a handler not set from Python reads as None: restore the default then
+            signal.signal(signal.SIGINT, handler if handler is not None else signal.default_int_handler)  # type: ignore[arg-type]
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        f = self.fleet
+        flying = {name: (c.step or "between steps") for name, c in list(f.inflight.items())}
+        where = ", ".join(f"{n} (at {s})" for n, s in flying.items())
+        if not f.interrupt.is_set():
+            f.at_interrupt.update(flying)
+            f.interrupt.set()
+            sys.stderr.write(f"\ninterrupt: starting no new host; waiting for {len(flying)} host(s) in flight to "
+                             f"finish or time out{': ' + where if where else ''}. Press Ctrl-C again to exit at once.\n")
+            sys.stderr.flush()
+            return
+        sys.stderr.write(f"\ninterrupted again: exiting now; {len(flying)} host(s) left in flight"
+                         f"{': ' + where if where else ''}. A host may be left mid-transaction: "
+                         f"'fleetctl status -i {self.inventory}' shows it (the next deploy or rollback repairs "
+                         f"an interrupted one).\n")
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(EXIT_INTERRUPTED)
+
+
+def interrupt_report(fleet: Fleet) -> str:
+    """Per host, after a Ctrl-C: done, not started, or in flight at step X (and how that ended)."""
+    lines = ["interrupted (Ctrl-C): per host:"]
+    for h in fleet.hosts:
+        last = fleet.last.get(h.name)
+        conn = fleet._conns.get(h.name)
+        did = f" (done: {', '.join(dict.fromkeys(conn.done))})" if conn is not None and conn.done else ""
+        ended = ("" if last is None else
+                 "done" if last.ok else f"{last.status}: {last.message}")
+        if h.name in fleet.at_interrupt:
+            lines.append(f"  {h.name}: in flight at {fleet.at_interrupt[h.name]} when interrupted; then {ended}")
+        elif h.name in fleet.not_started:
+            lines.append(f"  {h.name}: not started{did}")
+        elif last is not None:
+            lines.append(f"  {h.name}: {ended}{did if last.ok else ''}")
+        else:
+            lines.append(f"  {h.name}: not started")
+    return "\n".join(lines) + "\n"
 
 
 def print_debug_details(ctx: RunContext, outcomes: list) -> None:
@@ -61,6 +148,8 @@ def run_with_progress(ctx: RunContext, what: str, fn: Callable[[], T]) -> T:
     """Run fn with a live 'hosts done / failed' bar on stderr (not with --json, not off a terminal)."""
     from fleetctl.render import host_progress
 
+    if ctx.fleet.interrupt.is_set():  # after a Ctrl-C no later step starts on any host: the report
+        raise Interrupted(f"interrupted before {what}")  # (fleet_context) says what each host did
     with host_progress(err, len(ctx.fleet.hosts), what, enabled=not ctx.json) as tick:
         ctx.fleet.progress = tick
         try:

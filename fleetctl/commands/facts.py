@@ -21,8 +21,9 @@ from fleetctl.commands.context import fleet_context, print_debug_details
 from fleetctl.errors import EXIT_FAILED, EXIT_OK
 from fleetctl.facts import HostFacts, read_facts
 from fleetctl.hostnames import group, hosts_label, strip_host
+from fleetctl.jsonout import host_row
 from fleetctl.render import host_progress, say, status_cell, summary_line
-from fleetctl.safetext import lines_cell, safe, styled
+from fleetctl.safetext import line, lines_cell, safe, styled
 
 KEY_FILES = ("srt/server_args.py", "srt/speculative/eagle_worker.py", "srt/speculative/eagle_worker_v2.py")
 
@@ -59,7 +60,10 @@ def _files_cell(f: HostFacts, all_files: bool) -> Text:
 def _facts_lines(f: HostFacts, all_files: bool) -> tuple[tuple[str, Text], ...]:
     """(label, value) lines of one host's facts: a block an 80-column terminal shows whole."""
     sg = (Text.assemble(safe(f"{f.sglang_version or '?'} ({f.sglang_install}) in "), safe(f.sglang_dir))
-          if f.sglang_found else Text.assemble(styled("not found", "red"), " by this python"))
+          if f.sglang_found else Text.assemble(styled("not found", "red"), " by the launch's python"))
+    if not f.sglang_found and f.sglang_error:
+        sg.append_text(Text.assemble(": ", safe(f.sglang_error)))
+    notes = [*f.sglang_notes, *[p for p in map(f.bytecode_problem, f.bytecode) if p]]
     tc = f.torch
     torch = (styled("missing", "red") if tc.installed is None else
              Text.assemble(safe(tc.installed), " ",
@@ -67,7 +71,10 @@ def _facts_lines(f: HostFacts, all_files: bool) -> tuple[tuple[str, Text], ...]:
                             None: "(unchecked)"}[tc.satisfied]))
     if tc.required:
         torch.append_text(safe(f" (needs {', '.join(tc.required)})"))
-    return (("OS", safe(f.os)), ("python", safe(f"{f.python} ({f.python_version})")), ("SGLang", sg),
+    py = [("python", safe(f"{f.python} ({f.python_version})"))]
+    if f.launch_python and f.launch_python != f.python:
+        py.append(("launch", safe(f"{f.launch_python} ({f.launch_python_version})")))
+    return (("OS", safe(f.os)), *py, ("SGLang", sg), *[("note", line(styled("note:", "yellow"), " ", n)) for n in notes],
             ("torch", torch), ("files", Text("; ").join(_files_cell(f, all_files).split("\n"))),
             ("GPUs", safe(_gpu_cell(f))))
 
@@ -113,13 +120,10 @@ def register(app: typer.Typer) -> None:
             elapsed = ctx.elapsed()
             summary = summary_line("facts", outcomes, elapsed)
             if json_out:
-                emit_json({
-                    "command": "facts",
-                    "inventory": str(ctx.inventory.path),
-                    "elapsed": round(elapsed, 3),
-                    "hosts": [{**o.to_json(), "facts": o.data.to_json() if o.ok else None} for o in outcomes],
-                    "summary": summary,
-                })
+                emit_json("facts", ok=all(o.ok for o in outcomes), message=summary,
+                          hosts=[host_row({**o.to_json(), "facts": o.data.to_json() if o.ok else None}, ok=o.ok)
+                                 for o in outcomes],
+                          inventory=str(ctx.inventory.path), elapsed=round(elapsed, 3))
             else:
                 render_facts(outcomes, files)
                 err.print(summary, markup=False, highlight=False)

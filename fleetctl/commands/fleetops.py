@@ -27,6 +27,7 @@ from fleetctl.commands.context import fmt_time as _ts
 from fleetctl.commands.context import run_with_progress as _tick_run
 from fleetctl.errors import EXIT_FAILED, EXIT_OK, InputError
 from fleetctl.hostnames import group, hosts_label, strip_host
+from fleetctl.jsonout import host_row
 from fleetctl.ledger import Ledger
 from fleetctl.protocol.names import READ_FILES, WITH_DISCOVER, WITH_SERVERS, WITH_STATE
 from fleetctl.render import hosts_cell, say, status_cell, table
@@ -165,6 +166,7 @@ def render_explain(rows: list[dict[str, Any]]) -> None:
             got += [(f"  {i['instance']} (GPUs {','.join(map(str, i['gpus']))}): {i['reason']}",) for i in insts]
         if r.get("refused") and r["refused"] != r["reason"]:
             got.append((f"  {strip_host(r['host'], r['refused'])}",))
+        got += [(f"  note: {n}",) for n in r.get("notes") or []]
         got += [(f"  warning: {n}",) for n in dict.fromkeys(n for i in insts for n in i.get("never_fires") or [])]
         return tuple(got)
 
@@ -262,8 +264,9 @@ def register(app: typer.Typer) -> None:
             bad_plan = [hp for hp in plan.hosts if hp.status in ("refused", "unreachable", "failed")]
             if check:
                 if json_out:
-                    emit_json({"command": "deploy", "check": True, "plan": plan.to_json(),
-                               "elapsed": round(ctx.elapsed(), 3)})
+                    emit_json("deploy", ok=not bad_plan, hosts=plan_hosts(plan.to_json()["hosts"]), check=True,
+                              plan=plan.to_json(), elapsed=round(ctx.elapsed(), 3),
+                              message=f"deploy --check: nothing was changed ({ctx.elapsed():.2f}s)")
                 else:
                     err.print(line(f"deploy --check: {len(plan.hosts)} hosts: "
                                    + _counts([hp.status for hp in plan.hosts],
@@ -297,9 +300,10 @@ def register(app: typer.Typer) -> None:
                        + f" in {elapsed:.2f}s")
             reminder = _restart_reminder(ctx, pb, [r.host for r in rows if r.status == "changed"])
             if json_out:
-                emit_json({"command": "deploy", "deploy_id": op_id, "plan": plan.to_json(),
-                           "results": [r.to_json() for r in rows], "summary": summary, "elapsed": round(elapsed, 3),
-                           "restart_needed": reminder.to_json() if reminder else None})
+                emit_json("deploy", op_id=op_id, ok=not failed, message=summary,
+                          hosts=[host_row(r.to_json(), ok=r.status in ("changed", "unchanged")) for r in rows],
+                          plan=plan.to_json(), elapsed=round(elapsed, 3),
+                          restart_needed=reminder.to_json() if reminder else None)
             else:
                 t = table("result", ["host", "status", "deploy id", "what"])
                 for hosts, (st, did, what) in group(
@@ -355,7 +359,8 @@ def register(app: typer.Typer) -> None:
             bad = [p for p in plans if p.status in ("refused", "unreachable", "failed")]
             if check:
                 if json_out:
-                    emit_json({"command": "rollback", "check": True, "plan": [p.to_json() for p in plans]})
+                    emit_json("rollback", ok=not bad, hosts=plan_hosts([p.to_json() for p in plans]), check=True,
+                              plan=[p.to_json() for p in plans], message="rollback --check: nothing was changed")
                 else:
                     err.print(line(f"rollback --check: {len(plans)} hosts: "
                                    + _counts([p.status for p in plans], {"change": "would be restored",
@@ -374,7 +379,8 @@ def register(app: typer.Typer) -> None:
                                "old_tree": old_tree, "break_lock": break_lock},
                          hosts=[h.name for h in ctx.fleet.hosts])
             results = _tick_run(ctx, "rollback", lambda: apply_rollback(ctx.fleet, plans, op_id, force,
-                                                                        old_tree=old_tree, break_lock=breaking))
+                                                                        old_tree=old_tree, break_lock=breaking,
+                                                                        profile=rpb.launch if rpb else None))
             rows = [results[h.name] for h in ctx.fleet.hosts]
             failed = [r for r in rows if r["status"] not in ("changed", "unchanged", "skipped")]
             ledger.finish(op_id, "failed" if failed else "ok", rows)
@@ -385,9 +391,10 @@ def register(app: typer.Typer) -> None:
             touched = sorted({f["path"] for p in plans for f in p.files})
             reminder = _restart_reminder(ctx, None, [r["host"] for r in rows if r["status"] == "changed"], touched)
             if json_out:
-                emit_json({"command": "rollback", "rollback_id": op_id, "plan": [p.to_json() for p in plans],
-                           "results": rows, "summary": summary,
-                           "restart_needed": reminder.to_json() if reminder else None})
+                emit_json("rollback", op_id=op_id, ok=not failed, message=summary,
+                          hosts=[host_row(r, ok=r["status"] in ("changed", "unchanged", "skipped")) for r in rows],
+                          plan=[p.to_json() for p in plans],
+                          restart_needed=reminder.to_json() if reminder else None)
             else:
                 t = table("result", ["host", "status", "what"])
                 for hosts, (st, what) in group(
@@ -426,7 +433,7 @@ def register(app: typer.Typer) -> None:
             reqs = {h.name: discover_request(h.launch_command, pb) for h in ctx.fleet.hosts}
             outs = _tick_run(ctx, "facts", lambda: ctx.fleet.run(
                 lambda c: read_facts(c, extra_files=extra, with_=[WITH_STATE, WITH_SERVERS, WITH_DISCOVER], gpus=False,
-                                     payload=reqs[c.host.name])))
+                                     payload=reqs[c.host.name], profile=pb.launch if pb else None)))
             gathered = Gathered({o.host: o.data for o in outs if o.ok}, {o.host: o for o in outs})
             plan = build_plan(ctx.fleet, pb, gathered, allow_uncovered=True) if pb else None
             rows = status_rows(ctx, gathered, plan)
@@ -455,8 +462,12 @@ def register(app: typer.Typer) -> None:
             problems = [r for r in rows if r["problems"]]
             reminder = restart_reminder(list(found.values()))
             if json_out:
-                emit_json({"command": "status", "hosts": rows, "elapsed": round(ctx.elapsed(), 3),
-                           "restart_needed": reminder.to_json()})
+                emit_json("status", ok=not problems, hosts=[
+                    host_row(r, ok=not r["problems"], message="; ".join(r["problems"]),
+                             state=r["status"] if r["status"] != "ok" else ("problems" if r["problems"] else "ok"))
+                    for r in rows], summary={"servers_running": sum(1 for sv in servers if sv["running"]),
+                                             "restart_needed": reminder.servers},
+                          elapsed=round(ctx.elapsed(), 3), restart_needed=reminder.to_json())
             else:
                 render_status(rows)
                 if servers:
@@ -493,7 +504,10 @@ def register(app: typer.Typer) -> None:
                 if d is None:
                     raise InputError(f"no operation {op_id} in {ledger.path}", hint="run 'fleetctl history' to list ids")
                 if json_out:
-                    emit_json(d)
+                    emit_json("history", op_id=d["id"], ok=True,
+                              hosts=[host_row(h, ok=h["status"] in HISTORY_OK) for h in d["hosts"]],
+                              message=f"{d['kind']} {d['id']}: {d['outcome'] or 'running'}",
+                              operation={k: v for k, v in d.items() if k != "hosts"})
                     raise typer.Exit(0)
                 out.print(line(f"{d['kind']} {d['id']} by {d['user']}@{d['controller']} at {_ts(d['started'])}: "
                                f"{d['outcome'] or 'running'}"))
@@ -517,7 +531,8 @@ def register(app: typer.Typer) -> None:
             else:
                 rows = ledger.list(limit_rows)
                 if json_out:
-                    emit_json({"ledger": str(ledger.path), "operations": rows})
+                    emit_json("history", ok=True, summary={"operations": len(rows)}, ledger=str(ledger.path),
+                              operations=rows)
                     raise typer.Exit(0)
                 t = table("history", ["id", "kind", "started", "user", "hosts", "outcome"],
                           whole=("id", "started"))
@@ -571,27 +586,43 @@ def register(app: typer.Typer) -> None:
                     "worker_file": cov.worker_file if cov else None,
                     "disable_overlap_schedule": cov.disable_overlap_schedule if cov else None,
                     "covered": cov.covered if cov else None,
-                    "reason": cov.reason if cov else "SGLang not found on this host",
-                    "refused": cov.refused if cov else None,
+                    "reason": cov.reason if cov else (f.sglang_error or "SGLang not found by the launch's python"),
+                    "refused": cov.refused if cov else (f.sglang_error or "SGLang not found by the launch's python"),
                 }
                 if f.sglang_version:
                     row["instances"] = []
                     for inst in instances(h, pb):
-                        ic = coverage(f.sglang_version, dict(inst.flags), dict(inst.env), pb)
-                        args = (resolve_worker(f.sglang_version, dict(inst.flags), dict(inst.env)).resolved_args
+                        # the env the launch's python sees (an `env` prefix in the command included)
+                        ic = coverage(f.sglang_version, dict(inst.flags), dict(inst.effective_env), pb)
+                        args = (resolve_worker(f.sglang_version, dict(inst.flags), dict(inst.effective_env)).resolved_args
                                 if is_known(f.sglang_version) else {})
                         row["instances"].append({"instance": inst.name, "gpus": list(inst.gpus), "port": inst.port,
                                                  "worker_class": ic.worker_class, "worker_file": ic.worker_file,
                                                  "disable_overlap_schedule": ic.disable_overlap_schedule,
                                                  "covered": ic.covered, "reason": ic.reason, "refused": ic.refused,
                                                  "never_fires": never_fires(pb, dict(args))})
+                # the code import would load for the worker file, not only its source (bytecode)
+                bc = f.bytecode_problem(cov.worker_file) if cov and cov.worker_file else None
+                row["bytecode"] = bc
+                row["notes"] = list(f.sglang_notes)
+                if bc and f.bytecode_loader(cov.worker_file or "") != "source":
+                    row["refused"] = row["refused"] or bc
+                elif bc:
+                    row["notes"].append(f"{bc}: deploy removes it when it patches the file")
+                for pf in pb.files_for(f.sglang_version or "") or []:
+                    other = f.bytecode_problem(pf.path) if pf.path != (cov.worker_file if cov else None) else None
+                    if other:
+                        row["notes"].append(other)
                 if f.sglang_version and pb.files_for(f.sglang_version) is None:
                     row["refused"] = (f"SGLang {f.sglang_version} has no patch set in {pb.path.name}; "
                                       f"supported: {', '.join(pb.supported())}")
                 rows.append(row)
             bad = [r for r in rows if r["status"] != "ok" or r.get("refused")]
             if json_out:
-                emit_json({"command": "explain", "playbook": str(pb.path), "hosts": rows})
+                emit_json("explain", ok=not bad, playbook=str(pb.path), hosts=[
+                    host_row(r, ok=r["status"] == "ok" and not r.get("refused"),
+                             state=r["status"] if r["status"] != "ok" else ("refused" if r.get("refused") else "ok"))
+                    for r in rows])
             else:
                 render_explain(rows)
                 err.print(line(f"explain: {len(rows)} hosts: "
@@ -608,6 +639,15 @@ def _counts(statuses: list[str], words: dict[str, str], always: tuple[str, ...] 
                      if st in always or statuses.count(st))
 
 
+PLAN_BAD = ("refused", "unreachable", "failed")
+HISTORY_OK = ("ok", "changed", "unchanged", "skipped")
+
+
+def plan_hosts(rows: list[dict[str, Any]], blocking: set[str] | None = None) -> list[dict[str, Any]]:
+    """--check and --any-errors-fatal: one envelope row per planned host (its plan row's fields kept)."""
+    return [host_row(r, ok=r["status"] not in PLAN_BAD and r["host"] not in (blocking or set())) for r in rows]
+
+
 def _restart_reminder(ctx: RunContext, pb: Playbook | None, changed: list[str],
                       files: list[str] | None = None) -> Any:
     """After files changed on these hosts: which servers there (launched by fleetctl or not) now run
@@ -615,7 +655,7 @@ def _restart_reminder(ctx: RunContext, pb: Playbook | None, changed: list[str],
     from fleetctl.ops.discover import discover_fleet, restart_reminder
 
     hosts = [h for h in ctx.fleet.hosts if h.name in set(changed)]
-    if not hosts:
+    if not hosts or ctx.fleet.interrupt.is_set():  # Ctrl-C: no new step on any host (its report says so)
         return None
     return restart_reminder(discover_fleet(ctx.fleet, pb, hosts, files))
 
@@ -625,8 +665,11 @@ def _fatal_refusal(command: str, plan: Any, bad: list[tuple[str, str, str]], jso
     msg = (f"{command}: --any-errors-fatal: {len(bad)} selected host(s) unreachable or refused at plan time "
            f"({bad[0][0]}: {bad[0][1]}); nothing was changed on any host")
     if json_out:
-        emit_json({"command": command, "plan": plan, "changed": False, "any_errors_fatal": True,
-                   "blocking": [{"host": h, "status": st, "reason": why} for h, st, why in bad], "summary": msg})
+        blocking = {h for h, _, _ in bad}
+        emit_json(command, ok=False, message=msg,
+                  hosts=plan_hosts(plan["hosts"] if isinstance(plan, dict) else plan, blocking),
+                  plan=plan, changed=False, any_errors_fatal=True,
+                  blocking=[{"host": h, "status": st, "reason": why} for h, st, why in bad])
     else:
         err.print(line(msg))
     raise typer.Exit(EXIT_FAILED)
@@ -659,8 +702,9 @@ def _rolling(ctx: RunContext, pb: Playbook, plan: Plan, serial: int | None, cana
                   if res.stopped_at is not None else "")
                + f" in {ctx.elapsed():.2f}s")
     if ctx.json:
-        emit_json({"command": "deploy", "restart": True, "plan": plan.to_json(), "rollout": res.to_json(),
-                   "summary": summary})
+        emit_json("deploy", op_id=res.deploy_id, ok=res.ok, message=summary,
+                  hosts=[host_row(h.to_json(), ok=h.status == "ok") for h in res.hosts],
+                  summary={"batches": len(res.batches)}, restart=True, plan=plan.to_json(), rollout=res.to_json())
     else:
         t = table("rollout", ["batch", "host", "status", "steps", "what"])
         for hosts, (batch, st, steps, what) in group(

@@ -89,8 +89,11 @@ def check_cmd(
     failed = [r for r in results if not r.ok]
     warnings = launch_warnings(pb, list(dict.fromkeys(r.version for r in results)))
     if json_out:
-        common.emit_json({"playbook": str(pb.path), "name": pb.name, "ok": not failed,
-                          "results": [r.as_dict() for r in results], "warnings": warnings})
+        common.emit_json("patch check", ok=not failed,
+                         message=f"patch check: {len(results) - len(failed)} of {len(results)} file(s) ok",
+                         summary={"files": len(results), "files_failed": len(failed), "warnings": len(warnings)},
+                         playbook=str(pb.path), name=pb.name, results=[r.as_dict() for r in results],
+                         warnings=warnings)
     else:
         table = safe_table(f"patch check: {pb.name}", ("version", "file", "status", "detail"))
         for r in results:

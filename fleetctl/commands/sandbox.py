@@ -50,14 +50,15 @@ def up(
     sb = fleet.up(dir, hosts=hosts, versions=versions.split(","), gpus=gpus,
                   busy_gpus=[b for b in busy_gpus.split(",") if b.strip()], progress=progress)
     if json_out:
+        from fleetctl.jsonout import host_row
+
         doc = sb.to_json()
-        for h, j in zip(sb.all_hosts(), doc["hosts"], strict=True):
-            j["pid"] = h.pid
-        doc["inventory"] = str(sb.inventory_path)
-        doc["inventory_jump"] = str(sb.jump_inventory_path)
-        doc["ssh_config"] = str(sb.ssh_config_path)
-        doc["timings"] = sb.timings
-        common.emit_json(doc)
+        rows = [host_row({**j, "pid": h.pid}, ok=True, state="running", message="", host=h.name)
+                for h, j in zip(sb.all_hosts(), doc.pop("hosts"), strict=True)]
+        common.emit_json("sandbox up", ok=True, hosts=rows,
+                         message=f"sandbox up: {len(sb.hosts)} hosts + jump in {sb.dir}",
+                         **doc, inventory=str(sb.inventory_path), inventory_jump=str(sb.jump_inventory_path),
+                         ssh_config=str(sb.ssh_config_path), timings=sb.timings)
         return
     t = _table("HOST", "VERSION", "TORCH*", "PORT", "PID", "GPUS")
     for h in sb.all_hosts():
@@ -79,7 +80,13 @@ def status(dir: DirOpt, json_out: common.JsonOpt = False) -> None:
 
     rows = fleet.status(dir)
     if json_out:
-        common.emit_json({"dir": str(Path(dir).resolve()), "hosts": [r.to_json() for r in rows]})
+        from fleetctl.jsonout import host_row
+
+        hosts = [host_row(r.to_json(), ok=bool(r.alive and r.listening), host=r.name, message="",
+                          state="running" if r.alive and r.listening else ("not answering" if r.alive else "stopped"))
+                 for r in rows]
+        common.emit_json("sandbox status", ok=True, hosts=hosts, dir=str(Path(dir).resolve()),
+                         message=f"{sum(1 for r in rows if r.alive)}/{len(rows)} sshd running")
         return
     t = _table("HOST", "VERSION", "PORT", "PID", "ALIVE", "GPUS")
     for r in rows:
@@ -105,7 +112,10 @@ def down(
 
     report = fleet.down(dir, timeout=timeout, purge=purge)
     if json_out:
-        common.emit_json(report.to_json())
+        doc = report.to_json()
+        common.emit_json("sandbox down", ok=not report.survivors,
+                         message=f"sandbox down: stopped {len(report.stopped)} process(es) in {report.dir}",
+                         summary={"stopped": len(report.stopped), "survivors": len(report.survivors)}, **doc)
     else:
         if report.stopped:
             t = _table("PID", "SIGNAL", "WHAT")

@@ -26,6 +26,7 @@ from fleetctl.commands.context import fmt_time as _ts
 from fleetctl.commands.context import run_with_progress as _tick_run
 from fleetctl.errors import EXIT_FAILED, EXIT_OK, InputError
 from fleetctl.hostnames import group, hosts_label, strip_host
+from fleetctl.jsonout import host_row
 from fleetctl.ledger import Ledger
 from fleetctl.render import hosts_cell, say, status_cell, table
 from fleetctl.safetext import line, lines_cell, safe, styled
@@ -196,9 +197,9 @@ def register(app: typer.Typer) -> None:
             summary = (f"launch {lid}: {len(rows)} hosts, {n} instances: {ready} ready, {n - ready} not "
                        f"in {ctx.elapsed():.2f}s")
             if json_out:
-                emit_json({"command": "launch", "launch_id": lid, "ok": not bad,
-                           "hosts": [r.to_json() for r in rows], "summary": summary,
-                           "elapsed": round(ctx.elapsed(), 3)})
+                emit_json("launch", op_id=lid, ok=not bad, message=summary,
+                          hosts=[host_row(r.to_json(), ok=r.status == "ok") for r in rows],
+                          summary={"instances": n, "ready": ready}, elapsed=round(ctx.elapsed(), 3))
             else:
                 render_launch(rows)
                 err.print(summary, markup=False)
@@ -228,9 +229,11 @@ def register(app: typer.Typer) -> None:
                        f"{n_bad} failed, {sum(1 for r in rows if r.status not in ('ok', 'failed'))} unreachable "
                        f"in {ctx.elapsed():.2f}s")
             if json_out:
-                emit_json({"command": "verify-logs", "ok": not bad, "markers": pb.verify.markers,
-                           "hosts": [r.to_json() for r in rows], "summary": summary,
-                           "elapsed": round(ctx.elapsed(), 3)})
+                emit_json("verify-logs", ok=not bad, message=summary,
+                          hosts=[host_row(r.to_json(), ok=r.ok) for r in rows],
+                          summary={"instances": n_inst, "instances_passed": n_inst - n_bad,
+                                   "instances_failed": n_bad},
+                          markers=list(pb.verify.markers), elapsed=round(ctx.elapsed(), 3))
             else:
                 render_verify(rows, list(pb.verify.markers))
                 for r in rows:
@@ -266,7 +269,9 @@ def register(app: typer.Typer) -> None:
             summary = (f"stop: {len(rows)} hosts: {sum(1 for r in rows for s in r.instances if s.action == 'stopped')}"
                        f" servers stopped, {len(bad)} hosts failed in {ctx.elapsed():.2f}s")
             if json_out:
-                emit_json({"command": "stop", "ok": not bad, "hosts": [r.to_json() for r in rows], "summary": summary})
+                emit_json("stop", ok=not bad, message=summary,
+                          hosts=[host_row(r.to_json(), ok=r.status == "ok") for r in rows],
+                          summary={"stopped": sum(1 for r in rows for s in r.instances if s.action == "stopped")})
             else:
                 tb = table("stop", ["host", "instance", "pid", "result", "how"], whole=("instance",))
                 stops: list[tuple[str, tuple[str, str, str, str]]] = []
@@ -304,8 +309,11 @@ def register(app: typer.Typer) -> None:
             rows = _tick_run(ctx, "servers", lambda: status_fleet(ctx.fleet))
             bad = [h for h, st, _, _ in rows if st != "ok"]
             if json_out:
-                emit_json({"command": "servers", "hosts": [{"host": h, "status": st, "message": m, "servers": srv}
-                                                           for h, st, m, srv in rows]})
+                emit_json("servers", ok=not bad,
+                          hosts=[host_row({"host": h, "status": st, "message": m, "servers": srv}, ok=st == "ok")
+                                 for h, st, m, srv in rows],
+                          summary={"servers": sum(len(srv) for _, _, _, srv in rows),
+                                   "running": sum(1 for _, _, _, srv in rows for sv in srv if sv["running"])})
             else:
                 tb = table("servers", ["host", "instance", "state", "worker", "deploy at launch"],
                            whole=("instance", "deploy at launch"))
@@ -343,8 +351,11 @@ def _discover(ctx: RunContext, json_out: bool) -> None:
                f"{reminder.servers} running older code than the files on disk, {len(bad)} hosts failed "
                f"({ctx.elapsed():.2f}s)")
     if json_out:
-        emit_json({"command": "servers", "discover": True, "hosts": [h.to_json() for h in found],
-                   "restart_needed": reminder.to_json(), "summary": summary})
+        emit_json("servers", ok=not bad, message=summary,
+                  hosts=[host_row(h.to_json(), ok=h.status == "ok") for h in found],
+                  summary={"servers": n, "not_fleetctl": sum(1 for h in found for p in h.processes if not p.instance),
+                           "restart_needed": reminder.servers},
+                  discover=True, restart_needed=reminder.to_json())
     else:
         # one block per process (each its own pid): fits 80 columns, paths whole on their line
         say(out, styled("SGLang server processes", "bold"))

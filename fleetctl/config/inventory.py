@@ -21,6 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from fleetctl.config.yamlpos import YamlDoc, load_yaml, validate
 from fleetctl.errors import InputError
 
+DEFAULT_HOST_TIMEOUT = 1800.0  # seconds one host transaction (one step of a command on a host) may take
+DEFAULT_MAX_ANSWER_BYTES = 64 << 20  # the largest answer a host may send for one request
 HOST_NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$"
 
 
@@ -79,6 +81,8 @@ class HostFields(Strict):
     groups: list[str] | None = None
     connect_timeout: Annotated[float, Field(gt=0)] | None = None
     command_timeout: Annotated[float, Field(gt=0)] | None = None
+    host_timeout: Annotated[float, Field(gt=0)] | None = None
+    max_answer_bytes: Annotated[int, Field(ge=1024)] | None = None
 
     _env = field_validator("env")(classmethod(lambda cls, v: check_env(v)))
     _flags = field_validator("flags")(classmethod(lambda cls, v: check_flags(v)))
@@ -130,6 +134,8 @@ class Host(BaseModel):
     groups: tuple[str, ...]
     connect_timeout: float
     command_timeout: float
+    host_timeout: float = DEFAULT_HOST_TIMEOUT
+    max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES
     from_ssh_config: bool = False
 
     def public_env(self) -> dict[str, str]:
@@ -293,6 +299,8 @@ def load_inventory(path: Path | str) -> Inventory:
                 groups=tuple(groups),
                 connect_timeout=pick("connect_timeout", 10.0),
                 command_timeout=pick("command_timeout", 120.0),
+                host_timeout=pick("host_timeout", DEFAULT_HOST_TIMEOUT),
+                max_answer_bytes=pick("max_answer_bytes", DEFAULT_MAX_ANSWER_BYTES),
                 from_ssh_config=from_cfg,
             )
         )

@@ -16,6 +16,7 @@ from fleetctl.config.playbook import Playbook
 from fleetctl.errors import InputError
 from fleetctl.facts import HostFacts, read_facts
 from fleetctl.fleet import Fleet, HostOutcome
+from fleetctl.instances import host_launch_spec
 from fleetctl.payload import intended_for
 from fleetctl.plan import Coverage, HostPlan, Intended, Plan, plan_host
 from fleetctl.protocol import names
@@ -39,8 +40,9 @@ class Gathered:
 
 def gather(fleet: Fleet, playbook: Playbook | None, *, all_hashes: bool = False) -> Gathered:
     extra = sorted({f.path for files in (playbook.versions.values() if playbook else []) for f in files})
+    profile = playbook.launch if playbook else None
     outs = fleet.run(lambda c: read_facts(c, extra_files=extra, with_=[names.WITH_STATE], gpus=False,
-                                          all_hashes=all_hashes))
+                                          all_hashes=all_hashes, profile=profile))
     return Gathered({o.host: o.data for o in outs if o.ok}, {o.host: o for o in outs})
 
 
@@ -86,9 +88,35 @@ def build_plan(fleet: Fleet, playbook: Playbook, gathered: Gathered, *, force: b
             if it is not None:
                 intended[v] = it
         cov = coverage_for(h, f, playbook) if v in intended else None
-        hosts.append(plan_host(h, f, playbook, intended.get(v) if v else None, force=force, coverage=cov,
-                               allow_uncovered=allow_uncovered))
+        hp = plan_host(h, f, playbook, intended.get(v) if v else None, force=force, coverage=cov,
+                       allow_uncovered=allow_uncovered)
+        _plan_stale_bytecode(hp, f)
+        hosts.append(hp)
     return Plan(str(playbook.path), hosts, intended)
+
+
+def _stale(facts: HostFacts, rel: str) -> bool:
+    view = facts.bytecode.get(rel)
+    return view is not None and view.stale
+
+
+def _plan_stale_bytecode(hp: HostPlan, facts: HostFacts) -> None:
+    """A playbook file that is not replaced but whose cached pyc import would run instead of it
+    (compiled from other bytes): the deploy removes that bytecode too, even on a host that is
+    otherwise as intended."""
+    if hp.status not in ("change", "noop"):
+        return
+    replaced = {fp.path for fp in hp.to_patch}
+    stale = [fp.path for fp in hp.files if fp.path not in replaced and _stale(facts, fp.path)]
+    if not stale:
+        return
+    hp.drop_bytecode = stale
+    for fp in hp.files:
+        if fp.path in stale:
+            fp.note = (fp.note + "; " if fp.note else "") + "stale cached bytecode: removed"
+    if hp.status == "noop":
+        hp.status = "change"
+        hp.reason = f"stale cached bytecode of {', '.join(stale)} (import would not run the file on disk)"
 
 
 @dataclass
@@ -143,7 +171,9 @@ def apply_plan(fleet: Fleet, plan: Plan, playbook: Playbook, op_id: str, *, vali
             "state_dir": conn.host.state_dir, "deploy_id": op_id, "package_dir": hp.package_dir,
             "version": hp.version, "playbook": playbook.name, "by": who(), "host": conn.host.name,
             "files": files, "validate": validate, "validated_by": f"{sys.version_info[0]}.{sys.version_info[1]}",
-            "verify_paths": [f.path for f in hp.files],
+            "verify_paths": [f.path for f in hp.files], "drop_bytecode": hp.drop_bytecode,
+            # the launch's python, env and cwd: the agent asks it for its pycache prefix (bytecode)
+            "launch": host_launch_spec(conn.host, playbook.launch).to_agent(),
             # the files the plan leaves alone must still hold what it saw, checked under the lock
             "expect": {f.path: f.sha_now for f in hp.files if f.action == "none"},
         }

@@ -12,7 +12,8 @@ from fleetctl.config.playbook import Playbook
 from fleetctl.coverage import coverage
 from fleetctl.facts import HostFacts, read_facts
 from fleetctl.fleet import Fleet
-from fleetctl.instances import INHERIT_FROM_HOST, Instance, plan_instances
+from fleetctl.instances import Instance, plan_instances
+from fleetctl.launchspec import INHERIT_FROM_HOST
 from fleetctl.ops.deploy import new_op_id, who
 from fleetctl.ops.exits import exited_line
 from fleetctl.protocol import names
@@ -93,7 +94,8 @@ def _public_flags(inst: Instance) -> dict[str, Any]:
 
 
 def _running(facts: HostFacts) -> list[InstanceState]:
-    return [s for s in (facts.servers.instances if facts.servers else []) if s.running]
+    """Instances whose server runs, or whose launch still has a live process (a wrapper)."""
+    return [s for s in (facts.servers.instances if facts.servers else []) if s.running or s.launch_alive]
 
 
 def _conflicts(running: list[InstanceState], plan: list[Instance]) -> list[InstanceState]:
@@ -177,13 +179,13 @@ def launch_host(conn: HostConnection, pb: Playbook, plan: list[Instance], *, lau
     ports = [i.port for i in plan]
     t = time.monotonic()
     flag_names = sorted({f for i in plan for f in i.flags})
-    facts = read_facts(conn, gpus=True, with_=[names.WITH_STATE, names.WITH_SERVERS],
+    facts = read_facts(conn, gpus=True, with_=[names.WITH_STATE, names.WITH_SERVERS], profile=pb.launch,
                        payload={"server_ports": ports, "check_flags": flag_names})
     t = res.mark("facts", t)
     v = facts.sglang_version
     res.version = v
     if not facts.sglang_found or not v:
-        return _refuse(res, "SGLang not found by the host's python", "failed")
+        return _refuse(res, facts.sglang_error or "SGLang not found by the launch's python", "failed")
     if not is_known(v):
         return _refuse(res, f"SGLang {v} is not a release fleetctl knows; it will not guess how it starts")
     resolutions = {}
@@ -195,7 +197,7 @@ def launch_host(conn: HostConnection, pb: Playbook, plan: list[Instance], *, lau
     # a flag neither this release knows nor the installed server_args.py registers: argparse would
     # refuse it (typically the payload's flag on a host where the patch is not deployed)
     registered = facts.registered_flags or {}
-    unregistered = sorted({f for inst in plan for f in resolve_worker(v, inst.flags, inst.env).unknown_flags
+    unregistered = sorted({f for inst in plan for f in resolve_worker(v, inst.flags, inst.effective_env).unknown_flags
                            if registered.get(f) is False})
     if unregistered and drop_unknown_flags:
         profile = pb.launch.model_copy(update={"flags": {k: x for k, x in pb.launch.flags.items()
@@ -210,13 +212,13 @@ def launch_host(conn: HostConnection, pb: Playbook, plan: list[Instance], *, lau
                             f"(its srt/server_args.py does not register it): deploy the playbook first, or pass "
                             f"--drop-unknown-flags to launch the installed code without it")
     for inst in plan:
-        r = resolve_worker(v, inst.flags, inst.env)
+        r = resolve_worker(v, inst.flags, inst.effective_env)
         resolutions[inst.name] = r
         if r.startup_error:
             problems[inst.name].append(f"SGLang {v} would refuse to start: {r.startup_error}")
-        problems[inst.name] += log_visibility_problems(r.resolved_args, inst.env)
+        problems[inst.name] += log_visibility_problems(r.resolved_args, inst.effective_env)
         if pb.files_for(v) is not None and not r.startup_error and not allow_uncovered:
-            cov = coverage(v, inst.flags, inst.env, pb)
+            cov = coverage(v, inst.flags, inst.effective_env, pb)
             if cov.refused:  # the origin mistake: the worker that will run is not the one patched
                 problems[inst.name].append(f"{cov.refused} (--allow-uncovered to launch it anyway)")
     conflicts = _conflicts(_running(facts), plan)
@@ -242,7 +244,7 @@ def launch_host(conn: HostConnection, pb: Playbook, plan: list[Instance], *, lau
         if bad:
             return _refuse(res, f"could not stop {bad[0].instance} (pid {bad[0].pid})", "failed")
         # re-check ports and GPUs now that the old server is gone (no file hashing this time)
-        facts = read_facts(conn, gpus=True, with_=[names.WITH_SERVERS],
+        facts = read_facts(conn, gpus=True, with_=[names.WITH_SERVERS], profile=pb.launch,
                            payload={"server_ports": ports, "hash_dirs": [], "hash_files": []})
         res.mark("re-check", t)
     free = facts.servers.ports if facts.servers else {}
@@ -262,18 +264,23 @@ def launch_host(conn: HostConnection, pb: Playbook, plan: list[Instance], *, lau
         it.worker = {"class": r.worker_class, "file": r.worker_file,
                      "disable_overlap_schedule": r.disable_overlap_schedule, "reason": r.reason}
         if pb.files_for(v) is not None:
-            cov = coverage(v, inst.flags, inst.env, pb)
+            cov = coverage(v, inst.flags, inst.effective_env, pb)
             if cov.refused:
                 it.notes.append(f"warning: {cov.refused}")
         else:
             it.notes.append(f"warning: the playbook has no patch set for SGLang {v}")
         payload = {
             "state_dir": h.state_dir, "instance": inst.name, "launch_id": launch_id, "argv": inst.argv, "by": who(),
-            "public_argv": inst.public_argv, "env": inst.env, "public_env": inst.public_env,
+            "public_argv": inst.public_argv, "env": inst.env,
+            # recorded as the launch's env: what its python sees (verify-logs routes the worker with it)
+            "public_env": inst.launch.public_effective_env if inst.launch else inst.public_env,
             "inherit_env": list(INHERIT_FROM_HOST), "package_dir": facts.sglang_dir, "hash_files": hashes,
             "extra": {"version": v, "port": inst.port, "gpus": list(inst.gpus), "flags": _public_flags(inst),
                       "playbook": pb.name, "by": who(), "host": h.name, "worker": it.worker,
-                      "ready_timeout": timeout},
+                      "ready_timeout": timeout,
+                      # how the agent tells the server process from its wrappers (liveness)
+                      "server_match": {"executable": facts.launch_python,
+                                       "target": inst.launch.target if inst.launch else None}},
         }
         try:
             rec: LaunchRecord = conn.agent(names.SERVER_START, payload)
@@ -317,7 +324,9 @@ def launch_host(conn: HostConnection, pb: Playbook, plan: list[Instance], *, lau
                     it.message += f": {w.line}"
                 if not w.running and w.status in ("exited", "forbidden"):
                     it.message = exited_line(w.exit.to_json() if w.exit else None, ready=False, tail=it.tail)
-                if w.running:
+                    if w.wrapper_only:
+                        it.message += " (its launch wrapper still ran)"
+                if w.running or w.wrapper_only:  # a wrapper that outlived its server is stopped too
                     to_stop.append(inst.name)
         if to_stop:
             for sr in stop_instances(conn, to_stop, pb.launch.stop_timeout):
@@ -434,6 +443,9 @@ def server_status_facts(host: Host | str, facts: HostFacts | ServersFacts | None
     for s in srv.instances:
         rec = s.record or LaunchRecord(s.instance)
         problems = []
+        if s.wrapper_only:
+            problems.append(f"server process {rec.server_pid or '?'} is gone; its launch wrapper (pid "
+                            f"{rec.pid}) still runs: 'fleetctl stop' it")
         if s.restart_needed:
             problems.append(f"restart needed: {', '.join(s.changed_files)} changed on disk after "
                             f"the server started")

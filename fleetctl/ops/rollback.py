@@ -8,9 +8,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleetctl import hoststate, wheels
-from fleetctl.config.playbook import Playbook
+from fleetctl.config.playbook import LaunchProfile, Playbook
 from fleetctl.facts import HostFacts
 from fleetctl.fleet import Fleet
+from fleetctl.instances import host_launch_spec
 from fleetctl.ops.deploy import Gathered, who
 from fleetctl.protocol import names
 from fleetctl.protocol.answers import DeployAnswer, RollbackAnswer
@@ -141,9 +142,12 @@ def _plan_from_pristine(rp: RollbackPlan, host: str, facts: HostFacts, loose: li
 
 
 def apply_rollback(fleet: Fleet, plans: list[RollbackPlan], op_id: str, force: bool, *, old_tree: bool = False,
-                   break_lock: set[str] | frozenset[str] = frozenset()) -> dict[str, dict[str, Any]]:
+                   break_lock: set[str] | frozenset[str] = frozenset(),
+                   profile: LaunchProfile | None = None) -> dict[str, dict[str, Any]]:
     """Undo per host what its plan says. Hosts with nothing to do are visited too: 'nothing to roll back'
-    is said only after the agent saw, under the host lock, the same deploys the plan saw."""
+    is said only after the agent saw, under the host lock, the same deploys the plan saw. The agent
+    locates sglang as the launch (`profile`, else the default one) imports it, as the plan's facts did,
+    and asks that python for its pycache prefix (the restored files' cached bytecode is removed)."""
     todo = {p.host: p for p in plans if p.status in ("change", "noop")}
     results: dict[str, dict[str, Any]] = {}
     for p in plans:
@@ -162,6 +166,7 @@ def apply_rollback(fleet: Fleet, plans: list[RollbackPlan], op_id: str, force: b
     def one(conn: HostConnection) -> dict[str, Any]:
         p = todo[conn.host.name]
         extra: dict[str, Any] = {"break_lock": True} if conn.host.name in break_lock else {}
+        extra["launch"] = host_launch_spec(conn.host, profile).to_agent()
         if p.pristine_version is not None:
             return _restore_pristine(conn, p, op_id, pristine, extra)
         res: RollbackAnswer = conn.agent(names.ROLLBACK, {

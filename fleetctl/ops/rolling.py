@@ -189,7 +189,7 @@ def _roll_back_batch(fleet: Fleet, pb: Playbook, plan: Plan, batch: list[Host], 
     gathered: Gathered = gather(sub, None)
     plans = [p for p in plan_rollback(sub, gathered, op_id, force=False) if p.status == "change"]
     if plans:
-        res = apply_rollback(sub, plans, new_op_id("r"), force=False)
+        res = apply_rollback(sub, plans, new_op_id("r"), force=False, profile=pb.launch)
         for n, r in res.items():
             rows[n].steps["rollback"] = r["status"]
     # restart on the original code (without the patch's own flags), where we can reach the host

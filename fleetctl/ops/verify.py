@@ -8,17 +8,27 @@ SGLang fact (ranks, line format, dump, worker routing) comes from `fleetctl.sgla
 from __future__ import annotations
 
 import calendar
+import posixpath
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from fleetctl.config.playbook import Playbook
+from fleetctl.facts import bytecode_problem
 from fleetctl.fleet import Fleet
 from fleetctl.instances import Instance
 from fleetctl.ops.exits import exited_line
-from fleetctl.ops.launch import plan_fleet, predates_deploy
+from fleetctl.ops.launch import http_get, plan_fleet, predates_deploy
 from fleetctl.protocol import names
-from fleetctl.protocol.answers import DeployOnDisk, InstanceState, LaunchRecord, ServerGrepAnswer, WorkerCheck
+from fleetctl.protocol.answers import (
+    DeployOnDisk,
+    InstanceState,
+    LaunchRecord,
+    LoadedCheck,
+    LocateAnswer,
+    ServerGrepAnswer,
+    WorkerCheck,
+)
 from fleetctl.sglang import (
     DUMP_ANCHOR,
     READY_LINE,
@@ -29,7 +39,7 @@ from fleetctl.sglang import (
     resolve_worker,
 )
 from fleetctl.sglang import releases as sg_releases
-from fleetctl.transport.ssh import HostConnection
+from fleetctl.transport.ssh import HostConnection, RemoteError
 
 REPORT_ARGS = ("speculative_algorithm", "disable_overlap_schedule", "speculative_eagle_topk",
                "speculative_disable_batch_threshold")
@@ -114,8 +124,11 @@ def _check_instance(iv: InstanceVerify, st: InstanceState, pb: Playbook, deploy_
     stopped = rec.state in ("stopped", "stop-failed")  # by `fleetctl stop`: not a crash
     if not iv.running and stopped:
         iv.problems.append(f"server not running: launch {iv.launch_id} ({rec.state})")
+    elif st.wrapper_only:  # judged by its server process, not by a wrapper that outlived it
+        iv.problems.append(f"server not running: launch {iv.launch_id} (its server process {rec.server_pid or '?'} "
+                           f"is gone; only its launch wrapper, pid {rec.pid}, still runs)")
     if not st.log_exists:
-        if not iv.running and not stopped:
+        if not iv.running and not stopped and not st.wrapper_only:
             iv.problems.append(f"server not running: launch {iv.launch_id}")
         iv.problems.append(f"the launch's log {iv.log} is gone")
         return
@@ -253,6 +266,22 @@ def _hms(t: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "?"
 
 
+def _explain_loaded(iv: InstanceVerify, loaded: LoadedCheck | None) -> None:
+    """What the launch's python would load for the worker module (the probe): the code that runs,
+    which is not always the source on disk (a cached hash-based pyc, an extension, sourceless)."""
+    if loaded is None:
+        return
+    w, v = iv.worker, loaded.view
+    problem = bytecode_problem(w["file"], v)
+    if problem:
+        iv.explanation.append(problem)
+    if loaded.loaded and v.loader == "source" and v.pyc_used:
+        marked = loaded.check is not None and loaded.check.marker
+        iv.explanation.append(f"the code import loads for {w['file']} (from {v.pyc}) "
+                              f"{'DOES' if marked else 'does NOT'} carry {loaded.marker!r} in "
+                              f"{w['class']}.__init__")
+
+
 def _explain(iv: InstanceVerify, rec_env: dict[str, str], check: WorkerCheck | None) -> None:
     w = iv.worker
     if not w.get("class"):
@@ -299,6 +328,14 @@ def verify_host(conn: HostConnection, pb: Playbook, plan: list[Instance]) -> lis
         _check_instance(iv, st, pb, got.deploy_now, got.tz_offset)
         if st.record is not None:
             records[inst.name] = st.record
+        if iv.running:  # alive is not enough: the server must answer on its port now
+            port = (st.record.port if st.record else None) or inst.port
+            try:
+                code, _ = http_get(conn, int(port), "/health", timeout=15.0)
+                if code != 200:
+                    iv.problems.append(f"GET /health on port {port} answered {code or 'nothing'}")
+            except (RemoteError, OSError, ValueError) as e:
+                iv.problems.append(f"GET /health on port {port} failed: {e}")
         out.append(iv)
     # explanations need the worker file as it is on the host: one more call, only on failure
     need = [(iv, records[iv.instance]) for iv in out
@@ -310,8 +347,20 @@ def verify_host(conn: HostConnection, pb: Playbook, plan: list[Instance]) -> lis
         checks = conn.agent(names.WORKER_CHECK, {"package_dir": pkg, "checks": [
             {"file": iv.worker["file"], "class": iv.worker["class"], "marker": m}
             for iv, _ in need for m in [next(m for r in iv.ranks for m, ok in r.markers.items() if not ok)]]})
+    loaded: list[LoadedCheck] = []
+    if need and plan and plan[0].launch is not None:
+        try:  # the code the launch's python would load now, bytecode included
+            got_l: LocateAnswer = conn.agent(names.LOCATE, {"launch": plan[0].launch.to_agent(), "checks": [
+                {"file": iv.worker["file"], "class": iv.worker["class"], "marker": m}
+                for iv, _ in need for m in [next(m for r in iv.ranks for m, ok in r.markers.items() if not ok)]]})
+            if got_l.sglang_dir and posixpath.normpath(got_l.sglang_dir) == posixpath.normpath(
+                    need[0][1].package_dir or "."):
+                loaded = got_l.checks
+        except RemoteError:
+            loaded = []
     for k, (iv, rec) in enumerate(need):
         _explain(iv, rec.env, checks[k] if k < len(checks) else None)
+        _explain_loaded(iv, loaded[k] if k < len(loaded) else None)
     for iv in out:
         iv.ok = not iv.problems
     return out

@@ -33,6 +33,7 @@ ANSWERS: dict[str, Any] = {
     n.SERVER_STOP: a.ServerStopAnswer,
     n.SERVER_GREP: a.ServerGrepAnswer,
     n.WORKER_CHECK: a.WorkerCheckAnswer,
+    n.LOCATE: a.LocateAnswer,
 }
 
 MAX_LINE = 300  # characters of an invalid-answer line

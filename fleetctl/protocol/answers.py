@@ -9,7 +9,7 @@ import base64
 import binascii
 import re
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fleetctl.protocol.names import ManifestFileStatus, ManifestState, RestoreAction, StopAction, WaitStatus
 
@@ -73,15 +73,56 @@ class PythonInfo:
     version: str
 
 
+Loader = Literal["source", "sourceless", "extension", "none"]
+
+
+@dataclass
+class ImportView:
+    """What `import` of one source file would load under the launch's python (probe.import_view)."""
+
+    loader: Loader
+    file: str | None = None  # the file loaded
+    pyc: str | None = None  # the cached bytecode import reads for this source
+    pyc_kind: str | None = None  # timestamp | checked-hash | unchecked-hash | invalid
+    pyc_used: bool = False  # import would run that pyc instead of compiling the source
+    stale: bool = False  # ... and it was not compiled from the source on disk
+    other_pycs: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"loader": self.loader, "file": self.file, "pyc": self.pyc, "pyc_kind": self.pyc_kind,
+                "pyc_used": self.pyc_used, "stale": self.stale, "other_pycs": list(self.other_pycs)}
+
+
+@dataclass
+class LaunchPython:
+    """The launch's own python as the probe saw it (interpreter, options, env and cwd of the launch)."""
+
+    executable: str | None = None
+    version: str | None = None
+    cache_tag: str | None = None
+    optimize: int | None = None
+    pycache_prefix: str | None = None
+    check_hash_based_pycs: str | None = None
+    cwd: str | None = None
+    path: list[str] = field(default_factory=list)
+
+
 @dataclass
 class SglangInfo:
-    """Where that interpreter imports sglang from, its version and install kind."""
+    """Where the launch's interpreter imports sglang from (fleetctl/launchspec.py: its options, env
+    and cwd), its version and install kind, and what import would load for the asked files."""
 
     found: bool
     dir: str | None = None
     version: str | None = None
     install: str | None = None
     torch_requires: list[str] = field(default_factory=list)
+    how: str | None = None
+    error: str | None = None  # why it is not found (or the launch's python cannot be asked)
+    unresolved: bool = False  # the launch command's python cannot be told
+    notes: list[str] = field(default_factory=list)  # e.g. a sglang_dir the default launch does not import
+    launch: LaunchPython | None = None  # None: located by the agent's own python (no launch sent)
+    bytecode: dict[str, ImportView] = field(default_factory=dict)  # rel -> what import would load
 
 
 @dataclass
@@ -149,6 +190,7 @@ class Manifest:
     foreign: str | None = None  # written by another machine (described): ignored, never acted on
     gone: str | None = None  # its patch is no longer on disk (why)
     moved: Moved | None = None  # this python now imports another tree than the one it patched
+    pycache_prefixes: list[str] = field(default_factory=list)  # the launch's, when it was deployed
 
 
 @dataclass
@@ -204,7 +246,9 @@ class LaunchRecord:
     launch_id: str | None = None
     launched_at: float | None = None
     process_started: float | None = None
-    pid: int | None = None
+    pid: int | None = None  # the launch command's process (the supervisor's child; maybe a wrapper)
+    supervisor_pid: int | None = None  # the exit-status supervisor (its process group: pgid)
+    server_pid: int | None = None  # the server's own python under any wrapper (identified at ready)
     log: str | None = None
     state: str | None = None  # started, failed-to-start, stopped, stop-failed
     stopped_at: float | None = None
@@ -243,6 +287,8 @@ class InstanceState:
     matches: dict[str, GrepHits] = field(default_factory=dict)  # server_grep only
     tail: list[str] = field(default_factory=list)
     exit: ExitInfo | None = None  # not running: how it ended, if its supervisor wrote it
+    launch_alive: bool = False  # a process of the launch runs (the server, or only a wrapper)
+    wrapper_only: bool = False  # the server process is gone, a wrapper of its launch lives on
 
 
 @dataclass
@@ -338,6 +384,7 @@ class Restored:
     action: RestoreAction
     sha_now: Sha256 | None = None
     why: str = ""
+    bytecode_removed: list[str] = field(default_factory=list)  # cached pycs removed with it
 
 
 @dataclass
@@ -375,6 +422,8 @@ class WaitResult:
     seconds: float | None = None
     tail: list[str] = field(default_factory=list)
     exit: ExitInfo | None = None
+    server_pid: int | None = None  # the server's own python, identified at ready
+    wrapper_only: bool = False  # the server process is gone, a wrapper of its launch lives on
 
 
 ServerWaitAnswer = dict[str, WaitResult]  # instance -> result
@@ -425,3 +474,42 @@ class WorkerCheck:
 
 
 WorkerCheckAnswer = list[WorkerCheck]
+
+
+# ------------------------------------------------------------------------------------------ locate
+
+
+@dataclass
+class CodeMarker:
+    """Does the code import would execute define the class, its __init__, the marker in it?"""
+
+    class_: bool = field(default=False, metadata={"json": "class"})
+    init: bool = False
+    marker: bool = False
+
+
+@dataclass
+class LoadedCheck:
+    """`locate`, per check: the code import would load for a worker file (bytecode included)."""
+
+    file: str
+    class_: str = field(metadata={"json": "class"})
+    marker: str
+    view: ImportView
+    loaded: bool = False
+    check: CodeMarker | None = None
+
+
+@dataclass
+class LocateAnswer:
+    """`locate`: the probe run under the launch's interpreter, options, env and cwd (probe.py), or
+    why it could not run (`error`; `unresolved`: the launch command's python cannot be told)."""
+
+    executable: str | None = None
+    version: str | None = None
+    sglang_dir: str | None = None
+    pycache_prefix: str | None = None
+    files: dict[str, ImportView] = field(default_factory=dict)
+    checks: list[LoadedCheck] = field(default_factory=list)
+    error: str | None = None
+    unresolved: bool = False

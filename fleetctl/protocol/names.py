@@ -17,6 +17,7 @@ SERVER_WAIT: Final = "server_wait"
 SERVER_STOP: Final = "server_stop"
 SERVER_GREP: Final = "server_grep"
 WORKER_CHECK: Final = "worker_check"
+LOCATE: Final = "locate"  # the probe under the launch's python (fleetctl/remote/probe.py)
 
 # extra-facts hooks (agent.EXTRA_FACTS), asked for with the facts payload's "with"
 WITH_STATE: Final = "state"

@@ -12,6 +12,7 @@ from functools import cache
 from importlib import resources
 
 PARTS = ("agent.py", "agent_deploy.py", "agent_servers.py")
+PROBE = "probe.py"  # run by the agent as `-c` under the launch's interpreter: shipped as a string
 
 
 @cache
@@ -22,4 +23,6 @@ def agent_source() -> bytes:
         f = root.joinpath(name)
         if f.is_file():
             chunks.append(f.read_bytes())
+    probe = root.joinpath(PROBE).read_text(encoding="utf-8")
+    chunks.append(f"PROBE_SOURCE = {probe!r}\n".encode())
     return b"\n\n".join(chunks)

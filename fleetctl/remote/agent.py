@@ -19,6 +19,12 @@ import sys
 import time
 
 AGENT_PROTOCOL = 1
+PROBE_TIMEOUT = 30.0
+PROBE_MAX_OUT = 4 << 20
+
+if __name__ != "fleetctl_agent":  # imported locally; on the host the source is appended as a string
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "probe.py"), encoding="utf-8") as _fh:
+        PROBE_SOURCE = _fh.read()
 
 
 class AgentError(Exception):
@@ -158,10 +164,119 @@ def _metadata(dist_dir):
     return fields, requires
 
 
-def locate_sglang(sglang_dir=None):
-    """Where the host's interpreter would import sglang from, its version and install kind."""
+def launch_environment(launch):
+    """The environment the launch's python sees: the host basics it inherits from this session
+    (login environment), the playbook + inventory env, then what an `env` prefix in the launch
+    command does (-i, -u NAME, NAME=value). The same computation server_start uses."""
+    env = {}
+    if not launch.get("clear"):
+        for k in launch.get("inherit") or []:
+            if k in os.environ:
+                env[k] = os.environ[k]
+        env.update(dict((str(k), str(v)) for k, v in (launch.get("env") or {}).items()))
+        for k in launch.get("unset") or []:
+            env.pop(k, None)
+    env.update(dict((str(k), str(v)) for k, v in (launch.get("command_env") or {}).items()))
+    return env
+
+
+def launch_cwd(cwd, env):
+    """The working directory a launch runs in: the one asked, else the launch env's HOME, else ~."""
+    cwd = cwd or env.get("HOME") or expand("~")
+    return cwd if os.path.isdir(cwd) else "/"
+
+
+def run_probe(launch, files=(), checks=(), timeout=PROBE_TIMEOUT):
+    """Run fleetctl's probe (probe.py) under the launch's interpreter, options, env and cwd.
+    Returns the probe's answer, or {"error": why} (bounded in time and output)."""
+    import subprocess
+    if launch.get("problem"):
+        return {"error": launch["problem"], "unresolved": True}
+    interp = launch.get("interpreter")
+    if not interp:
+        return {"error": "the launch command names no python interpreter", "unresolved": True}
+    env = launch_environment(launch)
+    cwd = launch_cwd(launch.get("cwd"), env)
+    path0 = None
+    if launch.get("target_kind") == "script":
+        path0 = os.path.dirname(os.path.realpath(os.path.join(cwd, launch.get("target") or "")))
+    elif launch.get("target_kind") == "module":
+        path0 = cwd
+    req = json.dumps({"path0": path0, "files": list(files), "checks": list(checks)}).encode()
+    argv = [interp, *(launch.get("options") or []), "-c", PROBE_SOURCE]
+    try:
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                env=env, cwd=cwd, close_fds=True)
+    except OSError as e:
+        return {"error": "the launch's python %r cannot run here (PATH=%s): %s"
+                         % (interp, env.get("PATH", ""), e.strerror or e)}
+    try:
+        out, err = proc.communicate(req, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        return {"error": "the launch's python %r did not answer within %gs" % (interp, timeout)}
+    if proc.returncode != 0 or len(out) > PROBE_MAX_OUT:
+        tail = err.decode("utf-8", "replace").strip().splitlines()[-1:] or ["exit code %s" % proc.returncode]
+        return {"error": "the launch's python %r failed: %s" % (interp, tail[0][:300])}
+    try:
+        res = json.loads(out.decode("utf-8"))
+    except ValueError:
+        return {"error": "the launch's python %r answered something that is not JSON" % interp}
+    if not isinstance(res, dict):
+        return {"error": "the launch's python %r answered something unexpected" % interp}
+    res["launch_env_pythonpath"] = env.get("PYTHONPATH")
+    return res
+
+
+def locate_sglang(sglang_dir=None, launch=None, files=(), strict=True):
+    """Where the LAUNCH's interpreter would import sglang from (its options, environment and cwd:
+    `launch`, computed by the controller), its version and install kind, and per file of `files`
+    what import would load (bytecode). An inventory `sglang_dir` must be that same directory.
+
+    Without `launch` (old callers), the agent's own interpreter and environment are asked. With
+    strict=False (no playbook: the launch's env is not fully known) a `sglang_dir` that is not what
+    the default launch imports is used, with a note naming both, instead of refused."""
     res = {"found": False}
-    if sglang_dir:
+    if launch is not None:
+        pr = run_probe(launch, files)
+        res["launch"] = dict((k, pr.get(k)) for k in ("executable", "version", "cache_tag", "optimize",
+                                                      "pycache_prefix", "check_hash_based_pycs", "cwd", "path")
+                             if k in pr)
+        if pr.get("error") and not pr.get("executable"):
+            res["error"] = pr["error"]
+            res["unresolved"] = bool(pr.get("unresolved"))
+            return res
+        notes = []
+        login_pp = os.environ.get("PYTHONPATH")
+        if login_pp and login_pp != pr.get("launch_env_pythonpath"):
+            notes.append("the host's login environment sets PYTHONPATH=%s, which the launch does not pass on "
+                         "(it gets PYTHONPATH=%s)" % (login_pp, pr.get("launch_env_pythonpath") or "unset"))
+        res["notes"] = notes
+        res["bytecode"] = pr.get("files") or {}
+        pkg = pr.get("sglang_dir")
+        if sglang_dir:
+            given = expand(sglang_dir)
+            if not os.path.isfile(os.path.join(given, "__init__.py")):
+                raise AgentError("sglang_dir %s holds no __init__.py" % given, "bad_input")
+            why = None
+            if not pkg:
+                why = ("sglang_dir %s: the launch's python %s imports no sglang with the launch's environment and "
+                       "cwd" % (given, pr.get("executable")))
+            elif os.path.realpath(given) != os.path.realpath(pkg):
+                why = ("sglang_dir %s is not the sglang the launch imports: %s (python %s with the launch's "
+                       "environment and cwd); fix or remove sglang_dir" % (given, pkg, pr.get("executable")))
+            if why and strict:
+                raise AgentError(why, "bad_input")
+            if why:
+                notes.append(why + " (without a playbook fleetctl uses sglang_dir; with one it refuses)")
+                pkg = given
+        if not pkg:
+            if pr.get("error"):
+                res["error"] = pr["error"]
+            return res
+        res["how"] = "import path of the launch (%s)" % pr.get("executable")
+    elif sglang_dir:
         pkg = expand(sglang_dir)
         if not os.path.isfile(os.path.join(pkg, "__init__.py")):
             raise AgentError("sglang_dir %s holds no __init__.py" % pkg, "bad_input")
@@ -325,7 +440,8 @@ def action_facts(p):
         "python": {"executable": sys.executable, "version": sys.version.split()[0]},
         "user": _user(),
     }
-    sg = locate_sglang(p.get("sglang_dir"))
+    sg = locate_sglang(p.get("sglang_dir"), p.get("launch"), p.get("bytecode_files") or [],
+                       p.get("strict_sglang_dir", True))
     res["sglang"] = sg
     res["torch"] = torch_version()
     files = {}
@@ -359,7 +475,12 @@ def action_ping(p):
     return {"pong": True, "python": sys.version.split()[0], "pid": os.getpid()}
 
 
-ACTIONS = {"facts": action_facts, "ping": action_ping}
+def action_locate(p):
+    """Where the launch imports sglang from, and what import would load for `files` / `checks`."""
+    return run_probe(p["launch"], p.get("files") or [], p.get("checks") or [])
+
+
+ACTIONS = {"facts": action_facts, "ping": action_ping, "locate": action_locate}
 EXTRA_FACTS = {}
 
 

@@ -20,6 +20,7 @@ if __name__ != "fleetctl_agent":  # imported locally (tests); on the host the pa
         expand,
         file_info,
         locate_sglang,
+        run_probe,
         sha256_file,
     )
 
@@ -124,11 +125,73 @@ def safe_target(pkg_dir, rel):
     return path
 
 
-def replace_file(path, data, mode, uid, gid, expect_sha, validate_python=True, tag="fleetctl", hook=None):
+def pyc_kind(path):
+    """timestamp | checked-hash | unchecked-hash | invalid, from a pyc's header flags (bytes 4-8)."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(16)
+    except OSError:
+        return "unreadable"
+    if len(head) < 16:
+        return "invalid"
+    flags = int.from_bytes(head[4:8], "little")
+    if flags & ~0b11:
+        return "invalid"
+    if flags & 0b1:
+        return "checked-hash" if flags & 0b10 else "unchecked-hash"
+    return "timestamp"
+
+
+def bytecode_paths(path, prefixes=()):
+    """Every cached bytecode file an import of the source `path` could load instead of compiling
+    it: __pycache__/<stem>.<cache tag>[.opt-N].pyc of ANY interpreter and optimize level, and the
+    same names under each pycache prefix (PYTHONPYCACHEPREFIX / -X pycache_prefix) tree."""
+    d, base = os.path.split(path)
+    if not base.endswith(".py"):
+        return []
+    rx = re.compile(r"^%s\.[A-Za-z0-9_-]+(?:\.opt-[0-9]+)?\.pyc$" % re.escape(base[:-3]))
+    dirs = [os.path.join(d, "__pycache__")]
+    for pf in prefixes or ():
+        if pf:
+            dirs.append(os.path.join(expand(pf), os.path.abspath(d).lstrip(os.sep)))
+    out = []
+    for cd in dirs:
+        try:
+            names = sorted(os.listdir(cd))
+        except OSError:
+            continue
+        out += [os.path.join(cd, n) for n in names if rx.match(n)]
+    return out
+
+
+def drop_bytecode(path, prefixes=(), removed=None):
+    """Remove every cached bytecode of the source `path` (see bytecode_paths): a hash-based pyc
+    compiled from other bytes would keep CPython running that other code. Import recompiles from
+    the source. Appends "pyc (kind)" to `removed`; a pyc that cannot be removed raises."""
+    for pyc in bytecode_paths(path, prefixes):
+        kind = pyc_kind(pyc)
+        try:
+            os.unlink(pyc)
+        except FileNotFoundError:
+            continue
+        except OSError as e:
+            raise AgentError("%s: cannot remove its bytecode %s (%s pyc): %s; the code import would run could "
+                             "differ from the file" % (path, pyc, kind, e.strerror or e), "bytecode") from None
+        fsync_dir(os.path.dirname(pyc))
+        if removed is not None:
+            removed.append("%s (%s)" % (pyc, kind))
+
+
+def replace_file(path, data, mode, uid, gid, expect_sha, validate_python=True, tag="fleetctl", hook=None,
+                 pyc=None):
     """Replace `path` with `data` atomically. Nothing is changed unless every check passes.
 
     temp file in the same dir (O_EXCL, 0600) -> write -> fsync -> py_compile (host's python)
-    -> chmod/chown as recorded -> rename over -> fsync dir -> re-hash == expect_sha.
+    -> chmod/chown as recorded -> [drop cached bytecode] -> rename over -> fsync dir -> [drop cached
+    bytecode again: a process importing meanwhile may have cached the old bytes] -> re-hash == expect_sha.
+
+    pyc: None, or {"prefixes": [pycache prefixes], "removed": [...]}: the source's cached bytecode
+    is removed with it (bytecode_paths), so import runs exactly the new bytes.
     """
     d = os.path.dirname(path)
     base = os.path.basename(path)
@@ -156,6 +219,8 @@ def replace_file(path, data, mode, uid, gid, expect_sha, validate_python=True, t
             except OSError:
                 pass
         os.chmod(tmp, mode)  # the target's own mode, just before it takes the target's place
+        if pyc is not None:
+            drop_bytecode(path, pyc.get("prefixes"), pyc.setdefault("removed", []))
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -164,6 +229,8 @@ def replace_file(path, data, mode, uid, gid, expect_sha, validate_python=True, t
             pass
         raise
     fsync_dir(d)
+    if pyc is not None:
+        drop_bytecode(path, pyc.get("prefixes"), pyc.setdefault("removed", []))
     got = sha256_file(path)
     if expect_sha and got != expect_sha:
         raise AgentError("%s: after replace the file hashes %s, expected %s" % (path, got[:12], expect_sha[:12]),
@@ -637,8 +704,11 @@ def _restore_files(state_dir, m, entries, force=False, forced_dir=None, p=None):
             cur = sha256_file(path)
         except FileNotFoundError:
             cur = None
+        pyc = {"prefixes": m.get("pycache_prefixes") or [], "removed": []}
         if cur == f["sha_before"]:
-            results.append({"path": f["path"], "action": "already original"})
+            # bytecode cached from the patched bytes meanwhile would still run them: drop it too
+            drop_bytecode(path, pyc["prefixes"], pyc["removed"])
+            results.append({"path": f["path"], "action": "already original", "bytecode_removed": pyc["removed"]})
             continue
         if cur != f.get("sha_after") and not force:
             results.append({"path": f["path"], "action": "refused", "sha_now": cur,
@@ -652,8 +722,9 @@ def _restore_files(state_dir, m, entries, force=False, forced_dir=None, p=None):
             data = fh.read()
         safe_target(m["package_dir"], f["path"])
         replace_file(path, data, f["mode"], f.get("uid"), f.get("gid"), f["sha_before"], validate_python=False,
-                     tag="fleetctl-restore", hook=lambda k=i + 1: fault_point(p, "mid_write", k))
-        results.append({"path": f["path"], "action": "restored", "sha_now": f["sha_before"]})
+                     tag="fleetctl-restore", hook=lambda k=i + 1: fault_point(p, "mid_write", k), pyc=pyc)
+        results.append({"path": f["path"], "action": "restored", "sha_now": f["sha_before"],
+                        "bytecode_removed": pyc["removed"]})
     return results
 
 
@@ -771,6 +842,27 @@ def _close_unchanged(sd, m, bdir, e):
         m["state"] = "preparing"
 
 
+def _pycache_prefixes(p):
+    """The pycache prefix the launch's python uses (PYTHONPYCACHEPREFIX, -X pycache_prefix), asked of
+    that python itself with the launch's environment (the probe); [] without a launch."""
+    launch = p.get("launch")
+    if not launch:
+        return []
+    got = run_probe(launch)
+    return [got["pycache_prefix"]] if got.get("pycache_prefix") else []
+
+
+def _drop_stale(pkg, rels, prefixes):
+    """Remove the cached bytecode of files the deploy does not replace (the controller found it
+    stale: import would run it instead of the file). Returns notes."""
+    removed = []
+    for rel in rels or []:
+        drop_bytecode(safe_target(pkg, rel), prefixes, removed)
+    if not removed:
+        return []
+    return ["removed %d stale cached bytecode file(s): %s" % (len(removed), ", ".join(removed))]
+
+
 def action_deploy(p):
     """Apply one host's planned files in one transaction: all intended, or all original."""
     import base64
@@ -810,6 +902,7 @@ def action_deploy(p):
                                  % (f["path"], cur[:12], f["sha_before"][:12]), "changed")
             plan.append((f, path, st))
         if not plan:
+            notes += _drop_stale(pkg, p.get("drop_bytecode"), _pycache_prefixes(p) if p.get("drop_bytecode") else [])
             return {"deploy_id": None, "files": [], "notes": notes, "final": _final(pkg, p)}
         ddir = os.path.dirname(manifest_path(sd, did))
         if os.path.exists(ddir):
@@ -818,7 +911,7 @@ def action_deploy(p):
         m = {"id": did, "kind": kind, "state": "preparing", "created": time.time(), "package_dir": os.path.realpath(pkg),
              "package_real": os.path.realpath(pkg), "package_located": pkg, "writer": writer_identity(),
              "version": p.get("version"), "playbook": p.get("playbook"), "by": p.get("by"),
-             "host": p.get("host"), "files": []}
+             "host": p.get("host"), "files": [], "pycache_prefixes": _pycache_prefixes(p)}
         for f, path, st in plan:
             m["files"].append({"path": f["path"], "sha_before": f["sha_before"], "sha_after": f["sha_after"],
                                "mode": stat.S_IMODE(st.st_mode), "uid": st.st_uid, "gid": st.st_gid,
@@ -851,6 +944,7 @@ def action_deploy(p):
         # compile them again; any other Python checks them itself before the rename
         validate = p.get("validate", True) and p.get("validated_by") != "%d.%d" % sys.version_info[:2]
         done = 0
+        pyc = {"prefixes": m["pycache_prefixes"], "removed": []}
         try:
             for entry, (f, path, st) in zip(m["files"], plan):
                 if done:
@@ -858,7 +952,7 @@ def action_deploy(p):
                 data = base64.b64decode(f["content_b64"])
                 replace_file(path, data, entry["mode"], entry["uid"], entry["gid"], f["sha_after"],
                              validate_python=validate,
-                             hook=lambda k=done + 1: fault_point(p, "mid_write", k))
+                             hook=lambda k=done + 1: fault_point(p, "mid_write", k), pyc=pyc)
                 entry["status"] = "applied"
                 save_manifest(sd, m)
                 done += 1
@@ -876,6 +970,10 @@ def action_deploy(p):
         m["state"] = "complete" if kind == "deploy" else "restored-pristine"
         save_manifest(sd, m)
         fault_point(p, "after_complete")
+        if pyc["removed"]:
+            notes.append("removed %d cached bytecode file(s) of the replaced sources: %s"
+                         % (len(pyc["removed"]), ", ".join(pyc["removed"])))
+        notes += _drop_stale(pkg, p.get("drop_bytecode"), m["pycache_prefixes"])
         return {"deploy_id": did, "files": [{"path": x["path"], "sha_after": x["sha_after"]} for x in m["files"]],
                 "notes": notes, "final": _final(pkg, p)}
     finally:
@@ -891,7 +989,8 @@ def action_rollback(p):
         fault_point(p, "locked")
         cur_real = None
         if "sglang_dir" in p:  # where this python imports sglang from now (what a restore must not miss)
-            cur_real, cur_version = _current_tree(locate_sglang(p.get("sglang_dir")))
+            # (the launch's python when the controller sends the launch, as facts located it)
+            cur_real, cur_version = _current_tree(locate_sglang(p.get("sglang_dir"), p.get("launch"), strict=False))
             notes += close_superseded(sd, cur_real, cur_version)
         notes += recover_interrupted(sd)
         expect = p.get("expect_live")

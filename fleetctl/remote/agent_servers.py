@@ -17,7 +17,15 @@ the matching lines (bounded), never a whole log.
 
 if __name__ != "fleetctl_agent":  # imported locally (tests, the sandbox simulator)
     from fleetctl.remote.agent import *  # noqa: F403
-    from fleetctl.remote.agent import ACTIONS, EXTRA_FACTS, AgentError, expand, sha256_file
+    from fleetctl.remote.agent import (
+        ACTIONS,
+        EXTRA_FACTS,
+        AgentError,
+        expand,
+        launch_cwd,
+        launch_environment,
+        sha256_file,
+    )
     from fleetctl.remote.agent_deploy import (
         OPEN_STATES,
         acquire_lock,
@@ -105,6 +113,112 @@ def record_alive(rec):
     if ticks is None or st in ("Z", "X", "x"):
         return False
     return ticks == rec.get("start_ticks")
+
+
+def session_members(sid):
+    """(pid, start ticks) of the live processes in session `sid` (the launch's pid tree: the agent
+    starts every server in a new session), read from /proc."""
+    out = []
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return out
+    for n in names:
+        if not n.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % n, "rb") as fh:
+                raw = fh.read()
+        except (OSError, ValueError):
+            continue
+        rest = raw[raw.rfind(b")") + 2:].split()
+        try:
+            if int(rest[3]) == sid and rest[0] not in (b"Z", b"X", b"x"):
+                out.append((int(n), int(rest[19])))
+        except (IndexError, ValueError):
+            continue
+    return out
+
+
+def proc_cmdline(pid, limit=65536):
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as fh:
+            raw = fh.read(limit)
+    except OSError:
+        return []
+    return [a.decode("utf-8", "replace") for a in raw.split(b"\0") if a]
+
+
+def is_supervisor(rec, pid, argv):
+    """The launch's exit-status supervisor (SUPERVISOR): often the very same python as the server,
+    its argv even carries the server's argv; never the server."""
+    return pid == rec.get("supervisor_pid") or SUPERVISOR in argv[1:4]
+
+
+def find_server_process(rec):
+    """The process of this launch that runs the server: in the launch's session, the oldest process
+    whose executable is the launch's python (resolved on this host) and whose argv names the
+    launch's module or script. Wrappers (a shell, nohup, numactl ...) never match: their executable
+    is not that python; nor does the launch's supervisor (is_supervisor). Returns (pid, start
+    ticks) or None (unknown, or not found)."""
+    m = rec.get("server_match") or {}
+    exe = m.get("executable")
+    sid = rec.get("pgid") or rec.get("pid")
+    if not exe or not isinstance(sid, int):
+        return None
+    want = os.path.realpath(exe)
+    best = None
+    for pid, ticks in session_members(sid):
+        try:
+            real = os.path.realpath("/proc/%d/exe" % pid)
+        except OSError:
+            continue
+        if real != want:
+            continue
+        argv = proc_cmdline(pid)
+        if is_supervisor(rec, pid, argv):
+            continue
+        target = m.get("target")
+        if target and target not in argv and "-m" + target not in argv:
+            continue
+        if best is None or ticks < best[1]:
+            best = (pid, ticks)
+    return best
+
+
+def server_alive(rec):
+    """Is the SERVER of this launch alive (not merely its wrapper)? Judged by the server process
+    identified when it became ready; a launch whose server was never identified (no python of the
+    launch found, or an old record) is judged by its launch process."""
+    spid = rec.get("server_pid")
+    if isinstance(spid, int) and spid > 0:
+        ticks, st = proc_start_ticks(spid)
+        return ticks is not None and st not in ("Z", "X", "x") and ticks == rec.get("server_start_ticks")
+    return record_alive(rec)
+
+
+def launch_alive(rec):
+    """Does any process of this launch still run: its launch process, its identified server, or
+    another member of its process group that is not its supervisor (a wrapper's child that outlived
+    the wrapper)?"""
+    if record_alive(rec):
+        return True
+    spid = rec.get("server_pid")
+    if isinstance(spid, int) and spid > 0 and server_alive(rec):
+        return True
+    pg = rec.get("pgid")
+    if not isinstance(pg, int) or pg <= 0:
+        return False
+    return any(x != rec.get("supervisor_pid") for x in group_members(pg))
+
+
+def identify_server(rec):
+    """Record the server process of a launch in `rec` (server_pid/server_start_ticks); True if found."""
+    got = find_server_process(rec)
+    if got is None:
+        return False
+    rec["server_pid"], rec["server_start_ticks"] = got
+    return True
 
 
 def group_members(pgid):
@@ -363,9 +477,15 @@ def instance_state(state_dir, name, deploy_now=None, with_hashes=True):
     st = {"instance": name, "record": rec, "running": False}
     if rec is None:
         return st
-    st["running"] = record_alive(rec)
-    if not st["running"]:
-        st["exit"] = read_exit(rec)
+    alive = launch_alive(rec)
+    if alive and not rec.get("server_pid") and rec.get("state") == "started":
+        identify_server(rec)  # identified late (not saved: facts are read-only)
+    st["running"] = alive and server_alive(rec)
+    st["launch_alive"] = alive
+    if alive and not st["running"]:
+        st["wrapper_only"] = True  # the server process is gone, a wrapper of the launch lives on
+    if not alive:
+        st["exit"] = read_exit(rec)  # how its launch process ended (its supervisor wrote it)
     pkg = rec.get("package_dir")
     at_launch = rec.get("worker_hashes") or {}
     if with_hashes and pkg and at_launch:
@@ -480,6 +600,8 @@ def discover_facts(p, sg):
         rec = current_record(sd, n)
         if rec and isinstance(rec.get("pid"), int) and record_alive(rec):
             by_pid[rec["pid"]] = n
+        if rec and isinstance(rec.get("server_pid"), int) and server_alive(rec):
+            by_pid[rec["server_pid"]] = n  # the server under a wrapper (identified at ready)
     mine = set()
     pid = os.getpid()
     while pid > 1 and len(mine) < 64:  # this agent and its ancestors (the ssh session) are not servers
@@ -575,10 +697,9 @@ def action_server_start(p):
     argv = p["argv"]
     if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
         raise AgentError("argv must be a non-empty list of strings", "bad_input")
-    env = dict((str(k), str(v)) for k, v in (p.get("env") or {}).items())
-    for k in p.get("inherit_env") or []:  # host basics (PATH, HOME, ...) from this host's session
-        if k in os.environ and k not in env:
-            env[k] = os.environ[k]
+    # host basics (PATH, HOME, ...) from this host's session, then the launch's env: the same
+    # computation the probe that located sglang for this launch used (an `env` prefix in argv does the rest)
+    env = launch_environment({"env": p.get("env") or {}, "inherit": p.get("inherit_env") or []})
     # the host lock: no launch while a deploy or rollback is changing files (and vice versa)
     acquire_lock(sd, "launch", lid, p.get("by", "?"))
     try:
@@ -590,7 +711,7 @@ def action_server_start(p):
 def _start_locked(p, sd, name, lid, argv, env):
     import subprocess
     prev = current_record(sd, name)
-    if prev is not None and record_alive(prev):
+    if prev is not None and launch_alive(prev):
         raise AgentError("%s is already running (pid %s, launch %s); stop it first or use --replace"
                          % (name, prev.get("pid"), prev.get("launch_id")), "running")
     for m in list_manifests(sd):
@@ -606,9 +727,7 @@ def _start_locked(p, sd, name, lid, argv, env):
     pkg = p.get("package_dir")
     hashes = hash_files(pkg, p.get("hash_files")) if pkg else {}
     dep = deploy_on_disk(sd)
-    cwd = p.get("cwd") or env.get("HOME") or expand("~")
-    if not os.path.isdir(cwd):
-        cwd = "/"
+    cwd = launch_cwd(p.get("cwd"), env)
     rec = {"instance": name, "launch_id": lid, "launched_at": time.time(), "argv": p.get("public_argv") or argv,
            "env": p.get("public_env") or {}, "inherited_env": sorted(k for k in (p.get("inherit_env") or [])
                                                                      if k in os.environ),
@@ -672,7 +791,9 @@ def action_server_wait(p):
         for n in pending:
             s = st[n]
             rec = s["rec"]
-            alive = record_alive(rec)
+            if not rec.get("server_pid") and launch_alive(rec):
+                identify_server(rec)
+            alive = launch_alive(rec) and server_alive(rec)
             try:
                 with open(rec["log"], "rb") as fh:
                     fh.seek(s["offset"])
@@ -719,10 +840,15 @@ def action_server_wait(p):
     for n in names:
         s = st[n]
         rec = s.get("rec") or {}
-        running = record_alive(rec) if rec else False
+        if rec and s["status"] == "ready":
+            if rec.get("server_pid") or identify_server(rec):
+                save_record(sd, rec)  # judged by its server process from now on (status, verify-logs)
+        alive = launch_alive(rec) if rec else False
+        running = alive and server_alive(rec)
         r = {"status": s["status"], "why": s.get("why"), "line": s.get("line"), "running": running,
+             "server_pid": rec.get("server_pid"), "wrapper_only": alive and not running,
              "seconds": round(now - rec["launched_at"], 3) if rec.get("launched_at") else None}
-        if rec and not running:  # the supervisor writes the status just after the server ends
+        if rec and not alive:  # the supervisor writes the status just after the server ends
             end = time.time() + 2.0
             pg = rec.get("pgid")
             r["exit"] = read_exit(rec)
@@ -751,7 +877,7 @@ def _before(line, stamp_re, fmt, rec, slack=2.0):
 def stop_record(rec, timeout, kill_after=5.0):
     """SIGTERM the record's process group, wait, then SIGKILL it. Returns what happened."""
     pid = rec.get("pid")
-    if not isinstance(pid, int) or not record_alive(rec):
+    if not isinstance(pid, int) or not launch_alive(rec):
         return {"instance": rec["instance"], "action": "not running", "launch_id": rec.get("launch_id")}
     pgid = rec.get("pgid") or pid
     t0 = time.time()

@@ -30,9 +30,10 @@ Stand-ins, on purpose: there is no GPU and no real torch on a sandbox host.
 Everything else is real: one `/usr/sbin/sshd -D -e -f <cfg>` per host (detached, own session,
 127.0.0.1 only), real ssh, real ProxyJump through the jump host, real files that fleetctl patches.
 The host's python is a bare virtualenv of the controller's base interpreter (`hostpython/`, no
-packages, no .pth files: a host does not carry the controller's installs) run with `-s` and
-PYTHONPATH set to the host's site-packages, then `hostlib/` (a link to the stdlib-only fleetctl
-package, for the simulator), so `importlib.util.find_spec("sglang")` finds that host's tree.
+packages: a host does not carry the controller's installs) run with `-s`; one .pth of its own adds
+the host's site-packages, then `hostlib/` (a link to the stdlib-only fleetctl package, for the
+simulator), as site dirs, AFTER PYTHONPATH and the stdlib as on a real host, so
+`importlib.util.find_spec("sglang")` finds that host's tree unless PYTHONPATH names another.
 
 Speed: `up` is dominated by creating the SGLang files (every host gets its own full copy, ~2,000
 files for 0.5.9 and ~3,200 for 0.5.14), done by parallel `cp` processes. File creation is the
@@ -425,15 +426,22 @@ def set_gpu_state(d: Path | str, name: str, state: str) -> None:
 PYTHON_WRAPPER = """\
 #!/bin/sh
 # fleetctl sandbox host {name}: this host's `python`.
-# Runs a bare venv of the controller's base interpreter with `-s` and this host's site-packages
-# first on PYTHONPATH, so `importlib.util.find_spec("sglang")` finds THIS host's SGLang tree
-# ({version}); then the link to fleetctl's stdlib-only package (the simulator runs from it).
+# Runs a bare venv of the controller's base interpreter with `-s`. Its site-packages holds one
+# .pth ({pth}) that adds the dirs in {site_var} as site dirs: this host's site-packages
+# ({version}), then the link to fleetctl's stdlib-only package (the simulator runs from it).
+# So sys.path is ordered as on a real host: script dir / cwd, PYTHONPATH, stdlib, site-packages.
 # torch here is a STAND-IN (dist-info metadata only, version {torch}); there is no real torch.
-PYTHONPATH={site}:{hostlib}${{PYTHONPATH:+:$PYTHONPATH}}
+{site_var}={site}:{hostlib}
 {marker}={sandbox}
-export PYTHONPATH {marker}
+export {site_var} {marker}
 exec {python} -s "$@"
 """
+
+SITE_VAR = "FLEETCTL_SANDBOX_SITE"
+SITE_PTH = "fleetctl_sandbox_site.pth"
+# a .pth line starting with `import` is executed by site.py at start-up (after PYTHONPATH is on sys.path)
+SITE_PTH_LINE = ("import os, site; list(map(site.addsitedir, filter(None, os.environ.get({var!r}, '')"
+                 ".split(os.pathsep))))\n")
 
 NVIDIA_SMI_WRAPPER = """\
 #!/bin/sh
@@ -478,6 +486,10 @@ def _host_interpreter(d: Path) -> str:
         raise FleetctlError(f"cannot make the sandbox hosts' interpreter {venv}: "
                             f"{(proc.stderr.strip().splitlines() or [proc.returncode])[-1]}",
                             hint="the python running fleetctl needs its venv module (Debian: python3-venv)")
+    found = sorted(venv.glob("lib/python*/site-packages"))
+    if not found:
+        raise FleetctlError(f"the sandbox hosts' interpreter {venv} has no site-packages dir")
+    (found[0] / SITE_PTH).write_text(SITE_PTH_LINE.format(var=SITE_VAR))
     lib = d / HOSTLIB
     lib.mkdir()
     (lib / "fleetctl").symlink_to(Path(__file__).resolve().parent.parent, target_is_directory=True)
@@ -498,7 +510,8 @@ def _build_fleet_host(sb: Sandbox, h: SandboxHost, tree: Path, busy: bool) -> No
     (tdir / "INSTALLER").write_text("fleetctl-sandbox-stand-in\n")
     q = shlex.quote
     _write(h.python, PYTHON_WRAPPER.format(
-        name=h.name, version=h.version, torch=h.torch_version, site=q(str(h.site_packages)),
+        name=h.name, version=h.version, torch=h.torch_version, site=q(str(h.site_packages)), site_var=SITE_VAR,
+        pth=SITE_PTH,
         hostlib=q(str(sb.dir / HOSTLIB)), marker=procs.MARKER_VAR, sandbox=q(str(sb.dir)),
         python=q(sb.host_python or sb.controller_python)), 0o755)
     _write(h.nvidia_smi, NVIDIA_SMI_WRAPPER.format(
@@ -579,7 +592,7 @@ STAND-INS (no GPU, no torch here): torch-<v>.dist-info is metadata only (the ver
 release pins); bin/nvidia-smi replays real H200 captures (gpu-state: idle|busy); the inventory's
 launch_command runs fleetctl.sandbox.simulator, not SGLang. The hosts' bin/python runs
 hostpython/ (a bare venv: none of the controller's packages) with the host's site-packages and
-hostlib/ (fleetctl's stdlib-only package, for the simulator) on PYTHONPATH.
+hostlib/ (fleetctl's stdlib-only package, for the simulator) added as site dirs (after PYTHONPATH).
 """
 
 

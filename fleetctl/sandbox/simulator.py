@@ -12,12 +12,14 @@ What it does, in order (all logs on stderr, in the installed release's format):
   2. finds the SGLang this interpreter would import (importlib find_spec, no import of sglang) and
      its version (`sglang/_version.py`);
   3. decides the worker with `fleetctl.sglang.resolve_worker(version, flags, os.environ)`; a
-     `startup_error` is printed like a Python traceback ending in that error, exit 1;
+     `startup_error` is printed like a Python traceback ending in that error, exit 1 (a command-line
+     error of the release's argparse -- unknown flag, ambiguous abbreviation -- as usage + error, exit 2);
   4. prints the startup warnings (bare before 0.5.11), the `server_args=` dump of the resolved args;
   5. binds 127.0.0.1:--port (in use: an "Address already in use" traceback, exit 1);
   6. per scheduler rank (`expected_ranks`): "Load weight" lines and, ONLY when the resolved worker
-     file AS READ FROM DISK AT START carries the marker literal inside that class's `__init__` (AST)
-     and `--speculative-disable-batch-threshold` is given, the marker line
+     module's code AS IMPORT LOADS IT AT START (CPython's import machinery: a cached pyc it would
+     use counts, not the source) holds the marker literal inside that class's `__init__`, and
+     `--speculative-disable-batch-threshold` is given, the marker line
      `Dynamic speculation disable enabled (worker=<Class>, threshold=<N>)`;
   7. prints the ready line, serves `GET /health` (200; 503 before ready) and `GET /get_server_info`
      (JSON of the resolved args) until SIGTERM, then exits 0.
@@ -47,6 +49,9 @@ from typing import Any
 
 MARKER = "Dynamic speculation disable enabled"
 THRESHOLD_ARG = "speculative_disable_batch_threshold"  # the payload's flag, as a ServerArgs field
+USAGE = "usage: launch_server.py [-h] --model-path MODEL_PATH ... (fleetctl simulator)"
+# startup errors that come from argparse itself (the command line), not from SGLang's checks
+ARGPARSE_ERRORS = ("ambiguous option:", "unrecognized arguments:", "argument ")
 BANNER = ("fleetctl sandbox SIMULATOR of an SGLang server (not SGLang: no model, no GPU; "
           "see docs/simulator.md)")
 
@@ -111,6 +116,22 @@ def find_sglang() -> tuple[Path, str | None]:
     return pkg, version
 
 
+def worker_code(pkg: Path, rel: str) -> Any:
+    """The code object `import sglang.<rel>` would execute, through CPython's own import machinery
+    (the path finder's loaders: extension, source with its __pycache__ bytecode, sourceless .pyc),
+    without importing the parent packages. A stale hash-based pyc is run here exactly as CPython
+    would run it. None if the module cannot be loaded as code (missing, an extension module)."""
+    import importlib.machinery
+
+    name = "sglang." + rel[:-3].replace("/", ".")
+    try:
+        spec = importlib.machinery.PathFinder.find_spec(name, [str((pkg / rel).parent)])
+        get_code = getattr(spec.loader, "get_code", None) if spec is not None else None
+        return get_code(name) if get_code is not None else None
+    except (ImportError, OSError, SyntaxError, ValueError, EOFError):
+        return None
+
+
 def traceback_exit(error: str, where: str = "launch_server") -> None:
     if ":" not in error.split(" ", 1)[0]:
         error = f"RuntimeError: {error}"
@@ -153,7 +174,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from fleetctl.remote.agent_servers import marker_in_init
+    from fleetctl.remote.probe import code_marker
     from fleetctl.sglang import (
         READY_LINE,
         expected_ranks,
@@ -179,6 +200,10 @@ def main(argv: list[str] | None = None) -> int:
     if not res.known:
         traceback_exit(f"RuntimeError: {res.reason}")
         return 1
+    if res.startup_error and res.startup_error.startswith(ARGPARSE_ERRORS):  # argparse: usage, exit 2
+        log(USAGE)
+        log(f"launch_server.py: error: {res.startup_error}")
+        return 2
     if res.startup_error:
         for w in res.warnings:
             log(format_startup_warning(version, w, datetime.now()))
@@ -199,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         for f in rejected:
             v = flags.get(f)
             parts.append(f if v is True or v is None else f"{f} {v}")
-        log("usage: launch_server.py [-h] --model-path MODEL_PATH ... (fleetctl simulator)")
+        log(USAGE)
         log(f"launch_server.py: error: unrecognized arguments: {' '.join(parts)}")
         return 2
     # the self-contained checks of the server_args.py on disk (a patch's own validation included)
@@ -217,15 +242,12 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError:  # SGLANG_LOG_MS not in this release
             return format_line(version, ranks, msg, datetime.now())
 
-    # the worker file as it is on disk NOW: a later deploy does not change this process
+    # the worker module's code as import loads it NOW (a later deploy does not change this process)
     worker_has_marker = False
     marker = env.get("FLEETCTL_SIM_MARKER") or MARKER
     if res.worker_file and res.worker_class:
-        try:
-            src = (pkg / res.worker_file).read_text(encoding="utf-8", errors="replace")
-            worker_has_marker = marker_in_init(src, res.worker_class, marker)["marker"]
-        except OSError:
-            worker_has_marker = False
+        code = worker_code(pkg, res.worker_file)
+        worker_has_marker = code is not None and code_marker(code, res.worker_class, marker)["marker"]
     log(line({}, f"fleetctl simulator: SGLang {version} at {pkg}; worker {res.worker_class} "
                  f"({res.worker_file}); {res.reason}"))
     for w in res.warnings:

@@ -2,15 +2,19 @@
 
 Every fact here was read off the release's own wheel and is re-checked against it by
 tests/test_sglang_rules.py and tests/test_sglang_logs.py. Supporting a new release means
-adding one `Release(...)` row to `RELEASES` (reusing or adding a rules/log constant) plus
-fixtures; routing.py and logs.py only read this table.
+adding one `Release(...)` row to `RELEASES` (reusing or adding a rules/log constant), its entry in
+cli_options.json (the failing test prints it) and its version in tests/data/sglang/pypi_versions.txt;
+the tests then fetch and check its wheel. routing.py and logs.py only read this table.
 
 Paths are relative to the `sglang` package directory.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+from dataclasses import dataclass, field, replace
+from functools import cache
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
@@ -163,9 +167,27 @@ RULES_V2_ONLY = SpecRules(  # 0.5.14: env var removed
         "worker. Use --disable-overlap-schedule to select the non-overlap (synchronous) path.",
     }),
 )
+RULES_V2_ONLY_SILENT = SpecRules(  # 0.5.21+: the removal warning is gone, the env var is silently ignored
+    name="spec-v2-only (env silently ignored)", policy="v2_only", decider=_CREATE, handler=_HOOK,
+    spec_v2_default=None, v2_algorithms=("EAGLE", "EAGLE3", "STANDALONE"), routes=_V2_ONLY_ROUTES,
+    messages=_frozen({"overlap_off": _NON_OVERLAP_V2}),
+)
 
 
 # --- --speculative-adaptive ------------------------------------------------------------------
+
+# reasons adaptive_unsupported_reason() gives, in the order it checks them
+ADAPTIVE_REASONS = MappingProxyType({
+    "algorithm": "speculative_algorithm={algorithm} (only EAGLE/EAGLE3 are supported)",
+    "topk": "speculative_eagle_topk={topk} (only topk=1 is supported)",
+    "dp_attention": "enable_dp_attention=True is not supported "
+    "(adaptive tier decisions are not synchronized across DP ranks)",
+    "overlap": "the overlap scheduler (spec v2) is enabled (adaptive is only implemented for EAGLEWorker v1)",
+    "multi_layer": "enable_multi_layer_eagle=True is not supported ({worker} does not implement adaptive)",
+})
+_DP_ATTENTION_REASON_0522 = ("attention DP is not supported "
+                             "(adaptive tier decisions are not synchronized across DP ranks)")
+
 
 @dataclass(frozen=True)
 class AdaptiveRules:
@@ -175,12 +197,17 @@ class AdaptiveRules:
     default_candidates: tuple[int, ...]  # union of the default config's candidate steps
     validates_initial_steps: bool  # --speculative-num-steps must be a candidate (default config)
     initializes_params: bool  # 0.5.14: topk 1, steps = middle candidate, draft tokens = steps + 1
+    # what adaptive_unsupported_reason() says, in check order
+    reasons: MappingProxyType = field(default_factory=lambda: ADAPTIVE_REASONS)
 
 
 ADAPTIVE_0511 = AdaptiveRules("after_handler", True, "MultiLayerEagleWorker", (1, 3, 7), False, False)
 ADAPTIVE_0512 = AdaptiveRules("after_handler", False, "MultiLayerEagleWorker", (1, 3, 7), False, False)
 ADAPTIVE_0513 = AdaptiveRules("after_handler", False, "MultiLayerEagleWorkerV2", (1, 3, 7), True, False)
 ADAPTIVE_0514 = AdaptiveRules("before_handler", False, "MultiLayerEagleWorkerV2", (0, 1, 3, 7), True, True)
+ADAPTIVE_0520 = AdaptiveRules("before_handler", False, "MultiLayerEagleWorkerV2", (0, 1, 3, 5, 7), True, True)
+ADAPTIVE_0522 = AdaptiveRules("before_handler", False, "MultiLayerEagleWorkerV2", (0, 1, 3, 5, 7), True, True,
+                              _frozen({**ADAPTIVE_REASONS, "dp_attention": _DP_ATTENTION_REASON_0522}))
 
 
 # --- auto-chosen (num_steps, topk, num_draft_tokens) when --speculative-num-steps is unset -----
@@ -211,7 +238,7 @@ class Flag:
     options: tuple[str, ...]  # every exact spelling argparse accepts; the first is canonical
     dest: str  # the ServerArgs field
     default: Any
-    type: str = "str"  # "int" | "float" | "str" | "bool" (store_true)
+    type: str = "str"  # "int" | "float" | "str" | "bool" (store_true) | "list" (nargs="+" ints)
     since: str = "0.5.4.post3"
     until: str | None = None  # last release that has it
 
@@ -264,17 +291,45 @@ FLAGS: tuple[Flag, ...] = (
     _f("--speculative-dflash-block-size", "speculative_dflash_block_size", None, "int", since="0.5.11"),
     _f("--speculative-dflash-draft-window-size", "speculative_dflash_draft_window_size", None, "int",
        since="0.5.11", until="0.5.11"),
-    # 0.5.12 renames the field; the old spelling stays as an alias (deprecated from 0.5.13)
+    # 0.5.12 renames the field; the old spelling stays as an alias (deprecated from 0.5.13, gone in 0.5.20)
     _f("--speculative-draft-window-size --speculative-dflash-draft-window-size",
-       "speculative_draft_window_size", None, "int", since="0.5.12"),
+       "speculative_draft_window_size", None, "int", since="0.5.12", until="0.5.19"),
+    _f("--speculative-draft-window-size", "speculative_draft_window_size", None, "int", since="0.5.20"),
     _f("--speculative-ngram-external-corpus-path", "speculative_ngram_external_corpus_path", since="0.5.11"),
     _f("--speculative-ngram-external-sam-budget", "speculative_ngram_external_sam_budget", 0, "int",
        since="0.5.11"),
     _f("--speculative-ngram-external-corpus-max-tokens", "speculative_ngram_external_corpus_max_tokens",
        10_000_000, "int", since="0.5.11"),
-    _f("--speculative-skip-dp-mlp-sync", "speculative_skip_dp_mlp_sync", False, "bool", since="0.5.11"),
+    _f("--speculative-skip-dp-mlp-sync", "speculative_skip_dp_mlp_sync", False, "bool", since="0.5.11",
+       until="0.5.22"),
     _f("--speculative-use-rejection-sampling", "speculative_use_rejection_sampling", False, "bool",
        since="0.5.14"),
+    _f("--speculative-dspark-block-size", "speculative_dspark_block_size", None, "int", since="0.5.16"),
+    _f("--speculative-dspark-sps-table-path", "speculative_dspark_sps_table_path", since="0.5.16"),
+    _f("--speculative-dspark-confidence-sts-path", "speculative_dspark_confidence_sts_path", since="0.5.16"),
+    _f("--speculative-dspark-align-verify-tokens-to-graph-tier",
+       "speculative_dspark_align_verify_tokens_to_graph_tier", False, "bool", since="0.5.16"),
+    _f("--speculative-draft-kv-cache-dtype", "speculative_draft_kv_cache_dtype", since="0.5.18"),
+    _f("--speculative-dsa-topk-backend", "speculative_dsa_topk_backend", "sgl-kernel", since="0.5.19"),
+    _f("--speculative-domino-candidate-pool-size", "speculative_domino_candidate_pool_size", 2048, "int",
+       since="0.5.20"),
+    _f("--speculative-draft-sink-size", "speculative_draft_sink_size", since="0.5.21"),
+    _f("--speculative-enable-w4a4-mxfp4-megamoe", "speculative_enable_w4a4_mxfp4_megamoe", False, "bool",
+       since="0.5.22"),
+    _f("--speculative-use-block-verification", "speculative_use_block_verification", False, "bool",
+       since="0.5.22"),
+    # CUDA graph batch sizes: split into decode/prefill in 0.5.14, where the old spellings stay as
+    # aliases of the decode ones; removed in 0.5.20, where argparse then finds them ambiguous prefixes
+    _f("--cuda-graph-max-bs", "cuda_graph_max_bs", None, "int", until="0.5.13.post1"),
+    _f("--cuda-graph-bs", "cuda_graph_bs", None, "list", until="0.5.13.post1"),
+    _f("--cuda-graph-max-bs-decode --cuda-graph-max-bs", "cuda_graph_max_bs_decode", None, "int",
+       since="0.5.14", until="0.5.19"),
+    _f("--cuda-graph-bs-decode --cuda-graph-bs", "cuda_graph_bs_decode", None, "list", since="0.5.14",
+       until="0.5.19"),
+    _f("--cuda-graph-max-bs-decode", "cuda_graph_max_bs_decode", None, "int", since="0.5.20"),
+    _f("--cuda-graph-bs-decode", "cuda_graph_bs_decode", None, "list", since="0.5.20"),
+    _f("--cuda-graph-max-bs-prefill", "cuda_graph_max_bs_prefill", None, "int", since="0.5.14"),
+    _f("--cuda-graph-bs-prefill", "cuda_graph_bs_prefill", None, "list", since="0.5.14"),
 )
 
 # argparse prefix abbreviations (allow_abbrev is on): a unique prefix maps to its option, a prefix
@@ -288,11 +343,18 @@ _ABBREV_BASE = {
 ABBREV_0543 = _frozen({**_ABBREV_BASE, "--pp": ("--pp-size", "--pp-max-micro-batch-size")})
 ABBREV_057 = _frozen({**_ABBREV_BASE,
                       "--pp": ("--pp-size", "--pp-max-micro-batch-size", "--pp-async-batch-depth")})
+# 0.5.20 drops --cuda-graph-max-bs / --cuda-graph-bs (the docs' EAGLE-3 example uses the first): each is
+# now a prefix of its -decode and -prefill options, so argparse refuses it as ambiguous
+ABBREV_0520 = _frozen({**ABBREV_057,
+                       "--cuda-graph-max-bs": ("--cuda-graph-max-bs-decode", "--cuda-graph-max-bs-prefill"),
+                       "--cuda-graph-bs": ("--cuda-graph-bs-decode", "--cuda-graph-bs-prefill")})
 
 ALGORITHMS_OLD = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM")
 ALGORITHMS_0511 = ("DFLASH", *ALGORITHMS_OLD)
 # from 0.5.12 argparse has no choices: the name is upper-cased and looked up in the enum
 ALGORITHMS_0512 = ("DFLASH", "EAGLE", "EAGLE3", "FROZEN_KV_MTP", "STANDALONE", "NGRAM", "NEXTN")
+ALGORITHMS_0516 = ("DSPARK", *ALGORITHMS_0512)
+ALGORITHMS_0520 = ("UNO", *ALGORITHMS_0516)
 
 
 # --- log format -------------------------------------------------------------------------------
@@ -327,12 +389,28 @@ LOG_059 = LogRules(("DP", "PP", "ATTN_CP", "MOE_DP", "TP", "EP"), True, False, "
 LOG_0511 = LogRules(LOG_059.prefix_order, True, True, "repr", _DUMP_0511)
 LOG_0513 = LogRules(LOG_059.prefix_order, True, True, "repr", _DUMP_0513)
 LOG_0514 = LogRules(LOG_059.prefix_order, True, True, "repr", _DUMP_0514)
+LOG_0519 = LogRules(LOG_059.prefix_order, True, True, "dict", _DUMP_0514)
 
 READY_LINE = "The server is fired up and ready to roll!"
 # Every startup dump line starts with this (ServerArgs repr through 0.5.18, a dict from 0.5.19).
 DUMP_ANCHOR = "server_args="
 # launch_server's HTTP port flag (all releases), which fleetctl sets per server instance.
 PORT_FLAG = "--port"
+
+
+# --- pipeline parallelism with speculative decoding (check_server_args) ------------------------
+
+PP_SPEC_ENV = "SGLANG_ENABLE_PP_SPEC"  # 0.5.21+: an EnvBool, default off
+PP_SPEC_ERROR_OLD = ("AssertionError: Pipeline parallelism is not compatible with overlap schedule, "
+                     "speculative decoding, mixed chunked prefill.")
+PP_SPEC_ERROR = "AssertionError: Pipeline parallelism is not compatible with overlap schedule, speculative decoding"
+PP_SPEC_ONLY_EAGLE = ("AssertionError: Pipeline parallelism currently only supports EAGLE (non-multi-layer) "
+                      "speculative decoding")
+PP_SPEC_ENV_ADAPTIVE = "AssertionError: SGLANG_ENABLE_PP_SPEC is not compatible with --speculative-adaptive"
+PP_SPEC_ENV_DP = "AssertionError: SGLANG_ENABLE_PP_SPEC is not compatible with attention DP (--attn-dp-size)"
+PP_SPEC_ENV_DP_0521 = "AssertionError: SGLANG_ENABLE_PP_SPEC is not compatible with --enable-dp-attention"
+PP_SPEC_PREFILL_ONLY = ("AssertionError: PP + speculative decoding (MTP) is only supported on prefill nodes "
+                        "(disaggregation-mode=prefill)")
 
 
 # --- the releases -----------------------------------------------------------------------------
@@ -353,6 +431,12 @@ class Release:
     # EAGLE` (exact, pre-normalisation string); and whether that override also forces the env var on
     multi_layer_archs: tuple[str, ...] = ()
     multi_layer_arch_forces_env: bool = False
+    # pp_size > 1 with any speculative algorithm: check_server_args refuses it with this error, or
+    # None: 0.5.21+ allow EAGLE (not multi-layer) under SGLANG_ENABLE_PP_SPEC (PP_SPEC_* errors otherwise)
+    pp_spec_error: str | None = PP_SPEC_ERROR
+    pp_spec_dp_error: str = PP_SPEC_ENV_DP  # (0.5.21+) SGLANG_ENABLE_PP_SPEC with DP attention
+    # the non-overlap multi-layer worker's module fails at import (on CPython <= 3.13) with this error
+    multi_layer_v1_import_error: str | None = None
     notes: tuple[str, ...] = field(default=())
 
     @property
@@ -368,22 +452,40 @@ _MIMO = ("MiMoV2FlashForCausalLM",)
 _MIMO_STEP = ("MiMoV2FlashForCausalLM", "Step3p5ForCausalLM")
 _MIMO2_STEP = ("MiMoV2ForCausalLM", "MiMoV2FlashForCausalLM", "Step3p5ForCausalLM")
 _MIMO2_STEP37 = (*_MIMO2_STEP, "Step3p7ForConditionalGeneration")
+_MIMO2_STEP37_GIGA = (*_MIMO2_STEP37, "GigaChat35ForCausalLM", "GigaChat35ForCausalLMNextN")
 
 
 def _beta(v: str, log: LogRules, auto: AutoParams = AUTO_0543) -> Release:
-    return Release(v, RULES_BETA, _W_OLD, log, auto, ALGORITHMS_OLD, True, ABBREV_0543)
+    return Release(v, RULES_BETA, _W_OLD, log, auto, ALGORITHMS_OLD, True, ABBREV_0543,
+                   pp_spec_error=PP_SPEC_ERROR_OLD)
+
+
+# 0.5.9 - 0.5.12.post1: MultiLayerEagleWorker.mtp_model_runner is annotated `-> ModelRunner`, a name imported
+# only under TYPE_CHECKING, and the module has no `from __future__ import annotations`
+MULTI_V1_NAME_ERROR = "NameError: name 'ModelRunner' is not defined"
 
 
 def _opt_in(v: str, auto: AutoParams = AUTO, log: LogRules = LOG_059,
             archs: tuple[str, ...] = _MIMO_STEP) -> Release:
     return Release(v, RULES_FORCES_V2, _W_058, log, auto, ALGORITHMS_OLD, True, ABBREV_057,
-                   multi_layer_archs=archs, multi_layer_arch_forces_env=True)
+                   multi_layer_archs=archs, multi_layer_arch_forces_env=True, pp_spec_error=PP_SPEC_ERROR_OLD,
+                   multi_layer_v1_import_error=None if v.startswith("0.5.8") else MULTI_V1_NAME_ERROR)
 
 
 def _v2(v: str, rules: SpecRules, workers: tuple, log: LogRules, adaptive: AdaptiveRules,
-        archs: tuple[str, ...], algorithms: tuple[str, ...] = ALGORITHMS_0512, choices: bool = False) -> Release:
-    return Release(v, rules, workers, log, AUTO, algorithms, choices, ABBREV_057,
-                   adaptive=adaptive, multi_layer_archs=archs)
+        archs: tuple[str, ...], algorithms: tuple[str, ...] = ALGORITHMS_0512, choices: bool = False,
+        abbreviations: MappingProxyType = ABBREV_057) -> Release:
+    return Release(v, rules, workers, log, AUTO, algorithms, choices, abbreviations,
+                   adaptive=adaptive, multi_layer_archs=archs,
+                   multi_layer_v1_import_error=MULTI_V1_NAME_ERROR if MULTI_V1 in workers else None)
+
+
+def _v2_new(v: str, rules: SpecRules, log: LogRules, adaptive: AdaptiveRules, algorithms: tuple[str, ...],
+            abbreviations: MappingProxyType = ABBREV_057, archs: tuple[str, ...] = _MIMO2_STEP37) -> Release:
+    rel = _v2(v, rules, _W_V2, log, adaptive, archs, algorithms, abbreviations=abbreviations)
+    if rules is RULES_V2_ONLY_SILENT:  # 0.5.21+: PP + EAGLE allowed under SGLANG_ENABLE_PP_SPEC
+        rel = replace(rel, pp_spec_error=None)
+    return rel
 
 
 RELEASES: dict[str, Release] = {r.version: r for r in (
@@ -397,7 +499,7 @@ RELEASES: dict[str, Release] = {r.version: r for r in (
     _beta("0.5.6.post2", LOG_056, AUTO_0561),
     Release("0.5.7", RULES_FORCES_V2_057, _W_057, LOG_057, AUTO_057, ALGORITHMS_OLD, True, ABBREV_057,
             multi_layer_algorithms=("EAGLE", "EAGLE3", "STANDALONE"), multi_layer_archs=_MIMO,
-            multi_layer_arch_forces_env=True,
+            multi_layer_arch_forces_env=True, pp_spec_error=PP_SPEC_ERROR_OLD,
             notes=("multi-layer workers are chosen in the scheduler, before the algorithm's factory",)),
     _opt_in("0.5.8", log=LOG_057, archs=_MIMO),
     _opt_in("0.5.8.post1", log=LOG_057, archs=_MIMO),
@@ -410,9 +512,40 @@ RELEASES: dict[str, Release] = {r.version: r for r in (
     _v2("0.5.13", RULES_V2_ONLY_ENV, _W_V2, LOG_0513, ADAPTIVE_0513, _MIMO2_STEP37),
     _v2("0.5.13.post1", RULES_V2_ONLY_ENV, _W_V2, LOG_0513, ADAPTIVE_0513, _MIMO2_STEP37),
     _v2("0.5.14", RULES_V2_ONLY, _W_V2, LOG_0514, ADAPTIVE_0514, _MIMO2_STEP37),
+    _v2_new("0.5.15", RULES_V2_ONLY, LOG_0514, ADAPTIVE_0514, ALGORITHMS_0512),
+    _v2_new("0.5.15.post1", RULES_V2_ONLY, LOG_0514, ADAPTIVE_0514, ALGORITHMS_0512),
+    _v2_new("0.5.16", RULES_V2_ONLY, LOG_0514, ADAPTIVE_0514, ALGORITHMS_0516),
+    _v2_new("0.5.17", RULES_V2_ONLY, LOG_0514, ADAPTIVE_0514, ALGORITHMS_0516),
+    _v2_new("0.5.18", RULES_V2_ONLY, LOG_0514, ADAPTIVE_0514, ALGORITHMS_0516),
+    _v2_new("0.5.19", RULES_V2_ONLY, LOG_0519, ADAPTIVE_0514, ALGORITHMS_0516),
+    _v2_new("0.5.20", RULES_V2_ONLY, LOG_0519, ADAPTIVE_0520, ALGORITHMS_0520, ABBREV_0520),
+    replace(_v2_new("0.5.21", RULES_V2_ONLY_SILENT, LOG_0519, ADAPTIVE_0520, ALGORITHMS_0520, ABBREV_0520,
+                    _MIMO2_STEP37_GIGA), pp_spec_dp_error=PP_SPEC_ENV_DP_0521),
+    _v2_new("0.5.22", RULES_V2_ONLY_SILENT, LOG_0519, ADAPTIVE_0522, ALGORITHMS_0520, ABBREV_0520, _MIMO2_STEP37_GIGA),
+    _v2_new("0.5.23", RULES_V2_ONLY_SILENT, LOG_0519, ADAPTIVE_0522, ALGORITHMS_0520, ABBREV_0520, _MIMO2_STEP37_GIGA),
 )}
 
 KNOWN_VERSIONS: tuple[str, ...] = tuple(RELEASES)
+
+
+_CLI_OPTIONS = Path(__file__).with_name("cli_options.json")
+
+
+@cache
+def cli_options(version: str) -> frozenset[str]:
+    """Every option string `version`'s own argument parser registers (`--help` and `--no-X` included).
+
+    Stored in cli_options.json as the options each release adds and removes relative to the previous
+    release; tests/test_sglang_rules.py holds each entry to the release's own parser.
+    """
+    data = json.loads(_CLI_OPTIONS.read_text(encoding="utf-8"))
+    options: set[str] = set()
+    for v in KNOWN_VERSIONS:
+        entry = data.get(v, {})
+        options = (options | set(entry.get("added", ()))) - set(entry.get("removed", ()))
+        if v == version:
+            return frozenset(options)
+    raise KeyError(f"unknown SGLang version {version!r}")
 
 
 def flags_for(version: str) -> tuple[Flag, ...]:
@@ -425,15 +558,6 @@ def flags_for(version: str) -> tuple[Flag, ...]:
     )
 
 
-# reasons adaptive_unsupported_reason() gives, in the order it checks them
-ADAPTIVE_REASONS = MappingProxyType({
-    "algorithm": "speculative_algorithm={algorithm} (only EAGLE/EAGLE3 are supported)",
-    "topk": "speculative_eagle_topk={topk} (only topk=1 is supported)",
-    "dp_attention": "enable_dp_attention=True is not supported "
-    "(adaptive tier decisions are not synchronized across DP ranks)",
-    "overlap": "the overlap scheduler (spec v2) is enabled (adaptive is only implemented for EAGLEWorker v1)",
-    "multi_layer": "enable_multi_layer_eagle=True is not supported ({worker} does not implement adaptive)",
-})
 ADAPTIVE_STEPS_ERROR = (
     "ValueError: --speculative-num-steps={steps} is not in the adaptive config candidate_steps {candidates}. "
     "Pass one of those values."

@@ -6,6 +6,8 @@ auto-chosen params, adaptive), and finally the worker factory that reads disable
 
 Assumed, not modelled: a CUDA device, and a target whose model-specific handlers leave the overlap
 schedule alone (a few Mamba/embedding/NPU paths also flip it); the page-size/attention-backend checks.
+Without the target's `architectures` (model_arch=None), an answer a model override could change is
+marked `certain=False` and its reason starts with NOT_CERTAIN.
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ class Resolution:
     adaptive_available: bool  # upstream --speculative-adaptive exists
     resolved_args: dict[str, Any] = field(default_factory=dict)
     unknown_flags: tuple[str, ...] = ()  # flags the upstream parser of this release does not have
+    # False when the answer depends on the target model's config.json `architectures`, which was not
+    # given (not readable): model-specific overrides of this release could change the worker
+    certain: bool = True
 
 
 def is_known(version: str) -> bool:
@@ -67,7 +72,7 @@ def _norm(name: str) -> str:
     return name.lstrip("-").replace("-", "_")
 
 
-_ALL_OPTIONS: dict[str, R.Flag] = {_norm(o): f for f in R.FLAGS for o in f.options}
+_ALL_OPTIONS: frozenset[str] = frozenset(_norm(o) for f in R.FLAGS for o in f.options)
 
 
 def _convert(flag: R.Flag, option: str, value: Any) -> Any:
@@ -75,6 +80,9 @@ def _convert(flag: R.Flag, option: str, value: Any) -> Any:
         if isinstance(value, str):
             return value.strip().lower() in R.ENV_TRUE
         return bool(value)
+    if flag.type == "list":
+        return [_convert(R.Flag(flag.options, flag.dest, None, "int"), option, v)
+                for v in (value if isinstance(value, list | tuple) else str(value).split())]
     if flag.type in ("int", "float"):
         cast = int if flag.type == "int" else float
         if isinstance(value, bool) or (flag.type == "int" and isinstance(value, float)):
@@ -97,22 +105,35 @@ def parse_flags(version: str, flags: dict[str, Any]) -> tuple[dict[str, Any], tu
     args: dict[str, Any] = {f.dest: f.default for f in accepted}
     unknown: list[str] = []
     abbrev = {_norm(k): v for k, v in rel.abbreviations.items()}
+    options = {_norm(o): f for f in accepted for o in f.options}
     for name, value in flags.items():
         key = _norm(name)
         option = "--" + key.replace("_", "-")
-        if key in abbrev and key not in _ALL_OPTIONS:
+        if key in abbrev and key not in options:
             target = abbrev[key]
             if isinstance(target, tuple):
                 raise LaunchError(f"ambiguous option: {option} could match {', '.join(target)}")
             key, option = _norm(target), target
-        flag = _ALL_OPTIONS.get(key)
-        if flag is None:  # not an upstream flag fleetctl tracks (e.g. added by a patch): pass through
-            unknown.append(option)
-            if value is not None and value is not False:
-                args[key] = value
-            continue
-        if flag not in accepted:
+        flag = options.get(key)
+        if flag is None and key in _ALL_OPTIONS:  # an upstream flag of other releases, not this one
             raise LaunchError(f"unrecognized arguments: {option}")
+        if flag is None:
+            # not a flag fleetctl tracks: the release's own option list says whether argparse takes it
+            # (exactly, or as the unique prefix of one option), finds it ambiguous, or does not know it
+            # (e.g. a flag a patch adds: passed through, the host's server_args.py decides)
+            registered = R.cli_options(version)
+            if option not in registered:
+                matches = sorted(o for o in registered if o.startswith(option))
+                if len(matches) > 1:
+                    raise LaunchError(f"ambiguous option: {option} could match {', '.join(matches)}")
+                if len(matches) == 1 and _norm(matches[0]) in options:  # a tracked flag, abbreviated
+                    key, option, flag = _norm(matches[0]), matches[0], options[_norm(matches[0])]
+                elif not matches:
+                    unknown.append(option)
+            if flag is None:
+                if value is not None and value is not False:
+                    args[key] = value
+                continue
         if value is None:
             continue
         args[flag.dest] = _convert(flag, option, value)
@@ -195,12 +216,15 @@ def resolve_worker(version: str, flags: dict[str, Any], env: dict[str, str], *,
     st = _State(rel, {}, _Env(rel.rules, env.get(R.SPEC_V2_ENV), warnings), warnings)
     adaptive_available = "speculative_adaptive" in {f.dest for f in R.flags_for(version)}
     algorithm: str | None = None
+    raw_algorithm: Any = None
     unknown: tuple[str, ...] = ()
     try:
         st.args, unknown = parse_flags(version, flags)
+        raw_algorithm = st.args.get("speculative_algorithm")
         algorithm = _normalize_algorithm(rel, st.args.get("speculative_algorithm"))
         error = None
         _run(st, algorithm, model_arch)
+        _check_pp_spec(st, algorithm, env)
     except LaunchError as exc:
         error = str(exc)
     args = st.args
@@ -211,13 +235,56 @@ def resolve_worker(version: str, flags: dict[str, Any], env: dict[str, str], *,
     if error is None and algorithm in EAGLE_FAMILY:
         worker_class = _route(rel, algorithm, args)
         worker_file = rel.worker_files[worker_class]
+        if worker_class == R.MULTI_V1[0] and rel.multi_layer_v1_import_error:
+            error = (f"{rel.multi_layer_v1_import_error} ({worker_file} fails at import on CPython <= 3.13: "
+                     f"multi-layer EAGLE needs the overlap schedule in this release)")
+            worker_class = worker_file = None
+    certain = not _model_dependent(rel, raw_algorithm, st.args, model_arch, error)
+    reason = _reason(st, algorithm, worker_class, worker_file, error)
+    if not certain:
+        reason = f"{NOT_CERTAIN}: {reason}"
     return Resolution(
         version=version, known=True, algorithm=algorithm, worker_class=worker_class,
         worker_file=worker_file, disable_overlap_schedule=dos, spec_v2_env=st.env.describe(),
-        reason=_reason(st, algorithm, worker_class, worker_file, error),
+        reason=reason,
         startup_error=error, warnings=tuple(warnings), adaptive_available=adaptive_available,
-        resolved_args=args, unknown_flags=unknown,
+        resolved_args=args, unknown_flags=unknown, certain=certain,
     )
+
+
+NOT_CERTAIN = "not certain: model config not readable, model-specific routing not ruled out"
+
+
+def _model_dependent(rel: R.Release, raw_algorithm: Any, args: dict[str, Any], model_arch: str | None,
+                     error: str | None) -> bool:
+    """Would a model-specific override of this release change the answer, for some architecture?
+
+    The overrides turn on multi-layer EAGLE for `--speculative-algorithm EAGLE` (the raw string) on the
+    architectures in `rel.multi_layer_archs`; without the model's architecture that is not ruled out.
+    """
+    if model_arch is not None or error is not None or not rel.multi_layer_archs:
+        return False
+    return raw_algorithm == "EAGLE" and not args.get("enable_multi_layer_eagle")
+
+
+def _check_pp_spec(st: _State, algorithm: str | None, env: dict[str, str]) -> None:
+    """check_server_args on pp_size > 1 with speculative decoding (after every post-init handler)."""
+    args, rel = st.args, st.rel
+    if args["pp_size"] <= 1 or algorithm is None:
+        return
+    if rel.pp_spec_error is not None:
+        raise LaunchError(rel.pp_spec_error)
+    if algorithm != "EAGLE" or args.get("enable_multi_layer_eagle"):
+        raise LaunchError(R.PP_SPEC_ONLY_EAGLE)
+    raw = env.get(R.PP_SPEC_ENV)
+    if raw is not None and raw.lower() in R.ENV_TRUE:
+        if args.get("speculative_adaptive"):
+            raise LaunchError(R.PP_SPEC_ENV_ADAPTIVE)
+        if args.get("enable_dp_attention"):
+            raise LaunchError(rel.pp_spec_dp_error)
+        st.causes.append(f"{R.PP_SPEC_ENV}={raw}")
+        return
+    raise LaunchError(R.PP_SPEC_PREFILL_ONLY)  # (fleetctl does not model --disaggregation-mode prefill)
 
 
 def _normalize_algorithm(rel: R.Release, raw: Any) -> str | None:
@@ -259,7 +326,7 @@ def _run(st: _State, algorithm: str | None, model_arch: str | None) -> None:
         st.causes.append(f"pp_size={args['pp_size']}")
     elif args["disable_overlap_schedule"]:
         st.causes.append("--disable-overlap-schedule")
-    if rel.rules.policy == "v2_only" and st.env.raw is not None:
+    if "env_removed" in rel.rules.messages and st.env.raw is not None:
         st.warnings.append(rel.rules.messages["env_removed"])
     if algorithm not in EAGLE_FAMILY:
         if algorithm is not None:
@@ -381,7 +448,7 @@ def _check_adaptive(st: _State, algorithm: str) -> None:
     args, adaptive = st.args, st.rel.adaptive
     assert adaptive is not None
     topk = args.get("speculative_eagle_topk")
-    reasons = R.ADAPTIVE_REASONS
+    reasons = adaptive.reasons
     reason = None
     if algorithm not in ("EAGLE", "EAGLE3"):
         reason = reasons["algorithm"].format(algorithm=algorithm)

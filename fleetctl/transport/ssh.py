@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import random
-import select
 import shlex
 import threading
 import time
@@ -69,6 +69,15 @@ BOOTSTRAP = (
     " sys.exit(g['_serve'](i))\n"
     "sys.exit(g['_main'](k+i.read()))\n"
 )
+
+# paramiko logs a failed handshake with its traceback at ERROR; with no handler configured Python
+# prints that on stderr. fleetctl reports every failure itself, on one line per host.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
+
+CHUNK = 1 << 16
+STDERR_TAIL = 1 << 16  # bytes of a remote stderr kept (its tail)
+ABORT_GRACE = 5.0  # seconds a step may overrun its own timeout before the watchdog cuts the connection
+
 
 class Unreachable(FleetctlError):
     """The host could not be reached or authenticated."""
@@ -196,6 +205,67 @@ class HostConnection:
         self._agent_lock = threading.Lock()
         self._agent_out = bytearray()
         self._agent_err = bytearray()
+        # what the host is doing now, for the watchdog (Fleet), reports and Ctrl-C: a step, the
+        # monotonic time it must end by, and the line that reports it stalled
+        self.step: str | None = None
+        self.step_deadline: float | None = None
+        self.step_stalled: str = ""
+        self.txn_deadline: float | None = None  # the per-host deadline of the current host transaction
+        self.aborted: str | None = None  # why the watchdog cut this host off (its line)
+        self.done: list[str] = []  # agent actions this host answered, in order
+        self._opening: Connection | None = None  # the connection being opened (the watchdog may cut it)
+
+    # -- steps and deadlines --------------------------------------------------------------------
+
+    def _begin(self, step: str, limit: float, stalled: str | None = None,
+               grace: float = ABORT_GRACE) -> float:
+        """Start a step that must end within `limit` seconds (the watchdog cuts it `grace` seconds
+        later); returns its deadline."""
+        if self.aborted:
+            raise RemoteError(self.aborted, kind="timeout")
+        deadline = time.monotonic() + limit
+        self.step, self.step_deadline = step, deadline + grace
+        self.step_stalled = stalled or f"{self.host.name}: no answer to {step} within {limit:g}s"
+        return deadline
+
+    def _end(self) -> None:
+        self.step = self.step_deadline = None
+
+    def begin_transaction(self) -> None:
+        """A host transaction (one Fleet.run call on this host) starts: its per-host deadline."""
+        self.txn_deadline = time.monotonic() + self.host.host_timeout
+        self.aborted = None
+
+    def overdue(self, now: float) -> str | None:
+        """The line to report if this host is past its step's bound (plus a grace: each step enforces
+        its own timeout first) or its per-host deadline; else None."""
+        if self.step_deadline is not None and now > self.step_deadline:
+            return self.step_stalled
+        if self.txn_deadline is not None and now > self.txn_deadline and (
+                self.step_deadline is None or now > self.step_deadline):
+            at = f" (at {self.step})" if self.step else ""
+            return f"{self.host.name}: past its per-host deadline of {self.host.host_timeout:g}s{at}"
+        return None
+
+    def abort(self, why: str) -> None:
+        """Cut this host off (from another thread): every wait on its connection ends at once and the
+        host is reported with `why`. Closing runs in its own thread so the caller never waits."""
+        if self.aborted:
+            return
+        self.aborted = why
+        conns = [c for c in (self._opening, self._conn) if c is not None]
+        conns += [c.gateway for c in conns if isinstance(c.gateway, Connection)]  # a stalled ProxyJump
+
+        def cut() -> None:
+            for c in conns:
+                try:
+                    t = c.client.get_transport()
+                    if t is not None:
+                        t.close()
+                except Exception:
+                    pass
+
+        threading.Thread(target=cut, name=f"fleetctl-abort-{self.host.name}", daemon=True).start()
 
     # -- connecting ---------------------------------------------------------------------------
 
@@ -269,9 +339,36 @@ class HostConnection:
         policies = self._prepare(conn, h.name)
         where = f"{conn.user}@{conn.host}:{conn.port}"
         t0 = time.monotonic()
+        self._begin("the SSH connection", h.connect_timeout,
+                    f"{h.name}: no SSH connection to {where} within {h.connect_timeout:g}s "
+                    "(TCP connect, SSH banner, key exchange and authentication)", grace=1.0)
+        self._opening = conn
         try:
             _open(conn, open_kwargs)
         except HostKeyError:
+            raise
+        except Exception:
+            if self.aborted:  # the watchdog cut a stalled handshake
+                try:
+                    conn.close()
+                except Exception:
+                    pass
+                raise RemoteError(self.aborted, kind="timeout") from None
+            self._connect_failed(conn, where)
+        finally:
+            self._opening = None
+            self._end()
+        self.connect_seconds = time.monotonic() - t0
+        transport = conn.client.get_transport()
+        if transport is not None:
+            transport.set_keepalive(15)
+        self.accepted_keys = [p.accepted for p in policies if p.accepted]
+        self._conn = conn
+
+    def _connect_failed(self, conn: Connection, where: str) -> None:
+        """Re-raise the exception being handled as one line naming the host."""
+        h = self.host
+        try:
             raise
         except paramiko.BadHostKeyException as e:
             raise HostKeyError(
@@ -287,19 +384,17 @@ class HostConnection:
                               hint="is the host up and the address right?", transient=False) from None
         except (paramiko.SSHException, OSError, EOFError) as e:
             msg = str(e) or e.__class__.__name__
+            if msg == "Error reading SSH protocol banner":  # paramiko's words for: no banner in time
+                raise Unreachable(f"{h.name}: no SSH banner from {where} within {h.connect_timeout:g}s",
+                                  hint="is the host frozen or overloaded? raise connect_timeout if it is just slow",
+                                  transient=False) from None
             refused = isinstance(e, paramiko.ssh_exception.NoValidConnectionsError)
             if refused:
                 msg = "connection refused"
-            # refused: nobody listens (definite); a handshake cut short (reset, no session,
-            # banner) is what an overloaded sshd does: worth another try
+            # refused: nobody listens (definite); a handshake cut short (reset, no session) is what
+            # an overloaded sshd does: worth another try
             raise Unreachable(f"{h.name}: cannot connect to {where}: {msg}",
                               hint="is sshd running there and the port right?", transient=not refused) from None
-        self.connect_seconds = time.monotonic() - t0
-        transport = conn.client.get_transport()
-        if transport is not None:
-            transport.set_keepalive(15)
-        self.accepted_keys = [p.accepted for p in policies if p.accepted]
-        self._conn = conn
 
     def close(self) -> None:
         self._agent_drop()
@@ -326,42 +421,118 @@ class HostConnection:
             raise Unreachable(f"{self.host.name}: connection lost")
         return t
 
+    def _session(self, why: str, limit: float) -> paramiko.Channel:
+        """Open a session channel within `limit` seconds."""
+        deadline = self._begin(f"the session request ({why})", limit)
+        try:
+            chan = self._transport().open_session(timeout=limit)
+        except (paramiko.SSHException, OSError, EOFError) as e:
+            if self.aborted:
+                raise RemoteError(self.aborted, kind="timeout") from None
+            if time.monotonic() >= deadline - 0.05 or "Timeout opening channel" in str(e):
+                raise RemoteError(self.step_stalled, kind="timeout") from None
+            raise Unreachable(f"{self.host.name}: cannot open a session: {e or e.__class__.__name__}") from None
+        finally:
+            self._end()
+        return chan
+
+    def _exec(self, chan: paramiko.Channel, cmd: str, why: str, limit: float) -> None:
+        """chan.exec_command(cmd), but waiting at most `limit` seconds for the host's answer (paramiko
+        waits on the channel's event with no timeout: a host that stops answering right there would
+        hang the command forever). Raises RemoteError(kind="timeout") naming the step."""
+        self._begin(f"the exec request ({why})", limit)
+        try:
+            if all(hasattr(chan, a) for a in ("_event_pending", "event", "event_ready", "remote_chanid")):
+                m = paramiko.Message()
+                m.add_byte(paramiko.common.cMSG_CHANNEL_REQUEST)
+                m.add_int(chan.remote_chanid)
+                m.add_string("exec")
+                m.add_boolean(True)
+                m.add_string(cmd)
+                chan._event_pending()
+                chan.transport._send_user_message(m)
+                answered = chan.event.wait(limit)
+                if answered and not chan.event_ready:  # refused, or the channel/connection closed
+                    raise chan.transport.get_exception() or paramiko.SSHException("Channel closed.")
+            else:  # another paramiko layout: its own call, in a thread we stop waiting for
+                failed: list[BaseException] = []
+                done = threading.Event()
+
+                def go() -> None:
+                    try:
+                        chan.exec_command(cmd)
+                    except BaseException as e:
+                        failed.append(e)
+                    finally:
+                        done.set()
+
+                threading.Thread(target=go, name=f"fleetctl-exec-{self.host.name}", daemon=True).start()
+                answered = done.wait(limit)
+                if failed:
+                    raise failed[0]
+            if not answered:
+                chan.close()
+                raise RemoteError(self.step_stalled, kind="timeout",
+                                  hint="is the host frozen or its network dropping packets?")
+        except (paramiko.SSHException, OSError, EOFError) as e:
+            chan.close()
+            if self.aborted:
+                raise RemoteError(self.aborted, kind="timeout") from None
+            raise Unreachable(f"{self.host.name}: connection lost at the exec request ({why}): "
+                              f"{e or e.__class__.__name__}") from None
+        finally:
+            self._end()
+
+    def _cap(self) -> int:
+        return self.host.max_answer_bytes
+
     def run(self, argv: Sequence[str], *, stdin: bytes | None = None, timeout: float | None = None,
             env: Mapping[str, str] | None = None) -> CommandResult:
-        """Run argv on the host (quoted for the remote shell). Never raises on a non-zero exit."""
+        """Run argv on the host (quoted for the remote shell). Never raises on a non-zero exit; stdout
+        beyond max_answer_bytes fails the host, stderr keeps its tail."""
         full = [*env_prefix(env or {}), *argv]
         cmd = shlex.join(full)
         limit = timeout if timeout is not None else self.host.command_timeout
         t0 = time.monotonic()
-        try:
-            chan = self._transport().open_session(timeout=self.host.connect_timeout)
-        except (paramiko.SSHException, OSError, EOFError) as e:
-            raise Unreachable(f"{self.host.name}: cannot open a session: {e or e.__class__.__name__}") from None
+        chan = self._session(f"running {argv[0]}", self.host.command_timeout)
         out, err = bytearray(), bytearray()
         timed_out = False
         try:
-            chan.exec_command(cmd)
+            self._exec(chan, cmd, f"running {argv[0]}", self.host.command_timeout)
+            deadline = self._begin(f"{argv[0]}", limit)
+            chan.settimeout(max(0.001, deadline - time.monotonic()))
             if stdin:
                 chan.sendall(stdin)
             chan.shutdown_write()
-            deadline = t0 + limit
             while True:
-                while chan.recv_ready():
-                    out += chan.recv(1 << 16)
-                while chan.recv_stderr_ready():
-                    err += chan.recv_stderr(1 << 16)
-                if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
-                    if chan.eof_received or chan.closed:
-                        break
                 left = deadline - time.monotonic()
                 if left <= 0:
                     timed_out = True
                     break
-                select.select([chan], [], [], min(0.02, left))
+                chan.settimeout(min(0.05, left))
+                try:
+                    data = chan.recv(CHUNK)
+                except TimeoutError:
+                    data = None
+                if data:
+                    out += data
+                    if len(out) > self._cap():
+                        raise RemoteError(f"{self.host.name}: output of {argv[0]} too large "
+                                          f"(over {self._cap()} bytes > cap)", hint="max_answer_bytes in the inventory")
+                while chan.recv_stderr_ready():
+                    err += chan.recv_stderr(CHUNK)
+                    del err[:-STDERR_TAIL]
+                if data == b"":  # stdout ended: wait for the exit status without spinning
+                    if chan.exit_status_ready():
+                        break
+                    time.sleep(0.01)
             rc = None if timed_out else chan.recv_exit_status()
         except (paramiko.SSHException, OSError, EOFError) as e:
+            if self.aborted:
+                raise RemoteError(self.aborted, kind="timeout") from None
             raise Unreachable(f"{self.host.name}: connection lost while running {argv[0]}: {e or e.__class__.__name__}") from None
         finally:
+            self._end()
             chan.close()
         return CommandResult(list(full), rc, bytes(out), bytes(err), time.monotonic() - t0, timed_out)
 
@@ -369,7 +540,8 @@ class HostConnection:
 
     def _agent_start(self) -> paramiko.Channel:
         """Start the agent on the host in session mode: one process (one exec, one Python start)
-        serves every agent request of this command on this host, until close()."""
+        serves every agent request of this command on this host, until close(). Every step is
+        bounded by command_timeout."""
         src = agent_source()
         data = b"%010d" % len(src) + src
         secret = {k: v for k, v in self.host.env.items() if k in self.host.secret_env_keys}
@@ -380,28 +552,33 @@ class HostConnection:
         public = {k: v for k, v in self.host.env.items() if k not in self.host.secret_env_keys}
         cache = self.host.state_dir.rstrip("/") + "/cache"
         cmd = shlex.join([*env_prefix(public), self.host.python, "-c", BOOTSTRAP, cache])
+        limit = self.host.command_timeout
+        chan = self._session("starting the agent", limit)
+        self._exec(chan, cmd, "starting the agent", limit)
+        deadline = self._begin("sending the agent to the host", limit,
+                               f"{self.host.name}: the host took no agent code for {limit:g}s (sending the agent)")
         try:
-            chan = self._transport().open_session(timeout=self.host.connect_timeout)
-        except (paramiko.SSHException, OSError, EOFError) as e:
-            raise Unreachable(f"{self.host.name}: cannot open a session: {e or e.__class__.__name__}") from None
-        try:
-            chan.exec_command(cmd)
-        except (paramiko.SSHException, OSError, EOFError) as e:
-            chan.close()
-            raise Unreachable(f"{self.host.name}: connection lost while starting the agent: "
-                              f"{e or e.__class__.__name__}") from None
-        self._send(chan, data)  # if the process already ended (no such python), the first call says why
+            # if the process already ended (no such python), the first call says why
+            self._send(chan, data, deadline)
+        finally:
+            self._end()
         self._agent_out.clear()
         self._agent_err.clear()
         return chan
 
-    def _send(self, chan: paramiko.Channel, data: bytes) -> bool:
-        """Write to the agent's stdin. False if its channel has ended (the process exited: its exit
-        status and stderr tell why); a connection that is gone raises."""
+    def _send(self, chan: paramiko.Channel, data: bytes, deadline: float) -> bool:
+        """Write to the agent's stdin by `deadline`. False if its channel has ended (the process
+        exited: its exit status and stderr tell why); a connection that is gone raises; a host that
+        takes nothing for that long raises RemoteError(kind="timeout")."""
+        chan.settimeout(max(0.001, deadline - time.monotonic()))
         try:
             chan.sendall(data)
             return True
+        except TimeoutError:
+            raise RemoteError(self.step_stalled, kind="timeout") from None
         except (paramiko.SSHException, OSError, EOFError) as e:
+            if self.aborted:
+                raise RemoteError(self.aborted, kind="timeout") from None
             t = chan.get_transport()
             if t is not None and t.is_active():
                 return False
@@ -416,34 +593,48 @@ class HostConnection:
                 pass
             chan.close()
 
-    def _agent_answer(self, chan: paramiko.Channel, deadline: float) -> bytes | None:
+    def _agent_answer(self, chan: paramiko.Channel, deadline: float, action: str) -> bytes | None:
         """The next framed answer; None if the agent's stdout ended first (the process is gone).
-        Raises TimeoutError at the deadline."""
+        Raises TimeoutError at the deadline, RemoteError for an answer over max_answer_bytes (read
+        from its frame header, before any of it is kept) or stdout that is not a frame.
+
+        Waits in paramiko's own channel buffer (no file descriptor, no select(): that fails for
+        descriptors above 1024, i.e. for fleets of a few hundred hosts)."""
         out, err = self._agent_out, self._agent_err
+        cap = self._cap()
         while True:
-            while chan.recv_ready():
-                out += chan.recv(1 << 16)
-            while chan.recv_stderr_ready():
-                err += chan.recv_stderr(1 << 16)
-                del err[:-(1 << 16)]  # keep the tail
             if len(out) >= 10:
                 head = bytes(out[:10])
-                if not head.isdigit():  # something else wrote to stdout: treat as the answer
-                    answer = bytes(out)
+                if not head.isdigit():  # something else wrote to stdout: not an answer
+                    junk = bytes(out[:120])
                     out.clear()
-                    return answer
+                    raise RemoteError(f"{self.host.name}: '{action}' answered something that is not an agent "
+                                      f"answer: {junk!r}", hint="does a login script print to stdout?")
                 n = int(head)
+                if n > cap:
+                    out.clear()
+                    raise RemoteError(f"{self.host.name}: answer to '{action}' too large ({n} bytes > cap {cap})",
+                                      hint="raise max_answer_bytes in the inventory if the host is right")
                 if len(out) >= 10 + n:
                     answer = bytes(out[10:10 + n])
                     del out[:10 + n]
                     return answer
-            if (chan.eof_received or chan.closed) and not chan.recv_ready() and not chan.recv_stderr_ready():
-                return None
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError
-            # stdout data and EOF wake the select at once; stderr is drained at least every 50 ms
-            select.select([chan], [], [], min(0.05, left))
+            # stdout data and EOF end the wait at once; stderr is drained at least every 50 ms
+            chan.settimeout(min(0.05, left))
+            try:
+                data = chan.recv(CHUNK if len(out) < 10 else max(1, min(CHUNK, 10 + int(out[:10]) - len(out))))
+            except TimeoutError:
+                data = None
+            if data:
+                out += data
+            while chan.recv_stderr_ready():
+                err += chan.recv_stderr(CHUNK)
+                del err[:-STDERR_TAIL]  # keep the tail
+            if data == b"":  # stdout ended: the process is gone (or the channel closed)
+                return None
 
     def agent(self, action: str, payload: Mapping[str, Any] | None = None, *,
               timeout: float | None = None) -> Any:
@@ -457,25 +648,36 @@ class HostConnection:
             if chan is None or chan.closed or chan.eof_received:  # none yet, or it ended between requests
                 self._agent_drop()
                 chan = self._agent_chan = self._agent_start()
-            t0 = time.monotonic()
+            deadline = self._begin(f"the '{action}' request", limit,
+                                   f"{h}: '{action}' timed out: no answer within {limit:g}s")
             try:
-                answer = self._agent_answer(chan, t0 + limit) if self._send(chan, b"%010d" % len(body) + body) else None
+                answer = self._agent_answer(chan, deadline, action) if self._send(chan, b"%010d" % len(body) + body, deadline) else None
             except TimeoutError:
                 self._agent_drop()
-                raise RemoteError(f"{h}: '{action}' timed out after {time.monotonic() - t0:.0f}s", kind="timeout",
+                raise RemoteError(self.step_stalled, kind="timeout",
                                   hint="raise command_timeout in the inventory if the host is just slow") from None
+            except RemoteError:
+                self._agent_drop()
+                raise
             except (paramiko.SSHException, OSError, EOFError) as e:
                 self._agent_drop()
+                if self.aborted:
+                    raise RemoteError(self.aborted, kind="timeout") from None
                 raise Unreachable(f"{h}: connection lost while running {action}: {e or e.__class__.__name__}") from None
+            finally:
+                self._end()
             if answer is None:  # the agent ended without answering: its exit status and stderr say why
                 end = time.monotonic() + 5
                 while not chan.exit_status_ready() and not chan.closed and time.monotonic() < end:
                     time.sleep(0.02)
                 rc = chan.recv_exit_status() if chan.exit_status_ready() else None
                 while chan.recv_stderr_ready():
-                    self._agent_err += chan.recv_stderr(1 << 16)
+                    self._agent_err += chan.recv_stderr(CHUNK)
+                    del self._agent_err[:-STDERR_TAIL]
                 stderr = self._agent_err.decode(errors="replace")
                 self._agent_drop()
+                if self.aborted:
+                    raise RemoteError(self.aborted, kind="timeout")
                 tail = stderr.strip().splitlines()
                 why = tail[-1] if tail else f"exit code {rc}"
                 if rc in (126, 127):
@@ -485,6 +687,7 @@ class HostConnection:
         reply = parse_reply(h, action, answer)  # the one check of what the host sent (fleetctl/protocol)
         if reply.error is not None:
             raise RemoteError(f"{h}: {reply.error}", kind=reply.kind, detail=reply.traceback)
+        self.done.append(action)
         return reply.result
 
     def open_tcp(self, port: int, host: str = "127.0.0.1", timeout: float = 10.0) -> paramiko.Channel:

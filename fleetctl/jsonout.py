@@ -1,0 +1,53 @@
+"""The one JSON envelope every command's --json document has (docs/json.md, docs/schemas/).
+
+    {"command": "deploy", "op_id": "d...", "ok": true, "message": "one line",
+     "summary": {"hosts": 3, "ok": 2, "failed": 1, "states": {"changed": 2, "refused": 1}, ...},
+     "hosts": [{"host": "h01", "ok": true, "state": "changed", "message": "...", ...}, ...],
+     ...command-specific keys (plan, rollout, restart_needed, ...)}
+
+`ok` at the top is true exactly when the command exits 0. `summary` holds counts only (integers,
+and the per-state counts under "states"); the human sentence is `message`. Stdlib only: the CLI's
+start-up stays light.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+
+def host_row(row: Mapping[str, Any], *, ok: bool, state: str | None = None, message: str | None = None,
+             host: str | None = None) -> dict[str, Any]:
+    """One host's entry: host, ok, state, message first, then the row's own fields (kept as they are).
+
+    state defaults to the row's "status"; message to its "message", else its "reason"."""
+    extra = {k: v for k, v in row.items() if k not in ("host", "ok", "state", "message")}
+    st = state if state is not None else row.get("status")
+    msg = message if message is not None else row.get("message", row.get("reason"))
+    return {"host": str(host if host is not None else row["host"]), "ok": bool(ok),
+            "state": str(st if st is not None else ("ok" if ok else "failed")),
+            "message": "" if msg is None else str(msg), **extra}
+
+
+def counts(hosts: Iterable[Mapping[str, Any]], **extra: int) -> dict[str, Any]:
+    """summary: how many hosts, how many ok / not ok, per state, plus the command's own counts."""
+    rows = list(hosts)
+    clash = set(extra) & {"hosts", "ok", "failed", "states"}
+    if clash:
+        raise ValueError(f"summary count(s) {sorted(clash)} clash with the host counts")
+    states: dict[str, int] = {}
+    for r in rows:
+        states[r["state"]] = states.get(r["state"], 0) + 1
+    n_ok = sum(1 for r in rows if r["ok"])
+    return {"hosts": len(rows), "ok": n_ok, "failed": len(rows) - n_ok, "states": states,
+            **{k: int(v) for k, v in extra.items()}}
+
+
+def envelope(command: str, *, ok: bool, hosts: list[dict[str, Any]] | None = None, op_id: str | None = None,
+             message: str | None = None, summary: Mapping[str, int] | None = None,
+             **extra: Any) -> dict[str, Any]:
+    """The document: the envelope keys, then the command's own top-level keys. `summary` adds the
+    command's own counts to the host counts."""
+    rows = list(hosts or [])
+    return {"command": command, "op_id": op_id, "ok": bool(ok), "message": message or "",
+            "summary": counts(rows, **dict(summary or {})), "hosts": rows, **extra}

@@ -1,0 +1,106 @@
+"""A sandbox fleet mixing the origin release (0.5.9), 0.5.14 and the newest release (0.5.23):
+`facts` reads every host's release, `explain` names each host's worker from fleetctl's table
+(0.5.23 is no longer an "unknown version") and refuses what that release refuses."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fleetctl import wheels
+from fleetctl.cli import main
+from fleetctl.sandbox.fleet import Sandbox
+
+pytestmark = pytest.mark.fleet
+ROOT = Path(__file__).parent.parent
+PAYLOAD = ROOT / "playbooks" / "dynamic-spec-disable"
+VERSIONS = ["0.5.9", "0.5.14", "0.5.23"]
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
+    from fleetctl.sandbox import fleet
+
+    d = tmp_path_factory.mktemp("releases")
+    try:  # the finalizer is in place before anything starts
+        yield fleet.up(d / "sb", hosts=3, versions=VERSIONS, gpus=1)
+    finally:
+        fleet.down(d / "sb", missing_ok=True)
+
+
+def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict]:
+    code = main(list(args))
+    return code, json.loads(capsys.readouterr().out)
+
+
+def playbook_with(tmp_path: Path, extra_flags: str = "", env: str = "{}") -> str:
+    """The payload playbook with extra launch flags / env (a copy: patch paths stay relative)."""
+    d = tmp_path / "pb"
+    shutil.copytree(PAYLOAD, d)
+    text = (d / "playbook.yaml").read_text()
+    text = text.replace("    --speculative-disable-batch-threshold: 16\n",
+                        f"    --speculative-disable-batch-threshold: 16\n{extra_flags}")
+    text = re.sub(r"(?m)^  env: \{\}$", f"  env: {env}", text)
+    (d / "playbook.yaml").write_text(text)
+    return str(d)
+
+
+def test_facts_on_a_mixed_fleet(mixed: Sandbox, capsys: pytest.CaptureFixture[str]) -> None:
+    code, doc = run(capsys, "facts", "-i", str(mixed.inventory_path), "--json")
+    assert code == 0
+    hosts = {h["host"]: h["facts"] for h in doc["hosts"]}
+    assert [hosts[n]["sglang"]["version"] for n in ("h01", "h02", "h03")] == VERSIONS
+    for name, sh in mixed.hosts.items():
+        f = hosts[name]
+        assert f["torch"]["satisfied"] is True  # each release's own torch pin (0.5.23: torch 2.14.1)
+        files = f["files"]
+        pkg = wheels.package_dir(sh.version or "")
+        assert files["srt/server_args.py"]["sha256"] == wheels.sha256_bytes((pkg / "srt/server_args.py").read_bytes())
+        assert ("srt/speculative/eagle_worker.py" in files) == (sh.version == "0.5.9")  # v1 gone from 0.5.13
+
+
+def test_explain_names_every_hosts_worker(mixed: Sandbox, capsys: pytest.CaptureFixture[str]) -> None:
+    code, doc = run(capsys, "explain", "-i", str(mixed.inventory_path), str(PAYLOAD), "--json")
+    h = {r["host"]: r for r in doc["hosts"]}
+    assert code == 1  # the payload has no patch set for 0.5.23: that host is refused
+    assert (h["h01"]["worker_class"], h["h01"]["covered"], h["h01"]["refused"]) == ("EAGLEWorker", True, None)
+    assert (h["h02"]["worker_class"], h["h02"]["covered"], h["h02"]["refused"]) == ("EAGLEWorkerV2", True, None)
+    new = h["h03"]
+    assert new["version"] == "0.5.23" and "unknown version" not in new["reason"]
+    assert (new["worker_class"], new["worker_file"]) == ("EAGLEWorkerV2", "srt/speculative/eagle_worker_v2.py")
+    assert new["disable_overlap_schedule"] is False
+    assert "0.5.23 has no patch set" in new["refused"]
+
+
+def test_explain_env_var_removed_and_ambiguous_flag(mixed: Sandbox, tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """--cuda-graph-max-bs (the docs' EAGLE-3 example) is a flag on 0.5.9, an alias on 0.5.14 and an
+    ambiguous abbreviation on 0.5.23; SGLANG_ENABLE_SPEC_V2=1 picks v2 on 0.5.9 and is ignored after."""
+    pb = playbook_with(tmp_path, "    --cuda-graph-max-bs: 32\n", "{SGLANG_ENABLE_SPEC_V2: '1'}")
+    code, doc = run(capsys, "explain", "-i", str(mixed.inventory_path), pb, "--json")
+    h = {r["host"]: r for r in doc["hosts"]}
+    assert code == 1
+    assert h["h01"]["worker_class"] == "EAGLEWorkerV2"  # 0.5.9 with the env var on: v2, unsupported there
+    assert "EAGLEWorkerV2" in h["h01"]["refused"]
+    assert h["h02"]["worker_class"] == "EAGLEWorkerV2" and h["h02"]["refused"] is None
+    assert "ignored: removed in this release" in h["h02"]["reason"]
+    new = h["h03"]
+    assert new["worker_class"] is None
+    assert "refuses to start: ambiguous option: --cuda-graph-max-bs could match --cuda-graph-max-bs-decode, " \
+           "--cuda-graph-max-bs-prefill" in new["reason"]
+
+
+def test_explain_pp_with_speculation_refused(mixed: Sandbox, tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    pb = playbook_with(tmp_path, "    --pp-size: 2\n")
+    code, doc = run(capsys, "explain", "-i", str(mixed.inventory_path), pb, "--json")
+    assert code == 1
+    for r in doc["hosts"]:
+        assert r["worker_class"] is None, r  # no worker is named: the server never starts
+        assert "the server refuses to start: AssertionError: Pipeline parallelism" in r["reason"], r
+        assert r["refused"], r
