@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import csv
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.version import InvalidVersion, Version
@@ -22,7 +22,9 @@ from fleetctl.protocol.answers import (
     StateFacts,
 )
 from fleetctl.protocol.schema import shown
-from fleetctl.transport.ssh import HostConnection
+
+if TYPE_CHECKING:  # the transport (paramiko, fabric) is imported on first connect
+    from fleetctl.transport.ssh import HostConnection
 
 __all__ = ["FileFact", "HostFacts", "TorchCheck", "check_torch", "parse_facts", "read_facts"]
 

@@ -11,10 +11,14 @@ that no record explains are "deployed without a record" (a deleted or moved stat
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from fleetctl.errors import FleetctlError
-from fleetctl.facts import HostFacts
 from fleetctl.protocol.answers import Lock, Manifest
 from fleetctl.protocol.names import OPEN_STATES
+
+if TYPE_CHECKING:
+    from fleetctl.facts import HostFacts
 
 
 def own(facts: HostFacts) -> list[Manifest]:

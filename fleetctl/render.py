@@ -6,14 +6,18 @@ import sys
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from fleetctl.fleet import HostOutcome
-from fleetctl.safetext import SafeTable, clean, line, styled
+from fleetctl.hostnames import host_ranges
+from fleetctl.safetext import SafeTable, clean, line, lines_cell, safe, styled
 from fleetctl.safetext import table as _safe_table
+
+if TYPE_CHECKING:
+    from fleetctl.fleet import HostOutcome
 
 STATUS_STYLE = {"ok": "green", "failed": "red", "unreachable": "red", "skipped": "yellow"}
 
@@ -54,10 +58,22 @@ def summary_line(what: str, outcomes: Sequence[HostOutcome], elapsed: float) -> 
     return f"{what}: {n} host{'s' if n != 1 else ''}: {', '.join(parts)} in {elapsed:.2f}s"
 
 
-def table(title: str | None, columns: Sequence[str]) -> SafeTable:
+def table(title: str | None, columns: Sequence[str], whole: Sequence[str] = ()) -> SafeTable:
     """A results table: str cells (and the title) are untrusted values, shown as they are with
-    control characters escaped; Text cells (status_cell, styled) are ours."""
-    return _safe_table(title, columns)
+    control characters escaped; Text cells (status_cell, styled) are ours. The `whole` columns
+    (file paths) are never wrapped: at 80 columns the prose columns give way, not a path."""
+    t = _safe_table(title, columns)
+    for c, name in zip(t.columns, columns, strict=True):
+        if name in whole:
+            c.no_wrap = True
+    return t
+
+
+def hosts_cell(hosts: Sequence[str]) -> Text:
+    """The host cell of a grouped row: "h01-h06" over "(6 hosts)" (one line for one host)."""
+    if len(hosts) == 1:
+        return safe(hosts[0])
+    return lines_cell([host_ranges(hosts), f"({len(hosts)} hosts)"])
 
 
 def status_cell(status: str) -> Text:
@@ -73,3 +89,17 @@ def print_failures(console: Console, outcomes: Sequence[HostOutcome]) -> None:
     for o in outcomes:
         if not o.ok and o.status != "skipped":
             console.print(line(styled(o.status, "red"), " ", o.message))
+
+
+def say(console: Console, *parts: object, indent: int = 0) -> None:
+    """One line of prose, wrapped at spaces to the console's width (a path is never cut; only a word
+    longer than the width is folded), continuation lines indented by `indent`. Off a terminal
+    (wrap_prose False) one unwrapped line."""
+    text = line(*parts)
+    if not getattr(console, "wrap_prose", True):
+        console.print(text, soft_wrap=True)
+        return
+    width = max(20, console.width - indent)
+    for i, ln in enumerate(text.wrap(console, width, overflow="fold")):
+        ln.rstrip()
+        console.print(Text.assemble(" " * indent, ln) if i else ln, soft_wrap=True)

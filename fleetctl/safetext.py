@@ -163,6 +163,8 @@ class SafeConsole(Console):
     """A Console that never interprets markup or emoji codes in strings and never writes a
     control character it was not built to write."""
 
+    wrap_prose = True  # prose lines (render.say) wrapped at spaces to the width; off for pipes
+
     def __init__(self, *args: Any, **kw: Any) -> None:
         kw["markup"] = False
         kw["emoji"] = False

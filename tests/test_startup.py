@@ -6,10 +6,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from fleetctl import cli
+
+ROOT = Path(__file__).resolve().parents[1]
 
 HEAVY = ("paramiko", "fabric", "invoke", "pydantic", "rich", "yaml", "fleetctl.fleet", "fleetctl.commands.fleetops")
 
@@ -53,3 +57,28 @@ def test_a_command_without_a_table_row_still_runs(monkeypatch: pytest.MonkeyPatc
     assert "Usage: fleetctl servers" in capsys.readouterr().out
     assert cli.main(["servrs"]) == 2
     assert "Did you mean 'servers'?" in capsys.readouterr().err
+
+
+TRANSPORT = ("paramiko", "fabric", "invoke", "fleetctl.fleet", "fleetctl.transport")
+
+
+@pytest.mark.parametrize("argv", [
+    ["history", "--help"],
+    ["history", "--last", "1"],
+    ["status", "-i", "/nonexistent/inventory.yaml"],
+    ["facts", "-i", "/nonexistent/inventory.yaml"],
+    ["deploy", "playbooks/dynamic-spec-disable", "-i", "/nonexistent/inventory.yaml", "--restart", "--serial", "2"],
+    ["verify-logs", "playbooks/dynamic-spec-disable", "-i", "/nonexistent/inventory.yaml"],
+])
+def test_a_command_imports_the_transport_only_to_connect(argv: list[str], tmp_path: Any,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 16.10: the ledger commands and every command until its input is valid (here: a missing
+    inventory, exit 2) never import paramiko/fabric; 'history' imports no YAML either."""
+    monkeypatch.setenv("FLEETCTL_STATE_DIR", str(tmp_path))
+    monkeypatch.chdir(ROOT)
+    rc, mods = imported_by(*argv)
+    assert rc == (0 if argv[0] == "history" else 2)
+    heavy = sorted(m for m in mods if m.split(".")[0] in TRANSPORT[:3] or m.startswith(TRANSPORT[3:]))
+    assert heavy == [], f"fleetctl {' '.join(argv)} imported {heavy[:8]}"
+    if argv[0] == "history":
+        assert "yaml" not in mods and "fleetctl.config.playbook" not in mods

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -34,10 +35,13 @@ DEFAULT_FORKS = 32
 # stdout carries results (tables or the JSON document); stderr carries progress and errors.
 # SafeConsole: strings are never parsed as markup or emoji codes and control characters are shown
 # escaped (fleetctl/safetext.py); our own styling is passed as rich Text.
+# A terminal (or COLUMNS set) gets tables fitted to its width and prose wrapped at spaces (issue 16.7).
 def _console(stderr: bool) -> SafeConsole:
     c = SafeConsole(stderr=stderr, highlight=False, soft_wrap=True)
-    if not c.is_terminal:  # pipes and CI logs: wide enough for the tables, never wrapped at 80
+    if not c.is_terminal and not os.environ.get("COLUMNS", "").isdigit():
+        # pipes and CI logs: wide enough for the tables, lines never wrapped
         c = SafeConsole(stderr=stderr, highlight=False, soft_wrap=True, width=160)
+        c.wrap_prose = False
     return c
 
 

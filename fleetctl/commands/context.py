@@ -12,13 +12,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from fleetctl.commands.common import err, require_inventory
-from fleetctl.config.inventory import Inventory, load_inventory
 from fleetctl.errors import EXIT_INTERRUPTED, Interrupted
-from fleetctl.fleet import Fleet, raise_fd_limit
 from fleetctl.safetext import DETAIL_LIMIT, line, safe
+
+if TYPE_CHECKING:  # imported when a command reaches its hosts (issue 16.10)
+    from fleetctl.config.inventory import Inventory
+    from fleetctl.fleet import Fleet
 
 __all__ = ["EXIT_INTERRUPTED", "Interrupted"]
 
@@ -38,9 +40,16 @@ class RunContext:
 @contextmanager
 def fleet_context(inventory: Path | None, limit: str | None, forks: int, *, json: bool, debug: bool,
                   accept_new_host_keys: bool = False) -> Iterator[RunContext]:
+    from fleetctl.config.inventory import load_inventory
+
     started = time.monotonic()
     inv = load_inventory(require_inventory(inventory))
     hosts = inv.select(limit)
+    from fleetctl.fleet import (  # the transport (paramiko, fabric): once the input is valid
+        Fleet,
+        raise_fd_limit,
+    )
+
     note = raise_fd_limit(len(hosts))
     if note:
         sys.stderr.write(note + "\n")

@@ -20,8 +20,9 @@ from fleetctl.commands.common import (
 from fleetctl.commands.context import fleet_context, print_debug_details
 from fleetctl.errors import EXIT_FAILED, EXIT_OK
 from fleetctl.facts import HostFacts, read_facts
+from fleetctl.hostnames import group, hosts_label, strip_host
 from fleetctl.jsonout import host_row
-from fleetctl.render import host_progress, print_failures, status_cell, summary_line, table
+from fleetctl.render import host_progress, say, status_cell, summary_line
 from fleetctl.safetext import line, lines_cell, safe, styled
 
 KEY_FILES = ("srt/server_args.py", "srt/speculative/eagle_worker.py", "srt/speculative/eagle_worker_v2.py")
@@ -56,6 +57,50 @@ def _files_cell(f: HostFacts, all_files: bool) -> Text:
     return lines_cell(lines)
 
 
+def _facts_lines(f: HostFacts, all_files: bool) -> tuple[tuple[str, Text], ...]:
+    """(label, value) lines of one host's facts: a block an 80-column terminal shows whole."""
+    sg = (Text.assemble(safe(f"{f.sglang_version or '?'} ({f.sglang_install}) in "), safe(f.sglang_dir))
+          if f.sglang_found else Text.assemble(styled("not found", "red"), " by the launch's python"))
+    if not f.sglang_found and f.sglang_error:
+        sg.append_text(Text.assemble(": ", safe(f.sglang_error)))
+    notes = [*f.sglang_notes, *[p for p in map(f.bytecode_problem, f.bytecode) if p]]
+    tc = f.torch
+    torch = (styled("missing", "red") if tc.installed is None else
+             Text.assemble(safe(tc.installed), " ",
+                           {True: styled("ok", "green"), False: styled("mismatch", "red"),
+                            None: "(unchecked)"}[tc.satisfied]))
+    if tc.required:
+        torch.append_text(safe(f" (needs {', '.join(tc.required)})"))
+    py = [("python", safe(f"{f.python} ({f.python_version})"))]
+    if f.launch_python and f.launch_python != f.python:
+        py.append(("launch", safe(f"{f.launch_python} ({f.launch_python_version})")))
+    return (("OS", safe(f.os)), *py, ("SGLang", sg), *[("note", line(styled("note:", "yellow"), " ", n)) for n in notes],
+            ("torch", torch), ("files", Text("; ").join(_files_cell(f, all_files).split("\n"))),
+            ("GPUs", safe(_gpu_cell(f))))
+
+
+def render_facts(outcomes: list, all_files: bool) -> None:
+    """One block per distinct set of facts, with the hosts it describes; failures once per message."""
+    keyed: list[tuple[str, tuple[object, ...]]] = []
+    for o in outcomes:
+        if o.ok:
+            lines = _facts_lines(o.data, all_files)
+            keyed.append((o.host, ("ok", tuple((k, v.plain) for k, v in lines))))
+        else:
+            keyed.append((o.host, (o.status, strip_host(o.host, o.message))))
+    shown: dict[str, tuple[tuple[str, Text], ...]] = {o.host: _facts_lines(o.data, all_files)
+                                                       for o in outcomes if o.ok}
+    for hosts, (st, _) in group(keyed):
+        if st != "ok":
+            continue
+        say(out, styled(hosts_label(hosts), "bold"), ": ", status_cell("ok"))
+        for label, value in shown[hosts[0]]:
+            say(out, f"  {label:<7} ", value, indent=10)
+    for hosts, (st, what) in group(keyed):
+        if st != "ok":
+            say(out, status_cell(str(st)), " ", hosts_label(hosts), ": ", str(what), indent=4)
+
+
 def register(app: typer.Typer) -> None:
     @app.command("facts", help="Per host: reachable, OS, python, SGLang version and dir, torch, file hashes, GPUs.")
     def facts(
@@ -80,35 +125,7 @@ def register(app: typer.Typer) -> None:
                                  for o in outcomes],
                           inventory=str(ctx.inventory.path), elapsed=round(elapsed, 3))
             else:
-                t = table(None, ["host", "status", "OS / python", "SGLang", "torch", "files (sha256)", "GPUs"])
-                for o in outcomes:
-                    if not o.ok:
-                        t.add_row(o.host, status_cell(o.status), "(see below)", "", "", "", "")
-                        continue
-                    f: HostFacts = o.data
-                    sg = (lines_cell([f"{f.sglang_version or '?'} ({f.sglang_install})", f.sglang_dir])
-                          if f.sglang_found else Text.assemble(styled("not found", "red"), " by the launch's python"))
-                    if not f.sglang_found and f.sglang_error:
-                        sg.append("\n")
-                        sg.append_text(safe(f.sglang_error))
-                    for n in f.sglang_notes + [p for p in map(f.bytecode_problem, f.bytecode) if p]:
-                        sg.append("\n")
-                        sg.append_text(line(styled("note:", "yellow"), " ", n))
-                    tc = f.torch
-                    torch = (styled("missing", "red") if tc.installed is None else
-                             Text.assemble(safe(tc.installed), " ",
-                                           {True: styled("ok", "green"), False: styled("mismatch", "red"),
-                                            None: "(unchecked)"}[tc.satisfied]))
-                    if tc.required:
-                        torch.append("\n")
-                        torch.append_text(safe(f"needs {', '.join(tc.required)}"))
-                    py = [f.os, f"{f.python} ({f.python_version})"]
-                    if f.launch_python and f.launch_python != f.python:
-                        py.append(f"launch: {f.launch_python} ({f.launch_python_version})")
-                    t.add_row(o.host, status_cell(o.status), lines_cell(py),
-                              sg, torch, _files_cell(f, files), _gpu_cell(f))
-                out.print(t)
-                print_failures(out, outcomes)
+                render_facts(outcomes, files)
                 err.print(summary, markup=False, highlight=False)
             print_debug_details(ctx, outcomes)
             raise typer.Exit(EXIT_OK if all(o.ok for o in outcomes) else EXIT_FAILED)

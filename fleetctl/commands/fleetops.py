@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import difflib
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.text import Text
 
-from fleetctl import hoststate
 from fleetctl.commands import validate
 from fleetctl.commands.common import (
     DEFAULT_FORKS,
@@ -26,18 +25,20 @@ from fleetctl.commands.common import (
 from fleetctl.commands.context import RunContext, fleet_context
 from fleetctl.commands.context import fmt_time as _ts
 from fleetctl.commands.context import run_with_progress as _tick_run
-from fleetctl.config.playbook import Playbook, load_playbook
 from fleetctl.errors import EXIT_FAILED, EXIT_OK, InputError
-from fleetctl.fleet import HostOutcome
+from fleetctl.hostnames import group, hosts_label, strip_host
 from fleetctl.jsonout import host_row
 from fleetctl.ledger import Ledger
-from fleetctl.ops.deploy import apply_plan, build_plan, gather, new_op_id
-from fleetctl.ops.rollback import apply_rollback, plan_rollback
-from fleetctl.plan import Plan
-from fleetctl.protocol.answers import ReadFilesAnswer
 from fleetctl.protocol.names import READ_FILES, WITH_DISCOVER, WITH_SERVERS, WITH_STATE
-from fleetctl.render import status_cell, table
+from fleetctl.render import hosts_cell, say, status_cell, table
 from fleetctl.safetext import line, lines_cell, styled
+
+if TYPE_CHECKING:  # the playbook (pydantic, yaml), the fleet and the transport (paramiko, fabric) are
+    # imported by the commands that use them (issue 16.10: 'fleetctl history' never loads them)
+    from fleetctl.config.playbook import Playbook
+    from fleetctl.fleet import HostOutcome
+    from fleetctl.plan import Plan
+    from fleetctl.protocol.answers import ReadFilesAnswer
 
 PlaybookArg = Annotated[Path, typer.Argument(help="Playbook YAML, or a directory holding playbook.yaml.",
                                              show_default=False)]
@@ -49,31 +50,135 @@ STATE_STYLE = {"pristine": "cyan", "as-intended": "green", "drifted": "red", "mi
                "interrupted": "red", "pending": "yellow", "running": "yellow"}
 
 
-def _s(state: str) -> Text:
-    return styled(state, STATE_STYLE.get(state, "white"))
+def _s(state: str, width: int = 0) -> Text:
+    """A state in its style, padded to `width` (columns of one line per file)."""
+    return styled(state.ljust(width), STATE_STYLE.get(state, "white"))
 
 
+
+
+def _plan_key(hp: Any) -> tuple[Any, ...]:
+    c = hp.coverage
+    return (hp.version, hp.status, strip_host(hp.host, hp.reason), tuple(hp.interrupted),
+            tuple((fp.path, fp.state, fp.action, fp.note) for fp in hp.files),
+            None if c is None else (c.covered, c.refused, c.reason))
 
 
 def render_plan(plan: Plan) -> None:
-    t = table("plan", ["host", "SGLang", "file", "state", "action", "note"])
-    for hp in plan.hosts:
-        if not hp.files:
-            t.add_row(hp.host, hp.version or "", "", "", _s(hp.status), hp.reason)
+    """One block per distinct plan: hosts planned alike share it ("h01-h64 (64 hosts)"); one line
+    per file (state, action, path, then its note), so a path is never cut at 80 columns."""
+    groups = group((hp.host, _plan_key(hp)) for hp in plan.hosts)
+    by_host = {hp.host: hp for hp in plan.hosts}
+    say(out, styled("plan", "bold"), f": {len(plan.hosts)} host(s), {len(groups)} distinct plan(s)")
+    for hosts, _ in groups:
+        hp = by_host[hosts[0]]
+        why = strip_host(hp.host, hp.reason)
+        if not hp.files and hp.status in ("refused", "unreachable", "failed"):  # "failed h03: why"
+            say(out, _s(hp.status), " ", hosts_label(hosts), ": ", why, indent=4)
             continue
-        for i, fp in enumerate(hp.files):
-            t.add_row(hp.host if i == 0 else "", (hp.version or "") if i == 0 else "", fp.path, _s(fp.state),
-                      fp.action, fp.note)
-        if hp.coverage is not None:
-            c = hp.coverage
-            t.add_row("", "", "(worker that will run)", "covered" if c.covered else styled("NOT covered", "red"),
-                      "refuse" if c.refused else "", c.reason)
+        say(out, styled(hosts_label(hosts), "bold"), f": SGLang {hp.version or '?'}: ", _s(hp.status),
+            *([": ", why] if why and not hp.files else []), indent=4)
+        for fp in hp.files:
+            say(out, "  ", _s(fp.state, 11), f" {fp.action:<7} ", fp.path, *([": ", fp.note] if fp.note else []),
+                indent=24)
+        c = hp.coverage
+        if c is not None:
+            if c.refused and hp.status != "refused":  # --allow-uncovered: say what will happen
+                what = ("; --allow-uncovered: the files are patched, but the patched code will not run there "
+                        "until the launch runs a worker the playbook patches")
+                head = styled("NOT covered, deployed anyway", "yellow")
+            elif c.refused:
+                what, head = "", styled("NOT covered, refused", "red")
+            else:
+                what, head = "", styled("covered", "green") if c.covered else styled("NOT covered", "red")
+            say(out, "  worker that will run: ", head, ": ", c.reason, what, indent=4)
         if hp.interrupted:
-            t.add_row("", "", "(interrupted deploy)", _s("drifted"), "repair", hp.reason)
+            say(out, "  ", _s("interrupted"), " deploy ", ", ".join(hp.interrupted), ": repaired first", indent=4)
+    for hosts, _ in groups:
+        hp = by_host[hosts[0]]
+        if hp.status in ("refused", "unreachable", "failed") and hp.files:
+            say(out, styled(hp.status, "red"), " ", hosts_label(hosts), ": ", strip_host(hp.host, hp.reason),
+                indent=4)
+
+
+def render_rollback_plan(plans: list[Any]) -> None:
+    """As render_plan: one block per distinct rollback plan, a refusal on the file it is about."""
+    def key(p: Any) -> tuple[Any, ...]:
+        return (p.status, strip_host(p.host, p.reason), tuple(p.deploy_ids),
+                tuple((f["path"], f["state"], f["action"]) for f in p.files))
+
+    groups = group((p.host, key(p)) for p in plans)
+    by_host = {p.host: p for p in plans}
+    say(out, styled("rollback plan", "bold"), f": {len(plans)} host(s), {len(groups)} distinct plan(s)")
+    for hosts, _ in groups:
+        p = by_host[hosts[0]]
+        why = strip_host(p.host, p.reason)
+        undo = f": undo {', '.join(p.deploy_ids)}" if p.deploy_ids else ""
+        on_file = next((f for f in p.files if f["state"] == "drifted"), None) if p.status == "refused" else None
+        if not p.files and p.status in ("refused", "unreachable", "failed"):  # "failed h03: why"
+            say(out, _s(p.status), " ", hosts_label(hosts), ": ", why, indent=4)
+            continue
+        say(out, styled(hosts_label(hosts), "bold"), undo, ": ", _s(p.status),
+            *([": ", why] if why and on_file is None else []), indent=4)
+        for f in p.files:
+            note = why[len(f["path"]) + 1:] if why.startswith(f["path"] + " ") else why
+            say(out, "  ", _s(f["state"], 11), f" {f['action']:<7} ", f["path"],
+                *([": ", note] if f is on_file else []), indent=24)
+
+
+def render_status(rows: list[dict[str, Any]]) -> None:
+    """Hosts alike share a row; the state says whether the host has problems, listed under the table
+    (one paragraph per distinct list, with the hosts it applies to)."""
+    def state(r: dict[str, Any]) -> Text:
+        if r["status"] != "ok":
+            return status_cell(r["status"])
+        return styled("problems", "red") if r["problems"] else styled("ok", "green")
+
+    def key(r: dict[str, Any]) -> tuple[Any, ...]:
+        return (state(r).plain, r.get("version") or "", r.get("last_deploy") or "", r.get("files") or "",
+                tuple(strip_host(r["host"], p) for p in r["problems"]),
+                tuple(strip_host(r["host"], n) for n in r.get("notes", [])))
+
+    groups = group((r["host"], key(r)) for r in rows)
+    by_host = {r["host"]: r for r in rows}
+    t = table(None, ["host", "state", "SGLang", "last deploy", "files"], whole=("last deploy",))
+    for hosts, (_, version, last, files, _, _) in groups:
+        t.add_row(hosts_cell(hosts), state(by_host[hosts[0]]), version, last, files)
     out.print(t)
-    for hp in plan.hosts:
-        if hp.status in ("refused", "unreachable", "failed"):
-            out.print(line(styled(hp.status, "red"), " ", hp.reason))
+    for hosts, (_, _, _, _, problems, notes) in groups:
+        for p in problems:
+            say(out, styled("problem", "red"), " ", hosts_label(hosts), ": ", p, indent=4)
+        for n in notes:
+            say(out, "note ", hosts_label(hosts), ": ", n, indent=4)
+
+
+def render_explain(rows: list[dict[str, Any]]) -> None:
+    """The explain sentence once per distinct answer, with the hosts it applies to."""
+    def lines(r: dict[str, Any]) -> tuple[tuple[Any, ...], ...]:
+        if r["status"] != "ok":
+            return ((styled(r["status"], "red"), " ", strip_host(r["host"], r["reason"])),)
+        mark = styled("ok", "green") if not r.get("refused") else styled("REFUSED", "red")
+        insts = r.get("instances") or []
+        alike = len(insts) > 1 and all(i["reason"] == insts[0]["reason"] for i in insts)
+        got: list[tuple[Any, ...]] = [((f"({len(insts)} instances each) " if alike else ""), r["reason"],
+                                       " [", mark, "]")]
+        if len(insts) > 1 and not alike:
+            got += [(f"  {i['instance']} (GPUs {','.join(map(str, i['gpus']))}): {i['reason']}",) for i in insts]
+        if r.get("refused") and r["refused"] != r["reason"]:
+            got.append((f"  {strip_host(r['host'], r['refused'])}",))
+        got += [(f"  note: {n}",) for n in r.get("notes") or []]
+        got += [(f"  warning: {n}",) for n in dict.fromkeys(n for i in insts for n in i.get("never_fires") or [])]
+        return tuple(got)
+
+    def plain(ls: tuple[tuple[Any, ...], ...]) -> tuple[str, ...]:
+        return tuple(line(*ln).plain for ln in ls)
+
+    by_host = {r["host"]: r for r in rows}
+    for hosts, _ in group((r["host"], plain(lines(r))) for r in rows):
+        first, *rest = lines(by_host[hosts[0]])
+        say(out, styled(hosts_label(hosts), "bold"), ": ", *first, indent=4)
+        for ln in rest:
+            say(out, *ln, indent=4)
 
 
 def _udiff(a: bytes, b: bytes, la: str, lb: str) -> str:
@@ -83,9 +188,11 @@ def _udiff(a: bytes, b: bytes, la: str, lb: str) -> str:
 
 
 def print_diffs(ctx: RunContext, plan: Plan) -> None:
-    """Unified diffs, no size limit: remote vs intended; for drifted files also remote vs pristine."""
+    """Unified diffs, no size limit: remote vs intended; for drifted files also remote vs pristine.
+    An identical diff is shown once, under the hosts it applies to (issue 16.7)."""
     from fleetctl import wheels
 
+    diffs: list[tuple[str, tuple[str, str]]] = []  # (host, (path, diff text))
     for hp in plan.hosts:
         if not hp.files or hp.version not in plan.intended:
             continue
@@ -106,13 +213,14 @@ def print_diffs(ctx: RunContext, plan: Plan) -> None:
                 now = remote.get(fp.path) or b""
             else:
                 continue
-            label = f"{hp.host}:{fp.path}"
-            out.print(_udiff(now, it[fp.path].data, f"{label} (on host)", f"{label} (intended)"),
-                      markup=False, highlight=False)
+            text = _udiff(now, it[fp.path].data, f"{fp.path} (on host)", f"{fp.path} (intended)")
             if fp.state == "drifted":
                 pristine = wheels.pristine_bytes(hp.version or "", fp.path)
-                out.print(_udiff(pristine, now, f"{label} (pristine {hp.version})", f"{label} (on host)"),
-                          markup=False, highlight=False)
+                text += _udiff(pristine, now, f"{fp.path} (pristine {hp.version})", f"{fp.path} (on host)")
+            diffs.append((hp.host, (fp.path, text)))
+    for hosts, (path, text) in group(diffs):
+        say(out, styled("diff", "bold"), " ", path, " on ", hosts_label(hosts), ":")
+        out.print(text, markup=False, highlight=False)  # never wrapped: a diff stays appliable
 
 
 def register(app: typer.Typer) -> None:
@@ -137,7 +245,7 @@ def register(app: typer.Typer) -> None:
         debug: DebugOpt = False,
         accept_new_host_keys: AcceptNewOpt = False,
     ) -> None:
-        from fleetctl.ops.rolling import parse_count
+        from fleetctl.config.playbook import load_playbook
 
         budget = validate.rolling(restart, serial=serial, canary=canary, max_fail=max_fail,
                                   ready_timeout=ready_timeout)
@@ -145,6 +253,8 @@ def register(app: typer.Typer) -> None:
         pb = load_playbook(playbook)
         with fleet_context(inventory, limit, forks, json=json_out, debug=debug,
                            accept_new_host_keys=accept_new_host_keys) as ctx:
+            from fleetctl.ops.deploy import apply_plan, build_plan, gather, new_op_id
+            from fleetctl.ops.rolling import parse_count
             gathered = _tick_run(ctx, "facts", lambda: gather(ctx.fleet, pb))
             plan = build_plan(ctx.fleet, pb, gathered, force=force, allow_uncovered=allow_uncovered)
             if not json_out:
@@ -158,10 +268,11 @@ def register(app: typer.Typer) -> None:
                               plan=plan.to_json(), elapsed=round(ctx.elapsed(), 3),
                               message=f"deploy --check: nothing was changed ({ctx.elapsed():.2f}s)")
                 else:
-                    n = sum(1 for hp in plan.hosts if hp.status == "change")
-                    err.print(f"deploy --check: {len(plan.hosts)} hosts: {n} would change, "
-                              f"{sum(1 for hp in plan.hosts if hp.status == 'noop')} as intended, "
-                              f"{len(bad_plan)} refused/unreachable; nothing was changed ({ctx.elapsed():.2f}s)")
+                    err.print(line(f"deploy --check: {len(plan.hosts)} hosts: "
+                                   + _counts([hp.status for hp in plan.hosts],
+                                             {"change": "would change", "noop": "as intended"},
+                                             always=("change", "noop"))
+                                   + f"; nothing was changed ({ctx.elapsed():.2f}s)"))
                 raise typer.Exit(EXIT_FAILED if bad_plan else EXIT_OK)
             if any_errors_fatal and bad_plan:
                 _fatal_refusal("deploy", plan.to_json(), [(hp.host, hp.status, hp.reason) for hp in bad_plan],
@@ -195,10 +306,14 @@ def register(app: typer.Typer) -> None:
                           restart_needed=reminder.to_json() if reminder else None)
             else:
                 t = table("result", ["host", "status", "deploy id", "what"])
-                for r in rows:
-                    t.add_row(r.host, _s(r.status), r.deploy_id or "", lines_cell([r.message, *r.notes]))
+                for hosts, (st, did, what) in group(
+                        (r.host, (r.status, r.deploy_id or "", tuple(strip_host(r.host, m) for m in [r.message, *r.notes])))
+                        for r in rows):
+                    t.add_row(hosts_cell(hosts), _s(st), did, lines_cell(what))
                 out.print(t)
-                err.print(summary, markup=False)
+                err.print(line(f"deploy {op_id}: {len(rows)} hosts: "
+                               + _counts([r.status for r in rows], {}, always=("changed", "failed"))
+                               + f" in {elapsed:.2f}s"))
                 if reminder:
                     err.print(reminder.line(str(ctx.inventory.path), str(playbook)), markup=False, highlight=False)
             raise typer.Exit(EXIT_FAILED if failed else EXIT_OK)
@@ -220,6 +335,7 @@ def register(app: typer.Typer) -> None:
         debug: DebugOpt = False,
         accept_new_host_keys: AcceptNewOpt = False,
     ) -> None:
+        from fleetctl.config.playbook import load_playbook
         to = validate.deploy_id(to)
         if playbook is not None and not from_pristine:
             raise InputError("--playbook goes with --from-pristine", hint="add --from-pristine, or drop --playbook")
@@ -229,6 +345,8 @@ def register(app: typer.Typer) -> None:
         rpb = load_playbook(playbook) if playbook else None
         with fleet_context(inventory, limit, forks, json=json_out, debug=debug,
                            accept_new_host_keys=accept_new_host_keys) as ctx:
+            from fleetctl.ops.deploy import gather, new_op_id
+            from fleetctl.ops.rollback import apply_rollback, plan_rollback
             breaking = _break_lock_hosts(ctx, break_lock)
             gathered = _tick_run(ctx, "facts", lambda: gather(ctx.fleet, rpb, all_hashes=True))
             plans = plan_rollback(ctx.fleet, gathered, to, force, old_tree=old_tree, from_pristine=from_pristine,
@@ -237,22 +355,19 @@ def register(app: typer.Typer) -> None:
                 raise InputError(f"deploy {to} is not on any of the {len(plans)} selected host(s)",
                                  hint="pick an id from 'fleetctl status' or 'fleetctl history', or widen --limit")
             if not json_out:
-                t = table("rollback plan", ["host", "deploys to undo", "file", "state", "action", "note"])
-                for p in plans:
-                    if not p.files:
-                        t.add_row(p.host, ", ".join(p.deploy_ids), "", "", _s(p.status), p.reason)
-                    for i, f in enumerate(p.files):
-                        t.add_row(p.host if i == 0 else "", ", ".join(p.deploy_ids) if i == 0 else "", f["path"],
-                                  _s(f["state"]), f["action"], p.reason if i == 0 and p.status == "refused" else "")
-                out.print(t)
+                render_rollback_plan(plans)
             bad = [p for p in plans if p.status in ("refused", "unreachable", "failed")]
             if check:
                 if json_out:
                     emit_json("rollback", ok=not bad, hosts=plan_hosts([p.to_json() for p in plans]), check=True,
                               plan=[p.to_json() for p in plans], message="rollback --check: nothing was changed")
                 else:
-                    for p in bad:
-                        out.print(line(styled(p.status, "red"), " ", p.reason))
+                    err.print(line(f"rollback --check: {len(plans)} hosts: "
+                                   + _counts([p.status for p in plans], {"change": "would be restored",
+                                                                         "noop": "nothing to do",
+                                                                         "skipped": "not selected by --to"},
+                                             always=("change",))
+                                   + f"; nothing was changed ({ctx.elapsed():.2f}s)"))
                 raise typer.Exit(EXIT_FAILED if bad else EXIT_OK)
             if any_errors_fatal and bad:
                 _fatal_refusal("rollback", [p.to_json() for p in plans], [(p.host, p.status, p.reason) for p in bad],
@@ -282,10 +397,15 @@ def register(app: typer.Typer) -> None:
                           restart_needed=reminder.to_json() if reminder else None)
             else:
                 t = table("result", ["host", "status", "what"])
-                for r in rows:
-                    t.add_row(r["host"], _s(r["status"]), lines_cell([r.get("message", ""), *r.get("notes", [])]))
+                for hosts, (st, what) in group(
+                        (r["host"], (r["status"], tuple(strip_host(r["host"], m)
+                                                        for m in [r.get("message", ""), *r.get("notes", [])])))
+                        for r in rows):
+                    t.add_row(hosts_cell(hosts), _s(st), lines_cell(what))
                 out.print(t)
-                err.print(summary, markup=False)
+                err.print(line(f"rollback {op_id}: {len(rows)} hosts: "
+                               + _counts([r["status"] for r in rows], {"changed": "restored"}, always=("changed",))
+                               + f" in {ctx.elapsed():.2f}s"))
                 if reminder:
                     err.print(reminder.line(str(ctx.inventory.path), None), markup=False, highlight=False)
             raise typer.Exit(EXIT_FAILED if failed else EXIT_OK)
@@ -300,14 +420,15 @@ def register(app: typer.Typer) -> None:
         debug: DebugOpt = False,
         accept_new_host_keys: AcceptNewOpt = False,
     ) -> None:
-        from fleetctl.facts import read_facts
-        from fleetctl.ops.deploy import Gathered
-        from fleetctl.ops.discover import discover_request, restart_reminder, servers_from_facts
-        from fleetctl.ops.launch import server_status_facts
+        from fleetctl.config.playbook import load_playbook
 
         pb: Playbook | None = load_playbook(playbook) if playbook else None
         with fleet_context(inventory, limit, forks, json=json_out, debug=debug,
                            accept_new_host_keys=accept_new_host_keys) as ctx:
+            from fleetctl.facts import read_facts
+            from fleetctl.ops.deploy import Gathered, build_plan
+            from fleetctl.ops.discover import discover_request, restart_reminder, servers_from_facts
+            from fleetctl.ops.launch import server_status_facts
             extra = sorted({f.path for files in (pb.versions.values() if pb else []) for f in files})
             reqs = {h.name: discover_request(h.launch_command, pb) for h in ctx.fleet.hosts}
             outs = _tick_run(ctx, "facts", lambda: ctx.fleet.run(
@@ -348,20 +469,17 @@ def register(app: typer.Typer) -> None:
                                              "restart_needed": reminder.servers},
                           elapsed=round(ctx.elapsed(), 3), restart_needed=reminder.to_json())
             else:
-                t = table(None, ["host", "status", "SGLang", "last deploy", "files", "problems"])
-                for r in rows:
-                    t.add_row(r["host"], status_cell(r["status"]), r.get("version") or "",
-                              r.get("last_deploy") or "", r.get("files") or "",
-                              lines_cell(r["problems"] + [f"note: {n}" for n in r.get("notes", [])]))
-                out.print(t)
+                render_status(rows)
                 if servers:
-                    st = table("servers", ["host", "instance", "running", "since", "port", "worker",
-                                           "deploy at launch", "deploy on disk", "restart needed"])
-                    for sv in servers:
-                        st.add_row(sv["host"], sv["instance"], styled("yes", "green") if sv["running"] else "no",
-                                   _ts(sv["since"]), str(sv["port"] or ""), sv["worker"] or "",
-                                   sv["deploy_at_launch"] or "-", sv["deploy_now"] or "-",
-                                   styled("YES", "red") if sv["restart_needed"] else "no")
+                    st = table("servers", ["host", "instance", "running", "worker", "deploy at launch / on disk",
+                                           "restart"], whole=("instance", "worker", "deploy at launch / on disk"))
+                    for hosts, (inst, running, worker, at, now, restart) in group(
+                            (sv["host"], (sv["instance"], bool(sv["running"]), sv["worker"] or "",
+                                          sv["deploy_at_launch"] or "-", sv["deploy_now"] or "-",
+                                          bool(sv["restart_needed"]))) for sv in servers):
+                        st.add_row(hosts_cell(hosts), inst, styled("yes", "green") if running else "no", worker,
+                                   lines_cell([at, "(same on disk)" if now == at else now]),
+                                   styled("YES", "red") if restart else "no")
                     out.print(st)
                 n_other = sum(len(r["discovered"]) for r in rows)
                 err.print(f"status: {len(rows)} hosts, {len(problems)} with problems, "
@@ -404,20 +522,29 @@ def register(app: typer.Typer) -> None:
                 if d["playbook"]:
                     out.print(line(f"playbook  {d['playbook']} (sha256 {str(d['playbook_sha256'])[:12]})"))
                 t = table(None, ["host", "status", "message"])
-                for h in d["hosts"]:
-                    t.add_row(h["host"], _s(h["status"]), h["message"] or "")
+                for hosts, (st, msg) in group((h["host"], (h["status"], strip_host(h["host"], h["message"] or "")))
+                                              for h in d["hosts"]):
+                    t.add_row(hosts_cell(hosts), _s(st), msg)
                 out.print(t)
+                err.print(line(f"history {d['id']}: {len(d['hosts'])} hosts: "
+                               + _counts([h["status"] for h in d["hosts"]], {})))
             else:
                 rows = ledger.list(limit_rows)
                 if json_out:
                     emit_json("history", ok=True, summary={"operations": len(rows)}, ledger=str(ledger.path),
                               operations=rows)
                     raise typer.Exit(0)
-                t = table(f"history ({ledger.path})", ["id", "kind", "started", "user", "hosts", "failed", "outcome"])
+                t = table("history", ["id", "kind", "started", "user", "hosts", "outcome"],
+                          whole=("id", "started"))
                 for r in rows:
-                    t.add_row(r["id"], r["kind"], _ts(r["started"]), r["user"], str(r["hosts"]), str(r["hosts_failed"]),
+                    t.add_row(r["id"], r["kind"], lines_cell(_ts(r["started"]).split(" ", 1)), r["user"],
+                              f"{r['hosts']}" + (f" ({r['hosts_failed']} failed)" if r["hosts_failed"] else ""),
                               _s(r["outcome"] or "running"))
                 out.print(t)
+                outcomes = [r["outcome"] or "running" for r in rows]
+                err.print(line(f"history: {len(rows)} operation(s) shown (--last {limit_rows})"
+                               + (": " + _counts(outcomes, {}) if rows else "")
+                               + f"; 'fleetctl history ID' shows one; ledger {ledger.path}"))
         finally:
             ledger.close()
 
@@ -431,13 +558,15 @@ def register(app: typer.Typer) -> None:
         debug: DebugOpt = False,
         accept_new_host_keys: AcceptNewOpt = False,
     ) -> None:
-        from fleetctl.coverage import coverage, host_coverage, instances, launch_env, launch_flags
-        from fleetctl.ops.verify import never_fires
-        from fleetctl.sglang import is_known, resolve_worker
+        from fleetctl.config.playbook import load_playbook
 
         pb = load_playbook(playbook)
         with fleet_context(inventory, limit, forks, json=json_out, debug=debug,
                            accept_new_host_keys=accept_new_host_keys) as ctx:
+            from fleetctl.coverage import coverage, host_coverage, instances, launch_env, launch_flags
+            from fleetctl.ops.deploy import gather
+            from fleetctl.ops.verify import never_fires
+            from fleetctl.sglang import is_known, resolve_worker
             gathered = _tick_run(ctx, "facts", lambda: gather(ctx.fleet, pb))
             rows: list[dict[str, Any]] = []
             for h in ctx.fleet.hosts:
@@ -495,25 +624,19 @@ def register(app: typer.Typer) -> None:
                              state=r["status"] if r["status"] != "ok" else ("refused" if r.get("refused") else "ok"))
                     for r in rows])
             else:
-                for r in rows:
-                    if r["status"] != "ok":
-                        out.print(line(r["host"], ": ", styled(r["status"], "red"), " ", r["reason"]))
-                        continue
-                    mark = styled("ok", "green") if not r.get("refused") else styled("REFUSED", "red")
-                    insts = r.get("instances") or []
-                    where = f" ({len(insts)} instances, each alike)" if len(insts) > 1 and all(
-                        i["reason"] == insts[0]["reason"] for i in insts) else ""
-                    out.print(line(r["host"], where, ": ", r["reason"], " [", mark, "]"))
-                    if len(insts) > 1 and not where:
-                        for i in insts:
-                            out.print(line(f"  {i['instance']} (GPUs {','.join(map(str, i['gpus']))}): {i['reason']}"))
-                    if r.get("refused") and r["refused"] != r["reason"]:
-                        out.print(line(f"  {r['refused']}"))
-                    for n in r.get("notes") or []:
-                        out.print(line(f"  note: {n}"))
-                    for note in dict.fromkeys(n for i in insts for n in i.get("never_fires") or []):
-                        out.print(line(f"  warning: {note}"))
+                render_explain(rows)
+                err.print(line(f"explain: {len(rows)} hosts: "
+                               + _counts(["refused" if r["status"] == "ok" and r.get("refused") else r["status"]
+                                          for r in rows], {}, always=("ok",))))
             raise typer.Exit(EXIT_FAILED if bad else EXIT_OK)
+
+
+def _counts(statuses: list[str], words: dict[str, str], always: tuple[str, ...] = ()) -> str:
+    """ "3 changed, 1 refused, 2 unreachable": each status counted under its own name (a refusal is
+    never counted as a failure), the `always` ones even at 0."""
+    order = list(dict.fromkeys([*always, *words, "refused", "unreachable", "failed", *statuses]))
+    return ", ".join(f"{statuses.count(st)} {words.get(st, st)}" for st in order
+                     if st in always or statuses.count(st))
 
 
 PLAN_BAD = ("refused", "unreachable", "failed")
@@ -554,6 +677,7 @@ def _fatal_refusal(command: str, plan: Any, bad: list[tuple[str, str, str]], jso
 
 def _rolling(ctx: RunContext, pb: Playbook, plan: Plan, serial: int | None, canary: int | None, budget: float,
              ready_timeout: float | None, limit: str | None) -> None:
+    from fleetctl.ops.deploy import new_op_id
     from fleetctl.ops.rolling import rolling_deploy
 
     def progress(bi: int, rows: dict[str, Any]) -> None:
@@ -583,9 +707,10 @@ def _rolling(ctx: RunContext, pb: Playbook, plan: Plan, serial: int | None, cana
                   summary={"batches": len(res.batches)}, restart=True, plan=plan.to_json(), rollout=res.to_json())
     else:
         t = table("rollout", ["batch", "host", "status", "steps", "what"])
-        for h in res.hosts:
-            t.add_row(str(h.batch) + (" (canary)" if h.batch == 0 else ""), h.host, _s(h.status),
-                      ", ".join(f"{k}: {v}" for k, v in h.steps.items()), h.message)
+        for hosts, (batch, st, steps, what) in group(
+                (h.host, (h.batch, h.status, ", ".join(f"{k}: {v}" for k, v in h.steps.items()),
+                          strip_host(h.host, h.message))) for h in res.hosts):
+            t.add_row(str(batch) + (" (canary)" if batch == 0 else ""), hosts_cell(hosts), _s(st), steps, what)
         out.print(t)
         err.print(summary, markup=False)
     raise typer.Exit(EXIT_OK if res.ok else EXIT_FAILED)
@@ -607,6 +732,8 @@ def _break_lock_hosts(ctx: RunContext, value: str | None) -> set[str]:
 
 
 def status_rows(ctx: RunContext, gathered: Any, plan: Plan | None) -> list[dict[str, Any]]:
+    from fleetctl import hoststate
+
     rows = []
     by_plan = {hp.host: hp for hp in plan.hosts} if plan else {}
     for h in ctx.fleet.hosts:

@@ -10,15 +10,16 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from fleetctl.config.inventory import Host
-from fleetctl.config.playbook import Playbook
 from fleetctl.errors import InputError
-from fleetctl.fleet import Fleet
-from fleetctl.ops.deploy import Gathered, apply_plan, gather, new_op_id
-from fleetctl.ops.rollback import apply_rollback, plan_rollback
-from fleetctl.plan import Plan
+
+if TYPE_CHECKING:  # parse_count/parse_percent check options before any host: no transport imported
+    from fleetctl.config.inventory import Host
+    from fleetctl.config.playbook import Playbook
+    from fleetctl.fleet import Fleet
+    from fleetctl.ops.deploy import Gathered
+    from fleetctl.plan import Plan
 
 
 def parse_count(text: str | None, total: int, what: str) -> int | None:
@@ -117,6 +118,7 @@ class RollResult:
 def rolling_deploy(fleet: Fleet, pb: Playbook, plan: Plan, *, serial: int | None, canary: int | None,
                    max_fail: float, ready_timeout: float | None = None, progress: Any = None,
                    op_id: str | None = None) -> RollResult:
+    from fleetctl.ops.deploy import apply_plan, new_op_id
     from fleetctl.ops.launch import launch_fleet
     from fleetctl.ops.verify import verify_fleet
 
@@ -179,7 +181,9 @@ def rolling_deploy(fleet: Fleet, pb: Playbook, plan: Plan, *, serial: int | None
 
 def _roll_back_batch(fleet: Fleet, pb: Playbook, plan: Plan, batch: list[Host], op_id: str,
                      rows: dict[str, HostRoll], ready_timeout: float | None) -> None:
+    from fleetctl.ops.deploy import gather, new_op_id
     from fleetctl.ops.launch import launch_fleet
+    from fleetctl.ops.rollback import apply_rollback, plan_rollback
 
     sub = dataclasses.replace(fleet, hosts=batch)
     gathered: Gathered = gather(sub, None)
