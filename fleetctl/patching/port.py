@@ -132,8 +132,13 @@ def git_range_diff(repo: Path, rev_range: str) -> bytes:
     if not repo.is_dir():
         raise InputError(f"--git {repo}: not a directory")
     old, new = split_range(rev_range)
-    ids = [_git(repo, "rev-parse", "--verify", "--quiet", "--end-of-options", f"{r}^{{commit}}").decode().strip()
-           for r in (old, new)]
+    ids = []
+    for r in (old, new):
+        try:
+            ids.append(_git(repo, "rev-parse", "--verify", "--quiet", "--end-of-options", f"{r}^{{commit}}")
+                       .decode("ascii", "replace").strip())
+        except InputError:
+            raise InputError(f"--git {repo}: unknown revision {r}", hint="check the range with git log") from None
     return _git(repo, "diff", "--no-color", "--no-ext-diff", "--no-renames", "--no-textconv", "-U3",
                 ids[0], ids[1], "--", PREFIX)
 
