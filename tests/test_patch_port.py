@@ -260,3 +260,41 @@ def test_import_not_a_repo_exit_2(tmp_path: Path) -> None:
     proc = fleetctl("patch", "import", "--git", tmp_path / "nope", "a..b", "--version", "0.5.10")
     assert proc.returncode == 2
     assert len(proc.stderr.decode().strip().splitlines()) == 1 and b"not a directory" in proc.stderr
+
+
+# ---------------------------------------------------------------- the playbook edit
+
+
+SMALL = """\
+# top comment
+name: x
+versions:
+  # the first release
+  "0.5.9":
+    files:
+      - path: srt/a.py   # inline comment
+        patch: patches/0.5.9/a.py.diff
+        sha256: %s
+
+# launch comment
+launch: {}
+""" % ("0" * 64)
+
+
+@pytest.mark.parametrize("version, after", [("0.5.8", "name: x\nversions:\n"), ("0.5.10", "\n\n# launch comment")])
+def test_add_version_keeps_the_rest_of_the_file(version: str, after: str) -> None:
+    import yaml
+
+    from fleetctl.patching.playbook_edit import NewFile, add_version
+
+    new = add_version(SMALL, "pb.yaml", version, [NewFile("srt/a.py", f"patches/{version}/a.py.diff", "1" * 64)],
+                      {"W": "why " * 40 + "end"}, note="carried over")
+    ops = difflib.SequenceMatcher(None, SMALL.splitlines(), new.splitlines(), autojunk=False).get_opcodes()
+    assert {op[0] for op in ops} == {"equal", "insert"}
+    data = yaml.safe_load(new)
+    assert list(data["versions"]) == sorted([version, "0.5.9"], key=lambda v: [int(n) for n in v.split(".")])
+    assert data["versions"][version]["unsupported_workers"] == {"W": "why " * 40 + "end"}
+    assert "  # the first release\n  \"0.5.9\"" in new  # a key's own comment stays above it
+    assert f'"{version}"' in new.split(after)[0 if version == "0.5.10" else 1]
+    with pytest.raises(Exception, match="already has an entry"):
+        add_version(new, "pb.yaml", version, [NewFile("srt/a.py", "p", "1" * 64)], {})

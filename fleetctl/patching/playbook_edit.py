@@ -3,6 +3,7 @@ order, folded strings) as it was. The result is parsed back and checked before a
 
 from __future__ import annotations
 
+import json
 import re
 import textwrap
 from dataclasses import dataclass
@@ -28,7 +29,8 @@ def version_entry(version: str, files: list[NewFile], unsupported: dict[str, str
     pad = " " * indent
     out = [f'{pad}"{version}":\n', f"{pad}  files:\n"]
     for f in files:
-        out += [f"{pad}    - path: {f.path}\n", f"{pad}      patch: {f.patch}\n", f"{pad}      sha256: {f.sha256}\n"]
+        out += [f"{pad}    - path: {_scalar(f.path)}\n", f"{pad}      patch: {_scalar(f.patch)}\n",
+                f"{pad}      sha256: {_scalar(f.sha256)}\n"]
     if unsupported:
         if note:
             out.append(f"{pad}  # {note}\n")
@@ -36,6 +38,16 @@ def version_entry(version: str, files: list[NewFile], unsupported: dict[str, str
         for worker, why in unsupported.items():
             out += [f"{pad}    {line}\n" for line in _mapping_line(worker, why)]
     return "".join(out)
+
+
+def _scalar(value: str) -> str:
+    """`value` plain when YAML reads it back as that same string (a digest of digits only would be an
+    int), else double-quoted (JSON strings are YAML)."""
+    try:
+        plain_ok = yaml.safe_load(value) == value and "#" not in value and ": " not in value
+    except yaml.YAMLError:
+        plain_ok = False
+    return value if plain_ok and value.strip() == value else json.dumps(value)
 
 
 def _mapping_line(key: str, value: str) -> list[str]:

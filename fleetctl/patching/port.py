@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -71,7 +72,7 @@ def carried_note(src: str) -> str:
 
 
 def write_version(pb: Playbook, version: str, ports: list[FilePort], unsupported: dict[str, str],
-                  note: str | None, write: object) -> list[str]:
+                  note: str | None, write: Callable[[Path, bytes], None]) -> list[str]:
     """Write the patches and add the entry to the playbook YAML. Returns the patch paths written."""
     base = pb.path.resolve().parent
     rels = [p.path for p in ports]
@@ -84,9 +85,9 @@ def write_version(pb: Playbook, version: str, ports: list[FilePort], unsupported
                            [NewFile(p.path, ref, p.sha256) for p, ref in zip(ports, refs, strict=True)], unsupported, note=note)
     (base / f"patches/{version}").mkdir(parents=True, exist_ok=True)
     for p, ref in zip(ports, refs, strict=True):
-        write(base / ref, p.patch)  # type: ignore[operator]
+        write(base / ref, p.patch)
         (base / (ref[: -len(".diff")] + ".conflict")).unlink(missing_ok=True)
-    write(pb.path, new_text.encode("utf-8"))  # type: ignore[operator]
+    write(pb.path, new_text.encode("utf-8"))
     return refs
 
 
