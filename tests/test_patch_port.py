@@ -298,3 +298,19 @@ def test_add_version_keeps_the_rest_of_the_file(version: str, after: str) -> Non
     assert f'"{version}"' in new.split(after)[0 if version == "0.5.10" else 1]
     with pytest.raises(Exception, match="already has an entry"):
         add_version(new, "pb.yaml", version, [NewFile("srt/a.py", "p", "1" * 64)], {})
+
+
+def test_port_to_a_release_without_the_file_exits_1(tmp_path: Path, playbook) -> None:
+    """0.5.13 has no srt/speculative/eagle_worker.py: named, nothing written for 0.5.13."""
+    try:
+        wheels.package_dir("0.5.13")
+    except Exception as e:
+        pytest.skip(f"SGLang wheel unavailable: {e}")
+    pb_dir = copy_playbook(tmp_path)
+    before = (pb_dir / "playbook.yaml").read_bytes()
+    proc = fleetctl("patch", "port", pb_dir, "--from", SRC, "--to", "0.5.13")
+    assert proc.returncode == 1
+    assert b"0.5.13 srt/speculative/eagle_worker.py: sglang 0.5.13 has no file srt/speculative/eagle_worker.py" \
+        in proc.stderr, proc.stderr
+    assert (pb_dir / "playbook.yaml").read_bytes() == before
+    assert not list((pb_dir / "patches").glob("0.5.13/*.diff"))
