@@ -31,7 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "stop": ("servers", "Stop the servers fleetctl launched (SIGTERM, then SIGKILL after a timeout)."),
     "servers": ("servers", "List the servers fleetctl launched (--discover: every SGLang server process)."),
     "facts": ("facts", "Per host: reachable, OS, python, SGLang version and dir, torch, file hashes, GPUs."),
-    "patch": ("patch", "Local tools for patch authors: apply, check, new."),
+    "patch": ("patch", "Local tools for patch authors: apply, check, new, port, import."),
     "sandbox": ("sandbox", "A local fleet of real OpenSSH hosts on loopback: up, down, status."),
 }
 

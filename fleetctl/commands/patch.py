@@ -17,7 +17,7 @@ from fleetctl.config.playbook import Playbook, check_relpath, load_playbook
 from fleetctl.errors import FleetctlError, InputError
 from fleetctl.safetext import table as safe_table
 
-patch_app = typer.Typer(help="Local tools for patch authors: apply, check, new.", no_args_is_help=True)
+patch_app = typer.Typer(help="Local tools for patch authors: apply, check, new, port, import.", no_args_is_help=True)
 
 
 def register(app: typer.Typer) -> None:
@@ -168,4 +168,101 @@ def new_cmd(
         where = f"# wrote {out}; make the patch path relative to the playbook file"
     common.err.print(f"# playbook entry (under versions:)\n{where}\n"
                      + playbook_snippet(sglang, rel, ref, wheels.sha256_bytes(pristine)).rstrip("\n"),
+                     markup=False, highlight=False)
+
+
+@patch_app.command("port", help="Carry a playbook's patches from release V1 to V2 (and more) by a three-way "
+                                "merge on the real release files (git merge-file semantics, no fuzz). Clean: "
+                                "writes patches/<V2>/ and V2's entry. Conflict: writes <file>.conflict for "
+                                "review, lists the hunks, exit 1, playbook unchanged for V2.")
+def port_cmd(
+    playbook: Annotated[Path, typer.Argument(metavar="PLAYBOOK", help="Playbook dir or YAML file.", show_default=False)],
+    src: Annotated[str, typer.Option("--from", metavar="V1", help="The release whose patches to port.",
+                                     show_default=False)],
+    dst: Annotated[list[str], typer.Option("--to", metavar="V2", help="The release to port to (repeatable).",
+                                           show_default=False)],
+) -> None:
+    from fleetctl.patching.port import carried_note, patch_ref, port_file, write_version
+
+    src = validate.sglang_version(src)
+    targets = list(dict.fromkeys(validate.sglang_version(v) for v in dst))
+    pb = load_playbook(playbook)
+    if src not in pb.versions:
+        raise InputError(f"{pb.path}: no entry for SGLang {src}", hint=f"the playbook covers {', '.join(pb.supported())}")
+    for v in targets:
+        if v == src:
+            raise InputError(f"--to {v} is the --from release")
+        if v in pb.versions:
+            raise InputError(f"{pb.path}: the playbook already has an entry for SGLang {v}",
+                             hint=f"remove the {v} entry first to port again")
+    base = pb.path.resolve().parent
+    failed: list[str] = []
+    for v in targets:
+        ports = [port_file(src, v, f.path, f.patch_text, f.sha256) for f in pb.versions[src]]
+        bad = [p for p in ports if not p.ok]
+        if bad:
+            failed.append(v)
+            for p in bad:
+                if p.conflicts:
+                    ref = patch_ref(v, p.path, [f.path for f in pb.versions[src]])
+                    where = base / (ref[: -len(".diff")] + ".conflict")
+                    where.parent.mkdir(parents=True, exist_ok=True)
+                    _write_atomic(where, p.merged)
+                    for a, b in p.conflicts:
+                        common.err.print(f"{v} {p.path}: conflict at lines {a}-{b} of {where}",
+                                         markup=False, highlight=False)
+                else:
+                    common.err.print(f"{v} {p.path}: {p.problem}", markup=False, highlight=False)
+            common.err.print(f"{v}: not ported (playbook unchanged for {v}): resolve the conflicts, then make "
+                             f"the patch with `fleetctl patch new --sglang {v}`", markup=False, highlight=False)
+            continue
+        carried = dict(pb.unsupported_workers.get(src, {}))
+        note = carried_note(src) if carried else None
+        refs = write_version(pb, v, ports, carried, note, _write_atomic)
+        pb = load_playbook(pb.path)  # the next target edits the file as now written
+        common.out.print(f"{v}: ported {len(refs)} file(s) from {src}: {', '.join(refs)}", markup=False,
+                         highlight=False)
+        if carried:
+            common.err.print(f"note: {v}: {note}", markup=False, highlight=False)
+    if failed:
+        raise FleetctlError(f"patch port: {len(failed)} of {len(targets)} release(s) not ported: {', '.join(failed)}")
+
+
+@patch_app.command("import", help="Turn a git range of an SGLang source checkout (python/sglang/...) into "
+                                  "patches for release V: each must apply exactly to V's pristine file. With "
+                                  "--playbook, write them into it; else print them and the playbook entry.")
+def import_cmd(
+    rev_range: Annotated[str, typer.Argument(metavar="REV_RANGE", help="A..B, or one commit.", show_default=False)],
+    repo: Annotated[Path, typer.Option("--git", metavar="REPO", help="The SGLang source checkout.",
+                                       show_default=False)],
+    sglang: Annotated[str, typer.Option("--version", metavar="V", help="The exact SGLang release (e.g. 0.5.9).",
+                                        show_default=False)],
+    playbook: Annotated[Path | None, typer.Option("--playbook", metavar="PB", help="Add V's entry and patches "
+                                                  "to this playbook.", show_default=False)] = None,
+) -> None:
+    from fleetctl.patching.authoring import playbook_snippet
+    from fleetctl.patching.port import git_range_diff, import_diff, patch_ref
+
+    sglang = validate.sglang_version(sglang)
+    pb = load_playbook(playbook) if playbook is not None else None
+    if pb is not None and sglang in pb.versions:
+        raise InputError(f"{pb.path}: the playbook already has an entry for SGLang {sglang}",
+                         hint=f"remove the {sglang} entry first to import again")
+    diff = git_range_diff(repo, rev_range)
+    files = import_diff(diff, sglang, name=f"{repo} {rev_range}")
+    rels = [f.path for f in files]
+    if pb is None:
+        for f in files:
+            sys.stdout.buffer.write(f.patch)
+        sys.stdout.buffer.flush()
+        parts = [playbook_snippet(sglang, f.path, patch_ref(sglang, f.path, rels), f.sha256) for f in files]
+        snippet = parts[0] + "".join(p.split("\n", 2)[2] for p in parts[1:])  # one version header
+        common.err.print("# playbook entry (under versions:); save each file's patch (stdout) as named\n"
+                         + snippet.rstrip("\n"), markup=False, highlight=False)
+        return
+    from fleetctl.patching.port import FilePort, write_version
+
+    ports = [FilePort(f.path, patch=f.patch, sha256=f.sha256) for f in files]
+    refs = write_version(pb, sglang, ports, {}, None, _write_atomic)
+    common.out.print(f"{sglang}: imported {len(refs)} file(s) into {pb.path}: {', '.join(refs)}",
                      markup=False, highlight=False)
