@@ -298,3 +298,25 @@ def test_release_registered_flag_not_refused_on_new_layout(tmp_path: Path, sims:
     bogus = run(sims, site, [*EAGLE_FLAGS, "--no-such-flag", "1"])
     code, errs = bogus.finish()
     assert code == 2 and "unrecognized arguments: --no-such-flag 1" in errs
+
+
+def test_log_level_above_info_hides_the_info_lines(tmp_path: Path, sims: list[Sim]) -> None:
+    """--log-level warning: the dump, "Load weight", the marker and the ready line are INFO records a
+    real server's root logger drops; the server still serves. Warnings still show."""
+    site = fake_tree(tmp_path, "0.5.9", {"eagle_worker.py": WORKER_WITH.format(cls="EAGLEWorker"),
+                                         "eagle_worker_v2.py": WORKER_ELSEWHERE.format(cls="EAGLEWorkerV2")})
+    s = run(sims, site, [*EAGLE_FLAGS, "--speculative-disable-batch-threshold", "16", "--log-level", "warning"])
+    deadline = time.monotonic() + 15
+    up = False
+    while time.monotonic() < deadline and not up:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{s.port}/health", timeout=2) as r:
+                up = r.status == 200
+        except OSError:
+            time.sleep(0.1)
+    assert up
+    s.proc.send_signal(signal.SIGTERM)
+    code, errs = s.finish()
+    assert code == 0
+    assert MARKER not in errs and READY_LINE not in errs and "server_args=" not in errs
+    assert "Overlap scheduler is disabled" in errs and "SIMULATOR" in errs

@@ -242,18 +242,28 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError:  # SGLANG_LOG_MS not in this release
             return format_line(version, ranks, msg, datetime.now())
 
+    # --log-level above INFO: the root logger drops INFO records (the dump, "Load weight", the marker,
+    # the ready line); warnings and tracebacks still show
+    from fleetctl.sglang.processes import QUIET_LEVELS
+
+    quiet = str(res.resolved_args.get("log_level") or "info").lower() in QUIET_LEVELS
+
+    def info(text: str) -> None:
+        if not quiet:
+            log(text)
+
     # the worker module's code as import loads it NOW (a later deploy does not change this process)
     worker_has_marker = False
     marker = env.get("FLEETCTL_SIM_MARKER") or MARKER
     if res.worker_file and res.worker_class:
         code = worker_code(pkg, res.worker_file)
         worker_has_marker = code is not None and code_marker(code, res.worker_class, marker)["marker"]
-    log(line({}, f"fleetctl simulator: SGLang {version} at {pkg}; worker {res.worker_class} "
+    info(line({}, f"fleetctl simulator: SGLang {version} at {pkg}; worker {res.worker_class} "
                  f"({res.worker_file}); {res.reason}"))
     for w in res.warnings:
         log(format_startup_warning(version, w, datetime.now()))
     args = dict(res.resolved_args)
-    log(line({}, server_args_dump(version, args)))
+    info(line({}, server_args_dump(version, args)))
 
     port = int(flags.get("--port") or args.get("port") or 30000)
     host = str(flags.get("--host") or "127.0.0.1")
@@ -279,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
 
     ranks = expected_ranks(version, args)
     for r in ranks:
-        log(line(r, "Load weight begin. (simulated: nothing is loaded)"))
+        info(line(r, "Load weight begin. (simulated: nothing is loaded)"))
     if env.get("FLEETCTL_SIM_CRASH") == "startup":
         log(line(ranks[0], "Scheduler hit an exception: (simulated crash, FLEETCTL_SIM_CRASH=startup)"))
         srv.server_close()
@@ -293,11 +303,11 @@ def main(argv: list[str] | None = None) -> int:
     drop = env.get("FLEETCTL_SIM_DROP_MARKER_RANK")
     threshold = args.get(THRESHOLD_ARG)
     for i, r in enumerate(ranks):
-        log(line(r, "Load weight end. type=SimulatedModel (fleetctl simulator), nothing loaded"))
+        info(line(r, "Load weight end. type=SimulatedModel (fleetctl simulator), nothing loaded"))
         if worker_has_marker and threshold not in (None, False) and str(i) != drop:
-            log(line(r, f"{marker} (worker={res.worker_class}, threshold={threshold})"))
+            info(line(r, f"{marker} (worker={res.worker_class}, threshold={threshold})"))
     srv.ready = True
-    log(line({}, READY_LINE))
+    info(line({}, READY_LINE))
     crash = env.get("FLEETCTL_SIM_CRASH") or ""
     if crash.startswith("after-ready"):  # serve a while (launch sees it healthy), then die
         if not stop.wait(float(crash.partition(":")[2] or 3)):
@@ -307,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
                            "event_loop_overlap")
     while not stop.wait(0.2):
         pass
-    log(line({}, "fleetctl simulator: SIGTERM received, shutting down"))
+    info(line({}, "fleetctl simulator: SIGTERM received, shutting down"))
     srv.shutdown()
     srv.server_close()
     return 0
