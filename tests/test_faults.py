@@ -96,14 +96,18 @@ def intended_bytes(pb: Path, version: str = VERSION) -> dict[str, bytes]:
     return {rel: i.data for rel, i in it.items()}
 
 
-def write_inventory(sb: sbx.Sandbox, path: Path, **defaults: Any) -> Path:
-    """The sandbox's inventory with extra `defaults:` (e.g. a small command_timeout)."""
+def write_inventory(sb: sbx.Sandbox, path: Path, hosts: dict[str, dict[str, Any]] | None = None,
+                    **defaults: Any) -> Path:
+    """The sandbox's inventory with absolute paths, extra `defaults:` (e.g. a small command_timeout)
+    and per-host overrides."""
     doc = yaml.safe_load(sb.inventory_path.read_text())
     base = sb.inventory_path.parent
     for k in ("identity_file", "known_hosts"):
         doc["defaults"][k] = str(base / doc["defaults"][k])
     doc["ssh_config"] = str(base / doc["ssh_config"])
     doc["defaults"].update(defaults)
+    for name, extra in (hosts or {}).items():
+        doc["hosts"][name].update(extra)
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
 

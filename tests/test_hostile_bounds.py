@@ -29,7 +29,7 @@ from typing import Any
 
 import paramiko
 import pytest
-import yaml
+from test_faults import write_inventory
 
 from fleetctl.config.inventory import load_inventory
 from fleetctl.fleet import Fleet, HostOutcome
@@ -42,20 +42,6 @@ BOUND = 90.0  # generous upper limit for every "returns within its bound" check 
 
 
 # ---- helpers -----------------------------------------------------------------------------------
-
-def write_inventory(sb: Sandbox, path: Path, hosts: dict[str, dict[str, Any]] | None = None,
-                    **defaults: Any) -> Path:
-    """The sandbox's inventory with absolute paths, extra `defaults:` and per-host overrides."""
-    doc = yaml.safe_load(sb.inventory_path.read_text())
-    base = sb.inventory_path.parent
-    for k in ("identity_file", "known_hosts"):
-        doc["defaults"][k] = str(base / doc["defaults"][k])
-    doc["ssh_config"] = str(base / doc["ssh_config"])
-    doc["defaults"].update(defaults)
-    for name, extra in (hosts or {}).items():
-        doc["hosts"][name].update(extra)
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return path
 
 
 class Freezer:

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import yaml
+from test_launch import playbook_with, stop_all_local
 
 from fleetctl import wheels
 from fleetctl.cli import main
@@ -45,15 +46,6 @@ def one(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
     return fleet.up(d, hosts=1, versions=["0.5.9"], gpus=1)
 
 
-def _stop_servers(sb: Sandbox) -> None:
-    for h in sb.hosts.values():
-        for name in srv.list_instances(str(h.state_dir)):
-            rec = srv.current_record(str(h.state_dir), name)
-            if rec and srv.record_alive(rec):
-                srv.stop_record(rec, 5.0)
-        shutil.rmtree(h.state_dir / "servers", ignore_errors=True)
-
-
 def _reset(sb: Sandbox) -> None:
     for h in sb.hosts.values():
         for sub in ("srt/speculative", "srt"):
@@ -73,7 +65,7 @@ def sb(one: Sandbox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterato
     try:
         yield one
     finally:
-        _stop_servers(one)
+        stop_all_local(one)
         _reset(one)
 
 
@@ -100,15 +92,7 @@ def inventory(sb: Sandbox, path: Path, **host: Any) -> Path:
 
 
 def playbook(tmp_path: Path, **launch: Any) -> Path:
-    doc = yaml.safe_load((FULL / "playbook.yaml").read_text())
-    for files in doc["versions"].values():
-        for f in files["files"]:
-            f["patch"] = str((FULL / f["patch"]).resolve())
-    doc["launch"] = {**doc.get("launch", {}), **launch}
-    p = tmp_path / "pb" / "playbook.yaml"
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(yaml.safe_dump(doc))
-    return p
+    return playbook_with(tmp_path, launch)
 
 
 def cli(capsys: pytest.CaptureFixture[str], *args: Any) -> tuple[int, Any, str]:
@@ -281,7 +265,7 @@ def test_unchecked_hash_pyc_of_the_original_source(sb: Sandbox, tmp_path: Path,
     code, doc, err = cli(capsys, "verify-logs", "-i", inv, pb)
     assert code == 0, (doc, err)
     # the server wrote bytecode of the PATCHED source meanwhile; rollback must not leave it runnable
-    _stop_servers(sb)
+    stop_all_local(sb)
     patched_pyc = _host_pyc(sb, WORKER, py_compile.PycInvalidationMode.UNCHECKED_HASH)
     code, doc, _ = cli(capsys, "rollback", "-i", inv)
     assert code == 0 and not patched_pyc.exists() and not patched(sb.hosts["h01"].sglang_dir)

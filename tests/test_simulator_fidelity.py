@@ -4,14 +4,11 @@ asserted here come from the real release files patched with the real playbook pa
 
 from __future__ import annotations
 
-import json
-import socket
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
-import yaml
+from test_launch import cli, make_inventory
 
 from fleetctl import wheels
 from fleetctl.cli import main
@@ -61,49 +58,24 @@ def test_a_check_that_needs_anything_else_is_skipped_not_guessed() -> None:
     assert run_checks(src, {"tp_size": 1}) is None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _inventory(sb: Sandbox, path: Path, flags: dict[str, Any]) -> Path:
-    doc = yaml.safe_load(sb.inventory_path.read_text())
-    base = sb.inventory_path.parent
-    doc["ssh_config"] = str(base / doc["ssh_config"])
-    for k in ("identity_file", "known_hosts"):
-        doc["defaults"][k] = str(base / doc["defaults"][k])
-    for h in doc["hosts"].values():
-        h["flags"] = {"--port": _free_port(), **flags}
-    path.write_text(yaml.safe_dump(doc))
-    return path
-
-
-def _cli(capsys: pytest.CaptureFixture[str], *args: Any) -> tuple[int, Any]:
-    capsys.readouterr()
-    code = main([*map(str, args), "--json"])
-    out = capsys.readouterr().out
-    return code, json.loads(out) if out.strip() else None
-
-
 @pytest.mark.fleet
 def test_sandbox_servers_refuse_what_the_patched_server_args_refuses_and_old_layouts_start(
         fresh_sandbox: Callable[..., Sandbox], tmp_path: Path, capsys: pytest.CaptureFixture[str],
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FLEETCTL_STATE_DIR", str(tmp_path / "ledger"))
     sb = fresh_sandbox(hosts=2, versions=("0.5.5.post3", "0.5.14"), gpus=1)
-    inv = _inventory(sb, tmp_path / "inv.yaml", {})
+    inv = make_inventory(sb, tmp_path / "inv.yaml")
     try:
-        assert _cli(capsys, "deploy", "-i", inv, PAYLOAD)[0] == 0
+        assert cli(capsys, "deploy", "-i", inv, PAYLOAD)[0] == 0
         # 0.5.5.post3 keeps its version in version.py: its sandbox server starts and proves the patch
-        code, doc = _cli(capsys, "launch", "-i", inv, PAYLOAD, "--timeout", "30")
+        code, doc = cli(capsys, "launch", "-i", inv, PAYLOAD, "--timeout", "30")
         assert code == 0, doc
-        code, doc = _cli(capsys, "verify-logs", "-i", inv, PAYLOAD)
+        code, doc = cli(capsys, "verify-logs", "-i", inv, PAYLOAD)
         assert code == 0, doc
         # topk 2 on 0.5.14: the patched server_args refuses it (through the release's own adaptive reasons)
-        inv2 = _inventory(sb, tmp_path / "inv2.yaml", {"--speculative-eagle-topk": 2,
-                                                        "--speculative-num-draft-tokens": 8})
-        code, doc = _cli(capsys, "launch", "--replace", "-i", inv2, PAYLOAD, "--limit", "h02", "--timeout", "30")
+        inv2 = make_inventory(sb, tmp_path / "inv2.yaml", flags={"h02": {"--speculative-eagle-topk": 2,
+                                                                       "--speculative-num-draft-tokens": 8}})
+        code, doc = cli(capsys, "launch", "--replace", "-i", inv2, PAYLOAD, "--limit", "h02", "--timeout", "30")
         assert code == 1
         msg = doc["hosts"][0]["instances"][0]["message"]
         assert msg.startswith("the server exited (status 1) before ready: ValueError: "

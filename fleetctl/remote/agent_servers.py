@@ -115,14 +115,36 @@ def record_alive(rec):
     return ticks == rec.get("start_ticks")
 
 
+def _live_stats():
+    """(pid, fields of /proc/PID/stat after the command name) of every live (non-zombie) process."""
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return
+    for n in names:
+        if not n.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % n, "rb") as fh:
+                raw = fh.read()
+        except (OSError, ValueError):
+            continue
+        rest = raw[raw.rfind(b")") + 2:].split()
+        if len(rest) > 19 and rest[0] not in (b"Z", b"X", b"x"):
+            yield int(n), rest
+
+
 def session_members(sid):
     """(pid, start ticks) of the live processes in session `sid` (the launch's pid tree: the agent
     starts every server in a new session), read from /proc."""
     out = []
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return out
+    for pid, rest in _live_stats():
+        try:
+            if int(rest[3]) == sid:
+                out.append((pid, int(rest[19])))
+        except ValueError:
+            continue
+    return out
     for n in names:
         if not n.isdigit():
             continue
@@ -224,10 +246,13 @@ def identify_server(rec):
 def group_members(pgid):
     """Pids of the live (non-zombie) processes in process group `pgid`, read from /proc."""
     out = []
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return out
+    for pid, rest in _live_stats():
+        try:
+            if int(rest[2]) == pgid:
+                out.append(pid)
+        except ValueError:
+            continue
+    return out
     for n in names:
         if not n.isdigit():
             continue
