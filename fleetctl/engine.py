@@ -1,0 +1,74 @@
+"""The inference engine behind one small interface: everything engine-specific goes through here.
+
+Core modules (config, facts, plan, ops, commands) name no engine path, env name, flag or log line:
+they ask `engine()` (tests/test_engine_boundary.py enforces it). The one implementation today is
+SGLang, in fleetctl/sglang/engine.py; a second engine is a second implementation of `Engine`.
+
+The host agent (fleetctl/remote/, stdlib only) holds no engine knowledge either: the controller
+passes the facts it needs in each request (`Engine.agent_facts()`: package name, the file that
+registers server flags, the inventory key naming the package dir).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from fleetctl.sglang.routing import Resolution
+
+
+class Engine(Protocol):
+    """What fleetctl needs to know about the engine it patches and launches."""
+
+    # -- the package: how an interpreter imports it, how the user names it
+    package: str  # import name and wheel distribution name
+    display_name: str  # how messages name the engine
+    dir_key: str  # the inventory key that pins the package directory
+    source_prefix: str  # where the package lives in a source checkout (patch import)
+
+    # -- files: what facts hash, what `facts` shows, where server flags are registered
+    hash_dirs: tuple[str, ...]
+    hash_files: tuple[str, ...]
+    key_files: tuple[str, ...]
+    args_file: str
+
+    # -- launching and reading a server
+    launch_command: str  # the default launch profile command, `{python}` filled per host
+    port_flag: str
+    tp_flag: str
+    tp_spellings: frozenset[str]
+    ready_line: str
+    report_args: tuple[str, ...]  # resolved server arguments verify reports per instance
+
+    def agent_facts(self) -> dict[str, str]:
+        """The engine facts the host agent needs, sent in its requests (the agent is engine-blind)."""
+        ...
+
+    # -- releases and their pristine sources
+    def known_versions(self) -> tuple[str, ...]: ...
+    def is_known(self, version: str) -> bool: ...
+    def worker_files(self, version: str) -> dict[str, str]: ...
+
+    # -- which code runs for given flags/env/model
+    def resolve_worker(self, version: str, flags: dict[str, Any], env: dict[str, str], *,
+                       model_arch: str | None = None) -> Resolution: ...
+    def shown_env(self, env: Mapping[str, str]) -> dict[str, str | None]:
+        """The launch environment variables that decide which code runs (explain shows them)."""
+        ...
+    def shown_flags(self, flags: Mapping[str, Any]) -> dict[str, Any]:
+        """The launch flags that decide which code runs (explain shows them)."""
+        ...
+
+
+_ENGINE: Engine | None = None
+
+
+def engine() -> Engine:
+    """The engine fleetctl drives (SGLang). Imported on first use: start-up stays light."""
+    global _ENGINE
+    if _ENGINE is None:
+        from fleetctl.sglang.engine import SGLANG
+
+        _ENGINE = SGLANG
+    return _ENGINE

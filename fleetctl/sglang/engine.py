@@ -1,0 +1,64 @@
+"""SGLang as a fleetctl engine (fleetctl/engine.py: the interface). Every SGLang path, env name,
+flag and log line that code outside this package needs is reached through `SGLANG`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from fleetctl.sglang import releases as R
+from fleetctl.sglang import routing
+
+_TP = next(f for f in R.FLAGS if f.dest == "tp_size")
+
+
+@dataclass(frozen=True)
+class SGLangEngine:
+    package: str = "sglang"
+    display_name: str = "SGLang"
+    dir_key: str = "sglang_dir"
+    source_prefix: str = "python/sglang/"
+
+    hash_dirs: tuple[str, ...] = (R.SPEC_DIR,)
+    hash_files: tuple[str, ...] = ("srt/server_args.py",)
+    key_files: tuple[str, ...] = ("srt/server_args.py", R.EAGLE_V1[1], R.EAGLE_V2[1])
+    args_file: str = "srt/server_args.py"
+
+    launch_command: str = "{python} -m sglang.launch_server"
+    port_flag: str = R.PORT_FLAG
+    tp_flag: str = _TP.options[0]
+    tp_spellings: frozenset[str] = field(default_factory=lambda: frozenset(_TP.options) | frozenset(
+        k for table in (R.ABBREV_0543, R.ABBREV_057) for k, v in table.items() if v == _TP.options[0]))
+    ready_line: str = R.READY_LINE
+    report_args: tuple[str, ...] = ("speculative_algorithm", "disable_overlap_schedule",
+                                    "speculative_eagle_topk", "speculative_disable_batch_threshold")
+
+    def agent_facts(self) -> dict[str, str]:
+        return {"package": self.package, "args_file": self.args_file, "dir_key": self.dir_key}
+
+    def short_path(self, rel: str) -> str:
+        """A package-relative path as `facts` shows it in a narrow column."""
+        return rel.replace(R.SPEC_DIR + "/", "spec/").replace("srt/", "")
+
+    def known_versions(self) -> tuple[str, ...]:
+        return tuple(R.KNOWN_VERSIONS)
+
+    def is_known(self, version: str) -> bool:
+        return routing.is_known(version)
+
+    def worker_files(self, version: str) -> dict[str, str]:
+        return routing.worker_files(version)
+
+    def resolve_worker(self, version: str, flags: dict[str, Any], env: dict[str, str], *,
+                       model_arch: str | None = None) -> routing.Resolution:
+        return routing.resolve_worker(version, flags, env, model_arch=model_arch)
+
+    def shown_env(self, env: Mapping[str, str]) -> dict[str, str | None]:
+        return {"spec_v2_env": env.get(R.SPEC_V2_ENV, None)}
+
+    def shown_flags(self, flags: Mapping[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in flags.items() if "speculative" in k or "overlap" in k}
+
+
+SGLANG = SGLangEngine()
