@@ -10,6 +10,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.version import InvalidVersion, Version
 
 from fleetctl.config.playbook import LaunchProfile
+from fleetctl.engine import engine
 from fleetctl.gpus import Gpu, combine
 from fleetctl.protocol import InvalidAnswer, names
 from fleetctl.protocol.answers import (
@@ -28,8 +29,8 @@ if TYPE_CHECKING:  # the transport (paramiko, fabric) is imported on first conne
 
 __all__ = ["FileFact", "HostFacts", "TorchCheck", "check_torch", "parse_facts", "read_facts"]
 
-HASH_DIRS = ["srt/speculative"]
-HASH_FILES = ["srt/server_args.py"]
+HASH_DIRS = list(engine().hash_dirs)
+HASH_FILES = list(engine().hash_files)
 
 
 @dataclass
@@ -156,7 +157,7 @@ def parse_facts(host: str, raw: FactsAnswer) -> HostFacts:
         note = ""
     else:
         gpus, note = None, f"no GPU info ({g.reason if g else 'not asked'})"
-    sg = raw.sglang
+    sg = raw.package
     return HostFacts(
         host=host,
         os=raw.os.pretty,
@@ -188,11 +189,10 @@ def parse_facts(host: str, raw: FactsAnswer) -> HostFacts:
 def bytecode_files(extra_files: list[str] | None = None) -> list[str]:
     """Files whose bytecode import view is read: server_args, every EAGLE worker file any known
     release has, and the playbook's files."""
-    from fleetctl.sglang import KNOWN_VERSIONS, worker_files
-
+    eng = engine()
     rels = list(HASH_FILES)
-    for v in KNOWN_VERSIONS:
-        rels += [r for r in worker_files(v).values() if r not in rels]
+    for v in eng.known_versions():
+        rels += [r for r in eng.worker_files(v).values() if r not in rels]
     return rels + [r for r in (extra_files or []) if r not in rels and r.endswith(".py")]
 
 
@@ -207,10 +207,11 @@ def read_facts(conn: HostConnection, *, extra_files: list[str] | None = None, gp
     from fleetctl.instances import host_launch_spec
 
     p: dict[str, Any] = {
-        "sglang_dir": conn.host.sglang_dir,
+        "engine": engine().agent_facts(),
+        "package_dir": conn.host.sglang_dir,
         "launch": host_launch_spec(conn.host, profile).to_agent(),
-        # without a playbook the launch env is not fully known: a sglang_dir mismatch is a note
-        "strict_sglang_dir": profile is not None,
+        # without a playbook the launch env is not fully known: a package dir mismatch is a note
+        "strict_package_dir": profile is not None,
         "bytecode_files": bytecode_files(extra_files),
         "hash_dirs": HASH_DIRS if all_hashes else [],
         "hash_files": (HASH_FILES + [f for f in (extra_files or []) if f not in HASH_FILES] if all_hashes

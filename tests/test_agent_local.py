@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from fleetctl.engine import engine
 from fleetctl.remote import agent_deploy as ad
 from fleetctl.remote import agent_source
 from fleetctl.remote.agent import AgentError
@@ -162,7 +163,7 @@ def _tree(root: Path, version: str) -> Path:
 
 
 def test_locate_installed_wheel_with_torch_requirement(tmp_path: Path) -> None:
-    from fleetctl.remote.agent import locate_sglang
+    from fleetctl.remote.agent import locate_package
 
     site = tmp_path / "site-packages"
     pkg = _tree(site, "0.5.9")
@@ -170,12 +171,12 @@ def test_locate_installed_wheel_with_torch_requirement(tmp_path: Path) -> None:
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: sglang\nVersion: 0.5.9\n"
                                    "Requires-Dist: torch_memory_saver==0.0.9\nRequires-Dist: torch==2.9.1\n\nbody\n")
-    res = locate_sglang(str(pkg))
+    res = locate_package(engine().agent_facts(), str(pkg))
     assert (res["version"], res["install"], res["torch_requires"]) == ("0.5.9", "wheel", ["torch==2.9.1"])
 
 
 def test_locate_editable_install(tmp_path: Path) -> None:
-    from fleetctl.remote.agent import locate_sglang
+    from fleetctl.remote.agent import locate_package
 
     site = tmp_path / "site-packages"
     pkg = _tree(site, "0.5.10.post1")
@@ -183,18 +184,18 @@ def test_locate_editable_install(tmp_path: Path) -> None:
     dist.mkdir()
     (dist / "METADATA").write_text("Name: sglang\nVersion: 0.5.10.post1\n")
     (dist / "direct_url.json").write_text(json.dumps({"url": "file:///src", "dir_info": {"editable": True}}))
-    assert locate_sglang(str(pkg))["install"] == "editable"
+    assert locate_package(engine().agent_facts(), str(pkg))["install"] == "editable"
 
 
 def test_locate_git_checkout(tmp_path: Path) -> None:
     """The origin story's layout: /root/sglang/python/sglang inside a git checkout."""
-    from fleetctl.remote.agent import locate_sglang
+    from fleetctl.remote.agent import locate_package
 
     repo = tmp_path / "sglang"
     (repo / ".git").mkdir(parents=True)
     pkg = _tree(repo / "python", "0.5.9")
     (repo / "python" / "pyproject.toml").write_text('dependencies = [\n  "torch==2.9.1",\n  "numpy",\n]\n')
-    res = locate_sglang(str(pkg))
+    res = locate_package(engine().agent_facts(), str(pkg))
     assert res["install"] == "git checkout" and res["checkout"] == str(repo)
     assert res["torch_requires"] == ["torch==2.9.1"] and res["version"] == "0.5.9"
 

@@ -128,8 +128,8 @@ def test_probe_runs_under_the_launch_interpreter_env_and_cwd(worker: Path, tmp_p
     launch = {"interpreter": sys.executable, "options": ["-X", f"pycache_prefix={tmp_path / 'pp'}"],
               "target_kind": "module", "target": "sglang.launch_server", "env": {"PYTHONPATH": str(site)},
               "inherit": ["PATH", "HOME"], "command_env": {}, "unset": [], "clear": False, "cwd": None}
-    got = agent.run_probe(launch, ["srt/speculative/eagle_worker.py"])
-    assert got["sglang_dir"] == str(worker.parents[2])
+    got = agent.run_probe(launch, ["srt/speculative/eagle_worker.py"], package="sglang")
+    assert got["package_dir"] == str(worker.parents[2])
     assert got["pycache_prefix"] == str(tmp_path / "pp")
     assert got["files"]["srt/speculative/eagle_worker.py"]["loader"] == "source"
     bad = agent.run_probe({**launch, "interpreter": str(tmp_path / "no-such-python")})

@@ -40,6 +40,7 @@ from test_faults import (
 )
 
 from fleetctl import wheels
+from fleetctl.engine import engine
 from fleetctl.sandbox import fleet as sbx
 from fleetctl.sandbox import sshd
 
@@ -471,7 +472,8 @@ def test_agent_never_writes_another_releases_backups(tmp_path: Path, state: str)
          "files": [{"path": "srt/a.py", "sha_before": sha(b"A = 9\n"), "sha_after": sha(b"A = 9 patched\n"),
                     "status": "applied", "backed_up": True, "mode": 0o644, "uid": None, "gid": None}]}
     (ddir / "manifest.json").write_text(json.dumps(m))
-    res = ad.action_rollback({"state_dir": str(tmp_path / "state"), "sglang_dir": str(pkg), "force": True,
+    res = ad.action_rollback({"state_dir": str(tmp_path / "state"), "engine": engine().agent_facts(), "package_dir": str(pkg),
+                              "force": True,
                               "deploy_ids": ["d1"] if state == "complete" else []})
     assert (pkg / "srt" / "a.py").read_bytes() == b"A = 14\n"
     assert any("no longer on disk" in n and "0.5.9" in n and "0.5.14" in n for n in res["notes"]), res

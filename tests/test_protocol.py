@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 import pytest
 
+from fleetctl.engine import engine
 from fleetctl.protocol import ANSWERS, InvalidAnswer, names, parse_reply
 from fleetctl.protocol import answers as a
 from fleetctl.protocol.schema import Invalid, parse
@@ -81,7 +82,7 @@ def answers_of(h: dict[str, Any]) -> dict[str, Any]:
 def _answers(h: dict[str, Any]) -> dict[str, Any]:
     sd, pkg = h["sd"], h["pkg"]
     return {
-        names.FACTS: real(names.FACTS, {"sglang_dir": pkg, "hash_dirs": ["srt"], "hash_files": [], "gpus": False,
+        names.FACTS: real(names.FACTS, {"engine": engine().agent_facts(), "package_dir": pkg, "hash_dirs": ["srt"], "hash_files": [], "gpus": False,
                                         "with": [names.WITH_STATE, names.WITH_SERVERS], "state_dir": sd,
                                         "check_flags": ["--port"], "server_ports": [1]}),
         names.PING: real(names.PING, {}),
@@ -101,7 +102,8 @@ def _answers(h: dict[str, Any]) -> dict[str, Any]:
             "interpreter": sys.executable, "options": [], "target_kind": "module", "target": "x",
             "env": {"PYTHONPATH": str(Path(pkg).parent)}, "inherit": ["PATH"], "command_env": {}, "unset": [],
             "clear": False, "cwd": None, "problem": None},
-            "files": ["srt/a.py"], "checks": [{"file": "srt/a.py", "class": "W", "marker": "MARK"}]}),
+            "engine": engine().agent_facts(), "files": ["srt/a.py"],
+            "checks": [{"file": "srt/a.py", "class": "W", "marker": "MARK"}]}),
     }
 
 
@@ -109,7 +111,7 @@ def test_every_real_answer_parses_into_its_type(host: dict[str, Any]) -> None:
     got = {action: parse_reply("h01", action, frame(res)).result for action, res in answers_of(host).items()}
     assert set(got) == set(ANSWERS)
     f: a.FactsAnswer = got[names.FACTS]
-    assert f.sglang.found and f.sglang.version == "0.5.9" and f.files["srt/a.py"].exists
+    assert f.package.found and f.package.version == "0.5.9" and f.files["srt/a.py"].exists
     assert f.state is not None and [m.id for m in f.state.deploys] == ["d1"] and f.state.deploys[0].state == "complete"
     assert f.servers is not None and f.servers.instances[0].instance == "port-1"
     assert f.servers.instances[0].record is not None and f.servers.instances[0].record.worker.class_ == "W"
@@ -125,7 +127,7 @@ def test_every_real_answer_parses_into_its_type(host: dict[str, Any]) -> None:
     assert wc[0].check is not None and wc[0].check.marker and not wc[1].exists
     assert got[names.PING].pong
     loc: a.LocateAnswer = got[names.LOCATE]
-    assert loc.sglang_dir == host["pkg"] and loc.files["srt/a.py"].loader == "source"
+    assert loc.package_dir == host["pkg"] and loc.files["srt/a.py"].loader == "source"
     assert loc.checks[0].view.loader == "source" and loc.checks[0].check is not None and loc.checks[0].check.marker
 
 
@@ -147,7 +149,7 @@ def _set(path: str | tuple[str, ...], value: Any) -> Callable[[Any], Any]:
 BROKEN = [
     (names.FACTS, _set("servers/instances/0/instance", KeyError), "servers.instances[0].instance", "missing"),
     (names.FACTS, _set("python/executable", 42), "python.executable", "expected a string, got a number"),
-    (names.FACTS, _set("sglang/found", "yes"), "sglang.found", "expected true or false, got a string"),
+    (names.FACTS, _set("package/found", "yes"), "package.found", "expected true or false, got a string"),
     (names.FACTS, _set("state/deploys/0/state", "exploded"), "state.deploys[0].state", "unknown value 'exploded'"),
     (names.FACTS, _set("state/deploys/0/id", KeyError), "state.deploys[0].id", "missing"),
     (names.FACTS, _set("state/deploys/0/files/0/sha_now", "zz"), "state.deploys[0].files[0].sha_now",
@@ -177,7 +179,7 @@ BROKEN = [
     (names.LOCATE, _set(("files", "srt/a.py", "stale"), "yes"), "files['srt/a.py'].stale",
      "expected true or false, got a string"),
     (names.LOCATE, _set("checks/0/check/marker", 1), "checks[0].check.marker", "expected true or false"),
-    (names.FACTS, _set("sglang/notes", "x"), "sglang.notes", "expected a list, got a string"),
+    (names.FACTS, _set("package/notes", "x"), "package.notes", "expected a list, got a string"),
 ]
 
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from fleetctl import hoststate, wheels
 from fleetctl.config.playbook import LaunchProfile, Playbook
+from fleetctl.engine import engine
 from fleetctl.facts import HostFacts
 from fleetctl.fleet import Fleet
 from fleetctl.instances import host_launch_spec
@@ -171,7 +172,7 @@ def apply_rollback(fleet: Fleet, plans: list[RollbackPlan], op_id: str, force: b
             return _restore_pristine(conn, p, op_id, pristine, extra)
         res: RollbackAnswer = conn.agent(names.ROLLBACK, {
             "state_dir": conn.host.state_dir, "deploy_ids": p.deploy_ids, "force": force, "rollback_id": op_id,
-            "by": who(), "sglang_dir": conn.host.sglang_dir, "expect_live": p.expect_live, "old_tree": old_tree,
+            "by": who(), "engine": engine().agent_facts(), "package_dir": conn.host.sglang_dir, "expect_live": p.expect_live, "old_tree": old_tree,
             **extra})
         restored = [f for r in res.rollbacks for f in r.files if f.action == "restored"]
         bad = [f for r in res.rollbacks for f in r.files if f.action == "refused"]

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleetctl.config.playbook import Playbook
+from fleetctl.engine import engine
 from fleetctl.facts import bytecode_problem
 from fleetctl.fleet import Fleet
 from fleetctl.instances import Instance
@@ -350,10 +351,11 @@ def verify_host(conn: HostConnection, pb: Playbook, plan: list[Instance]) -> lis
     loaded: list[LoadedCheck] = []
     if need and plan and plan[0].launch is not None:
         try:  # the code the launch's python would load now, bytecode included
-            got_l: LocateAnswer = conn.agent(names.LOCATE, {"launch": plan[0].launch.to_agent(), "checks": [
+            got_l: LocateAnswer = conn.agent(names.LOCATE, {
+                "launch": plan[0].launch.to_agent(), "engine": engine().agent_facts(), "checks": [
                 {"file": iv.worker["file"], "class": iv.worker["class"], "marker": m}
                 for iv, _ in need for m in [next(m for r in iv.ranks for m, ok in r.markers.items() if not ok)]]})
-            if got_l.sglang_dir and posixpath.normpath(got_l.sglang_dir) == posixpath.normpath(
+            if got_l.package_dir and posixpath.normpath(got_l.package_dir) == posixpath.normpath(
                     need[0][1].package_dir or "."):
                 loaded = got_l.checks
         except RemoteError:

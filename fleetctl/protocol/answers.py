@@ -108,8 +108,8 @@ class LaunchPython:
 
 
 @dataclass
-class SglangInfo:
-    """Where the launch's interpreter imports sglang from (fleetctl/launchspec.py: its options, env
+class PackageInfo:
+    """Where the launch's interpreter imports the engine's package from (fleetctl/launchspec.py: its options, env
     and cwd), its version and install kind, and what import would load for the asked files."""
 
     found: bool
@@ -120,7 +120,7 @@ class SglangInfo:
     how: str | None = None
     error: str | None = None  # why it is not found (or the launch's python cannot be asked)
     unresolved: bool = False  # the launch command's python cannot be told
-    notes: list[str] = field(default_factory=list)  # e.g. a sglang_dir the default launch does not import
+    notes: list[str] = field(default_factory=list)  # e.g. an inventory package dir the default launch does not import
     launch: LaunchPython | None = None  # None: located by the agent's own python (no launch sent)
     bytecode: dict[str, ImportView] = field(default_factory=dict)  # rel -> what import would load
 
@@ -335,7 +335,7 @@ class FactsAnswer:
     os: OsInfo
     python: PythonInfo
     user: str
-    sglang: SglangInfo
+    package: PackageInfo
     torch: str | None
     files: dict[str, FileFact]
     elapsed: float = 0.0
@@ -507,7 +507,7 @@ class LocateAnswer:
 
     executable: str | None = None
     version: str | None = None
-    sglang_dir: str | None = None
+    package_dir: str | None = None  # where it imports the request's engine package from
     pycache_prefix: str | None = None
     files: dict[str, ImportView] = field(default_factory=dict)
     checks: list[LoadedCheck] = field(default_factory=list)

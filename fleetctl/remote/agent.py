@@ -6,6 +6,10 @@ length + JSON {"action": ..., ...}, each answered on stdout with the same framin
 or (one-shot mode) one JSON request up to EOF, answered by one JSON document on stdout. An answer
 is {"ok": true, "result": ...} or {"ok": false, "error": "...", "kind": "..."}.
 Every action is a function here taking the payload dict; they are unit-testable locally.
+
+The agent knows no engine: which package to locate, the file that registers server flags and the
+inventory key that pins the package dir come in each request as `engine` (fleetctl/engine.py,
+`Engine.agent_facts()`).
 """
 
 from __future__ import annotations
@@ -128,7 +132,7 @@ def read_os():
     return out
 
 
-# ----------------------------------------------------------------------------- sglang discovery
+# ----------------------------------------------------------------------------- package discovery
 
 
 def _find_dist_info(site_dir, name):
@@ -186,9 +190,10 @@ def launch_cwd(cwd, env):
     return cwd if os.path.isdir(cwd) else "/"
 
 
-def run_probe(launch, files=(), checks=(), timeout=PROBE_TIMEOUT):
+def run_probe(launch, files=(), checks=(), timeout=PROBE_TIMEOUT, package=None):
     """Run fleetctl's probe (probe.py) under the launch's interpreter, options, env and cwd.
-    Returns the probe's answer, or {"error": why} (bounded in time and output)."""
+    Returns the probe's answer, or {"error": why} (bounded in time and output). With `package`, the
+    probe also says where that interpreter imports it from (`package_dir`)."""
     import subprocess
     if launch.get("problem"):
         return {"error": launch["problem"], "unresolved": True}
@@ -202,7 +207,7 @@ def run_probe(launch, files=(), checks=(), timeout=PROBE_TIMEOUT):
         path0 = os.path.dirname(os.path.realpath(os.path.join(cwd, launch.get("target") or "")))
     elif launch.get("target_kind") == "module":
         path0 = cwd
-    req = json.dumps({"path0": path0, "files": list(files), "checks": list(checks)}).encode()
+    req = json.dumps({"path0": path0, "files": list(files), "checks": list(checks), "package": package}).encode()
     argv = [interp, *(launch.get("options") or []), "-c", PROBE_SOURCE]
     try:
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -229,17 +234,19 @@ def run_probe(launch, files=(), checks=(), timeout=PROBE_TIMEOUT):
     return res
 
 
-def locate_sglang(sglang_dir=None, launch=None, files=(), strict=True):
-    """Where the LAUNCH's interpreter would import sglang from (its options, environment and cwd:
-    `launch`, computed by the controller), its version and install kind, and per file of `files`
-    what import would load (bytecode). An inventory `sglang_dir` must be that same directory.
+def locate_package(engine, package_dir=None, launch=None, files=(), strict=True):
+    """Where the LAUNCH's interpreter would import the engine's package from (its options,
+    environment and cwd: `launch`, computed by the controller), its version and install kind, and
+    per file of `files` what import would load (bytecode). An inventory package dir (the key
+    `engine["dir_key"]`) must be that same directory. `engine`: the request's engine facts.
 
     Without `launch` (old callers), the agent's own interpreter and environment are asked. With
-    strict=False (no playbook: the launch's env is not fully known) a `sglang_dir` that is not what
+    strict=False (no playbook: the launch's env is not fully known) a package dir that is not what
     the default launch imports is used, with a note naming both, instead of refused."""
+    name, key = engine["package"], engine["dir_key"]
     res = {"found": False}
     if launch is not None:
-        pr = run_probe(launch, files)
+        pr = run_probe(launch, files, package=name)
         res["launch"] = dict((k, pr.get(k)) for k in ("executable", "version", "cache_tag", "optimize",
                                                       "pycache_prefix", "check_hash_based_pycs", "cwd", "path")
                              if k in pr)
@@ -254,38 +261,38 @@ def locate_sglang(sglang_dir=None, launch=None, files=(), strict=True):
                          "(it gets PYTHONPATH=%s)" % (login_pp, pr.get("launch_env_pythonpath") or "unset"))
         res["notes"] = notes
         res["bytecode"] = pr.get("files") or {}
-        pkg = pr.get("sglang_dir")
-        if sglang_dir:
-            given = expand(sglang_dir)
+        pkg = pr.get("package_dir")
+        if package_dir:
+            given = expand(package_dir)
             if not os.path.isfile(os.path.join(given, "__init__.py")):
-                raise AgentError("sglang_dir %s holds no __init__.py" % given, "bad_input")
+                raise AgentError("%s %s holds no __init__.py" % (key, given), "bad_input")
             why = None
             if not pkg:
-                why = ("sglang_dir %s: the launch's python %s imports no sglang with the launch's environment and "
-                       "cwd" % (given, pr.get("executable")))
+                why = ("%s %s: the launch's python %s imports no %s with the launch's environment and "
+                       "cwd" % (key, given, pr.get("executable"), name))
             elif os.path.realpath(given) != os.path.realpath(pkg):
-                why = ("sglang_dir %s is not the sglang the launch imports: %s (python %s with the launch's "
-                       "environment and cwd); fix or remove sglang_dir" % (given, pkg, pr.get("executable")))
+                why = ("%s %s is not the %s the launch imports: %s (python %s with the launch's "
+                       "environment and cwd); fix or remove %s" % (key, given, name, pkg, pr.get("executable"), key))
             if why and strict:
                 raise AgentError(why, "bad_input")
             if why:
-                notes.append(why + " (without a playbook fleetctl uses sglang_dir; with one it refuses)")
+                notes.append(why + " (without a playbook fleetctl uses %s; with one it refuses)" % key)
                 pkg = given
         if not pkg:
             if pr.get("error"):
                 res["error"] = pr["error"]
             return res
         res["how"] = "import path of the launch (%s)" % pr.get("executable")
-    elif sglang_dir:
-        pkg = expand(sglang_dir)
+    elif package_dir:
+        pkg = expand(package_dir)
         if not os.path.isfile(os.path.join(pkg, "__init__.py")):
-            raise AgentError("sglang_dir %s holds no __init__.py" % pkg, "bad_input")
-        res["how"] = "inventory sglang_dir"
+            raise AgentError("%s %s holds no __init__.py" % (key, pkg), "bad_input")
+        res["how"] = "inventory %s" % key
     else:
         import importlib.util
 
         try:
-            spec = importlib.util.find_spec("sglang")
+            spec = importlib.util.find_spec(name)
         except (ImportError, ValueError) as e:
             spec = None
             res["error"] = str(e)
@@ -305,7 +312,7 @@ def locate_sglang(sglang_dir=None, launch=None, files=(), strict=True):
         if version:
             break
     site_dir = os.path.dirname(pkg)
-    dist = _find_dist_info(site_dir, "sglang")
+    dist = _find_dist_info(site_dir, name)
     requires = []
     kind = "unknown"
     if dist:
@@ -392,10 +399,10 @@ def flag_registered(server_args_text, flag):
     return False
 
 
-def registered_flags(pkg_dir, flags):
-    """Which of `flags` the installed srt/server_args.py registers."""
+def registered_flags(pkg_dir, flags, args_file):
+    """Which of `flags` the installed `args_file` (package-relative, the engine's) registers."""
     try:
-        with open(os.path.join(pkg_dir, "srt", "server_args.py"), encoding="utf-8", errors="replace") as fh:
+        with open(os.path.join(pkg_dir, *args_file.split("/")), encoding="utf-8", errors="replace") as fh:
             text = fh.read()
     except OSError:
         return {}
@@ -440,9 +447,9 @@ def action_facts(p):
         "python": {"executable": sys.executable, "version": sys.version.split()[0]},
         "user": _user(),
     }
-    sg = locate_sglang(p.get("sglang_dir"), p.get("launch"), p.get("bytecode_files") or [],
-                       p.get("strict_sglang_dir", True))
-    res["sglang"] = sg
+    sg = locate_package(p["engine"], p.get("package_dir"), p.get("launch"), p.get("bytecode_files") or [],
+                        p.get("strict_package_dir", True))
+    res["package"] = sg
     res["torch"] = torch_version()
     files = {}
     if sg.get("found"):
@@ -450,7 +457,7 @@ def action_facts(p):
             files[rel] = file_info(sg["dir"], rel)
     res["files"] = files
     if p.get("check_flags") and sg.get("found"):
-        res["registered_flags"] = registered_flags(sg["dir"], p["check_flags"])
+        res["registered_flags"] = registered_flags(sg["dir"], p["check_flags"], p["engine"]["args_file"])
     if p.get("gpus", True):
         res["gpus"] = gpu_queries()
     hooks = p.get("with", [])
@@ -476,8 +483,10 @@ def action_ping(p):
 
 
 def action_locate(p):
-    """Where the launch imports sglang from, and what import would load for `files` / `checks`."""
-    return run_probe(p["launch"], p.get("files") or [], p.get("checks") or [])
+    """Where the launch imports the engine's package from, and what import would load for `files` /
+    `checks`."""
+    return run_probe(p["launch"], p.get("files") or [], p.get("checks") or [],
+                     package=(p.get("engine") or {}).get("package"))
 
 
 ACTIONS = {"facts": action_facts, "ping": action_ping, "locate": action_locate}

@@ -19,7 +19,7 @@ if __name__ != "fleetctl_agent":  # imported locally (tests); on the host the pa
         AgentError,
         expand,
         file_info,
-        locate_sglang,
+        locate_package,
         run_probe,
         sha256_file,
     )
@@ -988,9 +988,10 @@ def action_rollback(p):
     try:
         fault_point(p, "locked")
         cur_real = None
-        if "sglang_dir" in p:  # where this python imports sglang from now (what a restore must not miss)
+        if "engine" in p:  # where this python imports the package from now (what a restore must not miss)
             # (the launch's python when the controller sends the launch, as facts located it)
-            cur_real, cur_version = _current_tree(locate_sglang(p.get("sglang_dir"), p.get("launch"), strict=False))
+            cur_real, cur_version = _current_tree(locate_package(p["engine"], p.get("package_dir"), p.get("launch"),
+                                                                 strict=False))
             notes += close_superseded(sd, cur_real, cur_version)
         notes += recover_interrupted(sd)
         expect = p.get("expect_live")

@@ -4,12 +4,13 @@ server import? (stdlib only, Python >= 3.8 grammar; no `from __future__`.)
 The agent starts `INTERPRETER [launch options] -c <this file> ` with exactly the environment and
 working directory the launch will have, and writes one JSON request on stdin:
 
-    {"path0": dir or null, "files": [rel, ...], "checks": [{"file": rel, "class": C, "marker": m}]}
+    {"path0": dir or null, "files": [rel, ...], "checks": [{"file": rel, "class": C, "marker": m}],
+     "package": the engine's package name (from the controller's request) or null}
 
 `path0` replaces sys.path[0] (`''` under -c) the way the launch would set it: the cwd for `-m`, the
 script's directory for a script. The answer (stdout, JSON) says which python runs, its sys.path,
 bytecode settings (cache tag, optimize level, pycache prefix, --check-hash-based-pycs), where
-`sglang` is found (importlib, nothing is imported), and per file what import would load:
+`package` is found (`package_dir`; importlib, nothing is imported), and per file what import would load:
 
     {"loader": "source" | "sourceless" | "extension" | "none", "file": path loaded,
      "pyc": the __pycache__ file import reads for this source (under the prefix and opt level),
@@ -196,15 +197,16 @@ def probe(req):
            "pycache_prefix": getattr(sys, "pycache_prefix", None),
            "dont_write_bytecode": bool(sys.dont_write_bytecode), "check_hash_based_pycs": _check_hash_mode(),
            "pythonpath": os.environ.get("PYTHONPATH"), "cwd": os.getcwd()}
-    try:
-        spec = importlib.util.find_spec("sglang")
-    except (ImportError, ValueError) as e:
-        spec = None
-        res["error"] = f"{e.__class__.__name__}: {e}"
+    spec = None
+    if req.get("package"):
+        try:
+            spec = importlib.util.find_spec(req["package"])
+        except (ImportError, ValueError) as e:
+            res["error"] = f"{e.__class__.__name__}: {e}"
     pkg = None
     if spec is not None and spec.submodule_search_locations:
         pkg = os.path.abspath(next(iter(spec.submodule_search_locations)))
-    res["sglang_dir"] = pkg
+    res["package_dir"] = pkg
     views = {}
     if pkg:
         for rel in req.get("files") or []:
