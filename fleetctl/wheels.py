@@ -20,9 +20,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from fleetctl.engine import engine
 from fleetctl.errors import FleetctlError, InputError
 
-PACKAGE = "sglang"
+PACKAGE = engine().package  # the wheel distribution and its top-level package
 
 
 def cache_dir() -> Path:
