@@ -18,14 +18,13 @@ from fleetctl.commands.common import (
     out,
 )
 from fleetctl.commands.context import fleet_context, print_debug_details
+from fleetctl.engine import engine
 from fleetctl.errors import EXIT_FAILED, EXIT_OK
 from fleetctl.facts import HostFacts, read_facts
 from fleetctl.hostnames import group, hosts_label, strip_host
 from fleetctl.jsonout import host_row
 from fleetctl.render import host_progress, say, status_cell, summary_line
 from fleetctl.safetext import line, lines_cell, safe, styled
-
-KEY_FILES = ("srt/server_args.py", "srt/speculative/eagle_worker.py", "srt/speculative/eagle_worker_v2.py")
 
 
 def _gpu_cell(f: HostFacts) -> str:
@@ -47,9 +46,9 @@ def _gpu_cell(f: HostFacts) -> str:
 def _files_cell(f: HostFacts, all_files: bool) -> Text:
     lines = []
     for p, ff in sorted(f.files.items()):
-        if not all_files and p not in KEY_FILES:
+        if not all_files and p not in engine().key_files:
             continue
-        short = p.replace("srt/speculative/", "spec/").replace("srt/", "")
+        short = engine().short_path(p)
         lines.append(f"{short} {ff.sha256[:12] if ff.sha256 else ('absent' if not ff.exists else ff.error or '?')}")
     rest = len(f.files) - len(lines)
     if rest > 0:
@@ -74,7 +73,7 @@ def _facts_lines(f: HostFacts, all_files: bool) -> tuple[tuple[str, Text], ...]:
     py = [("python", safe(f"{f.python} ({f.python_version})"))]
     if f.launch_python and f.launch_python != f.python:
         py.append(("launch", safe(f"{f.launch_python} ({f.launch_python_version})")))
-    return (("OS", safe(f.os)), *py, ("SGLang", sg), *[("note", line(styled("note:", "yellow"), " ", n)) for n in notes],
+    return (("OS", safe(f.os)), *py, (engine().display_name, sg), *[("note", line(styled("note:", "yellow"), " ", n)) for n in notes],
             ("torch", torch), ("files", Text("; ").join(_files_cell(f, all_files).split("\n"))),
             ("GPUs", safe(_gpu_cell(f))))
 
