@@ -25,6 +25,7 @@ from fleetctl.commands.common import (
 from fleetctl.commands.context import RunContext, fleet_context
 from fleetctl.commands.context import fmt_time as _ts
 from fleetctl.commands.context import run_with_progress as _tick_run
+from fleetctl.engine import engine
 from fleetctl.errors import EXIT_FAILED, EXIT_OK, InputError
 from fleetctl.hostnames import group, hosts_label, strip_host
 from fleetctl.jsonout import host_row
@@ -141,7 +142,7 @@ def render_status(rows: list[dict[str, Any]]) -> None:
 
     groups = group((r["host"], key(r)) for r in rows)
     by_host = {r["host"]: r for r in rows}
-    t = table(None, ["host", "state", "SGLang", "last deploy", "files"], whole=("last deploy",))
+    t = table(None, ["host", "state", engine().display_name, "last deploy", "files"], whole=("last deploy",))
     for hosts, (_, version, last, files, _, _) in groups:
         t.add_row(hosts_cell(hosts), state(by_host[hosts[0]]), version, last, files)
     out.print(t)
@@ -580,8 +581,8 @@ def register(app: typer.Typer) -> None:
                 env = launch_env(h, pb)
                 row: dict[str, Any] = {
                     "host": h.name, "status": "ok", "version": f.sglang_version,
-                    "spec_v2_env": env.get("SGLANG_ENABLE_SPEC_V2", None),
-                    "flags": {k: v for k, v in launch_flags(h, pb).items() if "speculative" in k or "overlap" in k},
+                    **engine().shown_env(env),
+                    "flags": engine().shown_flags(launch_flags(h, pb)),
                     "worker_class": cov.worker_class if cov else None,
                     "worker_file": cov.worker_file if cov else None,
                     "disable_overlap_schedule": cov.disable_overlap_schedule if cov else None,
