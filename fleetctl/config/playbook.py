@@ -23,6 +23,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from fleetctl.config.yamlpos import load_yaml, validate
+from fleetctl.engine import engine
 from fleetctl.errors import InputError
 
 SHA256_RE = r"^[0-9a-f]{64}$"
@@ -77,7 +78,7 @@ class InstanceLayout(Strict):
 
 
 class LaunchProfile(Strict):
-    command: str = "{python} -m sglang.launch_server"
+    command: str = engine().launch_command
     flags: dict[str, Any] = {}
     env: dict[str, str | int | bool] = {}
     port: Annotated[int, Field(ge=1, le=65535)] = 30000
@@ -110,7 +111,7 @@ class VerifySpec(Strict):
 class PlaybookFile(Strict):
     name: str
     description: str = ""
-    package: str = "sglang"
+    package: str = engine().package
     versions: dict[str, VersionSpec]
     launch: LaunchProfile = LaunchProfile()
     verify: VerifySpec = VerifySpec()
@@ -118,8 +119,8 @@ class PlaybookFile(Strict):
     @field_validator("package")
     @classmethod
     def _pkg(cls, v: str) -> str:
-        if v != "sglang":
-            raise ValueError("only package 'sglang' is supported")
+        if v != engine().package:
+            raise ValueError(f"only package {engine().package!r} is supported")
         return v
 
     @field_validator("versions")
