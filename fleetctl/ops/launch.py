@@ -10,6 +10,7 @@ from typing import Any
 from fleetctl.config.inventory import Host
 from fleetctl.config.playbook import Playbook
 from fleetctl.coverage import coverage
+from fleetctl.engine import engine
 from fleetctl.facts import HostFacts, read_facts
 from fleetctl.fleet import Fleet
 from fleetctl.instances import Instance, plan_instances
@@ -209,7 +210,7 @@ def launch_host(conn: HostConnection, pb: Playbook, plan: list[Instance], *, lau
             it.notes.append(f"left out {', '.join(unregistered)}: not a flag of SGLang {v} as installed here")
     elif unregistered:
         return _refuse(res, f"{', '.join(unregistered)} is not a flag of SGLang {v} as installed on {h.name} "
-                            f"(its srt/server_args.py does not register it): deploy the playbook first, or pass "
+                            f"(its {engine().args_file} does not register it): deploy the playbook first, or pass "
                             f"--drop-unknown-flags to launch the installed code without it")
     for inst in plan:
         r = resolve_worker(v, inst.flags, inst.effective_env)
