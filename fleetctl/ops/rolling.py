@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from fleetctl.engine import engine
 from fleetctl.errors import InputError
 
 if TYPE_CHECKING:  # parse_count/parse_percent check options before any host: no transport imported
@@ -77,7 +78,7 @@ def original_code_playbook(pb: Playbook, version: str | None) -> Playbook:
     if not version:
         return pb
     res = resolve_worker(version, dict(pb.launch.flags), {})
-    text = wheels.pristine_bytes(version, "srt/server_args.py").decode("utf-8", "replace")
+    text = wheels.pristine_bytes(version, engine().args_file).decode("utf-8", "replace")
     unknown = {f for f in res.unknown_flags if not flag_registered(text, f)}
     if not unknown:
         return pb
