@@ -42,8 +42,7 @@ from fleetctl.sglang import (
 from fleetctl.sglang import releases as sg_releases
 from fleetctl.transport.ssh import HostConnection, RemoteError
 
-REPORT_ARGS = ("speculative_algorithm", "disable_overlap_schedule", "speculative_eagle_topk",
-               "speculative_disable_batch_threshold")
+REPORT_ARGS = engine().report_args
 MAX_SHOWN = 5
 
 
