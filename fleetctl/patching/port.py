@@ -13,6 +13,7 @@ from pathlib import Path
 
 from fleetctl import wheels
 from fleetctl.config.playbook import Playbook, check_relpath
+from fleetctl.engine import engine
 from fleetctl.errors import EXIT_FAILED, FleetctlError, InputError
 from fleetctl.patching.authoring import compile_error, make_patch
 from fleetctl.patching.engine import PatchError, apply_patch, parse_patch
@@ -93,7 +94,7 @@ def write_version(pb: Playbook, version: str, ports: list[FilePort], unsupported
 
 # ---------------------------------------------------------------- import from git
 
-PREFIX = "python/sglang/"
+PREFIX = engine().source_prefix  # where the package lives in a source checkout
 _REV_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/@{}^~+-]*")
 GIT_TIMEOUT = 60.0
 MAX_DIFF = 64 * 1024 * 1024
