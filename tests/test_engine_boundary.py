@@ -1,0 +1,127 @@
+"""The engine boundary (issue 12.1): no SGLang path, env name, flag, module or log literal outside
+the engine package (fleetctl/sglang/) and the sandbox (which simulates SGLang). Everything else asks
+`fleetctl.engine.engine()`. Prose may say "SGLang"; docstrings and comments are not scanned."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import fleetctl
+
+ROOT = Path(fleetctl.__file__).parent
+ENGINE_HOMES = ("sglang", "sandbox")
+
+# A string constant is a leak when it holds a package path, an env name, a server flag or a
+# module path of the engine, or (spelled without whitespace, i.e. as a name, not in prose) names
+# the package or a server argument.
+ANYWHERE = [
+    re.compile(r"srt/"),  # a path inside the package
+    re.compile(r"python/sglang/"),  # the package inside a source checkout
+    re.compile(r"SGLANG_"),  # an engine environment variable
+    re.compile(r"(?<![\w-])--(speculative|tp\b|tp-size|tensor-parallel|dp\b|dp-size|data-parallel|enable-dp"
+               r"|attn-dp|pp-size|ep-size|disable-overlap)"),  # an engine server flag
+    re.compile(r"(?<![\w])sglang[./]"),  # an engine module path (sglang.launch_server, sglang/...)
+    re.compile(r"server_args"),  # the engine's argument file / class / log dump
+]
+AS_NAME = re.compile(r"sglang|speculative", re.I)  # only in whitespace-free constants
+
+# (file relative to fleetctl/, the constant or its start) -> why it stays
+ALLOWED: dict[tuple[str, str], str] = {
+    ("config/inventory.py", "sglang_dir"): "the inventory key users write (engine().dir_key, asserted equal below)",
+    ("facts.py", "sglang"): "the `facts --json` key (docs/json.md), a stable output contract",
+    ("commands/patch.py", "--sglang"): "fleetctl's own option naming a release, not a server flag",
+    ("commands/validate.py", "--sglang"): "the same option's name in its error message",
+    ("commands/patch.py", "Path inside the sglang package, e.g. srt/speculative/eagle_worker.py."):
+        "--help example; command help must not import the engine (start-up, issue 16.10)",
+    ("commands/patch.py", "Turn a git range of an SGLang source checkout (python/sglang/...)"):
+        "--help text, same reason",
+}
+
+
+def _log_literals() -> set[str]:
+    """The log lines the engine package knows (ready line, warnings, errors): spelled only there."""
+    out: set[str] = set()
+    for name in ("releases.py", "logs.py"):
+        tree = ast.parse((ROOT / "sglang" / name).read_text(encoding="utf-8"))
+        for n in ast.walk(tree):
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and len(n.value) >= 20 and " " in n.value:
+                out.add(n.value.split("{")[0].strip())
+    return {s for s in out if len(s) >= 20}
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    ids = set()
+    for n in ast.walk(tree):
+        if isinstance(n, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.body:
+            first = n.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                ids.add(id(first.value))
+    return ids
+
+
+def leaks(source: str, logs: set[str]) -> list[tuple[int, str]]:
+    tree = ast.parse(source)
+    docs = _docstrings(tree)
+    found = []
+    for n in ast.walk(tree):
+        if not (isinstance(n, ast.Constant) and isinstance(n.value, str)) or id(n) in docs:
+            continue
+        s = n.value
+        if (any(p.search(s) for p in ANYWHERE) or (not re.search(r"\s", s) and AS_NAME.search(s))
+                or any(lit in s for lit in logs)):
+            found.append((n.lineno, s))
+    return found
+
+
+def _scanned() -> list[Path]:
+    return sorted(p for p in ROOT.rglob("*.py") if p.relative_to(ROOT).parts[0] not in ENGINE_HOMES)
+
+
+def test_no_engine_literal_outside_the_engine_package() -> None:
+    logs = _log_literals()
+    bad = []
+    used = set()
+    for p in _scanned():
+        rel = p.relative_to(ROOT).as_posix()
+        for line, s in leaks(p.read_text(encoding="utf-8"), logs):
+            hit = [k for k in ALLOWED if k[0] == rel and s.startswith(k[1])]
+            if hit:
+                used.update(hit)
+            else:
+                bad.append(f"fleetctl/{rel}:{line}: {s[:80]!r}")
+    assert not bad, "engine literals outside fleetctl/sglang/ (ask fleetctl.engine.engine()):\n" + "\n".join(bad)
+    assert not set(ALLOWED) - used, f"stale allow-list entries: {sorted(set(ALLOWED) - used)}"
+
+
+def test_the_scan_catches_each_kind_of_literal() -> None:
+    logs = _log_literals()
+    assert any("fired up" in s for s in logs)  # the ready line is among the log literals
+    for bad in ('X = "srt/server_args.py"', 'X = "SGLANG_ENABLE_SPEC_V2"', 'X = ["--speculative-algorithm"]',
+                'X = "--tp"', 'X = "{python} -m sglang.launch_server"', 'X = "sglang"', 'X = "sglang_dir"',
+                'X = "speculative_algorithm"', 'X = "The server is fired up and ready to roll!"',
+                'X = f"its {d}/srt/x.py"'):
+        assert leaks(bad, logs), bad
+    for fine in ('"""Module docstring naming srt/server_args.py and SGLANG_X."""',
+                 'X = "SGLang 0.5.9 is not a release fleetctl knows"', 'X = "--drop-unknown-flags"',
+                 'X = "--tpu"', 'X = "no speculative worker runs"'):
+        assert not leaks(fine, logs), fine
+
+
+def test_the_engine_implements_the_interface() -> None:
+    from fleetctl.engine import Engine, engine
+
+    e = engine()
+    assert isinstance(e.package, str) and e.package
+    for name in Engine.__annotations__:
+        assert hasattr(e, name), name
+    for name in ("agent_facts", "known_versions", "is_known", "worker_files", "resolve_worker", "shown_env",
+                 "shown_flags"):
+        assert callable(getattr(e, name)), name
+    assert e.is_known(e.known_versions()[-1]) and not e.is_known("0.0.0")
+    assert e.args_file in e.hash_files and set(e.key_files) >= {e.args_file}
+    assert e.tp_flag in e.tp_spellings
+    assert e.agent_facts()["package"] == e.package
+    # the user-facing names allowed above are the engine's own
+    assert ("config/inventory.py", e.dir_key) in ALLOWED and ("facts.py", e.package) in ALLOWED
