@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from fleetctl.sglang.logs import LogLine
     from fleetctl.sglang.routing import Resolution
 
 
@@ -38,7 +39,11 @@ class Engine(Protocol):
     port_flag: str
     tp_flag: str
     tp_spellings: frozenset[str]
-    ready_line: str
+    ready_line: str  # the log line that says the server is ready
+    dump_anchor: str  # the log line's prefix that carries the resolved server arguments
+    log_stamp_re: str  # a log line's timestamp (regex, group 1) and its strptime format
+    log_stamp_fmt: str
+    routing_env_prefixes: tuple[str, ...]  # env names (prefixes) that can change which code runs
     report_args: tuple[str, ...]  # resolved server arguments verify reports per instance
 
     def agent_facts(self) -> dict[str, str]:
@@ -57,6 +62,23 @@ class Engine(Protocol):
     # -- which code runs for given flags/env/model
     def resolve_worker(self, version: str, flags: dict[str, Any], env: dict[str, str], *,
                        model_arch: str | None = None) -> Resolution: ...
+    def overlap_cause(self, version: str, disable_overlap_schedule: bool, env: Mapping[str, str]) -> str | None:
+        """Why the resolved routing turned the overlap schedule off, when the launch env decided it."""
+        ...
+
+    def log_visibility_problems(self, resolved_args: dict[str, Any], env: dict[str, str]) -> list[str]:
+        """Launch settings that would hide the log lines verify reads."""
+        ...
+
+    # -- log and rank parsing, process matching
+    def parse_line(self, line: str) -> LogLine: ...
+    def expected_ranks(self, version: str, resolved_args: dict[str, Any]) -> list[dict[str, int]]: ...
+    def parse_server_args_dump(self, message: str) -> dict[str, Any] | None: ...
+    def match_rules(self, launch_command: str | None = None) -> dict[str, list[str]]:
+        """What the agent matches /proc command lines against to find server processes."""
+        ...
+    def server_flags(self, argv: list[str], modules: list[str] | None = None) -> dict[str, Any]: ...
+
     def shown_env(self, env: Mapping[str, str]) -> dict[str, str | None]:
         """The launch environment variables that decide which code runs (explain shows them)."""
         ...

@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from fleetctl.sglang import logs, processes, routing
 from fleetctl.sglang import releases as R
-from fleetctl.sglang import routing
 
 _TP = next(f for f in R.FLAGS if f.dest == "tp_size")
 
@@ -31,6 +31,10 @@ class SGLangEngine:
     tp_spellings: frozenset[str] = field(default_factory=lambda: frozenset(_TP.options) | frozenset(
         k for table in (R.ABBREV_0543, R.ABBREV_057) for k, v in table.items() if v == _TP.options[0]))
     ready_line: str = R.READY_LINE
+    dump_anchor: str = R.DUMP_ANCHOR
+    log_stamp_re: str = processes.LOG_STAMP_RE
+    log_stamp_fmt: str = processes.LOG_STAMP_FMT
+    routing_env_prefixes: tuple[str, ...] = processes.ROUTING_ENV_PREFIXES
     report_args: tuple[str, ...] = ("speculative_algorithm", "disable_overlap_schedule",
                                     "speculative_eagle_topk", "speculative_disable_batch_threshold")
 
@@ -53,6 +57,31 @@ class SGLangEngine:
     def resolve_worker(self, version: str, flags: dict[str, Any], env: dict[str, str], *,
                        model_arch: str | None = None) -> routing.Resolution:
         return routing.resolve_worker(version, flags, env, model_arch=model_arch)
+
+    def overlap_cause(self, version: str, disable_overlap_schedule: bool, env: Mapping[str, str]) -> str | None:
+        rel = R.RELEASES.get(version)
+        if (disable_overlap_schedule and rel is not None and rel.rules.spec_v2_default is False
+                and R.SPEC_V2_ENV not in env):
+            return f"disable_overlap_schedule=True because {R.SPEC_V2_ENV} was not in the launch env"
+        return None
+
+    def log_visibility_problems(self, resolved_args: dict[str, Any], env: dict[str, str]) -> list[str]:
+        return processes.log_visibility_problems(resolved_args, env)
+
+    def parse_line(self, line: str) -> logs.LogLine:
+        return logs.parse_line(line)
+
+    def expected_ranks(self, version: str, resolved_args: dict[str, Any]) -> list[dict[str, int]]:
+        return logs.expected_ranks(version, resolved_args)
+
+    def parse_server_args_dump(self, message: str) -> dict[str, Any] | None:
+        return logs.parse_server_args_dump(message)
+
+    def match_rules(self, launch_command: str | None = None) -> dict[str, list[str]]:
+        return processes.match_rules(launch_command)
+
+    def server_flags(self, argv: list[str], modules: list[str] | None = None) -> dict[str, Any]:
+        return processes.server_flags(argv, modules)
 
     def shown_env(self, env: Mapping[str, str]) -> dict[str, str | None]:
         return {"spec_v2_env": env.get(R.SPEC_V2_ENV, None)}
