@@ -2,7 +2,7 @@
 patched code runs; when it does not, say why (worker routing, file on disk, restart, timing).
 
 The grep runs on the host (agent `server_grep`): only matching lines come back, bounded. Every
-SGLang fact (ranks, line format, dump, worker routing) comes from `fleetctl.sglang`.
+SGLang fact (ranks, line format, dump, worker routing) comes from the engine (`fleetctl.engine`).
 """
 
 from __future__ import annotations
@@ -30,16 +30,6 @@ from fleetctl.protocol.answers import (
     ServerGrepAnswer,
     WorkerCheck,
 )
-from fleetctl.sglang import (
-    DUMP_ANCHOR,
-    READY_LINE,
-    expected_ranks,
-    is_known,
-    parse_line,
-    parse_server_args_dump,
-    resolve_worker,
-)
-from fleetctl.sglang import releases as sg_releases
 from fleetctl.transport.ssh import HostConnection, RemoteError
 
 REPORT_ARGS = engine().report_args
@@ -133,13 +123,13 @@ def _check_instance(iv: InstanceVerify, st: InstanceState, pb: Playbook, deploy_
         iv.problems.append(f"the launch's log {iv.log} is gone")
         return
     matches = st.matches
-    lines = {p: [parse_line(x) for x in hits.lines] for p, hits in matches.items()}
+    lines = {p: [engine().parse_line(x) for x in hits.lines] for p, hits in matches.items()}
     lines, old = _written_since(lines, rec.process_started, tz_offset)
     if old:
         iv.problems.append(f"{old} matching line(s) in this launch's log carry a time before its server process "
                            f"started ({_hms(rec.process_started)}): replayed from an earlier run? "
                            "they are not counted")
-    iv.ready = bool(lines.get(READY_LINE))
+    iv.ready = bool(lines.get(engine().ready_line))
     if not iv.running and not stopped:  # it ended on its own: say how, first, with its last words
         iv.exited = st.exit.to_json() if st.exit is not None else {}
         iv.tail = list(st.tail)[-30:]
@@ -147,14 +137,14 @@ def _check_instance(iv: InstanceVerify, st: InstanceState, pb: Playbook, deploy_
     if pb.verify.require_ready and not iv.ready and iv.exited is None:
         iv.problems.append("no ready line in this launch's log")
     dump = None
-    for ln in reversed(lines.get(DUMP_ANCHOR, [])):
-        dump = parse_server_args_dump(ln.message)
+    for ln in reversed(lines.get(engine().dump_anchor, [])):
+        dump = engine().parse_server_args_dump(ln.message)
         if dump is not None:
             break
     version = iv.version or ""
-    res = resolve_worker(version, rec.flags, rec.env) if is_known(version) else None
+    res = engine().resolve_worker(version, rec.flags, rec.env) if engine().is_known(version) else None
     if dump is None and iv.exited is None:
-        iv.problems.append(f"no {DUMP_ANCHOR} dump in this launch's log")
+        iv.problems.append(f"no {engine().dump_anchor} dump in this launch's log")
     if dump is not None and res is not None:
         wrong = _dump_mismatches(dump, res.resolved_args, rec.flags)
         if wrong:
@@ -173,7 +163,7 @@ def _check_instance(iv: InstanceVerify, st: InstanceState, pb: Playbook, deploy_
         iv.worker = {"class": res.worker_class, "file": res.worker_file,
                      "disable_overlap_schedule": res.disable_overlap_schedule, "reason": res.reason,
                      "spec_v2_env": res.spec_v2_env}
-    exp = expected_ranks(version, args) if is_known(version) else [{}]
+    exp = engine().expected_ranks(version, args) if engine().is_known(version) else [{}]
     for ranks in exp:
         iv.ranks.append(RankCheck(ranks, {m: any(ln.ranks == ranks for ln in lines.get(m, [])) for m in markers}))
     for f in pb.verify.forbidden:
@@ -288,11 +278,9 @@ def _explain(iv: InstanceVerify, rec_env: dict[str, str], check: WorkerCheck | N
         iv.explanation.append(f"no speculative worker runs with this launch's flags: {w.get('reason', '')}")
         return
     iv.explanation.append(f"the server ran {w['class']} from {w['file']}: {w['reason']}")
-    env_name = sg_releases.SPEC_V2_ENV
-    rel = sg_releases.RELEASES.get(iv.version or "")
-    env_default_off = rel is not None and rel.rules.spec_v2_default is False
-    if w.get("disable_overlap_schedule") and env_default_off and env_name not in rec_env:
-        iv.explanation.append(f"disable_overlap_schedule=True because {env_name} was not in the launch env")
+    cause = engine().overlap_cause(iv.version or "", bool(w.get("disable_overlap_schedule")), rec_env)
+    if cause:
+        iv.explanation.append(cause)
     dos_log = iv.args.get("disable_overlap_schedule")
     if dos_log is not None and w.get("disable_overlap_schedule") is not None and dos_log != w["disable_overlap_schedule"]:
         iv.explanation.append(f"note: the log's dump says disable_overlap_schedule={dos_log}, fleetctl's "
@@ -317,7 +305,7 @@ def _explain(iv: InstanceVerify, rec_env: dict[str, str], check: WorkerCheck | N
 def verify_host(conn: HostConnection, pb: Playbook, plan: list[Instance]) -> list[InstanceVerify]:
     h = conn.host
     wanted = [i.name for i in plan]
-    patterns = list(dict.fromkeys([*pb.verify.markers, *pb.verify.forbidden, READY_LINE, DUMP_ANCHOR]))
+    patterns = list(dict.fromkeys([*pb.verify.markers, *pb.verify.forbidden, engine().ready_line, engine().dump_anchor]))
     got: ServerGrepAnswer = conn.agent(names.SERVER_GREP, {
         "state_dir": h.state_dir, "instances": wanted, "patterns": patterns, "max_per_pattern": 512})
     out = []
