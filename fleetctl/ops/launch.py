@@ -28,8 +28,6 @@ from fleetctl.protocol.answers import (
     StopResult,
 )
 from fleetctl.protocol.schema import to_json
-from fleetctl.sglang import READY_LINE, is_known, resolve_worker, worker_files
-from fleetctl.sglang.processes import LOG_STAMP_FMT, LOG_STAMP_RE, log_visibility_problems
 from fleetctl.transport.ssh import HostConnection, RemoteError
 
 TAIL = 30
@@ -158,7 +156,7 @@ def http_get(conn: HostConnection, port: int, path: str, timeout: float = 10.0) 
 def hash_set(pb: Playbook | None, version: str) -> list[str]:
     """Files whose bytes at launch are recorded: the playbook's files + every EAGLE worker file."""
     rels = [f.path for f in (pb.files_for(version) or [])] if pb else []
-    for rel in worker_files(version).values():
+    for rel in engine().worker_files(version).values():
         if rel not in rels:
             rels.append(rel)
     return rels
@@ -187,7 +185,7 @@ def launch_host(conn: HostConnection, pb: Playbook, plan: list[Instance], *, lau
     res.version = v
     if not facts.sglang_found or not v:
         return _refuse(res, facts.sglang_error or "SGLang not found by the launch's python", "failed")
-    if not is_known(v):
+    if not engine().is_known(v):
         return _refuse(res, f"SGLang {v} is not a release fleetctl knows; it will not guess how it starts")
     resolutions = {}
     problems: dict[str, list[str]] = {i.name: [] for i in plan}
@@ -198,7 +196,7 @@ def launch_host(conn: HostConnection, pb: Playbook, plan: list[Instance], *, lau
     # a flag neither this release knows nor the installed server_args.py registers: argparse would
     # refuse it (typically the payload's flag on a host where the patch is not deployed)
     registered = facts.registered_flags or {}
-    unregistered = sorted({f for inst in plan for f in resolve_worker(v, inst.flags, inst.effective_env).unknown_flags
+    unregistered = sorted({f for inst in plan for f in engine().resolve_worker(v, inst.flags, inst.effective_env).unknown_flags
                            if registered.get(f) is False})
     if unregistered and drop_unknown_flags:
         profile = pb.launch.model_copy(update={"flags": {k: x for k, x in pb.launch.flags.items()
@@ -213,11 +211,11 @@ def launch_host(conn: HostConnection, pb: Playbook, plan: list[Instance], *, lau
                             f"(its {engine().args_file} does not register it): deploy the playbook first, or pass "
                             f"--drop-unknown-flags to launch the installed code without it")
     for inst in plan:
-        r = resolve_worker(v, inst.flags, inst.effective_env)
+        r = engine().resolve_worker(v, inst.flags, inst.effective_env)
         resolutions[inst.name] = r
         if r.startup_error:
             problems[inst.name].append(f"SGLang {v} would refuse to start: {r.startup_error}")
-        problems[inst.name] += log_visibility_problems(r.resolved_args, inst.effective_env)
+        problems[inst.name] += engine().log_visibility_problems(r.resolved_args, inst.effective_env)
         if pb.files_for(v) is not None and not r.startup_error and not allow_uncovered:
             cov = coverage(v, inst.flags, inst.effective_env, pb)
             if cov.refused:  # the origin mistake: the worker that will run is not the one patched
@@ -294,8 +292,8 @@ def launch_host(conn: HostConnection, pb: Playbook, plan: list[Instance], *, lau
     if started:
         waited: ServerWaitAnswer = conn.agent(names.SERVER_WAIT, {
             "state_dir": h.state_dir, "instances": started, "launch_ids": dict.fromkeys(started, launch_id),
-            "ready_line": READY_LINE, "forbidden": list(pb.verify.forbidden), "timeout": timeout, "tail": TAIL,
-            "stamp_re": LOG_STAMP_RE, "stamp_fmt": LOG_STAMP_FMT,
+            "ready_line": engine().ready_line, "forbidden": list(pb.verify.forbidden), "timeout": timeout, "tail": TAIL,
+            "stamp_re": engine().log_stamp_re, "stamp_fmt": engine().log_stamp_fmt,
         }, timeout=timeout + 60)
         t = res.mark("wait ready", t)
         to_stop = []
