@@ -17,13 +17,11 @@ from typing import Any
 
 from fleetctl.config.inventory import Host
 from fleetctl.config.playbook import Playbook
+from fleetctl.engine import engine
 from fleetctl.facts import HASH_FILES, HostFacts, read_facts
 from fleetctl.fleet import Fleet
 from fleetctl.protocol import names
 from fleetctl.protocol.answers import InstanceState
-from fleetctl.sglang import is_known, resolve_worker, worker_files
-from fleetctl.sglang.processes import ROUTING_ENV_PREFIXES, match_rules, server_flags
-from fleetctl.sglang.releases import KNOWN_VERSIONS
 from fleetctl.transport.ssh import HostConnection
 
 
@@ -71,16 +69,16 @@ class HostServers:
 def files_to_check(playbook: Playbook | None = None, extra: list[str] | None = None) -> list[str]:
     """The package files whose change means a running server runs old code: every worker file
     fleetctl knows, server_args.py, what the playbook patches, and `extra`."""
-    rels = {rel for v in KNOWN_VERSIONS for rel in worker_files(v).values()} | set(HASH_FILES) | set(extra or [])
+    rels = {rel for v in engine().known_versions() for rel in engine().worker_files(v).values()} | set(HASH_FILES) | set(extra or [])
     if playbook is not None:
         rels |= {f.path for files in playbook.versions.values() for f in files}
     return sorted(rels)
 
 
 def _explain(version: str | None, flags: dict[str, Any], env: dict[str, str] | None) -> dict[str, Any]:
-    if not version or not is_known(version):
+    if not version or not engine().is_known(version):
         return {"class": None, "reason": f"SGLang {version or '?'}: not in fleetctl's table"}
-    r = resolve_worker(version, flags, env or {})
+    r = engine().resolve_worker(version, flags, env or {})
     if r.startup_error:
         return {"class": None, "reason": f"this command line would not start: {r.startup_error}"}
     note = "" if env is not None else " (its environment is not readable: routing assumes none)"
@@ -91,7 +89,7 @@ def discover_request(launch_command: str | None, playbook: Playbook | None = Non
                      files: list[str] | None = None) -> dict[str, Any]:
     """What to add to a facts call's payload (with the "servers" and "discover" hooks) to learn a
     host's servers."""
-    return {"discover": match_rules(launch_command), "discover_env": list(ROUTING_ENV_PREFIXES),
+    return {"discover": engine().match_rules(launch_command), "discover_env": list(engine().routing_env_prefixes),
             "discover_files": files_to_check(playbook, files)}
 
 
@@ -105,7 +103,7 @@ def servers_from_facts(host: str, f: HostFacts, request: dict[str, Any]) -> Host
     found = f.discover
     res.truncated = bool(found and found.truncated)
     for p in (found.processes if found else []):
-        flags = server_flags(p.argv, request["discover"]["modules"])
+        flags = engine().server_flags(p.argv, request["discover"]["modules"])
         sp = ServerProcess(host, p.pid, p.started, list(p.argv), list(p.ports or []), p.stdout or p.stderr, p.cwd,
                            p.env, p.instance, f.sglang_version, p.package_dir, list(p.changed_files))
         rec_state = recs.get(sp.pid)
