@@ -16,16 +16,14 @@ from typing import Any
 
 from fleetctl.config.inventory import FLAG_RE, Host
 from fleetctl.config.playbook import LaunchProfile
+from fleetctl.engine import engine
 from fleetctl.errors import InputError
 from fleetctl.launchspec import LaunchSpec, launch_spec
-from fleetctl.sglang import releases as sg_releases
 
-# The tensor-parallel flag, every spelling SGLang accepts (from the SGLang knowledge module).
-_TP = next(f for f in sg_releases.FLAGS if f.dest == "tp_size")
-TP_FLAG = _TP.options[0]
-TP_SPELLINGS = frozenset(_TP.options) | frozenset(
-    k for table in (sg_releases.ABBREV_0543, sg_releases.ABBREV_057) for k, v in table.items() if v == TP_FLAG)
-PORT_FLAG = sg_releases.PORT_FLAG
+# The tensor-parallel flag, every spelling the engine accepts, and its port flag (fleetctl/engine.py).
+TP_FLAG = engine().tp_flag
+TP_SPELLINGS = engine().tp_spellings
+PORT_FLAG = engine().port_flag
 
 
 
