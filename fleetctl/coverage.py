@@ -2,7 +2,7 @@
 
 The launch environment considered is exactly what `fleetctl launch` will pass: the playbook's
 launch env plus the inventory's env for the host — never the controller's own environment.
-All SGLang knowledge comes from fleetctl.sglang.
+All SGLang knowledge comes from the engine (fleetctl/engine.py).
 """
 
 from __future__ import annotations
@@ -34,9 +34,9 @@ def launch_env(host: Host, playbook: Playbook) -> dict[str, str]:
 
 
 def coverage(version: str, flags: dict[str, Any], env: dict[str, str], playbook: Playbook) -> Coverage:
-    from fleetctl.sglang import resolve_worker
+    from fleetctl.engine import engine
 
-    res = resolve_worker(version, flags, env)
+    res = engine().resolve_worker(version, flags, env)
     if not res.known:
         return Coverage(None, None, None, None,
                         f"SGLang {version} is an unknown version: fleetctl cannot tell which worker runs",
