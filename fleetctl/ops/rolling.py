@@ -73,11 +73,9 @@ def original_code_playbook(pb: Playbook, version: str | None) -> Playbook:
     flags): what a restart on the original code must pass."""
     from fleetctl import wheels
     from fleetctl.remote.agent import flag_registered
-    from fleetctl.sglang import resolve_worker
-
     if not version:
         return pb
-    res = resolve_worker(version, dict(pb.launch.flags), {})
+    res = engine().resolve_worker(version, dict(pb.launch.flags), {})
     text = wheels.pristine_bytes(version, engine().args_file).decode("utf-8", "replace")
     unknown = {f for f in res.unknown_flags if not flag_registered(text, f)}
     if not unknown:
