@@ -567,7 +567,6 @@ def register(app: typer.Typer) -> None:
             from fleetctl.coverage import coverage, host_coverage, instances, launch_env, launch_flags
             from fleetctl.ops.deploy import gather
             from fleetctl.ops.verify import never_fires
-            from fleetctl.sglang import is_known, resolve_worker
             gathered = _tick_run(ctx, "facts", lambda: gather(ctx.fleet, pb))
             rows: list[dict[str, Any]] = []
             for h in ctx.fleet.hosts:
@@ -595,8 +594,9 @@ def register(app: typer.Typer) -> None:
                     for inst in instances(h, pb):
                         # the env the launch's python sees (an `env` prefix in the command included)
                         ic = coverage(f.sglang_version, dict(inst.flags), dict(inst.effective_env), pb)
-                        args = (resolve_worker(f.sglang_version, dict(inst.flags), dict(inst.effective_env)).resolved_args
-                                if is_known(f.sglang_version) else {})
+                        args = (engine().resolve_worker(f.sglang_version, dict(inst.flags),
+                                                        dict(inst.effective_env)).resolved_args
+                                if engine().is_known(f.sglang_version) else {})
                         row["instances"].append({"instance": inst.name, "gpus": list(inst.gpus), "port": inst.port,
                                                  "worker_class": ic.worker_class, "worker_file": ic.worker_file,
                                                  "disable_overlap_schedule": ic.disable_overlap_schedule,
