@@ -95,6 +95,29 @@ def test_no_engine_literal_outside_the_engine_package() -> None:
     assert not set(ALLOWED) - used, f"stale allow-list entries: {sorted(set(ALLOWED) - used)}"
 
 
+def engine_imports(source: str) -> list[int]:
+    """Lines that import the engine package directly (instead of asking fleetctl.engine)."""
+    out = []
+    for n in ast.walk(ast.parse(source)):
+        if isinstance(n, ast.ImportFrom) and n.module and (
+                n.module == "fleetctl.sglang" or n.module.startswith("fleetctl.sglang.")
+                or (n.module == "fleetctl" and any(a.name == "sglang" for a in n.names))):
+            out.append(n.lineno)
+        elif isinstance(n, ast.Import) and any(a.name.startswith("fleetctl.sglang") for a in n.names):
+            out.append(n.lineno)
+    return out
+
+
+def test_only_the_engine_interface_imports_the_engine_package() -> None:
+    bad = [f"fleetctl/{p.relative_to(ROOT).as_posix()}:{line}"
+           for p in _scanned() if p.relative_to(ROOT).as_posix() != "engine.py"
+           for line in engine_imports(p.read_text(encoding="utf-8"))]
+    assert not bad, "import fleetctl.sglang here: go through fleetctl.engine.engine() instead:\n" + "\n".join(bad)
+    assert engine_imports("from fleetctl.sglang import releases as R\nimport fleetctl.sglang.logs\n"
+                          "from fleetctl import sglang\n") == [1, 2, 3]
+    assert engine_imports("from fleetctl.engine import engine\nfrom fleetctl import wheels\n") == []
+
+
 def test_the_scan_catches_each_kind_of_literal() -> None:
     logs = _log_literals()
     assert any("fired up" in s for s in logs)  # the ready line is among the log literals
