@@ -159,13 +159,15 @@ def test_one_agent_process_serves_every_call_of_a_command(sandbox: Sandbox) -> N
     import time
 
     from fleetctl.config.inventory import load_inventory
+    from fleetctl.engine import engine
     from fleetctl.transport.ssh import HostConnection, RemoteError
 
     inv = load_inventory(sandbox.inventory_path)
     (host,) = inv.select("h01")
     with HostConnection(host, inv) as conn:
         first = conn.agent("ping").pid
-        assert conn.agent("facts", {"gpus": False}).sglang.found
+        assert conn.agent("facts", {"gpus": False, "engine": engine().agent_facts()}).package.found
+        assert not conn.agent("facts", {"gpus": False}).package.found  # the agent knows no engine by itself
         assert conn.agent("ping").pid == first
         os.kill(first, signal.SIGKILL)  # a sandbox host is this machine, and we started that agent
         chan = conn._agent_chan

@@ -447,8 +447,11 @@ def action_facts(p):
         "python": {"executable": sys.executable, "version": sys.version.split()[0]},
         "user": _user(),
     }
-    sg = locate_package(p["engine"], p.get("package_dir"), p.get("launch"), p.get("bytecode_files") or [],
-                        p.get("strict_package_dir", True))
+    if p.get("engine"):
+        sg = locate_package(p["engine"], p.get("package_dir"), p.get("launch"), p.get("bytecode_files") or [],
+                            p.get("strict_package_dir", True))
+    else:  # the controller always sends its engine; a bare request gets host facts only
+        sg = {"found": False, "error": "the request names no engine"}
     res["package"] = sg
     res["torch"] = torch_version()
     files = {}
