@@ -48,10 +48,10 @@ class HostFacts:
     python: str
     python_version: str
     user: str
-    sglang_found: bool
-    sglang_version: str | None
-    sglang_dir: str | None
-    sglang_install: str | None
+    package_found: bool
+    package_version: str | None
+    package_dir: str | None
+    package_install: str | None
     torch: TorchCheck
     files: dict[str, FileFact]
     gpus: list[Gpu] | None
@@ -61,13 +61,22 @@ class HostFacts:
     servers: ServersFacts | None = None  # asked with with_=["servers"]
     discover: DiscoverFacts | None = None  # asked with with_=["discover"]: server processes from /proc
     registered_flags: dict[str, bool] | None = None  # asked with payload check_flags
-    # how the LAUNCH's python (not the agent's) imports sglang: see fleetctl/launchspec.py
+    # how the LAUNCH's python (not the agent's) imports the engine's package: see fleetctl/launchspec.py
     launch_python: str | None = None
     launch_python_version: str | None = None
-    sglang_error: str | None = None
-    sglang_notes: list[str] = field(default_factory=list)
+    package_error: str | None = None
+    package_notes: list[str] = field(default_factory=list)
     bytecode: dict[str, ImportView] = field(default_factory=dict)  # rel -> what import would load
     pycache_prefix: str | None = None
+
+    # merge aid for branches written before the engine cut (issue 12.1): the old field names, read-only.
+    # Remove once they are merged.
+    sglang_found = property(lambda self: self.package_found)
+    sglang_version = property(lambda self: self.package_version)
+    sglang_dir = property(lambda self: self.package_dir)
+    sglang_install = property(lambda self: self.package_install)
+    sglang_error = property(lambda self: self.package_error)
+    sglang_notes = property(lambda self: self.package_notes)
 
     def deploys(self) -> list[Manifest]:
         return self.state.deploys if self.state else []
@@ -90,9 +99,9 @@ class HostFacts:
             "os": self.os,
             "python": {"executable": self.python, "version": self.python_version},
             "user": self.user,
-            "sglang": {"found": self.sglang_found, "version": self.sglang_version,
-                       "dir": self.sglang_dir, "install": self.sglang_install, "error": self.sglang_error,
-                       "notes": self.sglang_notes},
+            "sglang": {"found": self.package_found, "version": self.package_version,
+                       "dir": self.package_dir, "install": self.package_install, "error": self.package_error,
+                       "notes": self.package_notes},
             "launch_python": {"executable": self.launch_python, "version": self.launch_python_version,
                               "pycache_prefix": self.pycache_prefix},
             "bytecode": {p: b.to_json() for p, b in self.bytecode.items() if bytecode_problem(p, b)},
@@ -164,10 +173,10 @@ def parse_facts(host: str, raw: FactsAnswer) -> HostFacts:
         python=raw.python.executable,
         python_version=raw.python.version,
         user=raw.user,
-        sglang_found=sg.found,
-        sglang_version=sg.version,
-        sglang_dir=sg.dir,
-        sglang_install=sg.install,
+        package_found=sg.found,
+        package_version=sg.version,
+        package_dir=sg.dir,
+        package_install=sg.install,
         torch=check_torch(raw.torch, sg.torch_requires),
         files=raw.files,
         gpus=gpus,
@@ -179,8 +188,8 @@ def parse_facts(host: str, raw: FactsAnswer) -> HostFacts:
         registered_flags=raw.registered_flags,
         launch_python=sg.launch.executable if sg.launch else None,
         launch_python_version=sg.launch.version if sg.launch else None,
-        sglang_error=sg.error,
-        sglang_notes=list(sg.notes),
+        package_error=sg.error,
+        package_notes=list(sg.notes),
         bytecode=dict(sg.bytecode),
         pycache_prefix=sg.launch.pycache_prefix if sg.launch else None,
     )
