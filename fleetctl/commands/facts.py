@@ -58,11 +58,11 @@ def _files_cell(f: HostFacts, all_files: bool) -> Text:
 
 def _facts_lines(f: HostFacts, all_files: bool) -> tuple[tuple[str, Text], ...]:
     """(label, value) lines of one host's facts: a block an 80-column terminal shows whole."""
-    sg = (Text.assemble(safe(f"{f.sglang_version or '?'} ({f.sglang_install}) in "), safe(f.sglang_dir))
-          if f.sglang_found else Text.assemble(styled("not found", "red"), " by the launch's python"))
-    if not f.sglang_found and f.sglang_error:
-        sg.append_text(Text.assemble(": ", safe(f.sglang_error)))
-    notes = [*f.sglang_notes, *[p for p in map(f.bytecode_problem, f.bytecode) if p]]
+    sg = (Text.assemble(safe(f"{f.package_version or '?'} ({f.package_install}) in "), safe(f.package_dir))
+          if f.package_found else Text.assemble(styled("not found", "red"), " by the launch's python"))
+    if not f.package_found and f.package_error:
+        sg.append_text(Text.assemble(": ", safe(f.package_error)))
+    notes = [*f.package_notes, *[p for p in map(f.bytecode_problem, f.bytecode) if p]]
     tc = f.torch
     torch = (styled("missing", "red") if tc.installed is None else
              Text.assemble(safe(tc.installed), " ",
