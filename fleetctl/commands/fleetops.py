@@ -447,7 +447,7 @@ def register(app: typer.Typer) -> None:
                 for r in rows:
                     f = gathered.facts.get(r["host"])
                     cov = host_coverage(by_name[r["host"]], f, pb) if f else None
-                    if cov is not None and cov.refused and pb.files_for(f.sglang_version or "") is not None:
+                    if cov is not None and cov.refused and pb.files_for(f.package_version or "") is not None:
                         r["problems"].append(f"uncovered: {cov.refused}")
             for r in rows:
                 r["servers"] = [s for s in servers if s["host"] == r["host"]]
@@ -579,24 +579,24 @@ def register(app: typer.Typer) -> None:
                 cov = host_coverage(h, f, pb)
                 env = launch_env(h, pb)
                 row: dict[str, Any] = {
-                    "host": h.name, "status": "ok", "version": f.sglang_version,
+                    "host": h.name, "status": "ok", "version": f.package_version,
                     **engine().shown_env(env),
                     "flags": engine().shown_flags(launch_flags(h, pb)),
                     "worker_class": cov.worker_class if cov else None,
                     "worker_file": cov.worker_file if cov else None,
                     "disable_overlap_schedule": cov.disable_overlap_schedule if cov else None,
                     "covered": cov.covered if cov else None,
-                    "reason": cov.reason if cov else (f.sglang_error or "SGLang not found by the launch's python"),
-                    "refused": cov.refused if cov else (f.sglang_error or "SGLang not found by the launch's python"),
+                    "reason": cov.reason if cov else (f.package_error or "SGLang not found by the launch's python"),
+                    "refused": cov.refused if cov else (f.package_error or "SGLang not found by the launch's python"),
                 }
-                if f.sglang_version:
+                if f.package_version:
                     row["instances"] = []
                     for inst in instances(h, pb):
                         # the env the launch's python sees (an `env` prefix in the command included)
-                        ic = coverage(f.sglang_version, dict(inst.flags), dict(inst.effective_env), pb)
-                        args = (engine().resolve_worker(f.sglang_version, dict(inst.flags),
+                        ic = coverage(f.package_version, dict(inst.flags), dict(inst.effective_env), pb)
+                        args = (engine().resolve_worker(f.package_version, dict(inst.flags),
                                                         dict(inst.effective_env)).resolved_args
-                                if engine().is_known(f.sglang_version) else {})
+                                if engine().is_known(f.package_version) else {})
                         row["instances"].append({"instance": inst.name, "gpus": list(inst.gpus), "port": inst.port,
                                                  "worker_class": ic.worker_class, "worker_file": ic.worker_file,
                                                  "disable_overlap_schedule": ic.disable_overlap_schedule,
@@ -605,17 +605,17 @@ def register(app: typer.Typer) -> None:
                 # the code import would load for the worker file, not only its source (bytecode)
                 bc = f.bytecode_problem(cov.worker_file) if cov and cov.worker_file else None
                 row["bytecode"] = bc
-                row["notes"] = list(f.sglang_notes)
+                row["notes"] = list(f.package_notes)
                 if bc and f.bytecode_loader(cov.worker_file or "") != "source":
                     row["refused"] = row["refused"] or bc
                 elif bc:
                     row["notes"].append(f"{bc}: deploy removes it when it patches the file")
-                for pf in pb.files_for(f.sglang_version or "") or []:
+                for pf in pb.files_for(f.package_version or "") or []:
                     other = f.bytecode_problem(pf.path) if pf.path != (cov.worker_file if cov else None) else None
                     if other:
                         row["notes"].append(other)
-                if f.sglang_version and pb.files_for(f.sglang_version) is None:
-                    row["refused"] = (f"SGLang {f.sglang_version} has no patch set in {pb.path.name}; "
+                if f.package_version and pb.files_for(f.package_version) is None:
+                    row["refused"] = (f"SGLang {f.package_version} has no patch set in {pb.path.name}; "
                                       f"supported: {', '.join(pb.supported())}")
                 rows.append(row)
             bad = [r for r in rows if r["status"] != "ok" or r.get("refused")]
@@ -758,13 +758,13 @@ def status_rows(ctx: RunContext, gathered: Any, plan: Plan | None) -> list[dict[
         gone = hoststate.gone(f)
         problems += [hoststate.gone_msg(m) + "; 'fleetctl rollback' closes its record, 'fleetctl deploy' "
                      "patches again" for m in gone]
-        pristine, why_not = hoststate.release_pristine(f.sglang_version)
+        pristine, why_not = hoststate.release_pristine(f.package_version)
         if pristine is None:
             notes.append(f"not checked against pristine sglang: {why_not}")
         else:
             loose = hoststate.unrecorded(f, pristine)
             if loose:
-                problems.append(hoststate.unrecorded_msg(h.name, f.sglang_version, loose))
+                problems.append(hoststate.unrecorded_msg(h.name, f.package_version, loose))
         complete = hoststate.on_disk(f)
         last = complete[-1] if complete else None
         files_desc = ""
@@ -779,7 +779,7 @@ def status_rows(ctx: RunContext, gathered: Any, plan: Plan | None) -> list[dict[
             states = set(counts)
             if {"pristine", "as-intended"} <= states and not interrupted:
                 problems.append("mixed: some files patched, some original")
-        rows.append({"host": h.name, "status": "ok", "version": f.sglang_version,
+        rows.append({"host": h.name, "status": "ok", "version": f.package_version,
                      "last_deploy": last.id if last else None, "files": files_desc, "problems": problems,
                      "notes": notes, "gone": [m.id for m in gone],
                      "deploys": [{"id": m.id, "state": m.state} for m in deploys]})
