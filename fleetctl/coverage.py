@@ -62,9 +62,9 @@ def coverage(version: str, flags: dict[str, Any], env: dict[str, str], playbook:
 
 
 def host_coverage(host: Host, facts: HostFacts, playbook: Playbook) -> Coverage | None:
-    if not facts.sglang_version:
+    if not facts.package_version:
         return None
-    cov = coverage(facts.sglang_version, launch_flags(host, playbook), launch_env(host, playbook), playbook)
+    cov = coverage(facts.package_version, launch_flags(host, playbook), launch_env(host, playbook), playbook)
     # the code import loads for the worker must come from the source fleetctl patches: a compiled
     # extension module or sourceless bytecode in its place is never patched (a stale cached pyc is:
     # deploy removes it with the file)
