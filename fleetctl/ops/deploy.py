@@ -79,7 +79,7 @@ def build_plan(fleet: Fleet, playbook: Playbook, gathered: Gathered, *, force: b
             hosts.append(HostPlan(h.name, "unreachable" if o.status == "unreachable" else "failed", o.message))
             continue
         f = gathered.facts[h.name]
-        v = f.sglang_version
+        v = f.package_version
         if v is not None and v not in intended:
             try:
                 it = intended_for(playbook, v)
