@@ -105,11 +105,11 @@ def servers_from_facts(host: str, f: HostFacts, request: dict[str, Any]) -> Host
     for p in (found.processes if found else []):
         flags = engine().server_flags(p.argv, request["discover"]["modules"])
         sp = ServerProcess(host, p.pid, p.started, list(p.argv), list(p.ports or []), p.stdout or p.stderr, p.cwd,
-                           p.env, p.instance, f.sglang_version, p.package_dir, list(p.changed_files))
+                           p.env, p.instance, f.package_version, p.package_dir, list(p.changed_files))
         rec_state = recs.get(sp.pid)
         if rec_state is not None:  # fleetctl's own: its hash record is exact
             sp.changed_files = list(rec_state.changed_files)
-        sp.worker = _explain(f.sglang_version, flags, p.env)
+        sp.worker = _explain(f.package_version, flags, p.env)
         res.processes.append(sp)
     seen = {sp.pid for sp in res.processes}
     for pid, s in recs.items():  # launched by fleetctl through a command line the rules do not match
