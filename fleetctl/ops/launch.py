@@ -181,10 +181,10 @@ def launch_host(conn: HostConnection, pb: Playbook, plan: list[Instance], *, lau
     facts = read_facts(conn, gpus=True, with_=[names.WITH_STATE, names.WITH_SERVERS], profile=pb.launch,
                        payload={"server_ports": ports, "check_flags": flag_names})
     t = res.mark("facts", t)
-    v = facts.sglang_version
+    v = facts.package_version
     res.version = v
-    if not facts.sglang_found or not v:
-        return _refuse(res, facts.sglang_error or "SGLang not found by the launch's python", "failed")
+    if not facts.package_found or not v:
+        return _refuse(res, facts.package_error or "SGLang not found by the launch's python", "failed")
     if not engine().is_known(v):
         return _refuse(res, f"SGLang {v} is not a release fleetctl knows; it will not guess how it starts")
     resolutions = {}
@@ -273,7 +273,7 @@ def launch_host(conn: HostConnection, pb: Playbook, plan: list[Instance], *, lau
             "public_argv": inst.public_argv, "env": inst.env,
             # recorded as the launch's env: what its python sees (verify-logs routes the worker with it)
             "public_env": inst.launch.public_effective_env if inst.launch else inst.public_env,
-            "inherit_env": list(INHERIT_FROM_HOST), "package_dir": facts.sglang_dir, "hash_files": hashes,
+            "inherit_env": list(INHERIT_FROM_HOST), "package_dir": facts.package_dir, "hash_files": hashes,
             "extra": {"version": v, "port": inst.port, "gpus": list(inst.gpus), "flags": _public_flags(inst),
                       "playbook": pb.name, "by": who(), "host": h.name, "worker": it.worker,
                       "ready_timeout": timeout,
