@@ -51,7 +51,7 @@ def plan_rollback(fleet: Fleet, gathered: Gathered, to: str | None, force: bool,
         rp.expect_live = [m.id for m in hoststate.live(facts)]
         rp.interrupted = [m.id for m in hoststate.interrupted(facts)]
         gone = hoststate.gone(facts)
-        pristine, why_not = hoststate.release_pristine(facts.sglang_version)
+        pristine, why_not = hoststate.release_pristine(facts.package_version)
         loose = hoststate.unrecorded(facts, pristine) if pristine is not None else []
         if from_pristine:
             _plan_from_pristine(rp, h.name, facts, loose, pristine, why_not, playbook)
@@ -59,7 +59,7 @@ def plan_rollback(fleet: Fleet, gathered: Gathered, to: str | None, force: bool,
             continue
         if loose:
             rp.status = "refused"
-            rp.reason = hoststate.unrecorded_msg(h.name, facts.sglang_version, loose)
+            rp.reason = hoststate.unrecorded_msg(h.name, facts.package_version, loose)
             plans.append(rp)
             continue
         live = hoststate.live(facts)
@@ -128,17 +128,17 @@ def _plan_from_pristine(rp: RollbackPlan, host: str, facts: HostFacts, loose: li
     them with no record (a deploy whose state dir is gone); recorded deploys are left to a plain rollback."""
     if pristine is None:
         rp.status = "refused"
-        rp.reason = f"{host}: no pristine bytes for sglang {facts.sglang_version}: {why_not}"
+        rp.reason = f"{host}: no pristine bytes for sglang {facts.package_version}: {why_not}"
         return
-    rp.pristine_version = facts.sglang_version
-    rp.package_dir = facts.sglang_dir
-    stated = {f.path: f.sha256 for f in (playbook.files_for(facts.sglang_version or "") or [])} if playbook else {}
+    rp.pristine_version = facts.package_version
+    rp.package_dir = facts.package_dir
+    stated = {f.path: f.sha256 for f in (playbook.files_for(facts.package_version or "") or [])} if playbook else {}
     for rel in loose:
         ff = facts.files[rel]
         rp.files.append({"path": rel, "deploy": None, "state": "no-record", "action": "restore-pristine",
                          "sha_now": ff.sha256, "sha_before": pristine[rel], "sha_stated": stated.get(rel)})
     rp.status = "change" if loose else "noop"
-    rp.reason = (f"{len(loose)} file(s) without a record will get sglang {facts.sglang_version}'s pristine bytes"
+    rp.reason = (f"{len(loose)} file(s) without a record will get sglang {facts.package_version}'s pristine bytes"
                  if loose else "no file differs from pristine without a record")
 
 
