@@ -121,12 +121,12 @@ def effective_hashes(facts: HostFacts) -> dict[str, str | None]:
 
 def plan_host(host: Host, facts: HostFacts, playbook: Playbook, intended: dict[str, Intended] | None,
               *, force: bool, coverage: Coverage | None = None, allow_uncovered: bool = False) -> HostPlan:
-    if not facts.sglang_found:
+    if not facts.package_found:
         return HostPlan(host.name, "failed", f"{host.name}: " + (
-            facts.sglang_error or f"sglang is not importable by the launch's python {facts.launch_python or facts.python}"),
+            facts.package_error or f"sglang is not importable by the launch's python {facts.launch_python or facts.python}"),
                         coverage=coverage)
-    v = facts.sglang_version
-    hp = HostPlan(host.name, "noop", version=v, package_dir=facts.sglang_dir, coverage=coverage)
+    v = facts.package_version
+    hp = HostPlan(host.name, "noop", version=v, package_dir=facts.package_dir, coverage=coverage)
     if v is None or intended is None:
         hp.status = "refused"
         hp.reason = (f"{host.name}: SGLang {v or '(unknown version)'} has no patch set in {playbook.path.name}; "
