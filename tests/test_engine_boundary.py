@@ -148,3 +148,15 @@ def test_the_engine_implements_the_interface() -> None:
     assert e.agent_facts()["package"] == e.package
     # the user-facing names allowed above are the engine's own
     assert ("config/inventory.py", e.dir_key) in ALLOWED and ("facts.py", e.package) in ALLOWED
+
+
+def test_typed_facts_and_answers_name_the_package_not_the_engine() -> None:
+    import dataclasses
+
+    from fleetctl.facts import HostFacts
+    from fleetctl.protocol import answers
+
+    types = [HostFacts, *(t for t in vars(answers).values() if dataclasses.is_dataclass(t) and isinstance(t, type))]
+    bad = [f"{t.__name__}.{f.name}" for t in types for f in dataclasses.fields(t) if "sglang" in f.name.lower()]
+    bad += [t.__name__ for t in types if "sglang" in t.__name__.lower()]
+    assert len(types) > 10 and not bad, bad
