@@ -145,7 +145,7 @@ def new_cmd(
     from fleetctl.patching import apply_patch, make_patch
     from fleetctl.patching.authoring import playbook_snippet
 
-    sglang = validate.package_version(sglang)
+    sglang = validate.sglang_version(sglang)
     try:
         rel = check_relpath(rel)
     except ValueError as e:
@@ -184,8 +184,8 @@ def port_cmd(
 ) -> None:
     from fleetctl.patching.port import carried_note, patch_ref, port_file, write_version
 
-    src = validate.package_version(src)
-    targets = list(dict.fromkeys(validate.package_version(v) for v in dst))
+    src = validate.sglang_version(src)
+    targets = list(dict.fromkeys(validate.sglang_version(v) for v in dst))
     pb = load_playbook(playbook)
     if src not in pb.versions:
         raise InputError(f"{pb.path}: no entry for SGLang {src}", hint=f"the playbook covers {', '.join(pb.supported())}")
@@ -243,7 +243,7 @@ def import_cmd(
     from fleetctl.patching.authoring import playbook_snippet
     from fleetctl.patching.port import git_range_diff, import_diff, patch_ref
 
-    sglang = validate.package_version(sglang)
+    sglang = validate.sglang_version(sglang)
     pb = load_playbook(playbook) if playbook is not None else None
     if pb is not None and sglang in pb.versions:
         raise InputError(f"{pb.path}: the playbook already has an entry for SGLang {sglang}",
