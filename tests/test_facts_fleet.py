@@ -168,9 +168,9 @@ def test_one_agent_process_serves_every_call_of_a_command(sandbox: Sandbox) -> N
         assert conn.agent("facts", {"gpus": False}).sglang.found
         assert conn.agent("ping").pid == first
         os.kill(first, signal.SIGKILL)  # a sandbox host is this machine, and we started that agent
-        chan = conn._agent_chan
+        pipe = conn._agent_pipe
         for _ in range(100):
-            if chan is not None and (chan.eof_received or chan.closed):
+            if pipe is not None and pipe.ended():
                 break
             time.sleep(0.05)
         second = conn.agent("ping").pid

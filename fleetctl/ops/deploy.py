@@ -21,7 +21,7 @@ from fleetctl.payload import intended_for
 from fleetctl.plan import Coverage, HostPlan, Intended, Plan, plan_host
 from fleetctl.protocol import names
 from fleetctl.protocol.answers import DeployAnswer
-from fleetctl.transport.ssh import HostConnection
+from fleetctl.transport.base import Transport
 
 
 def new_op_id(prefix: str = "d") -> str:
@@ -160,7 +160,7 @@ def apply_plan(fleet: Fleet, plan: Plan, playbook: Playbook, op_id: str, *, vali
             encoded[key] = base64.b64encode(data).decode()
         return encoded[key]
 
-    def one(conn: HostConnection) -> HostApply:
+    def one(conn: Transport) -> HostApply:
         hp = todo[conn.host.name]
         it = plan.intended[hp.version or ""]
         files = []

@@ -24,7 +24,7 @@ from fleetctl.protocol.answers import InstanceState
 from fleetctl.sglang import is_known, resolve_worker, worker_files
 from fleetctl.sglang.processes import ROUTING_ENV_PREFIXES, match_rules, server_flags
 from fleetctl.sglang.releases import KNOWN_VERSIONS
-from fleetctl.transport.ssh import HostConnection
+from fleetctl.transport.base import Transport
 
 
 @dataclass
@@ -128,7 +128,7 @@ def servers_from_facts(host: str, f: HostFacts, request: dict[str, Any]) -> Host
 
 def discover_fleet(fleet: Fleet, playbook: Playbook | None = None, hosts: list[Host] | None = None,
                    files: list[str] | None = None) -> list[HostServers]:
-    def one(conn: HostConnection) -> HostServers:
+    def one(conn: Transport) -> HostServers:
         req = discover_request(conn.host.launch_command, playbook, files)
         f = read_facts(conn, gpus=False, all_hashes=False, with_=[names.WITH_SERVERS, names.WITH_DISCOVER],
                        payload=req)

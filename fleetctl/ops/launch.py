@@ -29,7 +29,7 @@ from fleetctl.protocol.answers import (
 from fleetctl.protocol.schema import to_json
 from fleetctl.sglang import READY_LINE, is_known, resolve_worker, worker_files
 from fleetctl.sglang.processes import LOG_STAMP_FMT, LOG_STAMP_RE, log_visibility_problems
-from fleetctl.transport.ssh import HostConnection, RemoteError
+from fleetctl.transport.base import RemoteError, Transport
 
 TAIL = 30
 
@@ -128,7 +128,7 @@ def _gpu_problems(facts: HostFacts, inst: Instance) -> list[str]:
     return out
 
 
-def http_get(conn: HostConnection, port: int, path: str, timeout: float = 10.0) -> tuple[int | None, bytes]:
+def http_get(conn: Transport, port: int, path: str, timeout: float = 10.0) -> tuple[int | None, bytes]:
     """GET http://127.0.0.1:port/path as seen from the host, through the SSH connection."""
     chan = conn.open_tcp(port, timeout=timeout)
     try:
@@ -163,14 +163,14 @@ def hash_set(pb: Playbook | None, version: str) -> list[str]:
     return rels
 
 
-def stop_instances(conn: HostConnection, instances: list[str] | None, timeout: float) -> ServerStopAnswer:
+def stop_instances(conn: Transport, instances: list[str] | None, timeout: float) -> ServerStopAnswer:
     res: ServerStopAnswer = conn.agent(
         names.SERVER_STOP, {"state_dir": conn.host.state_dir, "instances": instances, "timeout": timeout},
         timeout=timeout + 30 + 10 * len(instances or [1]))
     return res
 
 
-def launch_host(conn: HostConnection, pb: Playbook, plan: list[Instance], *, launch_id: str, replace: bool,
+def launch_host(conn: Transport, pb: Playbook, plan: list[Instance], *, launch_id: str, replace: bool,
                 timeout: float, drop_unknown_flags: bool = False, allow_uncovered: bool = False) -> HostLaunch:
     h = conn.host
     res = HostLaunch(h.name, "ok")

@@ -16,7 +16,7 @@ from fleetctl.ops.deploy import Gathered, who
 from fleetctl.protocol import names
 from fleetctl.protocol.answers import DeployAnswer, RollbackAnswer
 from fleetctl.protocol.schema import to_json
-from fleetctl.transport.ssh import HostConnection
+from fleetctl.transport.base import Transport
 
 
 @dataclass
@@ -163,7 +163,7 @@ def apply_rollback(fleet: Fleet, plans: list[RollbackPlan], op_id: str, force: b
                 if key not in pristine:
                     pristine[key] = wheels.verified_pristine(key[0], key[1], f.get("sha_stated"))
 
-    def one(conn: HostConnection) -> dict[str, Any]:
+    def one(conn: Transport) -> dict[str, Any]:
         p = todo[conn.host.name]
         extra: dict[str, Any] = {"break_lock": True} if conn.host.name in break_lock else {}
         extra["launch"] = host_launch_spec(conn.host, profile).to_agent()
@@ -187,7 +187,7 @@ def apply_rollback(fleet: Fleet, plans: list[RollbackPlan], op_id: str, force: b
     return results
 
 
-def _restore_pristine(conn: HostConnection, p: RollbackPlan, op_id: str, pristine: dict[tuple[str, str], bytes],
+def _restore_pristine(conn: Transport, p: RollbackPlan, op_id: str, pristine: dict[tuple[str, str], bytes],
                       extra: dict[str, Any]) -> dict[str, Any]:
     """One transaction like a deploy's (lock, backups of the bytes there now, manifest, atomic swaps,
     re-hash), whose target is the pristine bytes; its record is closed as `restored-pristine`."""

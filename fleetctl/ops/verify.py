@@ -39,7 +39,7 @@ from fleetctl.sglang import (
     resolve_worker,
 )
 from fleetctl.sglang import releases as sg_releases
-from fleetctl.transport.ssh import HostConnection, RemoteError
+from fleetctl.transport.base import RemoteError, Transport
 
 REPORT_ARGS = ("speculative_algorithm", "disable_overlap_schedule", "speculative_eagle_topk",
                "speculative_disable_batch_threshold")
@@ -314,7 +314,7 @@ def _explain(iv: InstanceVerify, rec_env: dict[str, str], check: WorkerCheck | N
                               "the patch is not in the file that runs")
 
 
-def verify_host(conn: HostConnection, pb: Playbook, plan: list[Instance]) -> list[InstanceVerify]:
+def verify_host(conn: Transport, pb: Playbook, plan: list[Instance]) -> list[InstanceVerify]:
     h = conn.host
     wanted = [i.name for i in plan]
     patterns = list(dict.fromkeys([*pb.verify.markers, *pb.verify.forbidden, READY_LINE, DUMP_ANCHOR]))
