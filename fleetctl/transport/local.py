@@ -104,8 +104,8 @@ class ProcessPipe:
                 f.close()  # type: ignore[union-attr]
             except OSError:
                 pass
-        try:
-            self.proc.wait(5)
+        try:  # an agent ends at the end of its stdin; one that does not (stopped, stuck) is killed
+            self.proc.wait(2)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(5)
