@@ -175,6 +175,12 @@ class Fleet:
                     finish(i, HostOutcome(host.name, "skipped", NOT_STARTED))
         return [results[i] for i in range(len(targets))]
 
+    def accepted_keys(self) -> list[str]:
+        """One line per host key recorded on first use (--accept-new-host-keys) by this command."""
+        with self._lock:
+            conns = list(self._conns.values())
+        return [k for c in conns for k in c.accepted_keys]
+
     def close(self) -> None:
         conns = list(self._conns.values())
         self._conns.clear()

@@ -68,7 +68,14 @@ def fleet_context(inventory: Path | None, limit: str | None, forks: int, *, json
                     f"interrupted: {len(fleet.not_started)} host(s) not started, {len(fleet.at_interrupt)} were in "
                     f"flight and finished or timed out", hint=f"'fleetctl status -i {inv.path}' shows each host's state")
         finally:
+            _report_accepted_keys(fleet)
             fleet.close()
+
+
+def _report_accepted_keys(fleet: Fleet) -> None:
+    """Keys trusted on first use are said on stderr, so the user can check them out of band."""
+    for msg in fleet.accepted_keys():
+        err.print(line(msg))
 
 
 class _CtrlC:

@@ -240,10 +240,11 @@ class HostConnection(AgentTransport):
         finally:
             self._opening = None
             self._end()
+            # recorded even if authentication then failed: the user is told either way
+            self.accepted_keys += [p.accepted for p in policies if p.accepted and p.accepted not in self.accepted_keys]
         transport = conn.client.get_transport()
         if transport is not None:
             transport.set_keepalive(15)
-        self.accepted_keys = [p.accepted for p in policies if p.accepted]
         self._conn = conn
 
     def _connect_failed(self, conn: Connection, where: str) -> None:
