@@ -307,8 +307,8 @@ def test_agent_server_actions_locally(tmp_path: Path) -> None:
         assert w["port-1"]["status"] == "ready" and w["port-1"]["running"]
         with pytest.raises(srv.AgentError, match="already running"):
             srv.action_server_start({**base, "launch_id": "l2", "argv": [sys.executable, "-c", script]})
-        st = srv.action_server_status({"state_dir": sd})
-        assert [i["running"] for i in st["instances"]] == [True]
+        st = srv.instance_state(sd, "port-1", srv.deploy_on_disk(sd))
+        assert st["running"] is True
         stopped = srv.action_server_stop({"state_dir": sd, "instances": ["port-1"], "timeout": 5})
         assert stopped[0]["action"] == "stopped" and stopped[0]["how"] == "SIGTERM"
         assert srv.current_record(sd, "port-1")["state"] == "stopped"

@@ -1,4 +1,4 @@
-"""launch, stop, verify-logs, servers: the servers and the proof from their logs (issue 5)."""
+"""launch (--check shows its plan), stop, verify-logs, servers: the servers and the proof from their logs."""
 
 from __future__ import annotations
 

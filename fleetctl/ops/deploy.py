@@ -1,4 +1,5 @@
-"""Deploy: read facts -> plan -> (render, by the caller) -> apply per host -> verify."""
+"""Deploy: gather facts -> build_plan (pure) -> (render, by the caller) -> apply_plan per host, whose
+result is re-hashed against the intended bytes (a host is "changed" only if it holds exactly them)."""
 
 from __future__ import annotations
 
@@ -48,10 +49,8 @@ def gather(fleet: Fleet, playbook: Playbook | None, *, all_hashes: bool = False)
 
 def coverage_for(host: Host, facts: HostFacts, playbook: Playbook) -> Coverage | None:
     """Which worker file the launch will run, and whether the playbook patches it (SGLang module)."""
-    try:
-        from fleetctl.coverage import host_coverage
-    except ImportError:  # the SGLang knowledge module is not wired in yet
-        return None
+    from fleetctl.coverage import host_coverage
+
     return host_coverage(host, facts, playbook)
 
 
@@ -204,8 +203,3 @@ def apply_plan(fleet: Fleet, plan: Plan, playbook: Playbook, op_id: str, *, vali
         r.elapsed = o.elapsed
         results[o.host] = r
     return results
-
-
-def require_playbook_versions(plan: Plan) -> None:
-    if not plan.hosts:
-        raise InputError("no hosts selected", hint="check --limit")
