@@ -164,3 +164,29 @@ def test_agent_errors_and_bounds_over_a_pipe(tmp_path: Path) -> None:
             with contextlib.suppress(ProcessLookupError):  # the transport may have ended it already
                 os.kill(first, signal.SIGKILL)
         assert conn.agent("ping").pid != first
+
+
+def test_launch_plan_on_a_temporary_host(tmp_path: Path, pb: Playbook) -> None:
+    """launch --check's plan (facts -> plan_launch) through the local transport: what would start,
+    and a port in use refuses the host before anything starts."""
+    import socket
+
+    from fleetctl.ops.launch import check_fleet
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    host = {**make_host(tmp_path), "flags": {"--port": port}}
+    inv = inventory(tmp_path, {"t01": host})
+    with local_fleet(inv) as fleet:
+        (lp,) = check_fleet(fleet, pb, drop_unknown_flags=True)
+        assert lp.status == "start", lp.message
+        (st,) = lp.instances
+        assert st.port == port and str(port) in st.argv and st.problems == []
+        assert st.worker["class"] and lp.stop == [] and lp.hash_files
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
+            s.listen()
+            (lp,) = check_fleet(fleet, pb, drop_unknown_flags=True)
+        assert lp.status == "refused" and f"port {port} is in use on the host" in lp.instances[0].problems
+        assert lp.to_json()["instances"][0]["problems"] == lp.instances[0].problems
