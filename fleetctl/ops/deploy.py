@@ -10,7 +10,7 @@ import socket
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from fleetctl.config.inventory import Host
 from fleetctl.config.playbook import Playbook
@@ -118,10 +118,13 @@ def _plan_stale_bytecode(hp: HostPlan, facts: HostFacts) -> None:
         hp.reason = f"stale cached bytecode of {', '.join(stale)} (import would not run the file on disk)"
 
 
+ApplyStatus = Literal["changed", "unchanged", "refused", "failed", "unreachable", "skipped"]
+
+
 @dataclass
 class HostApply:
     host: str
-    status: str  # changed | unchanged | refused | failed | unreachable
+    status: ApplyStatus
     message: str = ""
     deploy_id: str | None = None
     files: list[str] = field(default_factory=list)

@@ -13,7 +13,7 @@ Two sources, one pass (the agent's facts with the "servers" and "discover" hooks
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from fleetctl.config.inventory import Host
 from fleetctl.config.playbook import Playbook
@@ -58,7 +58,7 @@ class ServerProcess:
 @dataclass
 class HostServers:
     host: str
-    status: str
+    status: Literal["ok", "failed", "unreachable", "skipped"]
     message: str = ""
     processes: list[ServerProcess] = field(default_factory=list)
     truncated: bool = False

@@ -540,7 +540,7 @@ def launch_fleet(fleet: Fleet, pb: Playbook, *, replace: bool = False, timeout: 
 @dataclass
 class HostStop:
     host: str
-    status: str
+    status: Literal["ok", "failed", "unreachable", "skipped"]
     message: str = ""
     instances: list[StopResult] = field(default_factory=list)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import base64
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from fleetctl import hoststate, wheels
 from fleetctl.config.playbook import LaunchProfile, Playbook
@@ -18,11 +18,13 @@ from fleetctl.protocol.answers import DeployAnswer, RollbackAnswer
 from fleetctl.protocol.schema import to_json
 from fleetctl.transport.base import Transport
 
+RollbackPlanStatus = Literal["change", "noop", "refused", "unreachable", "failed", "skipped"]
+
 
 @dataclass
 class RollbackPlan:
     host: str
-    status: str  # change | noop | refused | unreachable | failed | skipped
+    status: RollbackPlanStatus
     reason: str = ""
     deploy_ids: list[str] = field(default_factory=list)  # newest first
     files: list[dict[str, Any]] = field(default_factory=list)  # path, deploy, state, action

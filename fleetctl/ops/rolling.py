@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from fleetctl.errors import InputError
 
@@ -85,11 +85,14 @@ def original_code_playbook(pb: Playbook, version: str | None) -> Playbook:
     return pb.model_copy(update={"launch": pb.launch.model_copy(update={"flags": flags})})
 
 
+RollStatus = Literal["ok", "failed", "unreachable", "refused", "rolled-back", "untouched"]
+
+
 @dataclass
 class HostRoll:
     host: str
     batch: int
-    status: str  # ok | failed | unreachable | refused | rolled-back | untouched
+    status: RollStatus
     message: str = ""
     steps: dict[str, str] = field(default_factory=dict)
 

@@ -11,7 +11,7 @@ import calendar
 import posixpath
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from fleetctl.config.playbook import Playbook
 from fleetctl.facts import bytecode_problem
@@ -93,10 +93,13 @@ class InstanceVerify:
                 "exited": self.exited, "tail": self.tail}
 
 
+VerifyStatus = Literal["ok", "failed", "unreachable", "skipped"]
+
+
 @dataclass
 class HostVerify:
     host: str
-    status: str  # ok | failed | unreachable
+    status: VerifyStatus
     message: str = ""
     instances: list[InstanceVerify] = field(default_factory=list)
     elapsed: float = 0.0
