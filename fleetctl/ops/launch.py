@@ -83,7 +83,7 @@ class HostLaunch:
                 "instances": [i.to_json() for i in self.instances]}
 
 
-def plan_fleet(fleet: Fleet, pb: Playbook) -> dict[str, list[Instance]]:
+def instances_by_host(fleet: Fleet, pb: Playbook) -> dict[str, list[Instance]]:
     """Every host's instances (InputError on a bad profile/inventory, before any connection)."""
     return {h.name: plan_instances(h, pb.launch) for h in fleet.hosts}
 
@@ -499,7 +499,7 @@ def _refuse_items(res: HostLaunch, plan: list[Instance], problems: dict[str, lis
 def check_fleet(fleet: Fleet, pb: Playbook, *, replace: bool = False, drop_unknown_flags: bool = False,
                 allow_uncovered: bool = False) -> list[LaunchPlan]:
     """`launch --check`: every host's launch plan, from its facts; nothing is started or stopped."""
-    plans = plan_fleet(fleet, pb)
+    plans = instances_by_host(fleet, pb)
     outs = fleet.run(lambda c: check_host(c, pb, plans[c.host.name], replace=replace,
                                           drop_unknown_flags=drop_unknown_flags, allow_uncovered=allow_uncovered))
     res = []

@@ -18,7 +18,7 @@ from fleetctl.facts import bytecode_problem
 from fleetctl.fleet import Fleet
 from fleetctl.instances import Instance
 from fleetctl.ops.exits import exited_line
-from fleetctl.ops.launch import http_get, plan_fleet, predates_deploy
+from fleetctl.ops.launch import http_get, instances_by_host, predates_deploy
 from fleetctl.protocol import names
 from fleetctl.protocol.answers import (
     DeployOnDisk,
@@ -370,7 +370,7 @@ def verify_host(conn: Transport, pb: Playbook, plan: list[Instance]) -> list[Ins
 
 
 def verify_fleet(fleet: Fleet, pb: Playbook) -> list[HostVerify]:
-    plans = plan_fleet(fleet, pb)
+    plans = instances_by_host(fleet, pb)
     outs = fleet.run(lambda c: verify_host(c, pb, plans[c.host.name]))
     res = []
     for o in outs:
