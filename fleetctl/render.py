@@ -16,7 +16,7 @@ from fleetctl.safetext import SafeTable, clean, line, lines_cell, safe, styled
 from fleetctl.safetext import table as _safe_table
 
 if TYPE_CHECKING:
-    from fleetctl.fleet import HostOutcome
+    from fleetctl.runner import HostOutcome
 
 STATUS_STYLE = {"ok": "green", "failed": "red", "unreachable": "red", "skipped": "yellow"}
 

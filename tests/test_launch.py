@@ -20,10 +20,10 @@ from fleetctl.config.inventory import load_inventory
 from fleetctl.config.playbook import LaunchProfile, load_playbook
 from fleetctl.errors import InputError
 from fleetctl.facts import read_facts
-from fleetctl.fleet import Fleet
 from fleetctl.instances import plan_instances
 from fleetctl.ops.launch import server_status_facts
 from fleetctl.remote import agent_servers as srv
+from fleetctl.runner import Fleet
 from fleetctl.sandbox.fleet import Sandbox
 from fleetctl.sglang import READY_LINE
 

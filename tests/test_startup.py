@@ -15,7 +15,7 @@ from fleetctl import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 
-HEAVY = ("paramiko", "fabric", "invoke", "pydantic", "rich", "yaml", "fleetctl.fleet", "fleetctl.commands.fleetops")
+HEAVY = ("paramiko", "fabric", "invoke", "pydantic", "rich", "yaml", "fleetctl.runner", "fleetctl.commands.fleetops")
 
 
 def imported_by(*argv: str) -> tuple[int, set[str]]:
@@ -59,7 +59,7 @@ def test_a_command_without_a_table_row_still_runs(monkeypatch: pytest.MonkeyPatc
     assert "Did you mean 'servers'?" in capsys.readouterr().err
 
 
-TRANSPORT = ("paramiko", "fabric", "invoke", "fleetctl.fleet", "fleetctl.transport")
+TRANSPORT = ("paramiko", "fabric", "invoke", "fleetctl.runner", "fleetctl.transport")
 
 
 @pytest.mark.parametrize("argv", [

@@ -20,7 +20,7 @@ from fleetctl.safetext import DETAIL_LIMIT, line, safe
 
 if TYPE_CHECKING:  # imported when a command reaches its hosts (issue 16.10)
     from fleetctl.config.inventory import Inventory
-    from fleetctl.fleet import Fleet
+    from fleetctl.runner import Fleet
 
 __all__ = ["EXIT_INTERRUPTED", "Interrupted"]
 
@@ -45,7 +45,7 @@ def fleet_context(inventory: Path | None, limit: str | None, forks: int, *, json
     started = time.monotonic()
     inv = load_inventory(require_inventory(inventory))
     hosts = inv.select(limit)
-    from fleetctl.fleet import (  # the transport (paramiko, fabric): once the input is valid
+    from fleetctl.runner import (  # the transport (paramiko, fabric): once the input is valid
         Fleet,
         raise_fd_limit,
     )

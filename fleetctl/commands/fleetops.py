@@ -36,9 +36,9 @@ from fleetctl.safetext import line, lines_cell, styled
 if TYPE_CHECKING:  # the playbook (pydantic, yaml), the fleet and the transport (paramiko, fabric) are
     # imported by the commands that use them (issue 16.10: 'fleetctl history' never loads them)
     from fleetctl.config.playbook import Playbook
-    from fleetctl.fleet import HostOutcome
     from fleetctl.plan import Plan
     from fleetctl.protocol.answers import ReadFilesAnswer
+    from fleetctl.runner import HostOutcome
 
 PlaybookArg = Annotated[Path, typer.Argument(help="Playbook YAML, or a directory holding playbook.yaml.",
                                              show_default=False)]

@@ -18,9 +18,9 @@ from typing import Any, Literal
 from fleetctl.config.inventory import Host
 from fleetctl.config.playbook import Playbook
 from fleetctl.facts import HASH_FILES, HostFacts, read_facts
-from fleetctl.fleet import Fleet
 from fleetctl.protocol import names
 from fleetctl.protocol.answers import InstanceState
+from fleetctl.runner import Fleet
 from fleetctl.sglang import is_known, resolve_worker, worker_files
 from fleetctl.sglang.processes import ROUTING_ENV_PREFIXES, match_rules, server_flags
 from fleetctl.sglang.releases import KNOWN_VERSIONS

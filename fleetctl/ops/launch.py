@@ -11,7 +11,6 @@ from fleetctl.config.inventory import Host
 from fleetctl.config.playbook import Playbook
 from fleetctl.coverage import coverage
 from fleetctl.facts import HostFacts, read_facts
-from fleetctl.fleet import Fleet
 from fleetctl.instances import Instance, plan_instances
 from fleetctl.launchspec import INHERIT_FROM_HOST
 from fleetctl.ops.deploy import new_op_id, who
@@ -27,6 +26,7 @@ from fleetctl.protocol.answers import (
     StopResult,
 )
 from fleetctl.protocol.schema import to_json
+from fleetctl.runner import Fleet
 from fleetctl.sglang import READY_LINE, is_known, resolve_worker, worker_files
 from fleetctl.sglang.processes import LOG_STAMP_FMT, LOG_STAMP_RE, log_visibility_problems
 from fleetctl.transport.base import RemoteError, Transport

@@ -10,12 +10,12 @@ from typing import Any, Literal
 from fleetctl import hoststate, wheels
 from fleetctl.config.playbook import LaunchProfile, Playbook
 from fleetctl.facts import HostFacts
-from fleetctl.fleet import Fleet
 from fleetctl.instances import host_launch_spec
 from fleetctl.ops.deploy import Gathered, who
 from fleetctl.protocol import names
 from fleetctl.protocol.answers import DeployAnswer, RollbackAnswer
 from fleetctl.protocol.schema import to_json
+from fleetctl.runner import Fleet
 from fleetctl.transport.base import Transport
 
 RollbackPlanStatus = Literal["change", "noop", "refused", "unreachable", "failed", "skipped"]

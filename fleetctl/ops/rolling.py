@@ -17,9 +17,9 @@ from fleetctl.errors import InputError
 if TYPE_CHECKING:  # parse_count/parse_percent check options before any host: no transport imported
     from fleetctl.config.inventory import Host
     from fleetctl.config.playbook import Playbook
-    from fleetctl.fleet import Fleet
     from fleetctl.ops.deploy import Gathered
     from fleetctl.plan import Plan
+    from fleetctl.runner import Fleet
 
 
 def parse_count(text: str | None, total: int, what: str) -> int | None:

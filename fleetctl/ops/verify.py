@@ -15,7 +15,6 @@ from typing import Any, Literal
 
 from fleetctl.config.playbook import Playbook
 from fleetctl.facts import bytecode_problem
-from fleetctl.fleet import Fleet
 from fleetctl.instances import Instance
 from fleetctl.ops.exits import exited_line
 from fleetctl.ops.launch import http_get, instances_by_host, predates_deploy
@@ -29,6 +28,7 @@ from fleetctl.protocol.answers import (
     ServerGrepAnswer,
     WorkerCheck,
 )
+from fleetctl.runner import Fleet
 from fleetctl.sglang import (
     DUMP_ANCHOR,
     READY_LINE,

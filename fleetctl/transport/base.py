@@ -2,7 +2,7 @@
 step/deadline bookkeeping the runner's watchdog reads (`Steps`).
 
 Ops (fleetctl/ops, facts.py) only call `agent()`, `open_tcp()` and read `host`; the runner
-(fleet.py) calls `connect()`, `begin_transaction()`, `overdue()`, `abort()`, `close()`. SSH
+(runner.py) calls `connect()`, `begin_transaction()`, `overdue()`, `abort()`, `close()`. SSH
 (ssh.py) is one implementation; local.py runs the same agent as a local subprocess (tests).
 """
 
@@ -64,7 +64,7 @@ class Transport(Protocol):
 
 
 class Steps:
-    """What a host is doing now, for the watchdog (fleet.py), reports and Ctrl-C: a step, the
+    """What a host is doing now, for the watchdog (runner.py), reports and Ctrl-C: a step, the
     monotonic time it must end by, and the line that reports it stalled."""
 
     host: Host
