@@ -15,7 +15,7 @@ import pytest
 
 from fleetctl import wheels
 from fleetctl.cli import main
-from fleetctl.sandbox.fleet import Sandbox
+from fleetctl.sandbox.lifecycle import Sandbox
 
 pytestmark = pytest.mark.fleet
 

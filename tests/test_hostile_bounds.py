@@ -34,7 +34,7 @@ from test_faults import write_inventory
 from fleetctl.config.inventory import load_inventory
 from fleetctl.runner import Fleet, HostOutcome
 from fleetctl.sandbox import procs
-from fleetctl.sandbox.fleet import Sandbox
+from fleetctl.sandbox.lifecycle import Sandbox
 
 pytestmark = pytest.mark.usefixtures("ledger_dir")
 
@@ -184,11 +184,11 @@ def fleet3(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequ
     from conftest import _down, _new_dir, require_sshd
 
     require_sshd()
-    from fleetctl.sandbox import fleet
+    from fleetctl.sandbox import lifecycle
 
     d = _new_dir(tmp_path_factory, "bounds")
     request.addfinalizer(lambda: _down(d))
-    return fleet.up(d, hosts=3, versions=["0.5.9"], gpus=1)
+    return lifecycle.up(d, hosts=3, versions=["0.5.9"], gpus=1)
 
 
 def _by_host(outs: list[HostOutcome]) -> dict[str, HostOutcome]:

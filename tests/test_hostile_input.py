@@ -30,7 +30,7 @@ from test_faults import (
 )
 
 from fleetctl import wheels
-from fleetctl.sandbox import fleet as sbx
+from fleetctl.sandbox import lifecycle as sbx
 
 pytestmark = [pytest.mark.usefixtures("ledger_dir"), pytest.mark.fleet,
               pytest.mark.skipif(not Path("/usr/sbin/sshd").exists(), reason="OpenSSH sshd is not installed")]

@@ -24,7 +24,7 @@ from fleetctl.instances import plan_instances
 from fleetctl.ops.launch import server_status_facts
 from fleetctl.remote import agent_servers as srv
 from fleetctl.runner import Fleet
-from fleetctl.sandbox.fleet import Sandbox
+from fleetctl.sandbox.lifecycle import Sandbox
 from fleetctl.sglang import READY_LINE
 
 ROOT = Path(__file__).resolve().parents[1]
