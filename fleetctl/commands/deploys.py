@@ -36,7 +36,7 @@ from fleetctl.safetext import line, lines_cell, styled
 if TYPE_CHECKING:  # the playbook (pydantic, yaml), the fleet and the transport (paramiko, fabric) are
     # imported by the commands that use them (issue 16.10: 'fleetctl history' never loads them)
     from fleetctl.config.playbook import Playbook
-    from fleetctl.plan import Plan
+    from fleetctl.deploy_plan import Plan
     from fleetctl.protocol.answers import ReadFilesAnswer
     from fleetctl.runner import HostOutcome
 

@@ -14,11 +14,11 @@ from typing import Any, Literal
 
 from fleetctl.config.inventory import Host
 from fleetctl.config.playbook import Playbook
+from fleetctl.deploy_plan import Coverage, HostPlan, Intended, Plan, plan_host
 from fleetctl.errors import InputError
 from fleetctl.facts import HostFacts, read_facts
 from fleetctl.instances import host_launch_spec
 from fleetctl.payload import intended_for
-from fleetctl.plan import Coverage, HostPlan, Intended, Plan, plan_host
 from fleetctl.protocol import names
 from fleetctl.protocol.answers import DeployAnswer
 from fleetctl.runner import Fleet, HostOutcome
