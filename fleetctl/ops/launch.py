@@ -267,7 +267,7 @@ def plan_launch(host: Host, pb: Playbook, plan: list[Instance], facts: HostFacts
         return _plan_refused(lp, f"deploy {m.id} was interrupted ({m.state}): the files are mixed; "
                                  "run 'fleetctl rollback' or 'fleetctl deploy' to repair before launching")
     # a flag neither this release knows nor the installed server_args.py registers: argparse would
-    # refuse it (typically the payload's flag on a host where the patch is not deployed)
+    # refuse it (typically the playbook's own flag on a host where its patch is not deployed)
     registered = facts.registered_flags or {}
     unregistered = sorted({f for inst in plan for f in resolve_worker(v, inst.flags, inst.effective_env).unknown_flags
                            if registered.get(f) is False})
@@ -395,7 +395,7 @@ def apply_launch(conn: Transport, lp: LaunchPlan, pb: Playbook, *, launch_id: st
     for inst, st, it in zip(plan, lp.instances, items, strict=True):
         it.worker = dict(st.worker)
         it.notes += st.warnings
-        payload = {
+        request = {
             "state_dir": h.state_dir, "instance": inst.name, "launch_id": launch_id, "argv": inst.argv, "by": who(),
             "public_argv": inst.public_argv, "env": inst.env,
             # recorded as the launch's env: what its python sees (verify-logs routes the worker with it)
@@ -409,7 +409,7 @@ def apply_launch(conn: Transport, lp: LaunchPlan, pb: Playbook, *, launch_id: st
                                        "target": inst.launch.target if inst.launch else None}},
         }
         try:
-            rec: LaunchRecord = conn.agent(names.SERVER_START, payload)
+            rec: LaunchRecord = conn.agent(names.SERVER_START, request)
         except RemoteError as e:
             it.status, it.message = "failed", e.message
             continue

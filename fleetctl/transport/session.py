@@ -225,11 +225,11 @@ class AgentTransport(Steps):
                                kind="bad_python", hint="fix 'python:' for this host in the inventory")
         return RemoteError(f"{h}: '{action}' failed: {why}", kind="failed", detail=stderr)
 
-    def agent(self, action: str, payload: Mapping[str, Any] | None = None, *,
+    def agent(self, action: str, request: Mapping[str, Any] | None = None, *,
               timeout: float | None = None) -> Any:
         """Run one agent action with the host's python; return its result, checked and typed as
         fleetctl.protocol.ANSWERS[action] says, or raise RemoteError (InvalidAnswer if it does not fit)."""
-        body = json.dumps({"action": action, **(payload or {})}).encode()
+        body = json.dumps({"action": action, **(request or {})}).encode()
         limit = timeout if timeout is not None else self.host.command_timeout
         h = self.host.name
         with self._agent_lock:
