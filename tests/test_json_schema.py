@@ -126,6 +126,8 @@ def test_every_command_json_validates_against_its_schema(tmp_path: Path, request
     one = run("history", dep["op_id"])
     assert one["op_id"] == dep["op_id"] and one["operation"]["kind"] == "deploy"
     run("status", FULL, "-i", inv)
+    plan = run("launch", FULL, "-i", inv, "--drop-unknown-flags", "--check")
+    assert plan["op_id"] is None and plan["check"] is True and {h["state"] for h in plan["hosts"]} == {"start"}
     launch = run("launch", FULL, "-i", inv, "--drop-unknown-flags", "--timeout", "60")
     assert launch["op_id"].startswith("l") and launch["summary"]["ready"] == launch["summary"]["instances"] == 2
     ver = run("verify-logs", FULL, "-i", inv)
