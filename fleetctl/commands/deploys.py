@@ -440,7 +440,7 @@ def register(app: typer.Typer) -> None:
             servers = [s for o in outs if o.ok for s in server_status_facts(o.host, o.data)]
             found = {o.host: servers_from_facts(o.host, o.data, reqs[o.host]) for o in outs if o.ok}
             if pb is not None:  # which worker the launch will run vs what the playbook patches
-                from fleetctl.coverage import host_coverage
+                from fleetctl.patched_worker import host_coverage
 
                 by_name = {h.name: h for h in ctx.fleet.hosts}
                 for r in rows:
@@ -563,9 +563,9 @@ def register(app: typer.Typer) -> None:
         pb = load_playbook(playbook)
         with fleet_context(inventory, limit, forks, json=json_out, debug=debug,
                            accept_new_host_keys=accept_new_host_keys) as ctx:
-            from fleetctl.coverage import coverage, host_coverage, instances, launch_env, launch_flags
             from fleetctl.ops.deploy import gather
             from fleetctl.ops.verify import never_fires
+            from fleetctl.patched_worker import coverage, host_coverage, instances, launch_env, launch_flags
             from fleetctl.sglang import is_known, resolve_worker
             gathered = _tick_run(ctx, "facts", lambda: gather(ctx.fleet, pb))
             rows: list[dict[str, Any]] = []

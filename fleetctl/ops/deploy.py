@@ -49,7 +49,7 @@ def gather(fleet: Fleet, playbook: Playbook | None, *, all_hashes: bool = False)
 
 def coverage_for(host: Host, facts: HostFacts, playbook: Playbook) -> Coverage | None:
     """Which worker file the launch will run, and whether the playbook patches it (SGLang module)."""
-    from fleetctl.coverage import host_coverage
+    from fleetctl.patched_worker import host_coverage
 
     return host_coverage(host, facts, playbook)
 

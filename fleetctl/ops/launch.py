@@ -9,12 +9,12 @@ from typing import Any, Literal
 
 from fleetctl.config.inventory import Host
 from fleetctl.config.playbook import Playbook
-from fleetctl.coverage import coverage
 from fleetctl.facts import HostFacts, read_facts
 from fleetctl.instances import Instance, plan_instances
 from fleetctl.launchspec import INHERIT_FROM_HOST
 from fleetctl.ops.deploy import new_op_id, who
 from fleetctl.ops.exits import exited_line
+from fleetctl.patched_worker import coverage
 from fleetctl.protocol import names
 from fleetctl.protocol.answers import (
     DeployOnDisk,
