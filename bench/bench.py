@@ -519,24 +519,24 @@ def tool_versions(tools: list[str], lean_python: str) -> dict[str, str]:
 
 @contextlib.contextmanager
 def sandbox(work: Path, n: int, versions: list[str], gpus: int, reuse: bool = False) -> Iterator[Any]:
-    from fleetctl.sandbox import fleet
+    from fleetctl.sandbox import lifecycle
 
     d = work / "sandbox"
     try:
         if reuse and (d / "sandbox.json").exists():
-            sb = fleet.load(d)
+            sb = lifecycle.load(d)
             if len(sb.hosts) >= n and all(h.alive for h in sb.hosts.values()):
                 say(f"reusing the running sandbox of {len(sb.hosts)} hosts in {d}")
                 yield sb
                 return
-            fleet.down(d)
+            lifecycle.down(d)
         t0 = time.monotonic()
         say(f"building a sandbox of {n} hosts ({', '.join(versions)}) in {d}")
-        sb = fleet.up(d, hosts=n, versions=versions, gpus=gpus)
+        sb = lifecycle.up(d, hosts=n, versions=versions, gpus=gpus)
         say(f"sandbox up in {time.monotonic() - t0:.0f}s")
         yield sb
     finally:
-        rep = fleet.down(d, missing_ok=True)
+        rep = lifecycle.down(d, missing_ok=True)
         say(f"sandbox down: {len(rep.stopped)} process(es) stopped, {len(rep.survivors)} survivor(s)")
         if rep.survivors:
             raise SystemExit(f"sandbox processes outlived SIGKILL: {rep.survivors}")

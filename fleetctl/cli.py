@@ -20,11 +20,11 @@ from fleetctl.errors import EXIT_BAD_INPUT, EXIT_FAILED, FleetctlError, Interrup
 # name -> (module whose register(app) defines it, its help). The order is `fleetctl --help`'s order.
 # tests/test_startup.py checks each help against the command the module really defines.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "deploy": ("fleetops", "Patch every host to the playbook's intended files: plan, backup, atomic swap, verify."),
-    "rollback": ("fleetops", "Restore each host's files to their bytes before its last (or a named) deploy."),
-    "status": ("fleetops", "Per host: deploy state of the playbook's files, interrupted deploys, lock, servers."),
-    "history": ("fleetops", "The local ledger of deploys and rollbacks; 'history ID' shows one."),
-    "explain": ("fleetops", "Say per host which SGLang worker class and file will run, and whether the playbook "
+    "deploy": ("deploys", "Patch every host to the playbook's intended files: plan, backup, atomic swap, verify."),
+    "rollback": ("deploys", "Restore each host's files to their bytes before its last (or a named) deploy."),
+    "status": ("deploys", "Per host: deploy state of the playbook's files, interrupted deploys, lock, servers."),
+    "history": ("deploys", "The local ledger of deploys and rollbacks; 'history ID' shows one."),
+    "explain": ("deploys", "Say per host which SGLang worker class and file will run, and whether the playbook "
                             "patches it."),
     "launch": ("servers", "Start the SGLang servers of the playbook's launch profile and wait until ready."),
     "verify-logs": ("servers", "Prove from each server's current log, per host and rank, that the patched code runs."),

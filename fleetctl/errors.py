@@ -30,12 +30,6 @@ class InputError(FleetctlError):
     exit_code = EXIT_BAD_INPUT
 
 
-class HostFailure(FleetctlError):
-    """An operation failed on a host. Exit 1."""
-
-    exit_code = EXIT_FAILED
-
-
 EXIT_INTERRUPTED = 130
 
 

@@ -25,7 +25,7 @@ from fleetctl.protocol.answers import (
 from fleetctl.protocol.schema import shown
 
 if TYPE_CHECKING:  # the transport (paramiko, fabric) is imported on first connect
-    from fleetctl.transport.ssh import HostConnection
+    from fleetctl.transport.base import Transport
 
 __all__ = ["FileFact", "HostFacts", "TorchCheck", "check_torch", "parse_facts", "read_facts"]
 
@@ -205,7 +205,7 @@ def bytecode_files(extra_files: list[str] | None = None) -> list[str]:
     return rels + [r for r in (extra_files or []) if r not in rels and r.endswith(".py")]
 
 
-def read_facts(conn: HostConnection, *, extra_files: list[str] | None = None, gpus: bool = True,
+def read_facts(conn: Transport, *, extra_files: list[str] | None = None, gpus: bool = True,
                with_: list[str] | None = None, payload: dict[str, Any] | None = None,
                all_hashes: bool = True, profile: LaunchProfile | None = None) -> HostFacts:
     """One agent round trip: everything fleetctl needs to know about the host.

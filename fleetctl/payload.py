@@ -12,8 +12,8 @@ from pathlib import Path
 
 from fleetctl import wheels
 from fleetctl.config.playbook import Playbook
+from fleetctl.deploy_plan import Intended, sha
 from fleetctl.errors import InputError
-from fleetctl.plan import Intended, sha
 
 
 @lru_cache(maxsize=256)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -17,7 +16,7 @@ from fleetctl.safetext import SafeTable, clean, line, lines_cell, safe, styled
 from fleetctl.safetext import table as _safe_table
 
 if TYPE_CHECKING:
-    from fleetctl.fleet import HostOutcome
+    from fleetctl.runner import HostOutcome
 
 STATUS_STYLE = {"ok": "green", "failed": "red", "unreachable": "red", "skipped": "yellow"}
 
@@ -78,10 +77,6 @@ def hosts_cell(hosts: Sequence[str]) -> Text:
 
 def status_cell(status: str) -> Text:
     return styled(status, STATUS_STYLE.get(status, "white"))
-
-
-def stderr_is_tty() -> bool:
-    return sys.stderr.isatty()
 
 
 def print_failures(console: Console, outcomes: Sequence[HostOutcome]) -> None:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
-    from fleetctl.sandbox.fleet import Sandbox
+    from fleetctl.sandbox.lifecycle import Sandbox
 
 SSHD = Path("/usr/sbin/sshd")
 
@@ -44,11 +44,11 @@ def _new_dir(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
 
 
 def _down(d: Path) -> None:
-    from fleetctl.sandbox import fleet
+    from fleetctl.sandbox import lifecycle
 
     root = os.environ.get(ROOT_ENV)
     purge = bool(root) and d.parent == Path(root)
-    report = fleet.down(d, missing_ok=True)
+    report = lifecycle.down(d, missing_ok=True)
     if report.survivors:
         raise RuntimeError(f"sandbox {d}: processes outlived SIGKILL: {report.survivors}")
     if purge:
@@ -63,11 +63,11 @@ def sandbox(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureReq
     break hosts use `fresh_sandbox`.
     """
     require_sshd()
-    from fleetctl.sandbox import fleet
+    from fleetctl.sandbox import lifecycle
 
     d = _new_dir(tmp_path_factory, "sandbox")
     request.addfinalizer(lambda: _down(d))
-    return fleet.up(d, hosts=3, versions=["0.5.9", "0.5.14"])
+    return lifecycle.up(d, hosts=3, versions=["0.5.9", "0.5.14"])
 
 
 @pytest.fixture
@@ -78,7 +78,7 @@ def fresh_sandbox(tmp_path_factory: pytest.TempPathFactory,
         sb = fresh_sandbox(hosts=1, versions=("0.5.14",), gpus=1, busy_gpus=("h01",))
     """
     require_sshd()
-    from fleetctl.sandbox import fleet
+    from fleetctl.sandbox import lifecycle
 
     made: list[Path] = []
 
@@ -98,7 +98,7 @@ def fresh_sandbox(tmp_path_factory: pytest.TempPathFactory,
              busy_gpus: Iterable[str] = ()) -> Sandbox:
         d = _new_dir(tmp_path_factory, "fresh-sandbox")
         made.append(d)
-        return fleet.up(d, hosts=hosts, versions=list(versions), gpus=gpus, busy_gpus=busy_gpus)
+        return lifecycle.up(d, hosts=hosts, versions=list(versions), gpus=gpus, busy_gpus=busy_gpus)
 
     return make
 

@@ -18,7 +18,7 @@ import yaml
 from test_faults import EW2, SA, VERSION, make_playbook, run, write_inventory
 
 from fleetctl.remote import agent_servers as srv
-from fleetctl.sandbox import fleet as sbx
+from fleetctl.sandbox import lifecycle as sbx
 
 pytestmark = [pytest.mark.fleet, pytest.mark.usefixtures("ledger_dir"),
               pytest.mark.skipif(not Path("/usr/sbin/sshd").exists(), reason="OpenSSH sshd is not installed")]

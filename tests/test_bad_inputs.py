@@ -28,7 +28,7 @@ from test_faults import (
 )
 
 from fleetctl import wheels
-from fleetctl.sandbox import fleet as sbx
+from fleetctl.sandbox import lifecycle as sbx
 from fleetctl.sandbox.sshd import write_ed25519
 
 CORPUS = Path(__file__).parent / "bad_inputs"

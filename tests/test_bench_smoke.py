@@ -54,6 +54,6 @@ def test_bench_smoke(tmp_path: Path) -> None:
     assert fl["rollback"]["hosts_correct_min"] == 2  # back to pristine
 
     # the bench took its sandbox down
-    from fleetctl.sandbox import fleet
+    from fleetctl.sandbox import lifecycle
 
-    assert not [s.name for s in fleet.status(tmp_path / "work" / "sandbox") if s.alive]
+    assert not [s.name for s in lifecycle.status(tmp_path / "work" / "sandbox") if s.alive]

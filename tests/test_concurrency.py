@@ -32,7 +32,7 @@ from test_faults import (
 
 from fleetctl import wheels
 from fleetctl.remote import agent_source
-from fleetctl.sandbox import fleet as sbx
+from fleetctl.sandbox import lifecycle as sbx
 from fleetctl.transport.ssh import BOOTSTRAP
 
 HOLD = 3.0

@@ -25,11 +25,11 @@ def alive(pid: int) -> bool:
 @pytest.mark.fleet
 def test_demo_down_stops_the_sandbox_and_removes_its_dir(tmp_path: Path) -> None:
     require_sshd()
-    from fleetctl.sandbox import fleet
+    from fleetctl.sandbox import lifecycle
 
     d = tmp_path / "fleetctl-demo.test"
     try:
-        sb = fleet.up(d, hosts=1, versions=["0.5.9"], gpus=1)
+        sb = lifecycle.up(d, hosts=1, versions=["0.5.9"], gpus=1)
         pids = [h.pid for h in sb.all_hosts()]
         assert pids and all(p and alive(p) for p in pids)
         p = subprocess.run(["bash", str(DEMO), "down", str(d)], capture_output=True, text=True, timeout=120)
@@ -37,7 +37,7 @@ def test_demo_down_stops_the_sandbox_and_removes_its_dir(tmp_path: Path) -> None
         assert not d.exists() and f"removed {d}" in p.stdout
         assert not any(alive(pid) for pid in pids if pid)
     finally:
-        fleet.down(d, missing_ok=True)
+        lifecycle.down(d, missing_ok=True)
 
 
 def test_demo_down_refuses_a_dir_that_holds_no_sandbox(tmp_path: Path) -> None:

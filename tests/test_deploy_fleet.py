@@ -13,7 +13,7 @@ import pytest
 from fleetctl import wheels
 from fleetctl.cli import main
 from fleetctl.patching import make_patch
-from fleetctl.sandbox import fleet as sbx
+from fleetctl.sandbox import lifecycle as sbx
 
 pytestmark = [pytest.mark.usefixtures("ledger_dir"), pytest.mark.fleet,
               pytest.mark.skipif(shutil.which("sshd") is None and not Path("/usr/sbin/sshd").exists(),

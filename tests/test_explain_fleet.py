@@ -12,7 +12,7 @@ import pytest
 
 from fleetctl import wheels
 from fleetctl.cli import main
-from fleetctl.sandbox.fleet import Sandbox
+from fleetctl.sandbox.lifecycle import Sandbox
 
 pytestmark = pytest.mark.fleet
 ROOT = Path(__file__).parent.parent
@@ -22,14 +22,14 @@ WRONG = str(ROOT / "playbooks" / "origin-wrong-file")
 
 @pytest.fixture(scope="module")
 def three(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
-    from fleetctl.sandbox import fleet
+    from fleetctl.sandbox import lifecycle
 
     d = tmp_path_factory.mktemp("explain")
     try:
-        sb = fleet.up(d / "sb", hosts=3, versions=["0.5.5.post3", "0.5.9", "0.5.14"], gpus=1)
+        sb = lifecycle.up(d / "sb", hosts=3, versions=["0.5.5.post3", "0.5.9", "0.5.14"], gpus=1)
         yield sb
     finally:
-        fleet.down(d / "sb", missing_ok=True)
+        lifecycle.down(d / "sb", missing_ok=True)
 
 
 def with_spec_v2(sb: Sandbox, value: str) -> Path:

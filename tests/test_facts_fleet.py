@@ -3,6 +3,8 @@ unreachable hosts, --limit, --json."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import re
 import subprocess
@@ -13,7 +15,7 @@ import pytest
 
 from fleetctl import wheels
 from fleetctl.cli import main
-from fleetctl.sandbox.fleet import Sandbox
+from fleetctl.sandbox.lifecycle import Sandbox
 
 pytestmark = pytest.mark.fleet
 
@@ -104,10 +106,16 @@ def test_unknown_host_key_refused_then_accepted(sandbox: Sandbox, tmp_path: Path
     assert re.search(r"h01: unknown host key ssh-ed25519 SHA256:\S+ for \[127\.0\.0\.1\]:\d+", out)
     assert "--accept-new-host-keys" in out
     assert not kh.exists()
-    code, out, _ = run(capsys, "facts", "-i", str(inv), "--limit", "h01", "--accept-new-host-keys")
+    code, out, err = run(capsys, "facts", "-i", str(inv), "--limit", "h01", "--accept-new-host-keys")
     assert code == 0 and kh.read_text().count("ssh-ed25519") == 1
-    code, out, _ = run(capsys, "facts", "-i", str(inv), "--limit", "h01")
-    assert code == 0
+    # the key trusted on first use is reported, naming the host, the key and the file it went to
+    fp = kh.read_text().split()[2]
+    said = re.findall(r"h01: recorded new host key ssh-ed25519 (SHA256:\S+) for \[127\.0\.0\.1\]:\d+ in (\S+)",
+                      " ".join(err.split()))
+    assert len(said) == 1 and said[0][1] == str(kh), err
+    assert said[0][0] == "SHA256:" + base64.b64encode(hashlib.sha256(base64.b64decode(fp)).digest()).decode().rstrip("=")
+    code, out, err = run(capsys, "facts", "-i", str(inv), "--limit", "h01")
+    assert code == 0 and "recorded new host key" not in err
 
 
 def test_changed_host_key_always_refused(sandbox: Sandbox, tmp_path: Path,
@@ -170,9 +178,9 @@ def test_one_agent_process_serves_every_call_of_a_command(sandbox: Sandbox) -> N
         assert not conn.agent("facts", {"gpus": False}).package.found  # the agent knows no engine by itself
         assert conn.agent("ping").pid == first
         os.kill(first, signal.SIGKILL)  # a sandbox host is this machine, and we started that agent
-        chan = conn._agent_chan
+        pipe = conn._agent_pipe
         for _ in range(100):
-            if chan is not None and (chan.eof_received or chan.closed):
+            if pipe is not None and pipe.ended():
                 break
             time.sleep(0.05)
         second = conn.agent("ping").pid

@@ -46,7 +46,7 @@ import yaml
 from fleetctl import wheels
 from fleetctl.cli import main
 from fleetctl.patching import make_patch
-from fleetctl.sandbox import fleet as sbx
+from fleetctl.sandbox import lifecycle as sbx
 from fleetctl.sandbox import procs
 
 pytestmark = [pytest.mark.usefixtures("ledger_dir"), pytest.mark.fleet, pytest.mark.faults,

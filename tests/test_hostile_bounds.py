@@ -32,9 +32,9 @@ import pytest
 from test_faults import write_inventory
 
 from fleetctl.config.inventory import load_inventory
-from fleetctl.fleet import Fleet, HostOutcome
+from fleetctl.runner import Fleet, HostOutcome
 from fleetctl.sandbox import procs
-from fleetctl.sandbox.fleet import Sandbox
+from fleetctl.sandbox.lifecycle import Sandbox
 
 pytestmark = pytest.mark.usefixtures("ledger_dir")
 
@@ -184,11 +184,11 @@ def fleet3(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequ
     from conftest import _down, _new_dir, require_sshd
 
     require_sshd()
-    from fleetctl.sandbox import fleet
+    from fleetctl.sandbox import lifecycle
 
     d = _new_dir(tmp_path_factory, "bounds")
     request.addfinalizer(lambda: _down(d))
-    return fleet.up(d, hosts=3, versions=["0.5.9"], gpus=1)
+    return lifecycle.up(d, hosts=3, versions=["0.5.9"], gpus=1)
 
 
 def _by_host(outs: list[HostOutcome]) -> dict[str, HostOutcome]:
@@ -347,7 +347,7 @@ def test_a_host_stuck_outside_the_network_is_given_up_on(fleet3: Sandbox, tmp_pa
     """The watchdog's backstop: a host whose thread does not return even after its connection was
     cut (here: stuck in a local wait) is reported at its deadline plus the abandon grace, and the
     run returns."""
-    from fleetctl.fleet import ABANDON_AFTER
+    from fleetctl.runner import ABANDON_AFTER
 
     inv = load_inventory(write_inventory(fleet3, tmp_path / "inv.yaml", hosts={"h01": {"host_timeout": 1}}))
     release = threading.Event()
@@ -632,7 +632,7 @@ def test_commands_work_with_more_than_1024_open_files(fleet3: Sandbox, tmp_path:
 
 FD_PROBE = """\
 import resource, sys
-from fleetctl.fleet import raise_fd_limit
+from fleetctl.runner import raise_fd_limit
 soft, hard = int(sys.argv[1]), int(sys.argv[2])
 resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 note = raise_fd_limit(int(sys.argv[3]))

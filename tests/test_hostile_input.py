@@ -30,7 +30,7 @@ from test_faults import (
 )
 
 from fleetctl import wheels
-from fleetctl.sandbox import fleet as sbx
+from fleetctl.sandbox import lifecycle as sbx
 
 pytestmark = [pytest.mark.usefixtures("ledger_dir"), pytest.mark.fleet,
               pytest.mark.skipif(not Path("/usr/sbin/sshd").exists(), reason="OpenSSH sshd is not installed")]
@@ -138,7 +138,7 @@ def test_hostile_cli_values(fleet: tuple, tmp_path: Path, monkeypatch: pytest.Mo
     code, out, err = run(capsys, "deploy", "-i", inv, str(tmp_path / "pb $(touch PWNED-pb).yaml"))
     assert code == 2 and "playbook file not found" in err
     code, out, err = run(capsys, "history", "$(touch PWNED-h)")
-    assert code in (1, 2) and "no operation" in err  # exit 1 today: commands/fleetops raises FleetctlError
+    assert code in (1, 2) and "no operation" in err  # exit 1 today: commands/deploys raises FleetctlError
     assert pwned(tmp_path, sb.dir) == []
 
 

@@ -41,7 +41,7 @@ from test_faults import (
 
 from fleetctl import wheels
 from fleetctl.engine import engine
-from fleetctl.sandbox import fleet as sbx
+from fleetctl.sandbox import lifecycle as sbx
 from fleetctl.sandbox import sshd
 
 pytestmark = [pytest.mark.usefixtures("ledger_dir"), pytest.mark.fleet,

@@ -82,11 +82,11 @@ def test_every_command_json_validates_against_its_schema(tmp_path: Path, request
                                                          capsys: pytest.CaptureFixture[str],
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     require_sshd()
-    from fleetctl.sandbox import fleet
+    from fleetctl.sandbox import lifecycle
 
     monkeypatch.setenv("FLEETCTL_STATE_DIR", str(tmp_path / "ledger"))
     d = tmp_path / "sb"
-    request.addfinalizer(lambda: fleet.down(d, missing_ok=True))  # before `up`: stopped even if up fails
+    request.addfinalizer(lambda: lifecycle.down(d, missing_ok=True))  # before `up`: stopped even if up fails
     registry = _registry()
     seen: list[tuple[str, str]] = []
 
@@ -107,7 +107,7 @@ def test_every_command_json_validates_against_its_schema(tmp_path: Path, request
 
     up = run("sandbox", "up", "--dir", d, "--hosts", "2", "--versions", "0.5.9,0.5.14", "--gpus", "2")
     assert [h["host"] for h in up["hosts"]] == ["h01", "h02", "jump"] and up["op_id"] is None
-    sb = fleet.load(d)
+    sb = lifecycle.load(d)
     request.addfinalizer(lambda: stop_all_local(sb))
     st = run("sandbox", "status", "--dir", d)
     assert all(h["ok"] and h["state"] == "running" for h in st["hosts"])
@@ -126,6 +126,8 @@ def test_every_command_json_validates_against_its_schema(tmp_path: Path, request
     one = run("history", dep["op_id"])
     assert one["op_id"] == dep["op_id"] and one["operation"]["kind"] == "deploy"
     run("status", FULL, "-i", inv)
+    plan = run("launch", FULL, "-i", inv, "--drop-unknown-flags", "--check")
+    assert plan["op_id"] is None and plan["check"] is True and {h["state"] for h in plan["hosts"]} == {"start"}
     launch = run("launch", FULL, "-i", inv, "--drop-unknown-flags", "--timeout", "60")
     assert launch["op_id"].startswith("l") and launch["summary"]["ready"] == launch["summary"]["instances"] == 2
     ver = run("verify-logs", FULL, "-i", inv)

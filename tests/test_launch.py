@@ -20,11 +20,11 @@ from fleetctl.config.inventory import load_inventory
 from fleetctl.config.playbook import LaunchProfile, load_playbook
 from fleetctl.errors import InputError
 from fleetctl.facts import read_facts
-from fleetctl.fleet import Fleet
 from fleetctl.instances import plan_instances
 from fleetctl.ops.launch import server_status_facts
 from fleetctl.remote import agent_servers as srv
-from fleetctl.sandbox.fleet import Sandbox
+from fleetctl.runner import Fleet
+from fleetctl.sandbox.lifecycle import Sandbox
 from fleetctl.sglang import READY_LINE
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -168,6 +168,17 @@ def test_launch_ready_env_exact_status_and_stop(sb: Any, tmp_path: Path, capsys:
     # set in the controller's shell only: must never reach a server
     monkeypatch.setenv("FLEETCTL_LEAK_PROBE", "controller")
     monkeypatch.setenv("SGLANG_ENABLE_SPEC_V2", "1")
+    # launch --check: the plan (the same facts and decisions), and nothing started
+    code, plan = cli(capsys, "launch", "--check", "--drop-unknown-flags", "-i", inv, pb)
+    assert code == 0 and plan["check"] is True, plan
+    assert [(h["host"], h["state"]) for h in plan["hosts"]] == [("h01", "start"), ("h02", "start")]
+    (p1,) = plan["hosts"][0]["instances"]
+    port = yaml.safe_load(inv.read_text())["hosts"]["h01"]["flags"]["--port"]
+    assert p1["port"] == port and p1["gpus"] == [0, 1] and str(port) in p1["argv"]
+    assert p1["env"]["FROM_PROFILE"] == "1" and p1["env"]["WEIRD"] == weird and p1["cwd"]
+    assert p1["worker"]["class"] == "EAGLEWorker" and plan["hosts"][0]["stop"] == []
+    assert "srt/speculative/eagle_worker.py" in plan["hosts"][0]["hash_files"]
+    assert srv.list_instances(str(sb.hosts["h01"].state_dir)) == []
     t0 = time.monotonic()
     code, doc = cli(capsys, "launch", "--drop-unknown-flags", "-i", inv, pb, "--timeout", "30")
     took = time.monotonic() - t0
@@ -203,6 +214,12 @@ def test_launch_ready_env_exact_status_and_stop(sb: Any, tmp_path: Path, capsys:
     # a second launch without --replace is refused; with --replace the old server is stopped first
     code, doc2 = cli(capsys, "launch", "--drop-unknown-flags", "-i", inv, pb, "--limit", "h01", "--timeout", "30")
     assert code == 1 and "already running" in doc2["hosts"][0]["instances"][0]["message"]
+    code, plan2 = cli(capsys, "launch", "--check", "--drop-unknown-flags", "-i", inv, pb, "--limit", "h01")
+    assert code == 1 and plan2["hosts"][0]["state"] == "refused"
+    assert "already running" in plan2["hosts"][0]["instances"][0]["problems"][0]
+    code, plan3 = cli(capsys, "launch", "--check", "--replace", "--drop-unknown-flags", "-i", inv, pb, "--limit", "h01")
+    assert code == 0 and plan3["hosts"][0]["stop"] == [insts["h01"]["instance"]] and plan3["hosts"][0]["recheck"]
+    assert srv.record_alive(rec)  # --check stopped nothing
     code, doc3 = cli(capsys, "launch", "--drop-unknown-flags", "-i", inv, pb, "--limit", "h01", "--replace", "--timeout", "30")
     assert code == 0 and "replaced" in " ".join(doc3["hosts"][0]["instances"][0]["notes"])
     assert not srv.record_alive(rec)
@@ -234,6 +251,9 @@ def test_startup_crash_fails_fast_with_log_tail(sb: Any, tmp_path: Path, capsys:
 def test_refuses_busy_gpu_and_port_in_use(sb: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     inv = make_inventory(sb, tmp_path / "inv.yaml", hosts=["h01"])
     sb.set_gpu_state("h01", "busy")  # the busy capture: one foreign compute process per GPU
+    code, plan = cli(capsys, "launch", "--check", "--drop-unknown-flags", "-i", inv, FULL)
+    assert code == 1 and plan["hosts"][0]["state"] == "refused"
+    assert "GPU 0 is in use" in " ".join(plan["hosts"][0]["instances"][0]["problems"])
     code, doc = cli(capsys, "launch", "--drop-unknown-flags", "-i", inv, FULL, "--timeout", "30")
     assert code == 1 and doc["hosts"][0]["status"] == "refused"
     msg = doc["hosts"][0]["instances"][0]["message"]
@@ -307,8 +327,8 @@ def test_agent_server_actions_locally(tmp_path: Path) -> None:
         assert w["port-1"]["status"] == "ready" and w["port-1"]["running"]
         with pytest.raises(srv.AgentError, match="already running"):
             srv.action_server_start({**base, "launch_id": "l2", "argv": [sys.executable, "-c", script]})
-        st = srv.action_server_status({"state_dir": sd})
-        assert [i["running"] for i in st["instances"]] == [True]
+        st = srv.instance_state(sd, "port-1", srv.deploy_on_disk(sd))
+        assert st["running"] is True
         stopped = srv.action_server_stop({"state_dir": sd, "instances": ["port-1"], "timeout": 5})
         assert stopped[0]["action"] == "stopped" and stopped[0]["how"] == "SIGTERM"
         assert srv.current_record(sd, "port-1")["state"] == "stopped"

@@ -24,7 +24,7 @@ from test_launch import playbook_with, stop_all_local
 from fleetctl import wheels
 from fleetctl.cli import main
 from fleetctl.remote import agent_servers as srv
-from fleetctl.sandbox.fleet import Sandbox
+from fleetctl.sandbox.lifecycle import Sandbox
 
 pytestmark = pytest.mark.fleet
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,12 +38,12 @@ SIM = "-m fleetctl.sandbox.simulator"
 def one(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Sandbox:
     from conftest import _down, require_sshd
 
-    from fleetctl.sandbox import fleet
+    from fleetctl.sandbox import lifecycle
 
     require_sshd()
     d = tmp_path_factory.mktemp("truth") / "sb"
     request.addfinalizer(lambda: _down(d))
-    return fleet.up(d, hosts=1, versions=["0.5.9"], gpus=1)
+    return lifecycle.up(d, hosts=1, versions=["0.5.9"], gpus=1)
 
 
 def _reset(sb: Sandbox) -> None:

@@ -26,7 +26,7 @@ import pytest
 
 from fleetctl import wheels
 from fleetctl.config.playbook import PatchFile, Playbook, load_playbook
-from fleetctl.coverage import coverage
+from fleetctl.patched_worker import coverage
 from fleetctl.patching import apply_patch, parse_patch
 from fleetctl.sglang import routing
 

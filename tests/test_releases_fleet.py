@@ -14,7 +14,7 @@ import pytest
 
 from fleetctl import wheels
 from fleetctl.cli import main
-from fleetctl.sandbox.fleet import Sandbox
+from fleetctl.sandbox.lifecycle import Sandbox
 
 pytestmark = pytest.mark.fleet
 ROOT = Path(__file__).parent.parent
@@ -24,13 +24,13 @@ VERSIONS = ["0.5.9", "0.5.14", "0.5.23"]
 
 @pytest.fixture(scope="module")
 def mixed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
-    from fleetctl.sandbox import fleet
+    from fleetctl.sandbox import lifecycle
 
     d = tmp_path_factory.mktemp("releases")
     try:  # the finalizer is in place before anything starts
-        yield fleet.up(d / "sb", hosts=3, versions=VERSIONS, gpus=1)
+        yield lifecycle.up(d / "sb", hosts=3, versions=VERSIONS, gpus=1)
     finally:
-        fleet.down(d / "sb", missing_ok=True)
+        lifecycle.down(d / "sb", missing_ok=True)
 
 
 def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict]:

@@ -14,7 +14,7 @@ from fleetctl import wheels
 from fleetctl.cli import main
 from fleetctl.errors import InputError
 from fleetctl.ops.rolling import batches, parse_count, parse_percent
-from fleetctl.sandbox.fleet import Sandbox
+from fleetctl.sandbox.lifecycle import Sandbox
 
 pytestmark = pytest.mark.fleet
 PAYLOAD = str(Path(__file__).parent.parent / "playbooks" / "dynamic-spec-disable")

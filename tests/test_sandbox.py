@@ -16,10 +16,10 @@ import pytest
 from fleetctl import wheels
 from fleetctl.config.inventory import load_inventory
 from fleetctl.errors import InputError
-from fleetctl.sandbox import fleet, nvidia_smi, procs
-from fleetctl.sandbox.fleet import Sandbox
+from fleetctl.sandbox import lifecycle, nvidia_smi, procs
+from fleetctl.sandbox.lifecycle import Sandbox
 
-CAPTURES = Path(fleet.__file__).parent / "captures" / "h200-1gpu"
+CAPTURES = Path(lifecycle.__file__).parent / "captures" / "h200-1gpu"
 pytestmark = pytest.mark.fleet
 needs_sshd = pytest.mark.skipif(not Path("/usr/sbin/sshd").exists(),
                                 reason="/usr/sbin/sshd is missing: sandbox tests need the OpenSSH server")
@@ -63,7 +63,7 @@ def cli_dir(tmp_path: Path) -> Iterator[Path]:
     """A dir for a CLI-made sandbox; whatever the test did, it is taken down afterwards."""
     d = tmp_path / "sb"
     yield d
-    fleet.down(d, missing_ok=True)
+    lifecycle.down(d, missing_ok=True)
 
 
 # ---- the CLI ---------------------------------------------------------------------------------
@@ -151,14 +151,14 @@ def test_cli_refuses_foreign_dirs(tmp_path: Path) -> None:
 def test_api_up_twice_refuses(sandbox: Sandbox) -> None:
     pids = [h.pid for h in sandbox.all_hosts()]
     with pytest.raises(InputError, match="running"):
-        fleet.up(sandbox.dir, hosts=1)
+        lifecycle.up(sandbox.dir, hosts=1)
     assert [h.pid for h in sandbox.all_hosts()] == pids
 
 
 # ---- the hosts, over real ssh ----------------------------------------------------------------
 
 def test_status_all_alive(sandbox: Sandbox) -> None:
-    rows = fleet.status(sandbox.dir)
+    rows = lifecycle.status(sandbox.dir)
     assert [r.name for r in rows] == ["h01", "h02", "h03", "jump"]
     assert [r.version for r in rows] == ["0.5.9", "0.5.14", "0.5.9", None]
     assert all(r.alive and r.listening and r.pid for r in rows)
@@ -204,7 +204,7 @@ def test_python_wrapper_finds_the_hosts_own_sglang(sandbox: Sandbox) -> None:
         assert origin == str(h.sglang_dir / "__init__.py")
         assert version == h.version
         tree = wheels.extracted(h.version or "")
-        assert torch == fleet.torch_pin(tree, version) == h.torch_version
+        assert torch == lifecycle.torch_pin(tree, version) == h.torch_version
         # a bare venv of the controller's base interpreter: not the controller's venv and its installs
         assert exe == sandbox.host_python == str(sandbox.dir / "hostpython" / "bin" / "python")
         assert no_controller_packages == "True" and simulator == "True"
@@ -296,7 +296,7 @@ def test_nvidia_smi_serves_each_gpu(sandbox: Sandbox) -> None:
     units = smi(sandbox, "h02", "--query-gpu=index,memory.used,utilization.gpu --format=csv,noheader,nounits")
     assert units.stdout == "0, 0, 0\n1, 0, 0\n"
     try:
-        fleet.set_gpu_state(sandbox.dir, "h02", "busy")
+        lifecycle.set_gpu_state(sandbox.dir, "h02", "busy")
         apps = smi(sandbox, "h02", f"--query-compute-apps={QUERY_APPS} --format=csv,noheader").stdout.splitlines()
         assert [a.split(", ")[0] for a in apps] == ["423", "424"]
         assert smi(sandbox, "h01", "--query-compute-apps=pid --format=csv,noheader").stdout == ""
@@ -347,7 +347,7 @@ def test_stop_and_start_a_host(fresh_sandbox: Callable[..., Sandbox]) -> None:
         assert gone(old or 0) and all(gone(k) for k in kids)
         assert ssh(sb, "h01", "true").returncode == 255
         assert ssh(sb, "h02", "true").returncode == 0  # the others are untouched
-        assert [s.alive for s in fleet.status(sb.dir)] == [False, True, True]
+        assert [s.alive for s in lifecycle.status(sb.dir)] == [False, True, True]
         new = sb.start_host("h01")
         assert new != old and h01.port == port and h01.pid == new
         assert ssh(sb, "h01", "true").returncode == 0
@@ -382,13 +382,13 @@ def test_down_stops_sessions_and_servers_only_its_own(fresh_sandbox: Callable[..
         session_procs = procs.descendants([listeners[0]])
         assert not gone(server)
         running = {p for p in [*listeners, *session_procs, server] if not gone(p)}
-        report = fleet.down(sb.dir)
+        report = lifecycle.down(sb.dir)
         stopped = {s.pid for s in report.stopped}
         assert running <= stopped
         assert bystander.pid not in stopped and bystander.poll() is None
         assert all(gone(p) for p in [*listeners, *session_procs, server])
         assert not report.survivors
-        assert fleet.down(sb.dir).stopped == []  # idempotent
+        assert lifecycle.down(sb.dir).stopped == []  # idempotent
     finally:
         bystander.kill()
         bystander.wait()

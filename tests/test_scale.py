@@ -77,7 +77,7 @@ def test_facts_deploy_rollback_over_1000_hosts(tmp_path_factory: pytest.TempPath
     from conftest import _down, _new_dir, require_sshd
 
     require_sshd()
-    from fleetctl.sandbox import fleet, procs
+    from fleetctl.sandbox import lifecycle, procs
 
     n = int(os.environ.get("FLEETCTL_SCALE_HOSTS", "1000"))
     sshds = int(os.environ.get("FLEETCTL_SCALE_SSHDS", "8"))
@@ -90,7 +90,7 @@ def test_facts_deploy_rollback_over_1000_hosts(tmp_path_factory: pytest.TempPath
     d = _new_dir(tmp_path_factory, "scale")
     request.addfinalizer(lambda: _down(d))
     t0 = time.monotonic()
-    sb = fleet.up(d, hosts=sshds, versions=["0.5.9"], gpus=1)
+    sb = lifecycle.up(d, hosts=sshds, versions=["0.5.9"], gpus=1)
     base_doc = yaml.safe_load(sb.inventory_path.read_text())
     bases = list(sb.hosts.values())
     cp = shutil.which("cp")
@@ -106,9 +106,9 @@ def test_facts_deploy_rollback_over_1000_hosts(tmp_path_factory: pytest.TempPath
         (v / "state").mkdir()
         subprocess.run([cp, "-al", str(b.site_packages), str(v / "site-packages")], check=True)
         q = shlex.quote
-        (v / "bin" / "python").write_text(fleet.PYTHON_WRAPPER.format(
+        (v / "bin" / "python").write_text(lifecycle.PYTHON_WRAPPER.format(
             name=name, version=b.version, torch=b.torch_version, site=q(str(v / "site-packages")),
-            hostlib=q(str(d / fleet.HOSTLIB)), marker=procs.MARKER_VAR, sandbox=q(str(d)),
+            hostlib=q(str(d / lifecycle.HOSTLIB)), marker=procs.MARKER_VAR, sandbox=q(str(d)),
             python=q(sb.host_python or sb.controller_python)))
         (v / "bin" / "python").chmod(0o755)
         entry = dict(base_doc["hosts"][b.name])

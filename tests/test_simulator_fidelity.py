@@ -14,7 +14,7 @@ from fleetctl import wheels
 from fleetctl.cli import main
 from fleetctl.config.playbook import load_playbook
 from fleetctl.patching.engine import apply_patch
-from fleetctl.sandbox.fleet import Sandbox
+from fleetctl.sandbox.lifecycle import Sandbox
 from fleetctl.sandbox.server_args_checks import replayable_checks, run_checks
 from fleetctl.sglang import resolve_worker
 

@@ -15,7 +15,7 @@ from fleetctl import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 
-HEAVY = ("paramiko", "fabric", "invoke", "pydantic", "rich", "yaml", "fleetctl.fleet", "fleetctl.commands.fleetops")
+HEAVY = ("paramiko", "fabric", "invoke", "pydantic", "rich", "yaml", "fleetctl.runner", "fleetctl.commands.deploys")
 
 
 def imported_by(*argv: str) -> tuple[int, set[str]]:
@@ -38,7 +38,7 @@ def test_light_paths_import_no_heavy_dependency(argv: list[str]) -> None:
 def test_a_command_loads_only_its_own_module() -> None:
     rc, mods = imported_by("patch", "--help")
     assert rc == 0 and "fleetctl.commands.patch" in mods
-    assert "fleetctl.commands.fleetops" not in mods and "paramiko" not in mods
+    assert "fleetctl.commands.deploys" not in mods and "paramiko" not in mods
 
 
 def test_the_lazy_table_matches_the_commands() -> None:
@@ -59,7 +59,7 @@ def test_a_command_without_a_table_row_still_runs(monkeypatch: pytest.MonkeyPatc
     assert "Did you mean 'servers'?" in capsys.readouterr().err
 
 
-TRANSPORT = ("paramiko", "fabric", "invoke", "fleetctl.fleet", "fleetctl.transport")
+TRANSPORT = ("paramiko", "fabric", "invoke", "fleetctl.runner", "fleetctl.transport")
 
 
 @pytest.mark.parametrize("argv", [

@@ -20,7 +20,7 @@ from fleetctl.safetext import DETAIL_LIMIT, line, safe
 
 if TYPE_CHECKING:  # imported when a command reaches its hosts (issue 16.10)
     from fleetctl.config.inventory import Inventory
-    from fleetctl.fleet import Fleet
+    from fleetctl.runner import Fleet
 
 __all__ = ["EXIT_INTERRUPTED", "Interrupted"]
 
@@ -45,7 +45,7 @@ def fleet_context(inventory: Path | None, limit: str | None, forks: int, *, json
     started = time.monotonic()
     inv = load_inventory(require_inventory(inventory))
     hosts = inv.select(limit)
-    from fleetctl.fleet import (  # the transport (paramiko, fabric): once the input is valid
+    from fleetctl.runner import (  # the transport (paramiko, fabric): once the input is valid
         Fleet,
         raise_fd_limit,
     )
@@ -68,7 +68,14 @@ def fleet_context(inventory: Path | None, limit: str | None, forks: int, *, json
                     f"interrupted: {len(fleet.not_started)} host(s) not started, {len(fleet.at_interrupt)} were in "
                     f"flight and finished or timed out", hint=f"'fleetctl status -i {inv.path}' shows each host's state")
         finally:
+            _report_accepted_keys(fleet)
             fleet.close()
+
+
+def _report_accepted_keys(fleet: Fleet) -> None:
+    """Keys trusted on first use are said on stderr, so the user can check them out of band."""
+    for msg in fleet.accepted_keys():
+        err.print(line(msg))
 
 
 class _CtrlC:

@@ -109,8 +109,8 @@ def check_cmd(
 def launch_warnings(pb: Playbook, versions: list[str]) -> list[dict[str, Any]]:
     """Per release: does the playbook's own launch, with no env at all (a bare host) and with the
     launch's env, run a worker the playbook does not patch? The origin mistake, caught offline."""
-    from fleetctl.coverage import coverage
     from fleetctl.instances import env_string
+    from fleetctl.patched_worker import coverage
 
     own_env = {k: env_string(v) for k, v in pb.launch.env.items()}
     envs = [("no env", {})] + ([("the launch's env", own_env)] if own_env else [])

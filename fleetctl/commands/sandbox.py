@@ -41,13 +41,13 @@ def up(
     busy_gpus: Annotated[str, typer.Option("--busy-gpus", help="Hosts whose GPUs start busy, comma list.")] = "",
     json_out: common.JsonOpt = False,
 ) -> None:
-    from fleetctl.sandbox import fleet
+    from fleetctl.sandbox import lifecycle
 
     def progress(msg: str) -> None:
         if not json_out:
             common.err.print(f"sandbox: {msg}", markup=False, highlight=False)
 
-    sb = fleet.up(dir, hosts=hosts, versions=versions.split(","), gpus=gpus,
+    sb = lifecycle.up(dir, hosts=hosts, versions=versions.split(","), gpus=gpus,
                   busy_gpus=[b for b in busy_gpus.split(",") if b.strip()], progress=progress)
     if json_out:
         from fleetctl.jsonout import host_row
@@ -76,9 +76,9 @@ def up(
 
 @sandbox_app.command("status", help="Per host: version, port, sshd pid, alive (and answering on its port).")
 def status(dir: DirOpt, json_out: common.JsonOpt = False) -> None:
-    from fleetctl.sandbox import fleet
+    from fleetctl.sandbox import lifecycle
 
-    rows = fleet.status(dir)
+    rows = lifecycle.status(dir)
     if json_out:
         from fleetctl.jsonout import host_row
 
@@ -108,9 +108,9 @@ def down(
     purge: Annotated[bool, typer.Option("--purge", help="Remove DIR once everything stopped.")] = False,
     json_out: common.JsonOpt = False,
 ) -> None:
-    from fleetctl.sandbox import fleet
+    from fleetctl.sandbox import lifecycle
 
-    report = fleet.down(dir, timeout=timeout, purge=purge)
+    report = lifecycle.down(dir, timeout=timeout, purge=purge)
     if json_out:
         doc = report.to_json()
         common.emit_json("sandbox down", ok=not report.survivors,

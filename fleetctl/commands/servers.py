@@ -1,9 +1,10 @@
-"""launch, stop, verify-logs, servers: the servers and the proof from their logs (issue 5)."""
+"""launch (--check shows its plan), stop, verify-logs, servers: the servers and the proof from their logs."""
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.text import Text
@@ -32,7 +33,7 @@ from fleetctl.render import hosts_cell, say, status_cell, table
 from fleetctl.safetext import line, lines_cell, safe, styled
 
 if TYPE_CHECKING:  # the playbook, the fleet and the transport: imported by the command that runs
-    from fleetctl.ops.launch import HostLaunch
+    from fleetctl.ops.launch import HostLaunch, LaunchPlan
     from fleetctl.ops.verify import HostVerify
 
 PlaybookArg = Annotated[Path, typer.Argument(help="Playbook YAML, or a directory holding playbook.yaml.",
@@ -77,6 +78,41 @@ def render_launch(rows: list[HostLaunch]) -> None:
                     indent=4)
                 for ln in it.tail:  # each log line stays one line (a host cannot forge more)
                     out.print(line("    ", ln))
+
+
+def render_launch_plan(plans: list[LaunchPlan]) -> None:
+    """`launch --check`: per host and instance what would start (GPUs, port, worker) or why not, then
+    the argv, env and cwd once per distinct launch, and what --replace would stop first."""
+    t = table("launch --check", ["host", "instance", "GPUs", "port", "plan", "worker"], whole=("instance", "worker"))
+    cells: list[tuple[str, tuple[object, ...]]] = []
+    whats: list[tuple[str, tuple[str, ...]]] = []
+    runs: list[tuple[str, tuple[str, str, str]]] = []
+    for p in plans:
+        st = p.status if p.status != "start" else "would start"
+        if not p.instances:
+            cells.append((p.host, ("", "", "", st, "")))
+        for i in p.instances:
+            cells.append((p.host, (i.instance, ",".join(map(str, i.gpus)), str(i.port), st,
+                                   i.worker.get("class") or "")))
+            msgs = [*i.problems, *i.notes, *i.warnings] or ([p.message] if p.status != "start" else [])
+            whats.append((p.host, (st, *(strip_host(p.host, m) for m in msgs if m))))
+            if p.status == "start":
+                env = " ".join(f"{k}={v}" for k, v in i.env.items())
+                runs.append((p.host, (shlex.join(i.argv), env, i.cwd)))
+        if p.stop:
+            whats.append((p.host, (st, f"stops first (--replace): {', '.join(p.stop)}; ports and GPUs "
+                                       "are checked again after that")))
+        if p.status != "start" and not p.instances:
+            whats.append((p.host, (st, strip_host(p.host, p.message))))
+    for hosts, (inst, gpus, port, st, worker) in group(cells):
+        t.add_row(hosts_cell(hosts), inst, gpus, port, _s(str(st)), worker)
+    out.print(t)
+    for hosts, (st, *msgs) in group(whats):
+        for m in msgs:
+            say(out, _s(st), " ", hosts_label(hosts), ": ", m, indent=4)
+    for hosts, (argv, env, cwd) in group(runs):
+        say(out, hosts_label(hosts), ": ", argv, indent=4)
+        say(out, "    env: ", env or "(none)", "; cwd: ", cwd, indent=8)
 
 
 def _instances_label(hosts: list[str], names: list[str]) -> str:
@@ -165,6 +201,8 @@ def register(app: typer.Typer) -> None:
             help="Leave out flags the installed SGLang does not register (e.g. the patch's own flag after a rollback)."),
         allow_uncovered: bool = typer.Option(
             False, "--allow-uncovered", help="Launch even where the worker that will run is not one the playbook patches."),
+        check: bool = typer.Option(False, "--check", help="Show the launch plan (argv, env, GPUs, ports, what "
+                                   "--replace stops) and start or stop nothing."),
         json_out: JsonOpt = False,
         debug: DebugOpt = False,
         accept_new_host_keys: AcceptNewOpt = False,
@@ -174,6 +212,9 @@ def register(app: typer.Typer) -> None:
         pb = load_playbook(playbook)
         with fleet_context(inventory, limit, forks, json=json_out, debug=debug,
                            accept_new_host_keys=accept_new_host_keys) as ctx:
+            if check:
+                _launch_check(ctx, pb, replace=replace, drop_unknown_flags=drop_unknown_flags,
+                              allow_uncovered=allow_uncovered)
             from fleetctl.ops.deploy import new_op_id
             from fleetctl.ops.launch import launch_fleet
             lid = new_op_id("l")
@@ -204,6 +245,23 @@ def register(app: typer.Typer) -> None:
                 render_launch(rows)
                 err.print(summary, markup=False)
             raise typer.Exit(EXIT_FAILED if bad else EXIT_OK)
+
+    def _launch_check(ctx: RunContext, pb: Any, **kw: bool) -> None:
+        """launch --check: the same facts and plan as a launch, minus the apply."""
+        from fleetctl.ops.launch import check_fleet
+
+        plans = _tick_run(ctx, "facts", lambda: check_fleet(ctx.fleet, pb, **kw))
+        bad = [p for p in plans if p.status != "start"]
+        msg = (f"launch --check: {len(plans)} hosts: {len(plans) - len(bad)} would start, {len(bad)} would not; "
+               f"nothing was started or stopped ({ctx.elapsed():.2f}s)")
+        if ctx.json:
+            emit_json("launch", ok=not bad, check=True, message=msg,
+                      hosts=[host_row(p.to_json(), ok=p.status == "start") for p in plans],
+                      elapsed=round(ctx.elapsed(), 3))
+        else:
+            render_launch_plan(plans)
+            err.print(line(msg))
+        raise typer.Exit(EXIT_FAILED if bad else EXIT_OK)
 
     @app.command("verify-logs", help="Prove from each server's current log, per host and rank, that the patched code runs.")
     def verify_logs(

@@ -1,1 +1,2 @@
-"""Operations that apply a plan to hosts: deploy, rollback (launch/verify arrive later)."""
+"""Operations on hosts, each facts -> pure plan -> apply, results as data (the CLI renders):
+deploy, rollback, launch/stop/status (launch.py), verify (verify-logs), discover, rolling."""

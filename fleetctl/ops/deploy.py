@@ -1,4 +1,5 @@
-"""Deploy: read facts -> plan -> (render, by the caller) -> apply per host -> verify."""
+"""Deploy: gather facts -> build_plan (pure) -> (render, by the caller) -> apply_plan per host, whose
+result is re-hashed against the intended bytes (a host is "changed" only if it holds exactly them)."""
 
 from __future__ import annotations
 
@@ -9,19 +10,19 @@ import socket
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from fleetctl.config.inventory import Host
 from fleetctl.config.playbook import Playbook
+from fleetctl.deploy_plan import Coverage, HostPlan, Intended, Plan, plan_host
 from fleetctl.errors import InputError
 from fleetctl.facts import HostFacts, read_facts
-from fleetctl.fleet import Fleet, HostOutcome
 from fleetctl.instances import host_launch_spec
 from fleetctl.payload import intended_for
-from fleetctl.plan import Coverage, HostPlan, Intended, Plan, plan_host
 from fleetctl.protocol import names
 from fleetctl.protocol.answers import DeployAnswer
-from fleetctl.transport.ssh import HostConnection
+from fleetctl.runner import Fleet, HostOutcome
+from fleetctl.transport.base import Transport
 
 
 def new_op_id(prefix: str = "d") -> str:
@@ -48,10 +49,8 @@ def gather(fleet: Fleet, playbook: Playbook | None, *, all_hashes: bool = False)
 
 def coverage_for(host: Host, facts: HostFacts, playbook: Playbook) -> Coverage | None:
     """Which worker file the launch will run, and whether the playbook patches it (SGLang module)."""
-    try:
-        from fleetctl.coverage import host_coverage
-    except ImportError:  # the SGLang knowledge module is not wired in yet
-        return None
+    from fleetctl.patched_worker import host_coverage
+
     return host_coverage(host, facts, playbook)
 
 
@@ -119,10 +118,13 @@ def _plan_stale_bytecode(hp: HostPlan, facts: HostFacts) -> None:
         hp.reason = f"stale cached bytecode of {', '.join(stale)} (import would not run the file on disk)"
 
 
+ApplyStatus = Literal["changed", "unchanged", "refused", "failed", "unreachable", "skipped"]
+
+
 @dataclass
 class HostApply:
     host: str
-    status: str  # changed | unchanged | refused | failed | unreachable
+    status: ApplyStatus
     message: str = ""
     deploy_id: str | None = None
     files: list[str] = field(default_factory=list)
@@ -160,7 +162,7 @@ def apply_plan(fleet: Fleet, plan: Plan, playbook: Playbook, op_id: str, *, vali
             encoded[key] = base64.b64encode(data).decode()
         return encoded[key]
 
-    def one(conn: HostConnection) -> HostApply:
+    def one(conn: Transport) -> HostApply:
         hp = todo[conn.host.name]
         it = plan.intended[hp.version or ""]
         files = []
@@ -204,8 +206,3 @@ def apply_plan(fleet: Fleet, plan: Plan, playbook: Playbook, op_id: str, *, vali
         r.elapsed = o.elapsed
         results[o.host] = r
     return results
-
-
-def require_playbook_versions(plan: Plan) -> None:
-    if not plan.hosts:
-        raise InputError("no hosts selected", hint="check --limit")

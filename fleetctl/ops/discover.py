@@ -13,16 +13,16 @@ Two sources, one pass (the agent's facts with the "servers" and "discover" hooks
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from fleetctl.config.inventory import Host
 from fleetctl.config.playbook import Playbook
 from fleetctl.engine import engine
 from fleetctl.facts import HASH_FILES, HostFacts, read_facts
-from fleetctl.fleet import Fleet
 from fleetctl.protocol import names
 from fleetctl.protocol.answers import InstanceState
-from fleetctl.transport.ssh import HostConnection
+from fleetctl.runner import Fleet
+from fleetctl.transport.base import Transport
 
 
 @dataclass
@@ -56,7 +56,7 @@ class ServerProcess:
 @dataclass
 class HostServers:
     host: str
-    status: str
+    status: Literal["ok", "failed", "unreachable", "skipped"]
     message: str = ""
     processes: list[ServerProcess] = field(default_factory=list)
     truncated: bool = False
@@ -126,7 +126,7 @@ def servers_from_facts(host: str, f: HostFacts, request: dict[str, Any]) -> Host
 
 def discover_fleet(fleet: Fleet, playbook: Playbook | None = None, hosts: list[Host] | None = None,
                    files: list[str] | None = None) -> list[HostServers]:
-    def one(conn: HostConnection) -> HostServers:
+    def one(conn: Transport) -> HostServers:
         req = discover_request(conn.host.launch_command, playbook, files)
         f = read_facts(conn, gpus=False, all_hashes=False, with_=[names.WITH_SERVERS, names.WITH_DISCOVER],
                        payload=req)

@@ -5,18 +5,17 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from fleetctl.config.inventory import Host
 from fleetctl.config.playbook import Playbook
-from fleetctl.coverage import coverage
 from fleetctl.engine import engine
 from fleetctl.facts import HostFacts, read_facts
-from fleetctl.fleet import Fleet
 from fleetctl.instances import Instance, plan_instances
 from fleetctl.launchspec import INHERIT_FROM_HOST
 from fleetctl.ops.deploy import new_op_id, who
 from fleetctl.ops.exits import exited_line
+from fleetctl.patched_worker import coverage
 from fleetctl.protocol import names
 from fleetctl.protocol.answers import (
     DeployOnDisk,
@@ -28,9 +27,14 @@ from fleetctl.protocol.answers import (
     StopResult,
 )
 from fleetctl.protocol.schema import to_json
-from fleetctl.transport.ssh import HostConnection, RemoteError
+from fleetctl.runner import Fleet
+from fleetctl.transport.base import RemoteError, Transport
 
 TAIL = 30
+
+InstanceStatus = Literal["ready", "refused", "failed", "timeout", "skipped"]
+HostStatus = Literal["ok", "refused", "failed", "unreachable", "skipped"]
+PlanStatus = Literal["start", "refused", "failed", "unreachable"]
 
 
 @dataclass
@@ -39,7 +43,7 @@ class InstanceLaunch:
     instance: str
     port: int
     gpus: list[int]
-    status: str  # ready | refused | failed | timeout | skipped
+    status: InstanceStatus
     message: str = ""
     launch_id: str | None = None
     pid: int | None = None
@@ -60,7 +64,7 @@ class InstanceLaunch:
 @dataclass
 class HostLaunch:
     host: str
-    status: str  # ok | refused | failed | unreachable
+    status: HostStatus
     message: str = ""
     version: str | None = None
     instances: list[InstanceLaunch] = field(default_factory=list)
@@ -78,7 +82,7 @@ class HostLaunch:
                 "instances": [i.to_json() for i in self.instances]}
 
 
-def plan_fleet(fleet: Fleet, pb: Playbook) -> dict[str, list[Instance]]:
+def instances_by_host(fleet: Fleet, pb: Playbook) -> dict[str, list[Instance]]:
     """Every host's instances (InputError on a bad profile/inventory, before any connection)."""
     return {h.name: plan_instances(h, pb.launch) for h in fleet.hosts}
 
@@ -127,7 +131,7 @@ def _gpu_problems(facts: HostFacts, inst: Instance) -> list[str]:
     return out
 
 
-def http_get(conn: HostConnection, port: int, path: str, timeout: float = 10.0) -> tuple[int | None, bytes]:
+def http_get(conn: Transport, port: int, path: str, timeout: float = 10.0) -> tuple[int | None, bytes]:
     """GET http://127.0.0.1:port/path as seen from the host, through the SSH connection."""
     chan = conn.open_tcp(port, timeout=timeout)
     try:
@@ -162,64 +166,140 @@ def hash_set(pb: Playbook | None, version: str) -> list[str]:
     return rels
 
 
-def stop_instances(conn: HostConnection, instances: list[str] | None, timeout: float) -> ServerStopAnswer:
+def stop_instances(conn: Transport, instances: list[str] | None, timeout: float) -> ServerStopAnswer:
     res: ServerStopAnswer = conn.agent(
         names.SERVER_STOP, {"state_dir": conn.host.state_dir, "instances": instances, "timeout": timeout},
         timeout=timeout + 30 + 10 * len(instances or [1]))
     return res
 
 
-def launch_host(conn: HostConnection, pb: Playbook, plan: list[Instance], *, launch_id: str, replace: bool,
-                timeout: float, drop_unknown_flags: bool = False, allow_uncovered: bool = False) -> HostLaunch:
-    h = conn.host
-    res = HostLaunch(h.name, "ok")
-    items = [InstanceLaunch(h.name, i.name, i.port, list(i.gpus), "skipped") for i in plan]
-    res.instances = items
-    ports = [i.port for i in plan]
-    t = time.monotonic()
-    flag_names = sorted({f for i in plan for f in i.flags})
-    facts = read_facts(conn, gpus=True, with_=[names.WITH_STATE, names.WITH_SERVERS], profile=pb.launch,
-                       payload={"server_ports": ports, "check_flags": flag_names})
-    t = res.mark("facts", t)
-    v = facts.package_version
-    res.version = v
-    if not facts.package_found or not v:
-        return _refuse(res, facts.package_error or "SGLang not found by the launch's python", "failed")
-    if not engine().is_known(v):
-        return _refuse(res, f"SGLang {v} is not a release fleetctl knows; it will not guess how it starts")
-    resolutions = {}
+@dataclass
+class InstanceStart:
+    """What the launch will start for one instance: data, shown by `launch --check` (public argv and
+    env: secret values are ***)."""
+
+    instance: str
+    port: int
+    gpus: list[int]
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str
+    worker: dict[str, Any] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)  # why it will not start (the host is refused)
+    notes: list[str] = field(default_factory=list)  # said before the launch (flags left out)
+    warnings: list[str] = field(default_factory=list)  # said when it starts (coverage)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"instance": self.instance, "port": self.port, "gpus": self.gpus, "argv": self.argv,
+                "env": self.env, "cwd": self.cwd, "worker": self.worker, "problems": self.problems,
+                "notes": [*self.notes, *self.warnings]}
+
+
+@dataclass
+class LaunchPlan:
+    """One host's launch, decided from its facts (pure data; `plan_launch` makes it, `apply_launch`
+    carries it out, `launch --check` shows it)."""
+
+    host: str
+    status: PlanStatus = "start"
+    message: str = ""
+    version: str | None = None
+    stop: list[str] = field(default_factory=list)  # fleetctl instances stopped first (--replace)
+    recheck: bool = False  # ports and GPUs are checked again once those are stopped
+    hash_files: list[str] = field(default_factory=list)  # files whose bytes at launch are recorded
+    instances: list[InstanceStart] = field(default_factory=list)
+    # for the apply step, not shown: the instances (secret values included) and the facts read
+    run: list[Instance] = field(default_factory=list, repr=False)
+    facts: HostFacts | None = field(default=None, repr=False)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"host": self.host, "status": self.status, "message": self.message, "version": self.version,
+                "stop": self.stop, "recheck": self.recheck, "hash_files": self.hash_files,
+                "instances": [i.to_json() for i in self.instances]}
+
+
+def _starts(plan: list[Instance]) -> list[InstanceStart]:
+    return [InstanceStart(i.name, i.port, list(i.gpus), list(i.public_argv),
+                          i.launch.public_effective_env if i.launch else i.public_env,
+                          i.effective_env.get("HOME") or "~ (the SSH user's home)") for i in plan]
+
+
+def _plan_refused(lp: LaunchPlan, msg: str, status: PlanStatus = "refused") -> LaunchPlan:
+    lp.status, lp.message = status, msg
+    return lp
+
+
+def _plan_problems(lp: LaunchPlan, problems: dict[str, list[str]]) -> LaunchPlan | None:
+    """Refuse the whole host if any instance has a problem (nothing is started half-way)."""
+    if not any(problems.values()):
+        return None
+    first = next((n, p) for n, p in problems.items() if p)
+    for st in lp.instances:
+        st.problems = list(problems.get(st.instance, []))
+    return _plan_refused(lp, f"nothing started on this host: {first[0]}: {first[1][0]}")
+
+
+def resource_problems(facts: HostFacts, plan: list[Instance]) -> dict[str, list[str]]:
+    """Per instance: its port in use, its GPUs missing or busy (from the facts)."""
+    free = facts.servers.ports if facts.servers else {}
     problems: dict[str, list[str]] = {i.name: [] for i in plan}
+    for inst in plan:
+        if free.get(str(inst.port)) is False:
+            problems[inst.name].append(f"port {inst.port} is in use on the host")
+        problems[inst.name] += _gpu_problems(facts, inst)
+    return problems
+
+
+def plan_launch(host: Host, pb: Playbook, plan: list[Instance], facts: HostFacts, *, replace: bool = False,
+                drop_unknown_flags: bool = False, allow_uncovered: bool = False) -> LaunchPlan:
+    """Decide one host's launch from its facts: pure (no I/O). Refused (nothing will start) on an
+    unknown release, an interrupted deploy, an unregistered flag, a startup error, an uncovered
+    worker, a running fleetctl server in the way (without --replace), a busy port or GPU."""
+    v = facts.package_version
+    lp = LaunchPlan(host.name, version=v, instances=_starts(plan), run=plan, facts=facts)
+    if not facts.package_found or not v:
+        return _plan_refused(lp, facts.package_error or "SGLang not found by the launch's python", "failed")
+    if not engine().is_known(v):
+        return _plan_refused(lp, f"SGLang {v} is not a release fleetctl knows; it will not guess how it starts")
     if facts.interrupted():
         m = facts.interrupted()[0]
-        return _refuse(res, f"deploy {m.id} was interrupted ({m.state}): the files are mixed; "
-                            "run 'fleetctl rollback' or 'fleetctl deploy' to repair before launching")
+        return _plan_refused(lp, f"deploy {m.id} was interrupted ({m.state}): the files are mixed; "
+                                 "run 'fleetctl rollback' or 'fleetctl deploy' to repair before launching")
     # a flag neither this release knows nor the installed server_args.py registers: argparse would
-    # refuse it (typically the payload's flag on a host where the patch is not deployed)
+    # refuse it (typically the playbook's own flag on a host where its patch is not deployed)
     registered = facts.registered_flags or {}
     unregistered = sorted({f for inst in plan for f in engine().resolve_worker(v, inst.flags, inst.effective_env).unknown_flags
                            if registered.get(f) is False})
     if unregistered and drop_unknown_flags:
         profile = pb.launch.model_copy(update={"flags": {k: x for k, x in pb.launch.flags.items()
                                                          if k not in unregistered}})
-        host = h.model_copy(update={"flags": {k: x for k, x in h.flags.items() if k not in unregistered}})
-        plan = plan_instances(host, profile)
-        res.instances = items = [InstanceLaunch(h.name, i.name, i.port, list(i.gpus), "skipped") for i in plan]
-        for it in items:
-            it.notes.append(f"left out {', '.join(unregistered)}: not a flag of SGLang {v} as installed here")
+        h = host.model_copy(update={"flags": {k: x for k, x in host.flags.items() if k not in unregistered}})
+        plan = plan_instances(h, profile)
+        lp.run, lp.instances = plan, _starts(plan)
+        for st in lp.instances:
+            st.notes.append(f"left out {', '.join(unregistered)}: not a flag of SGLang {v} as installed here")
     elif unregistered:
-        return _refuse(res, f"{', '.join(unregistered)} is not a flag of SGLang {v} as installed on {h.name} "
-                            f"(its {engine().args_file} does not register it): deploy the playbook first, or pass "
-                            f"--drop-unknown-flags to launch the installed code without it")
-    for inst in plan:
+        return _plan_refused(lp, f"{', '.join(unregistered)} is not a flag of SGLang {v} as installed on {host.name} "
+                                 f"(its {engine().args_file} does not register it): deploy the playbook first, or pass "
+                                 f"--drop-unknown-flags to launch the installed code without it")
+    problems: dict[str, list[str]] = {i.name: [] for i in plan}
+    for inst, st in zip(plan, lp.instances, strict=True):
         r = engine().resolve_worker(v, inst.flags, inst.effective_env)
-        resolutions[inst.name] = r
         if r.startup_error:
             problems[inst.name].append(f"SGLang {v} would refuse to start: {r.startup_error}")
         problems[inst.name] += engine().log_visibility_problems(r.resolved_args, inst.effective_env)
-        if pb.files_for(v) is not None and not r.startup_error and not allow_uncovered:
-            cov = coverage(v, inst.flags, inst.effective_env, pb)
-            if cov.refused:  # the origin mistake: the worker that will run is not the one patched
-                problems[inst.name].append(f"{cov.refused} (--allow-uncovered to launch it anyway)")
+        if r.startup_error:
+            continue  # refused: which worker would run does not matter
+        cov = coverage(v, inst.flags, inst.effective_env, pb) if pb.files_for(v) is not None else None
+        if cov is not None and cov.refused and not allow_uncovered:
+            # the origin mistake: the worker that will run is not the one patched
+            problems[inst.name].append(f"{cov.refused} (--allow-uncovered to launch it anyway)")
+        st.worker = {"class": r.worker_class, "file": r.worker_file,
+                     "disable_overlap_schedule": r.disable_overlap_schedule, "reason": r.reason}
+        if cov is None:
+            st.warnings.append(f"warning: the playbook has no patch set for SGLang {v}")
+        elif cov.refused:
+            st.warnings.append(f"warning: {cov.refused}")
     conflicts = _conflicts(_running(facts), plan)
     if conflicts and not replace:
         for s in conflicts:
@@ -229,11 +309,69 @@ def launch_host(conn: HostConnection, pb: Playbook, plan: list[Instance], *, lau
             for inst in plan:
                 if inst.name == s.instance or inst.port == rec.port or set(inst.gpus) & set(rec.gpus):
                     problems[inst.name].append(msg)
-    if any(problems.values()):
-        return _refuse_items(res, plan, problems)
-    if conflicts:
+    if _plan_problems(lp, problems):
+        return lp
+    lp.hash_files = hash_set(pb, v)
+    if conflicts:  # ports and GPUs are checked once the old servers are stopped
+        lp.stop, lp.recheck = [s.instance for s in conflicts], True
+        return lp
+    _plan_problems(lp, resource_problems(facts, plan))
+    return lp
+
+
+def read_launch_facts(conn: Transport, pb: Playbook, plan: list[Instance]) -> HostFacts:
+    return read_facts(conn, gpus=True, with_=[names.WITH_STATE, names.WITH_SERVERS], profile=pb.launch,
+                      payload={"server_ports": [i.port for i in plan],
+                               "check_flags": sorted({f for i in plan for f in i.flags})})
+
+
+def check_host(conn: Transport, pb: Playbook, plan: list[Instance], *, replace: bool,
+               drop_unknown_flags: bool = False, allow_uncovered: bool = False) -> LaunchPlan:
+    """`launch --check` on one host: its facts and its launch plan, nothing started or stopped."""
+    return plan_launch(conn.host, pb, plan, read_launch_facts(conn, pb, plan), replace=replace,
+                       drop_unknown_flags=drop_unknown_flags, allow_uncovered=allow_uncovered)
+
+
+def launch_host(conn: Transport, pb: Playbook, plan: list[Instance], *, launch_id: str, replace: bool,
+                timeout: float, drop_unknown_flags: bool = False, allow_uncovered: bool = False) -> HostLaunch:
+    """Facts -> plan_launch (pure) -> apply_launch: the launch on one host."""
+    t = time.monotonic()
+    facts = read_launch_facts(conn, pb, plan)
+    lp = plan_launch(conn.host, pb, plan, facts, replace=replace, drop_unknown_flags=drop_unknown_flags,
+                     allow_uncovered=allow_uncovered)
+    return apply_launch(conn, lp, pb, launch_id=launch_id, timeout=timeout, started=t)
+
+
+def _result(lp: LaunchPlan) -> HostLaunch:
+    res = HostLaunch(lp.host, "ok", version=lp.version)
+    res.instances = [InstanceLaunch(lp.host, st.instance, st.port, list(st.gpus), "skipped", notes=list(st.notes))
+                     for st in lp.instances]
+    if lp.status != "start":
+        res.status, res.message = lp.status, lp.message
+        for st, it in zip(lp.instances, res.instances, strict=True):
+            it.status = "refused"
+            if any(x.problems for x in lp.instances):
+                it.message = ("; ".join(st.problems) if st.problems else
+                              "not started: another instance on this host was refused")
+            else:
+                it.message = lp.message
+    return res
+
+
+def apply_launch(conn: Transport, lp: LaunchPlan, pb: Playbook, *, launch_id: str, timeout: float,
+                 started: float | None = None) -> HostLaunch:
+    """Carry out a launch plan: stop what it replaces (then check ports and GPUs again), start every
+    instance, wait for all of them in one bounded agent call, GET /health, stop the ones that failed."""
+    h = conn.host
+    res = _result(lp)
+    res.mark("facts", started if started is not None else time.monotonic())
+    if lp.status != "start":
+        return res
+    assert lp.facts is not None and lp.version is not None
+    facts, v, plan, items = lp.facts, lp.version, lp.run, res.instances
+    if lp.stop:
         t = time.monotonic()
-        stopped = stop_instances(conn, [s.instance for s in conflicts], pb.launch.stop_timeout)
+        stopped = stop_instances(conn, lp.stop, pb.launch.stop_timeout)
         t = res.mark("stop old", t)
         for sr in stopped:
             for it in items:
@@ -244,36 +382,24 @@ def launch_host(conn: HostConnection, pb: Playbook, plan: list[Instance], *, lau
             return _refuse(res, f"could not stop {bad[0].instance} (pid {bad[0].pid})", "failed")
         # re-check ports and GPUs now that the old server is gone (no file hashing this time)
         facts = read_facts(conn, gpus=True, with_=[names.WITH_SERVERS], profile=pb.launch,
-                           payload={"server_ports": ports, "hash_dirs": [], "hash_files": []})
+                           payload={"server_ports": [i.port for i in plan], "hash_dirs": [], "hash_files": []})
         res.mark("re-check", t)
-    free = facts.servers.ports if facts.servers else {}
-    for inst in plan:
-        if free.get(str(inst.port)) is False:
-            problems[inst.name].append(f"port {inst.port} is in use on the host")
-        problems[inst.name] += _gpu_problems(facts, inst)
-    if any(problems.values()):
-        return _refuse_items(res, plan, problems)
+        problems = resource_problems(facts, plan)
+        if any(problems.values()):
+            return _refuse_items(res, plan, problems)
 
     # start every instance, then wait for all of them in one bounded agent call
-    hashes = hash_set(pb, v)
-    started: list[str] = []
+    started_ok: list[str] = []
     t = time.monotonic()
-    for inst, it in zip(plan, items, strict=True):
-        r = resolutions[inst.name]
-        it.worker = {"class": r.worker_class, "file": r.worker_file,
-                     "disable_overlap_schedule": r.disable_overlap_schedule, "reason": r.reason}
-        if pb.files_for(v) is not None:
-            cov = coverage(v, inst.flags, inst.effective_env, pb)
-            if cov.refused:
-                it.notes.append(f"warning: {cov.refused}")
-        else:
-            it.notes.append(f"warning: the playbook has no patch set for SGLang {v}")
-        payload = {
+    for inst, st, it in zip(plan, lp.instances, items, strict=True):
+        it.worker = dict(st.worker)
+        it.notes += st.warnings
+        request = {
             "state_dir": h.state_dir, "instance": inst.name, "launch_id": launch_id, "argv": inst.argv, "by": who(),
             "public_argv": inst.public_argv, "env": inst.env,
             # recorded as the launch's env: what its python sees (verify-logs routes the worker with it)
             "public_env": inst.launch.public_effective_env if inst.launch else inst.public_env,
-            "inherit_env": list(INHERIT_FROM_HOST), "package_dir": facts.package_dir, "hash_files": hashes,
+            "inherit_env": list(INHERIT_FROM_HOST), "package_dir": facts.package_dir, "hash_files": lp.hash_files,
             "extra": {"version": v, "port": inst.port, "gpus": list(inst.gpus), "flags": _public_flags(inst),
                       "playbook": pb.name, "by": who(), "host": h.name, "worker": it.worker,
                       "ready_timeout": timeout,
@@ -282,57 +408,15 @@ def launch_host(conn: HostConnection, pb: Playbook, plan: list[Instance], *, lau
                                        "target": inst.launch.target if inst.launch else None}},
         }
         try:
-            rec: LaunchRecord = conn.agent(names.SERVER_START, payload)
+            rec: LaunchRecord = conn.agent(names.SERVER_START, request)
         except RemoteError as e:
             it.status, it.message = "failed", e.message
             continue
         it.launch_id, it.pid, it.log = launch_id, rec.pid, rec.log
-        started.append(inst.name)
+        started_ok.append(inst.name)
     t = res.mark("start", t)
-    if started:
-        waited: ServerWaitAnswer = conn.agent(names.SERVER_WAIT, {
-            "state_dir": h.state_dir, "instances": started, "launch_ids": dict.fromkeys(started, launch_id),
-            "ready_line": engine().ready_line, "forbidden": list(pb.verify.forbidden), "timeout": timeout, "tail": TAIL,
-            "stamp_re": engine().log_stamp_re, "stamp_fmt": engine().log_stamp_fmt,
-        }, timeout=timeout + 60)
-        t = res.mark("wait ready", t)
-        to_stop = []
-        for inst, it in zip(plan, items, strict=True):
-            w = waited.get(inst.name)
-            if w is None:
-                continue
-            it.seconds = w.seconds
-            it.tail = w.tail
-            if w.status == "ready":
-                it.status, it.message = "ready", "ready line seen in this launch's log"
-                try:
-                    code, _ = http_get(conn, inst.port, "/health", timeout=min(30.0, max(5.0, timeout)))
-                except (RemoteError, OSError) as e:
-                    code = None
-                    it.notes.append(f"GET /health failed: {e}")
-                it.health = code
-                t = res.mark("GET /health", t)
-                if code != 200:
-                    it.status = "failed"
-                    it.message = f"ready line seen, but GET /health answered {code}"
-                    to_stop.append(inst.name)
-            else:
-                it.status = "timeout" if w.status == "timeout" else "failed"
-                it.message = w.why or w.status
-                if w.line:
-                    it.message += f": {w.line}"
-                if not w.running and w.status in ("exited", "forbidden"):
-                    it.message = exited_line(w.exit.to_json() if w.exit else None, ready=False, tail=it.tail)
-                    if w.wrapper_only:
-                        it.message += " (its launch wrapper still ran)"
-                if w.running or w.wrapper_only:  # a wrapper that outlived its server is stopped too
-                    to_stop.append(inst.name)
-        if to_stop:
-            for sr in stop_instances(conn, to_stop, pb.launch.stop_timeout):
-                for it in items:
-                    if it.instance == sr.instance:
-                        it.notes.append(f"stopped the failed server ({sr.action}"
-                                        f"{', ' + sr.how if sr.how else ''})")
+    if started_ok:
+        _wait_ready(conn, res, pb, plan, started_ok, launch_id=launch_id, timeout=timeout, t=t)
     bad = [it for it in items if it.status != "ready"]
     if bad:
         res.status = "failed"
@@ -342,7 +426,57 @@ def launch_host(conn: HostConnection, pb: Playbook, plan: list[Instance], *, lau
     return res
 
 
-def _refuse(res: HostLaunch, msg: str, status: str = "refused") -> HostLaunch:
+def _wait_ready(conn: Transport, res: HostLaunch, pb: Playbook, plan: list[Instance], started: list[str], *,
+                launch_id: str, timeout: float, t: float) -> None:
+    """Wait for the started instances (one bounded agent call), GET /health of the ready ones, and
+    stop those that failed (a wrapper that outlived its server too)."""
+    h, items = conn.host, res.instances
+    waited: ServerWaitAnswer = conn.agent(names.SERVER_WAIT, {
+        "state_dir": h.state_dir, "instances": started, "launch_ids": dict.fromkeys(started, launch_id),
+        "ready_line": engine().ready_line, "forbidden": list(pb.verify.forbidden), "timeout": timeout, "tail": TAIL,
+        "stamp_re": engine().log_stamp_re, "stamp_fmt": engine().log_stamp_fmt,
+    }, timeout=timeout + 60)
+    t = res.mark("wait ready", t)
+    to_stop = []
+    for inst, it in zip(plan, items, strict=True):
+        w = waited.get(inst.name)
+        if w is None:
+            continue
+        it.seconds = w.seconds
+        it.tail = w.tail
+        if w.status == "ready":
+            it.status, it.message = "ready", "ready line seen in this launch's log"
+            try:
+                code, _ = http_get(conn, inst.port, "/health", timeout=min(30.0, max(5.0, timeout)))
+            except (RemoteError, OSError) as e:
+                code = None
+                it.notes.append(f"GET /health failed: {e}")
+            it.health = code
+            t = res.mark("GET /health", t)
+            if code != 200:
+                it.status = "failed"
+                it.message = f"ready line seen, but GET /health answered {code}"
+                to_stop.append(inst.name)
+        else:
+            it.status = "timeout" if w.status == "timeout" else "failed"
+            it.message = w.why or w.status
+            if w.line:
+                it.message += f": {w.line}"
+            if not w.running and w.status in ("exited", "forbidden"):
+                it.message = exited_line(w.exit.to_json() if w.exit else None, ready=False, tail=it.tail)
+                if w.wrapper_only:
+                    it.message += " (its launch wrapper still ran)"
+            if w.running or w.wrapper_only:  # a wrapper that outlived its server is stopped too
+                to_stop.append(inst.name)
+    if to_stop:
+        for sr in stop_instances(conn, to_stop, pb.launch.stop_timeout):
+            for it in items:
+                if it.instance == sr.instance:
+                    it.notes.append(f"stopped the failed server ({sr.action}"
+                                    f"{', ' + sr.how if sr.how else ''})")
+
+
+def _refuse(res: HostLaunch, msg: str, status: HostStatus = "refused") -> HostLaunch:
     res.status = status
     res.message = msg
     for it in res.instances:
@@ -358,6 +492,23 @@ def _refuse_items(res: HostLaunch, plan: list[Instance], problems: dict[str, lis
         p = problems[inst.name]
         it.status = "refused"
         it.message = "; ".join(p) if p else "not started: another instance on this host was refused"
+    return res
+
+
+def check_fleet(fleet: Fleet, pb: Playbook, *, replace: bool = False, drop_unknown_flags: bool = False,
+                allow_uncovered: bool = False) -> list[LaunchPlan]:
+    """`launch --check`: every host's launch plan, from its facts; nothing is started or stopped."""
+    plans = instances_by_host(fleet, pb)
+    outs = fleet.run(lambda c: check_host(c, pb, plans[c.host.name], replace=replace,
+                                          drop_unknown_flags=drop_unknown_flags, allow_uncovered=allow_uncovered))
+    res = []
+    for o in outs:
+        if o.ok:
+            res.append(o.data)
+        else:
+            lp = LaunchPlan(o.host, "unreachable" if o.status == "unreachable" else "failed", o.message,
+                            instances=_starts(plans[o.host]))
+            res.append(lp)
     return res
 
 
@@ -388,7 +539,7 @@ def launch_fleet(fleet: Fleet, pb: Playbook, *, replace: bool = False, timeout: 
 @dataclass
 class HostStop:
     host: str
-    status: str
+    status: Literal["ok", "failed", "unreachable", "skipped"]
     message: str = ""
     instances: list[StopResult] = field(default_factory=list)
 

@@ -5,25 +5,27 @@ from __future__ import annotations
 
 import base64
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from fleetctl import hoststate, wheels
 from fleetctl.config.playbook import LaunchProfile, Playbook
 from fleetctl.engine import engine
 from fleetctl.facts import HostFacts
-from fleetctl.fleet import Fleet
 from fleetctl.instances import host_launch_spec
 from fleetctl.ops.deploy import Gathered, who
 from fleetctl.protocol import names
 from fleetctl.protocol.answers import DeployAnswer, RollbackAnswer
 from fleetctl.protocol.schema import to_json
-from fleetctl.transport.ssh import HostConnection
+from fleetctl.runner import Fleet
+from fleetctl.transport.base import Transport
+
+RollbackPlanStatus = Literal["change", "noop", "refused", "unreachable", "failed", "skipped"]
 
 
 @dataclass
 class RollbackPlan:
     host: str
-    status: str  # change | noop | refused | unreachable | failed | skipped
+    status: RollbackPlanStatus
     reason: str = ""
     deploy_ids: list[str] = field(default_factory=list)  # newest first
     files: list[dict[str, Any]] = field(default_factory=list)  # path, deploy, state, action
@@ -164,7 +166,7 @@ def apply_rollback(fleet: Fleet, plans: list[RollbackPlan], op_id: str, force: b
                 if key not in pristine:
                     pristine[key] = wheels.verified_pristine(key[0], key[1], f.get("sha_stated"))
 
-    def one(conn: HostConnection) -> dict[str, Any]:
+    def one(conn: Transport) -> dict[str, Any]:
         p = todo[conn.host.name]
         extra: dict[str, Any] = {"break_lock": True} if conn.host.name in break_lock else {}
         extra["launch"] = host_launch_spec(conn.host, profile).to_agent()
@@ -188,7 +190,7 @@ def apply_rollback(fleet: Fleet, plans: list[RollbackPlan], op_id: str, force: b
     return results
 
 
-def _restore_pristine(conn: HostConnection, p: RollbackPlan, op_id: str, pristine: dict[tuple[str, str], bytes],
+def _restore_pristine(conn: Transport, p: RollbackPlan, op_id: str, pristine: dict[tuple[str, str], bytes],
                       extra: dict[str, Any]) -> dict[str, Any]:
     """One transaction like a deploy's (lock, backups of the bytes there now, manifest, atomic swaps,
     re-hash), whose target is the pristine bytes; its record is closed as `restored-pristine`."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from fleetctl.engine import engine
 from fleetctl.errors import InputError
@@ -18,9 +18,9 @@ from fleetctl.errors import InputError
 if TYPE_CHECKING:  # parse_count/parse_percent check options before any host: no transport imported
     from fleetctl.config.inventory import Host
     from fleetctl.config.playbook import Playbook
-    from fleetctl.fleet import Fleet
+    from fleetctl.deploy_plan import Plan
     from fleetctl.ops.deploy import Gathered
-    from fleetctl.plan import Plan
+    from fleetctl.runner import Fleet
 
 
 def parse_count(text: str | None, total: int, what: str) -> int | None:
@@ -84,11 +84,14 @@ def original_code_playbook(pb: Playbook, version: str | None) -> Playbook:
     return pb.model_copy(update={"launch": pb.launch.model_copy(update={"flags": flags})})
 
 
+RollStatus = Literal["ok", "failed", "unreachable", "refused", "rolled-back", "untouched"]
+
+
 @dataclass
 class HostRoll:
     host: str
     batch: int
-    status: str  # ok | failed | unreachable | refused | rolled-back | untouched
+    status: RollStatus
     message: str = ""
     steps: dict[str, str] = field(default_factory=dict)
 

@@ -11,15 +11,14 @@ import calendar
 import posixpath
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from fleetctl.config.playbook import Playbook
 from fleetctl.engine import engine
 from fleetctl.facts import bytecode_problem
-from fleetctl.fleet import Fleet
 from fleetctl.instances import Instance
 from fleetctl.ops.exits import exited_line
-from fleetctl.ops.launch import http_get, plan_fleet, predates_deploy
+from fleetctl.ops.launch import http_get, instances_by_host, predates_deploy
 from fleetctl.protocol import names
 from fleetctl.protocol.answers import (
     DeployOnDisk,
@@ -30,7 +29,8 @@ from fleetctl.protocol.answers import (
     ServerGrepAnswer,
     WorkerCheck,
 )
-from fleetctl.transport.ssh import HostConnection, RemoteError
+from fleetctl.runner import Fleet
+from fleetctl.transport.base import RemoteError, Transport
 
 REPORT_ARGS = engine().report_args
 MAX_SHOWN = 5
@@ -83,10 +83,13 @@ class InstanceVerify:
                 "exited": self.exited, "tail": self.tail}
 
 
+VerifyStatus = Literal["ok", "failed", "unreachable", "skipped"]
+
+
 @dataclass
 class HostVerify:
     host: str
-    status: str  # ok | failed | unreachable
+    status: VerifyStatus
     message: str = ""
     instances: list[InstanceVerify] = field(default_factory=list)
     elapsed: float = 0.0
@@ -302,7 +305,7 @@ def _explain(iv: InstanceVerify, rec_env: dict[str, str], check: WorkerCheck | N
                               "the patch is not in the file that runs")
 
 
-def verify_host(conn: HostConnection, pb: Playbook, plan: list[Instance]) -> list[InstanceVerify]:
+def verify_host(conn: Transport, pb: Playbook, plan: list[Instance]) -> list[InstanceVerify]:
     h = conn.host
     wanted = [i.name for i in plan]
     patterns = list(dict.fromkeys([*pb.verify.markers, *pb.verify.forbidden, engine().ready_line, engine().dump_anchor]))
@@ -356,7 +359,7 @@ def verify_host(conn: HostConnection, pb: Playbook, plan: list[Instance]) -> lis
 
 
 def verify_fleet(fleet: Fleet, pb: Playbook) -> list[HostVerify]:
-    plans = plan_fleet(fleet, pb)
+    plans = instances_by_host(fleet, pb)
     outs = fleet.run(lambda c: verify_host(c, pb, plans[c.host.name]))
     res = []
     for o in outs:

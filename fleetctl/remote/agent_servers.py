@@ -43,7 +43,6 @@ import sys
 import time
 
 INSTANCE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-LAUNCH_RE = INSTANCE_RE
 MAX_LINE = 65536
 
 # The supervisor: `python -I -c SUPERVISOR EXIT_FILE PIPE_FD ARGV...`. Starts ARGV as its child (same
@@ -949,14 +948,6 @@ def action_server_stop(p):
     return out
 
 
-def action_server_status(p):
-    sd = p["state_dir"]
-    dep = deploy_on_disk(sd)
-    names = p.get("instances")
-    names = [check_name(n) for n in names] if names is not None else list_instances(sd)
-    return {"deploy_now": dep, "instances": [instance_state(sd, n, dep) for n in names]}
-
-
 def action_server_grep(p):
     """For each instance: its state plus the lines of its CURRENT launch's log matching the patterns."""
     sd = p["state_dir"]
@@ -997,11 +988,6 @@ def action_worker_check(p):
     return out
 
 
-def action_port_free(p):
-    return dict((str(pt), port_free(pt)) for pt in p.get("ports") or [])
-
-
 ACTIONS.update({"server_start": action_server_start, "server_wait": action_server_wait,
-                "server_stop": action_server_stop, "server_status": action_server_status,
-                "server_grep": action_server_grep, "worker_check": action_worker_check,
-                "port_free": action_port_free})
+                "server_stop": action_server_stop, "server_grep": action_server_grep,
+                "worker_check": action_worker_check})

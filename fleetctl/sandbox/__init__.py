@@ -4,7 +4,7 @@
     sb = up("/tmp/sb", hosts=8)          # -> Sandbox (.inventory_path, .hosts, .stop_host(), ...)
     down("/tmp/sb")
 
-See `fleetctl.sandbox.fleet` for the layout and for what is a stand-in (torch, nvidia-smi, the
+See `fleetctl.sandbox.lifecycle` for the layout and for what is a stand-in (torch, nvidia-smi, the
 SGLang server). Names are imported lazily so that `python -m fleetctl.sandbox.<module>` on a
 sandbox host stays fast.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from fleetctl.sandbox.fleet import (
+    from fleetctl.sandbox.lifecycle import (
         DownReport,
         HostStatus,
         Sandbox,
@@ -31,7 +31,7 @@ __all__ = ["DownReport", "HostStatus", "Sandbox", "SandboxHost", "down", "load",
 
 def __getattr__(name: str) -> Any:
     if name in __all__:
-        from fleetctl.sandbox import fleet
+        from fleetctl.sandbox import lifecycle
 
-        return getattr(fleet, name)
+        return getattr(lifecycle, name)
     raise AttributeError(f"module 'fleetctl.sandbox' has no attribute {name!r}")

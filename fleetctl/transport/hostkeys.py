@@ -25,16 +25,12 @@ def fingerprint(key: paramiko.PKey) -> str:
     return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
 
 
-def known_hosts_name(hostname: str, port: int) -> str:
-    return hostname if port == 22 else f"[{hostname}]:{port}"
-
-
 class StrictPolicy(paramiko.MissingHostKeyPolicy):
     def __init__(self, known_hosts: Path, host_label: str, accept_new: bool) -> None:
         self.known_hosts = known_hosts
         self.host_label = host_label
         self.accept_new = accept_new
-        self.accepted: str | None = None
+        self.accepted: str | None = None  # the line that reports a key recorded on first use
 
     def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
         fp = fingerprint(key)
@@ -50,4 +46,5 @@ class StrictPolicy(paramiko.MissingHostKeyPolicy):
             with os.fdopen(fd, "a") as fh:
                 fh.write(line)
         client.get_host_keys().add(hostname, key.get_name(), key)
-        self.accepted = fp
+        self.accepted = (f"{self.host_label}: recorded new host key {key.get_name()} {fp} for {hostname} in "
+                         f"{self.known_hosts} (--accept-new-host-keys)")

@@ -12,8 +12,8 @@ from typing import Any, Literal
 
 from fleetctl.config.inventory import Host, Inventory
 from fleetctl.errors import FleetctlError
+from fleetctl.transport.base import RemoteError, Transport, Unreachable
 from fleetctl.transport.hostkeys import HostKeyError
-from fleetctl.transport.ssh import HostConnection, RemoteError, Unreachable
 
 Status = Literal["ok", "failed", "unreachable", "skipped"]
 
@@ -37,6 +37,14 @@ class HostOutcome:
 
 
 ProgressFn = Callable[[HostOutcome], None]
+# how a Fleet makes a host's connection: (host, inventory, accept_new_host_keys) -> Transport
+TransportFactory = Callable[[Host, Inventory, bool], Transport]
+
+
+def ssh_transport(host: Host, inventory: Inventory, accept_new_host_keys: bool) -> Transport:
+    from fleetctl.transport.ssh import HostConnection  # paramiko is imported only to connect
+
+    return HostConnection(host, inventory, accept_new_host_keys=accept_new_host_keys)
 
 NOT_STARTED = "not started: interrupted (Ctrl-C)"
 ABANDON_AFTER = 10.0  # seconds a host's thread may take to give up after its connection was cut
@@ -52,25 +60,26 @@ class Fleet:
     forks: int = 32
     accept_new_host_keys: bool = False
     progress: ProgressFn | None = None
-    _conns: dict[str, HostConnection] = field(default_factory=dict)
+    transport: TransportFactory = ssh_transport
+    _conns: dict[str, Transport] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     # set by the first Ctrl-C: no host starts anything new; hosts in flight finish or time out
     interrupt: threading.Event = field(default_factory=threading.Event)
-    inflight: dict[str, HostConnection] = field(default_factory=dict)
+    inflight: dict[str, Transport] = field(default_factory=dict)
     # per host: the last outcome of each run, and where it was when Ctrl-C came
     last: dict[str, HostOutcome] = field(default_factory=dict)
     at_interrupt: dict[str, str] = field(default_factory=dict)
     not_started: set[str] = field(default_factory=set)
 
-    def connection(self, host: Host) -> HostConnection:
+    def connection(self, host: Host) -> Transport:
         with self._lock:
             c = self._conns.get(host.name)
             if c is None:
-                c = HostConnection(host, self.inventory, accept_new_host_keys=self.accept_new_host_keys)
+                c = self.transport(host, self.inventory, self.accept_new_host_keys)
                 self._conns[host.name] = c
             return c
 
-    def _one(self, host: Host, conn: HostConnection, fn: Callable[[HostConnection], Any]) -> HostOutcome:
+    def _one(self, host: Host, conn: Transport, fn: Callable[[Transport], Any]) -> HostOutcome:
         t0 = time.monotonic()
         try:
             conn.connect()
@@ -93,7 +102,7 @@ class Fleet:
         out.elapsed = time.monotonic() - t0
         return out
 
-    def run(self, fn: Callable[[HostConnection], Any], hosts: Iterable[Host] | None = None) -> list[HostOutcome]:
+    def run(self, fn: Callable[[Transport], Any], hosts: Iterable[Host] | None = None) -> list[HostOutcome]:
         """Call fn(conn) for each host (connecting first); outcomes in inventory order.
 
         At most `forks` hosts at once. Every host is bounded: each of its steps by its own timeout
@@ -105,7 +114,7 @@ class Fleet:
         if not targets:
             return []
         results: dict[int, HostOutcome] = {}
-        running: dict[int, tuple[Host, HostConnection]] = {}
+        running: dict[int, tuple[Host, Transport]] = {}
         cut_at: dict[int, float] = {}
         cond = threading.Condition()
         todo = iter(range(len(targets)))
@@ -165,6 +174,12 @@ class Fleet:
                     self.not_started.add(host.name)
                     finish(i, HostOutcome(host.name, "skipped", NOT_STARTED))
         return [results[i] for i in range(len(targets))]
+
+    def accepted_keys(self) -> list[str]:
+        """One line per host key recorded on first use (--accept-new-host-keys) by this command."""
+        with self._lock:
+            conns = list(self._conns.values())
+        return [k for c in conns for k in c.accepted_keys]
 
     def close(self) -> None:
         conns = list(self._conns.values())

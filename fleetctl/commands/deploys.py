@@ -37,9 +37,9 @@ from fleetctl.safetext import line, lines_cell, styled
 if TYPE_CHECKING:  # the playbook (pydantic, yaml), the fleet and the transport (paramiko, fabric) are
     # imported by the commands that use them (issue 16.10: 'fleetctl history' never loads them)
     from fleetctl.config.playbook import Playbook
-    from fleetctl.fleet import HostOutcome
-    from fleetctl.plan import Plan
+    from fleetctl.deploy_plan import Plan
     from fleetctl.protocol.answers import ReadFilesAnswer
+    from fleetctl.runner import HostOutcome
 
 PlaybookArg = Annotated[Path, typer.Argument(help="Playbook YAML, or a directory holding playbook.yaml.",
                                              show_default=False)]
@@ -441,7 +441,7 @@ def register(app: typer.Typer) -> None:
             servers = [s for o in outs if o.ok for s in server_status_facts(o.host, o.data)]
             found = {o.host: servers_from_facts(o.host, o.data, reqs[o.host]) for o in outs if o.ok}
             if pb is not None:  # which worker the launch will run vs what the playbook patches
-                from fleetctl.coverage import host_coverage
+                from fleetctl.patched_worker import host_coverage
 
                 by_name = {h.name: h for h in ctx.fleet.hosts}
                 for r in rows:
@@ -564,9 +564,9 @@ def register(app: typer.Typer) -> None:
         pb = load_playbook(playbook)
         with fleet_context(inventory, limit, forks, json=json_out, debug=debug,
                            accept_new_host_keys=accept_new_host_keys) as ctx:
-            from fleetctl.coverage import coverage, host_coverage, instances, launch_env, launch_flags
             from fleetctl.ops.deploy import gather
             from fleetctl.ops.verify import never_fires
+            from fleetctl.patched_worker import coverage, host_coverage, instances, launch_env, launch_flags
             gathered = _tick_run(ctx, "facts", lambda: gather(ctx.fleet, pb))
             rows: list[dict[str, Any]] = []
             for h in ctx.fleet.hosts:

@@ -11,8 +11,8 @@ from typing import Any
 
 from fleetctl.config.inventory import Host
 from fleetctl.config.playbook import Playbook
+from fleetctl.deploy_plan import Coverage
 from fleetctl.facts import HostFacts
-from fleetctl.plan import Coverage
 
 
 def instances(host: Host, playbook: Playbook) -> list[Any]:

@@ -1,0 +1,263 @@
+"""The agent session, over any byte pipe: the bootstrap the host's python runs, what is sent on
+its stdin (agent source, secret env, session mode), and the framing of requests and answers
+(10-digit length + JSON). A transport only supplies a `Pipe` to a process it started with
+`agent_command()`'s argv; everything else about the agent is here, once.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from fleetctl.config.inventory import Host
+from fleetctl.protocol import parse_reply
+from fleetctl.remote import agent_source
+from fleetctl.transport.base import RemoteError, Steps, Unreachable
+
+BOOTSTRAP = (
+    "import sys,os,marshal,hashlib\n"
+    "i=sys.stdin.buffer\n"
+    "n=int(i.read(10))\n"
+    "s=i.read(n)\n"
+    "g={'__name__':'fleetctl_agent'}\n"
+    # compiling the agent costs far more than running it: keep the code object per agent hash and
+    # interpreter in the host's private state dir (only a regular file owned by us, in a dir owned
+    # by us that nobody else can write, is trusted; anything odd: compile afresh)
+    "c=None;q=None\n"
+    "try:\n"
+    " r=os.path.expanduser(sys.argv[1]) if len(sys.argv)>1 and sys.argv[1] else None\n"
+    " if r:\n"
+    "  os.makedirs(r,0o700,exist_ok=True);t=os.stat(r)\n"
+    "  if t.st_uid==os.getuid() and not t.st_mode&0o022:\n"
+    "   q=os.path.join(r,'agent-%s.%s'%(hashlib.sha256(s).hexdigest()[:32],sys.implementation.cache_tag))\n"
+    "   t=os.lstat(q)\n"
+    "   if t.st_uid==os.getuid() and not t.st_mode&0o077 and t.st_mode&0o170000==0o100000:\n"
+    "    f=open(q,'rb');c=marshal.loads(f.read());f.close()\n"
+    "except Exception:\n"
+    " c=None\n"
+    "if c is None:\n"
+    " c=compile(s,'fleetctl-agent','exec')\n"
+    " if q:\n"
+    "  try:\n"
+    "   w=q+'.%d'%os.getpid();fd=os.open(w,os.O_WRONLY|os.O_CREAT|os.O_EXCL,0o600)\n"
+    "   os.write(fd,marshal.dumps(c));os.close(fd);os.replace(w,q)\n"
+    "  except Exception:\n"
+    "   pass\n"
+    "exec(c,g)\n"
+    "k=i.read(1)\n"
+    # optional secret-env block (b'E' + 10-digit length + JSON object): set in the agent's own
+    # environment, so secret values never appear on a command line (ps, /proc/*/cmdline, audit logs)
+    "if k==b'E':\n"
+    " import json;m=int(i.read(10));os.environ.update(json.loads(i.read(m)));k=i.read(1)\n"
+    # b'S': a session: framed requests (10-digit length + JSON) answered one by one until stdin
+    # ends, so one process serves every step of a command on this host; else one request to EOF
+    "if k==b'S':\n"
+    " sys.exit(g['_serve'](i))\n"
+    "sys.exit(g['_main'](k+i.read()))\n"
+)
+
+CHUNK = 1 << 16
+STDERR_TAIL = 1 << 16  # bytes of a remote stderr kept (its tail)
+
+
+def env_prefix(env: Mapping[str, str]) -> list[str]:
+    return ["env", *[f"{k}={v}" for k, v in env.items()]] if env else []
+
+
+def agent_command(host: Host) -> tuple[list[str], bytes]:
+    """The argv that starts the agent on `host` in session mode, and what to write to its stdin
+    first: the agent's source, the secret env (over stdin, never on the command line), b'S'."""
+    src = agent_source()
+    data = b"%010d" % len(src) + src
+    secret = {k: v for k, v in host.env.items() if k in host.secret_env_keys}
+    if secret:
+        block = json.dumps(secret).encode()
+        data += b"E%010d" % len(block) + block
+    data += b"S"
+    public = {k: v for k, v in host.env.items() if k not in host.secret_env_keys}
+    cache = host.state_dir.rstrip("/") + "/cache"
+    return [*env_prefix(public), host.python, "-c", BOOTSTRAP, cache], data
+
+
+
+class PipeLost(Exception):
+    """The link under the pipe is gone (not just the process at its far end)."""
+
+
+class Pipe(Protocol):
+    """The agent process's stdin/stdout/stderr, as a transport carries them."""
+
+    def send(self, data: bytes, deadline: float) -> bool:
+        """Write all of `data` by `deadline`. False if the process has ended (its exit status and
+        stderr tell why); TimeoutError if it takes nothing for that long; PipeLost if the link is gone."""
+        ...
+
+    def recv(self, n: int, wait: float) -> bytes | None:
+        """Up to n bytes of stdout; None if none came within `wait` seconds, b'' at its end."""
+        ...
+
+    def stderr(self) -> bytes:
+        """The stderr available now (never waits)."""
+        ...
+
+    def ended(self) -> bool:
+        """The process has ended or its stdout is closed (checked before a request)."""
+        ...
+
+    def exit_status(self, wait: float) -> int | None:
+        """Its exit status, waiting at most `wait` seconds; None if unknown."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class AgentTransport(Steps):
+    """A transport that runs the agent through a `Pipe`: the session (one process per host per
+    command), its bounds, and the one check of every answer (fleetctl/protocol). Subclasses
+    supply `_start_pipe(argv, limit)` and `_cut()`."""
+
+    def __init__(self, host: Host) -> None:
+        super().__init__()
+        self.host = host
+        self.accepted_keys: list[str] = []
+        self._agent_pipe: Pipe | None = None
+        self._agent_lock = threading.Lock()
+        self._agent_out = bytearray()
+        self._agent_err = bytearray()
+
+    def _start_pipe(self, argv: list[str], limit: float) -> Pipe:
+        raise NotImplementedError
+
+    def _lost(self, where: str, e: BaseException) -> Exception:
+        """The error for a link lost at `where` (the watchdog's line if it cut the host)."""
+        if self.aborted:
+            return RemoteError(self.aborted, kind="timeout")
+        return Unreachable(f"{self.host.name}: connection lost {where}: {e or e.__class__.__name__}")
+
+    def _cap(self) -> int:
+        return self.host.max_answer_bytes
+
+    def _agent_start(self) -> Pipe:
+        """Start the agent in session mode: one process serves every agent request of this command
+        on this host, until close(). Every step is bounded by command_timeout."""
+        argv, data = agent_command(self.host)
+        limit = self.host.command_timeout
+        pipe = self._start_pipe(argv, limit)
+        deadline = self._begin("sending the agent to the host", limit,
+                               f"{self.host.name}: the host took no agent code for {limit:g}s (sending the agent)")
+        try:
+            # if the process already ended (no such python), the first call says why
+            pipe.send(data, deadline)
+        except TimeoutError:
+            pipe.close()
+            raise RemoteError(self.step_stalled, kind="timeout") from None
+        except PipeLost as e:
+            pipe.close()
+            raise self._lost("sending the agent", e) from None
+        finally:
+            self._end()
+        self._agent_out.clear()
+        self._agent_err.clear()
+        return pipe
+
+    def _agent_drop(self) -> None:
+        pipe, self._agent_pipe = self._agent_pipe, None
+        if pipe is not None:
+            pipe.close()
+
+    def _keep_stderr(self, pipe: Pipe) -> None:
+        err = pipe.stderr()
+        if err:
+            self._agent_err += err
+            del self._agent_err[:-STDERR_TAIL]  # keep the tail
+
+    def _agent_answer(self, pipe: Pipe, deadline: float, action: str) -> bytes | None:
+        """The next framed answer; None if the agent's stdout ended first (the process is gone).
+        Raises TimeoutError at the deadline, RemoteError for an answer over max_answer_bytes (read
+        from its frame header, before any of it is kept) or stdout that is not a frame."""
+        out = self._agent_out
+        cap = self._cap()
+        while True:
+            if len(out) >= 10:
+                head = bytes(out[:10])
+                if not head.isdigit():  # something else wrote to stdout: not an answer
+                    junk = bytes(out[:120])
+                    out.clear()
+                    raise RemoteError(f"{self.host.name}: '{action}' answered something that is not an agent "
+                                      f"answer: {junk!r}", hint="does a login script print to stdout?")
+                n = int(head)
+                if n > cap:
+                    out.clear()
+                    raise RemoteError(f"{self.host.name}: answer to '{action}' too large ({n} bytes > cap {cap})",
+                                      hint="raise max_answer_bytes in the inventory if the host is right")
+                if len(out) >= 10 + n:
+                    answer = bytes(out[10:10 + n])
+                    del out[:10 + n]
+                    return answer
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            # stdout data and EOF end the wait at once; stderr is drained at least every 50 ms
+            data = pipe.recv(CHUNK if len(out) < 10 else max(1, min(CHUNK, 10 + int(out[:10]) - len(out))),
+                             min(0.05, left))
+            if data:
+                out += data
+            self._keep_stderr(pipe)
+            if data == b"":  # stdout ended: the process is gone (or the link closed)
+                return None
+
+    def _agent_ended(self, pipe: Pipe, action: str) -> RemoteError:
+        """Why the agent ended without answering: its exit status and stderr."""
+        rc = pipe.exit_status(5.0)
+        self._keep_stderr(pipe)
+        stderr = self._agent_err.decode(errors="replace")
+        self._agent_drop()
+        h = self.host.name
+        if self.aborted:
+            return RemoteError(self.aborted, kind="timeout")
+        tail = stderr.strip().splitlines()
+        why = tail[-1] if tail else f"exit code {rc}"
+        if rc in (126, 127):
+            return RemoteError(f"{h}: python interpreter {self.host.python!r} cannot run: {why}",
+                               kind="bad_python", hint="fix 'python:' for this host in the inventory")
+        return RemoteError(f"{h}: '{action}' failed: {why}", kind="failed", detail=stderr)
+
+    def agent(self, action: str, request: Mapping[str, Any] | None = None, *,
+              timeout: float | None = None) -> Any:
+        """Run one agent action with the host's python; return its result, checked and typed as
+        fleetctl.protocol.ANSWERS[action] says, or raise RemoteError (InvalidAnswer if it does not fit)."""
+        body = json.dumps({"action": action, **(request or {})}).encode()
+        limit = timeout if timeout is not None else self.host.command_timeout
+        h = self.host.name
+        with self._agent_lock:
+            pipe = self._agent_pipe
+            if pipe is None or pipe.ended():  # none yet, or it ended between requests
+                self._agent_drop()
+                pipe = self._agent_pipe = self._agent_start()
+            deadline = self._begin(f"the '{action}' request", limit,
+                                   f"{h}: '{action}' timed out: no answer within {limit:g}s")
+            try:
+                sent = pipe.send(b"%010d" % len(body) + body, deadline)
+                answer = self._agent_answer(pipe, deadline, action) if sent else None
+            except TimeoutError:
+                self._agent_drop()
+                raise RemoteError(self.step_stalled, kind="timeout",
+                                  hint="raise command_timeout in the inventory if the host is just slow") from None
+            except RemoteError:
+                self._agent_drop()
+                raise
+            except PipeLost as e:
+                self._agent_drop()
+                raise self._lost(f"while running {action}", e) from None
+            finally:
+                self._end()
+            if answer is None:  # the agent ended without answering: its exit status and stderr say why
+                raise self._agent_ended(pipe, action)
+        reply = parse_reply(h, action, answer)  # the one check of what the host sent (fleetctl/protocol)
+        if reply.error is not None:
+            raise RemoteError(f"{h}: {reply.error}", kind=reply.kind, detail=reply.traceback)
+        self.done.append(action)
+        return reply.result
