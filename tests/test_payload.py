@@ -462,26 +462,47 @@ def server_args_tree(version: str) -> ast.Module:
     return patched_tree(version, SERVER_ARGS)
 
 
+def field_file(version: str) -> str:
+    """Where the flag's field and argparse type live: server_args.py, or (0.5.20+) the spec namespace."""
+    return SPEC_FIELDS if _order(version) >= _order("0.5.20") else SERVER_ARGS
+
+
 def threshold_type(version: str):
-    return load_function(server_args_tree(version), "speculative_disable_batch_threshold_type",
+    return load_function(patched_tree(version, field_file(version)), "speculative_disable_batch_threshold_type",
                          {"argparse": argparse})
 
 
 def field_node(version: str) -> ast.AnnAssign:
-    cls = find_class(server_args_tree(version), "ServerArgs")
+    cls = find_class(patched_tree(version, field_file(version)),
+                     "Spec" if field_file(version) == SPEC_FIELDS else "ServerArgs")
     hits = [n for n in cls.body if isinstance(n, ast.AnnAssign) and ast.unparse(n.target) == FIELD]
     assert len(hits) == 1
     return hits[0]
 
 
-def load_arg_utils_0514():
-    """SGLang 0.5.14's own dataclass-to-argparse helper (stdlib only), from the pristine wheel."""
-    path = wheels.package_dir("0.5.14") / "srt" / "arg_groups" / "arg_utils.py"
-    spec = importlib.util.spec_from_file_location("_sglang_0514_arg_utils", path)
+def declares_flags_from_fields(version: str) -> bool:
+    return _order(version) >= _order("0.5.14")
+
+
+@cache
+def load_arg_utils(version: str):
+    """SGLang's own dataclass-to-argparse helper (stdlib only through 0.5.19), from the pristine wheel."""
+    path = wheels.package_dir(version) / "srt" / "arg_groups" / "arg_utils.py"
+    spec = importlib.util.spec_from_file_location(f"_sglang_arg_utils_{version.replace('.', '_')}", path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod
     spec.loader.exec_module(mod)
     return mod
+
+
+def arg_utils_release(version: str) -> str:
+    """0.5.20+ build Arg on msgspec, which is not installed here: their fields go through 0.5.19's helper,
+    after checking that the release's own helper derives argparse's type from Arg.type_parser the same way."""
+    if _order(version) <= _order("0.5.19"):
+        return version
+    own = (wheels.package_dir(version) / "srt" / "arg_groups" / "arg_utils.py").read_text()
+    assert own.count("type_func = arg_meta.type_parser or _infer_type_func(") == 2
+    return "0.5.19"
 
 
 def build_parser(version: str) -> argparse.ArgumentParser:
@@ -489,12 +510,12 @@ def build_parser(version: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sglang.launch_server")
     type_fn = threshold_type(version)
     node = field_node(version)
-    if version == "0.5.14":
-        au = load_arg_utils_0514()
-        ns = {"A": au.A, "Arg": au.Arg, "Optional": Optional, "dataclasses": dataclasses,
-              "speculative_disable_batch_threshold_type": type_fn}
+    if declares_flags_from_fields(version):
+        au = load_arg_utils(arg_utils_release(version))
+        ns = {"A": au.A, "Arg": au.Arg, "NS": getattr(au, "NS", None), "Optional": Optional,
+              "dataclasses": dataclasses, "speculative_disable_batch_threshold_type": type_fn}
         src = f"@dataclasses.dataclass\nclass Mini:\n    {ast.unparse(node)}\n"
-        exec(compile(src, "<0.5.14 ServerArgs field>", "exec", dont_inherit=True), ns)
+        exec(compile(src, f"<{version} ServerArgs field>", "exec", dont_inherit=True), ns)
         au.add_cli_args_from_dataclass(parser, ns["Mini"])
         return parser
     add_cli = find_def(find_class(server_args_tree(version), "ServerArgs"), "add_cli_args")
@@ -512,9 +533,11 @@ def test_server_args_field_defaults_to_off(version):
     node = field_node(version)
     assert ast.literal_eval(node.value) is None
     ann = ast.unparse(node.annotation)
-    assert ann.startswith("Optional[int]" if version != "0.5.14" else "A[Optional[int], Arg(")
-    # a dataclass field (so it is in the server_args=ServerArgs(...) startup dump), declared once
-    assert patched(version, SERVER_ARGS).count(f"    {FIELD}:".encode()) == 1
+    assert ann.startswith("A[Optional[int], Arg(" if declares_flags_from_fields(version) else "Optional[int]")
+    if version == "0.5.19":  # that release files every field under a namespace
+        assert ann.endswith("NS('spec')]")
+    # a field (so it is in the server_args=... startup dump), declared once
+    assert patched(version, field_file(version)).count(f"    {FIELD}:".encode()) == 1
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -536,36 +559,54 @@ def fake_args(version: str, **over):
     base = dict(speculative_disable_batch_threshold=16, speculative_algorithm="EAGLE3",
                 enable_dp_attention=False, disable_overlap_schedule=True, enable_multi_layer_eagle=False,
                 speculative_eagle_topk=1, speculative_adaptive=False, enable_two_batch_overlap=False,
-                enable_pdmux=False)
-    if version == "0.5.14":
+                enable_pdmux=False, pp_size=1)
+    if version in V2_RELEASES:
         base["disable_overlap_schedule"] = False  # the overlap path is supported there
     base.update(over)
     return types.SimpleNamespace(**base)
 
 
+class _Algorithm:
+    """Stand-in for SpeculativeAlgorithm.from_string(...) (0.5.23): no platform-specific worker."""
+
+    @classmethod
+    def from_string(cls, name):
+        return cls()
+
+    def get_platform_worker_cls(self):
+        return None
+
+
 @pytest.fixture
-def adaptive_module_0514(monkeypatch):
-    """`adaptive_unsupported_reason`, the real one from 0.5.14, importable where the patch imports it."""
-    fn = load_function(ast.parse(wheels.pristine_bytes("0.5.14", "srt/speculative/adaptive_spec_params.py")),
-                       "adaptive_unsupported_reason")
-    names = ["sglang", "sglang.srt", "sglang.srt.speculative", "sglang.srt.speculative.adaptive_spec_params"]
-    for name in names:
-        mod = types.ModuleType(name)
-        mod.__path__ = []
-        monkeypatch.setitem(sys.modules, name, mod)
-    sys.modules[names[-1]].adaptive_unsupported_reason = fn
+def adaptive_module(monkeypatch):
+    """Install the release's real `adaptive_unsupported_reason` where the patch imports it. Its view
+    helpers are the identity here (the stand-in args are already final values)."""
+    def install(version: str) -> None:
+        ns = {"resolving_view": lambda a: a, "resolved_view": lambda a: a, "SpeculativeAlgorithm": _Algorithm,
+              "attn_dp_enabled_of": lambda a: a.enable_dp_attention}
+        fn = load_function(ast.parse(wheels.pristine_bytes(version, "srt/speculative/adaptive_spec_params.py")),
+                           "adaptive_unsupported_reason", ns)
+        names = ["sglang", "sglang.srt", "sglang.srt.speculative", "sglang.srt.speculative.adaptive_spec_params",
+                 "sglang.srt.arg_groups", "sglang.srt.arg_groups.overrides"]
+        for name in names:
+            mod = types.ModuleType(name)
+            mod.__path__ = []
+            monkeypatch.setitem(sys.modules, name, mod)
+        sys.modules["sglang.srt.speculative.adaptive_spec_params"].adaptive_unsupported_reason = fn
+        sys.modules["sglang.srt.arg_groups.overrides"].resolved_view = ns["resolved_view"]  # 0.5.15-0.5.18
+    return install
 
 
 @pytest.mark.parametrize("version", VERSIONS)
-def test_server_args_validation(version, adaptive_module_0514):
+def test_server_args_validation(version, adaptive_module):
+    if version in V2_RELEASES:
+        adaptive_module(version)
     cls = find_class(server_args_tree(version), "ServerArgs")
     check = load_function(cls, "check_speculative_disable_batch_threshold")
     csa = find_def(cls, "check_server_args")
     assert ast.unparse(csa.body[0]) == "self.check_speculative_disable_batch_threshold()"
 
     check(fake_args(version, speculative_disable_batch_threshold=None, speculative_algorithm="NGRAM"))
-    check(fake_args(version))
-    check(fake_args(version, speculative_algorithm="EAGLE"))
 
     def refused(match: str, **over):
         with pytest.raises(ValueError, match=match):
@@ -573,32 +614,57 @@ def test_server_args_validation(version, adaptive_module_0514):
 
     for bad in (0, -1, True, 2.0):
         refused(r"must be an integer >= 1", speculative_disable_batch_threshold=bad)
+    if version in NONE_RELEASES:
+        refused("not supported by this SGLang version.*upgrade to 0.5.14")
+        refused("not supported by this SGLang version", disable_overlap_schedule=True)
+        return
+    check(fake_args(version))
+    check(fake_args(version, speculative_algorithm="EAGLE"))
     refused("STANDALONE", speculative_algorithm="STANDALONE")
     refused("NGRAM", speculative_algorithm="NGRAM")
-    refused("dp_attention|dp-attention", enable_dp_attention=True)
-    if version != "0.5.5.post3":
+    refused("dp_attention|dp-attention|attention DP", enable_dp_attention=True)
+    if _order(version) >= _order("0.5.7"):  # multi-layer EAGLE exists from 0.5.7
         refused("multi.layer.eagle", enable_multi_layer_eagle=True)
-    if version == "0.5.14":
-        check(fake_args(version, disable_overlap_schedule=True))  # synchronous v2: same worker
+    if _order(version) >= _order("0.5.11"):  # --speculative-adaptive exists from 0.5.11
         refused("speculative-adaptive", speculative_adaptive=True)
+    if version in V2_RELEASES:
+        check(fake_args(version, disable_overlap_schedule=True))  # synchronous v2: same worker
         refused("topk", speculative_eagle_topk=4)
         refused("two_batch_overlap", enable_two_batch_overlap=True)
+        if _order(version) >= _order("0.5.21"):  # PP + EAGLE allowed by SGLang from 0.5.21
+            refused("pipeline parallelism", pp_size=2)
     else:
         refused("SGLANG_ENABLE_SPEC_V2", disable_overlap_schedule=False)
+        if _order(version) >= _order("0.5.11"):  # overlap (EAGLEWorkerV2) is the default there
+            refused("SGLANG_ENABLE_SPEC_V2=0", disable_overlap_schedule=False)
         check(fake_args(version, speculative_eagle_topk=4))  # EAGLEWorker handles trees too
 
 
 # ---------------------------------------------------------------- coverage (with fleetctl's routing)
 
 
+ENV = "SGLANG_ENABLE_SPEC_V2"
+
+
 @pytest.mark.parametrize("version", VERSIONS)
 def test_default_launch_is_covered(version):
+    """fleetctl's routing (what explain and deploy use) with the playbook's own launch: covered on the
+    worker each release runs by default where that worker supports the feature; otherwise refused with
+    the playbook's reason, which says how to get a worker that does."""
     pb = playbook()
     cov = coverage(version, pb.launch.flags, {}, pb)
+    if version in NONE_RELEASES:
+        assert cov.worker_class == "EAGLEWorkerV2"
+        assert cov.refused and "upgrade to 0.5.14" in cov.refused
+        return
+    if version in V1_RELEASES and _order(version) >= _order("0.5.11"):
+        # EAGLEWorkerV2 is the default there and has no steps=0 state: refused, with the way out
+        assert cov.worker_class == "EAGLEWorkerV2" and cov.refused and f"{ENV}=0" in cov.refused
+        cov = coverage(version, pb.launch.flags, {ENV: "0"}, pb)
     assert cov.worker_class in SUPPORTED[version]
     assert cov.covered and cov.refused is None
-    if version != "0.5.14":
-        v2 = coverage(version, pb.launch.flags, {"SGLANG_ENABLE_SPEC_V2": "1"}, pb)
+    if version in V1_RELEASES:
+        v2 = coverage(version, pb.launch.flags, {ENV: "1"}, pb)
         assert v2.worker_class == "EAGLEWorkerV2" and v2.refused and "does not support" in v2.refused
 
 
@@ -623,7 +689,7 @@ SGLANG_PYTHON = os.environ.get("FLEETCTL_SGLANG_PYTHON")
 
 @pytest.mark.skipif(not SGLANG_PYTHON, reason="opt-in: FLEETCTL_SGLANG_PYTHON names an interpreter with "
                     "SGLang's import-time dependencies (torch, transformers, xgrammar); see docs/worker-paths.md")
-@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("version", HAND_WRITTEN)
 def test_real_sglang_modules_on_cpu(version, tmp_path):
     """The patched tree's own modules: real argparse parser and dump, real validation, and (v1) one
     skipped decode step through the real verify bookkeeping; see tests/data/payload/cpu_probe.py."""
