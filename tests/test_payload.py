@@ -454,6 +454,17 @@ def test_v2_worker_reuses_the_steps0_runtime_state(version):
     mine = re.sub(r"\bsa\.", "self.server_args.", ast.unparse(states))  # 0.5.14-0.5.15.post1: sa = self.server_args
     assert ast.unparse(graph_bs.test) in mine and ast.unparse(graph_bs.orelse) in mine
 
+    # the steps=0 state is built under the same contexts upstream builds its adaptive states in (the
+    # draft TP context's signature changes in 0.5.21, 0.5.22 and 0.5.23), and reads only draft-worker
+    # attributes upstream reads too
+    (theirs,) = [n for n in ast.walk(find_def(pcls, "init_cuda_graphs")) if isinstance(n, ast.With)]
+    (ours,) = [n for n in ast.walk(states) if isinstance(n, ast.With)]
+    assert [ast.unparse(i.context_expr) for i in ours.items] == [
+        ast.unparse(i.context_expr).replace("self._draft_worker.", "dw.") for i in theirs.items]
+    upstream_reads = {n.attr for n in ast.walk(pcls) if isinstance(n, ast.Attribute)
+                      and ast.unparse(n.value) == "self._draft_worker"}
+    assert attributes_of(states, "dw") <= upstream_reads
+
 
 # ---------------------------------------------------------------- server_args
 
