@@ -464,6 +464,11 @@ def test_v2_worker_reuses_the_steps0_runtime_state(version):
     upstream_reads = {n.attr for n in ast.walk(pcls) if isinstance(n, ast.Attribute)
                       and ast.unparse(n.value) == "self._draft_worker"}
     assert attributes_of(states, "dw") <= upstream_reads
+    # and calls upstream's methods with the signatures this release has
+    build_def, apply_def = find_def(pcls, "build_adaptive_runtime_state"), find_def(pcls, "apply_runtime_state")
+    assert [a.arg for a in build_def.args.args][:3] == ["self", "speculative_num_steps", "speculative_num_draft_tokens"]
+    assert "cuda_graph_bs" in [a.arg for a in build_def.args.args]
+    assert [a.arg for a in apply_def.args.args] == ["self", "state"]
 
 
 # ---------------------------------------------------------------- server_args
@@ -649,6 +654,27 @@ def test_server_args_validation(version, adaptive_module):
         if _order(version) >= _order("0.5.11"):  # overlap (EAGLEWorkerV2) is the default there
             refused("SGLANG_ENABLE_SPEC_V2=0", disable_overlap_schedule=False)
         check(fake_args(version, speculative_eagle_topk=4))  # EAGLEWorker handles trees too
+
+
+def release_fields(version: str) -> set[str]:
+    """Every ServerArgs field of the patched release (0.5.20+: of every namespace class it composes)."""
+    if field_file(version) == SERVER_ARGS:
+        return class_fields(find_class(server_args_tree(version), "ServerArgs"))[0]
+    names: set[str] = set()
+    for path in (wheels.package_dir(version) / "srt" / "arg_groups" / "fields").glob("*.py"):
+        rel = f"srt/arg_groups/fields/{path.name}"
+        tree = patched_tree(version, rel) if rel == SPEC_FIELDS else ast.parse(path.read_bytes())
+        for cls in (n for n in tree.body if isinstance(n, ast.ClassDef)):
+            names |= class_fields(cls)[0]
+    return names
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_server_args_check_reads_only_fields_of_the_release(version):
+    check = find_def(find_class(server_args_tree(version), "ServerArgs"), "check_speculative_disable_batch_threshold")
+    fields = release_fields(version)
+    assert FIELD in fields
+    assert attributes_of(check, "self") <= fields, sorted(attributes_of(check, "self") - fields)
 
 
 # ---------------------------------------------------------------- coverage (with fleetctl's routing)
