@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from fleetctl import wheels
 from fleetctl.config.playbook import load_playbook
@@ -100,9 +101,28 @@ def test_merge3_small_cases() -> None:
 # ---------------------------------------------------------------- fleetctl patch port
 
 
+# the payload's hand-written releases; the shipped playbook also has the releases ported from them,
+# which these tests port again from scratch
+HAND_WRITTEN = ("0.5.5.post3", "0.5.9", "0.5.10.post1", "0.5.14")
+
+
 def copy_playbook(tmp_path: Path) -> Path:
+    """The payload playbook with only its hand-written entries (text otherwise as shipped)."""
     dst = tmp_path / "pb"
     shutil.copytree(PLAYBOOK, dst)
+    text = (dst / "playbook.yaml").read_text()
+    root = yaml.compose(text)
+    vers = next(v for k, v in root.value if k.value == "versions")
+    keys = [k for k, _ in vers.value]
+    lines = text.splitlines(keepends=True)
+    drop: set[int] = set()
+    for i, k in enumerate(keys):
+        if k.value not in HAND_WRITTEN:
+            end = keys[i + 1].start_mark.line if i + 1 < len(keys) else vers.end_mark.line
+            drop |= set(range(k.start_mark.line, end))
+            shutil.rmtree(dst / "patches" / k.value)
+    (dst / "playbook.yaml").write_text("".join(line for n, line in enumerate(lines) if n not in drop))
+    assert sorted(load_playbook(dst).supported()) == sorted(HAND_WRITTEN)
     return dst
 
 

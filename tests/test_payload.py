@@ -14,6 +14,7 @@ import dataclasses
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -29,26 +30,52 @@ from fleetctl.config.playbook import PatchFile, Playbook, load_playbook
 from fleetctl.patched_worker import coverage
 from fleetctl.patching import apply_patch, parse_patch
 from fleetctl.sglang import routing
+from fleetctl.sglang.releases import KNOWN_VERSIONS
 
 ROOT = Path(__file__).resolve().parents[1]
 PLAYBOOK = ROOT / "playbooks" / "dynamic-spec-disable"
 WRONG_FILE = ROOT / "playbooks" / "origin-wrong-file"
 DATA = Path(__file__).parent / "data" / "payload"
 
-VERSIONS = ("0.5.5.post3", "0.5.9", "0.5.10.post1", "0.5.14")
+# Every release fleetctl knows (0.5.4.post3 - 0.5.23, .post releases included) has an entry.
+VERSIONS = KNOWN_VERSIONS
+# The releases whose patches were written by hand; the others were made from them with
+# `fleetctl patch port` and reviewed. The opt-in CPU probe (tests/data/payload/cpu_probe.py) knows these.
+HAND_WRITTEN = ("0.5.5.post3", "0.5.9", "0.5.10.post1", "0.5.14")
 MARKER = "Dynamic speculation disable enabled"
 FLAG = "--speculative-disable-batch-threshold"
 FIELD = "speculative_disable_batch_threshold"
 SERVER_ARGS = "srt/server_args.py"
+SPEC_FIELDS = "srt/arg_groups/fields/spec.py"  # 0.5.20+: where the release declares its speculative flags
 V1, V2 = "srt/speculative/eagle_worker.py", "srt/speculative/eagle_worker_v2.py"
 WORKER_CLASS = {V1: "EAGLEWorker", V2: "EAGLEWorkerV2"}
-# Where the feature is implemented; every other EAGLE-family worker is listed as unsupported.
-SUPPORTED = {
-    "0.5.5.post3": {"EAGLEWorker"},
-    "0.5.9": {"EAGLEWorker"},
-    "0.5.10.post1": {"EAGLEWorker"},
-    "0.5.14": {"EAGLEWorkerV2"},
-}
+
+
+def _order(v: str) -> int:
+    return KNOWN_VERSIONS.index(v)
+
+
+def _has_steps0_state(version: str) -> bool:
+    """The release's EAGLEWorkerV2 can build a steps=0 runtime state (upstream's adaptive machinery)."""
+    path = wheels.package_dir(version) / V2
+    cls = next(n for n in ast.parse(path.read_bytes()).body if isinstance(n, ast.ClassDef) and n.name == "EAGLEWorkerV2")
+    names = {n.name for n in cls.body if isinstance(n, ast.FunctionDef)}
+    return {"_build_trivial_verify_input", "build_adaptive_runtime_state", "apply_runtime_state"} <= names
+
+
+def _supported(version: str) -> set[str]:
+    """Where the feature is implemented: EAGLEWorkerV2 where it has the steps=0 machinery (0.5.14+),
+    else EAGLEWorker while it exists (through 0.5.12.post1), else nowhere (0.5.13, 0.5.13.post1)."""
+    if _has_steps0_state(version):
+        return {"EAGLEWorkerV2"}
+    return {"EAGLEWorker"} if (wheels.package_dir(version) / V1).is_file() else set()
+
+
+# Every other EAGLE-family worker of a release is listed as unsupported.
+SUPPORTED = {v: _supported(v) for v in VERSIONS}
+V1_RELEASES = tuple(v for v in VERSIONS if SUPPORTED[v] == {"EAGLEWorker"})
+V2_RELEASES = tuple(v for v in VERSIONS if SUPPORTED[v] == {"EAGLEWorkerV2"})
+NONE_RELEASES = tuple(v for v in VERSIONS if not SUPPORTED[v])
 
 
 @cache
@@ -132,7 +159,15 @@ def load_function(tree: ast.Module, name: str, namespace: dict | None = None, fi
 # ---------------------------------------------------------------- the playbook itself
 
 
-def test_playbook_covers_the_four_versions_and_every_eagle_worker_file():
+def test_release_groups():
+    """What the payload does where (docs/worker-paths.md §2.7): EAGLEWorker through 0.5.12.post1, nothing
+    on 0.5.13/0.5.13.post1 (no steps=0 state yet, no EAGLEWorker any more), EAGLEWorkerV2 from 0.5.14."""
+    assert V1_RELEASES == VERSIONS[: _order("0.5.12.post1") + 1]
+    assert NONE_RELEASES == ("0.5.13", "0.5.13.post1")
+    assert V2_RELEASES == VERSIONS[_order("0.5.14"):]
+
+
+def test_playbook_covers_every_release_and_every_eagle_worker_file():
     pb = playbook()
     assert pb.name == "dynamic-spec-disable"
     assert sorted(pb.supported()) == sorted(VERSIONS)
@@ -140,7 +175,8 @@ def test_playbook_covers_the_four_versions_and_every_eagle_worker_file():
         paths = [f.path for f in pb.files_for(v)]
         present = [rel for rel in (V1, V2) if (wheels.package_dir(v) / rel).is_file()]
         assert present, v
-        assert sorted(paths) == sorted([SERVER_ARGS, *present]), v
+        args = [SERVER_ARGS, SPEC_FIELDS] if _order(v) >= _order("0.5.20") else [SERVER_ARGS]
+        assert sorted(paths) == sorted([*args, *present]), v
         for f in pb.files_for(v):
             assert f.patch_path == PLAYBOOK / "patches" / v / (Path(f.path).name + ".diff")
     assert [rel for rel in (V1, V2) if (wheels.package_dir("0.5.14") / rel).is_file()] == [V2]
@@ -155,6 +191,11 @@ def test_every_eagle_worker_class_is_supported_or_listed_unsupported():
         assert unsupported == classes - SUPPORTED[v], v
         for cls, why in pb.unsupported_workers[v].items():
             assert why.strip().endswith(".") and why.count(". ") == 0, f"{v} {cls}: one sentence"
+        why_v2 = pb.unsupported_workers[v].get("EAGLEWorkerV2", "")
+        if v in V1_RELEASES and _order(v) >= _order("0.5.11"):
+            assert "SGLANG_ENABLE_SPEC_V2=0" in why_v2, v  # the default worker there: how to get the other
+        if v in NONE_RELEASES:
+            assert "0.5.14" in why_v2, v
 
 
 def test_launch_and_verify_sections():
@@ -201,11 +242,37 @@ def test_patched_file_compiles(version, pf):
     compile(patched(version, pf.path), f"{version}/{pf.path}", "exec")
 
 
+RUFF = shutil.which("ruff", path=str(Path(sys.executable).parent)) or shutil.which("ruff")
+
+
+def undefined_names(source: bytes, tmp: Path) -> list[str]:
+    """ruff's F821 (undefined name) findings in `source`, by name."""
+    tmp.write_bytes(source)
+    proc = subprocess.run([RUFF, "check", "--isolated", "--no-cache", "--select", "F821",
+                           "--output-format", "json", str(tmp)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode in (0, 1), proc.stderr
+    return sorted(d["message"] for d in json.loads(proc.stdout or "[]"))
+
+
+@pytest.mark.parametrize(("version", "pf"), FILES, ids=FILE_IDS)
+def test_patch_adds_no_undefined_name(version, pf, tmp_path):
+    """A clean three-way merge can still call what the release does not have (a helper removed, an
+    import gone): the patched file has exactly the undefined names of the pristine one."""
+    assert RUFF, "ruff (a test dependency) is needed"
+    before = undefined_names(wheels.pristine_bytes(version, pf.path), tmp_path / "pristine.py")
+    assert undefined_names(patched(version, pf.path), tmp_path / "patched.py") == before
+
+
+def test_undefined_name_check_can_fail(tmp_path):
+    src = patched("0.5.9", V1).replace(b"require_mlp_sync,\n", b"", 1)
+    assert "Undefined name `require_mlp_sync`" in undefined_names(src, tmp_path / "x.py")
+
+
 # ---------------------------------------------------------------- workers
 
 
-@pytest.mark.parametrize(("version", "pf"), [f for f in FILES if f[1].path != SERVER_ARGS],
-                         ids=[i for (_, pf), i in zip(FILES, FILE_IDS, strict=True) if pf.path != SERVER_ARGS])
+@pytest.mark.parametrize(("version", "pf"), [f for f in FILES if f[1].path in WORKER_CLASS],
+                         ids=[i for (_, pf), i in zip(FILES, FILE_IDS, strict=True) if pf.path in WORKER_CLASS])
 def test_marker_only_in_supported_worker_init(version, pf):
     tree = patched_tree(version, pf.path)
     cls = find_class(tree, WORKER_CLASS[pf.path])
@@ -252,7 +319,7 @@ def test_decision_function_edges(version, rel):
 
 def test_decision_function_is_pure_and_identical_everywhere():
     nodes = [find_def(patched_tree(v, rel), "_dsd_should_speculate") for v, rel in decision_functions()]
-    assert len(nodes) == 4
+    assert len(nodes) == len(V1_RELEASES) + len(V2_RELEASES)
     dumps = {ast.dump(n) for n in nodes}
     assert len(dumps) == 1
     body = nodes[0]
@@ -260,7 +327,31 @@ def test_decision_function_is_pure_and_identical_everywhere():
     assert [a.arg for a in body.args.args] == ["batch_size", "threshold"]
 
 
-@pytest.mark.parametrize("version", ["0.5.5.post3", "0.5.9", "0.5.10.post1"])
+@cache
+def pristine_class(version: str, rel: str, name: str) -> ast.ClassDef:
+    return find_class(ast.parse(wheels.pristine_bytes(version, rel)), name)
+
+
+def class_fields(cls: ast.ClassDef) -> tuple[set[str], set[str]]:
+    """(all annotated fields, those without a default) of a dataclass-like class."""
+    anns = [n for n in cls.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)]
+    return {n.target.id for n in anns}, {n.target.id for n in anns if n.value is None}
+
+
+def class_attributes(cls: ast.ClassDef) -> set[str]:
+    """Fields, methods and every `self.X = ...` of a class."""
+    names = class_fields(cls)[0] | {n.name for n in cls.body if isinstance(n, ast.FunctionDef)}
+    names |= {n.attr for n in ast.walk(cls) if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store)
+              and isinstance(n.value, ast.Name) and n.value.id == "self"}
+    return names
+
+
+def attributes_of(node: ast.AST, var: str) -> set[str]:
+    return {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)
+            and isinstance(n.value, ast.Name) and n.value.id == var}
+
+
+@pytest.mark.parametrize("version", V1_RELEASES)
 def test_v1_worker_skip_path(version):
     """EAGLEWorker: a skipped step replaces draft() only; verify runs a plain target decode for the
     one-node input, and the draft extend after decode runs on both paths."""
@@ -279,8 +370,6 @@ def test_v1_worker_skip_path(version):
     kw = {k.arg: ast.unparse(k.value) for k in vi.keywords}
     assert (kw["spec_steps"], kw["topk"], kw["draft_token_num"]) == ("0", "1", "1")
     assert calls(skip, "cumulate_output_tokens"), "penalties still see the last token"
-    if version != "0.5.5.post3":
-        assert calls(skip, "maybe_evict_swa")
 
     verify = find_def(cls, "verify")
     (branch,) = [n for n in ast.walk(verify) if isinstance(n, ast.If) and "spec_steps == 0" in ast.unparse(n.test)]
@@ -294,23 +383,92 @@ def test_v1_worker_skip_path(version):
     assert "require_mlp_sync(server_args)" in init and "mambaish_config" in init
 
 
-def test_v2_worker_0514_reuses_the_steps0_runtime_state():
-    tree = patched_tree("0.5.14", V2)
+@pytest.mark.parametrize("version", V1_RELEASES)
+def test_v1_skip_matches_the_release(version):
+    """What a clean merge cannot see: the skip uses this release's own names. The per-step bookkeeping
+    that _draft_preprocess_decode does before allocating (SWA eviction: none before 0.5.7, the
+    SWAChunkCache loop on 0.5.7, maybe_evict_swa + decode_batch_idx from 0.5.8) and its penalty
+    accumulation are repeated as written; EagleVerifyInput gets this release's fields (retrieve_* from
+    0.5.11); every attribute read from the batch, the draft input and the verify input exists."""
+    cls = find_class(patched_tree(version, V1), "EAGLEWorker")
+    skip = find_def(cls, "_dsd_skip_draft")
+    pre = find_def(pristine_class(version, V1, "EAGLEWorker"), "_draft_preprocess_decode")
+    first = next(i for i, s in enumerate(pre.body) if "num_seqs = batch.batch_size()" in ast.unparse(s))
+    body = [s for s in skip.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+    assert [ast.unparse(s) for s in body[:first]] == [ast.unparse(s) for s in pre.body[:first]]
+    (want,) = calls(pre, "cumulate_output_tokens")
+    (got,) = calls(skip, "cumulate_output_tokens")
+    assert ast.unparse(got) == ast.unparse(want)
+
+    info = "srt/speculative/eagle_info.py"
+    fields, required = class_fields(pristine_class(version, info, "EagleVerifyInput"))
+    (vi,) = calls(skip, "EagleVerifyInput")
+    given = {k.arg for k in vi.keywords}
+    assert required <= given <= fields, (sorted(given - fields), sorted(required - given))
+    draft_fields = class_attributes(pristine_class(version, info, "EagleDraftInput"))
+    assert attributes_of(skip, "spec_info") <= draft_fields
+    batch_attrs = class_attributes(pristine_class(version, "srt/managers/schedule_batch.py", "ScheduleBatch"))
+    for fn in (skip, find_def(cls, "_dsd_forward_target_decode")):
+        assert attributes_of(fn, "batch") <= batch_attrs, sorted(attributes_of(fn, "batch") - batch_attrs)
+    req_attrs = class_attributes(pristine_class(version, "srt/managers/schedule_batch.py", "Req"))
+    assert attributes_of(skip, "req") <= req_attrs
+
+
+def test_v1_skip_check_can_fail():
+    """0.5.9's skip on 0.5.7 (what the clean merge gave) calls maybe_evict_swa, which 0.5.7 lacks."""
+    skip = find_def(find_class(patched_tree("0.5.9", V1), "EAGLEWorker"), "_dsd_skip_draft")
+    batch_attrs = class_attributes(pristine_class("0.5.7", "srt/managers/schedule_batch.py", "ScheduleBatch"))
+    assert "maybe_evict_swa" in attributes_of(skip, "batch") - batch_attrs
+    fields, _ = class_fields(pristine_class("0.5.12", "srt/speculative/eagle_info.py", "EagleVerifyInput"))
+    (vi,) = calls(skip, "EagleVerifyInput")
+    assert "retrive_index" in {k.arg for k in vi.keywords} - fields
+
+
+@pytest.mark.parametrize("version", V2_RELEASES)
+def test_v2_worker_reuses_the_steps0_runtime_state(version):
+    tree = patched_tree(version, V2)
     cls = find_class(tree, "EAGLEWorkerV2")
     fbg = find_def(cls, "forward_batch_generation")
     (switch,) = calls(fbg, "apply_runtime_state")
     assert "_dsd_states" in ast.unparse(switch)
     assert calls(fbg, "_dsd_should_speculate")
     assert calls(find_def(cls, "init_cuda_graphs"), "_dsd_init_runtime_states")
-    (build,) = calls(find_def(cls, "_dsd_init_runtime_states"), "build_adaptive_runtime_state")
+    states = find_def(cls, "_dsd_init_runtime_states")
+    (build,) = calls(states, "build_adaptive_runtime_state")
     assert [ast.unparse(a) for a in build.args] == ["0", "1"]
     init = ast.unparse(find_def(cls, "__init__"))
     assert "SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND" in init
     # the pristine file has the machinery the patch relies on
-    pristine = ast.parse(wheels.pristine_bytes("0.5.14", V2))
-    pcls = find_class(pristine, "EAGLEWorkerV2")
+    pcls = pristine_class(version, V2, "EAGLEWorkerV2")
     for name in ("build_adaptive_runtime_state", "apply_runtime_state", "_build_trivial_verify_input"):
         find_def(pcls, name)
+    # the regular state names every field of this release's SpecRuntimeState
+    fields, required = class_fields(pristine_class(version, "srt/speculative/adaptive_runtime_state.py",
+                                                   "SpecRuntimeState"))
+    (regular,) = calls(states, "SpecRuntimeState")
+    assert required <= {k.arg for k in regular.keywords} <= fields
+    # CUDA graphs for the steps=0 state: the same settings upstream gives its own adaptive states
+    (init_states,) = calls(find_def(pcls, "init_cuda_graphs"), "init_states")
+    (graph_bs,) = [k.value for k in init_states.keywords if k.arg == "cuda_graph_bs"]
+    assert isinstance(graph_bs, ast.IfExp)
+    mine = re.sub(r"\bsa\.", "self.server_args.", ast.unparse(states))  # 0.5.14-0.5.15.post1: sa = self.server_args
+    assert ast.unparse(graph_bs.test) in mine and ast.unparse(graph_bs.orelse) in mine
+
+    # the steps=0 state is built under the same contexts upstream builds its adaptive states in (the
+    # draft TP context's signature changes in 0.5.21, 0.5.22 and 0.5.23), and reads only draft-worker
+    # attributes upstream reads too
+    (theirs,) = [n for n in ast.walk(find_def(pcls, "init_cuda_graphs")) if isinstance(n, ast.With)]
+    (ours,) = [n for n in ast.walk(states) if isinstance(n, ast.With)]
+    assert [ast.unparse(i.context_expr) for i in ours.items] == [
+        ast.unparse(i.context_expr).replace("self._draft_worker.", "dw.") for i in theirs.items]
+    upstream_reads = {n.attr for n in ast.walk(pcls) if isinstance(n, ast.Attribute)
+                      and ast.unparse(n.value) == "self._draft_worker"}
+    assert attributes_of(states, "dw") <= upstream_reads
+    # and calls upstream's methods with the signatures this release has
+    build_def, apply_def = find_def(pcls, "build_adaptive_runtime_state"), find_def(pcls, "apply_runtime_state")
+    assert [a.arg for a in build_def.args.args][:3] == ["self", "speculative_num_steps", "speculative_num_draft_tokens"]
+    assert "cuda_graph_bs" in [a.arg for a in build_def.args.args]
+    assert [a.arg for a in apply_def.args.args] == ["self", "state"]
 
 
 # ---------------------------------------------------------------- server_args
@@ -320,26 +478,47 @@ def server_args_tree(version: str) -> ast.Module:
     return patched_tree(version, SERVER_ARGS)
 
 
+def field_file(version: str) -> str:
+    """Where the flag's field and argparse type live: server_args.py, or (0.5.20+) the spec namespace."""
+    return SPEC_FIELDS if _order(version) >= _order("0.5.20") else SERVER_ARGS
+
+
 def threshold_type(version: str):
-    return load_function(server_args_tree(version), "speculative_disable_batch_threshold_type",
+    return load_function(patched_tree(version, field_file(version)), "speculative_disable_batch_threshold_type",
                          {"argparse": argparse})
 
 
 def field_node(version: str) -> ast.AnnAssign:
-    cls = find_class(server_args_tree(version), "ServerArgs")
+    cls = find_class(patched_tree(version, field_file(version)),
+                     "Spec" if field_file(version) == SPEC_FIELDS else "ServerArgs")
     hits = [n for n in cls.body if isinstance(n, ast.AnnAssign) and ast.unparse(n.target) == FIELD]
     assert len(hits) == 1
     return hits[0]
 
 
-def load_arg_utils_0514():
-    """SGLang 0.5.14's own dataclass-to-argparse helper (stdlib only), from the pristine wheel."""
-    path = wheels.package_dir("0.5.14") / "srt" / "arg_groups" / "arg_utils.py"
-    spec = importlib.util.spec_from_file_location("_sglang_0514_arg_utils", path)
+def declares_flags_from_fields(version: str) -> bool:
+    return _order(version) >= _order("0.5.14")
+
+
+@cache
+def load_arg_utils(version: str):
+    """SGLang's own dataclass-to-argparse helper (stdlib only through 0.5.19), from the pristine wheel."""
+    path = wheels.package_dir(version) / "srt" / "arg_groups" / "arg_utils.py"
+    spec = importlib.util.spec_from_file_location(f"_sglang_arg_utils_{version.replace('.', '_')}", path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod
     spec.loader.exec_module(mod)
     return mod
+
+
+def arg_utils_release(version: str) -> str:
+    """0.5.20+ build Arg on msgspec, which is not installed here: their fields go through 0.5.19's helper,
+    after checking that the release's own helper derives argparse's type from Arg.type_parser the same way."""
+    if _order(version) <= _order("0.5.19"):
+        return version
+    own = (wheels.package_dir(version) / "srt" / "arg_groups" / "arg_utils.py").read_text()
+    assert own.count("type_func = arg_meta.type_parser or _infer_type_func(") == 2
+    return "0.5.19"
 
 
 def build_parser(version: str) -> argparse.ArgumentParser:
@@ -347,12 +526,12 @@ def build_parser(version: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sglang.launch_server")
     type_fn = threshold_type(version)
     node = field_node(version)
-    if version == "0.5.14":
-        au = load_arg_utils_0514()
-        ns = {"A": au.A, "Arg": au.Arg, "Optional": Optional, "dataclasses": dataclasses,
-              "speculative_disable_batch_threshold_type": type_fn}
+    if declares_flags_from_fields(version):
+        au = load_arg_utils(arg_utils_release(version))
+        ns = {"A": au.A, "Arg": au.Arg, "NS": getattr(au, "NS", None), "Optional": Optional,
+              "dataclasses": dataclasses, "speculative_disable_batch_threshold_type": type_fn}
         src = f"@dataclasses.dataclass\nclass Mini:\n    {ast.unparse(node)}\n"
-        exec(compile(src, "<0.5.14 ServerArgs field>", "exec", dont_inherit=True), ns)
+        exec(compile(src, f"<{version} ServerArgs field>", "exec", dont_inherit=True), ns)
         au.add_cli_args_from_dataclass(parser, ns["Mini"])
         return parser
     add_cli = find_def(find_class(server_args_tree(version), "ServerArgs"), "add_cli_args")
@@ -370,9 +549,11 @@ def test_server_args_field_defaults_to_off(version):
     node = field_node(version)
     assert ast.literal_eval(node.value) is None
     ann = ast.unparse(node.annotation)
-    assert ann.startswith("Optional[int]" if version != "0.5.14" else "A[Optional[int], Arg(")
-    # a dataclass field (so it is in the server_args=ServerArgs(...) startup dump), declared once
-    assert patched(version, SERVER_ARGS).count(f"    {FIELD}:".encode()) == 1
+    assert ann.startswith("A[Optional[int], Arg(" if declares_flags_from_fields(version) else "Optional[int]")
+    if version == "0.5.19":  # that release files every field under a namespace
+        assert ann.endswith("NS('spec')]")
+    # a field (so it is in the server_args=... startup dump), declared once
+    assert patched(version, field_file(version)).count(f"    {FIELD}:".encode()) == 1
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -394,36 +575,54 @@ def fake_args(version: str, **over):
     base = dict(speculative_disable_batch_threshold=16, speculative_algorithm="EAGLE3",
                 enable_dp_attention=False, disable_overlap_schedule=True, enable_multi_layer_eagle=False,
                 speculative_eagle_topk=1, speculative_adaptive=False, enable_two_batch_overlap=False,
-                enable_pdmux=False)
-    if version == "0.5.14":
+                enable_pdmux=False, pp_size=1)
+    if version in V2_RELEASES:
         base["disable_overlap_schedule"] = False  # the overlap path is supported there
     base.update(over)
     return types.SimpleNamespace(**base)
 
 
+class _Algorithm:
+    """Stand-in for SpeculativeAlgorithm.from_string(...) (0.5.23): no platform-specific worker."""
+
+    @classmethod
+    def from_string(cls, name):
+        return cls()
+
+    def get_platform_worker_cls(self):
+        return None
+
+
 @pytest.fixture
-def adaptive_module_0514(monkeypatch):
-    """`adaptive_unsupported_reason`, the real one from 0.5.14, importable where the patch imports it."""
-    fn = load_function(ast.parse(wheels.pristine_bytes("0.5.14", "srt/speculative/adaptive_spec_params.py")),
-                       "adaptive_unsupported_reason")
-    names = ["sglang", "sglang.srt", "sglang.srt.speculative", "sglang.srt.speculative.adaptive_spec_params"]
-    for name in names:
-        mod = types.ModuleType(name)
-        mod.__path__ = []
-        monkeypatch.setitem(sys.modules, name, mod)
-    sys.modules[names[-1]].adaptive_unsupported_reason = fn
+def adaptive_module(monkeypatch):
+    """Install the release's real `adaptive_unsupported_reason` where the patch imports it. Its view
+    helpers are the identity here (the stand-in args are already final values)."""
+    def install(version: str) -> None:
+        ns = {"resolving_view": lambda a: a, "resolved_view": lambda a: a, "SpeculativeAlgorithm": _Algorithm,
+              "attn_dp_enabled_of": lambda a: a.enable_dp_attention}
+        fn = load_function(ast.parse(wheels.pristine_bytes(version, "srt/speculative/adaptive_spec_params.py")),
+                           "adaptive_unsupported_reason", ns)
+        names = ["sglang", "sglang.srt", "sglang.srt.speculative", "sglang.srt.speculative.adaptive_spec_params",
+                 "sglang.srt.arg_groups", "sglang.srt.arg_groups.overrides"]
+        for name in names:
+            mod = types.ModuleType(name)
+            mod.__path__ = []
+            monkeypatch.setitem(sys.modules, name, mod)
+        sys.modules["sglang.srt.speculative.adaptive_spec_params"].adaptive_unsupported_reason = fn
+        sys.modules["sglang.srt.arg_groups.overrides"].resolved_view = ns["resolved_view"]  # 0.5.15-0.5.18
+    return install
 
 
 @pytest.mark.parametrize("version", VERSIONS)
-def test_server_args_validation(version, adaptive_module_0514):
+def test_server_args_validation(version, adaptive_module):
+    if version in V2_RELEASES:
+        adaptive_module(version)
     cls = find_class(server_args_tree(version), "ServerArgs")
     check = load_function(cls, "check_speculative_disable_batch_threshold")
     csa = find_def(cls, "check_server_args")
     assert ast.unparse(csa.body[0]) == "self.check_speculative_disable_batch_threshold()"
 
     check(fake_args(version, speculative_disable_batch_threshold=None, speculative_algorithm="NGRAM"))
-    check(fake_args(version))
-    check(fake_args(version, speculative_algorithm="EAGLE"))
 
     def refused(match: str, **over):
         with pytest.raises(ValueError, match=match):
@@ -431,32 +630,78 @@ def test_server_args_validation(version, adaptive_module_0514):
 
     for bad in (0, -1, True, 2.0):
         refused(r"must be an integer >= 1", speculative_disable_batch_threshold=bad)
+    if version in NONE_RELEASES:
+        refused("not supported by this SGLang version.*upgrade to 0.5.14")
+        refused("not supported by this SGLang version", disable_overlap_schedule=True)
+        return
+    check(fake_args(version))
+    check(fake_args(version, speculative_algorithm="EAGLE"))
     refused("STANDALONE", speculative_algorithm="STANDALONE")
     refused("NGRAM", speculative_algorithm="NGRAM")
-    refused("dp_attention|dp-attention", enable_dp_attention=True)
-    if version != "0.5.5.post3":
+    refused("dp_attention|dp-attention|attention DP", enable_dp_attention=True)
+    if _order(version) >= _order("0.5.7"):  # multi-layer EAGLE exists from 0.5.7
         refused("multi.layer.eagle", enable_multi_layer_eagle=True)
-    if version == "0.5.14":
-        check(fake_args(version, disable_overlap_schedule=True))  # synchronous v2: same worker
+    if _order(version) >= _order("0.5.11"):  # --speculative-adaptive exists from 0.5.11
         refused("speculative-adaptive", speculative_adaptive=True)
+    if version in V2_RELEASES:
+        check(fake_args(version, disable_overlap_schedule=True))  # synchronous v2: same worker
         refused("topk", speculative_eagle_topk=4)
         refused("two_batch_overlap", enable_two_batch_overlap=True)
+        if _order(version) >= _order("0.5.21"):  # PP + EAGLE allowed by SGLang from 0.5.21
+            refused("pipeline parallelism", pp_size=2)
     else:
         refused("SGLANG_ENABLE_SPEC_V2", disable_overlap_schedule=False)
+        if _order(version) >= _order("0.5.11"):  # overlap (EAGLEWorkerV2) is the default there
+            refused("SGLANG_ENABLE_SPEC_V2=0", disable_overlap_schedule=False)
         check(fake_args(version, speculative_eagle_topk=4))  # EAGLEWorker handles trees too
+
+
+def release_fields(version: str) -> set[str]:
+    """Every ServerArgs field of the patched release (0.5.20+: of every namespace class it composes)."""
+    if field_file(version) == SERVER_ARGS:
+        return class_fields(find_class(server_args_tree(version), "ServerArgs"))[0]
+    names: set[str] = set()
+    for path in (wheels.package_dir(version) / "srt" / "arg_groups" / "fields").glob("*.py"):
+        rel = f"srt/arg_groups/fields/{path.name}"
+        tree = patched_tree(version, rel) if rel == SPEC_FIELDS else ast.parse(path.read_bytes())
+        for cls in (n for n in tree.body if isinstance(n, ast.ClassDef)):
+            names |= class_fields(cls)[0]
+    return names
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_server_args_check_reads_only_fields_of_the_release(version):
+    check = find_def(find_class(server_args_tree(version), "ServerArgs"), "check_speculative_disable_batch_threshold")
+    fields = release_fields(version)
+    assert FIELD in fields
+    assert attributes_of(check, "self") <= fields, sorted(attributes_of(check, "self") - fields)
 
 
 # ---------------------------------------------------------------- coverage (with fleetctl's routing)
 
 
+ENV = "SGLANG_ENABLE_SPEC_V2"
+
+
 @pytest.mark.parametrize("version", VERSIONS)
 def test_default_launch_is_covered(version):
+    """fleetctl's routing (what explain and deploy use) with the playbook's own launch: covered on the
+    worker each release runs by default where that worker supports the feature; otherwise refused with
+    the playbook's reason, which says how to get a worker that does."""
     pb = playbook()
     cov = coverage(version, pb.launch.flags, {}, pb)
+    if version in NONE_RELEASES:
+        assert cov.worker_class == "EAGLEWorkerV2"
+        assert cov.refused and "upgrade to 0.5.14" in cov.refused
+        return
+    if version in V1_RELEASES and _order(version) >= _order("0.5.11"):
+        # EAGLEWorkerV2 is the default there and has no steps=0 state: refused, with the way out
+        assert cov.worker_class == "EAGLEWorkerV2" and cov.refused and f"{ENV}=0" in cov.refused
+        cov = coverage(version, pb.launch.flags, {ENV: "0"}, pb)
     assert cov.worker_class in SUPPORTED[version]
     assert cov.covered and cov.refused is None
-    if version != "0.5.14":
-        v2 = coverage(version, pb.launch.flags, {"SGLANG_ENABLE_SPEC_V2": "1"}, pb)
+    if version in V1_RELEASES:
+        v2 = coverage(version, pb.launch.flags, {ENV: "1"}, pb)
         assert v2.worker_class == "EAGLEWorkerV2" and v2.refused and "does not support" in v2.refused
 
 
@@ -481,7 +726,7 @@ SGLANG_PYTHON = os.environ.get("FLEETCTL_SGLANG_PYTHON")
 
 @pytest.mark.skipif(not SGLANG_PYTHON, reason="opt-in: FLEETCTL_SGLANG_PYTHON names an interpreter with "
                     "SGLang's import-time dependencies (torch, transformers, xgrammar); see docs/worker-paths.md")
-@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("version", HAND_WRITTEN)
 def test_real_sglang_modules_on_cpu(version, tmp_path):
     """The patched tree's own modules: real argparse parser and dump, real validation, and (v1) one
     skipped decode step through the real verify bookkeeping; see tests/data/payload/cpu_probe.py."""

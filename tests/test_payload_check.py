@@ -6,8 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from fleetctl import wheels
 from fleetctl.cli import main
 from fleetctl.config.playbook import load_playbook
+from fleetctl.sglang.releases import KNOWN_VERSIONS
 
 ROOT = Path(__file__).parent.parent
 
@@ -22,10 +24,13 @@ def test_patch_check_passes_shipped_playbooks(name: str, capsys: pytest.CaptureF
         assert v in out
 
 
-def test_payload_covers_the_required_versions() -> None:
+def test_payload_covers_every_release() -> None:
+    """Every release fleetctl knows (0.5.4.post3 - 0.5.23) has the payload: server_args (plus the spec
+    field namespace from 0.5.20) and every EAGLE worker file the release has."""
     pb = load_playbook(ROOT / "playbooks" / "dynamic-spec-disable")
-    assert {"0.5.5.post3", "0.5.9", "0.5.10.post1", "0.5.14"} <= set(pb.supported())
-    for v in ("0.5.5.post3", "0.5.9", "0.5.10.post1"):
+    assert list(pb.supported()) == list(KNOWN_VERSIONS)
+    for v in KNOWN_VERSIONS:
         paths = {f.path for f in pb.files_for(v) or []}
-        assert {"srt/server_args.py", "srt/speculative/eagle_worker.py", "srt/speculative/eagle_worker_v2.py"} <= paths
-    assert {f.path for f in pb.files_for("0.5.14") or []} >= {"srt/server_args.py", "srt/speculative/eagle_worker_v2.py"}
+        workers = {"srt/speculative/eagle_worker.py", "srt/speculative/eagle_worker_v2.py"}
+        assert "srt/server_args.py" in paths
+        assert paths & workers == {w for w in workers if (wheels.package_dir(v) / w).is_file()}, v

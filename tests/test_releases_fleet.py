@@ -67,14 +67,14 @@ def test_facts_on_a_mixed_fleet(mixed: Sandbox, capsys: pytest.CaptureFixture[st
 def test_explain_names_every_hosts_worker(mixed: Sandbox, capsys: pytest.CaptureFixture[str]) -> None:
     code, doc = run(capsys, "explain", "-i", str(mixed.inventory_path), str(PAYLOAD), "--json")
     h = {r["host"]: r for r in doc["hosts"]}
-    assert code == 1  # the payload has no patch set for 0.5.23: that host is refused
+    assert code == 0  # the payload covers all three releases (0.5.23 on EAGLEWorkerV2)
     assert (h["h01"]["worker_class"], h["h01"]["covered"], h["h01"]["refused"]) == ("EAGLEWorker", True, None)
     assert (h["h02"]["worker_class"], h["h02"]["covered"], h["h02"]["refused"]) == ("EAGLEWorkerV2", True, None)
     new = h["h03"]
     assert new["version"] == "0.5.23" and "unknown version" not in new["reason"]
     assert (new["worker_class"], new["worker_file"]) == ("EAGLEWorkerV2", "srt/speculative/eagle_worker_v2.py")
     assert new["disable_overlap_schedule"] is False
-    assert "0.5.23 has no patch set" in new["refused"]
+    assert (new["covered"], new["refused"]) == (True, None)
 
 
 def test_explain_env_var_removed_and_ambiguous_flag(mixed: Sandbox, tmp_path: Path,

@@ -1,0 +1,93 @@
+"""The payload on a sandbox fleet that mixes releases of every kind the playbook covers: 0.5.7 and 0.5.9
+(EAGLEWorker, the default), 0.5.12 (EAGLEWorker, reached with SGLANG_ENABLE_SPEC_V2=0; the default
+EAGLEWorkerV2 is refused), 0.5.14 and 0.5.23 (EAGLEWorkerV2, steps=0 state). explain -> deploy ->
+launch -> verify-logs -> rollback, each host held to its own release's worker and startup dump."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fleetctl import wheels
+from fleetctl.cli import main
+from fleetctl.sandbox.fleet import Sandbox
+
+ROOT = Path(__file__).resolve().parents[1]
+PAYLOAD = ROOT / "playbooks" / "dynamic-spec-disable"
+MARKER = "Dynamic speculation disable enabled"
+VERSIONS = ("0.5.7", "0.5.9", "0.5.12", "0.5.14", "0.5.23")
+# the worker each host runs with the playbook's launch (0.5.12 with SGLANG_ENABLE_SPEC_V2=0)
+WORKER = {"h01": "EAGLEWorker", "h02": "EAGLEWorker", "h03": "EAGLEWorker", "h04": "EAGLEWorkerV2",
+          "h05": "EAGLEWorkerV2"}
+pytestmark = [pytest.mark.fleet, pytest.mark.usefixtures("ledger_dir")]
+
+
+def cli(capsys: pytest.CaptureFixture[str], *args: Any) -> tuple[int, Any]:
+    capsys.readouterr()
+    code = main([*map(str, args), "--json"])
+    out = capsys.readouterr().out
+    return code, json.loads(out) if out.strip() else None
+
+
+def ok(capsys: pytest.CaptureFixture[str], *args: Any) -> Any:
+    code, doc = cli(capsys, *args)
+    assert code == 0, json.dumps(doc, indent=1)[:4000]
+    return doc
+
+
+def payload_files_pristine(sb: Sandbox) -> dict[str, bool]:
+    """Per host: every file the playbook patches on its release equals the release's pristine file."""
+    from fleetctl.config.playbook import load_playbook
+
+    pb = load_playbook(PAYLOAD)
+    return {name: all((h.sglang_dir / f.path).read_bytes() == wheels.pristine_bytes(h.version, f.path)
+                      for f in pb.files_for(h.version) or [])
+            for name, h in sb.hosts.items()}
+
+
+def test_mixed_release_fleet_deploy_launch_verify_rollback(fresh_sandbox: Callable[..., Sandbox], tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    from test_launch import make_inventory, stop_all_local
+
+    sb = fresh_sandbox(hosts=len(VERSIONS), versions=VERSIONS, gpus=2)
+    assert {n: h.version for n, h in sb.hosts.items()} == dict(zip(sorted(sb.hosts), VERSIONS, strict=True))
+    try:
+        # 0.5.12's default worker is EAGLEWorkerV2, which the payload refuses there: explain says so,
+        # with the way out, and deploy refuses the host
+        bare = make_inventory(sb, tmp_path / "bare.yaml", hosts=["h03"])
+        code, doc = cli(capsys, "explain", "-i", bare, PAYLOAD)
+        assert code == 1
+        blob = json.dumps(doc)
+        assert "EAGLEWorkerV2" in blob and "SGLANG_ENABLE_SPEC_V2=0" in blob
+        code, _ = cli(capsys, "deploy", "-i", bare, PAYLOAD)
+        assert code != 0
+        assert payload_files_pristine(sb)["h03"]
+
+        inv = make_inventory(sb, tmp_path / "inv.yaml", env={"h03": {"SGLANG_ENABLE_SPEC_V2": "0"}})
+        ok(capsys, "explain", "-i", inv, PAYLOAD)
+        ok(capsys, "deploy", "-i", inv, PAYLOAD)
+        assert not any(payload_files_pristine(sb).values())
+        ok(capsys, "launch", "-i", inv, PAYLOAD, "--timeout", "60")
+        doc = ok(capsys, "verify-logs", "-i", inv, PAYLOAD)
+        ivs = {i["host"]: i for h in doc["hosts"] for i in h["instances"]}
+        assert sorted(ivs) == sorted(sb.hosts)
+        for name, iv in ivs.items():
+            assert iv["version"] == sb.hosts[name].version
+            assert iv["ok"] and iv["ranks"], (name, iv["problems"])
+            assert all(r["markers"][MARKER] for r in iv["ranks"]), name
+            assert iv["args"]["speculative_disable_batch_threshold"] == 16
+            # the startup dump names the scheduler that picked the worker: non-overlap = EAGLEWorker
+            assert iv["args"]["disable_overlap_schedule"] is (WORKER[name] == "EAGLEWorker"), name
+        for name, h in sb.hosts.items():
+            logs = sorted((h.state_dir / "servers").rglob("*.log"))
+            assert any(f"worker={WORKER[name]}, threshold=16" in p.read_text(errors="replace") for p in logs), name
+
+        ok(capsys, "stop", "-i", inv)
+        ok(capsys, "rollback", "-i", inv)
+        assert all(payload_files_pristine(sb).values())
+    finally:
+        stop_all_local(sb)
