@@ -24,6 +24,7 @@ from fleetctl.protocol.answers import (
 from fleetctl.protocol.schema import shown
 
 if TYPE_CHECKING:  # the transport (paramiko, fabric) is imported on first connect
+    from fleetctl.sglang.model_config import ModelConfig
     from fleetctl.transport.ssh import HostConnection
 
 __all__ = ["FileFact", "HostFacts", "TorchCheck", "check_torch", "parse_facts", "read_facts"]
@@ -67,6 +68,8 @@ class HostFacts:
     sglang_notes: list[str] = field(default_factory=list)
     bytecode: dict[str, ImportView] = field(default_factory=dict)  # rel -> what import would load
     pycache_prefix: str | None = None
+    # the launch's target model config.json as read on the host (None: the launch names no model)
+    model: ModelConfig | None = None
 
     def deploys(self) -> list[Manifest]:
         return self.state.deploys if self.state else []
@@ -104,6 +107,8 @@ class HostFacts:
                       for p, f in self.files.items()},
             "gpus": [g.to_json() for g in self.gpus] if self.gpus is not None else None,
             "gpu_note": self.gpu_note,
+            "model_config": ({"architecture": self.model.arch, "path": self.model.path, "error": self.model.error}
+                             if self.model else None),
         }
 
 
@@ -147,6 +152,8 @@ def check_torch(installed: str | None, requires: list[str]) -> TorchCheck:
 
 
 def parse_facts(host: str, raw: FactsAnswer) -> HostFacts:
+    from fleetctl.sglang.model_config import from_answer
+
     g = raw.gpus
     if g is not None and g.available:
         try:
@@ -182,6 +189,7 @@ def parse_facts(host: str, raw: FactsAnswer) -> HostFacts:
         sglang_notes=list(sg.notes),
         bytecode=dict(sg.bytecode),
         pycache_prefix=sg.launch.pycache_prefix if sg.launch else None,
+        model=from_answer(raw.model),
     )
 
 
@@ -204,8 +212,10 @@ def read_facts(conn: HostConnection, *, extra_files: list[str] | None = None, gp
     SGLang is located as the launch will import it: the playbook's launch `profile` (or the default
     launch without a playbook) + the inventory's launch_command and env (fleetctl/launchspec.py).
     all_hashes=False hashes only `extra_files` (what deploy plans need), not srt/speculative/**."""
-    from fleetctl.instances import host_launch_spec
+    from fleetctl.instances import command_argv, host_launch_spec, plan_instances
+    from fleetctl.sglang.model_config import launch_model
 
+    prof = profile if profile is not None else LaunchProfile()
     p: dict[str, Any] = {
         "sglang_dir": conn.host.sglang_dir,
         "launch": host_launch_spec(conn.host, profile).to_agent(),
@@ -218,6 +228,8 @@ def read_facts(conn: HostConnection, *, extra_files: list[str] | None = None, gp
         "gpus": gpus,
         "with": with_ or [],
         "state_dir": conn.host.state_dir,
+        # the target model's config.json, read under the launch's environment (model-specific routing)
+        "model": launch_model(plan_instances(conn.host, prof)[0].flags, command_argv(conn.host, prof)),
     }
     p.update(payload or {})
     raw: FactsAnswer = conn.agent(names.FACTS, p)
