@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import copy
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -726,6 +727,7 @@ class Wheel:
         self.rel = R.RELEASES[version]
         self.defaults = field_defaults(version)
         self.capture = _Capture()
+        self.attn_dp_enabled_of, self.dp_layout = self._compile_dp_layout()
         self.ns = self._compile_server_args()
 
     def _compile_server_args(self) -> dict[str, Any]:
@@ -747,6 +749,22 @@ class Wheel:
             ns["_handle_pipeline_parallelism"] = lambda args: _run_pass(args, ns["_pipeline_parallel_overlap_disable"])
         return ns
 
+    def _compile_dp_layout(self) -> tuple[Any, Any]:
+        """0.5.22+: the release's own `attn_dp_enabled_of` (runtime_context.py) and
+        `handle_deprecated_dp_attention` (parallel_hook.py, `--dp-size N --enable-dp-attention` ->
+        attn_dp_size=N, dp_size=1), run before any handler; before: the enable_dp_attention flag."""
+        rc, hook = "srt/runtime_context.py", "srt/arg_groups/parallel_hook.py"
+        if not (pkg(self.version) / hook).exists() or not functions(tree(self.version, hook),
+                                                                    "handle_deprecated_dp_attention"):
+            return (lambda cfg: bool(cfg.enable_dp_attention)), (lambda args: None)
+        defs = [copy.deepcopy(function(self.version, rc, "attn_dp_enabled_of")),
+                copy.deepcopy(function(self.version, hook, "handle_deprecated_dp_attention"))]
+        for d in defs:  # function-local imports: answered by the namespace
+            d.body = [st for st in d.body if not isinstance(st, ast.ImportFrom)]
+        ns: dict[str, Any] = {**_SAME, "declare_resolution": _declare, "ep_scale_joiner_of": lambda cfg: False}
+        exec(compile(ast.Module(body=defs, type_ignores=[]), f"<{self.version} dp layout>", "exec"), ns)
+        return ns["attn_dp_enabled_of"], ns["handle_deprecated_dp_attention"]
+
     def _compile_pp_check(self) -> Any:
         """The release's own `if pp_size > 1:` block of check_server_args, as a function of the args."""
         hook = "srt/arg_groups/validation_hook.py"
@@ -762,7 +780,7 @@ class Wheel:
             body=[block], decorator_list=[], returns=None, type_params=[])
         mod = ast.fix_missing_locations(ast.Module(body=[*helpers, fn], type_ignores=[]))
         ns: dict[str, Any] = {"get_platform": lambda: types.SimpleNamespace(is_npu=False),
-                              "attn_dp_enabled_of": lambda cfg: bool(cfg.enable_dp_attention)}
+                              "attn_dp_enabled_of": self.attn_dp_enabled_of}
         exec(compile(mod, f"<{self.version} check_server_args>", "exec"), ns)
         self.pp_ns = ns
         return lambda args: ns["_check_pp"](args, args)
@@ -772,7 +790,9 @@ class Wheel:
         before = set(sys.modules)
         importer = _Importer(pkg(self.version), self.REAL, {
             "sglang.srt.server_args": {"auto_choose_speculative_params": self.ns.get("auto_choose_speculative_params")},
-            **RESOLUTION_STAND_INS})
+            **RESOLUTION_STAND_INS,
+            "sglang.srt.runtime_context": {**RESOLUTION_STAND_INS["sglang.srt.runtime_context"],
+                                           "attn_dp_enabled_of": self.attn_dp_enabled_of}})
         sys.meta_path.insert(0, importer)
         log = logging.getLogger("sglang")
         log.addHandler(self.capture)
@@ -802,6 +822,7 @@ class Wheel:
             with warnings.catch_warnings():
                 warnings.simplefilter("always")
                 warnings.showwarning = lambda msg, *a, **k: lines.append(str(msg))
+                self.dp_layout(args)  # 0.5.22+: resolves the deprecated DP-attention spelling first
                 self.ns["_handle_pipeline_parallelism"](args)
                 if self.hook is not None:
                     self.hook.handle_speculative_decoding(args)

@@ -256,6 +256,9 @@ FLAGS: tuple[Flag, ...] = (
     _f("--attn-cp-size --attention-context-parallel-size", "attn_cp_size", 1, "int", since="0.5.9"),
     _f("--moe-dp-size --moe-data-parallel-size", "moe_dp_size", 1, "int", since="0.5.9"),
     _f("--enable-dp-attention", "enable_dp_attention", False, "bool"),
+    # 0.5.22+: the attention-DP width; `--dp-size N --enable-dp-attention` is resolved into
+    # attn_dp_size=N, dp_size=1 (dp_size counts replicas again), see routing._resolve_dp_layout
+    _f("--attn-dp-size", "attn_dp_size", 1, "int", since="0.5.22"),
     _f("--max-running-requests", "max_running_requests", None, "int"),
     _f("--page-size", "page_size", None, "int"),
     _f("--device", "device"),
@@ -390,6 +393,10 @@ LOG_0511 = LogRules(LOG_059.prefix_order, True, True, "repr", _DUMP_0511)
 LOG_0513 = LogRules(LOG_059.prefix_order, True, True, "repr", _DUMP_0513)
 LOG_0514 = LogRules(LOG_059.prefix_order, True, True, "repr", _DUMP_0514)
 LOG_0519 = LogRules(LOG_059.prefix_order, True, True, "dict", _DUMP_0514)
+# 0.5.22: the attention-DP width is its own field (dp_size counts replicas): the DP ranks in the log
+# prefixes follow from it, so the dump must carry it
+_DUMP_0522 = (*_DUMP_0514[:6], "attn_dp_size", *_DUMP_0514[6:])
+LOG_0522 = LogRules(LOG_059.prefix_order, True, True, "dict", _DUMP_0522)
 
 READY_LINE = "The server is fired up and ready to roll!"
 # Every startup dump line starts with this (ServerArgs repr through 0.5.18, a dict from 0.5.19).
@@ -521,8 +528,8 @@ RELEASES: dict[str, Release] = {r.version: r for r in (
     _v2_new("0.5.20", RULES_V2_ONLY, LOG_0519, ADAPTIVE_0520, ALGORITHMS_0520, ABBREV_0520),
     replace(_v2_new("0.5.21", RULES_V2_ONLY_SILENT, LOG_0519, ADAPTIVE_0520, ALGORITHMS_0520, ABBREV_0520,
                     _MIMO2_STEP37_GIGA), pp_spec_dp_error=PP_SPEC_ENV_DP_0521),
-    _v2_new("0.5.22", RULES_V2_ONLY_SILENT, LOG_0519, ADAPTIVE_0522, ALGORITHMS_0520, ABBREV_0520, _MIMO2_STEP37_GIGA),
-    _v2_new("0.5.23", RULES_V2_ONLY_SILENT, LOG_0519, ADAPTIVE_0522, ALGORITHMS_0520, ABBREV_0520, _MIMO2_STEP37_GIGA),
+    _v2_new("0.5.22", RULES_V2_ONLY_SILENT, LOG_0522, ADAPTIVE_0522, ALGORITHMS_0520, ABBREV_0520, _MIMO2_STEP37_GIGA),
+    _v2_new("0.5.23", RULES_V2_ONLY_SILENT, LOG_0522, ADAPTIVE_0522, ALGORITHMS_0520, ABBREV_0520, _MIMO2_STEP37_GIGA),
 )}
 
 KNOWN_VERSIONS: tuple[str, ...] = tuple(RELEASES)
