@@ -880,6 +880,12 @@ def _scenarios(rel: R.Release) -> Iterator[tuple[dict[str, Any], str | None, str
             yield _fields(algo, "topk1", disable_overlap_schedule=dos, enable_multi_layer_eagle=ml), env, "Qwen2ForCausalLM"
     for algo, env in itertools.product(algos, (None, "1")):
         yield _fields(algo, "topk1", enable_dp_attention=True, max_running_requests=16), env, "Qwen2ForCausalLM"
+    # DP layouts: replicas, attention DP the old way, and (0.5.22+) --attn-dp-size, which resolves them
+    attn_dp = "attn_dp_size" in {f.dest for f in R.flags_for(rel.version)}
+    layouts = [{"dp_size": 2}, {"dp_size": 2, "enable_dp_attention": True},
+               *([{"attn_dp_size": 2}, {"attn_dp_size": 2, "enable_dp_attention": True}] if attn_dp else [])]
+    for algo, layout, adaptive in itertools.product(algos, layouts, (False, True) if rel.adaptive else (False,)):
+        yield _fields(algo, "topk1", tp_size=4, speculative_adaptive=adaptive, **layout), None, "Qwen2ForCausalLM"
     if rel.adaptive is not None:
         for algo, env, params, dos, arch in itertools.product(
                 ("EAGLE3", "STANDALONE"), (None, "0"), ("auto", "topk1", "topk4", "steps-only", "topk-only"),
