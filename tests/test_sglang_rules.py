@@ -554,12 +554,13 @@ def test_auto_params_match_wheel(version: str) -> None:
         assert by_arch.get(arch, default) == params, arch
 
 
-def _multi_layer_overrides(version: str) -> tuple[set[str], bool]:
+def _multi_layer_overrides(version: str) -> tuple[set[str], bool, set[str]]:
     mod = tree(version, "srt/server_args.py")
     consts = {t.id: strings(n.value) for n in mod.body if isinstance(n, ast.Assign)
               for t in n.targets if isinstance(t, ast.Name)}
     parents = {c: p for p in ast.walk(mod) for c in ast.iter_child_nodes(p)}
     archs: set[str] = set()
+    substrings: set[str] = set()  # `"X" in model_arch`: any architecture containing X
     forces = False
     for node in ast.walk(mod):
         if isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == "self.enable_multi_layer_eagle" \
@@ -570,13 +571,16 @@ def _multi_layer_overrides(version: str) -> tuple[set[str], bool]:
                 if isinstance(up, ast.If) and cur in up.body:
                     if "model_arch" in ast.unparse(up.test):
                         archs |= strings(up.test)
+                        substrings |= {c.left.value for c in ast.walk(up.test) if isinstance(c, ast.Compare)
+                                       and isinstance(c.left, ast.Constant) and isinstance(c.ops[0], ast.In)
+                                       and ast.unparse(c.comparators[0]) == "model_arch"}
                         archs |= {s for n in ast.walk(up.test) if isinstance(n, ast.Name) for s in consts.get(n.id, ())}
                         forces = forces or f"{R.SPEC_V2_ENV}.set(True)" in ast.unparse(up)
                         break
                     conds.append(ast.unparse(up.test))
                 cur = up
             assert conds == ["self.speculative_algorithm == 'EAGLE'"], conds
-    return archs, forces
+    return archs, forces, substrings
 
 
 def _multi_layer_override_passes(version: str) -> set[str]:
@@ -606,9 +610,12 @@ def _multi_layer_override_passes(version: str) -> set[str]:
 @pytest.mark.parametrize("version", _params())
 def test_multi_layer_model_overrides(version: str) -> None:
     rel = R.RELEASES[version]
-    archs, forces = _multi_layer_overrides(version)
-    archs |= _multi_layer_override_passes(version)
+    archs, forces, substrings = _multi_layer_overrides(version)
+    archs |= _multi_layer_override_passes(version)  # (registered passes: exact lookups)
     assert archs == set(rel.multi_layer_archs)
+    assert substrings == set(rel.multi_layer_arch_substrings)
+    for arch in rel.multi_layer_archs:  # a longer name containing it matches only where tested as a substring
+        assert rel.forces_multi_layer("Tiny" + arch) == (arch in substrings)
     assert forces == rel.multi_layer_arch_forces_env
     if forces:
         assert R.MULTI_LAYER_FORCES_ENV_WARNING in strings(tree(version, "srt/server_args.py"))
@@ -1201,3 +1208,16 @@ def test_model_config_located_like_the_launch_would(tmp_path: Path) -> None:
         assert mc.architecture(bad) is None, bad
     assert [loc.kind for loc in mc.config_locations("../../etc", {}, "/root", cwd="/w")] == ["local"]
     assert mc.snapshot_config("/r", "../../x") is None
+
+
+def test_substring_architecture_match_through_0514() -> None:
+    """0.5.7-0.5.14 test some architectures with `"X" in model_arch`: a name containing X (e.g. a
+    variant's class) turns on multi-layer EAGLE there; the registered passes of 0.5.15+ match exactly."""
+    eagle = {"--speculative-algorithm": "EAGLE", "--speculative-num-steps": 3, "--speculative-eagle-topk": 1,
+             "--speculative-num-draft-tokens": 4}
+    variant = "MiMoV2FlashForCausalLMVariant"
+    assert sglang.resolve_worker("0.5.9", eagle, {}, model_arch=variant).worker_class == "MultiLayerEagleWorkerV2"
+    assert sglang.resolve_worker("0.5.12", eagle, {}, model_arch=variant).worker_class == "EAGLEWorkerV2"  # a tuple
+    step = "Step3p5ForCausalLMVariant"
+    assert sglang.resolve_worker("0.5.14", eagle, {}, model_arch=step).worker_class == "MultiLayerEagleWorkerV2"
+    assert sglang.resolve_worker("0.5.15", eagle, {}, model_arch=step).worker_class == "EAGLEWorkerV2"

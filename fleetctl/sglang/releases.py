@@ -437,6 +437,9 @@ class Release:
     # target architectures whose model override turns on multi-layer EAGLE for `--speculative-algorithm
     # EAGLE` (exact, pre-normalisation string); and whether that override also forces the env var on
     multi_layer_archs: tuple[str, ...] = ()
+    # of those, the ones ServerArgs tests as a substring (`"X" in model_arch`, through 0.5.14), so any
+    # architecture containing the name matches too; the others are compared exactly
+    multi_layer_arch_substrings: tuple[str, ...] = ()
     multi_layer_arch_forces_env: bool = False
     # pp_size > 1 with any speculative algorithm: check_server_args refuses it with this error, or
     # None: 0.5.21+ allow EAGLE (not multi-layer) under SGLANG_ENABLE_PP_SPEC (PP_SPEC_* errors otherwise)
@@ -449,6 +452,12 @@ class Release:
     @property
     def worker_files(self) -> dict[str, str]:
         return dict(self.workers)
+
+    def forces_multi_layer(self, arch: str | None) -> bool:
+        """Does this release's model override turn on multi-layer EAGLE for the target `arch`?"""
+        if arch is None:
+            return False
+        return arch in self.multi_layer_archs or any(s in arch for s in self.multi_layer_arch_substrings)
 
 
 _W_OLD = (EAGLE_V1, EAGLE_V2, STANDALONE_V1)
@@ -475,21 +484,25 @@ MULTI_V1_NAME_ERROR = "NameError: name 'ModelRunner' is not defined"
 def _opt_in(v: str, auto: AutoParams = AUTO, log: LogRules = LOG_059,
             archs: tuple[str, ...] = _MIMO_STEP) -> Release:
     return Release(v, RULES_FORCES_V2, _W_058, log, auto, ALGORITHMS_OLD, True, ABBREV_057,
-                   multi_layer_archs=archs, multi_layer_arch_forces_env=True, pp_spec_error=PP_SPEC_ERROR_OLD,
+                   multi_layer_archs=archs, multi_layer_arch_substrings=archs, multi_layer_arch_forces_env=True,
+                   pp_spec_error=PP_SPEC_ERROR_OLD,
                    multi_layer_v1_import_error=None if v.startswith("0.5.8") else MULTI_V1_NAME_ERROR)
 
 
 def _v2(v: str, rules: SpecRules, workers: tuple, log: LogRules, adaptive: AdaptiveRules,
         archs: tuple[str, ...], algorithms: tuple[str, ...] = ALGORITHMS_0512, choices: bool = False,
-        abbreviations: MappingProxyType = ABBREV_057) -> Release:
+        abbreviations: MappingProxyType = ABBREV_057, substrings: tuple[str, ...] | None = None) -> Release:
+    # 0.5.11 - 0.5.14 test the Step models as substrings of the architecture (MiMo: tuple membership)
+    substrings = tuple(a for a in archs if a.startswith("Step")) if substrings is None else substrings
     return Release(v, rules, workers, log, AUTO, algorithms, choices, abbreviations,
-                   adaptive=adaptive, multi_layer_archs=archs,
+                   adaptive=adaptive, multi_layer_archs=archs, multi_layer_arch_substrings=substrings,
                    multi_layer_v1_import_error=MULTI_V1_NAME_ERROR if MULTI_V1 in workers else None)
 
 
 def _v2_new(v: str, rules: SpecRules, log: LogRules, adaptive: AdaptiveRules, algorithms: tuple[str, ...],
             abbreviations: MappingProxyType = ABBREV_057, archs: tuple[str, ...] = _MIMO2_STEP37) -> Release:
-    rel = _v2(v, rules, _W_V2, log, adaptive, archs, algorithms, abbreviations=abbreviations)
+    # 0.5.15+: registered per-architecture passes, looked up exactly
+    rel = _v2(v, rules, _W_V2, log, adaptive, archs, algorithms, abbreviations=abbreviations, substrings=())
     if rules is RULES_V2_ONLY_SILENT:  # 0.5.21+: PP + EAGLE allowed under SGLANG_ENABLE_PP_SPEC
         rel = replace(rel, pp_spec_error=None)
     return rel
@@ -506,6 +519,7 @@ RELEASES: dict[str, Release] = {r.version: r for r in (
     _beta("0.5.6.post2", LOG_056, AUTO_0561),
     Release("0.5.7", RULES_FORCES_V2_057, _W_057, LOG_057, AUTO_057, ALGORITHMS_OLD, True, ABBREV_057,
             multi_layer_algorithms=("EAGLE", "EAGLE3", "STANDALONE"), multi_layer_archs=_MIMO,
+            multi_layer_arch_substrings=_MIMO,
             multi_layer_arch_forces_env=True, pp_spec_error=PP_SPEC_ERROR_OLD,
             notes=("multi-layer workers are chosen in the scheduler, before the algorithm's factory",)),
     _opt_in("0.5.8", log=LOG_057, archs=_MIMO),

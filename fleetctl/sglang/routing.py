@@ -326,7 +326,7 @@ def _run(st: _State, algorithm: str | None, model_arch: str | None) -> None:
     rel, args = st.rel, st.args
     raw_algorithm = args.get("speculative_algorithm")
     # model-specific adjustments run first and see the raw --speculative-algorithm string
-    if model_arch in rel.multi_layer_archs and raw_algorithm == "EAGLE":
+    if rel.forces_multi_layer(model_arch) and raw_algorithm == "EAGLE":
         args["enable_multi_layer_eagle"] = True
         st.causes.append(f"{model_arch} turns on multi-layer EAGLE")
         if rel.multi_layer_arch_forces_env and not st.env.get():
