@@ -583,12 +583,13 @@ def _multi_layer_overrides(version: str) -> tuple[set[str], bool, set[str]]:
     return archs, forces, substrings
 
 
-def _multi_layer_override_passes(version: str) -> set[str]:
+def _multi_layer_override_passes(version: str) -> tuple[set[str], set[str]]:
     """0.5.15+: model overrides are registered passes (`@_register_for(*archs)` or a predicate over the
     architecture) returning {"enable_multi_layer_eagle": True} when the algorithm is "EAGLE"."""
     files = [pkg(version) / "srt/arg_groups/overrides.py",
              *sorted((pkg(version) / "srt/arg_groups/model_overrides").glob("*.py"))]
     archs: set[str] = set()
+    substrings: set[str] = set()
     for f in files:
         if not f.exists():
             continue
@@ -604,14 +605,21 @@ def _multi_layer_override_passes(version: str) -> set[str]:
             decos = [d for d in func.decorator_list if "register" in ast.unparse(d)]
             assert decos, f"{version}: {func.name} is not a registered model override"
             archs |= {a for d in decos for a in strings(d)}
-    return archs
+            # register_model_override_predicate(lambda arch: "X" in arch or ...): substring matches
+            substrings |= {c.left.value for d in decos if "predicate" in ast.unparse(d.func if isinstance(d, ast.Call)
+                                                                                     else d)
+                           for c in ast.walk(d) if isinstance(c, ast.Compare) and isinstance(c.left, ast.Constant)
+                           and isinstance(c.ops[0], ast.In)}
+    return archs, substrings
 
 
 @pytest.mark.parametrize("version", _params())
 def test_multi_layer_model_overrides(version: str) -> None:
     rel = R.RELEASES[version]
     archs, forces, substrings = _multi_layer_overrides(version)
-    archs |= _multi_layer_override_passes(version)  # (registered passes: exact lookups)
+    pass_archs, pass_substrings = _multi_layer_override_passes(version)
+    archs |= pass_archs
+    substrings |= pass_substrings
     assert archs == set(rel.multi_layer_archs)
     assert substrings == set(rel.multi_layer_arch_substrings)
     for arch in rel.multi_layer_archs:  # a longer name containing it matches only where tested as a substring
@@ -1211,8 +1219,9 @@ def test_model_config_located_like_the_launch_would(tmp_path: Path) -> None:
 
 
 def test_substring_architecture_match_through_0514() -> None:
-    """0.5.7-0.5.14 test some architectures with `"X" in model_arch`: a name containing X (e.g. a
-    variant's class) turns on multi-layer EAGLE there; the registered passes of 0.5.15+ match exactly."""
+    """Some architectures are tested with `"X" in model_arch` (0.5.7-0.5.14 ServerArgs; the Step
+    models' predicate-registered pass from 0.5.15): a name containing X turns on multi-layer EAGLE
+    there; MiMo's tuple (0.5.11+) and the registered passes match exactly."""
     eagle = {"--speculative-algorithm": "EAGLE", "--speculative-num-steps": 3, "--speculative-eagle-topk": 1,
              "--speculative-num-draft-tokens": 4}
     variant = "MiMoV2FlashForCausalLMVariant"
@@ -1220,4 +1229,5 @@ def test_substring_architecture_match_through_0514() -> None:
     assert sglang.resolve_worker("0.5.12", eagle, {}, model_arch=variant).worker_class == "EAGLEWorkerV2"  # a tuple
     step = "Step3p5ForCausalLMVariant"
     assert sglang.resolve_worker("0.5.14", eagle, {}, model_arch=step).worker_class == "MultiLayerEagleWorkerV2"
-    assert sglang.resolve_worker("0.5.15", eagle, {}, model_arch=step).worker_class == "EAGLEWorkerV2"
+    assert sglang.resolve_worker("0.5.23", eagle, {}, model_arch=step).worker_class == "MultiLayerEagleWorkerV2"
+    assert sglang.resolve_worker("0.5.23", eagle, {}, model_arch=variant).worker_class == "EAGLEWorkerV2"

@@ -437,8 +437,8 @@ class Release:
     # target architectures whose model override turns on multi-layer EAGLE for `--speculative-algorithm
     # EAGLE` (exact, pre-normalisation string); and whether that override also forces the env var on
     multi_layer_archs: tuple[str, ...] = ()
-    # of those, the ones ServerArgs tests as a substring (`"X" in model_arch`, through 0.5.14), so any
-    # architecture containing the name matches too; the others are compared exactly
+    # of those, the ones tested as a substring (`"X" in model_arch`, or a predicate-registered pass), so
+    # any architecture containing the name matches too; the others are compared exactly
     multi_layer_arch_substrings: tuple[str, ...] = ()
     multi_layer_arch_forces_env: bool = False
     # pp_size > 1 with any speculative algorithm: check_server_args refuses it with this error, or
@@ -491,9 +491,10 @@ def _opt_in(v: str, auto: AutoParams = AUTO, log: LogRules = LOG_059,
 
 def _v2(v: str, rules: SpecRules, workers: tuple, log: LogRules, adaptive: AdaptiveRules,
         archs: tuple[str, ...], algorithms: tuple[str, ...] = ALGORITHMS_0512, choices: bool = False,
-        abbreviations: MappingProxyType = ABBREV_057, substrings: tuple[str, ...] | None = None) -> Release:
-    # 0.5.11 - 0.5.14 test the Step models as substrings of the architecture (MiMo: tuple membership)
-    substrings = tuple(a for a in archs if a.startswith("Step")) if substrings is None else substrings
+        abbreviations: MappingProxyType = ABBREV_057) -> Release:
+    # the Step models are tested as substrings of the architecture (`"Step3p5ForCausalLM" in arch`: a
+    # ServerArgs branch through 0.5.14, a predicate-registered pass from 0.5.15); MiMo etc. exactly
+    substrings = tuple(a for a in archs if a.startswith("Step"))
     return Release(v, rules, workers, log, AUTO, algorithms, choices, abbreviations,
                    adaptive=adaptive, multi_layer_archs=archs, multi_layer_arch_substrings=substrings,
                    multi_layer_v1_import_error=MULTI_V1_NAME_ERROR if MULTI_V1 in workers else None)
@@ -501,8 +502,7 @@ def _v2(v: str, rules: SpecRules, workers: tuple, log: LogRules, adaptive: Adapt
 
 def _v2_new(v: str, rules: SpecRules, log: LogRules, adaptive: AdaptiveRules, algorithms: tuple[str, ...],
             abbreviations: MappingProxyType = ABBREV_057, archs: tuple[str, ...] = _MIMO2_STEP37) -> Release:
-    # 0.5.15+: registered per-architecture passes, looked up exactly
-    rel = _v2(v, rules, _W_V2, log, adaptive, archs, algorithms, abbreviations=abbreviations, substrings=())
+    rel = _v2(v, rules, _W_V2, log, adaptive, archs, algorithms, abbreviations=abbreviations)
     if rules is RULES_V2_ONLY_SILENT:  # 0.5.21+: PP + EAGLE allowed under SGLANG_ENABLE_PP_SPEC
         rel = replace(rel, pp_spec_error=None)
     return rel
