@@ -212,8 +212,7 @@ def read_facts(conn: HostConnection, *, extra_files: list[str] | None = None, gp
     SGLang is located as the launch will import it: the playbook's launch `profile` (or the default
     launch without a playbook) + the inventory's launch_command and env (fleetctl/launchspec.py).
     all_hashes=False hashes only `extra_files` (what deploy plans need), not srt/speculative/**."""
-    from fleetctl.instances import command_argv, host_launch_spec, plan_instances
-    from fleetctl.sglang.model_config import launch_model
+    from fleetctl.instances import host_launch_spec
 
     prof = profile if profile is not None else LaunchProfile()
     p: dict[str, Any] = {
@@ -229,8 +228,21 @@ def read_facts(conn: HostConnection, *, extra_files: list[str] | None = None, gp
         "with": with_ or [],
         "state_dir": conn.host.state_dir,
         # the target model's config.json, read under the launch's environment (model-specific routing)
-        "model": launch_model(plan_instances(conn.host, prof)[0].flags, command_argv(conn.host, prof)),
+        "model": _launch_model(conn.host, prof),
     }
     p.update(payload or {})
     raw: FactsAnswer = conn.agent(names.FACTS, p)
     return parse_facts(conn.host.name, raw)
+
+
+def _launch_model(host: Any, profile: LaunchProfile) -> dict[str, str] | None:
+    """{"path", "revision"} of the model the host's launch names (None: none, or a launch layout that
+    does not plan: the command using it reports that)."""
+    from fleetctl.errors import InputError
+    from fleetctl.instances import command_argv, plan_instances
+    from fleetctl.sglang.model_config import launch_model
+
+    try:
+        return launch_model(plan_instances(host, profile)[0].flags, command_argv(host, profile))
+    except InputError:
+        return None
