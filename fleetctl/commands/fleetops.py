@@ -87,8 +87,8 @@ def render_plan(plan: Plan) -> None:
                 what = ("; --allow-uncovered: the files are patched, but the patched code will not run there "
                         "until the launch runs a worker the playbook patches")
                 head = styled("NOT covered, deployed anyway", "yellow")
-            elif c.refused:
-                what, head = "", styled("NOT covered, refused", "red")
+            elif c.refused:  # (covered, but not certain under --strict: "covered, refused")
+                what, head = "", styled("covered, refused" if c.covered else "NOT covered, refused", "red")
             else:
                 what, head = "", styled("covered", "green") if c.covered else styled("NOT covered", "red")
             say(out, "  worker that will run: ", head, ": ", c.reason, what, indent=4)
