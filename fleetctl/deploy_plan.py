@@ -53,11 +53,14 @@ class Coverage:
     covered: bool | None
     reason: str
     refused: str | None = None  # why deploy refuses this host on coverage grounds (None: fine)
+    # why the answer is not certain (the model config could not be read on the host): a warning,
+    # a refusal under --strict
+    uncertain: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"worker_class": self.worker_class, "worker_file": self.worker_file,
                 "disable_overlap_schedule": self.disable_overlap_schedule, "covered": self.covered,
-                "reason": self.reason, "refused": self.refused}
+                "reason": self.reason, "refused": self.refused, "uncertain": self.uncertain}
 
 
 @dataclass

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from fleetctl.sglang.logs import LogLine
+    from fleetctl.sglang.model_config import ModelConfig
     from fleetctl.sglang.routing import Resolution
 
 
@@ -84,6 +85,15 @@ class Engine(Protocol):
         ...
     def shown_flags(self, flags: Mapping[str, Any]) -> dict[str, Any]:
         """The launch flags that decide which code runs (explain shows them)."""
+        ...
+
+    # -- the launch's target model (model-specific routing reads its config.json on the host)
+    not_certain: str  # how an answer that a model-specific override could change is qualified
+    def launch_model(self, flags: Mapping[str, Any], argv: list[str] | tuple[str, ...] = ()) -> dict[str, str] | None:
+        """{"path", "revision"} of the model a launch names (None: it names none)."""
+        ...
+    def model_from_answer(self, answer: object) -> ModelConfig | None:
+        """What the agent read of the model config, validated (untrusted)."""
         ...
 
 

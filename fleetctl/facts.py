@@ -25,6 +25,7 @@ from fleetctl.protocol.answers import (
 from fleetctl.protocol.schema import shown
 
 if TYPE_CHECKING:  # the transport (paramiko, fabric) is imported on first connect
+    from fleetctl.engine import ModelConfig
     from fleetctl.transport.base import Transport
 
 __all__ = ["FileFact", "HostFacts", "TorchCheck", "check_torch", "parse_facts", "read_facts"]
@@ -68,6 +69,8 @@ class HostFacts:
     package_notes: list[str] = field(default_factory=list)
     bytecode: dict[str, ImportView] = field(default_factory=dict)  # rel -> what import would load
     pycache_prefix: str | None = None
+    # the launch's target model config.json as read on the host (None: the launch names no model)
+    model: ModelConfig | None = None
 
     # merge aid for branches written before the engine cut (issue 12.1): the old field names, read-only.
     # Remove once they are merged.
@@ -114,6 +117,8 @@ class HostFacts:
                       for p, f in self.files.items()},
             "gpus": [g.to_json() for g in self.gpus] if self.gpus is not None else None,
             "gpu_note": self.gpu_note,
+            "model_config": ({"architecture": self.model.arch, "path": self.model.path, "error": self.model.error}
+                             if self.model else None),
         }
 
 
@@ -192,6 +197,7 @@ def parse_facts(host: str, raw: FactsAnswer) -> HostFacts:
         package_notes=list(sg.notes),
         bytecode=dict(sg.bytecode),
         pycache_prefix=sg.launch.pycache_prefix if sg.launch else None,
+        model=engine().model_from_answer(raw.model),
     )
 
 
@@ -215,6 +221,7 @@ def read_facts(conn: Transport, *, extra_files: list[str] | None = None, gpus: b
     all_hashes=False hashes only `extra_files` (what deploy plans need), not srt/speculative/**."""
     from fleetctl.instances import host_launch_spec
 
+    prof = profile if profile is not None else LaunchProfile()
     p: dict[str, Any] = {
         "engine": engine().agent_facts(),
         "package_dir": conn.host.sglang_dir,
@@ -228,7 +235,21 @@ def read_facts(conn: Transport, *, extra_files: list[str] | None = None, gpus: b
         "gpus": gpus,
         "with": with_ or [],
         "state_dir": conn.host.state_dir,
+        # the target model's config.json, read under the launch's environment (model-specific routing)
+        "model": _launch_model(conn.host, prof),
     }
     p.update(payload or {})
     raw: FactsAnswer = conn.agent(names.FACTS, p)
     return parse_facts(conn.host.name, raw)
+
+
+def _launch_model(host: Any, profile: LaunchProfile) -> dict[str, str] | None:
+    """{"path", "revision"} of the model the host's launch names (None: none, or a launch layout that
+    does not plan: the command using it reports that)."""
+    from fleetctl.errors import InputError
+    from fleetctl.instances import command_argv, plan_instances
+
+    try:
+        return engine().launch_model(plan_instances(host, profile)[0].flags, command_argv(host, profile))
+    except InputError:
+        return None

@@ -7,12 +7,16 @@ All SGLang knowledge comes from the engine (fleetctl/engine.py).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fleetctl.config.inventory import Host
 from fleetctl.config.playbook import Playbook
 from fleetctl.deploy_plan import Coverage
 from fleetctl.facts import HostFacts
+
+if TYPE_CHECKING:
+    from fleetctl.engine import ModelConfig
+from fleetctl.engine import engine
 
 
 def instances(host: Host, playbook: Playbook) -> list[Any]:
@@ -33,10 +37,23 @@ def launch_env(host: Host, playbook: Playbook) -> dict[str, str]:
     return dict(instances(host, playbook)[0].effective_env)
 
 
-def coverage(version: str, flags: dict[str, Any], env: dict[str, str], playbook: Playbook) -> Coverage:
-    from fleetctl.engine import engine
+def coverage(version: str, flags: dict[str, Any], env: dict[str, str], playbook: Playbook, *,
+             model: ModelConfig | None = None, strict: bool = False) -> Coverage:
+    """`model`: the target's config.json as read on the host (None: not read). An answer a
+    model-specific override could change is a warning (`uncertain`), refused with `strict`."""
+    cov = _coverage(version, flags, env, playbook, model)
+    if cov.uncertain and strict and not cov.refused:
+        cov.refused = f"{cov.uncertain} (--strict refuses an answer that is not certain)"
+    return cov
 
-    res = engine().resolve_worker(version, flags, env)
+
+def _coverage(version: str, flags: dict[str, Any], env: dict[str, str], playbook: Playbook,
+              model: ModelConfig | None) -> Coverage:
+    res = engine().resolve_worker(version, flags, env, model_arch=model.arch if model else None)
+    uncertain = None
+    if res.known and not res.certain:
+        why = model.error if model is not None and model.error else "the launch names no --model-path"
+        uncertain = f"{engine().not_certain} ({why})"
     if not res.known:
         return Coverage(None, None, None, None,
                         f"SGLang {version} is an unknown version: fleetctl cannot tell which worker runs",
@@ -46,7 +63,7 @@ def coverage(version: str, flags: dict[str, Any], env: dict[str, str], playbook:
         return Coverage(res.worker_class, res.worker_file, res.disable_overlap_schedule, None, res.reason,
                         refused=f"{res.reason}; the server would refuse to start: {res.startup_error}")
     if res.worker_file is None:
-        return Coverage(None, None, res.disable_overlap_schedule, None, res.reason)
+        return Coverage(None, None, res.disable_overlap_schedule, None, res.reason, uncertain=uncertain)
     files = playbook.files_for(version) or []
     patched = {f.path for f in files}
     covered = res.worker_file in patched
@@ -58,13 +75,15 @@ def coverage(version: str, flags: dict[str, Any], env: dict[str, str], playbook:
         why = playbook.unsupported_workers.get(version, {}).get(res.worker_class or "")
         if why:
             refused = f"{res.reason}; the playbook does not support {res.worker_class} on {version}: {why}"
-    return Coverage(res.worker_class, res.worker_file, res.disable_overlap_schedule, covered, reason, refused)
+    return Coverage(res.worker_class, res.worker_file, res.disable_overlap_schedule, covered, reason, refused,
+                    uncertain=uncertain)
 
 
-def host_coverage(host: Host, facts: HostFacts, playbook: Playbook) -> Coverage | None:
+def host_coverage(host: Host, facts: HostFacts, playbook: Playbook, *, strict: bool = False) -> Coverage | None:
     if not facts.package_version:
         return None
-    cov = coverage(facts.package_version, launch_flags(host, playbook), launch_env(host, playbook), playbook)
+    cov = coverage(facts.package_version, launch_flags(host, playbook), launch_env(host, playbook), playbook,
+                   model=facts.model, strict=strict)
     # the code import loads for the worker must come from the source fleetctl patches: a compiled
     # extension module or sourceless bytecode in its place is never patched (a stale cached pyc is:
     # deploy removes it with the file)

@@ -14,7 +14,7 @@ import pytest
 
 from fleetctl import wheels
 from fleetctl.cli import main
-from fleetctl.sandbox.fleet import Sandbox
+from fleetctl.sandbox.lifecycle import Sandbox
 
 ROOT = Path(__file__).resolve().parents[1]
 PAYLOAD = ROOT / "playbooks" / "dynamic-spec-disable"

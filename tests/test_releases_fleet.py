@@ -104,3 +104,88 @@ def test_explain_pp_with_speculation_refused(mixed: Sandbox, tmp_path: Path,
         assert r["worker_class"] is None, r  # no worker is named: the server never starts
         assert "the server refuses to start: AssertionError: Pipeline parallelism" in r["reason"], r
         assert r["refused"], r
+
+
+COMMIT = "89abcdef0123456789abcdef0123456789abcdef"
+
+
+def model_playbook(tmp_path: Path, model: str, env: str = "{}", algorithm: str = "EAGLE") -> str:
+    """The payload playbook launching `model` with `--speculative-algorithm algorithm`."""
+    d = Path(playbook_with(tmp_path, env=env))
+    text = (d / "playbook.yaml").read_text()
+    text = text.replace("--model-path: meta-llama/Llama-3.1-8B-Instruct", f"--model-path: {model}")
+    text = text.replace("--speculative-algorithm: EAGLE3", f"--speculative-algorithm: {algorithm}")
+    (d / "playbook.yaml").write_text(text)
+    return str(d)
+
+
+def hf_cache_entry(hub: Path, repo_id: str, arch: str) -> None:
+    """A hub cache entry as huggingface_hub makes it: blob, snapshot symlink, refs/main."""
+    repo = hub / ("models--" + repo_id.replace("/", "--"))
+    (repo / "blobs").mkdir(parents=True)
+    (repo / "blobs" / "0ddba11").write_text(json.dumps({"architectures": [arch], "model_type": "t"}))
+    (repo / "snapshots" / COMMIT).mkdir(parents=True)
+    (repo / "snapshots" / COMMIT / "config.json").symlink_to("../../blobs/0ddba11")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(COMMIT)
+
+
+def test_explain_reads_a_local_model_dir_on_each_host(mixed: Sandbox, tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """--speculative-algorithm EAGLE on a MiMo-V2-Flash target: every one of these releases turns on
+    multi-layer EAGLE for it (0.5.9 also forces spec v2 on), read from the host's config.json."""
+    model = tmp_path / "models" / "mimo"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text(json.dumps({"architectures": ["MiMoV2FlashForCausalLM"]}))
+    code, doc = run(capsys, "explain", "-i", str(mixed.inventory_path), model_playbook(tmp_path, str(model)), "--json")
+    h = {r["host"]: r for r in doc["hosts"]}
+    assert code == 1  # multi-layer workers are not patched by the payload
+    for r in h.values():
+        assert r["model_architecture"] == "MiMoV2FlashForCausalLM", r
+        assert r["worker_class"] == "MultiLayerEagleWorkerV2", r
+        assert "not certain" not in r["reason"] and "MiMoV2FlashForCausalLM turns on multi-layer EAGLE" in r["reason"]
+    assert "the playbook patches it: no" in h["h01"]["refused"]
+
+
+def test_explain_reads_the_hf_cache_of_the_launch_env(mixed: Sandbox, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """A hub id resolved in the HF cache the launch's HF_HOME names (snapshot symlinked into blobs/);
+    the same id in a cache the launch does not use is not read."""
+    hf = tmp_path / "hf"
+    hf_cache_entry(hf / "hub", "acme/llama-test", "LlamaForCausalLM")
+    hf_cache_entry(tmp_path / "unused" / "hub", "acme/llama-test", "MiMoV2FlashForCausalLM")
+    pb = model_playbook(tmp_path, "acme/llama-test", env=f"{{HF_HOME: '{hf}'}}")
+    code, doc = run(capsys, "explain", "-i", str(mixed.inventory_path), pb, "--json", "-l", "h01,h02")
+    h = {r["host"]: r for r in doc["hosts"]}
+    assert code == 0
+    assert (h["h01"]["worker_class"], h["h01"]["covered"], h["h01"]["refused"]) == ("EAGLEWorker", True, None)
+    assert (h["h02"]["worker_class"], h["h02"]["covered"], h["h02"]["refused"]) == ("EAGLEWorkerV2", True, None)
+    for r in h.values():
+        assert r["model_architecture"] == "LlamaForCausalLM" and "not certain" not in r["reason"], r
+    code, doc = run(capsys, "facts", "-i", str(mixed.inventory_path), "--json", "-l", "h01")
+    assert code == 0  # facts without a playbook: the default launch names no model
+    assert doc["hosts"][0]["facts"]["model_config"] is None
+
+
+def test_unreadable_model_config_warns_and_strict_refuses(mixed: Sandbox, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    empty = tmp_path / "empty-cache"
+    empty.mkdir()
+    pb = model_playbook(tmp_path, "acme/not-cached", env=f"{{HF_HUB_CACHE: '{empty}'}}")
+    code, doc = run(capsys, "explain", "-i", str(mixed.inventory_path), pb, "--json", "-l", "h01,h02")
+    h = {r["host"]: r for r in doc["hosts"]}
+    assert code == 0  # a warning, not a refusal
+    for r in h.values():
+        assert r["reason"].startswith("not certain: model config not readable, model-specific routing not "
+                                      "ruled out: "), r
+        assert r["model_architecture"] is None
+        assert any("HF cache has no" in n and str(empty) in n for n in r["notes"]), r["notes"]
+    code, doc = run(capsys, "deploy", "-i", str(mixed.inventory_path), pb, "--check", "--json", "-l", "h01")
+    assert code == 0
+    cov = doc["plan"]["hosts"][0]["coverage"]
+    assert cov["refused"] is None and cov["uncertain"].startswith("not certain: model config not readable")
+    code, doc = run(capsys, "deploy", "-i", str(mixed.inventory_path), pb, "--check", "--json", "-l", "h01",
+                    "--strict")
+    assert code == 1
+    row = doc["plan"]["hosts"][0]
+    assert row["status"] == "refused" and "--strict refuses" in row["reason"] and "HF cache has no" in row["reason"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import copy
 import inspect
 import itertools
 import types
@@ -133,7 +134,8 @@ def test_server_args_dump_form(version: str) -> None:
     assert all(f in fields for f in rules.dump_fields), set(rules.dump_fields) - set(fields)
     if not fields_dir.is_dir():
         assert sorted(rules.dump_fields, key=fields.index) == list(rules.dump_fields)
-    omitted = {"enable_multi_layer_eagle", "speculative_adaptive", "attn_cp_size", "moe_dp_size"} & set(fields)
+    omitted = {"enable_multi_layer_eagle", "speculative_adaptive", "attn_cp_size", "moe_dp_size",
+               "attn_dp_size"} & set(fields)
     assert omitted <= set(rules.dump_fields)
 
 
@@ -171,9 +173,30 @@ def _dp_attention_rank(version: str, **kw: Any) -> int:
     exec(compile(ast.Module(body=[*helpers, func], type_ignores=[]), "<dp_attention>", "exec"), ns)
     fn = ns["compute_dp_attention_world_info"]
     params = inspect.signature(fn).parameters
-    if "attn_dp_size" in params:  # 0.5.22+: the caller passes the attention-DP width
-        kw = {**kw, "attn_dp_size": kw["dp_size"] if kw.get("enable_dp_attention") else 1}
     return fn(**{k: v for k, v in kw.items() if k in params})[2]
+
+
+def _dp_layout_0522(version: str) -> Any:
+    """0.5.22+: the release's own resolution of the DP layout, replayed on a namespace:
+    `handle_deprecated_dp_attention` (parallel_hook.py), then `num_dp_ranks_of` and
+    `attn_dp_enabled_of` (runtime_context.py). None for releases before it."""
+    hook = wheels.package_dir(version) / "srt/arg_groups/parallel_hook.py"
+    if not hook.exists() or "def handle_deprecated_dp_attention" not in hook.read_text():
+        return None
+    funcs = [copy.deepcopy(f) for f in (
+        find_function(version, ["srt/arg_groups/parallel_hook.py"], "handle_deprecated_dp_attention"),
+        *(find_function(version, ["srt/runtime_context.py"], n) for n in ("num_dp_ranks_of", "attn_dp_enabled_of")))]
+    for f in funcs:  # their function-local imports are answered by the namespace below
+        f.body = [st for st in f.body if not isinstance(st, ast.ImportFrom)]
+    ns: dict[str, Any] = {"resolving_view": lambda sa: sa, "resolved_view": lambda sa: sa,
+                          "ep_scale_joiner_of": lambda cfg: False,
+                          "declare_resolution": lambda sa, _who, **kw: sa.__dict__.update(kw)}
+    exec(compile(ast.Module(body=funcs, type_ignores=[]), "<dp_layout>", "exec"), ns)
+
+    def resolve(sa: Any) -> tuple[int, bool]:
+        ns["handle_deprecated_dp_attention"](sa)
+        return ns["num_dp_ranks_of"](sa), ns["attn_dp_enabled_of"](sa)
+    return resolve
 
 
 LAYOUTS = [
@@ -182,22 +205,20 @@ LAYOUTS = [
     {"tp_size": 8, "dp_size": 4, "enable_dp_attention": True},
     {"tp_size": 8, "dp_size": 2, "enable_dp_attention": True, "ep_size": 8},
     {"tp_size": 8, "moe_dp_size": 2, "ep_size": 4}, {"tp_size": 8, "attn_cp_size": 2},
+    {"tp_size": 2, "dp_size": 1, "enable_dp_attention": True},
+    # 0.5.22+: --attn-dp-size
+    {"tp_size": 8, "attn_dp_size": 4}, {"tp_size": 8, "attn_dp_size": 2, "ep_size": 8, "pp_size": 2},
+    {"tp_size": 8, "attn_dp_size": 2, "attn_cp_size": 2}, {"tp_size": 4, "attn_dp_size": 2, "dp_size": 1},
 ]
 
 
-def _rank_params() -> list[Any]:
-    # 0.5.22+ launch DP schedulers per `num_dp_ranks` (replicas x attention-DP groups, with the new
-    # --attn-dp-size), which this replay does not model yet: those rows are expected to fail until it does
-    late = {v for v in VERSIONS if R.KNOWN_VERSIONS.index(v) >= R.KNOWN_VERSIONS.index("0.5.22")}
-    return [pytest.param(*p.values, id=p.id, marks=(*p.marks, *((pytest.mark.xfail(
-        strict=True, reason="DP launch layout of 0.5.22+ (num_dp_ranks) not replayed yet"),) if p.values[0] in late else ())))
-        for p in _params()]
-
-
-@pytest.mark.parametrize("version", _rank_params())
+@pytest.mark.parametrize("version", _params())
 def test_expected_ranks_follow_the_launcher(version: str) -> None:
     rules = R.RELEASES[version].log
     formulas = _rank_formulas(version)
+    layout_0522 = _dp_layout_0522(version)
+    has_attn_dp = "attn_dp_size" in {f.dest for f in R.flags_for(version)}
+    assert has_attn_dp == (layout_0522 is not None)
     spawn = None
     rc = wheels.package_dir(version) / "srt/runtime_context.py"
     found = [n for n in ast.walk(tree(version, "srt/runtime_context.py")) if isinstance(n, ast.FunctionDef)
@@ -206,38 +227,59 @@ def test_expected_ranks_follow_the_launcher(version: str) -> None:
         spawn_ns: dict[str, Any] = {}
         exec(compile(ast.Module(body=found, type_ignores=[]), "<runtime_context>", "exec"), spawn_ns)
         spawn = spawn_ns["derive_spawn_ranks"]
+    checked = 0
     for layout in LAYOUTS:
-        if not set(layout) <= {"tp_size", "pp_size", "dp_size", "ep_size", "enable_dp_attention"} \
+        if not set(layout) <= {"tp_size", "pp_size", "dp_size", "ep_size", "enable_dp_attention", "attn_dp_size"} \
                 and "ATTN_CP" not in rules.prefix_order:
+            continue
+        if "attn_dp_size" in layout and not has_attn_dp:
             continue
         a = {"tp_size": 1, "pp_size": 1, "dp_size": 1, "ep_size": 1, "attn_cp_size": 1, "moe_dp_size": 1,
              "enable_dp_attention": False, **layout}
         server_args = types.SimpleNamespace(**a)
+        if layout_0522 is not None:  # the release resolves the layout itself: replicas or attention-DP groups
+            server_args.attn_dp_size = a.get("attn_dp_size", 1)
+            num_dp_ranks, attn_dp_on = layout_0522(server_args)
+            attn_dp = server_args.attn_dp_size
+            replicas: Any = [0] if attn_dp_on else ([None] if num_dp_ranks == 1 else range(num_dp_ranks))
+        else:
+            attn_dp_on = a["dp_size"] > 1 and a["enable_dp_attention"]
+            attn_dp = a["dp_size"] if attn_dp_on else 1
+            replicas = [None] if a["dp_size"] == 1 else ([0] if a["enable_dp_attention"] else range(a["dp_size"]))
         want = []
-        replicas = [None] if a["dp_size"] == 1 else ([0] if a["enable_dp_attention"] else range(a["dp_size"]))
         for replica, pp, tp in itertools.product(replicas, range(a["pp_size"]), range(a["tp_size"])):
             ns: dict[str, Any] = {"server_args": server_args, "tp_rank": tp, "get_parallel": lambda sa=server_args: sa}
             for stmt in formulas:
                 exec(compile(ast.Module(body=[stmt], type_ignores=[]), "<engine>", "exec"), ns)
             if spawn is not None:  # 0.5.21+: every rank of a spawned scheduler comes from one function
-                attn_dp = a["dp_size"] if a["enable_dp_attention"] else 1
                 ns.update(spawn(world_rank=a["tp_size"] * pp + tp, tp_size=a["tp_size"], ep_join_rank_offset=0,
                                 attn_cp_size=a["attn_cp_size"],
                                 attn_tp_size=a["tp_size"] // attn_dp // a["attn_cp_size"],
                                 moe_dp_size=a["moe_dp_size"], moe_ep_size=a["ep_size"]))
             dp = replica
-            if a["dp_size"] > 1 and a["enable_dp_attention"]:
+            if attn_dp_on:
                 dp = _dp_attention_rank(version, enable_dp_attention=True, tp_rank=tp, tp_size=a["tp_size"],
-                                        dp_size=a["dp_size"], attn_cp_size=a["attn_cp_size"])
+                                        dp_size=attn_dp, attn_dp_size=attn_dp, attn_cp_size=a["attn_cp_size"])
             prefix = sglang.rank_prefix(
                 version, dp=dp, pp=pp, tp=tp, ep=ns["moe_ep_rank"], tp_size=a["tp_size"], pp_size=a["pp_size"],
                 dp_size=a["dp_size"], ep_size=a["ep_size"], attn_cp=ns.get("attn_cp_rank", 0),
                 moe_dp=ns.get("moe_dp_rank", 0), attn_cp_size=a["attn_cp_size"], moe_dp_size=a["moe_dp_size"])
             want.append(sglang.parse_line(f"[2026-01-01 00:00:00{prefix}] x").ranks)
         assert sglang.expected_ranks(version, a) == want, layout
+        if layout_0522 is not None:  # the resolved form the release dumps (dp_size=1, attn_dp_size=N) too
+            dumped = {**vars(server_args), "enable_dp_attention": server_args.attn_dp_size > 1}
+            assert sglang.expected_ranks(version, dumped) == want, (layout, dumped)
+            # and fleetctl's own resolution of the launch flags gives that same dumped layout
+            flags = {f"--{k.replace('_', '-')}": v for k, v in layout.items()}
+            res = sglang.resolve_worker(version, flags, {})
+            assert {k: res.resolved_args[k] for k in ("dp_size", "attn_dp_size", "enable_dp_attention")} == \
+                {k: dumped[k] for k in ("dp_size", "attn_dp_size", "enable_dp_attention")}, layout
+        checked += 1
+    assert checked >= 9
     controller = ast.unparse(tree(version, "srt/managers/data_parallel_controller.py"))
-    assert "for dp_rank in range(server_args.dp_size)" in controller or \
-        "for dp_rank in range(get_parallel().dp_size)" in controller
+    loop = "for dp_rank in range(get_parallel().num_dp_ranks)" if layout_0522 else \
+        ("for dp_rank in range(server_args.dp_size)", "for dp_rank in range(get_parallel().dp_size)")
+    assert (loop in controller) if isinstance(loop, str) else any(x in controller for x in loop)
 
 
 def _node_range_formulas(version: str) -> list[ast.stmt]:

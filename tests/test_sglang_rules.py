@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import copy
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -553,12 +554,13 @@ def test_auto_params_match_wheel(version: str) -> None:
         assert by_arch.get(arch, default) == params, arch
 
 
-def _multi_layer_overrides(version: str) -> tuple[set[str], bool]:
+def _multi_layer_overrides(version: str) -> tuple[set[str], bool, set[str]]:
     mod = tree(version, "srt/server_args.py")
     consts = {t.id: strings(n.value) for n in mod.body if isinstance(n, ast.Assign)
               for t in n.targets if isinstance(t, ast.Name)}
     parents = {c: p for p in ast.walk(mod) for c in ast.iter_child_nodes(p)}
     archs: set[str] = set()
+    substrings: set[str] = set()  # `"X" in model_arch`: any architecture containing X
     forces = False
     for node in ast.walk(mod):
         if isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == "self.enable_multi_layer_eagle" \
@@ -569,21 +571,25 @@ def _multi_layer_overrides(version: str) -> tuple[set[str], bool]:
                 if isinstance(up, ast.If) and cur in up.body:
                     if "model_arch" in ast.unparse(up.test):
                         archs |= strings(up.test)
+                        substrings |= {c.left.value for c in ast.walk(up.test) if isinstance(c, ast.Compare)
+                                       and isinstance(c.left, ast.Constant) and isinstance(c.ops[0], ast.In)
+                                       and ast.unparse(c.comparators[0]) == "model_arch"}
                         archs |= {s for n in ast.walk(up.test) if isinstance(n, ast.Name) for s in consts.get(n.id, ())}
                         forces = forces or f"{R.SPEC_V2_ENV}.set(True)" in ast.unparse(up)
                         break
                     conds.append(ast.unparse(up.test))
                 cur = up
             assert conds == ["self.speculative_algorithm == 'EAGLE'"], conds
-    return archs, forces
+    return archs, forces, substrings
 
 
-def _multi_layer_override_passes(version: str) -> set[str]:
+def _multi_layer_override_passes(version: str) -> tuple[set[str], set[str]]:
     """0.5.15+: model overrides are registered passes (`@_register_for(*archs)` or a predicate over the
     architecture) returning {"enable_multi_layer_eagle": True} when the algorithm is "EAGLE"."""
     files = [pkg(version) / "srt/arg_groups/overrides.py",
              *sorted((pkg(version) / "srt/arg_groups/model_overrides").glob("*.py"))]
     archs: set[str] = set()
+    substrings: set[str] = set()
     for f in files:
         if not f.exists():
             continue
@@ -599,15 +605,25 @@ def _multi_layer_override_passes(version: str) -> set[str]:
             decos = [d for d in func.decorator_list if "register" in ast.unparse(d)]
             assert decos, f"{version}: {func.name} is not a registered model override"
             archs |= {a for d in decos for a in strings(d)}
-    return archs
+            # register_model_override_predicate(lambda arch: "X" in arch or ...): substring matches
+            substrings |= {c.left.value for d in decos if "predicate" in ast.unparse(d.func if isinstance(d, ast.Call)
+                                                                                     else d)
+                           for c in ast.walk(d) if isinstance(c, ast.Compare) and isinstance(c.left, ast.Constant)
+                           and isinstance(c.ops[0], ast.In)}
+    return archs, substrings
 
 
 @pytest.mark.parametrize("version", _params())
 def test_multi_layer_model_overrides(version: str) -> None:
     rel = R.RELEASES[version]
-    archs, forces = _multi_layer_overrides(version)
-    archs |= _multi_layer_override_passes(version)
+    archs, forces, substrings = _multi_layer_overrides(version)
+    pass_archs, pass_substrings = _multi_layer_override_passes(version)
+    archs |= pass_archs
+    substrings |= pass_substrings
     assert archs == set(rel.multi_layer_archs)
+    assert substrings == set(rel.multi_layer_arch_substrings)
+    for arch in rel.multi_layer_archs:  # a longer name containing it matches only where tested as a substring
+        assert rel.forces_multi_layer("Tiny" + arch) == (arch in substrings)
     assert forces == rel.multi_layer_arch_forces_env
     if forces:
         assert R.MULTI_LAYER_FORCES_ENV_WARNING in strings(tree(version, "srt/server_args.py"))
@@ -726,6 +742,7 @@ class Wheel:
         self.rel = R.RELEASES[version]
         self.defaults = field_defaults(version)
         self.capture = _Capture()
+        self.attn_dp_enabled_of, self.dp_layout = self._compile_dp_layout()
         self.ns = self._compile_server_args()
 
     def _compile_server_args(self) -> dict[str, Any]:
@@ -747,6 +764,22 @@ class Wheel:
             ns["_handle_pipeline_parallelism"] = lambda args: _run_pass(args, ns["_pipeline_parallel_overlap_disable"])
         return ns
 
+    def _compile_dp_layout(self) -> tuple[Any, Any]:
+        """0.5.22+: the release's own `attn_dp_enabled_of` (runtime_context.py) and
+        `handle_deprecated_dp_attention` (parallel_hook.py, `--dp-size N --enable-dp-attention` ->
+        attn_dp_size=N, dp_size=1), run before any handler; before: the enable_dp_attention flag."""
+        rc, hook = "srt/runtime_context.py", "srt/arg_groups/parallel_hook.py"
+        if not (pkg(self.version) / hook).exists() or not functions(tree(self.version, hook),
+                                                                    "handle_deprecated_dp_attention"):
+            return (lambda cfg: bool(cfg.enable_dp_attention)), (lambda args: None)
+        defs = [copy.deepcopy(function(self.version, rc, "attn_dp_enabled_of")),
+                copy.deepcopy(function(self.version, hook, "handle_deprecated_dp_attention"))]
+        for d in defs:  # function-local imports: answered by the namespace
+            d.body = [st for st in d.body if not isinstance(st, ast.ImportFrom)]
+        ns: dict[str, Any] = {**_SAME, "declare_resolution": _declare, "ep_scale_joiner_of": lambda cfg: False}
+        exec(compile(ast.Module(body=defs, type_ignores=[]), f"<{self.version} dp layout>", "exec"), ns)
+        return ns["attn_dp_enabled_of"], ns["handle_deprecated_dp_attention"]
+
     def _compile_pp_check(self) -> Any:
         """The release's own `if pp_size > 1:` block of check_server_args, as a function of the args."""
         hook = "srt/arg_groups/validation_hook.py"
@@ -762,7 +795,7 @@ class Wheel:
             body=[block], decorator_list=[], returns=None, type_params=[])
         mod = ast.fix_missing_locations(ast.Module(body=[*helpers, fn], type_ignores=[]))
         ns: dict[str, Any] = {"get_platform": lambda: types.SimpleNamespace(is_npu=False),
-                              "attn_dp_enabled_of": lambda cfg: bool(cfg.enable_dp_attention)}
+                              "attn_dp_enabled_of": self.attn_dp_enabled_of}
         exec(compile(mod, f"<{self.version} check_server_args>", "exec"), ns)
         self.pp_ns = ns
         return lambda args: ns["_check_pp"](args, args)
@@ -772,7 +805,9 @@ class Wheel:
         before = set(sys.modules)
         importer = _Importer(pkg(self.version), self.REAL, {
             "sglang.srt.server_args": {"auto_choose_speculative_params": self.ns.get("auto_choose_speculative_params")},
-            **RESOLUTION_STAND_INS})
+            **RESOLUTION_STAND_INS,
+            "sglang.srt.runtime_context": {**RESOLUTION_STAND_INS["sglang.srt.runtime_context"],
+                                           "attn_dp_enabled_of": self.attn_dp_enabled_of}})
         sys.meta_path.insert(0, importer)
         log = logging.getLogger("sglang")
         log.addHandler(self.capture)
@@ -802,6 +837,7 @@ class Wheel:
             with warnings.catch_warnings():
                 warnings.simplefilter("always")
                 warnings.showwarning = lambda msg, *a, **k: lines.append(str(msg))
+                self.dp_layout(args)  # 0.5.22+: resolves the deprecated DP-attention spelling first
                 self.ns["_handle_pipeline_parallelism"](args)
                 if self.hook is not None:
                     self.hook.handle_speculative_decoding(args)
@@ -859,6 +895,12 @@ def _scenarios(rel: R.Release) -> Iterator[tuple[dict[str, Any], str | None, str
             yield _fields(algo, "topk1", disable_overlap_schedule=dos, enable_multi_layer_eagle=ml), env, "Qwen2ForCausalLM"
     for algo, env in itertools.product(algos, (None, "1")):
         yield _fields(algo, "topk1", enable_dp_attention=True, max_running_requests=16), env, "Qwen2ForCausalLM"
+    # DP layouts: replicas, attention DP the old way, and (0.5.22+) --attn-dp-size, which resolves them
+    attn_dp = "attn_dp_size" in {f.dest for f in R.flags_for(rel.version)}
+    layouts = [{"dp_size": 2}, {"dp_size": 2, "enable_dp_attention": True},
+               *([{"attn_dp_size": 2}, {"attn_dp_size": 2, "enable_dp_attention": True}] if attn_dp else [])]
+    for algo, layout, adaptive in itertools.product(algos, layouts, (False, True) if rel.adaptive else (False,)):
+        yield _fields(algo, "topk1", tp_size=4, speculative_adaptive=adaptive, **layout), None, "Qwen2ForCausalLM"
     if rel.adaptive is not None:
         for algo, env, params, dos, arch in itertools.product(
                 ("EAGLE3", "STANDALONE"), (None, "0"), ("auto", "topk1", "topk4", "steps-only", "topk-only"),
@@ -1174,3 +1216,18 @@ def test_model_config_located_like_the_launch_would(tmp_path: Path) -> None:
         assert mc.architecture(bad) is None, bad
     assert [loc.kind for loc in mc.config_locations("../../etc", {}, "/root", cwd="/w")] == ["local"]
     assert mc.snapshot_config("/r", "../../x") is None
+
+
+def test_substring_architecture_match_through_0514() -> None:
+    """Some architectures are tested with `"X" in model_arch` (0.5.7-0.5.14 ServerArgs; the Step
+    models' predicate-registered pass from 0.5.15): a name containing X turns on multi-layer EAGLE
+    there; MiMo's tuple (0.5.11+) and the registered passes match exactly."""
+    eagle = {"--speculative-algorithm": "EAGLE", "--speculative-num-steps": 3, "--speculative-eagle-topk": 1,
+             "--speculative-num-draft-tokens": 4}
+    variant = "MiMoV2FlashForCausalLMVariant"
+    assert sglang.resolve_worker("0.5.9", eagle, {}, model_arch=variant).worker_class == "MultiLayerEagleWorkerV2"
+    assert sglang.resolve_worker("0.5.12", eagle, {}, model_arch=variant).worker_class == "EAGLEWorkerV2"  # a tuple
+    step = "Step3p5ForCausalLMVariant"
+    assert sglang.resolve_worker("0.5.14", eagle, {}, model_arch=step).worker_class == "MultiLayerEagleWorkerV2"
+    assert sglang.resolve_worker("0.5.23", eagle, {}, model_arch=step).worker_class == "MultiLayerEagleWorkerV2"
+    assert sglang.resolve_worker("0.5.23", eagle, {}, model_arch=variant).worker_class == "EAGLEWorkerV2"

@@ -320,3 +320,64 @@ def test_log_level_above_info_hides_the_info_lines(tmp_path: Path, sims: list[Si
     assert code == 0
     assert MARKER not in errs and READY_LINE not in errs and "server_args=" not in errs
     assert "Overlap scheduler is disabled" in errs and "SIMULATOR" in errs
+
+
+# --- every release of the table: the simulator's log, read back with fleetctl's parser for that release ---
+
+def test_simulator_log_of_every_release_parses(tmp_path: Path, sims: list[Sim]) -> None:
+    """For every release in the table: the simulator starts on a tree of that release, and its log read
+    back with fleetctl's own parser gives that release's format: the dump form (`server_args=ServerArgs(`
+    through 0.5.18, `server_args={` from 0.5.19) with the launch's values, bare or timestamped startup
+    warnings, milliseconds where SGLANG_LOG_MS exists, rank prefixes in the release's order (DP
+    attention: the DP rank of every TP rank; 0.5.22+: from attn_dp_size in the dump), the marker on
+    every rank and the ready line."""
+    from fleetctl.sglang import KNOWN_VERSIONS, expected_ranks, parse_server_args_dump, resolve_worker
+    from fleetctl.sglang import releases as R
+
+    flags = [*EAGLE_FLAGS, "--tp-size", "4", "--dp-size", "2", "--enable-dp-attention", "--ep-size", "2",
+             "--speculative-disable-batch-threshold", "8"]
+    as_dict = {flags[i]: (flags[i + 1] if i + 1 < len(flags) and not flags[i + 1].startswith("--") else True)
+               for i in range(len(flags)) if flags[i].startswith("--")}
+    pending: list[tuple[str, Sim, R.Release]] = []
+    for n, version in enumerate(KNOWN_VERSIONS):
+        res = resolve_worker(version, as_dict, {})
+        assert res.startup_error is None and res.worker_file and res.worker_class, (version, res.reason)
+        site = fake_tree(tmp_path / version, version,
+                         {Path(res.worker_file).name: WORKER_WITH.format(cls=res.worker_class)})
+        pending.append((version, run(sims, site, flags, {"SGLANG_LOG_MS": "1"}), R.RELEASES[version]))
+        if len(pending) == 6 or n == len(KNOWN_VERSIONS) - 1:  # a few at a time on a small machine
+            for v, sim, rel in pending:
+                _check_release_log(v, rel, sim.wait_for(READY_LINE, timeout=60), expected_ranks, parse_server_args_dump)
+                sim.stop()
+            pending = []
+
+
+def _check_release_log(version: str, rel: object, lines: list[str], expected_ranks: object,
+                       parse_dump: object) -> None:
+    from fleetctl.sglang import releases as R
+
+    assert isinstance(rel, R.Release)
+    parsed = [parse_line(x) for x in lines]
+    dumps = [p for p in parsed if p.message.startswith("server_args=")]
+    assert len(dumps) == 1, version
+    opener = "server_args={" if rel.log.dump_form == "dict" else "server_args=ServerArgs("
+    assert dumps[0].message.startswith(opener), (version, dumps[0].message[:40])
+    dump = parse_dump(dumps[0].message)  # type: ignore[operator]
+    assert dump is not None and dump["tp_size"] == 4 and dump["speculative_algorithm"] == "EAGLE3", version
+    assert list(dump)[:len(rel.log.dump_fields)] == list(rel.log.dump_fields) or set(rel.log.dump_fields) <= set(dump)
+    if "attn_dp_size" in rel.log.dump_fields:  # 0.5.22+: the width moved out of dp_size
+        assert (dump["dp_size"], dump["attn_dp_size"], dump["enable_dp_attention"]) == (1, 2, True), version
+    else:
+        assert (dump["dp_size"], dump["enable_dp_attention"]) == (2, True), version
+    warn = next(p for p in parsed if p.message.startswith("Max running requests is reset to 48"))
+    assert (warn.timestamp is not None) == rel.log.prelog_timestamped, version
+    assert "." not in (warn.timestamp or "")  # the pre-logging basicConfig has a datefmt without msecs
+    marks = [p for p in parsed if MARKER in p.message]
+    want = expected_ranks(version, dump)  # type: ignore[operator]
+    assert [p.ranks for p in marks] == want and len(want) == 4, (version, [p.raw for p in marks])
+    assert [m["DP"] for m in want] == [0, 0, 1, 1] and [m["EP"] for m in want] == [0, 0, 1, 1], version
+    for p in marks:  # the prefix's own order is the release's
+        tokens = p.raw.split("]")[0].split()[2:]
+        assert [t.rstrip("0123456789") for t in tokens] == [k for k in rel.log.prefix_order if k in p.ranks]
+        assert ("." in (p.timestamp or "")) == rel.log.ms_supported, version
+    assert parse_line(lines[-1]).message == READY_LINE, version

@@ -62,7 +62,7 @@ def _plan_key(hp: Any) -> tuple[Any, ...]:
     c = hp.coverage
     return (hp.version, hp.status, strip_host(hp.host, hp.reason), tuple(hp.interrupted),
             tuple((fp.path, fp.state, fp.action, fp.note) for fp in hp.files),
-            None if c is None else (c.covered, c.refused, c.reason))
+            None if c is None else (c.covered, c.refused, c.reason, c.uncertain))
 
 
 def render_plan(plan: Plan) -> None:
@@ -88,11 +88,14 @@ def render_plan(plan: Plan) -> None:
                 what = ("; --allow-uncovered: the files are patched, but the patched code will not run there "
                         "until the launch runs a worker the playbook patches")
                 head = styled("NOT covered, deployed anyway", "yellow")
-            elif c.refused:
-                what, head = "", styled("NOT covered, refused", "red")
+            elif c.refused:  # (covered, but not certain under --strict: "covered, refused")
+                what, head = "", styled("covered, refused" if c.covered else "NOT covered, refused", "red")
             else:
                 what, head = "", styled("covered", "green") if c.covered else styled("NOT covered", "red")
             say(out, "  worker that will run: ", head, ": ", c.reason, what, indent=4)
+            if c.uncertain and not c.refused:  # --strict refuses it
+                say(out, "  ", styled("warning:", "yellow"), " ", c.uncertain, "; --strict refuses such hosts",
+                    indent=4)
         if hp.interrupted:
             say(out, "  ", _s("interrupted"), " deploy ", ", ".join(hp.interrupted), ": repaired first", indent=4)
     for hosts, _ in groups:
@@ -235,6 +238,7 @@ def register(app: typer.Typer) -> None:
         diff: bool = typer.Option(False, "--diff", help="Print unified diffs (remote vs intended; drifted: also vs pristine)."),
         force: bool = typer.Option(False, "--force", help="Replace drifted files too (their bytes are backed up)."),
         allow_uncovered: bool = typer.Option(False, "--allow-uncovered", help="Deploy even where the worker that will run is not patched."),
+        strict: bool = typer.Option(False, "--strict", help="Refuse hosts where the worker that will run is not certain (the model's config.json cannot be read there)."),
         restart: bool = typer.Option(False, "--restart", help="Rolling restart: per batch patch -> restart -> ready -> verify-logs."),
         serial: str | None = typer.Option(None, "--serial", help="With --restart: hosts per batch, N or P% (default: all at once)."),
         canary: str | None = typer.Option(None, "--canary", help="With --restart: size of the first batch, N or P%."),
@@ -257,7 +261,7 @@ def register(app: typer.Typer) -> None:
             from fleetctl.ops.deploy import apply_plan, build_plan, gather, new_op_id
             from fleetctl.ops.rolling import parse_count
             gathered = _tick_run(ctx, "facts", lambda: gather(ctx.fleet, pb))
-            plan = build_plan(ctx.fleet, pb, gathered, force=force, allow_uncovered=allow_uncovered)
+            plan = build_plan(ctx.fleet, pb, gathered, force=force, allow_uncovered=allow_uncovered, strict=strict)
             if not json_out:
                 render_plan(plan)
                 if diff:
@@ -593,9 +597,9 @@ def register(app: typer.Typer) -> None:
                     row["instances"] = []
                     for inst in instances(h, pb):
                         # the env the launch's python sees (an `env` prefix in the command included)
-                        ic = coverage(f.package_version, dict(inst.flags), dict(inst.effective_env), pb)
-                        args = (engine().resolve_worker(f.package_version, dict(inst.flags),
-                                                        dict(inst.effective_env)).resolved_args
+                        ic = coverage(f.package_version, dict(inst.flags), dict(inst.effective_env), pb, model=f.model)
+                        args = (engine().resolve_worker(f.package_version, dict(inst.flags), dict(inst.effective_env),
+                                                        model_arch=f.model.arch if f.model else None).resolved_args
                                 if engine().is_known(f.package_version) else {})
                         row["instances"].append({"instance": inst.name, "gpus": list(inst.gpus), "port": inst.port,
                                                  "worker_class": ic.worker_class, "worker_file": ic.worker_file,
@@ -606,6 +610,9 @@ def register(app: typer.Typer) -> None:
                 bc = f.bytecode_problem(cov.worker_file) if cov and cov.worker_file else None
                 row["bytecode"] = bc
                 row["notes"] = list(f.package_notes)
+                row["model_architecture"] = f.model.arch if f.model else None
+                if cov and cov.uncertain:
+                    row["notes"].append(cov.uncertain)
                 if bc and f.bytecode_loader(cov.worker_file or "") != "source":
                     row["refused"] = row["refused"] or bc
                 elif bc:

@@ -75,7 +75,17 @@ def _facts_lines(f: HostFacts, all_files: bool) -> tuple[tuple[str, Text], ...]:
         py.append(("launch", safe(f"{f.launch_python} ({f.launch_python_version})")))
     return (("OS", safe(f.os)), *py, (engine().display_name, sg), *[("note", line(styled("note:", "yellow"), " ", n)) for n in notes],
             ("torch", torch), ("files", Text("; ").join(_files_cell(f, all_files).split("\n"))),
-            ("GPUs", safe(_gpu_cell(f))))
+            ("GPUs", safe(_gpu_cell(f))), *_model_line(f))
+
+
+def _model_line(f: HostFacts) -> tuple[tuple[str, Text], ...]:
+    """The launch's target model config.json as read on the host (absent: the launch names no model)."""
+    if f.model is None:
+        return ()
+    if f.model.arch:
+        return (("model", Text.assemble(safe(f.model.arch), " (", safe(f.model.path or "?"), ")")),)
+    return (("model", Text.assemble(styled("config.json not readable", "yellow"), ": ",
+                                    safe(f.model.error or "?"))),)
 
 
 def render_facts(outcomes: list, all_files: bool) -> None:

@@ -47,11 +47,12 @@ def gather(fleet: Fleet, playbook: Playbook | None, *, all_hashes: bool = False)
     return Gathered({o.host: o.data for o in outs if o.ok}, {o.host: o for o in outs})
 
 
-def coverage_for(host: Host, facts: HostFacts, playbook: Playbook) -> Coverage | None:
-    """Which worker file the launch will run, and whether the playbook patches it (SGLang module)."""
+def coverage_for(host: Host, facts: HostFacts, playbook: Playbook, *, strict: bool = False) -> Coverage | None:
+    """Which worker file the launch will run, and whether the playbook patches it (asked of the engine).
+    strict: an answer that is not certain (model config not readable on the host) is refused."""
     from fleetctl.patched_worker import host_coverage
 
-    return host_coverage(host, facts, playbook)
+    return host_coverage(host, facts, playbook, strict=strict)
 
 
 def _patch_input_error(playbook: Playbook, version: str, e: InputError) -> InputError:
@@ -69,7 +70,7 @@ def _patch_input_error(playbook: Playbook, version: str, e: InputError) -> Input
 
 
 def build_plan(fleet: Fleet, playbook: Playbook, gathered: Gathered, *, force: bool = False,
-               allow_uncovered: bool = False) -> Plan:
+               allow_uncovered: bool = False, strict: bool = False) -> Plan:
     intended: dict[str, dict[str, Intended]] = {}
     hosts: list[HostPlan] = []
     for h in fleet.hosts:
@@ -86,7 +87,7 @@ def build_plan(fleet: Fleet, playbook: Playbook, gathered: Gathered, *, force: b
                 raise _patch_input_error(playbook, v, e) from None
             if it is not None:
                 intended[v] = it
-        cov = coverage_for(h, f, playbook) if v in intended else None
+        cov = coverage_for(h, f, playbook, strict=strict) if v in intended else None
         hp = plan_host(h, f, playbook, intended.get(v) if v else None, force=force, coverage=cov,
                        allow_uncovered=allow_uncovered)
         _plan_stale_bytecode(hp, f)

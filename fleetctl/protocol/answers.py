@@ -329,6 +329,17 @@ class DiscoverFacts:
 
 
 @dataclass
+class ModelConfigInfo:
+    """The launch's target model config.json as the agent read it (validated again on arrival:
+    fleetctl/sglang/model_config.py `from_answer`), or why it could not."""
+
+    path: str | None = None
+    architectures: list[str] = field(default_factory=list)
+    model_type: str | None = None
+    error: str | None = None
+
+
+@dataclass
 class FactsAnswer:
     """`facts`: what the host is, plus the hooks asked for (state, servers, registered flags)."""
 
@@ -344,6 +355,7 @@ class FactsAnswer:
     state: StateFacts | None = None
     servers: ServersFacts | None = None
     discover: DiscoverFacts | None = None
+    model: ModelConfigInfo | None = None  # asked with payload `model` (the launch's --model-path)
 
 
 @dataclass

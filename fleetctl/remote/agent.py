@@ -348,6 +348,119 @@ def locate_package(engine, package_dir=None, launch=None, files=(), strict=True)
     return res
 
 
+# ----------------------------------------------------------------------------- model config.json
+
+MODEL_CONFIG_MAX = 4 << 20  # bytes; a larger config.json is not read
+_HUB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?$")
+_REVISION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$")
+_COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
+_IDENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+
+
+def _home_of(env):
+    """What os.path.expanduser('~') gives the launch's python: its HOME, else the passwd entry."""
+    if env.get("HOME"):
+        return env["HOME"]
+    try:
+        import pwd
+
+        return pwd.getpwuid(os.getuid()).pw_dir
+    except Exception:
+        return "/"
+
+
+def hub_cache_dir(env, home):
+    """The HF hub cache the launch's environment selects (huggingface_hub's precedence; mirrors
+    fleetctl/sglang/model_config.py, held to it by tests)."""
+    def exp(p):
+        return home + p[1:] if p == "~" or p.startswith("~/") else p
+    if env.get("HF_HUB_CACHE"):
+        return exp(env["HF_HUB_CACHE"])
+    if env.get("HUGGINGFACE_HUB_CACHE"):
+        return exp(env["HUGGINGFACE_HUB_CACHE"])
+    if env.get("HF_HOME"):
+        return os.path.join(exp(env["HF_HOME"]), "hub")
+    return os.path.join(env.get("XDG_CACHE_HOME") or os.path.join(home, ".cache"), "huggingface", "hub")
+
+
+def _read_bounded(path, limit):
+    """The bytes of a regular file (symlinks followed, as the loader does), at most `limit`; never
+    blocks on a FIFO or device."""
+    st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError("not a regular file")
+    if st.st_size > limit:
+        raise ValueError("larger than %d bytes" % limit)
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    try:
+        chunks, n = [], 0
+        while n <= limit:
+            b = os.read(fd, min(1 << 20, limit + 1 - n))
+            if not b:
+                break
+            chunks.append(b)
+            n += len(b)
+    finally:
+        os.close(fd)
+    if n > limit:
+        raise ValueError("larger than %d bytes" % limit)
+    return b"".join(chunks)
+
+
+def model_config_path(model_path, revision, env, home, cwd):
+    """Which config.json the launch's SGLang would load for `model_path`: (path, None) or
+    (None, why not). A local directory wins; otherwise a hub id is looked up in the HF cache."""
+    if not model_path or "\x00" in model_path:
+        return None, "no model path"
+    local = model_path if os.path.isabs(model_path) else os.path.join(cwd, model_path)
+    if os.path.isdir(local):
+        return os.path.join(os.path.normpath(local), "config.json"), None
+    rev = revision or "main"
+    if not _HUB_ID_RE.match(model_path) or ".." in model_path or not _REVISION_RE.match(rev) or ".." in rev:
+        return None, "%s is neither a directory nor a hub model id" % local
+    repo = os.path.join(hub_cache_dir(env, home), "models--" + model_path.replace("/", "--"))
+    ref = os.path.join(repo, "refs", rev)
+    commit = None
+    try:
+        commit = _read_bounded(ref, 256).decode("ascii", "replace").strip()
+    except (OSError, ValueError):
+        if _COMMIT_RE.match(rev):
+            commit = rev
+    if commit is None:
+        return None, "%s is not a directory and the HF cache has no %s" % (local, ref)
+    if not _COMMIT_RE.match(commit):
+        return None, "%s does not hold a commit hash" % ref
+    return os.path.join(repo, "snapshots", commit, "config.json"), None
+
+
+def read_model_config(model, launch):
+    """The target model's config.json, read on this host exactly as the launch would find it (its
+    environment: HF_HUB_CACHE, HF_HOME, XDG_CACHE_HOME, HOME; its working directory). Returns the
+    fields routing needs (`architectures`, `model_type`) or {"error": why}; bounded and validated."""
+    env = launch_environment(launch or {})
+    cwd = launch_cwd((launch or {}).get("cwd"), env)
+    path, why = model_config_path(model.get("path"), model.get("revision"), env, _home_of(env), cwd)
+    if path is None:
+        return {"error": why}
+    try:
+        data = _read_bounded(path, MODEL_CONFIG_MAX)
+    except OSError as e:
+        return {"error": "%s: %s" % (path, e.strerror or e.__class__.__name__), "path": path}
+    except ValueError as e:
+        return {"error": "%s: %s" % (path, e), "path": path}
+    try:
+        doc = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return {"error": "%s: not JSON" % path, "path": path}
+    archs = doc.get("architectures") if isinstance(doc, dict) else None
+    if not isinstance(archs, list) or not archs or not all(isinstance(a, str) and _IDENT_RE.match(a)
+                                                           for a in archs[:8]):
+        return {"error": "%s: no valid `architectures` list" % path, "path": path}
+    mt = doc.get("model_type")
+    return {"path": path, "architectures": archs[:8],
+            "model_type": mt if isinstance(mt, str) and _IDENT_RE.match(mt) else None}
+
+
 def torch_version():
     """The version of the torch distribution this interpreter would see first on sys.path (what
     importlib.metadata.version('torch') answers, without importing importlib.metadata: ~15 ms)."""
@@ -461,6 +574,8 @@ def action_facts(p):
     res["files"] = files
     if p.get("check_flags") and sg.get("found"):
         res["registered_flags"] = registered_flags(sg["dir"], p["check_flags"], p["engine"]["args_file"])
+    if p.get("model"):
+        res["model"] = read_model_config(p["model"], p.get("launch"))
     if p.get("gpus", True):
         res["gpus"] = gpu_queries()
     hooks = p.get("with", [])

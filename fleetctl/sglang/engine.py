@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from fleetctl.sglang import logs, processes, routing
+from fleetctl.sglang import logs, model_config, processes, routing
 from fleetctl.sglang import releases as R
 
 _TP = next(f for f in R.FLAGS if f.dest == "tp_size")
@@ -88,6 +88,14 @@ class SGLangEngine:
 
     def shown_flags(self, flags: Mapping[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in flags.items() if "speculative" in k or "overlap" in k}
+
+    not_certain: str = routing.NOT_CERTAIN
+
+    def launch_model(self, flags: Mapping[str, Any], argv: list[str] | tuple[str, ...] = ()) -> dict[str, str] | None:
+        return model_config.launch_model(dict(flags), argv)
+
+    def model_from_answer(self, answer: object) -> model_config.ModelConfig | None:
+        return model_config.from_answer(answer)
 
 
 SGLANG = SGLangEngine()

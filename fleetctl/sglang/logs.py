@@ -92,22 +92,26 @@ def expected_ranks(version: str, resolved_args: dict[str, Any]) -> list[dict[str
     tp, dp, pp, ep = a["tp_size"], a["dp_size"], a["pp_size"], a["ep_size"]
     has_cp = "ATTN_CP" in rel.log.prefix_order
     cp, moe_dp = (a["attn_cp_size"], a["moe_dp_size"]) if has_cp else (1, 1)
-    dp_attention = bool(resolved_args.get("enable_dp_attention"))
-    replicas: list[int | None] = [None] if dp == 1 else ([0] if dp_attention else list(range(dp)))
+    # the attention-DP width: --attn-dp-size (0.5.22+, also what their dump holds), else the older
+    # `--dp-size N --enable-dp-attention`; attention-DP groups live inside the one TP group
+    attn_dp = int(resolved_args.get("attn_dp_size") or 1)
+    if attn_dp == 1 and dp > 1 and resolved_args.get("enable_dp_attention"):
+        attn_dp, dp = dp, 1
+    replicas: list[int | None] = [None] if dp == 1 and attn_dp == 1 else list(range(dp))
     pp_ranks, tp_ranks = node_rank_ranges(resolved_args, tp, pp)
     out: list[dict[str, int]] = []
     for replica in replicas:
         for pp_rank in pp_ranks:
             for tp_rank in tp_ranks:
                 dp_rank = replica
-                if dp > 1 and dp_attention:
-                    attn_tp = tp // dp // cp
+                if attn_dp > 1:
+                    attn_tp = tp // attn_dp // cp
                     dp_rank = tp_rank // (attn_tp * cp)
                 ranks: dict[str, int] = {} if dp_rank is None else {"DP": dp_rank}
                 if pp > 1:
                     ranks["PP"] = pp_rank
                 if has_cp and cp > 1:
-                    ranks["ATTN_CP"] = (tp_rank // (tp // (dp if dp_attention else 1) // cp)) % cp
+                    ranks["ATTN_CP"] = (tp_rank // (tp // attn_dp // cp)) % cp
                 if has_cp and moe_dp > 1:
                     ranks["MOE_DP"] = tp_rank // (tp // moe_dp)
                 if tp > 1:

@@ -86,3 +86,59 @@ def architecture(data: bytes) -> str | None:
     if not isinstance(archs, list) or not archs or not isinstance(archs[0], str):
         return None
     return archs[0] if _ARCH.match(archs[0]) else None
+
+
+# --- the launch's model, and what the host's agent read of it --------------------------------
+
+MODEL_FLAGS = ("--model-path", "--model")  # every spelling of ServerArgs.model_path (all releases)
+REVISION_FLAG = "--revision"
+_MAX_SHOWN = 300
+
+
+def launch_model(flags: dict[str, object], argv: list[str] | tuple[str, ...] = ()) -> dict[str, str] | None:
+    """{"path", "revision"} of the launch's target model: the launch command's own words, then the
+    flags fleetctl appends (argparse keeps the last). None when the launch names no model."""
+    found: dict[str, str] = {}
+    words = list(argv)
+    for i, w in enumerate(words):
+        name, eq, val = w.partition("=")
+        key = "path" if name in MODEL_FLAGS else "revision" if name == REVISION_FLAG else None
+        if key is None:
+            continue
+        if eq:
+            found[key] = val
+        elif i + 1 < len(words):
+            found[key] = words[i + 1]
+    for k, v in flags.items():
+        name = k if k.startswith("--") else "--" + k.replace("_", "-")
+        key = "path" if name in MODEL_FLAGS else "revision" if name == REVISION_FLAG else None
+        if key is not None and v is not None and v is not False and v is not True:
+            found[key] = str(v)
+    return found if found.get("path") else None
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The target model config.json as read on the host: `arch` (architectures[0]) or `error`."""
+
+    arch: str | None
+    path: str | None
+    error: str | None
+
+    @property
+    def readable(self) -> bool:
+        return self.arch is not None
+
+
+def from_answer(answer: object) -> ModelConfig | None:
+    """Validate what the agent sent (untrusted): identifiers only, bounded strings."""
+    if answer is None:
+        return None
+    path = getattr(answer, "path", None)
+    path = path[:_MAX_SHOWN] if isinstance(path, str) else None
+    error = getattr(answer, "error", None)
+    archs = getattr(answer, "architectures", None) or []
+    if error is None and archs and isinstance(archs[0], str) and _ARCH.match(archs[0]):
+        return ModelConfig(archs[0], path, None)
+    why = error if isinstance(error, str) and error else "no valid `architectures` in config.json"
+    return ModelConfig(None, path, why[:_MAX_SHOWN])

@@ -256,6 +256,9 @@ FLAGS: tuple[Flag, ...] = (
     _f("--attn-cp-size --attention-context-parallel-size", "attn_cp_size", 1, "int", since="0.5.9"),
     _f("--moe-dp-size --moe-data-parallel-size", "moe_dp_size", 1, "int", since="0.5.9"),
     _f("--enable-dp-attention", "enable_dp_attention", False, "bool"),
+    # 0.5.22+: the attention-DP width; `--dp-size N --enable-dp-attention` is resolved into
+    # attn_dp_size=N, dp_size=1 (dp_size counts replicas again), see routing._resolve_dp_layout
+    _f("--attn-dp-size", "attn_dp_size", 1, "int", since="0.5.22"),
     _f("--max-running-requests", "max_running_requests", None, "int"),
     _f("--page-size", "page_size", None, "int"),
     _f("--device", "device"),
@@ -390,6 +393,10 @@ LOG_0511 = LogRules(LOG_059.prefix_order, True, True, "repr", _DUMP_0511)
 LOG_0513 = LogRules(LOG_059.prefix_order, True, True, "repr", _DUMP_0513)
 LOG_0514 = LogRules(LOG_059.prefix_order, True, True, "repr", _DUMP_0514)
 LOG_0519 = LogRules(LOG_059.prefix_order, True, True, "dict", _DUMP_0514)
+# 0.5.22: the attention-DP width is its own field (dp_size counts replicas): the DP ranks in the log
+# prefixes follow from it, so the dump must carry it
+_DUMP_0522 = (*_DUMP_0514[:6], "attn_dp_size", *_DUMP_0514[6:])
+LOG_0522 = LogRules(LOG_059.prefix_order, True, True, "dict", _DUMP_0522)
 
 READY_LINE = "The server is fired up and ready to roll!"
 # Every startup dump line starts with this (ServerArgs repr through 0.5.18, a dict from 0.5.19).
@@ -430,6 +437,9 @@ class Release:
     # target architectures whose model override turns on multi-layer EAGLE for `--speculative-algorithm
     # EAGLE` (exact, pre-normalisation string); and whether that override also forces the env var on
     multi_layer_archs: tuple[str, ...] = ()
+    # of those, the ones tested as a substring (`"X" in model_arch`, or a predicate-registered pass), so
+    # any architecture containing the name matches too; the others are compared exactly
+    multi_layer_arch_substrings: tuple[str, ...] = ()
     multi_layer_arch_forces_env: bool = False
     # pp_size > 1 with any speculative algorithm: check_server_args refuses it with this error, or
     # None: 0.5.21+ allow EAGLE (not multi-layer) under SGLANG_ENABLE_PP_SPEC (PP_SPEC_* errors otherwise)
@@ -442,6 +452,12 @@ class Release:
     @property
     def worker_files(self) -> dict[str, str]:
         return dict(self.workers)
+
+    def forces_multi_layer(self, arch: str | None) -> bool:
+        """Does this release's model override turn on multi-layer EAGLE for the target `arch`?"""
+        if arch is None:
+            return False
+        return arch in self.multi_layer_archs or any(s in arch for s in self.multi_layer_arch_substrings)
 
 
 _W_OLD = (EAGLE_V1, EAGLE_V2, STANDALONE_V1)
@@ -468,15 +484,19 @@ MULTI_V1_NAME_ERROR = "NameError: name 'ModelRunner' is not defined"
 def _opt_in(v: str, auto: AutoParams = AUTO, log: LogRules = LOG_059,
             archs: tuple[str, ...] = _MIMO_STEP) -> Release:
     return Release(v, RULES_FORCES_V2, _W_058, log, auto, ALGORITHMS_OLD, True, ABBREV_057,
-                   multi_layer_archs=archs, multi_layer_arch_forces_env=True, pp_spec_error=PP_SPEC_ERROR_OLD,
+                   multi_layer_archs=archs, multi_layer_arch_substrings=archs, multi_layer_arch_forces_env=True,
+                   pp_spec_error=PP_SPEC_ERROR_OLD,
                    multi_layer_v1_import_error=None if v.startswith("0.5.8") else MULTI_V1_NAME_ERROR)
 
 
 def _v2(v: str, rules: SpecRules, workers: tuple, log: LogRules, adaptive: AdaptiveRules,
         archs: tuple[str, ...], algorithms: tuple[str, ...] = ALGORITHMS_0512, choices: bool = False,
         abbreviations: MappingProxyType = ABBREV_057) -> Release:
+    # the Step models are tested as substrings of the architecture (`"Step3p5ForCausalLM" in arch`: a
+    # ServerArgs branch through 0.5.14, a predicate-registered pass from 0.5.15); MiMo etc. exactly
+    substrings = tuple(a for a in archs if a.startswith("Step"))
     return Release(v, rules, workers, log, AUTO, algorithms, choices, abbreviations,
-                   adaptive=adaptive, multi_layer_archs=archs,
+                   adaptive=adaptive, multi_layer_archs=archs, multi_layer_arch_substrings=substrings,
                    multi_layer_v1_import_error=MULTI_V1_NAME_ERROR if MULTI_V1 in workers else None)
 
 
@@ -499,6 +519,7 @@ RELEASES: dict[str, Release] = {r.version: r for r in (
     _beta("0.5.6.post2", LOG_056, AUTO_0561),
     Release("0.5.7", RULES_FORCES_V2_057, _W_057, LOG_057, AUTO_057, ALGORITHMS_OLD, True, ABBREV_057,
             multi_layer_algorithms=("EAGLE", "EAGLE3", "STANDALONE"), multi_layer_archs=_MIMO,
+            multi_layer_arch_substrings=_MIMO,
             multi_layer_arch_forces_env=True, pp_spec_error=PP_SPEC_ERROR_OLD,
             notes=("multi-layer workers are chosen in the scheduler, before the algorithm's factory",)),
     _opt_in("0.5.8", log=LOG_057, archs=_MIMO),
@@ -521,8 +542,8 @@ RELEASES: dict[str, Release] = {r.version: r for r in (
     _v2_new("0.5.20", RULES_V2_ONLY, LOG_0519, ADAPTIVE_0520, ALGORITHMS_0520, ABBREV_0520),
     replace(_v2_new("0.5.21", RULES_V2_ONLY_SILENT, LOG_0519, ADAPTIVE_0520, ALGORITHMS_0520, ABBREV_0520,
                     _MIMO2_STEP37_GIGA), pp_spec_dp_error=PP_SPEC_ENV_DP_0521),
-    _v2_new("0.5.22", RULES_V2_ONLY_SILENT, LOG_0519, ADAPTIVE_0522, ALGORITHMS_0520, ABBREV_0520, _MIMO2_STEP37_GIGA),
-    _v2_new("0.5.23", RULES_V2_ONLY_SILENT, LOG_0519, ADAPTIVE_0522, ALGORITHMS_0520, ABBREV_0520, _MIMO2_STEP37_GIGA),
+    _v2_new("0.5.22", RULES_V2_ONLY_SILENT, LOG_0522, ADAPTIVE_0522, ALGORITHMS_0520, ABBREV_0520, _MIMO2_STEP37_GIGA),
+    _v2_new("0.5.23", RULES_V2_ONLY_SILENT, LOG_0522, ADAPTIVE_0522, ALGORITHMS_0520, ABBREV_0520, _MIMO2_STEP37_GIGA),
 )}
 
 KNOWN_VERSIONS: tuple[str, ...] = tuple(RELEASES)

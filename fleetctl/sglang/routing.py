@@ -220,6 +220,7 @@ def resolve_worker(version: str, flags: dict[str, Any], env: dict[str, str], *,
     unknown: tuple[str, ...] = ()
     try:
         st.args, unknown = parse_flags(version, flags)
+        _resolve_dp_layout(st.args)
         raw_algorithm = st.args.get("speculative_algorithm")
         algorithm = _normalize_algorithm(rel, st.args.get("speculative_algorithm"))
         error = None
@@ -250,6 +251,17 @@ def resolve_worker(version: str, flags: dict[str, Any], env: dict[str, str], *,
         startup_error=error, warnings=tuple(warnings), adaptive_available=adaptive_available,
         resolved_args=args, unknown_flags=unknown, certain=certain,
     )
+
+
+def _resolve_dp_layout(args: dict[str, Any]) -> None:
+    """0.5.22+ (releases with --attn-dp-size): the deprecated `--dp-size N --enable-dp-attention`
+    becomes attn_dp_size=N, dp_size=1 before any handler reads the layout, and `enable_dp_attention`
+    then means "attention DP runs" (attn_dp_size > 1), as the release's resolved dump reports it."""
+    if "attn_dp_size" not in args:
+        return
+    if args.get("enable_dp_attention") and args["attn_dp_size"] == 1:
+        args["attn_dp_size"], args["dp_size"] = args["dp_size"], 1
+    args["enable_dp_attention"] = args["attn_dp_size"] > 1
 
 
 NOT_CERTAIN = "not certain: model config not readable, model-specific routing not ruled out"
@@ -314,7 +326,7 @@ def _run(st: _State, algorithm: str | None, model_arch: str | None) -> None:
     rel, args = st.rel, st.args
     raw_algorithm = args.get("speculative_algorithm")
     # model-specific adjustments run first and see the raw --speculative-algorithm string
-    if model_arch in rel.multi_layer_archs and raw_algorithm == "EAGLE":
+    if rel.forces_multi_layer(model_arch) and raw_algorithm == "EAGLE":
         args["enable_multi_layer_eagle"] = True
         st.causes.append(f"{model_arch} turns on multi-layer EAGLE")
         if rel.multi_layer_arch_forces_env and not st.env.get():
