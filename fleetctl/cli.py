@@ -15,6 +15,7 @@ import typer
 from typer.core import TyperCommand, TyperGroup
 
 from fleetctl import __version__
+from fleetctl.commands import coerce
 from fleetctl.errors import EXIT_BAD_INPUT, EXIT_FAILED, FleetctlError, Interrupted
 
 # name -> (module whose register(app) defines it, its help). The order is `fleetctl --help`'s order.
@@ -34,6 +35,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "patch": ("patch", "Local tools for patch authors: apply, check, new, port, import."),
     "sandbox": ("sandbox", "A local fleet of real OpenSSH hosts on loopback: up, down, status."),
 }
+
+
+coerce.install()  # option values converted without importing pydantic (issue 16.10)
 
 
 class LazyGroup(TyperGroup):
