@@ -227,7 +227,7 @@ def test_every_command_reads_at_80_and_100_columns(six: Any, capsys: pytest.Capt
 
 
 def test_a_padded_state_keeps_its_style() -> None:
-    from fleetctl.commands import fleetops
+    from fleetctl.commands import fleetops_view
 
-    assert fleetops._s("drifted", 11).plain == "drifted    " and str(fleetops._s("drifted", 11).style) == "red"
-    assert str(fleetops._s("as-intended", 11).style) == "green"
+    assert fleetops_view._s("drifted", 11).plain == "drifted    " and str(fleetops_view._s("drifted", 11).style) == "red"
+    assert str(fleetops_view._s("as-intended", 11).style) == "green"

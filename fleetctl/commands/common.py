@@ -6,13 +6,20 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from fleetctl.errors import InputError
-from fleetctl.safetext import SafeConsole
 
+if TYPE_CHECKING:  # rich is imported when a command first prints (issue 16.10)
+    from fleetctl.safetext import SafeConsole
+
+    out: SafeConsole
+    err: SafeConsole
+
+PlaybookArg = Annotated[Path, typer.Argument(help="Playbook YAML, or a directory holding playbook.yaml.",
+                                             show_default=False)]
 InventoryOpt = Annotated[
     Path | None,
     typer.Option("-i", "--inventory", help="Inventory YAML (required; no address is ever a default).",
@@ -37,6 +44,8 @@ DEFAULT_FORKS = 32
 # escaped (fleetctl/safetext.py); our own styling is passed as rich Text.
 # A terminal (or COLUMNS set) gets tables fitted to its width and prose wrapped at spaces (issue 16.7).
 def _console(stderr: bool) -> SafeConsole:
+    from fleetctl.safetext import SafeConsole
+
     c = SafeConsole(stderr=stderr, highlight=False, soft_wrap=True)
     if not c.is_terminal and not os.environ.get("COLUMNS", "").isdigit():
         # pipes and CI logs: wide enough for the tables, lines never wrapped
@@ -45,8 +54,12 @@ def _console(stderr: bool) -> SafeConsole:
     return c
 
 
-out = _console(False)
-err = _console(True)
+def __getattr__(name: str) -> Any:
+    """`out` and `err`, made on first use (one of each per process)."""
+    if name in ("out", "err"):
+        globals()[name] = c = _console(name == "err")
+        return c
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def require_inventory(path: Path | None) -> Path:
