@@ -137,3 +137,19 @@ def test_parsing_options_imports_no_pydantic(tmp_path: Any, monkeypatch: pytest.
     for argv in (["history", "--last", "3"], ["status", "--help"], ["deploy", "--help"]):
         rc, mods = imported_by(*argv)
         assert rc == 0 and "pydantic" not in mods, argv
+
+
+def test_a_forgotten_option_value_is_named_not_misparsed(capsys: pytest.CaptureFixture[str], tmp_path: Any,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """`stop -i --limit h03` (the inventory forgotten) took '--limit' as the inventory and 'h03' as the
+    playbook: "h03: playbook file not found". Now a usage error naming both options, exit 2."""
+    assert cli.main(["stop", "-i", "--limit", "h03"]) == 2
+    got = capsys.readouterr().err
+    assert "Option '-i' needs a value, and the next word is the option '--limit'" in got, got
+    assert "playbook file not found" not in got and "Usage: fleetctl stop" in got
+    assert cli.main(["patch", "check", "--sglang", "--json", "playbooks/dynamic-spec-disable"]) == 2  # nested groups
+    assert "Option '--sglang' needs a value" in capsys.readouterr().err
+    # after '--' a word is a value, even one spelled like an option
+    monkeypatch.setenv("FLEETCTL_STATE_DIR", str(tmp_path))
+    assert cli.main(["history", "--last", "1", "--json", "--", "--last"]) == 2
+    assert "needs a value" not in capsys.readouterr().err

@@ -68,12 +68,33 @@ def require_inventory(path: Path | None) -> Path:
     return path
 
 
+class JsonRun:
+    """A --json fleet command in progress (set by fleet_context): after a Ctrl-C its document says
+    ok=false and interrupted=true (exit 130), and one is printed even when the command had none yet."""
+
+    def __init__(self, interrupt: Any) -> None:
+        self.interrupt = interrupt  # the fleet's threading.Event
+        self.emitted = False
+
+
+JSON_RUN: JsonRun | None = None
+
+
 def emit_json(command: str, *, ok: bool, hosts: list[dict[str, Any]] | None = None, op_id: str | None = None,
               message: str | None = None, summary: dict[str, int] | None = None, **extra: Any) -> None:
     """Print the command's one JSON document: the envelope of fleetctl/jsonout.py (docs/json.md).
     Every value stays raw: json.dumps escapes control characters (and, with ensure_ascii, everything
     outside ASCII) itself, so nothing is interpreted by a terminal."""
     from fleetctl.jsonout import envelope
+
+    run = JSON_RUN
+    if run is not None:
+        run.emitted = True
+        if run.interrupt.is_set():  # Ctrl-C: the command exits 130, so the document is not ok
+            ok = False
+            extra["interrupted"] = True
+            message = f"interrupted (Ctrl-C): {message}" if message and not message.startswith("interrupted") \
+                else (message or "interrupted (Ctrl-C)")
 
     doc = envelope(command, ok=ok, hosts=hosts, op_id=op_id, message=message, summary=summary, **extra)
     sys.stdout.write(json.dumps(doc, indent=2, sort_keys=False, default=str) + "\n")

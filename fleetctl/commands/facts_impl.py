@@ -98,7 +98,7 @@ def render_facts(outcomes: list, all_files: bool) -> None:
 
 def facts(inventory: Path | None, limit: str | None, forks: int, files: bool, json_out: bool, debug: bool,
         accept_new_host_keys: bool) -> None:
-    with fleet_context(inventory, limit, forks, json=json_out, debug=debug,
+    with fleet_context(inventory, limit, forks, command="facts", json=json_out, debug=debug,
                        accept_new_host_keys=accept_new_host_keys) as ctx:
         with host_progress(err, len(ctx.fleet.hosts), "facts", enabled=not json_out) as tick:
             ctx.fleet.progress = tick

@@ -49,7 +49,7 @@ def deploy(playbook: Path, inventory: Path | None, limit: str | None, forks: int
                               ready_timeout=ready_timeout)
     validate.exclusive(diff=diff, json=json_out)
     pb = load_playbook(playbook)
-    with fleet_context(inventory, limit, forks, json=json_out, debug=debug,
+    with fleet_context(inventory, limit, forks, command="deploy", json=json_out, debug=debug,
                        accept_new_host_keys=accept_new_host_keys) as ctx:
         from fleetctl.ops.deploy import apply_plan, build_plan, gather, new_op_id
         from fleetctl.ops.rolling import parse_count
@@ -129,7 +129,7 @@ def rollback(inventory: Path | None, limit: str | None, forks: int, to: str | No
         raise InputError("--from-pristine restores files no deploy record explains; it takes no --to, --force "
                          "or --old-tree", hint="run the plain rollback separately")
     rpb = load_playbook(playbook) if playbook else None
-    with fleet_context(inventory, limit, forks, json=json_out, debug=debug,
+    with fleet_context(inventory, limit, forks, command="rollback", json=json_out, debug=debug,
                        accept_new_host_keys=accept_new_host_keys) as ctx:
         from fleetctl.ops.deploy import gather, new_op_id
         from fleetctl.ops.rollback import apply_rollback, plan_rollback
@@ -193,7 +193,10 @@ def rollback(inventory: Path | None, limit: str | None, forks: int, to: str | No
                            + _counts([r["status"] for r in rows], {"changed": "restored"}, always=("changed",))
                            + f" in {ctx.elapsed():.2f}s"))
             if reminder:
-                err.print(reminder.line(str(ctx.inventory.path), None), markup=False, highlight=False)
+                from fleetctl.ops.record import launch_playbook
+
+                used = str(rpb.path) if rpb else launch_playbook(reminder.launch_ids)
+                err.print(reminder.line(str(ctx.inventory.path), used), markup=False, highlight=False)
         raise typer.Exit(EXIT_FAILED if failed else EXIT_OK)
 
 
@@ -203,7 +206,7 @@ def status(playbook: Path | None, inventory: Path | None, limit: str | None, for
     from fleetctl.config.playbook import load_playbook
 
     pb: Playbook | None = load_playbook(playbook) if playbook else None
-    with fleet_context(inventory, limit, forks, json=json_out, debug=debug,
+    with fleet_context(inventory, limit, forks, command="status", json=json_out, debug=debug,
                        accept_new_host_keys=accept_new_host_keys) as ctx:
         from fleetctl.facts import read_facts
         from fleetctl.ops.deploy import Gathered, build_plan
@@ -333,7 +336,7 @@ def explain(playbook: Path, inventory: Path | None, limit: str | None, forks: in
     from fleetctl.config.playbook import load_playbook
 
     pb = load_playbook(playbook)
-    with fleet_context(inventory, limit, forks, json=json_out, debug=debug,
+    with fleet_context(inventory, limit, forks, command="explain", json=json_out, debug=debug,
                        accept_new_host_keys=accept_new_host_keys) as ctx:
         from fleetctl.coverage import coverage, host_coverage, instances, launch_env, launch_flags
         from fleetctl.ops.deploy import gather

@@ -148,7 +148,7 @@ def launch(playbook: Path, inventory: Path | None, limit: str | None, forks: int
     from fleetctl.config.playbook import load_playbook
 
     pb = load_playbook(playbook)
-    with fleet_context(inventory, limit, forks, json=json_out, debug=debug,
+    with fleet_context(inventory, limit, forks, command="launch", json=json_out, debug=debug,
                        accept_new_host_keys=accept_new_host_keys) as ctx:
         from fleetctl.ops.deploy import new_op_id
         from fleetctl.ops.launch import launch_fleet
@@ -188,7 +188,7 @@ def verify_logs(playbook: Path, inventory: Path | None, limit: str | None, forks
     from fleetctl.config.playbook import load_playbook
 
     pb = load_playbook(playbook)
-    with fleet_context(inventory, limit, forks, json=json_out, debug=debug,
+    with fleet_context(inventory, limit, forks, command="verify-logs", json=json_out, debug=debug,
                        accept_new_host_keys=accept_new_host_keys) as ctx:
         from fleetctl.ops.verify import verify_fleet
         rows = _tick_run(ctx, "verify-logs", lambda: verify_fleet(ctx.fleet, pb))
@@ -222,7 +222,7 @@ def stop(playbook: Path | None, inventory: Path | None, limit: str | None, forks
     if instance is not None and not instance:
         raise InputError("--instance given without a name")
     validate.instances(instance)
-    with fleet_context(inventory, limit, forks, json=json_out, debug=debug,
+    with fleet_context(inventory, limit, forks, command="stop", json=json_out, debug=debug,
                        accept_new_host_keys=accept_new_host_keys) as ctx:
         from fleetctl.ops.launch import stop_fleet
         rows = _tick_run(ctx, "stop", lambda: stop_fleet(ctx.fleet, names=instance or None, timeout=t))
@@ -252,7 +252,7 @@ def stop(playbook: Path | None, inventory: Path | None, limit: str | None, forks
 
 def servers(inventory: Path | None, limit: str | None, forks: int, discover: bool, json_out: bool, debug: bool,
         accept_new_host_keys: bool) -> None:
-    with fleet_context(inventory, limit, forks, json=json_out, debug=debug,
+    with fleet_context(inventory, limit, forks, command="servers", json=json_out, debug=debug,
                        accept_new_host_keys=accept_new_host_keys) as ctx:
         from fleetctl.ops.launch import status_fleet
         if discover:
@@ -334,5 +334,8 @@ def _discover(ctx: RunContext, json_out: bool) -> None:
                 say(out, _s(st), " ", hosts_label(hosts), ": ", msg, indent=4)
         err.print(summary, markup=False)
         if reminder.servers:
-            err.print(reminder.line(str(ctx.inventory.path), None), markup=False, highlight=False)
+            from fleetctl.ops.record import launch_playbook
+
+            err.print(reminder.line(str(ctx.inventory.path), launch_playbook(reminder.launch_ids)), markup=False,
+                      highlight=False)
     raise typer.Exit(EXIT_FAILED if bad else EXIT_OK)
