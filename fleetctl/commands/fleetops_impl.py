@@ -30,6 +30,7 @@ from fleetctl.errors import EXIT_FAILED, EXIT_OK, InputError
 from fleetctl.hostnames import group, strip_host
 from fleetctl.jsonout import host_row
 from fleetctl.ledger import Ledger
+from fleetctl.ops.record import Recorded
 from fleetctl.protocol.names import WITH_DISCOVER, WITH_SERVERS, WITH_STATE
 from fleetctl.render import hosts_cell, table
 from fleetctl.safetext import line, lines_cell, styled
@@ -80,16 +81,14 @@ def deploy(playbook: Path, inventory: Path | None, limit: str | None, forks: int
             _rolling(ctx, pb, plan, parse_count(serial, n, "--serial"), parse_count(canary, n, "--canary"),
                      budget, ready_timeout, limit)
         op_id = new_op_id("d")
-        ledger = Ledger()
-        ledger.start(op_id, "deploy", inventory=ctx.inventory.path, playbook=pb.path,
-                     args={"limit": limit, "force": force, "allow_uncovered": allow_uncovered},
-                     hosts=[h.name for h in ctx.fleet.hosts])
+        record = Recorded(op_id, "deploy", inventory=ctx.inventory.path, playbook=pb.path,
+                          args={"limit": limit, "force": force, "allow_uncovered": allow_uncovered},
+                          hosts=[h.name for h in ctx.fleet.hosts])
         breaking = _break_lock_hosts(ctx, break_lock)
         results = _tick_run(ctx, "deploy", lambda: apply_plan(ctx.fleet, plan, pb, op_id, break_lock=breaking))
         rows = [results[h.name] for h in ctx.fleet.hosts if h.name in results]
         failed = [r for r in rows if r.status not in ("changed", "unchanged")]
-        ledger.finish(op_id, "failed" if failed else "ok", [r.to_json() for r in rows])
-        ledger.close()
+        record.finish(not failed, [r.to_json() for r in rows])
         elapsed = ctx.elapsed()
         counts = {st: sum(1 for r in rows if r.status == st)
                   for st in ("changed", "unchanged", "refused", "unreachable", "failed")}
@@ -159,18 +158,16 @@ def rollback(inventory: Path | None, limit: str | None, forks: int, to: str | No
             _fatal_refusal("rollback", [p.to_json() for p in plans], [(p.host, p.status, p.reason) for p in bad],
                            json_out)
         op_id = new_op_id("r")
-        ledger = Ledger()
-        ledger.start(op_id, "rollback", inventory=ctx.inventory.path, playbook=None,
-                     args={"limit": limit, "to": to, "force": force, "from_pristine": from_pristine,
-                           "old_tree": old_tree, "break_lock": break_lock},
-                     hosts=[h.name for h in ctx.fleet.hosts])
+        record = Recorded(op_id, "rollback", inventory=ctx.inventory.path, playbook=None,
+                          args={"limit": limit, "to": to, "force": force, "from_pristine": from_pristine,
+                                "old_tree": old_tree, "break_lock": break_lock},
+                          hosts=[h.name for h in ctx.fleet.hosts])
         results = _tick_run(ctx, "rollback", lambda: apply_rollback(ctx.fleet, plans, op_id, force,
                                                                     old_tree=old_tree, break_lock=breaking,
                                                                     profile=rpb.launch if rpb else None))
         rows = [results[h.name] for h in ctx.fleet.hosts]
         failed = [r for r in rows if r["status"] not in ("changed", "unchanged", "skipped")]
-        ledger.finish(op_id, "failed" if failed else "ok", rows)
-        ledger.close()
+        record.finish(not failed, rows)
         summary = (f"rollback {op_id}: {len(rows)} hosts: {sum(1 for r in rows if r['status'] == 'changed')} "
                    f"restored, {sum(1 for r in rows if r['status'] in ('unchanged', 'skipped'))} nothing to do, "
                    f"{len(failed)} failed in {ctx.elapsed():.2f}s")
@@ -444,14 +441,12 @@ def _rolling(ctx: RunContext, pb: Playbook, plan: Plan, serial: int | None, cana
             err.print(f"batch {bi}: {len(rows)} host(s), {bad} failed", markup=False)
 
     op_id = new_op_id("d")
-    ledger = Ledger()
-    ledger.start(op_id, "deploy --restart", inventory=ctx.inventory.path, playbook=pb.path,
-                 args={"limit": limit, "serial": serial, "canary": canary, "max_fail": budget},
-                 hosts=[h.name for h in ctx.fleet.hosts])
+    record = Recorded(op_id, "deploy --restart", inventory=ctx.inventory.path, playbook=pb.path,
+                      args={"limit": limit, "serial": serial, "canary": canary, "max_fail": budget},
+                      hosts=[h.name for h in ctx.fleet.hosts])
     res = rolling_deploy(ctx.fleet, pb, plan, serial=serial, canary=canary, max_fail=budget,
                          ready_timeout=ready_timeout, progress=progress, op_id=op_id)
-    ledger.finish(res.deploy_id, "ok" if res.ok else "failed", [h.to_json() for h in res.hosts])
-    ledger.close()
+    record.finish(res.ok, [h.to_json() for h in res.hosts], op_id=res.deploy_id)
     summary = (f"deploy --restart {res.deploy_id}: {len(res.batches)} batch(es), "
                + ", ".join(f"{sum(1 for h in res.hosts if h.status == st)} {st}"
                            for st in ("ok", "failed", "unreachable", "refused", "rolled-back", "untouched")

@@ -21,7 +21,6 @@ from fleetctl.commands.context import run_with_progress as _tick_run
 from fleetctl.errors import EXIT_FAILED, EXIT_OK, InputError
 from fleetctl.hostnames import group, hosts_label, strip_host
 from fleetctl.jsonout import host_row
-from fleetctl.ledger import Ledger
 from fleetctl.render import hosts_cell, say, status_cell, table
 from fleetctl.safetext import line, lines_cell, safe, styled
 
@@ -153,21 +152,21 @@ def launch(playbook: Path, inventory: Path | None, limit: str | None, forks: int
         from fleetctl.ops.deploy import new_op_id
         from fleetctl.ops.launch import launch_fleet
         lid = new_op_id("l")
-        ledger = Ledger()
-        ledger.start(lid, "launch", inventory=ctx.inventory.path, playbook=pb.path,
-                     args={"limit": limit, "replace": replace, "timeout": timeout},
-                     hosts=[h.name for h in ctx.fleet.hosts])
+        from fleetctl.ops.record import Recorded
+
+        record = Recorded(lid, "launch", inventory=ctx.inventory.path, playbook=pb.path,
+                          args={"limit": limit, "replace": replace, "timeout": timeout},
+                          hosts=[h.name for h in ctx.fleet.hosts])
         try:
             _, rows = _tick_run(ctx, "launch", lambda: launch_fleet(ctx.fleet, pb, replace=replace,
                                                                      timeout=timeout, launch_id=lid,
                                                                      drop_unknown_flags=drop_unknown_flags,
                                                                      allow_uncovered=allow_uncovered))
             bad = [r for r in rows if r.status != "ok"]
-            ledger.finish(lid, "failed" if bad else "ok",
-                          [{"host": r.host, "status": r.status, "message": r.message,
-                            "detail": [i.to_json() for i in r.instances]} for r in rows])
+            record.finish(not bad, [{"host": r.host, "status": r.status, "message": r.message,
+                                     "detail": [i.to_json() for i in r.instances]} for r in rows])
         finally:
-            ledger.close()
+            record.ledger.close()  # (also when interrupted: the ledger marks the launch so later)
         n = sum(len(r.instances) for r in rows)
         ready = sum(1 for r in rows for i in r.instances if i.status == "ready")
         summary = (f"launch {lid}: {len(rows)} hosts, {n} instances: {ready} ready, {n - ready} not "
