@@ -153,3 +153,18 @@ def test_a_forgotten_option_value_is_named_not_misparsed(capsys: pytest.CaptureF
     monkeypatch.setenv("FLEETCTL_STATE_DIR", str(tmp_path))
     assert cli.main(["history", "--last", "1", "--json", "--", "--last"]) == 2
     assert "needs a value" not in capsys.readouterr().err
+
+
+def test_the_shared_option_block_is_declared_once_in_the_same_place() -> None:
+    """Issue 12.5: every command that acts on hosts takes the block of common.fleet_options: after its
+    arguments -i/--limit/-f, after its own options --json/--debug/--accept-new-host-keys."""
+    loaded: dict[str, Any] = {}
+    for module in ("fleetops", "servers", "facts"):
+        loaded.update(cli.load_commands(module))
+    head, tail = ["inventory", "limit", "forks"], ["json_out", "debug", "accept_new_host_keys"]
+    fleet = [n for n in loaded if n != "history"]
+    assert len(fleet) == 9
+    for name in fleet:
+        params = [p.name for p in loaded[name].params]
+        n_args = sum(1 for p in loaded[name].params if p.param_type_name == "argument")
+        assert params[n_args:n_args + 3] == head and params[-3:] == tail, (name, params)

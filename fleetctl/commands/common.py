@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -38,6 +41,37 @@ AcceptNewOpt = Annotated[
 ]
 
 DEFAULT_FORKS = 32
+
+# The option block every command that acts on hosts takes, defined once: -i, --limit, -f after the
+# command's own arguments, --json, --debug, --accept-new-host-keys after its own options.
+HEAD = (("inventory", InventoryOpt, None), ("limit", LimitOpt, None), ("forks", ForksOpt, DEFAULT_FORKS))
+TAIL = (("json_out", JsonOpt, False), ("debug", DebugOpt, False), ("accept_new_host_keys", AcceptNewOpt, False))
+
+
+def fleet_options(fn: Callable[..., None]) -> Callable[..., None]:
+    """Give a command the shared option block: `def stop(playbook: ..., timeout: ..., **shared)` is
+    declared (and shown in --help) as taking -i/--inventory, --limit, -f, --json, --debug and
+    --accept-new-host-keys too; they reach it in `shared` under the names of HEAD and TAIL."""
+    sig = inspect.signature(fn, eval_str=True)
+    own = [p for p in sig.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+
+    def is_argument(p: inspect.Parameter) -> bool:
+        return isinstance(p.default, typer.models.ArgumentInfo) or any(
+            isinstance(m, typer.models.ArgumentInfo) for m in getattr(p.annotation, "__metadata__", ()))
+
+    def made(block: tuple[tuple[str, Any, Any], ...]) -> list[inspect.Parameter]:
+        return [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, annotation=a, default=d) for n, a, d in block]
+
+    own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own]  # typer passes every value by name
+    args = [p for p in own if is_argument(p)]
+    rest = [p for p in own if not is_argument(p)]
+
+    @functools.wraps(fn)
+    def command(**kwargs: Any) -> None:
+        fn(**kwargs)
+
+    command.__signature__ = sig.replace(parameters=[*args, *made(HEAD), *rest, *made(TAIL)])  # type: ignore[attr-defined]
+    return command
 
 # stdout carries results (tables or the JSON document); stderr carries progress and errors.
 # SafeConsole: strings are never parsed as markup or emoji codes and control characters are shown

@@ -8,29 +8,22 @@ Each command hands its parsed options to fleetops_impl.py, which runs the op, re
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from fleetctl.commands.common import (
-    DEFAULT_FORKS,
-    AcceptNewOpt,
-    DebugOpt,
-    ForksOpt,
-    InventoryOpt,
     JsonOpt,
-    LimitOpt,
     PlaybookArg,
+    fleet_options,
 )
 
 
 def register(app: typer.Typer) -> None:
     @app.command("deploy", help="Patch every host to the playbook's intended files: plan, backup, atomic swap, verify.")
+    @fleet_options
     def deploy(
         playbook: PlaybookArg,
-        inventory: InventoryOpt = None,
-        limit: LimitOpt = None,
-        forks: ForksOpt = DEFAULT_FORKS,
         check: bool = typer.Option(False, "--check", help="Show the plan and change nothing."),
         diff: bool = typer.Option(False, "--diff", help="Print unified diffs (remote vs intended; drifted: also vs pristine)."),
         force: bool = typer.Option(False, "--force", help="Replace drifted files too (their bytes are backed up)."),
@@ -42,22 +35,17 @@ def register(app: typer.Typer) -> None:
         any_errors_fatal: bool = typer.Option(False, "--any-errors-fatal", help="Change no host at all if any selected host is unreachable or refused at plan time."),
         ready_timeout: float | None = typer.Option(None, "--timeout", min=0.1, help="With --restart: seconds to wait for each server to be ready."),
         break_lock: str | None = typer.Option(None, "--break-lock", help="Comma list of hosts whose lock, held by another machine sharing their state dir, may be taken over."),
-        json_out: JsonOpt = False,
-        debug: DebugOpt = False,
-        accept_new_host_keys: AcceptNewOpt = False,
+        **shared: Any,
     ) -> None:
         from fleetctl.commands import fleetops_impl
 
-        fleetops_impl.deploy(playbook=playbook, inventory=inventory, limit=limit, forks=forks, check=check,
-            diff=diff, force=force, allow_uncovered=allow_uncovered, restart=restart, serial=serial, canary=canary,
-            max_fail=max_fail, any_errors_fatal=any_errors_fatal, ready_timeout=ready_timeout,
-            break_lock=break_lock, json_out=json_out, debug=debug, accept_new_host_keys=accept_new_host_keys)
+        fleetops_impl.deploy(playbook=playbook, check=check, diff=diff, force=force,
+            allow_uncovered=allow_uncovered, restart=restart, serial=serial, canary=canary, max_fail=max_fail,
+            any_errors_fatal=any_errors_fatal, ready_timeout=ready_timeout, break_lock=break_lock, **shared)
 
     @app.command("rollback", help="Restore each host's files to their bytes before its last (or a named) deploy.")
+    @fleet_options
     def rollback(
-        inventory: InventoryOpt = None,
-        limit: LimitOpt = None,
-        forks: ForksOpt = DEFAULT_FORKS,
         to: str | None = typer.Option(None, "--to", help="Undo this deploy id and every later one on each host."),
         check: bool = typer.Option(False, "--check", help="Show what would be restored and change nothing."),
         force: bool = typer.Option(False, "--force", help="Restore files changed since the deploy too (a copy is kept)."),
@@ -66,30 +54,22 @@ def register(app: typer.Typer) -> None:
         playbook: Path | None = typer.Option(None, "--playbook", "-p", help="With --from-pristine: also check its files, and the pristine bytes against its sha256."),
         old_tree: bool = typer.Option(False, "--old-tree", help="Restore a deploy in the tree it patched even though this python now imports another one."),
         break_lock: str | None = typer.Option(None, "--break-lock", help="Comma list of hosts whose lock, held by another machine sharing their state dir, may be taken over."),
-        json_out: JsonOpt = False,
-        debug: DebugOpt = False,
-        accept_new_host_keys: AcceptNewOpt = False,
+        **shared: Any,
     ) -> None:
         from fleetctl.commands import fleetops_impl
 
-        fleetops_impl.rollback(inventory=inventory, limit=limit, forks=forks, to=to, check=check, force=force,
-            any_errors_fatal=any_errors_fatal, from_pristine=from_pristine, playbook=playbook, old_tree=old_tree,
-            break_lock=break_lock, json_out=json_out, debug=debug, accept_new_host_keys=accept_new_host_keys)
+        fleetops_impl.rollback(to=to, check=check, force=force, any_errors_fatal=any_errors_fatal,
+            from_pristine=from_pristine, playbook=playbook, old_tree=old_tree, break_lock=break_lock, **shared)
 
     @app.command("status", help="Per host: deploy state of the playbook's files, interrupted deploys, lock, servers.")
+    @fleet_options
     def status(
         playbook: Annotated[Path | None, typer.Argument(help="Optional playbook: also classify its files.")] = None,
-        inventory: InventoryOpt = None,
-        limit: LimitOpt = None,
-        forks: ForksOpt = DEFAULT_FORKS,
-        json_out: JsonOpt = False,
-        debug: DebugOpt = False,
-        accept_new_host_keys: AcceptNewOpt = False,
+        **shared: Any,
     ) -> None:
         from fleetctl.commands import fleetops_impl
 
-        fleetops_impl.status(playbook=playbook, inventory=inventory, limit=limit, forks=forks, json_out=json_out,
-            debug=debug, accept_new_host_keys=accept_new_host_keys)
+        fleetops_impl.status(playbook=playbook, **shared)
 
     @app.command("history", help="The local ledger of deploys and rollbacks; 'history ID' shows one.")
     def history(
@@ -102,16 +82,11 @@ def register(app: typer.Typer) -> None:
         fleetops_impl.history(op_id=op_id, limit_rows=limit_rows, json_out=json_out)
 
     @app.command("explain", help="Say per host which SGLang worker class and file will run, and whether the playbook patches it.")
+    @fleet_options
     def explain(
         playbook: PlaybookArg,
-        inventory: InventoryOpt = None,
-        limit: LimitOpt = None,
-        forks: ForksOpt = DEFAULT_FORKS,
-        json_out: JsonOpt = False,
-        debug: DebugOpt = False,
-        accept_new_host_keys: AcceptNewOpt = False,
+        **shared: Any,
     ) -> None:
         from fleetctl.commands import fleetops_impl
 
-        fleetops_impl.explain(playbook=playbook, inventory=inventory, limit=limit, forks=forks, json_out=json_out,
-            debug=debug, accept_new_host_keys=accept_new_host_keys)
+        fleetops_impl.explain(playbook=playbook, **shared)

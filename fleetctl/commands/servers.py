@@ -6,29 +6,21 @@ Light (issue 16.10) and thin (issue 12.5): each command hands its parsed options
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from fleetctl.commands.common import (
-    DEFAULT_FORKS,
-    AcceptNewOpt,
-    DebugOpt,
-    ForksOpt,
-    InventoryOpt,
-    JsonOpt,
-    LimitOpt,
     PlaybookArg,
+    fleet_options,
 )
 
 
 def register(app: typer.Typer) -> None:
     @app.command("launch", help="Start the SGLang servers of the playbook's launch profile and wait until ready.")
+    @fleet_options
     def launch(
         playbook: PlaybookArg,
-        inventory: InventoryOpt = None,
-        limit: LimitOpt = None,
-        forks: ForksOpt = DEFAULT_FORKS,
         replace: bool = typer.Option(False, "--replace", help="Stop a fleetctl server already running there first."),
         timeout: float | None = typer.Option(None, "--timeout", min=0.1,
                                              help="Seconds to wait per host for ready (default: launch.ready_timeout)."),
@@ -37,64 +29,46 @@ def register(app: typer.Typer) -> None:
             help="Leave out flags the installed SGLang does not register (e.g. the patch's own flag after a rollback)."),
         allow_uncovered: bool = typer.Option(
             False, "--allow-uncovered", help="Launch even where the worker that will run is not one the playbook patches."),
-        json_out: JsonOpt = False,
-        debug: DebugOpt = False,
-        accept_new_host_keys: AcceptNewOpt = False,
+        **shared: Any,
     ) -> None:
         from fleetctl.commands import servers_impl
 
-        servers_impl.launch(playbook=playbook, inventory=inventory, limit=limit, forks=forks, replace=replace,
-            timeout=timeout, drop_unknown_flags=drop_unknown_flags, allow_uncovered=allow_uncovered,
-            json_out=json_out, debug=debug, accept_new_host_keys=accept_new_host_keys)
+        servers_impl.launch(playbook=playbook, replace=replace, timeout=timeout,
+            drop_unknown_flags=drop_unknown_flags, allow_uncovered=allow_uncovered, **shared)
 
     @app.command("verify-logs", help="Prove from each server's current log, per host and rank, that the patched code runs.")
+    @fleet_options
     def verify_logs(
         playbook: PlaybookArg,
-        inventory: InventoryOpt = None,
-        limit: LimitOpt = None,
-        forks: ForksOpt = DEFAULT_FORKS,
-        json_out: JsonOpt = False,
-        debug: DebugOpt = False,
-        accept_new_host_keys: AcceptNewOpt = False,
+        **shared: Any,
     ) -> None:
         from fleetctl.commands import servers_impl
 
-        servers_impl.verify_logs(playbook=playbook, inventory=inventory, limit=limit, forks=forks,
-            json_out=json_out, debug=debug, accept_new_host_keys=accept_new_host_keys)
+        servers_impl.verify_logs(playbook=playbook, **shared)
 
     @app.command("stop", help="Stop the servers fleetctl launched (SIGTERM, then SIGKILL after a timeout).")
+    @fleet_options
     def stop(
         playbook: Annotated[Path | None, typer.Argument(help="Optional playbook: its launch.stop_timeout.")] = None,
-        inventory: InventoryOpt = None,
-        limit: LimitOpt = None,
-        forks: ForksOpt = DEFAULT_FORKS,
         instance: list[str] | None = typer.Option(None, "--instance", help="Only this instance (repeatable), e.g. port-30000."),
         timeout: float | None = typer.Option(None, "--timeout", min=0.1,
                                              help="Seconds between SIGTERM and SIGKILL (default: launch.stop_timeout, 30)."),
-        json_out: JsonOpt = False,
-        debug: DebugOpt = False,
-        accept_new_host_keys: AcceptNewOpt = False,
+        **shared: Any,
     ) -> None:
         from fleetctl.commands import servers_impl
 
-        servers_impl.stop(playbook=playbook, inventory=inventory, limit=limit, forks=forks, instance=instance,
-            timeout=timeout, json_out=json_out, debug=debug, accept_new_host_keys=accept_new_host_keys)
+        servers_impl.stop(playbook=playbook, instance=instance, timeout=timeout, **shared)
 
     @app.command("servers", help="List the servers fleetctl launched (--discover: every SGLang server process).")
+    @fleet_options
     def servers(
-        inventory: InventoryOpt = None,
-        limit: LimitOpt = None,
-        forks: ForksOpt = DEFAULT_FORKS,
         discover: bool = typer.Option(
             False, "--discover",
             help="Find every SGLang server process from /proc, whoever started it: argv, environment, log, "
                  "port, which worker it runs, and whether it runs code older than the files on disk."),
-        json_out: JsonOpt = False,
-        debug: DebugOpt = False,
-        accept_new_host_keys: AcceptNewOpt = False,
+        **shared: Any,
     ) -> None:
 
         from fleetctl.commands import servers_impl
 
-        servers_impl.servers(inventory=inventory, limit=limit, forks=forks, discover=discover, json_out=json_out,
-            debug=debug, accept_new_host_keys=accept_new_host_keys)
+        servers_impl.servers(discover=discover, **shared)
