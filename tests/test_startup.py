@@ -168,3 +168,16 @@ def test_the_shared_option_block_is_declared_once_in_the_same_place() -> None:
         params = [p.name for p in loaded[name].params]
         n_args = sum(1 for p in loaded[name].params if p.param_type_name == "argument")
         assert params[n_args:n_args + 3] == head and params[-3:] == tail, (name, params)
+
+
+@pytest.mark.parametrize("argv", [["status", "-i", "/nonexistent/inventory.yaml"],
+                                  ["stop", "-i", "/nonexistent/inventory.yaml", "--limit", "h03"],
+                                  ["rollback", "-i", "/nonexistent/inventory.yaml"]])
+def test_a_command_without_a_playbook_loads_no_playbook_code(argv: list[str], tmp_path: Any,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Up to its first connect a command given no playbook imports neither the playbook models nor
+    the agent protocol's answer types (both cost CPU at import: issue 16.10)."""
+    monkeypatch.setenv("FLEETCTL_STATE_DIR", str(tmp_path))
+    rc, mods = imported_by(*argv)
+    assert rc == 2
+    assert not {"fleetctl.config.playbook", "fleetctl.protocol.answers"} & mods, argv

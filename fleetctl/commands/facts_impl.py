@@ -96,7 +96,7 @@ def render_facts(outcomes: list, all_files: bool) -> None:
             say(out, status_cell(str(st)), " ", hosts_label(hosts), ": ", str(what), indent=4)
 
 
-def facts(inventory: Path | None, limit: str | None, forks: int, files: bool, json_out: bool, debug: bool,
+def facts(*, inventory: Path | None, limit: str | None, forks: int, files: bool, json_out: bool, debug: bool,
         accept_new_host_keys: bool) -> None:
     with fleet_context(inventory, limit, forks, command="facts", json=json_out, debug=debug,
                        accept_new_host_keys=accept_new_host_keys) as ctx:

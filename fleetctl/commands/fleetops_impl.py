@@ -31,7 +31,6 @@ from fleetctl.hostnames import group, strip_host
 from fleetctl.jsonout import host_row
 from fleetctl.ledger import Ledger
 from fleetctl.ops.record import Recorded
-from fleetctl.protocol.names import WITH_DISCOVER, WITH_SERVERS, WITH_STATE
 from fleetctl.render import hosts_cell, table
 from fleetctl.safetext import line, lines_cell, styled
 
@@ -40,7 +39,14 @@ if TYPE_CHECKING:
     from fleetctl.plan import Plan
 
 
-def deploy(playbook: Path, inventory: Path | None, limit: str | None, forks: int, check: bool, diff: bool,
+def _load_playbook(path: Path) -> Playbook:
+    """(pydantic and the playbook models are imported only by a command given a playbook)"""
+    from fleetctl.config.playbook import load_playbook
+
+    return load_playbook(path)
+
+
+def deploy(*, playbook: Path, inventory: Path | None, limit: str | None, forks: int, check: bool, diff: bool,
         force: bool, allow_uncovered: bool, restart: bool, serial: str | None, canary: str | None,
         max_fail: str | None, any_errors_fatal: bool, ready_timeout: float | None, break_lock: str | None,
         json_out: bool, debug: bool, accept_new_host_keys: bool) -> None:
@@ -117,17 +123,16 @@ def deploy(playbook: Path, inventory: Path | None, limit: str | None, forks: int
 
 
 
-def rollback(inventory: Path | None, limit: str | None, forks: int, to: str | None, check: bool, force: bool,
+def rollback(*, inventory: Path | None, limit: str | None, forks: int, to: str | None, check: bool, force: bool,
         any_errors_fatal: bool, from_pristine: bool, playbook: Path | None, old_tree: bool, break_lock: str | None,
         json_out: bool, debug: bool, accept_new_host_keys: bool) -> None:
-    from fleetctl.config.playbook import load_playbook
     to = validate.deploy_id(to)
     if playbook is not None and not from_pristine:
         raise InputError("--playbook goes with --from-pristine", hint="add --from-pristine, or drop --playbook")
     if from_pristine and (to or force or old_tree):
         raise InputError("--from-pristine restores files no deploy record explains; it takes no --to, --force "
                          "or --old-tree", hint="run the plain rollback separately")
-    rpb = load_playbook(playbook) if playbook else None
+    rpb = _load_playbook(playbook) if playbook else None
     with fleet_context(inventory, limit, forks, command="rollback", json=json_out, debug=debug,
                        accept_new_host_keys=accept_new_host_keys) as ctx:
         from fleetctl.ops.deploy import gather, new_op_id
@@ -198,11 +203,9 @@ def rollback(inventory: Path | None, limit: str | None, forks: int, to: str | No
 
 
 
-def status(playbook: Path | None, inventory: Path | None, limit: str | None, forks: int, json_out: bool,
+def status(*, playbook: Path | None, inventory: Path | None, limit: str | None, forks: int, json_out: bool,
         debug: bool, accept_new_host_keys: bool) -> None:
-    from fleetctl.config.playbook import load_playbook
-
-    pb: Playbook | None = load_playbook(playbook) if playbook else None
+    pb: Playbook | None = _load_playbook(playbook) if playbook else None
     with fleet_context(inventory, limit, forks, command="status", json=json_out, debug=debug,
                        accept_new_host_keys=accept_new_host_keys) as ctx:
         from fleetctl.facts import read_facts
@@ -210,6 +213,7 @@ def status(playbook: Path | None, inventory: Path | None, limit: str | None, for
         from fleetctl.ops.discover import discover_request, restart_reminder, servers_from_facts
         from fleetctl.ops.launch import server_status_facts
         from fleetctl.ops.status import status_rows
+        from fleetctl.protocol.names import WITH_DISCOVER, WITH_SERVERS, WITH_STATE
         extra = sorted({f.path for files in (pb.versions.values() if pb else []) for f in files})
         reqs = {h.name: discover_request(h.launch_command, pb) for h in ctx.fleet.hosts}
         outs = _tick_run(ctx, "facts", lambda: ctx.fleet.run(
@@ -274,7 +278,7 @@ def status(playbook: Path | None, inventory: Path | None, limit: str | None, for
 
 
 
-def history(op_id: str | None, limit_rows: int, json_out: bool) -> None:
+def history(*, op_id: str | None, limit_rows: int, json_out: bool) -> None:
     ledger = Ledger()
     try:
         if op_id:
@@ -328,7 +332,7 @@ def history(op_id: str | None, limit_rows: int, json_out: bool) -> None:
 
 
 
-def explain(playbook: Path, inventory: Path | None, limit: str | None, forks: int, json_out: bool, debug: bool,
+def explain(*, playbook: Path, inventory: Path | None, limit: str | None, forks: int, json_out: bool, debug: bool,
         accept_new_host_keys: bool) -> None:
     from fleetctl.config.playbook import load_playbook
 

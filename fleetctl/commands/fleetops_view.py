@@ -11,7 +11,6 @@ from rich.text import Text
 from fleetctl.commands.common import out
 from fleetctl.hostnames import group, hosts_label, strip_host
 from fleetctl.jsonout import host_row
-from fleetctl.protocol.names import READ_FILES
 from fleetctl.render import hosts_cell, say, status_cell, table
 from fleetctl.safetext import line, styled
 
@@ -158,6 +157,7 @@ def print_diffs(ctx: RunContext, plan: Plan) -> None:
     """Unified diffs, no size limit: remote vs intended; for drifted files also remote vs pristine.
     An identical diff is shown once, under the hosts it applies to (issue 16.7)."""
     from fleetctl import wheels
+    from fleetctl.protocol.names import READ_FILES
 
     diffs: list[tuple[str, tuple[str, str]]] = []  # (host, (path, diff text))
     for hp in plan.hosts:

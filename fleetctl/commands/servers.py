@@ -68,7 +68,6 @@ def register(app: typer.Typer) -> None:
                  "port, which worker it runs, and whether it runs code older than the files on disk."),
         **shared: Any,
     ) -> None:
-
         from fleetctl.commands import servers_impl
 
         servers_impl.servers(discover=discover, **shared)

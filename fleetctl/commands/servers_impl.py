@@ -141,7 +141,7 @@ def render_verify(rows: list[HostVerify], markers: list[str]) -> None:
                 out.print(line(f"    | {ln}"))
 
 
-def launch(playbook: Path, inventory: Path | None, limit: str | None, forks: int, replace: bool,
+def launch(*, playbook: Path, inventory: Path | None, limit: str | None, forks: int, replace: bool,
         timeout: float | None, drop_unknown_flags: bool, allow_uncovered: bool, json_out: bool, debug: bool,
         accept_new_host_keys: bool) -> None:
     from fleetctl.config.playbook import load_playbook
@@ -182,7 +182,7 @@ def launch(playbook: Path, inventory: Path | None, limit: str | None, forks: int
 
 
 
-def verify_logs(playbook: Path, inventory: Path | None, limit: str | None, forks: int, json_out: bool, debug: bool,
+def verify_logs(*, playbook: Path, inventory: Path | None, limit: str | None, forks: int, json_out: bool, debug: bool,
         accept_new_host_keys: bool) -> None:
     from fleetctl.config.playbook import load_playbook
 
@@ -213,11 +213,13 @@ def verify_logs(playbook: Path, inventory: Path | None, limit: str | None, forks
 
 
 
-def stop(playbook: Path | None, inventory: Path | None, limit: str | None, forks: int, instance: list[str] | None,
+def stop(*, playbook: Path | None, inventory: Path | None, limit: str | None, forks: int, instance: list[str] | None,
         timeout: float | None, json_out: bool, debug: bool, accept_new_host_keys: bool) -> None:
-    from fleetctl.config.playbook import load_playbook
+    if timeout is None and playbook:
+        from fleetctl.config.playbook import load_playbook
 
-    t = timeout if timeout is not None else (load_playbook(playbook).launch.stop_timeout if playbook else 30.0)
+        timeout = load_playbook(playbook).launch.stop_timeout
+    t = timeout if timeout is not None else 30.0
     if instance is not None and not instance:
         raise InputError("--instance given without a name")
     validate.instances(instance)
@@ -249,7 +251,7 @@ def stop(playbook: Path | None, inventory: Path | None, limit: str | None, forks
 
 
 
-def servers(inventory: Path | None, limit: str | None, forks: int, discover: bool, json_out: bool, debug: bool,
+def servers(*, inventory: Path | None, limit: str | None, forks: int, discover: bool, json_out: bool, debug: bool,
         accept_new_host_keys: bool) -> None:
     with fleet_context(inventory, limit, forks, command="servers", json=json_out, debug=debug,
                        accept_new_host_keys=accept_new_host_keys) as ctx:
