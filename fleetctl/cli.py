@@ -15,6 +15,7 @@ import typer
 from typer.core import TyperCommand, TyperGroup
 
 from fleetctl import __version__
+from fleetctl.commands import coerce
 from fleetctl.errors import EXIT_BAD_INPUT, EXIT_FAILED, FleetctlError, Interrupted
 
 # name -> (module whose register(app) defines it, its help). The order is `fleetctl --help`'s order.
@@ -34,6 +35,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "patch": ("patch", "Local tools for patch authors: apply, check, new, port, import."),
     "sandbox": ("sandbox", "A local fleet of real OpenSSH hosts on loopback: up, down, status."),
 }
+
+
+coerce.install()  # option values converted without importing pydantic (issue 16.10)
 
 
 class LazyGroup(TyperGroup):
@@ -70,7 +74,39 @@ def load_commands(module: str) -> dict[str, Any]:
     sub = typer.Typer(rich_markup_mode=None, add_completion=False)
     mod.register(sub)
     sub.callback()(lambda: None)  # always a group, even for a module with one command
-    return dict(typer.main.get_group(sub).commands)
+    commands = dict(typer.main.get_group(sub).commands)
+    for c in commands.values():
+        _guard_values(c)
+    return commands
+
+
+def _guard_values(command: Any) -> None:
+    """An option's value that is another option of the same command is a forgotten value, never
+    meant: `stop -i --limit h03` would take '--limit' as the inventory and 'h03' as the playbook, and
+    fail on a file that was never named. Refused as a usage error (exit 2) naming both options."""
+    for sub in getattr(command, "commands", {}).values():
+        _guard_values(sub)
+    parse = command.parse_args
+
+    def parse_args(ctx: Any, args: list[str]) -> list[str]:
+        check_values(command, args, ctx)
+        return parse(ctx, args)
+
+    command.parse_args = parse_args
+
+
+def check_values(command: Any, args: list[str], ctx: Any = None) -> None:
+    opts = [p for p in command.params if getattr(p, "param_type_name", "") == "option"]
+    takes_value = {o for p in opts if not p.is_flag and not p.count for o in p.opts}
+    names = {o for p in opts for o in [*p.opts, *p.secondary_opts]} | {"--help"}
+    for i, a in enumerate(args[:-1]):
+        if a == "--":
+            return
+        if a in takes_value and args[i + 1] in names:
+            from typer._click.exceptions import UsageError
+
+            raise UsageError(f"Option '{a}' needs a value, and the next word is the option '{args[i + 1]}': "
+                             f"give {a} its value (e.g. {a} VALUE {args[i + 1]} ...)", ctx=ctx)
 
 
 app = typer.Typer(

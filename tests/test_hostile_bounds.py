@@ -430,6 +430,33 @@ def test_first_ctrl_c_starts_no_new_host_and_reports_each(fleet3: Sandbox, freez
     assert took < 4 + 60
 
 
+def test_ctrl_c_with_json_prints_one_document_saying_so(fleet3: Sandbox, freezer: Freezer, tmp_path: Path,
+                                                       ledger_dir: Path) -> None:
+    """--json, Ctrl-C before the command had a result (a rollback; h01 frozen while facts are gathered,
+    so the apply step never starts): stdout is still one JSON document, ok false, interrupted, each
+    host's state; exit 130."""
+    import json
+
+    inv = write_inventory(fleet3, tmp_path / "inv.yaml", connect_timeout=4, command_timeout=5)
+    freezer.freeze(fleet3, "h01")
+    proc = _cli(["rollback", "-i", str(inv), "-f", "1", "--json"], {"FLEETCTL_STATE_DIR": str(ledger_dir)})
+    try:
+        _wait_until(lambda: _connected(proc.pid, fleet3.host("h01").port), 30, "the CLI to connect to h01")
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGINT)  # the CLI subprocess this test started
+        code, out, err, _ = _finish(proc, BOUND)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert code == 130, err
+    doc = json.loads(out)
+    assert doc["command"] == "rollback" and doc["ok"] is False and doc["interrupted"] is True, doc
+    states = {h["host"]: h["state"] for h in doc["hosts"]}
+    assert states == {"h01": "in-flight", "h02": "not-started", "h03": "not-started"}, doc["hosts"]
+    assert doc["summary"]["failed"] == 3 and doc["message"].startswith("interrupted: 2 host(s) not started")
+    assert "  h02: not started" in err and "Traceback" not in err  # the report on stderr too
+
+
 def test_ctrl_c_while_planning_starts_no_later_step(fleet3: Sandbox, freezer: Freezer, tmp_path: Path,
                                                    ledger_dir: Path) -> None:
     """A rollback interrupted while it gathers facts never goes on to its apply step: no host is
@@ -494,17 +521,22 @@ def test_ctrl_c_during_deploy_lets_the_transaction_in_flight_finish(fleet3: Sand
     fault = {"h01": {"at": "between_renames", "n": 1, "how": "wait", "hold": 3, "marker": str(marker)}}
     env = {**os.environ, "FLEETCTL_STATE_DIR": str(ledger_dir)}
     proc = subprocess.Popen([sys.executable, "-c", DRIVER, json.dumps(fault), "deploy", "-i", str(inv), "-f", "1",
-                             str(pb)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                             str(pb), "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                             start_new_session=True)
     try:
         _wait_until(marker.exists, 120, "h01's deploy to reach its fault point")
         proc.send_signal(signal.SIGINT)
-        code, _, err, _ = _finish(proc, BOUND)
+        code, out, err, _ = _finish(proc, BOUND)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     try:
         assert code == 130, err
+        # --json: the deploy's own document, marked as interrupted (exit 130 is never ok: true)
+        doc = json.loads(out)
+        assert doc["command"] == "deploy" and doc["ok"] is False and doc["interrupted"] is True, doc
+        assert doc["message"].startswith("interrupted"), doc["message"]
+        assert {h["host"]: h["state"] for h in doc["hosts"]}.get("h01") == "changed", doc["hosts"]
         assert "  h01: in flight at the 'deploy' request when interrupted; then done" in err, err
         assert "  h02: not started (done: facts)" in err and "  h03: not started (done: facts)" in err, err
         for name in ("h01", "h02", "h03"):

@@ -415,7 +415,9 @@ def test_servers_started_by_hand_are_discovered_and_named_after_deploy_and_rollb
         assert main(["rollback", "-i", str(inv)]) == 0
         cap = capsys.readouterr()
         assert "2 servers on 2 hosts still run the old code" in cap.err, cap.err
-        assert f"fleetctl launch --replace -i {inv}" in cap.err and "--limit h02" in cap.err
+        # the real command: the playbook the h02 launch used (from the ledger), never a placeholder
+        assert f"fleetctl launch --replace -i {inv} {FULL / 'playbook.yaml'} --limit h02" in cap.err, cap.err
+        assert "PLAYBOOK" not in cap.err
         assert f"restart by hand (not started by fleetctl): h01 pid {pid}" in cap.err
     finally:
         try:

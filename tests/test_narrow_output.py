@@ -227,7 +227,7 @@ def test_every_command_reads_at_80_and_100_columns(six: Any, capsys: pytest.Capt
 
 
 def test_a_padded_state_keeps_its_style() -> None:
-    from fleetctl.commands import deploys
+    from fleetctl.commands import deploys_view
 
-    assert deploys._s("drifted", 11).plain == "drifted    " and str(deploys._s("drifted", 11).style) == "red"
-    assert str(deploys._s("as-intended", 11).style) == "green"
+    assert deploys_view._s("drifted", 11).plain == "drifted    " and str(deploys_view._s("drifted", 11).style) == "red"
+    assert str(deploys_view._s("as-intended", 11).style) == "green"

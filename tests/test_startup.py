@@ -82,3 +82,102 @@ def test_a_command_imports_the_transport_only_to_connect(argv: list[str], tmp_pa
     assert heavy == [], f"fleetctl {' '.join(argv)} imported {heavy[:8]}"
     if argv[0] == "history":
         assert "yaml" not in mods and "fleetctl.config.playbook" not in mods
+
+
+# -- option values converted without pydantic (fleetctl/commands/coerce.py) -------------------------
+
+def _typer_params() -> list[Any]:
+    params = []
+    for module in dict.fromkeys(m for m, _ in cli.COMMANDS.values()):
+        for c in cli.load_commands(module).values():
+            for sub in [c, *getattr(c, "commands", {}).values()]:
+                params += [p for p in sub.params if hasattr(p, "type_descriptor")]
+    return params
+
+
+VALUES = ["3", "007", "0", "1024", "1025", "-1", "+3", " 4", "4 ", "1_000", "1.5", "0.1", "0.05", "2.", ".5",
+          "1e3", "nan", "inf", "banana", "", "x\x00y", "a/b.yaml", "-", "~/inv.yaml", "true", "1", 5, 0, 2.5,
+          True, False, ("a", "b"), [], Path("p.yaml")]
+
+
+def _outcome(rp: Any, value: Any, param: Any) -> tuple[str, Any]:
+    from typer._click.exceptions import BadParameter
+
+    try:
+        got = rp._coerce_value(value, param=param, ctx=None)
+        return "ok", (type(got).__name__, got)
+    except (BadParameter, ValueError, TypeError) as e:
+        return "error", str(getattr(e, "message", e))
+
+
+def test_fast_option_conversion_equals_typers_own() -> None:
+    """Every fleetctl option annotation, on canonical, edge and bad values: the fast path accepts
+    exactly what typer's pydantic conversion accepts, with the same result and the same message. This
+    also fails loudly when a typer upgrade renames what coerce.py hooks into."""
+    from fleetctl.commands import coerce
+
+    params = _typer_params()
+    kinds = {(p.type_descriptor.annotation, p.type_descriptor.parameter_info.min,
+              p.type_descriptor.parameter_info.max): p for p in params}
+    assert len(kinds) >= 6 and any(isinstance(p._runtime_param or coerce.build_runtime_param(p.type_descriptor),
+                                              coerce.FastRuntimeParam) for p in params)
+    checked = 0
+    for p in kinds.values():
+        fast = coerce.build_runtime_param(p.type_descriptor)
+        slow = coerce._ORIGINAL(p.type_descriptor)
+        for v in VALUES:
+            assert _outcome(fast, v, p) == _outcome(slow, v, p), (p.name, p.type_descriptor.annotation, v)
+            checked += 1
+    assert checked > 100
+
+
+def test_parsing_options_imports_no_pydantic(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLEETCTL_STATE_DIR", str(tmp_path))
+    monkeypatch.chdir(ROOT)
+    for argv in (["history", "--last", "3"], ["status", "--help"], ["deploy", "--help"]):
+        rc, mods = imported_by(*argv)
+        assert rc == 0 and "pydantic" not in mods, argv
+
+
+def test_a_forgotten_option_value_is_named_not_misparsed(capsys: pytest.CaptureFixture[str], tmp_path: Any,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """`stop -i --limit h03` (the inventory forgotten) took '--limit' as the inventory and 'h03' as the
+    playbook: "h03: playbook file not found". Now a usage error naming both options, exit 2."""
+    assert cli.main(["stop", "-i", "--limit", "h03"]) == 2
+    got = capsys.readouterr().err
+    assert "Option '-i' needs a value, and the next word is the option '--limit'" in got, got
+    assert "playbook file not found" not in got and "Usage: fleetctl stop" in got
+    assert cli.main(["patch", "check", "--sglang", "--json", "playbooks/dynamic-spec-disable"]) == 2  # nested groups
+    assert "Option '--sglang' needs a value" in capsys.readouterr().err
+    # after '--' a word is a value, even one spelled like an option
+    monkeypatch.setenv("FLEETCTL_STATE_DIR", str(tmp_path))
+    assert cli.main(["history", "--last", "1", "--json", "--", "--last"]) == 2
+    assert "needs a value" not in capsys.readouterr().err
+
+
+def test_the_shared_option_block_is_declared_once_in_the_same_place() -> None:
+    """Issue 12.5: every command that acts on hosts takes the block of common.fleet_options: after its
+    arguments -i/--limit/-f, after its own options --json/--debug/--accept-new-host-keys."""
+    loaded: dict[str, Any] = {}
+    for module in ("deploys", "servers", "facts"):
+        loaded.update(cli.load_commands(module))
+    head, tail = ["inventory", "limit", "forks"], ["json_out", "debug", "accept_new_host_keys"]
+    fleet = [n for n in loaded if n != "history"]
+    assert len(fleet) == 9
+    for name in fleet:
+        params = [p.name for p in loaded[name].params]
+        n_args = sum(1 for p in loaded[name].params if p.param_type_name == "argument")
+        assert params[n_args:n_args + 3] == head and params[-3:] == tail, (name, params)
+
+
+@pytest.mark.parametrize("argv", [["status", "-i", "/nonexistent/inventory.yaml"],
+                                  ["stop", "-i", "/nonexistent/inventory.yaml", "--limit", "h03"],
+                                  ["rollback", "-i", "/nonexistent/inventory.yaml"]])
+def test_a_command_without_a_playbook_loads_no_playbook_code(argv: list[str], tmp_path: Any,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Up to its first connect a command given no playbook imports neither the playbook models nor
+    the agent protocol's answer types (both cost CPU at import: issue 16.10)."""
+    monkeypatch.setenv("FLEETCTL_STATE_DIR", str(tmp_path))
+    rc, mods = imported_by(*argv)
+    assert rc == 2
+    assert not {"fleetctl.config.playbook", "fleetctl.protocol.answers"} & mods, argv

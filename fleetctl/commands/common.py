@@ -2,17 +2,27 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from fleetctl.errors import InputError
-from fleetctl.safetext import SafeConsole
 
+if TYPE_CHECKING:  # rich is imported when a command first prints (issue 16.10)
+    from fleetctl.safetext import SafeConsole
+
+    out: SafeConsole
+    err: SafeConsole
+
+PlaybookArg = Annotated[Path, typer.Argument(help="Playbook YAML, or a directory holding playbook.yaml.",
+                                             show_default=False)]
 InventoryOpt = Annotated[
     Path | None,
     typer.Option("-i", "--inventory", help="Inventory YAML (required; no address is ever a default).",
@@ -32,11 +42,44 @@ AcceptNewOpt = Annotated[
 
 DEFAULT_FORKS = 32
 
+# The option block every command that acts on hosts takes, defined once: -i, --limit, -f after the
+# command's own arguments, --json, --debug, --accept-new-host-keys after its own options.
+HEAD = (("inventory", InventoryOpt, None), ("limit", LimitOpt, None), ("forks", ForksOpt, DEFAULT_FORKS))
+TAIL = (("json_out", JsonOpt, False), ("debug", DebugOpt, False), ("accept_new_host_keys", AcceptNewOpt, False))
+
+
+def fleet_options(fn: Callable[..., None]) -> Callable[..., None]:
+    """Give a command the shared option block: `def stop(playbook: ..., timeout: ..., **shared)` is
+    declared (and shown in --help) as taking -i/--inventory, --limit, -f, --json, --debug and
+    --accept-new-host-keys too; they reach it in `shared` under the names of HEAD and TAIL."""
+    sig = inspect.signature(fn, eval_str=True)
+    own = [p for p in sig.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+
+    def is_argument(p: inspect.Parameter) -> bool:
+        return isinstance(p.default, typer.models.ArgumentInfo) or any(
+            isinstance(m, typer.models.ArgumentInfo) for m in getattr(p.annotation, "__metadata__", ()))
+
+    def made(block: tuple[tuple[str, Any, Any], ...]) -> list[inspect.Parameter]:
+        return [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, annotation=a, default=d) for n, a, d in block]
+
+    own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own]  # typer passes every value by name
+    args = [p for p in own if is_argument(p)]
+    rest = [p for p in own if not is_argument(p)]
+
+    @functools.wraps(fn)
+    def command(**kwargs: Any) -> None:
+        fn(**kwargs)
+
+    command.__signature__ = sig.replace(parameters=[*args, *made(HEAD), *rest, *made(TAIL)])  # type: ignore[attr-defined]
+    return command
+
 # stdout carries results (tables or the JSON document); stderr carries progress and errors.
 # SafeConsole: strings are never parsed as markup or emoji codes and control characters are shown
 # escaped (fleetctl/safetext.py); our own styling is passed as rich Text.
 # A terminal (or COLUMNS set) gets tables fitted to its width and prose wrapped at spaces (issue 16.7).
 def _console(stderr: bool) -> SafeConsole:
+    from fleetctl.safetext import SafeConsole
+
     c = SafeConsole(stderr=stderr, highlight=False, soft_wrap=True)
     if not c.is_terminal and not os.environ.get("COLUMNS", "").isdigit():
         # pipes and CI logs: wide enough for the tables, lines never wrapped
@@ -45,8 +88,12 @@ def _console(stderr: bool) -> SafeConsole:
     return c
 
 
-out = _console(False)
-err = _console(True)
+def __getattr__(name: str) -> Any:
+    """`out` and `err`, made on first use (one of each per process)."""
+    if name in ("out", "err"):
+        globals()[name] = c = _console(name == "err")
+        return c
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def require_inventory(path: Path | None) -> Path:
@@ -55,12 +102,33 @@ def require_inventory(path: Path | None) -> Path:
     return path
 
 
+class JsonRun:
+    """A --json fleet command in progress (set by fleet_context): after a Ctrl-C its document says
+    ok=false and interrupted=true (exit 130), and one is printed even when the command had none yet."""
+
+    def __init__(self, interrupt: Any) -> None:
+        self.interrupt = interrupt  # the fleet's threading.Event
+        self.emitted = False
+
+
+JSON_RUN: JsonRun | None = None
+
+
 def emit_json(command: str, *, ok: bool, hosts: list[dict[str, Any]] | None = None, op_id: str | None = None,
               message: str | None = None, summary: dict[str, int] | None = None, **extra: Any) -> None:
     """Print the command's one JSON document: the envelope of fleetctl/jsonout.py (docs/json.md).
     Every value stays raw: json.dumps escapes control characters (and, with ensure_ascii, everything
     outside ASCII) itself, so nothing is interpreted by a terminal."""
     from fleetctl.jsonout import envelope
+
+    run = JSON_RUN
+    if run is not None:
+        run.emitted = True
+        if run.interrupt.is_set():  # Ctrl-C: the command exits 130, so the document is not ok
+            ok = False
+            extra["interrupted"] = True
+            message = f"interrupted (Ctrl-C): {message}" if message and not message.startswith("interrupted") \
+                else (message or "interrupted (Ctrl-C)")
 
     doc = envelope(command, ok=ok, hosts=hosts, op_id=op_id, message=message, summary=summary, **extra)
     sys.stdout.write(json.dumps(doc, indent=2, sort_keys=False, default=str) + "\n")

@@ -12,8 +12,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from fleetctl.commands import common
 from fleetctl.commands.common import err, require_inventory
 from fleetctl.errors import EXIT_INTERRUPTED, Interrupted
 from fleetctl.safetext import DETAIL_LIMIT, line, safe
@@ -39,7 +40,7 @@ class RunContext:
 
 @contextmanager
 def fleet_context(inventory: Path | None, limit: str | None, forks: int, *, json: bool, debug: bool,
-                  accept_new_host_keys: bool = False) -> Iterator[RunContext]:
+                  accept_new_host_keys: bool = False, command: str = "fleetctl") -> Iterator[RunContext]:
     from fleetctl.config.inventory import load_inventory
 
     started = time.monotonic()
@@ -56,17 +57,22 @@ def fleet_context(inventory: Path | None, limit: str | None, forks: int, *, json
     fleet = Fleet(inv, hosts, forks=forks, accept_new_host_keys=accept_new_host_keys)
     handler = _CtrlC(fleet, inv.path)
     previous = handler.install()
+    run = common.JsonRun(fleet.interrupt) if json else None
+    common.JSON_RUN = run
     try:
         yield RunContext(inv, fleet, started, json, debug)
     finally:
         handler.uninstall(previous)
+        common.JSON_RUN = None
         try:
             if fleet.interrupt.is_set():
+                what = (f"interrupted: {len(fleet.not_started)} host(s) not started, {len(fleet.at_interrupt)} were "
+                        f"in flight and finished or timed out")
+                if run is not None and not run.emitted:  # --json: a script still gets its one document
+                    common.emit_json(command, ok=False, hosts=interrupt_rows(fleet), message=what, interrupted=True)
                 sys.stdout.flush()
                 sys.stderr.write(interrupt_report(fleet))
-                raise Interrupted(
-                    f"interrupted: {len(fleet.not_started)} host(s) not started, {len(fleet.at_interrupt)} were in "
-                    f"flight and finished or timed out", hint=f"'fleetctl status -i {inv.path}' shows each host's state")
+                raise Interrupted(what, hint=f"'fleetctl status -i {inv.path}' shows each host's state")
         finally:
             _report_accepted_keys(fleet)
             fleet.close()
@@ -117,6 +123,26 @@ class _CtrlC:
             sys.stderr.flush()
         finally:
             os._exit(EXIT_INTERRUPTED)
+
+
+def interrupt_rows(fleet: Fleet) -> list[dict[str, Any]]:
+    """--json after a Ctrl-C that came before the command's own result: per host, what it did."""
+    rows = []
+    for h in fleet.hosts:
+        last = fleet.last.get(h.name)
+        conn = fleet._conns.get(h.name)
+        done = list(dict.fromkeys(conn.done)) if conn is not None else []
+        if h.name in fleet.at_interrupt:
+            state = "in-flight"
+        elif h.name in fleet.not_started or last is None:
+            state = "not-started"
+        else:
+            state = "done" if last.ok else last.status
+        msg = (f"in flight at {fleet.at_interrupt[h.name]} when interrupted" if state == "in-flight"
+               else "" if last is None else "" if last.ok else last.message)
+        rows.append({"host": h.name, "ok": False, "state": state, "message": msg, "done": done,
+                     "last_step": None if last is None else ("done" if last.ok else last.status)})
+    return rows
 
 
 def interrupt_report(fleet: Fleet) -> str:

@@ -6,16 +6,16 @@ import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.text import Text
 
-from fleetctl import wheels
 from fleetctl.commands import common, validate
-from fleetctl.config.playbook import Playbook, check_relpath, load_playbook
 from fleetctl.errors import FleetctlError, InputError
-from fleetctl.safetext import table as safe_table
+
+if TYPE_CHECKING:  # the playbook (pydantic, yaml), the wheels and rich: imported by the command that
+    # runs (issue 16.10: 'fleetctl patch --help' and option parsing never load them)
+    from fleetctl.config.playbook import Playbook
 
 patch_app = typer.Typer(help="Local tools for patch authors: apply, check, new, port, import.", no_args_is_help=True)
 
@@ -82,6 +82,7 @@ def check_cmd(
                                                      show_default=False)] = None,
     json_out: common.JsonOpt = False,
 ) -> None:
+    from fleetctl.config.playbook import load_playbook
     from fleetctl.patching.authoring import check_playbook
 
     pb = load_playbook(playbook)
@@ -95,6 +96,10 @@ def check_cmd(
                          playbook=str(pb.path), name=pb.name, results=[r.as_dict() for r in results],
                          warnings=warnings)
     else:
+        from rich.text import Text
+
+        from fleetctl.safetext import table as safe_table
+
         table = safe_table(f"patch check: {pb.name}", ("version", "file", "status", "detail"))
         for r in results:
             style = _STYLE.get(r.status, "red")
@@ -142,6 +147,8 @@ def new_cmd(
     out: Annotated[Path | None, typer.Option("-o", "--output", metavar="OUT", help="Write the patch here instead of stdout.",
                                              show_default=False)] = None,
 ) -> None:
+    from fleetctl import wheels
+    from fleetctl.config.playbook import check_relpath
     from fleetctl.patching import apply_patch, make_patch
     from fleetctl.patching.authoring import playbook_snippet
 
@@ -182,6 +189,7 @@ def port_cmd(
     dst: Annotated[list[str], typer.Option("--to", metavar="V2", help="The release to port to (repeatable).",
                                            show_default=False)],
 ) -> None:
+    from fleetctl.config.playbook import load_playbook
     from fleetctl.patching.port import carried_note, patch_ref, port_file, write_version
 
     src = validate.sglang_version(src)
@@ -240,6 +248,7 @@ def import_cmd(
     playbook: Annotated[Path | None, typer.Option("--playbook", metavar="PB", help="Add V's entry and patches "
                                                   "to this playbook.", show_default=False)] = None,
 ) -> None:
+    from fleetctl.config.playbook import load_playbook
     from fleetctl.patching.authoring import playbook_snippet
     from fleetctl.patching.port import git_range_diff, import_diff, patch_ref
 

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from fleetctl.commands import common
 from fleetctl.errors import FleetctlError
-from fleetctl.safetext import SafeTable
+
+if TYPE_CHECKING:  # rich: imported when a table is shown (issue 16.10)
+    from fleetctl.safetext import SafeTable
 
 sandbox_app = typer.Typer(help="A local fleet of real OpenSSH hosts on loopback: up, down, status.", no_args_is_help=True)
 
@@ -21,6 +23,8 @@ DirOpt = Annotated[
 
 
 def _table(*cols: str) -> SafeTable:
+    from fleetctl.safetext import SafeTable
+
     t = SafeTable(box=None, pad_edge=False, show_edge=False, header_style="bold")
     for c in cols:
         t.add_column(c)

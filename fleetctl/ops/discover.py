@@ -40,6 +40,7 @@ class ServerProcess:
     package_dir: str | None
     changed_files: list[str] = field(default_factory=list)
     worker: dict[str, Any] = field(default_factory=dict)
+    launch_id: str | None = None  # fleetctl's own: the launch (its ledger id) that started it
 
     @property
     def stale(self) -> bool:
@@ -109,6 +110,7 @@ def servers_from_facts(host: str, f: HostFacts, request: dict[str, Any]) -> Host
         rec_state = recs.get(sp.pid)
         if rec_state is not None:  # fleetctl's own: its hash record is exact
             sp.changed_files = list(rec_state.changed_files)
+            sp.launch_id = rec_state.record.launch_id if rec_state.record else None
         sp.worker = _explain(f.package_version, flags, p.env)
         res.processes.append(sp)
     seen = {sp.pid for sp in res.processes}
@@ -118,7 +120,7 @@ def servers_from_facts(host: str, f: HostFacts, request: dict[str, Any]) -> Host
         rec = s.record
         sp = ServerProcess(host, pid, rec.process_started, list(rec.argv),
                            [rec.port] if isinstance(rec.port, int) else [], rec.log, rec.cwd, dict(rec.env),
-                           s.instance, rec.version, rec.package_dir, list(s.changed_files))
+                           s.instance, rec.version, rec.package_dir, list(s.changed_files), launch_id=rec.launch_id)
         sp.worker = {"class": rec.worker.class_, "reason": "from its launch record"}
         res.processes.append(sp)
     return res
@@ -143,6 +145,7 @@ class RestartReminder:
     launched: list[tuple[str, str]]  # (host, instance) of fleetctl's stale servers
     by_hand: list[tuple[str, int]]  # (host, pid) of stale servers fleetctl did not start
     unchecked: list[tuple[str, str]] = field(default_factory=list)  # (host, why) where servers could not be read
+    launch_ids: list[str] = field(default_factory=list)  # the launches that started the fleetctl servers
 
     def line(self, inventory: str, playbook: str | None) -> str:
         cut = ""
@@ -159,7 +162,8 @@ class RestartReminder:
         how = []
         if self.launched:
             hosts = sorted({h for h, _ in self.launched})
-            how.append(f"fleetctl launch --replace -i {inventory} {playbook or 'PLAYBOOK'} --limit {','.join(hosts)}")
+            pb = playbook or "PLAYBOOK (the playbook they were launched with: not in this controller's ledger)"
+            how.append(f"fleetctl launch --replace -i {inventory} {pb} --limit {','.join(hosts)}")
         if self.by_hand:
             pids = ", ".join(f"{h} pid {p}" for h, p in self.by_hand[:8])
             more = f" and {len(self.by_hand) - 8} more" if len(self.by_hand) > 8 else ""
@@ -179,4 +183,5 @@ def restart_reminder(found: list[HostServers]) -> RestartReminder:
     return RestartReminder(len(stale), len({p.host for p in stale}),
                            [(p.host, p.instance) for p in stale if p.instance],
                            [(p.host, p.pid) for p in stale if not p.instance],
-                           [(h.host, h.message) for h in found if h.status != "ok"])
+                           [(h.host, h.message) for h in found if h.status != "ok"],
+                           list(dict.fromkeys(p.launch_id for p in stale if p.instance and p.launch_id)))

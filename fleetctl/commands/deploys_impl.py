@@ -1,0 +1,493 @@
+"""deploy, rollback, status, history, explain: what each does once its options are parsed (the
+options themselves are declared in deploys.py, which imports this module only when one of these
+commands runs). Each calls its op, records it in the ledger (fleetctl/ops/record.py), then renders
+(deploys_view.py) or emits the JSON document."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import typer
+
+from fleetctl.commands import validate
+from fleetctl.commands.common import emit_json, err, out
+from fleetctl.commands.context import RunContext, fleet_context
+from fleetctl.commands.context import fmt_time as _ts
+from fleetctl.commands.context import run_with_progress as _tick_run
+from fleetctl.commands.deploys_view import (
+    HISTORY_OK,
+    _counts,
+    _s,
+    plan_hosts,
+    print_diffs,
+    render_explain,
+    render_plan,
+    render_rollback_plan,
+    render_status,
+)
+from fleetctl.engine import engine
+from fleetctl.errors import EXIT_FAILED, EXIT_OK, InputError
+from fleetctl.hostnames import group, strip_host
+from fleetctl.jsonout import host_row
+from fleetctl.ledger import Ledger
+from fleetctl.ops.record import Recorded
+from fleetctl.render import hosts_cell, table
+from fleetctl.safetext import line, lines_cell, styled
+
+if TYPE_CHECKING:
+    from fleetctl.config.playbook import Playbook
+    from fleetctl.deploy_plan import Plan
+
+
+def _load_playbook(path: Path) -> Playbook:
+    """(pydantic and the playbook models are imported only by a command given a playbook)"""
+    from fleetctl.config.playbook import load_playbook
+
+    return load_playbook(path)
+
+
+def deploy(*, playbook: Path, inventory: Path | None, limit: str | None, forks: int, check: bool, diff: bool,
+        force: bool, allow_uncovered: bool, strict: bool = False, restart: bool, serial: str | None, canary: str | None,
+        max_fail: str | None, any_errors_fatal: bool, ready_timeout: float | None, break_lock: str | None,
+        json_out: bool, debug: bool, accept_new_host_keys: bool) -> None:
+    from fleetctl.config.playbook import load_playbook
+
+    budget = validate.rolling(restart, serial=serial, canary=canary, max_fail=max_fail,
+                              ready_timeout=ready_timeout)
+    validate.exclusive(diff=diff, json=json_out)
+    pb = load_playbook(playbook)
+    with fleet_context(inventory, limit, forks, command="deploy", json=json_out, debug=debug,
+                       accept_new_host_keys=accept_new_host_keys) as ctx:
+        from fleetctl.ops.deploy import apply_plan, build_plan, gather, new_op_id
+        from fleetctl.ops.rolling import parse_count
+        gathered = _tick_run(ctx, "facts", lambda: gather(ctx.fleet, pb))
+        plan = build_plan(ctx.fleet, pb, gathered, force=force, allow_uncovered=allow_uncovered, strict=strict)
+        if not json_out:
+            render_plan(plan)
+            if diff:
+                print_diffs(ctx, plan)
+        bad_plan = [hp for hp in plan.hosts if hp.status in ("refused", "unreachable", "failed")]
+        if check:
+            if json_out:
+                emit_json("deploy", ok=not bad_plan, hosts=plan_hosts(plan.to_json()["hosts"]), check=True,
+                          plan=plan.to_json(), elapsed=round(ctx.elapsed(), 3),
+                          message=f"deploy --check: nothing was changed ({ctx.elapsed():.2f}s)")
+            else:
+                err.print(line(f"deploy --check: {len(plan.hosts)} hosts: "
+                               + _counts([hp.status for hp in plan.hosts],
+                                         {"change": "would change", "noop": "as intended"},
+                                         always=("change", "noop"))
+                               + f"; nothing was changed ({ctx.elapsed():.2f}s)"))
+            raise typer.Exit(EXIT_FAILED if bad_plan else EXIT_OK)
+        if any_errors_fatal and bad_plan:
+            _fatal_refusal("deploy", plan.to_json(), [(hp.host, hp.status, hp.reason) for hp in bad_plan],
+                           json_out)
+        if restart:
+            n = len(ctx.fleet.hosts)
+            _rolling(ctx, pb, plan, parse_count(serial, n, "--serial"), parse_count(canary, n, "--canary"),
+                     budget, ready_timeout, limit)
+        op_id = new_op_id("d")
+        record = Recorded(op_id, "deploy", inventory=ctx.inventory.path, playbook=pb.path,
+                          args={"limit": limit, "force": force, "allow_uncovered": allow_uncovered},
+                          hosts=[h.name for h in ctx.fleet.hosts])
+        breaking = _break_lock_hosts(ctx, break_lock)
+        results = _tick_run(ctx, "deploy", lambda: apply_plan(ctx.fleet, plan, pb, op_id, break_lock=breaking))
+        rows = [results[h.name] for h in ctx.fleet.hosts if h.name in results]
+        failed = [r for r in rows if r.status not in ("changed", "unchanged")]
+        record.finish(not failed, [r.to_json() for r in rows])
+        elapsed = ctx.elapsed()
+        counts = {st: sum(1 for r in rows if r.status == st)
+                  for st in ("changed", "unchanged", "refused", "unreachable", "failed")}
+        summary = (f"deploy {op_id}: {len(rows)} hosts: "
+                   + ", ".join(f"{n} {st}" for st, n in counts.items() if n or st in ("changed", "failed"))
+                   + f" in {elapsed:.2f}s")
+        reminder = _restart_reminder(ctx, pb, [r.host for r in rows if r.status == "changed"])
+        if json_out:
+            emit_json("deploy", op_id=op_id, ok=not failed, message=summary,
+                      hosts=[host_row(r.to_json(), ok=r.status in ("changed", "unchanged")) for r in rows],
+                      plan=plan.to_json(), elapsed=round(elapsed, 3),
+                      restart_needed=reminder.to_json() if reminder else None)
+        else:
+            t = table("result", ["host", "status", "deploy id", "what"])
+            for hosts, (st, did, what) in group(
+                    (r.host, (r.status, r.deploy_id or "", tuple(strip_host(r.host, m) for m in [r.message, *r.notes])))
+                    for r in rows):
+                t.add_row(hosts_cell(hosts), _s(st), did, lines_cell(what))
+            out.print(t)
+            err.print(line(f"deploy {op_id}: {len(rows)} hosts: "
+                           + _counts([r.status for r in rows], {}, always=("changed", "failed"))
+                           + f" in {elapsed:.2f}s"))
+            if reminder:
+                err.print(reminder.line(str(ctx.inventory.path), str(playbook)), markup=False, highlight=False)
+        raise typer.Exit(EXIT_FAILED if failed else EXIT_OK)
+
+
+
+def rollback(*, inventory: Path | None, limit: str | None, forks: int, to: str | None, check: bool, force: bool,
+        any_errors_fatal: bool, from_pristine: bool, playbook: Path | None, old_tree: bool, break_lock: str | None,
+        json_out: bool, debug: bool, accept_new_host_keys: bool) -> None:
+    to = validate.deploy_id(to)
+    if playbook is not None and not from_pristine:
+        raise InputError("--playbook goes with --from-pristine", hint="add --from-pristine, or drop --playbook")
+    if from_pristine and (to or force or old_tree):
+        raise InputError("--from-pristine restores files no deploy record explains; it takes no --to, --force "
+                         "or --old-tree", hint="run the plain rollback separately")
+    rpb = _load_playbook(playbook) if playbook else None
+    with fleet_context(inventory, limit, forks, command="rollback", json=json_out, debug=debug,
+                       accept_new_host_keys=accept_new_host_keys) as ctx:
+        from fleetctl.ops.deploy import gather, new_op_id
+        from fleetctl.ops.rollback import apply_rollback, plan_rollback
+        breaking = _break_lock_hosts(ctx, break_lock)
+        gathered = _tick_run(ctx, "facts", lambda: gather(ctx.fleet, rpb, all_hashes=True))
+        plans = plan_rollback(ctx.fleet, gathered, to, force, old_tree=old_tree, from_pristine=from_pristine,
+                              playbook=rpb)
+        if to is not None and all(p.status == "skipped" for p in plans):
+            raise InputError(f"deploy {to} is not on any of the {len(plans)} selected host(s)",
+                             hint="pick an id from 'fleetctl status' or 'fleetctl history', or widen --limit")
+        if not json_out:
+            render_rollback_plan(plans)
+        bad = [p for p in plans if p.status in ("refused", "unreachable", "failed")]
+        if check:
+            if json_out:
+                emit_json("rollback", ok=not bad, hosts=plan_hosts([p.to_json() for p in plans]), check=True,
+                          plan=[p.to_json() for p in plans], message="rollback --check: nothing was changed")
+            else:
+                err.print(line(f"rollback --check: {len(plans)} hosts: "
+                               + _counts([p.status for p in plans], {"change": "would be restored",
+                                                                     "noop": "nothing to do",
+                                                                     "skipped": "not selected by --to"},
+                                         always=("change",))
+                               + f"; nothing was changed ({ctx.elapsed():.2f}s)"))
+            raise typer.Exit(EXIT_FAILED if bad else EXIT_OK)
+        if any_errors_fatal and bad:
+            _fatal_refusal("rollback", [p.to_json() for p in plans], [(p.host, p.status, p.reason) for p in bad],
+                           json_out)
+        op_id = new_op_id("r")
+        record = Recorded(op_id, "rollback", inventory=ctx.inventory.path, playbook=None,
+                          args={"limit": limit, "to": to, "force": force, "from_pristine": from_pristine,
+                                "old_tree": old_tree, "break_lock": break_lock},
+                          hosts=[h.name for h in ctx.fleet.hosts])
+        results = _tick_run(ctx, "rollback", lambda: apply_rollback(ctx.fleet, plans, op_id, force,
+                                                                    old_tree=old_tree, break_lock=breaking,
+                                                                    profile=rpb.launch if rpb else None))
+        rows = [results[h.name] for h in ctx.fleet.hosts]
+        failed = [r for r in rows if r["status"] not in ("changed", "unchanged", "skipped")]
+        record.finish(not failed, rows)
+        summary = (f"rollback {op_id}: {len(rows)} hosts: {sum(1 for r in rows if r['status'] == 'changed')} "
+                   f"restored, {sum(1 for r in rows if r['status'] in ('unchanged', 'skipped'))} nothing to do, "
+                   f"{len(failed)} failed in {ctx.elapsed():.2f}s")
+        touched = sorted({f["path"] for p in plans for f in p.files})
+        reminder = _restart_reminder(ctx, None, [r["host"] for r in rows if r["status"] == "changed"], touched)
+        if json_out:
+            emit_json("rollback", op_id=op_id, ok=not failed, message=summary,
+                      hosts=[host_row(r, ok=r["status"] in ("changed", "unchanged", "skipped")) for r in rows],
+                      plan=[p.to_json() for p in plans],
+                      restart_needed=reminder.to_json() if reminder else None)
+        else:
+            t = table("result", ["host", "status", "what"])
+            for hosts, (st, what) in group(
+                    (r["host"], (r["status"], tuple(strip_host(r["host"], m)
+                                                    for m in [r.get("message", ""), *r.get("notes", [])])))
+                    for r in rows):
+                t.add_row(hosts_cell(hosts), _s(st), lines_cell(what))
+            out.print(t)
+            err.print(line(f"rollback {op_id}: {len(rows)} hosts: "
+                           + _counts([r["status"] for r in rows], {"changed": "restored"}, always=("changed",))
+                           + f" in {ctx.elapsed():.2f}s"))
+            if reminder:
+                from fleetctl.ops.record import launch_playbook
+
+                used = str(rpb.path) if rpb else launch_playbook(reminder.launch_ids)
+                err.print(reminder.line(str(ctx.inventory.path), used), markup=False, highlight=False)
+        raise typer.Exit(EXIT_FAILED if failed else EXIT_OK)
+
+
+
+def status(*, playbook: Path | None, inventory: Path | None, limit: str | None, forks: int, json_out: bool,
+        debug: bool, accept_new_host_keys: bool) -> None:
+    pb: Playbook | None = _load_playbook(playbook) if playbook else None
+    with fleet_context(inventory, limit, forks, command="status", json=json_out, debug=debug,
+                       accept_new_host_keys=accept_new_host_keys) as ctx:
+        from fleetctl.facts import read_facts
+        from fleetctl.ops.deploy import Gathered, build_plan
+        from fleetctl.ops.discover import discover_request, restart_reminder, servers_from_facts
+        from fleetctl.ops.launch import server_status_facts
+        from fleetctl.ops.status import status_rows
+        from fleetctl.protocol.names import WITH_DISCOVER, WITH_SERVERS, WITH_STATE
+        extra = sorted({f.path for files in (pb.versions.values() if pb else []) for f in files})
+        reqs = {h.name: discover_request(h.launch_command, pb) for h in ctx.fleet.hosts}
+        outs = _tick_run(ctx, "facts", lambda: ctx.fleet.run(
+            lambda c: read_facts(c, extra_files=extra, with_=[WITH_STATE, WITH_SERVERS, WITH_DISCOVER], gpus=False,
+                                 payload=reqs[c.host.name], profile=pb.launch if pb else None)))
+        gathered = Gathered({o.host: o.data for o in outs if o.ok}, {o.host: o for o in outs})
+        plan = build_plan(ctx.fleet, pb, gathered, allow_uncovered=True) if pb else None
+        rows = status_rows(ctx.fleet.hosts, gathered, plan)
+        servers = [s for o in outs if o.ok for s in server_status_facts(o.host, o.data)]
+        found = {o.host: servers_from_facts(o.host, o.data, reqs[o.host]) for o in outs if o.ok}
+        if pb is not None:  # which worker the launch will run vs what the playbook patches
+            from fleetctl.patched_worker import host_coverage
+
+            by_name = {h.name: h for h in ctx.fleet.hosts}
+            for r in rows:
+                f = gathered.facts.get(r["host"])
+                cov = host_coverage(by_name[r["host"]], f, pb) if f else None
+                if cov is not None and cov.refused and pb.files_for(f.package_version or "") is not None:
+                    r["problems"].append(f"uncovered: {cov.refused}")
+        for r in rows:
+            r["servers"] = [s for s in servers if s["host"] == r["host"]]
+            r["problems"] += [f"{s['instance']}: {p}" for s in r["servers"] for p in s["problems"]]
+            hs = found.get(r["host"])
+            r["discovered"] = [p.to_json() for p in hs.processes if not p.instance] if hs else []
+            r["problems"] += [f"pid {p['pid']} (not started by fleetctl) runs code older than the files on disk: "
+                              f"{', '.join(p['changed_files'])} changed after it started"
+                              for p in r["discovered"] if p["stale"]]
+            r["problems"] += [f"{s['instance']}: runs deploy {s['deploy_at_launch']}, which is no longer on "
+                              f"disk: a restart would lose the patch" for s in r["servers"]
+                              if s["running"] and s["deploy_at_launch"] in r.get("gone", [])]
+        problems = [r for r in rows if r["problems"]]
+        reminder = restart_reminder(list(found.values()))
+        if json_out:
+            emit_json("status", ok=not problems, hosts=[
+                host_row(r, ok=not r["problems"], message="; ".join(r["problems"]),
+                         state=r["status"] if r["status"] != "ok" else ("problems" if r["problems"] else "ok"))
+                for r in rows], summary={"servers_running": sum(1 for sv in servers if sv["running"]),
+                                         "restart_needed": reminder.servers},
+                      elapsed=round(ctx.elapsed(), 3), restart_needed=reminder.to_json())
+        else:
+            render_status(rows)
+            if servers:
+                st = table("servers", ["host", "instance", "running", "worker", "deploy at launch / on disk",
+                                       "restart"], whole=("instance", "worker", "deploy at launch / on disk"))
+                for hosts, (inst, running, worker, at, now, restart) in group(
+                        (sv["host"], (sv["instance"], bool(sv["running"]), sv["worker"] or "",
+                                      sv["deploy_at_launch"] or "-", sv["deploy_now"] or "-",
+                                      bool(sv["restart_needed"]))) for sv in servers):
+                    st.add_row(hosts_cell(hosts), inst, styled("yes", "green") if running else "no", worker,
+                               lines_cell([at, "(same on disk)" if now == at else now]),
+                               styled("YES", "red") if restart else "no")
+                out.print(st)
+            n_other = sum(len(r["discovered"]) for r in rows)
+            err.print(f"status: {len(rows)} hosts, {len(problems)} with problems, "
+                      f"{sum(1 for sv in servers if sv['running'])} server(s) running"
+                      + (f" (+{n_other} not started by fleetctl)" if n_other else "")
+                      + f" ({ctx.elapsed():.2f}s)", markup=False)
+            if reminder.servers:
+                err.print(reminder.line(str(ctx.inventory.path), str(playbook) if playbook else None),
+                          markup=False, highlight=False)
+        raise typer.Exit(EXIT_FAILED if problems else EXIT_OK)
+
+
+
+def history(*, op_id: str | None, limit_rows: int, json_out: bool) -> None:
+    ledger = Ledger()
+    try:
+        if op_id:
+            d = ledger.get(op_id)
+            if d is None:
+                raise InputError(f"no operation {op_id} in {ledger.path}", hint="run 'fleetctl history' to list ids")
+            if json_out:
+                emit_json("history", op_id=d["id"], ok=True,
+                          hosts=[host_row(h, ok=h["status"] in HISTORY_OK) for h in d["hosts"]],
+                          message=f"{d['kind']} {d['id']}: {d['outcome'] or 'running'}",
+                          operation={k: v for k, v in d.items() if k != "hosts"})
+                raise typer.Exit(0)
+            out.print(line(f"{d['kind']} {d['id']} by {d['user']}@{d['controller']} at {_ts(d['started'])}: "
+                           f"{d['outcome'] or 'running'}"))
+            if d["outcome"] == "interrupted":
+                pending = [h["host"] for h in d["hosts"] if h["status"] == "pending"]
+                out.print(line(f"interrupted: controller process {d['pid']} on {d['controller']} ended before it "
+                               f"recorded a result (found gone at {_ts(d['interrupted_seen'])}); "
+                               f"{len(pending)} host(s) without a result: {', '.join(pending) or '-'}. "
+                               "Run 'fleetctl status -i INV' to see them; the next deploy or rollback repairs "
+                               "an interrupted transaction."))
+            out.print(line(f"inventory {d['inventory']} (sha256 {str(d['inventory_sha256'])[:12]})"))
+            if d["playbook"]:
+                out.print(line(f"playbook  {d['playbook']} (sha256 {str(d['playbook_sha256'])[:12]})"))
+            t = table(None, ["host", "status", "message"])
+            for hosts, (st, msg) in group((h["host"], (h["status"], strip_host(h["host"], h["message"] or "")))
+                                          for h in d["hosts"]):
+                t.add_row(hosts_cell(hosts), _s(st), msg)
+            out.print(t)
+            err.print(line(f"history {d['id']}: {len(d['hosts'])} hosts: "
+                           + _counts([h["status"] for h in d["hosts"]], {})))
+        else:
+            rows = ledger.list(limit_rows)
+            if json_out:
+                emit_json("history", ok=True, summary={"operations": len(rows)}, ledger=str(ledger.path),
+                          operations=rows)
+                raise typer.Exit(0)
+            t = table("history", ["id", "kind", "started", "user", "hosts", "outcome"],
+                      whole=("id", "started"))
+            for r in rows:
+                t.add_row(r["id"], r["kind"], lines_cell(_ts(r["started"]).split(" ", 1)), r["user"],
+                          f"{r['hosts']}" + (f" ({r['hosts_failed']} failed)" if r["hosts_failed"] else ""),
+                          _s(r["outcome"] or "running"))
+            out.print(t)
+            outcomes = [r["outcome"] or "running" for r in rows]
+            err.print(line(f"history: {len(rows)} operation(s) shown (--last {limit_rows})"
+                           + (": " + _counts(outcomes, {}) if rows else "")
+                           + f"; 'fleetctl history ID' shows one; ledger {ledger.path}"))
+    finally:
+        ledger.close()
+
+
+
+def explain(*, playbook: Path, inventory: Path | None, limit: str | None, forks: int, json_out: bool, debug: bool,
+        accept_new_host_keys: bool) -> None:
+    from fleetctl.config.playbook import load_playbook
+
+    pb = load_playbook(playbook)
+    with fleet_context(inventory, limit, forks, command="explain", json=json_out, debug=debug,
+                       accept_new_host_keys=accept_new_host_keys) as ctx:
+        from fleetctl.ops.deploy import gather
+        from fleetctl.ops.verify import never_fires
+        from fleetctl.patched_worker import coverage, host_coverage, instances, launch_env, launch_flags
+        gathered = _tick_run(ctx, "facts", lambda: gather(ctx.fleet, pb))
+        rows: list[dict[str, Any]] = []
+        for h in ctx.fleet.hosts:
+            o = gathered.outcomes[h.name]
+            if not o.ok:
+                rows.append({"host": h.name, "status": o.status, "reason": o.message, "covered": None,
+                             "worker_class": None, "worker_file": None, "disable_overlap_schedule": None})
+                continue
+            f = gathered.facts[h.name]
+            cov = host_coverage(h, f, pb)
+            env = launch_env(h, pb)
+            row: dict[str, Any] = {
+                "host": h.name, "status": "ok", "version": f.package_version,
+                **engine().shown_env(env),
+                "flags": engine().shown_flags(launch_flags(h, pb)),
+                "worker_class": cov.worker_class if cov else None,
+                "worker_file": cov.worker_file if cov else None,
+                "disable_overlap_schedule": cov.disable_overlap_schedule if cov else None,
+                "covered": cov.covered if cov else None,
+                "reason": cov.reason if cov else (f.package_error or "SGLang not found by the launch's python"),
+                "refused": cov.refused if cov else (f.package_error or "SGLang not found by the launch's python"),
+            }
+            if f.package_version:
+                row["instances"] = []
+                for inst in instances(h, pb):
+                    # the env the launch's python sees (an `env` prefix in the command included)
+                    ic = coverage(f.package_version, dict(inst.flags), dict(inst.effective_env), pb, model=f.model)
+                    args = (engine().resolve_worker(f.package_version, dict(inst.flags), dict(inst.effective_env),
+                                                    model_arch=f.model.arch if f.model else None).resolved_args
+                            if engine().is_known(f.package_version) else {})
+                    row["instances"].append({"instance": inst.name, "gpus": list(inst.gpus), "port": inst.port,
+                                             "worker_class": ic.worker_class, "worker_file": ic.worker_file,
+                                             "disable_overlap_schedule": ic.disable_overlap_schedule,
+                                             "covered": ic.covered, "reason": ic.reason, "refused": ic.refused,
+                                             "never_fires": never_fires(pb, dict(args))})
+            # the code import would load for the worker file, not only its source (bytecode)
+            bc = f.bytecode_problem(cov.worker_file) if cov and cov.worker_file else None
+            row["bytecode"] = bc
+            row["notes"] = list(f.package_notes)
+            row["model_architecture"] = f.model.arch if f.model else None
+            if cov and cov.uncertain:
+                row["notes"].append(cov.uncertain)
+            if bc and f.bytecode_loader(cov.worker_file or "") != "source":
+                row["refused"] = row["refused"] or bc
+            elif bc:
+                row["notes"].append(f"{bc}: deploy removes it when it patches the file")
+            for pf in pb.files_for(f.package_version or "") or []:
+                other = f.bytecode_problem(pf.path) if pf.path != (cov.worker_file if cov else None) else None
+                if other:
+                    row["notes"].append(other)
+            if f.package_version and pb.files_for(f.package_version) is None:
+                row["refused"] = (f"SGLang {f.package_version} has no patch set in {pb.path.name}; "
+                                  f"supported: {', '.join(pb.supported())}")
+            rows.append(row)
+        bad = [r for r in rows if r["status"] != "ok" or r.get("refused")]
+        if json_out:
+            emit_json("explain", ok=not bad, playbook=str(pb.path), hosts=[
+                host_row(r, ok=r["status"] == "ok" and not r.get("refused"),
+                         state=r["status"] if r["status"] != "ok" else ("refused" if r.get("refused") else "ok"))
+                for r in rows])
+        else:
+            render_explain(rows)
+            err.print(line(f"explain: {len(rows)} hosts: "
+                           + _counts(["refused" if r["status"] == "ok" and r.get("refused") else r["status"]
+                                      for r in rows], {}, always=("ok",))))
+        raise typer.Exit(EXIT_FAILED if bad else EXIT_OK)
+
+
+def _restart_reminder(ctx: RunContext, pb: Playbook | None, changed: list[str],
+                      files: list[str] | None = None) -> Any:
+    """After files changed on these hosts: which servers there (launched by fleetctl or not) now run
+    older code than the files on disk. None when nothing changed."""
+    from fleetctl.ops.discover import discover_fleet, restart_reminder
+
+    hosts = [h for h in ctx.fleet.hosts if h.name in set(changed)]
+    if not hosts or ctx.fleet.interrupt.is_set():  # Ctrl-C: no new step on any host (its report says so)
+        return None
+    return restart_reminder(discover_fleet(ctx.fleet, pb, hosts, files))
+
+
+def _fatal_refusal(command: str, plan: Any, bad: list[tuple[str, str, str]], json_out: bool) -> None:
+    """--any-errors-fatal: some host cannot take part, so no host is changed (exit 1)."""
+    msg = (f"{command}: --any-errors-fatal: {len(bad)} selected host(s) unreachable or refused at plan time "
+           f"({bad[0][0]}: {bad[0][1]}); nothing was changed on any host")
+    if json_out:
+        blocking = {h for h, _, _ in bad}
+        emit_json(command, ok=False, message=msg,
+                  hosts=plan_hosts(plan["hosts"] if isinstance(plan, dict) else plan, blocking),
+                  plan=plan, changed=False, any_errors_fatal=True,
+                  blocking=[{"host": h, "status": st, "reason": why} for h, st, why in bad])
+    else:
+        err.print(line(msg))
+    raise typer.Exit(EXIT_FAILED)
+
+
+def _rolling(ctx: RunContext, pb: Playbook, plan: Plan, serial: int | None, canary: int | None, budget: float,
+             ready_timeout: float | None, limit: str | None) -> None:
+    from fleetctl.ops.deploy import new_op_id
+    from fleetctl.ops.rolling import rolling_deploy
+
+    def progress(bi: int, rows: dict[str, Any]) -> None:
+        if not ctx.json:
+            bad = sum(1 for r in rows.values() if r.status != "ok")
+            err.print(f"batch {bi}: {len(rows)} host(s), {bad} failed", markup=False)
+
+    op_id = new_op_id("d")
+    record = Recorded(op_id, "deploy --restart", inventory=ctx.inventory.path, playbook=pb.path,
+                      args={"limit": limit, "serial": serial, "canary": canary, "max_fail": budget},
+                      hosts=[h.name for h in ctx.fleet.hosts])
+    res = rolling_deploy(ctx.fleet, pb, plan, serial=serial, canary=canary, max_fail=budget,
+                         ready_timeout=ready_timeout, progress=progress, op_id=op_id)
+    record.finish(res.ok, [h.to_json() for h in res.hosts], op_id=res.deploy_id)
+    summary = (f"deploy --restart {res.deploy_id}: {len(res.batches)} batch(es), "
+               + ", ".join(f"{sum(1 for h in res.hosts if h.status == st)} {st}"
+                           for st in ("ok", "failed", "unreachable", "refused", "rolled-back", "untouched")
+                           if any(h.status == st for h in res.hosts))
+               + (f"; stopped at batch {res.stopped_at} (over --max-fail {budget:g}%), that batch rolled back"
+                  if res.stopped_at is not None else "")
+               + f" in {ctx.elapsed():.2f}s")
+    if ctx.json:
+        emit_json("deploy", op_id=res.deploy_id, ok=res.ok, message=summary,
+                  hosts=[host_row(h.to_json(), ok=h.status == "ok") for h in res.hosts],
+                  summary={"batches": len(res.batches)}, restart=True, plan=plan.to_json(), rollout=res.to_json())
+    else:
+        t = table("rollout", ["batch", "host", "status", "steps", "what"])
+        for hosts, (batch, st, steps, what) in group(
+                (h.host, (h.batch, h.status, ", ".join(f"{k}: {v}" for k, v in h.steps.items()),
+                          strip_host(h.host, h.message))) for h in res.hosts):
+            t.add_row(str(batch) + (" (canary)" if batch == 0 else ""), hosts_cell(hosts), _s(st), steps, what)
+        out.print(t)
+        err.print(summary, markup=False)
+    raise typer.Exit(EXIT_OK if res.ok else EXIT_FAILED)
+
+
+
+
+def _break_lock_hosts(ctx: RunContext, value: str | None) -> set[str]:
+    """--break-lock h01,h02: each a selected host (a lock is broken per host, never fleet-wide)."""
+    if not value:
+        return set()
+    names = {n.strip() for n in value.split(",") if n.strip()}
+    selected = {h.name for h in ctx.fleet.hosts}
+    unknown = sorted(names - selected)
+    if unknown:
+        raise InputError(f"--break-lock names {', '.join(unknown)}, not a selected host",
+                         hint=f"name hosts of this command: {', '.join(sorted(selected))}")
+    return names
+

@@ -1,0 +1,126 @@
+"""fleetctl facts once its options are parsed (declared in facts.py): what each host is."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.text import Text
+
+from fleetctl.commands.common import (
+    emit_json,
+    err,
+    out,
+)
+from fleetctl.commands.context import fleet_context, print_debug_details
+from fleetctl.engine import engine
+from fleetctl.errors import EXIT_FAILED, EXIT_OK
+from fleetctl.facts import HostFacts, read_facts
+from fleetctl.hostnames import group, hosts_label, strip_host
+from fleetctl.jsonout import host_row
+from fleetctl.render import host_progress, say, status_cell, summary_line
+from fleetctl.safetext import line, lines_cell, safe, styled
+
+
+def _gpu_cell(f: HostFacts) -> str:
+    if f.gpus is None:
+        return f.gpu_note
+    if not f.gpus:
+        return "no GPUs listed"
+    names = {g.name for g in f.gpus}
+    busy = [g for g in f.gpus if g.busy()]
+    s = f"{len(f.gpus)}× {', '.join(sorted(names))}"
+    if busy:
+        procs = sum(len(g.processes) for g in busy)
+        s += f"; busy: GPU {','.join(str(g.index) for g in busy)} ({procs} proc)"
+    else:
+        s += "; idle"
+    return s
+
+
+def _files_cell(f: HostFacts, all_files: bool) -> Text:
+    lines = []
+    for p, ff in sorted(f.files.items()):
+        if not all_files and p not in engine().key_files:
+            continue
+        short = engine().short_path(p)
+        lines.append(f"{short} {ff.sha256[:12] if ff.sha256 else ('absent' if not ff.exists else ff.error or '?')}")
+    rest = len(f.files) - len(lines)
+    if rest > 0:
+        lines.append(f"(+{rest} more hashed; --files lists all)")
+    return lines_cell(lines)
+
+
+def _facts_lines(f: HostFacts, all_files: bool) -> tuple[tuple[str, Text], ...]:
+    """(label, value) lines of one host's facts: a block an 80-column terminal shows whole."""
+    sg = (Text.assemble(safe(f"{f.package_version or '?'} ({f.package_install}) in "), safe(f.package_dir))
+          if f.package_found else Text.assemble(styled("not found", "red"), " by the launch's python"))
+    if not f.package_found and f.package_error:
+        sg.append_text(Text.assemble(": ", safe(f.package_error)))
+    notes = [*f.package_notes, *[p for p in map(f.bytecode_problem, f.bytecode) if p]]
+    tc = f.torch
+    torch = (styled("missing", "red") if tc.installed is None else
+             Text.assemble(safe(tc.installed), " ",
+                           {True: styled("ok", "green"), False: styled("mismatch", "red"),
+                            None: "(unchecked)"}[tc.satisfied]))
+    if tc.required:
+        torch.append_text(safe(f" (needs {', '.join(tc.required)})"))
+    py = [("python", safe(f"{f.python} ({f.python_version})"))]
+    if f.launch_python and f.launch_python != f.python:
+        py.append(("launch", safe(f"{f.launch_python} ({f.launch_python_version})")))
+    return (("OS", safe(f.os)), *py, (engine().display_name, sg), *[("note", line(styled("note:", "yellow"), " ", n)) for n in notes],
+            ("torch", torch), ("files", Text("; ").join(_files_cell(f, all_files).split("\n"))),
+            ("GPUs", safe(_gpu_cell(f))), *_model_line(f))
+
+
+def _model_line(f: HostFacts) -> tuple[tuple[str, Text], ...]:
+    """The launch's target model config.json as read on the host (absent: the launch names no model)."""
+    if f.model is None:
+        return ()
+    if f.model.arch:
+        return (("model", Text.assemble(safe(f.model.arch), " (", safe(f.model.path or "?"), ")")),)
+    return (("model", Text.assemble(styled("config.json not readable", "yellow"), ": ",
+                                    safe(f.model.error or "?"))),)
+
+
+def render_facts(outcomes: list, all_files: bool) -> None:
+    """One block per distinct set of facts, with the hosts it describes; failures once per message."""
+    keyed: list[tuple[str, tuple[object, ...]]] = []
+    for o in outcomes:
+        if o.ok:
+            lines = _facts_lines(o.data, all_files)
+            keyed.append((o.host, ("ok", tuple((k, v.plain) for k, v in lines))))
+        else:
+            keyed.append((o.host, (o.status, strip_host(o.host, o.message))))
+    shown: dict[str, tuple[tuple[str, Text], ...]] = {o.host: _facts_lines(o.data, all_files)
+                                                       for o in outcomes if o.ok}
+    for hosts, (st, _) in group(keyed):
+        if st != "ok":
+            continue
+        say(out, styled(hosts_label(hosts), "bold"), ": ", status_cell("ok"))
+        for label, value in shown[hosts[0]]:
+            say(out, f"  {label:<7} ", value, indent=10)
+    for hosts, (st, what) in group(keyed):
+        if st != "ok":
+            say(out, status_cell(str(st)), " ", hosts_label(hosts), ": ", str(what), indent=4)
+
+
+def facts(*, inventory: Path | None, limit: str | None, forks: int, files: bool, json_out: bool, debug: bool,
+        accept_new_host_keys: bool) -> None:
+    with fleet_context(inventory, limit, forks, command="facts", json=json_out, debug=debug,
+                       accept_new_host_keys=accept_new_host_keys) as ctx:
+        with host_progress(err, len(ctx.fleet.hosts), "facts", enabled=not json_out) as tick:
+            ctx.fleet.progress = tick
+            outcomes = ctx.fleet.run(lambda c: read_facts(c))
+        elapsed = ctx.elapsed()
+        summary = summary_line("facts", outcomes, elapsed)
+        if json_out:
+            emit_json("facts", ok=all(o.ok for o in outcomes), message=summary,
+                      hosts=[host_row({**o.to_json(), "facts": o.data.to_json() if o.ok else None}, ok=o.ok)
+                             for o in outcomes],
+                      inventory=str(ctx.inventory.path), elapsed=round(elapsed, 3))
+        else:
+            render_facts(outcomes, files)
+            err.print(summary, markup=False, highlight=False)
+        print_debug_details(ctx, outcomes)
+        raise typer.Exit(EXIT_OK if all(o.ok for o in outcomes) else EXIT_FAILED)
