@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from fleetctl.engine import Engine
 from fleetctl.sglang import logs, processes, routing
 from fleetctl.sglang import releases as R
 
@@ -90,4 +91,4 @@ class SGLangEngine:
         return {k: v for k, v in flags.items() if "speculative" in k or "overlap" in k}
 
 
-SGLANG = SGLangEngine()
+SGLANG: Engine = SGLangEngine()  # a type checker holds it to the interface
