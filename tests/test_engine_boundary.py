@@ -160,3 +160,16 @@ def test_typed_facts_and_answers_name_the_package_not_the_engine() -> None:
     bad = [f"{t.__name__}.{f.name}" for t in types for f in dataclasses.fields(t) if "sglang" in f.name.lower()]
     bad += [t.__name__ for t in types if "sglang" in t.__name__.lower()]
     assert len(types) > 10 and not bad, bad
+
+
+def test_the_agent_is_engine_blind() -> None:
+    """The host agent holds no engine knowledge: no identifier names the engine (the literal scan
+    above covers its strings); the controller sends `Engine.agent_facts()` in each request
+    (docs/architecture.md, "The engine boundary")."""
+    bad = []
+    for p in sorted((ROOT / "remote").glob("*.py")):
+        for n in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
+            name = getattr(n, "name", None) or getattr(n, "id", None) or getattr(n, "attr", None) or getattr(n, "arg", None)
+            if isinstance(name, str) and "sglang" in name.lower():
+                bad.append(f"{p.name}:{n.lineno}: {name}")
+    assert not bad, bad

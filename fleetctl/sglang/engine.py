@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from fleetctl.engine import Engine
 from fleetctl.sglang import logs, model_config, processes, routing
 from fleetctl.sglang import releases as R
 
@@ -98,4 +99,4 @@ class SGLangEngine:
         return model_config.from_answer(answer)
 
 
-SGLANG = SGLangEngine()
+SGLANG: Engine = SGLangEngine()  # a type checker holds it to the interface

@@ -4,7 +4,7 @@ bootstrap, as sent) but rewrites every answer it frames on stdout, as HOSTILE_MO
     null     the whole answer is JSON null
     list     the result is a list
     missing  a required key is missing (a servers entry without `instance`, a manifest without `id`,
-             facts without `sglang`, a server_grep entry without `instance`)
+             facts without `package`, a server_grep entry without `instance`)
     type     a number where a string goes (python.executable), a string where a bool goes
 
 Run as: python hostile_agent.py -c BOOTSTRAP CACHE_DIR (what the controller runs, with this file
@@ -35,7 +35,7 @@ def mutate(doc):
         elif "state" in res:
             res["state"]["deploys"].append({"state": "complete", "files": []})
         else:
-            del res["sglang"]
+            del res["package"]
     elif isinstance(res.get("instances"), dict):  # server_grep
         if MODE == "type":
             for st in res["instances"].values():
