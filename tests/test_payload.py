@@ -771,7 +771,7 @@ def test_intended_bytes_cache_is_used_and_checked(tmp_path, monkeypatch):
     """The patched + compiled intended bytes are kept in the cache dir: a later run takes them from
     there (no patching, no compile), and a cache entry whose bytes do not match its recorded sha256
     is ignored and rebuilt."""
-    from fleetctl import payload
+    from fleetctl import intended
 
     wheels_dir = wheels.cache_dir()
     monkeypatch.setenv("FLEETCTL_CACHE_DIR", str(tmp_path))
@@ -779,23 +779,23 @@ def test_intended_bytes_cache_is_used_and_checked(tmp_path, monkeypatch):
     (tmp_path / "trees").symlink_to(wheels_dir / "trees")
     pb = load_playbook(PLAYBOOK)
     version = "0.5.9"
-    payload._apply.cache_clear()
-    first = payload.intended_for(pb, version)
+    intended._apply.cache_clear()
+    first = intended.intended_for(pb, version)
     assert first is not None
     entries = sorted((tmp_path / "intended").glob("*.bytes"))
     assert len(entries) == len(first)
 
-    payload._apply.cache_clear()
+    intended._apply.cache_clear()
     calls = []
     monkeypatch.setattr("fleetctl.patching.engine.apply_patch", lambda *a, **k: calls.append(a))
-    again = payload.intended_for(pb, version)
+    again = intended.intended_for(pb, version)
     assert calls == [] and {k: v.data for k, v in again.items()} == {k: v.data for k, v in first.items()}
 
     entries[0].write_bytes(b"tampered\n")
-    payload._apply.cache_clear()
+    intended._apply.cache_clear()
     monkeypatch.undo()
     monkeypatch.setenv("FLEETCTL_CACHE_DIR", str(tmp_path))
-    rebuilt = payload.intended_for(pb, version)
+    rebuilt = intended.intended_for(pb, version)
     assert {k: v.data for k, v in rebuilt.items()} == {k: v.data for k, v in first.items()}
     assert b"tampered" not in entries[0].read_bytes()
-    payload._apply.cache_clear()
+    intended._apply.cache_clear()

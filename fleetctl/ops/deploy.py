@@ -18,7 +18,7 @@ from fleetctl.deploy_plan import Coverage, HostPlan, Intended, Plan, plan_host
 from fleetctl.errors import InputError
 from fleetctl.facts import HostFacts, read_facts
 from fleetctl.instances import host_launch_spec
-from fleetctl.payload import intended_for
+from fleetctl.intended import intended_for
 from fleetctl.protocol import names
 from fleetctl.protocol.answers import DeployAnswer
 from fleetctl.runner import Fleet, HostOutcome

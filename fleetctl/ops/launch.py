@@ -101,10 +101,10 @@ def _running(facts: HostFacts) -> list[InstanceState]:
     return [s for s in (facts.servers.instances if facts.servers else []) if s.running or s.launch_alive]
 
 
-def _conflicts(running: list[InstanceState], plan: list[Instance]) -> list[InstanceState]:
-    wanted = {i.name for i in plan}
-    ports = {i.port for i in plan}
-    gpus = {g for i in plan for g in i.gpus}
+def _conflicts(running: list[InstanceState], insts: list[Instance]) -> list[InstanceState]:
+    wanted = {i.name for i in insts}
+    ports = {i.port for i in insts}
+    gpus = {g for i in insts for g in i.gpus}
     out = []
     for s in running:
         rec = s.record
@@ -218,10 +218,10 @@ class LaunchPlan:
                 "instances": [i.to_json() for i in self.instances]}
 
 
-def _starts(plan: list[Instance]) -> list[InstanceStart]:
+def _starts(insts: list[Instance]) -> list[InstanceStart]:
     return [InstanceStart(i.name, i.port, list(i.gpus), list(i.public_argv),
                           i.launch.public_effective_env if i.launch else i.public_env,
-                          i.effective_env.get("HOME") or "~ (the SSH user's home)") for i in plan]
+                          i.effective_env.get("HOME") or "~ (the SSH user's home)") for i in insts]
 
 
 def _plan_refused(lp: LaunchPlan, msg: str, status: PlanStatus = "refused") -> LaunchPlan:
@@ -239,24 +239,24 @@ def _plan_problems(lp: LaunchPlan, problems: dict[str, list[str]]) -> LaunchPlan
     return _plan_refused(lp, f"nothing started on this host: {first[0]}: {first[1][0]}")
 
 
-def resource_problems(facts: HostFacts, plan: list[Instance]) -> dict[str, list[str]]:
+def resource_problems(facts: HostFacts, insts: list[Instance]) -> dict[str, list[str]]:
     """Per instance: its port in use, its GPUs missing or busy (from the facts)."""
     free = facts.servers.ports if facts.servers else {}
-    problems: dict[str, list[str]] = {i.name: [] for i in plan}
-    for inst in plan:
+    problems: dict[str, list[str]] = {i.name: [] for i in insts}
+    for inst in insts:
         if free.get(str(inst.port)) is False:
             problems[inst.name].append(f"port {inst.port} is in use on the host")
         problems[inst.name] += _gpu_problems(facts, inst)
     return problems
 
 
-def plan_launch(host: Host, pb: Playbook, plan: list[Instance], facts: HostFacts, *, replace: bool = False,
+def plan_launch(host: Host, pb: Playbook, insts: list[Instance], facts: HostFacts, *, replace: bool = False,
                 drop_unknown_flags: bool = False, allow_uncovered: bool = False) -> LaunchPlan:
     """Decide one host's launch from its facts: pure (no I/O). Refused (nothing will start) on an
     unknown release, an interrupted deploy, an unregistered flag, a startup error, an uncovered
     worker, a running fleetctl server in the way (without --replace), a busy port or GPU."""
     v = facts.package_version
-    lp = LaunchPlan(host.name, version=v, instances=_starts(plan), run=plan, facts=facts)
+    lp = LaunchPlan(host.name, version=v, instances=_starts(insts), run=insts, facts=facts)
     if not facts.package_found or not v:
         return _plan_refused(lp, facts.package_error or "SGLang not found by the launch's python", "failed")
     if not engine().is_known(v):
@@ -268,22 +268,22 @@ def plan_launch(host: Host, pb: Playbook, plan: list[Instance], facts: HostFacts
     # a flag neither this release knows nor the installed server_args.py registers: argparse would
     # refuse it (typically the playbook's own flag on a host where its patch is not deployed)
     registered = facts.registered_flags or {}
-    unregistered = sorted({f for inst in plan for f in engine().resolve_worker(v, inst.flags, inst.effective_env).unknown_flags
+    unregistered = sorted({f for inst in insts for f in engine().resolve_worker(v, inst.flags, inst.effective_env).unknown_flags
                            if registered.get(f) is False})
     if unregistered and drop_unknown_flags:
         profile = pb.launch.model_copy(update={"flags": {k: x for k, x in pb.launch.flags.items()
                                                          if k not in unregistered}})
         h = host.model_copy(update={"flags": {k: x for k, x in host.flags.items() if k not in unregistered}})
-        plan = plan_instances(h, profile)
-        lp.run, lp.instances = plan, _starts(plan)
+        insts = plan_instances(h, profile)
+        lp.run, lp.instances = insts, _starts(insts)
         for st in lp.instances:
             st.notes.append(f"left out {', '.join(unregistered)}: not a flag of SGLang {v} as installed here")
     elif unregistered:
         return _plan_refused(lp, f"{', '.join(unregistered)} is not a flag of SGLang {v} as installed on {host.name} "
                                  f"(its {engine().args_file} does not register it): deploy the playbook first, or pass "
                                  f"--drop-unknown-flags to launch the installed code without it")
-    problems: dict[str, list[str]] = {i.name: [] for i in plan}
-    for inst, st in zip(plan, lp.instances, strict=True):
+    problems: dict[str, list[str]] = {i.name: [] for i in insts}
+    for inst, st in zip(insts, lp.instances, strict=True):
         r = engine().resolve_worker(v, inst.flags, inst.effective_env)
         if r.startup_error:
             problems[inst.name].append(f"SGLang {v} would refuse to start: {r.startup_error}")
@@ -300,13 +300,13 @@ def plan_launch(host: Host, pb: Playbook, plan: list[Instance], facts: HostFacts
             st.warnings.append(f"warning: the playbook has no patch set for SGLang {v}")
         elif cov.refused:
             st.warnings.append(f"warning: {cov.refused}")
-    conflicts = _conflicts(_running(facts), plan)
+    conflicts = _conflicts(_running(facts), insts)
     if conflicts and not replace:
         for s in conflicts:
             rec = s.record or LaunchRecord(s.instance)
             msg = (f"a fleetctl server is already running here: {s.instance} pid {rec.pid} "
                    f"(launch {rec.launch_id}); stop it or pass --replace")
-            for inst in plan:
+            for inst in insts:
                 if inst.name == s.instance or inst.port == rec.port or set(inst.gpus) & set(rec.gpus):
                     problems[inst.name].append(msg)
     if _plan_problems(lp, problems):
@@ -315,29 +315,29 @@ def plan_launch(host: Host, pb: Playbook, plan: list[Instance], facts: HostFacts
     if conflicts:  # ports and GPUs are checked once the old servers are stopped
         lp.stop, lp.recheck = [s.instance for s in conflicts], True
         return lp
-    _plan_problems(lp, resource_problems(facts, plan))
+    _plan_problems(lp, resource_problems(facts, insts))
     return lp
 
 
-def read_launch_facts(conn: Transport, pb: Playbook, plan: list[Instance]) -> HostFacts:
+def read_launch_facts(conn: Transport, pb: Playbook, insts: list[Instance]) -> HostFacts:
     return read_facts(conn, gpus=True, with_=[names.WITH_STATE, names.WITH_SERVERS], profile=pb.launch,
-                      payload={"server_ports": [i.port for i in plan],
-                               "check_flags": sorted({f for i in plan for f in i.flags})})
+                      payload={"server_ports": [i.port for i in insts],
+                               "check_flags": sorted({f for i in insts for f in i.flags})})
 
 
-def check_host(conn: Transport, pb: Playbook, plan: list[Instance], *, replace: bool,
+def check_host(conn: Transport, pb: Playbook, insts: list[Instance], *, replace: bool,
                drop_unknown_flags: bool = False, allow_uncovered: bool = False) -> LaunchPlan:
     """`launch --check` on one host: its facts and its launch plan, nothing started or stopped."""
-    return plan_launch(conn.host, pb, plan, read_launch_facts(conn, pb, plan), replace=replace,
+    return plan_launch(conn.host, pb, insts, read_launch_facts(conn, pb, insts), replace=replace,
                        drop_unknown_flags=drop_unknown_flags, allow_uncovered=allow_uncovered)
 
 
-def launch_host(conn: Transport, pb: Playbook, plan: list[Instance], *, launch_id: str, replace: bool,
+def launch_host(conn: Transport, pb: Playbook, insts: list[Instance], *, launch_id: str, replace: bool,
                 timeout: float, drop_unknown_flags: bool = False, allow_uncovered: bool = False) -> HostLaunch:
     """Facts -> plan_launch (pure) -> apply_launch: the launch on one host."""
     t = time.monotonic()
-    facts = read_launch_facts(conn, pb, plan)
-    lp = plan_launch(conn.host, pb, plan, facts, replace=replace, drop_unknown_flags=drop_unknown_flags,
+    facts = read_launch_facts(conn, pb, insts)
+    lp = plan_launch(conn.host, pb, insts, facts, replace=replace, drop_unknown_flags=drop_unknown_flags,
                      allow_uncovered=allow_uncovered)
     return apply_launch(conn, lp, pb, launch_id=launch_id, timeout=timeout, started=t)
 
@@ -368,7 +368,7 @@ def apply_launch(conn: Transport, lp: LaunchPlan, pb: Playbook, *, launch_id: st
     if lp.status != "start":
         return res
     assert lp.facts is not None and lp.version is not None
-    facts, v, plan, items = lp.facts, lp.version, lp.run, res.instances
+    facts, v, insts, items = lp.facts, lp.version, lp.run, res.instances
     if lp.stop:
         t = time.monotonic()
         stopped = stop_instances(conn, lp.stop, pb.launch.stop_timeout)
@@ -382,16 +382,16 @@ def apply_launch(conn: Transport, lp: LaunchPlan, pb: Playbook, *, launch_id: st
             return _refuse(res, f"could not stop {bad[0].instance} (pid {bad[0].pid})", "failed")
         # re-check ports and GPUs now that the old server is gone (no file hashing this time)
         facts = read_facts(conn, gpus=True, with_=[names.WITH_SERVERS], profile=pb.launch,
-                           payload={"server_ports": [i.port for i in plan], "hash_dirs": [], "hash_files": []})
+                           payload={"server_ports": [i.port for i in insts], "hash_dirs": [], "hash_files": []})
         res.mark("re-check", t)
-        problems = resource_problems(facts, plan)
+        problems = resource_problems(facts, insts)
         if any(problems.values()):
-            return _refuse_items(res, plan, problems)
+            return _refuse_items(res, insts, problems)
 
     # start every instance, then wait for all of them in one bounded agent call
     started_ok: list[str] = []
     t = time.monotonic()
-    for inst, st, it in zip(plan, lp.instances, items, strict=True):
+    for inst, st, it in zip(insts, lp.instances, items, strict=True):
         it.worker = dict(st.worker)
         it.notes += st.warnings
         request = {
@@ -416,7 +416,7 @@ def apply_launch(conn: Transport, lp: LaunchPlan, pb: Playbook, *, launch_id: st
         started_ok.append(inst.name)
     t = res.mark("start", t)
     if started_ok:
-        _wait_ready(conn, res, pb, plan, started_ok, launch_id=launch_id, timeout=timeout, t=t)
+        _wait_ready(conn, res, pb, insts, started_ok, launch_id=launch_id, timeout=timeout, t=t)
     bad = [it for it in items if it.status != "ready"]
     if bad:
         res.status = "failed"
@@ -426,7 +426,7 @@ def apply_launch(conn: Transport, lp: LaunchPlan, pb: Playbook, *, launch_id: st
     return res
 
 
-def _wait_ready(conn: Transport, res: HostLaunch, pb: Playbook, plan: list[Instance], started: list[str], *,
+def _wait_ready(conn: Transport, res: HostLaunch, pb: Playbook, insts: list[Instance], started: list[str], *,
                 launch_id: str, timeout: float, t: float) -> None:
     """Wait for the started instances (one bounded agent call), GET /health of the ready ones, and
     stop those that failed (a wrapper that outlived its server too)."""
@@ -438,7 +438,7 @@ def _wait_ready(conn: Transport, res: HostLaunch, pb: Playbook, plan: list[Insta
     }, timeout=timeout + 60)
     t = res.mark("wait ready", t)
     to_stop = []
-    for inst, it in zip(plan, items, strict=True):
+    for inst, it in zip(insts, items, strict=True):
         w = waited.get(inst.name)
         if w is None:
             continue
@@ -484,11 +484,11 @@ def _refuse(res: HostLaunch, msg: str, status: HostStatus = "refused") -> HostLa
     return res
 
 
-def _refuse_items(res: HostLaunch, plan: list[Instance], problems: dict[str, list[str]]) -> HostLaunch:
+def _refuse_items(res: HostLaunch, insts: list[Instance], problems: dict[str, list[str]]) -> HostLaunch:
     res.status = "refused"
     first = next((n, p) for n, p in problems.items() if p)
     res.message = f"nothing started on this host: {first[0]}: {first[1][0]}"
-    for inst, it in zip(plan, res.instances, strict=True):
+    for inst, it in zip(insts, res.instances, strict=True):
         p = problems[inst.name]
         it.status = "refused"
         it.message = "; ".join(p) if p else "not started: another instance on this host was refused"
@@ -498,8 +498,8 @@ def _refuse_items(res: HostLaunch, plan: list[Instance], problems: dict[str, lis
 def check_fleet(fleet: Fleet, pb: Playbook, *, replace: bool = False, drop_unknown_flags: bool = False,
                 allow_uncovered: bool = False) -> list[LaunchPlan]:
     """`launch --check`: every host's launch plan, from its facts; nothing is started or stopped."""
-    plans = instances_by_host(fleet, pb)
-    outs = fleet.run(lambda c: check_host(c, pb, plans[c.host.name], replace=replace,
+    insts_by_host = instances_by_host(fleet, pb)
+    outs = fleet.run(lambda c: check_host(c, pb, insts_by_host[c.host.name], replace=replace,
                                           drop_unknown_flags=drop_unknown_flags, allow_uncovered=allow_uncovered))
     res = []
     for o in outs:
@@ -507,7 +507,7 @@ def check_fleet(fleet: Fleet, pb: Playbook, *, replace: bool = False, drop_unkno
             res.append(o.data)
         else:
             lp = LaunchPlan(o.host, "unreachable" if o.status == "unreachable" else "failed", o.message,
-                            instances=_starts(plans[o.host]))
+                            instances=_starts(insts_by_host[o.host]))
             res.append(lp)
     return res
 
@@ -517,10 +517,10 @@ def launch_fleet(fleet: Fleet, pb: Playbook, *, replace: bool = False, timeout: 
                  drop_unknown_flags: bool = False, allow_uncovered: bool = False) -> tuple[str, list[HostLaunch]]:
     """Launch the profile's instances on every host (or on `hosts`, e.g. those a deploy changed)."""
     targets = list(fleet.hosts if hosts is None else hosts)
-    plans = {h.name: plan_instances(h, pb.launch) for h in targets}
+    insts_by_host = {h.name: plan_instances(h, pb.launch) for h in targets}
     lid = launch_id or new_op_id("l")
     t = float(timeout if timeout is not None else pb.launch.ready_timeout)
-    outs = fleet.run(lambda c: launch_host(c, pb, plans[c.host.name], launch_id=lid, replace=replace, timeout=t,
+    outs = fleet.run(lambda c: launch_host(c, pb, insts_by_host[c.host.name], launch_id=lid, replace=replace, timeout=t,
                                            drop_unknown_flags=drop_unknown_flags, allow_uncovered=allow_uncovered),
                      targets)
     results = []
@@ -530,7 +530,7 @@ def launch_fleet(fleet: Fleet, pb: Playbook, *, replace: bool = False, timeout: 
         else:
             r = HostLaunch(o.host, o.status, o.message,
                            instances=[InstanceLaunch(h.name, i.name, i.port, list(i.gpus), "failed", o.message)
-                                      for i in plans[h.name]])
+                                      for i in insts_by_host[h.name]])
         r.elapsed = o.elapsed
         results.append(r)
     return lid, results
