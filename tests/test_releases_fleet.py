@@ -189,3 +189,18 @@ def test_unreadable_model_config_warns_and_strict_refuses(mixed: Sandbox, tmp_pa
     assert code == 1
     row = doc["plan"]["hosts"][0]
     assert row["status"] == "refused" and "--strict refuses" in row["reason"] and "HF cache has no" in row["reason"]
+
+
+def test_unreadable_model_config_warning_is_shown(mixed: Sandbox, tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """The human plan says it too: a warning line under the host (not a refusal), and --strict refuses."""
+    empty = tmp_path / "empty-cache"
+    empty.mkdir()
+    pb = model_playbook(tmp_path, "acme/not-cached", env=f"{{HF_HUB_CACHE: '{empty}'}}")
+    assert main(["deploy", "-i", str(mixed.inventory_path), pb, "--check", "-l", "h01"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "warning: not certain: model config not readable, model-specific routing not ruled out" in text
+    assert "--strict refuses such hosts" in text
+    assert main(["deploy", "-i", str(mixed.inventory_path), pb, "--check", "-l", "h01", "--strict"]) == 1
+    text = " ".join(capsys.readouterr().out.split())
+    assert "covered, refused" in text and "(--strict refuses an answer that is not certain)" in text
