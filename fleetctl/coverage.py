@@ -1,4 +1,5 @@
-"""Does the playbook patch the worker that will actually run? (the origin story's question)
+"""Does the playbook patch what it declares it must cover (`covers:`), e.g. the worker that will
+actually run (the origin story's question)?
 
 The launch environment considered is exactly what `fleetctl launch` will pass: the playbook's
 launch env plus the inventory's env for the host — never the controller's own environment.
@@ -34,10 +35,15 @@ def launch_env(host: Host, playbook: Playbook) -> dict[str, str]:
 
 
 def coverage(version: str, flags: dict[str, Any], env: dict[str, str], playbook: Playbook) -> Coverage:
+    """Whether the playbook covers what it declares it must (`covers:`): the speculative worker the
+    launch runs (`covers.worker`) and/or named package files (`covers.files`)."""
     from fleetctl.sglang import resolve_worker
 
+    need_worker = playbook.covers.worker
     res = resolve_worker(version, flags, env)
     if not res.known:
+        if not need_worker:
+            return Coverage(None, None, None, None, f"SGLang {version} is an unknown version")
         return Coverage(None, None, None, None,
                         f"SGLang {version} is an unknown version: fleetctl cannot tell which worker runs",
                         refused=f"SGLang {version} is not a version fleetctl knows, so it cannot check which "
@@ -45,12 +51,19 @@ def coverage(version: str, flags: dict[str, Any], env: dict[str, str], playbook:
     if res.startup_error:
         return Coverage(res.worker_class, res.worker_file, res.disable_overlap_schedule, None, res.reason,
                         refused=f"{res.reason}; the server would refuse to start: {res.startup_error}")
-    if res.worker_file is None:
-        return Coverage(None, None, res.disable_overlap_schedule, None, res.reason)
-    files = playbook.files_for(version) or []
-    patched = {f.path for f in files}
-    covered = res.worker_file in patched
-    reason = f"{res.reason}; the playbook patches it: {'yes' if covered else 'no'}"
+    patched = {f.path for f in playbook.files_for(version) or []}
+    named = list(playbook.covers.files)
+    missing = [f for f in named if f not in patched]
+    if named:  # (load_playbook already refuses a version that does not patch them)
+        files_reason = f"the playbook patches {', '.join(named)}: {'no' if missing else 'yes'}"
+    if res.worker_file is None or not need_worker:
+        reason = res.reason if not named else (f"{res.reason}; {files_reason}" if res.reason else files_reason)
+        return Coverage(res.worker_class, res.worker_file, res.disable_overlap_schedule,
+                        (not missing) if named else None, reason, refused=reason if missing else None)
+    covered = res.worker_file in patched and not missing
+    reason = f"{res.reason}; the playbook patches it: {'yes' if res.worker_file in patched else 'no'}"
+    if named:
+        reason += f"; {files_reason}"
     refused = None
     if not covered:
         refused = reason

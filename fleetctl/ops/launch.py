@@ -155,9 +155,13 @@ def http_get(conn: HostConnection, port: int, path: str, timeout: float = 10.0) 
 
 
 def hash_set(pb: Playbook | None, version: str) -> list[str]:
-    """Files whose bytes at launch are recorded: the playbook's files + every EAGLE worker file."""
+    """Files whose bytes at launch are recorded: the playbook's files, the files it declares it
+    covers, and every speculative worker file when it declares it covers the running worker."""
     rels = [f.path for f in (pb.files_for(version) or [])] if pb else []
-    for rel in worker_files(version).values():
+    extra = list(pb.covers.files) if pb else []
+    if pb is not None and pb.covers.worker:
+        extra += list(worker_files(version).values())
+    for rel in extra:
         if rel not in rels:
             rels.append(rel)
     return rels
