@@ -177,6 +177,13 @@ class PlaybookFile(Strict):
         names = [f.name for f in self.state_files]
         if len(set(names)) != len(names):
             raise ValueError("state_files: a name is listed twice")
+        if self.state_files and not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}", self.name):
+            raise ValueError(f"name {self.name!r}: a playbook with state_files needs a name of letters, "
+                             "digits and _ . - (it is a directory on the host)")
+        for flag, value in self.launch.flags.items():
+            for ref in re.findall(r"\{file:([^{}]*)\}", value if isinstance(value, str) else ""):
+                if ref not in names:
+                    raise ValueError(f"launch.flags.{flag}: {{file:{ref}}} names no entry of state_files")
         for m in self.covers.markers:
             if m.text not in self.verify.markers:
                 raise ValueError(f"covers.markers: {m.text!r} is not one of verify.markers")

@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from fleetctl import statefiles
 from fleetctl.config.inventory import Host
 from fleetctl.config.playbook import Playbook
 from fleetctl.errors import InputError
@@ -176,20 +177,27 @@ def apply_plan(fleet: Fleet, plan: Plan, playbook: Playbook, op_id: str, *, vali
             "launch": host_launch_spec(conn.host, playbook.launch).to_agent(),
             # the files the plan leaves alone must still hold what it saw, checked under the lock
             "expect": {f.path: f.sha_now for f in hp.files if f.action == "none"},
+            # the playbook's non-package files, in the same transaction (fleetctl/statefiles.py)
+            "state_files": statefiles.payload(playbook),
         }
         if conn.host.name in break_lock:
             payload["break_lock"] = True
         if fault_after_files and conn.host.name in fault_after_files:
             payload["_fault_after_files"] = fault_after_files[conn.host.name]
         res: DeployAnswer = conn.agent(names.DEPLOY, payload)
+        shipped = [f.path for f in res.files if f.path.startswith("{state_dir}/")]
         r = HostApply(conn.host.name, "changed" if res.deploy_id else "unchanged",
-                      f"{len(files)} file(s) patched" if files else
+                      f"{len(files)} file(s) patched" + (f", {len(shipped)} state file(s) written" if shipped else "")
+                      if res.deploy_id else
                       ("; ".join(res.notes) or "already as intended (checked under the host lock)"),
-                      res.deploy_id, [f["path"] for f in files], res.notes)
+                      res.deploy_id, [f["path"] for f in files] + shipped, res.notes)
         # verification: every playbook file must now hold exactly the intended bytes
         final = res.final
         bad = [f"{fp.path} hashes {(final.get(fp.path) or 'missing')[:12]}, expected {fp.sha_intended[:12]}"
                for fp in hp.files if final.get(fp.path) != fp.sha_intended]
+        bad += [f"{statefiles.shown(playbook, sf.name)} hashes {(final.get(statefiles.shown(playbook, sf.name)) or 'missing')[:12]}"
+                f", expected {sf.sha256[:12]}" for sf in playbook.state_files
+                if final.get(statefiles.shown(playbook, sf.name)) != sf.sha256]
         if bad:
             r.status = "failed"
             r.message = "verification failed after deploy: " + "; ".join(bad)

@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from fleetctl import statefiles
 from fleetctl.config.inventory import Host
 from fleetctl.config.playbook import Playbook
 from fleetctl.coverage import coverage
@@ -215,6 +216,12 @@ def launch_host(conn: HostConnection, pb: Playbook, plan: list[Instance], *, lau
         return _refuse(res, f"{', '.join(unregistered)} is not a flag of SGLang {v} as installed on {h.name} "
                             f"(its srt/server_args.py does not register it): deploy the playbook first, or pass "
                             f"--drop-unknown-flags to launch the installed code without it")
+    # {file:<name>} in a flag: the playbook's state file as deployed on this host (fleetctl/statefiles.py)
+    plan = statefiles.expand_instances(plan, pb, facts.state.state_dir if facts.state else None)
+    absent = statefiles.not_deployed(pb, facts) if pb.state_files else []
+    if absent:
+        return _refuse(res, f"{', '.join(absent)} is not on {h.name} as the playbook ships it (never deployed, "
+                            "rolled back or changed since): run 'fleetctl deploy' first")
     for inst in plan:
         r = resolve_worker(v, inst.flags, inst.effective_env)
         resolutions[inst.name] = r
