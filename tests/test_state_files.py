@@ -205,6 +205,8 @@ def test_adaptive_spec_deploy_launch_verify_rollback(fresh_sandbox: Any, capsys:
         code, doc = cli(capsys, "launch", "-i", inv, ADAPTIVE, "--timeout", "60")
         assert code == 1 and all("is not on" in h["message"] and "run 'fleetctl deploy' first" in h["message"]
                                  for h in doc["hosts"])
+        code, check = cli(capsys, "deploy", "--check", "-i", inv, ADAPTIVE)
+        assert code == 0 and "adaptive.json will be written" in json.dumps(check), json.dumps(check)[:2000]
         dep = ok(capsys, "deploy", "-i", inv, ADAPTIVE)
         assert {h["host"]: h["status"] for h in dep["hosts"]} == {"h01": "changed", "h02": "changed"}
         for h in sb.hosts.values():
@@ -217,9 +219,13 @@ def test_adaptive_spec_deploy_launch_verify_rollback(fresh_sandbox: Any, capsys:
             assert iv["ok"] and iv["args"]["speculative_adaptive"] is True
             assert iv["args"]["speculative_adaptive_config"].endswith("/files/adaptive-spec/adaptive.json")
             assert all(all(r["markers"].values()) for r in iv["ranks"])
+        code, again = cli(capsys, "deploy", "--check", "-i", inv, ADAPTIVE)  # nothing left to write
+        assert code == 0 and "will be written" not in json.dumps(again)
         ok(capsys, "stop", "-i", inv)
         ok(capsys, "rollback", "-i", inv)
         for h in sb.hosts.values():
             assert not (h.state_dir / "files" / "adaptive-spec" / "adaptive.json").exists()
+        code, doc = cli(capsys, "launch", "-i", inv, ADAPTIVE, "--timeout", "60")  # rolled back: refused again
+        assert code == 1 and "run 'fleetctl deploy' first" in json.dumps(doc)
     finally:
         main(["stop", "-i", inv])

@@ -92,8 +92,20 @@ def build_plan(fleet: Fleet, playbook: Playbook, gathered: Gathered, *, force: b
         hp = plan_host(h, f, playbook, intended.get(v) if v else None, force=force, coverage=cov,
                        allow_uncovered=allow_uncovered)
         _plan_stale_bytecode(hp, f)
+        _plan_state_files(hp, f, playbook)
         hosts.append(hp)
     return Plan(str(playbook.path), hosts, intended)
+
+
+def _plan_state_files(hp: HostPlan, facts: HostFacts, playbook: Playbook) -> None:
+    """The playbook's state files no deploy record shows as intended here: the deploy writes them
+    (in the same transaction as the package files), even on a host whose package files are as intended."""
+    if hp.status not in ("change", "noop") or not playbook.state_files:
+        return
+    pending = statefiles.not_deployed(playbook, facts)
+    if pending:
+        hp.status = "change"
+        hp.reason = "; ".join(x for x in (hp.reason, f"{', '.join(pending)} will be written") if x)
 
 
 def _stale(facts: HostFacts, rel: str) -> bool:
