@@ -81,6 +81,9 @@ def host_coverage(host: Host, facts: HostFacts, playbook: Playbook) -> Coverage 
     # the code import loads for the worker must come from the source fleetctl patches: a compiled
     # extension module or sourceless bytecode in its place is never patched (a stale cached pyc is:
     # deploy removes it with the file)
-    if cov.worker_file and facts.bytecode_loader(cov.worker_file) in ("extension", "sourceless") and not cov.refused:
-        cov.refused = facts.bytecode_problem(cov.worker_file)
+    # (for each file the playbook declares it covers: the running worker's, and named ones)
+    covered = ([cov.worker_file] if cov.worker_file and playbook.covers.worker else []) + list(playbook.covers.files)
+    for rel in covered:
+        if facts.bytecode_loader(rel) in ("extension", "sourceless") and not cov.refused:
+            cov.refused = facts.bytecode_problem(rel)
     return cov
