@@ -199,7 +199,7 @@ def ok(capsys: pytest.CaptureFixture[str], *args: Any) -> Any:
 @pytest.mark.fleet
 @pytest.mark.usefixtures("ledger_dir")
 def test_adaptive_spec_deploy_launch_verify_rollback(fresh_sandbox: Any, capsys: pytest.CaptureFixture[str]) -> None:
-    sb = fresh_sandbox(hosts=2, versions=("0.5.14", "0.5.23"), gpus=1)
+    sb = fresh_sandbox(hosts=2, versions=("0.5.14", "0.5.23"), gpus=2)  # tp=2: ranks TP0 and TP1
     inv = str(sb.inventory_path)
     try:
         code, doc = cli(capsys, "launch", "-i", inv, ADAPTIVE, "--timeout", "60")
@@ -218,6 +218,8 @@ def test_adaptive_spec_deploy_launch_verify_rollback(fresh_sandbox: Any, capsys:
             iv = h["instances"][0]
             assert iv["ok"] and iv["args"]["speculative_adaptive"] is True
             assert iv["args"]["speculative_adaptive_config"].endswith("/files/adaptive-spec/adaptive.json")
+            # logged on TP rank 0 only (per_rank: false): found once, counted for every rank
+            assert [r["rank"] for r in iv["ranks"]] == ["TP0", "TP1"]
             assert all(all(r["markers"].values()) for r in iv["ranks"])
         code, again = cli(capsys, "deploy", "--check", "-i", inv, ADAPTIVE)  # nothing left to write
         assert code == 0 and "will be written" not in json.dumps(again)

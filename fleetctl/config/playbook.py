@@ -24,6 +24,7 @@ here, by the playbook.
 from __future__ import annotations
 
 import re
+from contextvars import ContextVar
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal
 
@@ -34,6 +35,9 @@ from fleetctl.errors import InputError
 
 SHA256_RE = r"^[0-9a-f]{64}$"
 MAX_STATE_FILE = 1 << 20  # a state file is configuration, not a payload
+
+
+_SHIPS_FILES: ContextVar[bool] = ContextVar("_SHIPS_FILES", default=False)
 
 
 class Strict(BaseModel):
@@ -72,6 +76,8 @@ class VersionSpec(Strict):
             if f.path in seen:
                 raise ValueError(f"file {f.path} is listed twice")
             seen.add(f.path)
+        if not v and not _SHIPS_FILES.get():
+            raise ValueError("a version needs at least one file")
         return v
 
 
@@ -168,12 +174,15 @@ class PlaybookFile(Strict):
     covers: Covers = Covers()
     state_files: list[StateFile] = []
 
+    @model_validator(mode="before")
+    @classmethod
+    def _ships(cls, data: Any) -> Any:
+        # a version may list no package file only in a playbook that ships state files
+        _SHIPS_FILES.set(isinstance(data, dict) and bool(data.get("state_files")))
+        return data
+
     @model_validator(mode="after")
     def _whole(self) -> PlaybookFile:
-        if not self.state_files:
-            for ver, spec in self.versions.items():
-                if not spec.files:
-                    raise ValueError(f"versions.{ver}: a version needs at least one file")
         names = [f.name for f in self.state_files]
         if len(set(names)) != len(names):
             raise ValueError("state_files: a name is listed twice")
