@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from fleetctl import statefiles, wheels
 from fleetctl.cli import main
@@ -221,6 +222,17 @@ def test_adaptive_spec_deploy_launch_verify_rollback(fresh_sandbox: Any, capsys:
             # logged on TP rank 0 only (per_rank: false): found once, counted for every rank
             assert [r["rank"] for r in iv["ranks"]] == ["TP0", "TP1"]
             assert all(all(r["markers"].values()) for r in iv["ranks"])
+        # settings upstream's adaptive refuses (topk 2): it logs that it falls back to static params,
+        # a forbidden line of this playbook, so the launch fails on it and names it
+        inv2 = sb.inventory_path.parent / "inventory-topk2.yaml"
+        inv_doc = yaml.safe_load(sb.inventory_path.read_text())
+        for hd in inv_doc["hosts"].values():
+            hd["flags"] = {**(hd.get("flags") or {}), "--speculative-eagle-topk": 2,
+                           "--speculative-num-draft-tokens": 8}
+        inv2.write_text(yaml.safe_dump(inv_doc))
+        code, doc = cli(capsys, "launch", "--replace", "-i", inv2, ADAPTIVE, "--timeout", "60")
+        assert code == 1 and all("speculative_adaptive disabled: speculative_eagle_topk=2" in i["message"]
+                                 for h in doc["hosts"] for i in h["instances"]), json.dumps(doc)[:3000]
         code, again = cli(capsys, "deploy", "--check", "-i", inv, ADAPTIVE)  # nothing left to write
         assert code == 0 and "will be written" not in json.dumps(again)
         ok(capsys, "stop", "-i", inv)
