@@ -1,4 +1,5 @@
-"""Does the playbook patch the worker that will actually run? (the origin story's question)
+"""Does the playbook patch what it declares it must cover (`covers:`), e.g. the worker that will
+actually run (the origin story's question)?
 
 The launch environment considered is exactly what `fleetctl launch` will pass: the playbook's
 launch env plus the inventory's env for the host — never the controller's own environment.
@@ -39,7 +40,9 @@ def launch_env(host: Host, playbook: Playbook) -> dict[str, str]:
 
 def coverage(version: str, flags: dict[str, Any], env: dict[str, str], playbook: Playbook, *,
              model: ModelConfig | None = None, strict: bool = False) -> Coverage:
-    """`model`: the target's config.json as read on the host (None: not read). An answer a
+    """Whether the playbook covers what it declares it must (`covers:`): the speculative worker the
+    launch runs (`covers.worker`) and/or named package files (`covers.files`).
+    `model`: the target's config.json as read on the host (None: not read). An answer a
     model-specific override could change is a warning (`uncertain`), refused with `strict`."""
     cov = _coverage(version, flags, env, playbook, model)
     if cov.uncertain and strict and not cov.refused:
@@ -49,12 +52,15 @@ def coverage(version: str, flags: dict[str, Any], env: dict[str, str], playbook:
 
 def _coverage(version: str, flags: dict[str, Any], env: dict[str, str], playbook: Playbook,
               model: ModelConfig | None) -> Coverage:
+    need_worker = playbook.covers.worker
     res = engine().resolve_worker(version, flags, env, model_arch=model.arch if model else None)
     uncertain = None
-    if res.known and not res.certain:
+    if res.known and not res.certain and need_worker:
         why = model.error if model is not None and model.error else "the launch names no --model-path"
         uncertain = f"{engine().not_certain} ({why})"
     if not res.known:
+        if not need_worker:
+            return Coverage(None, None, None, None, f"SGLang {version} is an unknown version")
         return Coverage(None, None, None, None,
                         f"SGLang {version} is an unknown version: fleetctl cannot tell which worker runs",
                         refused=f"SGLang {version} is not a version fleetctl knows, so it cannot check which "
@@ -62,12 +68,20 @@ def _coverage(version: str, flags: dict[str, Any], env: dict[str, str], playbook
     if res.startup_error:
         return Coverage(res.worker_class, res.worker_file, res.disable_overlap_schedule, None, res.reason,
                         refused=f"{res.reason}; the server would refuse to start: {res.startup_error}")
-    if res.worker_file is None:
-        return Coverage(None, None, res.disable_overlap_schedule, None, res.reason, uncertain=uncertain)
-    files = playbook.files_for(version) or []
-    patched = {f.path for f in files}
-    covered = res.worker_file in patched
-    reason = f"{res.reason}; the playbook patches it: {'yes' if covered else 'no'}"
+    patched = {f.path for f in playbook.files_for(version) or []}
+    named = list(playbook.covers.files)
+    missing = [f for f in named if f not in patched]
+    if named:  # (load_playbook already refuses a version that does not patch them)
+        files_reason = f"the playbook patches {', '.join(named)}: {'no' if missing else 'yes'}"
+    if res.worker_file is None or not need_worker:
+        reason = res.reason if not named else (f"{res.reason}; {files_reason}" if res.reason else files_reason)
+        return Coverage(res.worker_class, res.worker_file, res.disable_overlap_schedule,
+                        (not missing) if named else None, reason, refused=reason if missing else None,
+                        uncertain=uncertain)
+    covered = res.worker_file in patched and not missing
+    reason = f"{res.reason}; the playbook patches it: {'yes' if res.worker_file in patched else 'no'}"
+    if named:
+        reason += f"; {files_reason}"
     refused = None
     if not covered:
         refused = reason
@@ -87,6 +101,9 @@ def host_coverage(host: Host, facts: HostFacts, playbook: Playbook, *, strict: b
     # the code import loads for the worker must come from the source fleetctl patches: a compiled
     # extension module or sourceless bytecode in its place is never patched (a stale cached pyc is:
     # deploy removes it with the file)
-    if cov.worker_file and facts.bytecode_loader(cov.worker_file) in ("extension", "sourceless") and not cov.refused:
-        cov.refused = facts.bytecode_problem(cov.worker_file)
+    # (for each file the playbook declares it covers: the running worker's, and named ones)
+    covered = ([cov.worker_file] if cov.worker_file and playbook.covers.worker else []) + list(playbook.covers.files)
+    for rel in covered:
+        if facts.bytecode_loader(rel) in ("extension", "sourceless") and not cov.refused:
+            cov.refused = facts.bytecode_problem(rel)
     return cov

@@ -10,23 +10,35 @@
             sha256: <sha256 of the pristine file the patch applies to>
     launch: {...}   # see LaunchProfile
     verify: {...}   # see VerifySpec
+    covers: {...}   # see Covers: what the playbook must cover and where its markers are logged
+    state_files:    # see StateFile: non-package files shipped under the host's state dir
+      - name: adaptive.json                        # -> {state_dir}/files/<playbook name>/adaptive.json
+        source: files/adaptive.json                # relative to the playbook file
 
-A host whose SGLang version has no entry under `versions:` is refused.
+A host whose SGLang version has no entry under `versions:` is refused. The core knows nothing of
+any one playbook: which worker or file a playbook must patch, which markers it logs where (file,
+class, function; per rank or once) and which server arguments verify-logs reports are declared
+here, by the playbook.
 """
 
 from __future__ import annotations
 
 import re
+from contextvars import ContextVar
 from pathlib import Path, PurePosixPath
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from fleetctl.config.yamlpos import load_yaml, validate
 from fleetctl.engine import engine
 from fleetctl.errors import InputError
 
 SHA256_RE = r"^[0-9a-f]{64}$"
+MAX_STATE_FILE = 1 << 20  # a state file is configuration, not a payload
+
+
+_SHIPS_FILES: ContextVar[bool] = ContextVar("_SHIPS_FILES", default=False)
 
 
 class Strict(BaseModel):
@@ -52,7 +64,7 @@ class FileSpec(Strict):
 
 
 class VersionSpec(Strict):
-    files: list[FileSpec]
+    files: list[FileSpec] = []  # may be empty only when the playbook ships state_files (flags + a file)
     # Worker classes this version's patch set cannot serve, with the reason. `explain` and
     # `deploy` refuse a host that would run one of them (e.g. a path where the feature cannot work).
     unsupported_workers: dict[str, str] = {}
@@ -65,7 +77,7 @@ class VersionSpec(Strict):
             if f.path in seen:
                 raise ValueError(f"file {f.path} is listed twice")
             seen.add(f.path)
-        if not v:
+        if not v and not _SHIPS_FILES.get():
             raise ValueError("a version needs at least one file")
         return v
 
@@ -96,7 +108,7 @@ class NeverFires(Strict):
 
 
 class VerifySpec(Strict):
-    markers: list[str] = ["Dynamic speculation disable enabled"]
+    markers: list[str] = []  # log lines the patched code writes (where: covers.markers)
     # settings under which the patched code runs but the feature can never act: explain warns,
     # verify-logs fails (checked on the server arguments the log shows, else on fleetctl's model)
     never_fires_when: list[NeverFires] = []
@@ -108,6 +120,51 @@ class VerifySpec(Strict):
     require_ready: bool = True
 
 
+class MarkerSite(Strict):
+    """Where a verify marker is logged, so verify-logs can count it and explain its absence."""
+
+    text: str
+    # worker: in the speculative worker class the launch runs (file and class resolved per launch);
+    # file: in `class`.`function` of the package file `file`; anywhere: no place to check on disk
+    where: Literal["worker", "file", "anywhere"] = "anywhere"
+    file: str | None = None
+    cls: str | None = Field(None, alias="class")
+    function: str = "__init__"
+    per_rank: bool = True  # every scheduler rank logs it (False: at least once per launch log)
+
+    _check = field_validator("file")(classmethod(lambda cls, v: v if v is None else check_relpath(v)))
+
+    @model_validator(mode="after")
+    def _site(self) -> MarkerSite:
+        if self.where == "file" and not (self.file and self.cls):
+            raise ValueError(f"marker {self.text!r}: where: file needs file: and class:")
+        return self
+
+
+class Covers(Strict):
+    """What the playbook must cover on a host, declared by the playbook (never assumed by the core)."""
+
+    # the speculative worker the launch runs must be in a file this playbook patches (and not one of
+    # its unsupported_workers); every worker file is hashed at launch (restart-needed detection)
+    worker: bool = False
+    # package files the feature lives in: every version must patch them; hashed at launch
+    files: list[str] = []
+    markers: list[MarkerSite] = []
+    # ServerArgs fields verify-logs reports besides the engine's own (from the logged dump)
+    report_args: list[str] = []
+
+    _check = field_validator("files")(classmethod(lambda cls, v: [check_relpath(x) for x in v]))
+
+
+class StateFile(Strict):
+    """A non-package file deployed to {state_dir}/files/<playbook name>/<name> in the same transaction
+    as the package files (and rolled back with them). Launch flags refer to it as {file:<name>}."""
+
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}$")]
+    source: str  # relative to the playbook file
+    mode: Annotated[int, Field(ge=0, le=0o777)] = 0o644
+
+
 class PlaybookFile(Strict):
     name: str
     description: str = ""
@@ -115,6 +172,37 @@ class PlaybookFile(Strict):
     versions: dict[str, VersionSpec]
     launch: LaunchProfile = LaunchProfile()
     verify: VerifySpec = VerifySpec()
+    covers: Covers = Covers()
+    state_files: list[StateFile] = []
+
+    @model_validator(mode="before")
+    @classmethod
+    def _ships(cls, data: Any) -> Any:
+        # a version may list no package file only in a playbook that ships state files
+        _SHIPS_FILES.set(isinstance(data, dict) and bool(data.get("state_files")))
+        return data
+
+    @model_validator(mode="after")
+    def _whole(self) -> PlaybookFile:
+        names = [f.name for f in self.state_files]
+        if len(set(names)) != len(names):
+            raise ValueError("state_files: a name is listed twice")
+        if self.state_files and not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}", self.name):
+            raise ValueError(f"name {self.name!r}: a playbook with state_files needs a name of letters, "
+                             "digits and _ . - (it is a directory on the host)")
+        for flag, value in self.launch.flags.items():
+            for ref in re.findall(r"\{file:([^{}]*)\}", value if isinstance(value, str) else ""):
+                if ref not in names:
+                    raise ValueError(f"launch.flags.{flag}: {{file:{ref}}} names no entry of state_files")
+        for m in self.covers.markers:
+            if m.text not in self.verify.markers:
+                raise ValueError(f"covers.markers: {m.text!r} is not one of verify.markers")
+        for ver, spec in self.versions.items():
+            missing = sorted(set(self.covers.files) - {f.path for f in spec.files})
+            if missing:
+                raise ValueError(f"versions.{ver}: covers.files names {', '.join(missing)}, "
+                                 "which this version does not patch")
+        return self
 
     @field_validator("package")
     @classmethod
@@ -143,6 +231,21 @@ class PatchFile(BaseModel):
     sha256: str
 
 
+class ShippedFile(BaseModel):
+    """A state file with its bytes already read."""
+
+    name: str
+    source: Path
+    data: bytes
+    mode: int = 0o644
+
+    @property
+    def sha256(self) -> str:
+        import hashlib
+
+        return hashlib.sha256(self.data).hexdigest()
+
+
 class Playbook(BaseModel):
     path: Path
     name: str
@@ -151,6 +254,15 @@ class Playbook(BaseModel):
     unsupported_workers: dict[str, dict[str, str]] = {}
     launch: LaunchProfile
     verify: VerifySpec
+    covers: Covers = Covers()
+    state_files: list[ShippedFile] = []
+
+    def marker_site(self, text: str) -> MarkerSite:
+        """Where the playbook says `text` is logged (undeclared: anywhere, per rank)."""
+        for m in self.covers.markers:
+            if m.text == text:
+                return m
+        return MarkerSite(text=text)
 
     def supported(self) -> list[str]:
         from packaging.version import Version
@@ -183,6 +295,19 @@ def load_playbook(path: Path | str) -> Playbook:
                 ) from None
             out.append(PatchFile(path=f.path, patch_path=pp, patch_text=text, sha256=f.sha256))
         versions[ver] = out
+    shipped = []
+    for i, sf in enumerate(raw.state_files):
+        src = (base / sf.source).resolve()
+        try:
+            data = src.read_bytes()
+        except OSError as e:
+            line = doc.line_of(("state_files", i, "source"))
+            raise InputError(f"{path}:{line}: state_files[{i}].source: cannot read {sf.source}: {e.strerror}",
+                             hint="fix the source path (relative to the playbook file)") from None
+        if len(data) > MAX_STATE_FILE:
+            raise InputError(f"{path}: state_files[{i}]: {sf.source} is {len(data)} bytes (at most {MAX_STATE_FILE})",
+                             hint="ship a smaller file")
+        shipped.append(ShippedFile(name=sf.name, source=src, data=data, mode=sf.mode))
     return Playbook(path=path, name=raw.name, description=raw.description, versions=versions,
                     unsupported_workers={v: dict(s.unsupported_workers) for v, s in raw.versions.items()},
-                    launch=raw.launch, verify=raw.verify)
+                    launch=raw.launch, verify=raw.verify, covers=raw.covers, state_files=shipped)

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from fleetctl import statefiles
 from fleetctl.config.inventory import Host
 from fleetctl.config.playbook import Playbook
 from fleetctl.deploy_plan import Coverage, HostPlan, Intended, Plan, plan_host
@@ -91,8 +92,20 @@ def build_plan(fleet: Fleet, playbook: Playbook, gathered: Gathered, *, force: b
         hp = plan_host(h, f, playbook, intended.get(v) if v else None, force=force, coverage=cov,
                        allow_uncovered=allow_uncovered)
         _plan_stale_bytecode(hp, f)
+        _plan_state_files(hp, f, playbook)
         hosts.append(hp)
     return Plan(str(playbook.path), hosts, intended)
+
+
+def _plan_state_files(hp: HostPlan, facts: HostFacts, playbook: Playbook) -> None:
+    """The playbook's state files no deploy record shows as intended here: the deploy writes them
+    (in the same transaction as the package files), even on a host whose package files are as intended."""
+    if hp.status not in ("change", "noop") or not playbook.state_files:
+        return
+    pending = statefiles.not_deployed(playbook, facts)
+    if pending:
+        hp.status = "change"
+        hp.reason = "; ".join(x for x in (hp.reason, f"{', '.join(pending)} will be written") if x)
 
 
 def _stale(facts: HostFacts, rel: str) -> bool:
@@ -179,20 +192,27 @@ def apply_plan(fleet: Fleet, plan: Plan, playbook: Playbook, op_id: str, *, vali
             "launch": host_launch_spec(conn.host, playbook.launch).to_agent(),
             # the files the plan leaves alone must still hold what it saw, checked under the lock
             "expect": {f.path: f.sha_now for f in hp.files if f.action == "none"},
+            # the playbook's non-package files, in the same transaction (fleetctl/statefiles.py)
+            "state_files": statefiles.payload(playbook),
         }
         if conn.host.name in break_lock:
             payload["break_lock"] = True
         if fault_after_files and conn.host.name in fault_after_files:
             payload["_fault_after_files"] = fault_after_files[conn.host.name]
         res: DeployAnswer = conn.agent(names.DEPLOY, payload)
+        shipped = [f.path for f in res.files if f.path.startswith("{state_dir}/")]
         r = HostApply(conn.host.name, "changed" if res.deploy_id else "unchanged",
-                      f"{len(files)} file(s) patched" if files else
+                      f"{len(files)} file(s) patched" + (f", {len(shipped)} state file(s) written" if shipped else "")
+                      if res.deploy_id else
                       ("; ".join(res.notes) or "already as intended (checked under the host lock)"),
-                      res.deploy_id, [f["path"] for f in files], res.notes)
+                      res.deploy_id, [f["path"] for f in files] + shipped, res.notes)
         # verification: every playbook file must now hold exactly the intended bytes
         final = res.final
         bad = [f"{fp.path} hashes {(final.get(fp.path) or 'missing')[:12]}, expected {fp.sha_intended[:12]}"
                for fp in hp.files if final.get(fp.path) != fp.sha_intended]
+        bad += [f"{statefiles.shown(playbook, sf.name)} hashes {(final.get(statefiles.shown(playbook, sf.name)) or 'missing')[:12]}"
+                f", expected {sf.sha256[:12]}" for sf in playbook.state_files
+                if final.get(statefiles.shown(playbook, sf.name)) != sf.sha256]
         if bad:
             r.status = "failed"
             r.message = "verification failed after deploy: " + "; ".join(bad)

@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from fleetctl import statefiles
 from fleetctl.config.inventory import Host
 from fleetctl.config.playbook import Playbook
 from fleetctl.engine import engine
@@ -158,9 +159,13 @@ def http_get(conn: Transport, port: int, path: str, timeout: float = 10.0) -> tu
 
 
 def hash_set(pb: Playbook | None, version: str) -> list[str]:
-    """Files whose bytes at launch are recorded: the playbook's files + every EAGLE worker file."""
+    """Files whose bytes at launch are recorded: the playbook's files, the files it declares it
+    covers, and every speculative worker file when it declares it covers the running worker."""
     rels = [f.path for f in (pb.files_for(version) or [])] if pb else []
-    for rel in engine().worker_files(version).values():
+    extra = list(pb.covers.files) if pb else []
+    if pb is not None and pb.covers.worker:
+        extra += list(engine().worker_files(version).values())
+    for rel in extra:
         if rel not in rels:
             rels.append(rel)
     return rels
@@ -282,6 +287,17 @@ def plan_launch(host: Host, pb: Playbook, insts: list[Instance], facts: HostFact
         return _plan_refused(lp, f"{', '.join(unregistered)} is not a flag of SGLang {v} as installed on {host.name} "
                                  f"(its {engine().args_file} does not register it): deploy the playbook first, or pass "
                                  f"--drop-unknown-flags to launch the installed code without it")
+    # {file:<name>} in a flag: the playbook's state file as deployed on this host (fleetctl/statefiles.py)
+    if pb.state_files:
+        absent = statefiles.not_deployed(pb, facts)
+        if absent:
+            return _plan_refused(lp, f"{', '.join(absent)} is not on {host.name} as the playbook ships it (never "
+                                     "deployed, rolled back or changed since): run 'fleetctl deploy' first")
+        notes = [st.notes for st in lp.instances]
+        insts = statefiles.expand_instances(insts, pb, facts.state.state_dir if facts.state else None)
+        lp.run, lp.instances = insts, _starts(insts)
+        for st, nt in zip(lp.instances, notes, strict=True):
+            st.notes = nt
     problems: dict[str, list[str]] = {i.name: [] for i in insts}
     for inst, st in zip(insts, lp.instances, strict=True):
         r = engine().resolve_worker(v, inst.flags, inst.effective_env)

@@ -176,7 +176,7 @@ def apply_rollback(fleet: Fleet, plans: list[RollbackPlan], op_id: str, force: b
             "state_dir": conn.host.state_dir, "deploy_ids": p.deploy_ids, "force": force, "rollback_id": op_id,
             "by": who(), "engine": engine().agent_facts(), "package_dir": conn.host.sglang_dir, "expect_live": p.expect_live, "old_tree": old_tree,
             **extra})
-        restored = [f for r in res.rollbacks for f in r.files if f.action == "restored"]
+        restored = [f for r in res.rollbacks for f in r.files if f.action in ("restored", "removed")]
         bad = [f for r in res.rollbacks for f in r.files if f.action == "refused"]
         msg = (f"{len(restored)} file(s) restored from {', '.join(p.deploy_ids)}" if p.deploy_ids else
                "; ".join(res.notes) or "nothing to roll back (checked under the host lock)")

@@ -32,7 +32,7 @@ from fleetctl.protocol.answers import (
 from fleetctl.runner import Fleet
 from fleetctl.transport.base import RemoteError, Transport
 
-REPORT_ARGS = engine().report_args
+REPORT_ARGS = engine().report_args  # the engine's; a playbook adds its own (covers.report_args)
 MAX_SHOWN = 5
 
 
@@ -161,14 +161,16 @@ def _check_instance(iv: InstanceVerify, st: InstanceState, pb: Playbook, deploy_
                            "there, so no log line can prove one runs")
     args = dump if dump is not None else (dict(res.resolved_args) if res else {})
     iv.problems += never_fires(pb, {**(dict(res.resolved_args) if res else {}), **args})
-    iv.args = {k: args.get(k) for k in REPORT_ARGS}
+    iv.args = {k: args.get(k) for k in dict.fromkeys([*REPORT_ARGS, *pb.covers.report_args])}
     if res is not None:
         iv.worker = {"class": res.worker_class, "file": res.worker_file,
                      "disable_overlap_schedule": res.disable_overlap_schedule, "reason": res.reason,
                      "spec_v2_env": res.spec_v2_env}
     exp = engine().expected_ranks(version, args) if engine().is_known(version) else [{}]
+    once = {m for m in markers if not pb.marker_site(m).per_rank}  # logged once (e.g. on rank 0 only)
     for ranks in exp:
-        iv.ranks.append(RankCheck(ranks, {m: any(ln.ranks == ranks for ln in lines.get(m, [])) for m in markers}))
+        iv.ranks.append(RankCheck(ranks, {m: bool(lines.get(m)) if m in once else
+                                          any(ln.ranks == ranks for ln in lines.get(m, [])) for m in markers}))
     for f in pb.verify.forbidden:
         got = matches.get(f)
         if got is not None and got.count:
@@ -259,24 +261,28 @@ def _hms(t: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "?"
 
 
-def _explain_loaded(iv: InstanceVerify, loaded: LoadedCheck | None) -> None:
+def _explain_loaded(iv: InstanceVerify, loaded: LoadedCheck | None, site: dict[str, Any]) -> None:
     """What the launch's python would load for the worker module (the probe): the code that runs,
     which is not always the source on disk (a cached hash-based pyc, an extension, sourceless)."""
     if loaded is None:
         return
-    w, v = iv.worker, loaded.view
-    problem = bytecode_problem(w["file"], v)
+    v = loaded.view
+    problem = bytecode_problem(site["file"], v)
     if problem:
         iv.explanation.append(problem)
     if loaded.loaded and v.loader == "source" and v.pyc_used:
         marked = loaded.check is not None and loaded.check.marker
-        iv.explanation.append(f"the code import loads for {w['file']} (from {v.pyc}) "
+        iv.explanation.append(f"the code import loads for {site['file']} (from {v.pyc}) "
                               f"{'DOES' if marked else 'does NOT'} carry {loaded.marker!r} in "
-                              f"{w['class']}.__init__")
+                              f"{site['class']}.{site['function']}")
 
 
-def _explain(iv: InstanceVerify, rec_env: dict[str, str], check: WorkerCheck | None) -> None:
+def _explain(iv: InstanceVerify, rec_env: dict[str, str], check: WorkerCheck | None,
+             site: dict[str, Any]) -> None:
     w = iv.worker
+    if site["file"] != w.get("file") or site["class"] != w.get("class"):  # a marker outside the worker
+        _explain_file(iv, check, site)
+        return
     if not w.get("class"):
         iv.explanation.append(f"no speculative worker runs with this launch's flags: {w.get('reason', '')}")
         return
@@ -296,13 +302,44 @@ def _explain(iv: InstanceVerify, rec_env: dict[str, str], check: WorkerCheck | N
     elif c is not None and c.error:
         iv.explanation.append(f"{w['file']} on disk {c.error}")
     elif c is not None and c.marker:
-        iv.explanation.append(f"{w['file']} on disk DOES carry {check.marker!r} in {w['class']}.__init__"
+        iv.explanation.append(f"{w['file']} on disk DOES carry {check.marker!r} in {w['class']}.{site['function']}"
                               + ("; the server started before that: restart needed"
                                  if any("restart needed" in p for p in iv.problems) else
                                  "; the log still lacks it (was the feature's flag given?)"))
     else:
-        iv.explanation.append(f"{w['file']} on disk does NOT carry {check.marker!r} in {w['class']}.__init__: "
-                              "the patch is not in the file that runs")
+        iv.explanation.append(f"{w['file']} on disk does NOT carry {check.marker!r} in {w['class']}."
+                              f"{site['function']}: the patch is not in the file that runs")
+
+
+def _explain_file(iv: InstanceVerify, check: WorkerCheck | None, site: dict[str, Any]) -> None:
+    """Why a marker the playbook places in a named file's class.function is missing."""
+    where = f"{site['class']}.{site['function']}"
+    c = check.check if check is not None else None
+    if check is None:
+        return
+    if not check.exists:
+        iv.explanation.append(f"{site['file']} does not exist on the host")
+    elif c is not None and c.error:
+        iv.explanation.append(f"{site['file']} on disk {c.error}")
+    elif c is not None and c.marker:
+        iv.explanation.append(f"{site['file']} on disk DOES carry {check.marker!r} in {where}"
+                              + ("; the server started before that: restart needed"
+                                 if any("restart needed" in p for p in iv.problems) else ""))
+    else:
+        iv.explanation.append(f"{site['file']} on disk does NOT carry {check.marker!r} in {where}: "
+                              "the patch is not deployed there")
+
+
+def _site(pb: Playbook, marker: str, worker: dict[str, Any]) -> dict[str, Any] | None:
+    """The agent check for where the playbook says `marker` is logged (None: nowhere to look)."""
+    site = pb.marker_site(marker)
+    if site.where == "worker":
+        if not worker.get("class"):
+            return None
+        return {"file": worker["file"], "class": worker["class"], "marker": marker, "function": site.function}
+    if site.where == "file":
+        return {"file": site.file, "class": site.cls, "marker": marker, "function": site.function}
+    return None
 
 
 def verify_host(conn: Transport, pb: Playbook, plan: list[Instance]) -> list[InstanceVerify]:
@@ -328,31 +365,34 @@ def verify_host(conn: Transport, pb: Playbook, plan: list[Instance]) -> list[Ins
             except (RemoteError, OSError, ValueError) as e:
                 iv.problems.append(f"GET /health on port {port} failed: {e}")
         out.append(iv)
-    # explanations need the worker file as it is on the host: one more call, only on failure
-    need = [(iv, records[iv.instance]) for iv in out
-            if any(not r.ok for r in iv.ranks) and iv.worker.get("class") and iv.instance in records
-            and iv.exited is None]
+    # explanations need the file the missing marker is declared in, as it is on the host: one more
+    # call, only on failure (a marker the playbook places `anywhere` has nothing to check on disk)
+    need = []
+    for iv in out:
+        if iv.exited is not None or iv.instance not in records:
+            continue
+        missing = next((m for r in iv.ranks for m, ok in r.markers.items() if not ok), None)
+        site = _site(pb, missing, iv.worker) if missing else None
+        if site is not None:
+            need.append((iv, records[iv.instance], site))
     checks: list[WorkerCheck] = []
     if need:
         pkg = need[0][1].package_dir
-        checks = conn.agent(names.WORKER_CHECK, {"package_dir": pkg, "checks": [
-            {"file": iv.worker["file"], "class": iv.worker["class"], "marker": m}
-            for iv, _ in need for m in [next(m for r in iv.ranks for m, ok in r.markers.items() if not ok)]]})
+        checks = conn.agent(names.WORKER_CHECK, {"package_dir": pkg, "checks": [site for _, _, site in need]})
     loaded: list[LoadedCheck] = []
     if need and plan and plan[0].launch is not None:
         try:  # the code the launch's python would load now, bytecode included
-            got_l: LocateAnswer = conn.agent(names.LOCATE, {
-                "launch": plan[0].launch.to_agent(), "engine": engine().agent_facts(), "checks": [
-                {"file": iv.worker["file"], "class": iv.worker["class"], "marker": m}
-                for iv, _ in need for m in [next(m for r in iv.ranks for m, ok in r.markers.items() if not ok)]]})
+            got_l: LocateAnswer = conn.agent(names.LOCATE, {"launch": plan[0].launch.to_agent(),
+                                                           "engine": engine().agent_facts(),
+                                                           "checks": [site for _, _, site in need]})
             if got_l.package_dir and posixpath.normpath(got_l.package_dir) == posixpath.normpath(
                     need[0][1].package_dir or "."):
                 loaded = got_l.checks
         except RemoteError:
             loaded = []
-    for k, (iv, rec) in enumerate(need):
-        _explain(iv, rec.env, checks[k] if k < len(checks) else None)
-        _explain_loaded(iv, loaded[k] if k < len(loaded) else None)
+    for k, (iv, rec, site) in enumerate(need):
+        _explain(iv, rec.env, checks[k] if k < len(checks) else None, site)
+        _explain_loaded(iv, loaded[k] if k < len(loaded) else None, site)
     for iv in out:
         iv.ok = not iv.problems
     return out

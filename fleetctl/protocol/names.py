@@ -32,6 +32,6 @@ OPEN_STATES: Final[tuple[ManifestState, ...]] = ("preparing", "applying", "rolli
 MANIFEST_STATES: Final[tuple[str, ...]] = get_args(ManifestState)
 
 ManifestFileStatus = Literal["pending", "applied"]
-RestoreAction = Literal["already original", "restored", "refused"]
+RestoreAction = Literal["already original", "restored", "removed", "refused"]  # removed: a state file the deploy created
 WaitStatus = Literal["ready", "failed", "forbidden", "exited", "timeout"]
 StopAction = Literal["never launched", "not running", "stopped", "still running"]

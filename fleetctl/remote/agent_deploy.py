@@ -279,6 +279,51 @@ def makedirs_private(path):
         pass
 
 
+# ----------------------------------------------------------------------------- state files
+# A playbook's non-package files live under <state_dir>/files/<name>; they are deployed and rolled
+# back in the same transaction as the package files. A manifest entry of one has "root": "state",
+# "rel": "files/<name>" and, as its path, "{state_dir}/files/<name>" (never a package path).
+
+STATE_FILES = "files"
+STATE_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}(/[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}){0,3}$")
+
+
+def state_rel(name):
+    if not isinstance(name, str) or not STATE_NAME_RE.match(name) or ".." in name.split("/"):
+        raise AgentError("state file name %r: use letters, digits and _ . - in at most 4 parts" % (name,),
+                         "bad_input")
+    return STATE_FILES + "/" + name
+
+
+def is_state(f):
+    return f.get("root") == "state"
+
+
+def entry_path(m, f):
+    """The absolute path a manifest entry names (a package file, or a state file)."""
+    if is_state(f):
+        return os.path.join(m["state_real"], f["rel"])
+    return os.path.join(m["package_dir"], f["path"])
+
+
+def state_target(state_real, rel):
+    """Absolute path of a state file, its directories created 0700; refuses symlinks on the way."""
+    path = os.path.join(state_real, rel)
+    makedirs_private(os.path.dirname(path))
+    real = os.path.realpath(path)
+    if not real.startswith(os.path.realpath(state_real) + os.sep) or os.path.islink(path):
+        raise AgentError("%s: resolves outside the state dir or is a symlink; refusing to write it" % rel,
+                         "bad_input")
+    return path
+
+
+def _sha_or_none(path):
+    try:
+        return sha256_file(path)
+    except FileNotFoundError:
+        return None
+
+
 def _proc_stat(pid):
     """(state, start time in clock ticks) of pid from /proc; None where /proc cannot tell."""
     try:
@@ -623,7 +668,7 @@ def gone_reason(m, cur_real, cur_version, hashes=None):
             m.get("version"), cur_real, cur_version)
     if m.get("state") != "complete":
         return None
-    applied = [f for f in m.get("files", []) if f.get("status") == "applied"]
+    applied = [f for f in m.get("files", []) if f.get("status") == "applied" and not is_state(f)]
     if not applied:
         return None
     for f in applied:
@@ -645,7 +690,12 @@ def manifest_summary(m, pkg_dir=None, cur_real=None, cur_version=None):
     hashes = {}
     for f in m.get("files", []):
         cur = None
-        if tree and not m.get("_foreign"):
+        if is_state(f) and not m.get("_foreign"):
+            try:
+                cur = sha256_file(entry_path(m, f))
+            except OSError:
+                cur = None
+        elif tree and not m.get("_foreign"):
             try:
                 cur = sha256_file(os.path.join(tree, f["path"]))
             except OSError:
@@ -699,12 +749,15 @@ def _restore_files(state_dir, m, entries, force=False, forced_dir=None, p=None):
     for i, f in enumerate(entries):
         if i:
             fault_point(p, "between_restores", i)
-        path = os.path.join(m["package_dir"], f["path"])
+        path = entry_path(m, f)
         try:
             cur = sha256_file(path)
         except FileNotFoundError:
             cur = None
         pyc = {"prefixes": m.get("pycache_prefixes") or [], "removed": []}
+        if is_state(f):
+            results.append(_restore_state(m, f, path, cur, bdir, force, forced_dir))
+            continue
         if cur == f["sha_before"]:
             # bytecode cached from the patched bytes meanwhile would still run them: drop it too
             drop_bytecode(path, pyc["prefixes"], pyc["removed"])
@@ -726,6 +779,31 @@ def _restore_files(state_dir, m, entries, force=False, forced_dir=None, p=None):
         results.append({"path": f["path"], "action": "restored", "sha_now": f["sha_before"],
                         "bytecode_removed": pyc["removed"]})
     return results
+
+
+def _restore_state(m, f, path, cur, bdir, force, forced_dir):
+    """Put a state file back as it was before the deploy: its backup, or no file if there was none."""
+    if cur == f.get("sha_before"):
+        return {"path": f["path"], "action": "already original"}
+    if cur != f.get("sha_after") and not force:
+        return {"path": f["path"], "action": "refused", "sha_now": cur,
+                "why": "changed since the deploy (neither its deployed nor its original bytes)"}
+    if cur is not None and cur != f.get("sha_after") and forced_dir:
+        makedirs_private(os.path.join(forced_dir, "_state", os.path.dirname(f["rel"])))
+        with open(path, "rb") as src:
+            write_atomic(os.path.join(forced_dir, "_state", f["rel"]), src.read(), 0o600)
+    if f.get("sha_before") is None:  # the deploy created it: remove it
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        fsync_dir(os.path.dirname(path))
+        return {"path": f["path"], "action": "removed", "sha_now": None}
+    with open(os.path.join(bdir, "_state", f["rel"]), "rb") as fh:
+        data = fh.read()
+    replace_file(state_target(m["state_real"], f["rel"]), data, f["mode"], f.get("uid"), f.get("gid"),
+                 f["sha_before"], validate_python=False, tag="fleetctl-restore")
+    return {"path": f["path"], "action": "restored", "sha_now": f["sha_before"]}
 
 
 TEMP_RE = re.compile(r"^\.(?P<base>.+)\.fleetctl(?:-restore)?\.(?P<pid>\d+)\.tmp$")
@@ -767,7 +845,10 @@ def recover_interrupted(state_dir):
     for m in list_manifests(state_dir):
         if m.get("state") not in OPEN_STATES:
             continue
-        gone = sweep_temp(m["package_dir"], [f["path"] for f in m.get("files", [])])
+        gone = sweep_temp(m["package_dir"], [f["path"] for f in m.get("files", []) if not is_state(f)])
+        if m.get("state_real"):
+            gone += [os.path.join("{state_dir}", x) for x in
+                     sweep_temp(m["state_real"], [f["rel"] for f in m.get("files", []) if is_state(f)])]
         if gone:
             notes.append("removed %d temp file(s) left by the interrupted %s: %s"
                          % (len(gone), m["id"], ", ".join(gone)))
@@ -807,14 +888,19 @@ def live_deploys(state_dir):
             if m.get("state") == "complete" and m.get("kind", "deploy") == "deploy"]
 
 
-def _final(pkg, p):
-    """Hashes of the files the controller wants verified, read after the transaction."""
+def _final(pkg, p, state_real=None):
+    """Hashes of the files the controller wants verified, read after the transaction (state files
+    as "{state_dir}/files/<name>")."""
     out = {}
     for rel in p.get("verify_paths", []):
         try:
             out[rel] = sha256_file(os.path.join(pkg, rel))
         except OSError:
             out[rel] = None
+    for sf in p.get("state_files") or []:
+        rel = state_rel(sf.get("name"))
+        out["{state_dir}/" + rel] = _sha_or_none(os.path.join(state_real or os.path.realpath(expand(p["state_dir"])),
+                                                              rel))
     return out
 
 
@@ -901,7 +987,17 @@ def action_deploy(p):
                 raise AgentError("%s changed since the plan (now %s, planned against %s); run deploy --check again"
                                  % (f["path"], cur[:12], f["sha_before"][:12]), "changed")
             plan.append((f, path, st))
-        if not plan:
+        # the playbook's non-package files, under <state_dir>/files/: only those not already as intended
+        state_real = os.path.realpath(expand(sd))
+        splan = []
+        for sf in p.get("state_files") or []:
+            rel = state_rel(sf.get("name"))
+            spath = state_target(state_real, rel)
+            if os.path.isdir(spath):
+                raise AgentError("{state_dir}/%s is a directory; nothing was changed" % rel, "bad_input")
+            if _sha_or_none(spath) != sf["sha_after"]:
+                splan.append((sf, rel, spath))
+        if not plan and not splan:
             notes += _drop_stale(pkg, p.get("drop_bytecode"), _pycache_prefixes(p) if p.get("drop_bytecode") else [])
             return {"deploy_id": None, "files": [], "notes": notes, "final": _final(pkg, p)}
         ddir = os.path.dirname(manifest_path(sd, did))
@@ -911,10 +1007,15 @@ def action_deploy(p):
         m = {"id": did, "kind": kind, "state": "preparing", "created": time.time(), "package_dir": os.path.realpath(pkg),
              "package_real": os.path.realpath(pkg), "package_located": pkg, "writer": writer_identity(),
              "version": p.get("version"), "playbook": p.get("playbook"), "by": p.get("by"),
-             "host": p.get("host"), "files": [], "pycache_prefixes": _pycache_prefixes(p)}
+             "host": p.get("host"), "files": [], "pycache_prefixes": _pycache_prefixes(p), "state_real": state_real}
         for f, path, st in plan:
             m["files"].append({"path": f["path"], "sha_before": f["sha_before"], "sha_after": f["sha_after"],
                                "mode": stat.S_IMODE(st.st_mode), "uid": st.st_uid, "gid": st.st_gid,
+                               "status": "pending", "backed_up": False})
+        for sf, rel, spath in splan:  # (sha_before None: the deploy creates it; rollback removes it)
+            m["files"].append({"path": "{state_dir}/" + rel, "root": "state", "rel": rel,
+                               "sha_before": _sha_or_none(spath), "sha_after": sf["sha_after"],
+                               "mode": int(sf.get("mode", 0o644)) & 0o777, "uid": None, "gid": None,
                                "status": "pending", "backed_up": False})
         save_manifest(sd, m)
         fault_point(p, "before_backup")
@@ -928,6 +1029,16 @@ def action_deploy(p):
                 if hashlib.sha256(data).hexdigest() != f["sha_before"]:
                     raise AgentError("%s changed while backing up" % f["path"], "changed")
                 write_atomic(dst, data, 0o600)
+                entry["backed_up"] = True
+            for entry in m["files"][len(plan):]:  # state files: a copy of what was there, if anything
+                if entry["sha_before"] is not None:
+                    dst = os.path.join(bdir, "_state", entry["rel"])
+                    makedirs_private(os.path.dirname(dst))
+                    with open(entry_path(m, entry), "rb") as src:
+                        data = src.read()
+                    if hashlib.sha256(data).hexdigest() != entry["sha_before"]:
+                        raise AgentError("%s changed while backing up" % entry["path"], "changed")
+                    write_atomic(dst, data, 0o600)
                 entry["backed_up"] = True
             m["state"] = "applying"
             save_manifest(sd, m)
@@ -958,6 +1069,17 @@ def action_deploy(p):
                 done += 1
                 if fault is not None and done >= fault:
                     os._exit(99)
+            for entry, (sf, rel, spath) in zip(m["files"][len(plan):], splan):
+                if done:
+                    fault_point(p, "between_renames", done)
+                replace_file(state_target(state_real, rel), base64.b64decode(sf["content_b64"]), entry["mode"],
+                             None, None, sf["sha_after"], validate_python=False,
+                             hook=lambda k=done + 1: fault_point(p, "mid_write", k))
+                entry["status"] = "applied"
+                save_manifest(sd, m)
+                done += 1
+                if fault is not None and done >= fault:
+                    os._exit(99)
             fault_point(p, "before_complete")
         except BaseException as e:
             res = _restore_files(sd, m, [x for x in m["files"] if x["backed_up"]], force=True)
@@ -975,7 +1097,7 @@ def action_deploy(p):
                          % (len(pyc["removed"]), ", ".join(pyc["removed"])))
         notes += _drop_stale(pkg, p.get("drop_bytecode"), m["pycache_prefixes"])
         return {"deploy_id": did, "files": [{"path": x["path"], "sha_after": x["sha_after"]} for x in m["files"]],
-                "notes": notes, "final": _final(pkg, p)}
+                "notes": notes, "final": _final(pkg, p, state_real)}
     finally:
         release_lock(sd)
 
@@ -1017,9 +1139,10 @@ def action_rollback(p):
             # check everything first: refuse before changing anything
             pre = []
             for f in entries:
-                safe_target(m["package_dir"], f["path"])
+                if not is_state(f):
+                    safe_target(m["package_dir"], f["path"])
                 try:
-                    cur = sha256_file(os.path.join(m["package_dir"], f["path"]))
+                    cur = sha256_file(entry_path(m, f))
                 except FileNotFoundError:
                     cur = None
                 if cur not in (f["sha_after"], f["sha_before"]) and not force:

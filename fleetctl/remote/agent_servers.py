@@ -419,8 +419,8 @@ def port_free(port, host="127.0.0.1"):
     return True
 
 
-def marker_in_init(source, class_name, marker):
-    """Does `class_name.__init__` in `source` hold a string literal containing `marker`?
+def marker_in_init(source, class_name, marker, function="__init__"):
+    """Does `class_name.<function>` (default __init__) in `source` hold a string literal containing `marker`?
 
     Returns {"class": bool, "init": bool, "marker": bool, "error": str|None}. String literals
     include the constant parts of f-strings; comments and other methods do not count.
@@ -436,7 +436,7 @@ def marker_in_init(source, class_name, marker):
         if isinstance(node, ast.ClassDef) and node.name == class_name:
             out["class"] = True
             for item in node.body:
-                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name == "__init__":
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name == function:
                     out["init"] = True
                     for sub in ast.walk(item):
                         if isinstance(sub, ast.Constant) and isinstance(sub.value, str) and marker in sub.value:
@@ -968,7 +968,7 @@ def action_server_grep(p):
 
 
 def action_worker_check(p):
-    """Does each named worker file on disk carry the marker inside its class's __init__ (AST)?"""
+    """Does each named file on disk carry the marker inside its class's function (AST; default __init__)?"""
     pkg = p["package_dir"]
     out = []
     for c in p["checks"]:
@@ -983,7 +983,8 @@ def action_worker_check(p):
             import hashlib
 
             r["sha256"] = hashlib.sha256(data).hexdigest()
-            r["check"] = marker_in_init(data.decode("utf-8", "replace"), c["class"], c["marker"])
+            r["check"] = marker_in_init(data.decode("utf-8", "replace"), c["class"], c["marker"],
+                                        c.get("function") or "__init__")
         out.append(r)
     return out
 

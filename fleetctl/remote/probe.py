@@ -154,9 +154,9 @@ def loaded_code(path, view=None):
     return None
 
 
-def code_marker(code, class_name, marker):
-    """Does the class `class_name` (defined anywhere in `code`) have an `__init__` whose code
-    (nested code included) holds a string constant containing `marker`?"""
+def code_marker(code, class_name, marker, function="__init__"):
+    """Does the class `class_name` (defined anywhere in `code`) have a `function` (default __init__)
+    whose code (nested code included) holds a string constant containing `marker`?"""
     out = {"class": False, "init": False, "marker": False}
     types = type(code)
 
@@ -177,7 +177,7 @@ def code_marker(code, class_name, marker):
             continue
         out["class"] = True
         for k in c.co_consts:
-            if isinstance(k, types) and k.co_name == "__init__":
+            if isinstance(k, types) and k.co_name == function:
                 out["init"] = True
                 if any(marker in s for s in strings(k)):
                     out["marker"] = True
@@ -219,7 +219,7 @@ def probe(req):
             r = {"file": c["file"], "class": c["class"], "marker": c["marker"], "view": v,
                  "loaded": code is not None}
             if code is not None:
-                r["check"] = code_marker(code, c["class"], c["marker"])
+                r["check"] = code_marker(code, c["class"], c["marker"], c.get("function") or "__init__")
             checks.append(r)
         res["checks"] = checks
     res["files"] = views

@@ -21,6 +21,12 @@ What it does, in order (all logs on stderr, in the installed release's format):
      use counts, not the source) holds the marker literal inside that class's `__init__`, and
      `--speculative-disable-batch-threshold` is given, the marker line
      `Dynamic speculation disable enabled (worker=<Class>, threshold=<N>)`;
+  6b. per scheduler rank, the string literals `Scheduler.__init__` (srt/managers/scheduler.py, as
+     import loads it) passes straight to `logger.info(...)`: what a patched scheduler logs at start
+     (the pristine releases log none there), e.g. the scheduler-log-line example playbook's marker;
+  6c. with --speculative-adaptive on a release that has it, the release's own adaptive start-up lines
+     (`fleetctl.sglang.adaptive`) computed from the --speculative-adaptive-config file the launch names
+     (read, as the release's loader would; a file it refuses is a traceback, exit 1), TP rank 0 only;
   7. prints the ready line, serves `GET /health` (200; 503 before ready) and `GET /get_server_info`
      (JSON of the resolved args) until SIGTERM, then exits 0.
 
@@ -130,6 +136,73 @@ def worker_code(pkg: Path, rel: str) -> Any:
         return get_code(name) if get_code is not None else None
     except (ImportError, OSError, SyntaxError, ValueError, EOFError):
         return None
+
+
+# code that runs once per scheduler rank at start-up: a literal it logs there is logged per rank
+STARTUP_SITES = (("srt/managers/scheduler.py", "Scheduler", "__init__"),)
+
+
+def logged_literals(code: Any, class_name: str, function: str) -> list[str]:
+    """String constants `class_name.function` (in the module code `code`) passes directly as the
+    message of `logger.info(...)`, in bytecode order (f-strings and other calls do not count)."""
+    import dis
+
+    kinds = type(code)
+
+    def walk(c: Any) -> Any:
+        yield c
+        for k in c.co_consts:
+            if isinstance(k, kinds):
+                yield from walk(k)
+
+    out: list[str] = []
+    for c in walk(code):
+        if c.co_name != class_name:
+            continue
+        for f in c.co_consts:
+            if not (isinstance(f, kinds) and f.co_name == function):
+                continue
+            ins = [i for i in dis.get_instructions(f) if i.opname not in ("CACHE", "PUSH_NULL", "PRECALL")]
+            for a, b, k, call in zip(ins, ins[1:], ins[2:], ins[3:], strict=False):
+                if (a.opname in ("LOAD_GLOBAL", "LOAD_NAME") and a.argval == "logger"
+                        and b.opname in ("LOAD_ATTR", "LOAD_METHOD") and b.argval == "info"
+                        and k.opname == "LOAD_CONST" and isinstance(k.argval, str)
+                        and call.opname.startswith("CALL")):
+                    out.append(k.argval)
+    return out
+
+
+def startup_literals(pkg: Path) -> list[str]:
+    out: list[str] = []
+    for rel, cls, fn in STARTUP_SITES:
+        code = worker_code(pkg, rel)
+        if code is not None:
+            out += logged_literals(code, cls, fn)
+    return out
+
+
+def adaptive_lines(version: str, worker_class: str | None, args: dict[str, Any]) -> list[str]:
+    """The release's adaptive start-up lines for this launch ([] without --speculative-adaptive);
+    raises ValueError/OSError as the release's loader would on a config it cannot use."""
+    from fleetctl.sglang import adaptive
+
+    if not args.get("speculative_adaptive") or adaptive.config_format(version) is None:
+        return []
+    path = args.get("speculative_adaptive_config")
+    steps = int(args.get("speculative_num_steps") or 3)
+    if path:
+        with open(str(path), "rb") as fh:
+            data = fh.read(adaptive.MAX_CONFIG + 1)
+    else:  # the release's default config: its candidates (fleetctl.sglang) in one slot
+        from fleetctl.sglang import releases
+
+        rel = releases.RELEASES.get(version)
+        cands = list(rel.adaptive.default_candidates) if rel and rel.adaptive else [1, 3, 7]
+        data = json.dumps({"1": {"candidate_steps": cands}} if adaptive.config_format(version) != "flat"
+                          else {"candidate_steps": cands}).encode()
+    start = adaptive.parse_config(version, data, steps)
+    return [ln + ("  [fleetctl simulator: nothing built]" if ln.startswith(adaptive.BUILT_PREFIX) else "")
+            for ln in adaptive.startup_lines(version, worker_class, start)]
 
 
 def traceback_exit(error: str, where: str = "launch_server") -> None:
@@ -258,6 +331,12 @@ def main(argv: list[str] | None = None) -> int:
     if res.worker_file and res.worker_class:
         code = worker_code(pkg, res.worker_file)
         worker_has_marker = code is not None and code_marker(code, res.worker_class, marker)["marker"]
+    scheduler_lines = startup_literals(pkg)
+    try:
+        adaptive = adaptive_lines(version, res.worker_class, dict(res.resolved_args))
+    except (OSError, ValueError) as e:
+        traceback_exit(f"{type(e).__name__}: {e}", "AdaptiveSpeculativeParams")
+        return 1
     info(line({}, f"fleetctl simulator: SGLang {version} at {pkg}; worker {res.worker_class} "
                  f"({res.worker_file}); {res.reason}"))
     for w in res.warnings:
@@ -304,8 +383,13 @@ def main(argv: list[str] | None = None) -> int:
     threshold = args.get(THRESHOLD_ARG)
     for i, r in enumerate(ranks):
         info(line(r, "Load weight end. type=SimulatedModel (fleetctl simulator), nothing loaded"))
+        for text in scheduler_lines:
+            info(line(r, text))
         if worker_has_marker and threshold not in (None, False) and str(i) != drop:
             info(line(r, f"{marker} (worker={res.worker_class}, threshold={threshold})"))
+        if i == 0:  # logged on TP rank 0 only
+            for text in adaptive:
+                info(line(r, text))
     srv.ready = True
     info(line({}, READY_LINE))
     crash = env.get("FLEETCTL_SIM_CRASH") or ""

@@ -36,8 +36,7 @@ class SGLangEngine:
     log_stamp_re: str = processes.LOG_STAMP_RE
     log_stamp_fmt: str = processes.LOG_STAMP_FMT
     routing_env_prefixes: tuple[str, ...] = processes.ROUTING_ENV_PREFIXES
-    report_args: tuple[str, ...] = ("speculative_algorithm", "disable_overlap_schedule",
-                                    "speculative_eagle_topk", "speculative_disable_batch_threshold")
+    report_args: tuple[str, ...] = ("speculative_algorithm", "disable_overlap_schedule", "speculative_eagle_topk")
 
     def agent_facts(self) -> dict[str, str]:
         return {"package": self.package, "args_file": self.args_file, "dir_key": self.dir_key}

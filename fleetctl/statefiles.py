@@ -1,0 +1,74 @@
+"""A playbook's non-package files (`state_files:`): where they go on a host and how launch flags
+refer to them.
+
+Each is deployed to {state_dir}/files/<playbook name>/<name> by the agent, in the same transaction
+as the playbook's package files (fleetctl/remote/agent_deploy.py), and rolled back with them. A
+launch flag value may name one as `{file:<name>}`; launch expands it to the absolute path on that
+host (the state dir as the host's agent resolved it), so the server reads exactly the deployed file.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import re
+from typing import Any
+
+from fleetctl.config.playbook import Playbook
+from fleetctl.instances import Instance
+
+REF_RE = re.compile(r"\{file:([^{}]*)\}")
+ROOT = "files"
+
+
+def rel(pb: Playbook, name: str) -> str:
+    """The file's path under the host's state dir."""
+    return f"{ROOT}/{pb.name}/{name}"
+
+
+def shown(pb: Playbook, name: str) -> str:
+    """How manifests and results name it."""
+    return "{state_dir}/" + rel(pb, name)
+
+
+def payload(pb: Playbook) -> list[dict[str, Any]]:
+    """The agent's `state_files` for a deploy of this playbook."""
+    return [{"name": f"{pb.name}/{f.name}", "sha_after": f.sha256, "mode": f.mode,
+             "content_b64": base64.b64encode(f.data).decode()} for f in pb.state_files]
+
+
+def refs(value: Any) -> list[str]:
+    return REF_RE.findall(value) if isinstance(value, str) else []
+
+
+def expand(value: Any, pb: Playbook, state_dir: str) -> Any:
+    if not isinstance(value, str) or "{file:" not in value:
+        return value
+    return REF_RE.sub(lambda m: f"{state_dir.rstrip('/')}/{rel(pb, m.group(1))}", value)
+
+
+def expand_instances(plan: list[Instance], pb: Playbook, state_dir: str | None) -> list[Instance]:
+    """The instances with every `{file:<name>}` in their flags and argv made an absolute path."""
+    if not pb.state_files or not state_dir:
+        return plan
+    out = []
+    for inst in plan:
+        out.append(dataclasses.replace(
+            inst, flags={k: expand(v, pb, state_dir) for k, v in inst.flags.items()},
+            argv=[expand(a, pb, state_dir) for a in inst.argv],
+            public_argv=[expand(a, pb, state_dir) for a in inst.public_argv]))
+    return out
+
+
+def not_deployed(pb: Playbook, facts: Any) -> list[str]:
+    """The playbook's state files that no deploy record of this host shows with their intended bytes
+    now (never deployed, rolled back, edited or deleted since): a launch naming them would read
+    something else, or nothing."""
+    from fleetctl import hoststate
+
+    now: dict[str, str | None] = {}
+    for m in hoststate.own(facts):
+        for f in m.files:
+            if f.path.startswith("{state_dir}/"):
+                now[f.path] = f.sha_now
+    return [shown(pb, f.name) for f in pb.state_files if now.get(shown(pb, f.name)) != f.sha256]
