@@ -20,7 +20,7 @@ import pytest
 from fleetctl.protocol import ANSWERS, InvalidAnswer, names, parse_reply
 from fleetctl.protocol import answers as a
 from fleetctl.protocol.schema import Invalid, parse
-from fleetctl.remote import agent, agent_deploy, agent_servers
+from fleetctl.remote import agent, agent_deploy, agent_probe, agent_servers
 
 
 def sha(b: bytes) -> str:
@@ -102,6 +102,13 @@ def _answers(h: dict[str, Any]) -> dict[str, Any]:
             "env": {"PYTHONPATH": str(Path(pkg).parent)}, "inherit": ["PATH"], "command_env": {}, "unset": [],
             "clear": False, "cwd": None, "problem": None},
             "files": ["srt/a.py"], "checks": [{"file": "srt/a.py", "class": "W", "marker": "MARK"}]}),
+        # the host's SGLang asked (sglang_probe.py): this package has no server_args to import
+        names.SGLANG_PROBE: real(names.SGLANG_PROBE, {"launch": {
+            "interpreter": sys.executable, "options": [], "target_kind": "module", "target": "x",
+            "env": {"PYTHONPATH": str(Path(pkg).parent)}, "inherit": ["PATH"], "command_env": {}, "unset": [],
+            "clear": False, "cwd": None, "problem": None},
+            "argv": ["--model-path", "m"], "timeout": 60,
+            "hardware": {"count": 1, "name": "NVIDIA H200", "capability": [9, 0], "memory_mib": 143771}}),
     }
 
 
@@ -127,6 +134,9 @@ def test_every_real_answer_parses_into_its_type(host: dict[str, Any]) -> None:
     loc: a.LocateAnswer = got[names.LOCATE]
     assert loc.sglang_dir == host["pkg"] and loc.files["srt/a.py"].loader == "source"
     assert loc.checks[0].view.loader == "source" and loc.checks[0].check is not None and loc.checks[0].check.marker
+    sp: a.SglangProbeAnswer = got[names.SGLANG_PROBE]
+    assert sp.stage == "import_failed" and sp.error and sp.worker_class is None, sp
+    assert agent_probe.action_sglang_probe is agent.ACTIONS[names.SGLANG_PROBE]
 
 
 # one broken variant per action: (action, how to break the real answer, where, problem)
@@ -178,6 +188,8 @@ BROKEN = [
      "expected true or false, got a string"),
     (names.LOCATE, _set("checks/0/check/marker", 1), "checks[0].check.marker", "expected true or false"),
     (names.FACTS, _set("sglang/notes", "x"), "sglang.notes", "expected a list, got a string"),
+    (names.SGLANG_PROBE, _set("stage", "guessed"), "stage", "unknown value 'guessed'"),
+    (names.SGLANG_PROBE, _set("warnings", [1]), "warnings[0]", "expected a string, got a number"),
 ]
 
 

@@ -11,8 +11,9 @@ imports as a normal module for tests.
 from functools import cache
 from importlib import resources
 
-PARTS = ("agent.py", "agent_deploy.py", "agent_servers.py")
+PARTS = ("agent.py", "agent_deploy.py", "agent_servers.py", "agent_probe.py")
 PROBE = "probe.py"  # run by the agent as `-c` under the launch's interpreter: shipped as a string
+SGLANG_PROBE = "sglang_probe.py"  # the same way, by agent_probe.py: the host's SGLang asked itself
 
 
 @cache
@@ -25,4 +26,6 @@ def agent_source() -> bytes:
             chunks.append(f.read_bytes())
     probe = root.joinpath(PROBE).read_text(encoding="utf-8")
     chunks.append(f"PROBE_SOURCE = {probe!r}\n".encode())
+    sg_probe = root.joinpath(SGLANG_PROBE).read_text(encoding="utf-8")
+    chunks.append(f"SGLANG_PROBE_SOURCE = {sg_probe!r}\n".encode())
     return b"\n\n".join(chunks)
