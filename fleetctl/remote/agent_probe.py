@@ -64,7 +64,7 @@ def run_sglang_probe(launch, argv, hardware, timeout=SGLANG_PROBE_TIMEOUT):
         elif launch.get("target_kind") == "module":
             path0 = cwd
         req = json.dumps({"argv": argv, "hardware": hardware, "path0": path0}).encode()
-        cmd = [interp] + list(launch.get("options") or []) + ["-c", SGLANG_PROBE_SOURCE]
+        cmd = [interp, *(launch.get("options") or []), "-c", SGLANG_PROBE_SOURCE]
         try:
             proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     env=env, cwd=cwd, close_fds=True, start_new_session=True)

@@ -114,7 +114,7 @@ def answer_memory_queries(hw, answered):
     for name, mod in list(sys.modules.items()):
         if name.startswith("sglang.") and mod is not None and hasattr(mod, "get_nvgpu_memory_capacity"):
             try:
-                setattr(mod, "get_nvgpu_memory_capacity", lambda: mib)
+                mod.get_nvgpu_memory_capacity = lambda: mib
             except Exception:
                 pass
     answered.append("nvidia-smi memory.total: %d MiB (from nvidia-smi facts)" % mib)
