@@ -557,6 +557,9 @@ def register(app: typer.Typer) -> None:
         json_out: JsonOpt = False,
         debug: DebugOpt = False,
         accept_new_host_keys: AcceptNewOpt = False,
+        probe: bool = typer.Option(False, "--probe", help="Also ask each host's own SGLang (its argument "
+                                   "processing and worker selection, run on the CPU with no GPU visible) and "
+                                   "fail when it disagrees with fleetctl's table."),
     ) -> None:
         from fleetctl.config.playbook import load_playbook
 
@@ -617,6 +620,10 @@ def register(app: typer.Typer) -> None:
                     row["refused"] = (f"SGLang {f.sglang_version} has no patch set in {pb.path.name}; "
                                       f"supported: {', '.join(pb.supported())}")
                 rows.append(row)
+            if probe:
+                from fleetctl.commands.probe import add_probe_answers
+
+                add_probe_answers(ctx, pb, gathered, rows)
             bad = [r for r in rows if r["status"] != "ok" or r.get("refused")]
             if json_out:
                 emit_json("explain", ok=not bad, playbook=str(pb.path), hosts=[
