@@ -19,7 +19,7 @@ and answers one JSON document on the stdout it was given (everything SGLang prin
      "warnings": [...], "answered": [hardware queries answered from the facts], "standin": label or null}
 
 What runs is SGLang's own code: `prepare_server_args(argv)` (argparse with its own parser, the
-ServerArgs dataclass and its __post_init__), `check_server_args()`, then the scheduler's own worker
+ServerArgs dataclass and its __post_init__), `resolve_once()` where the release has it (as its launcher does), `check_server_args()`, then the scheduler's own worker
 selection (`SpeculativeAlgorithm.from_string(...).create_worker(server_args)`, or in older releases
 `create_draft_worker(enable_overlap=...)`, whose worker class is caught when it is about to be
 constructed: no worker is ever constructed and no model is loaded). Hardware queries (torch.cuda
@@ -234,6 +234,8 @@ def run(req, res):
             server_args = sa.prepare_server_args(argv)
         finally:
             sys.stderr = real_err
+        if hasattr(server_args, "resolve_once"):  # 0.5.19+: the launcher applies declared resolutions first
+            server_args.resolve_once()
         res["disable_overlap_schedule"] = getattr(server_args, "disable_overlap_schedule", None)
         server_args.check_server_args()
         res["disable_overlap_schedule"] = getattr(server_args, "disable_overlap_schedule", None)
