@@ -54,7 +54,7 @@ def venv_dir() -> Path:
     return cache_dir() / f"cpu-sglang-venv-{_key()}"
 
 
-def _site_packages(venv: Path) -> Path:
+def site_packages(venv: Path) -> Path:
     found = sorted(venv.glob("lib/python*/site-packages"))
     if not found:
         raise FleetctlError(f"{venv}: no site-packages dir")
@@ -93,7 +93,7 @@ def ensure_cpu_venv(extra_pth: str = "") -> Path:
             cons.write_text(TORCH + "\n")
             _run([str(tmp / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check",
                   "-c", str(cons), *REQUIREMENTS], "pip install")
-            install_standin(_site_packages(tmp), extra_pth)
+            install_standin(site_packages(tmp), extra_pth)
             shutil.rmtree(final, ignore_errors=True)
             os.replace(tmp, final)
         except BaseException:
