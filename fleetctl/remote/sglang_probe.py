@@ -69,7 +69,11 @@ def install_hardware(hw, answered):
     """Make torch.cuda answer from the host's nvidia-smi facts (no device is visible to the real one)."""
     import types
 
-    import torch
+    try:
+        import torch
+    except ImportError as e:  # SGLang's own import then says what is missing
+        answered.append("nothing: torch does not import (%s)" % e)
+        return
 
     count = int(hw.get("count") or 0)
     cap = tuple(int(x) for x in (hw.get("capability") or (0, 0)))[:2]

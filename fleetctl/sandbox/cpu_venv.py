@@ -36,7 +36,7 @@ REQUIREMENTS: tuple[str, ...] = (
     "IPython", "pillow", "aiohttp", "safetensors", "starlette", "fastapi", "pyzmq", "openai",
     "partial_json_parser", "huggingface_hub", "transformers", "dill", "sentencepiece", "compressed-tensors",
     "gguf", "einops", "interegular", "tiktoken", "pyyaml", "prometheus-client", "setproctitle", "uvicorn",
-    "python-multipart", "scipy", "uvloop", "xxhash", "regex",
+    "python-multipart", "scipy", "uvloop", "xxhash", "regex", "apache-tvm-ffi==0.1.11",
 )
 STANDIN_DIR = Path(__file__).resolve().parent / "gpu_standin"
 STANDIN_MODULE = "fleetctl_gpu_standin"
