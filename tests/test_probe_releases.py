@@ -100,3 +100,39 @@ def test_the_cpu_venv_is_small_and_labelled(cpu_python: str) -> None:
     site = next(venv.glob("lib/python*/site-packages"))
     assert not list(site.glob("nvidia_*")) and not list(site.glob("triton*")), "a CUDA package was installed"
     assert "STAND-IN" in (site / "fleetctl_gpu_standin.py").read_text()
+
+
+# --- end to end: `explain --probe` on sandbox hosts that opt into the CPU venv, over real sshd ----
+
+def test_explain_probe_on_a_sandbox_mixing_the_origin_and_the_newest_release(
+        cpu_python: str, model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    import yaml
+    from conftest import _down, require_sshd
+
+    from fleetctl.cli import main
+    from fleetctl.sandbox import fleet
+
+    require_sshd()
+    monkeypatch.setenv("FLEETCTL_STATE_DIR", str(tmp_path / "ledger"))
+    d = tmp_path / "sb"
+    request.addfinalizer(lambda: _down(d))
+    sb = fleet.up(d, hosts=2, versions=["0.5.9", "0.5.23"], gpus=2, cpu_sglang=True)
+    pb = tmp_path / "pb" / "playbook.yaml"
+    pb.parent.mkdir()
+    flags = _eagle3(model_dir)
+    # 0.5.9 is the table's (and SGLang's) EAGLEWorker; the launch env is what the probe runs under
+    pb.write_text(yaml.safe_dump({"name": "probe-e2e", "package": "sglang", "versions": {},
+                                  "launch": {"command": "{python} -m sglang.launch_server", "port": 30000,
+                                             "flags": flags, "env": {"HF_HUB_OFFLINE": "1"}}}))
+    capsys.readouterr()
+    code = main(["explain", "-i", str(sb.inventory_path), str(pb), "--probe", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    by_host = {h["host"]: h for h in doc["hosts"]}
+    lines = {h: [p["line"] for p in r.get("probe") or []] for h, r in by_host.items()}
+    for host, version, cls in (("h01", "0.5.9", "EAGLEWorker"), ("h02", "0.5.23", "EAGLEWorkerV2")):
+        (p,) = by_host[host]["probe"]
+        assert p["probe"]["worker_class"] == cls and p["agrees"] is True, lines
+        assert p["line"] == f"SGLang {version} agrees: {cls} in srt/speculative/{p['probe']['worker_file'].split('/')[-1]}"
+    assert code == 1  # the playbook has no patch set for either release: refused, but the probe agreed
+    assert not any("disagree" in (by_host[h].get("refused") or "") for h in by_host)
