@@ -103,3 +103,7 @@ def ensure_cpu_venv(extra_pth: str = "") -> Path:
         (final / ".built").write_text(json.dumps({"seconds": round(time.monotonic() - started, 1),
                                                   "bytes": size, "requirements": list(REQUIREMENTS)}) + "\n")
     return py
+
+
+if __name__ == "__main__":  # scripts/setup.sh with FLEETCTL_PROBE_VENV=1: build it ahead of the tests
+    print(ensure_cpu_venv())
