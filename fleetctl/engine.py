@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from fleetctl.gpus import Gpu
+    from fleetctl.protocol.answers import EngineProbeAnswer
     from fleetctl.sglang.logs import LogLine
     from fleetctl.sglang.model_config import ModelConfig
     from fleetctl.sglang.routing import Resolution
@@ -94,6 +96,18 @@ class Engine(Protocol):
         ...
     def model_from_answer(self, answer: object) -> ModelConfig | None:
         """What the agent read of the model config, validated (untrusted)."""
+        ...
+
+    # -- the host's own engine asked (`explain --probe`): run on the host's CPU, no GPU visible
+    probe_disagree: str  # how a disagreement between the table and the host's engine starts
+    def probe_hardware(self, gpus: list[Gpu] | None, use: tuple[int, ...]) -> dict[str, Any]:
+        """The engine's hardware queries answered from nvidia-smi facts (ProbeInputError: cannot be)."""
+        ...
+    def probe_host(self, conn: Any, launch: dict[str, Any], argv: list[str], hardware: dict[str, Any]) -> EngineProbeAnswer:
+        """Run the engine's own argument processing and worker selection on the host (agent `engine_probe`)."""
+        ...
+    def probe_compare(self, table: Resolution, answer: EngineProbeAnswer) -> tuple[bool | None, str]:
+        """Does the table agree with the host's engine? (None: no comparison) and one sentence."""
         ...
 
 

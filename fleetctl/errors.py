@@ -37,3 +37,7 @@ class Interrupted(FleetctlError):
     """The command was interrupted (Ctrl-C) after the hosts in flight finished or timed out."""
 
     exit_code = EXIT_INTERRUPTED
+
+
+class ProbeInputError(Exception):
+    """The engine's host probe cannot be asked for this host (its facts do not say what it must answer)."""

@@ -28,3 +28,11 @@ if [ ! -x /usr/sbin/sshd ]; then
     apt-get install -y -qq --no-install-recommends openssh-server openssh-client >/dev/null
 fi
 mkdir -p /run/sshd 2>/dev/null || true
+
+# The cached CPU SGLang venv of `explain --probe`'s tests and `sandbox up --cpu-sglang` (torch CPU
+# build + SGLang's pure-Python requirements + a labelled GPU stand-in, ~1.5 GB, minutes once): the
+# tests build it on first use; FLEETCTL_PROBE_VENV=1 builds it here instead.
+if [ "${FLEETCTL_PROBE_VENV:-0}" = 1 ]; then
+    echo "setup: building the CPU SGLang venv for explain --probe (cached in ~/.cache/fleetctl)"
+    .venv/bin/python -m fleetctl.sandbox.cpu_venv
+fi

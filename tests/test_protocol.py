@@ -21,7 +21,8 @@ from fleetctl.engine import engine
 from fleetctl.protocol import ANSWERS, InvalidAnswer, names, parse_reply
 from fleetctl.protocol import answers as a
 from fleetctl.protocol.schema import Invalid, parse
-from fleetctl.remote import agent, agent_deploy, agent_servers
+from fleetctl.remote import agent, agent_deploy, agent_probe, agent_servers
+from fleetctl.sglang.probe import host_probe_source
 
 
 def sha(b: bytes) -> str:
@@ -104,6 +105,13 @@ def _answers(h: dict[str, Any]) -> dict[str, Any]:
             "clear": False, "cwd": None, "problem": None},
             "engine": engine().agent_facts(), "files": ["srt/a.py"],
             "checks": [{"file": "srt/a.py", "class": "W", "marker": "MARK"}]}),
+        # the host's engine asked (the engine's host probe script): this package has no server_args
+        names.ENGINE_PROBE: real(names.ENGINE_PROBE, {"script": host_probe_source(), "launch": {
+            "interpreter": sys.executable, "options": [], "target_kind": "module", "target": "x",
+            "env": {"PYTHONPATH": str(Path(pkg).parent)}, "inherit": ["PATH"], "command_env": {}, "unset": [],
+            "clear": False, "cwd": None, "problem": None},
+            "argv": ["--model-path", "m"], "timeout": 60,
+            "hardware": {"count": 1, "name": "NVIDIA H200", "capability": [9, 0], "memory_mib": 143771}}),
     }
 
 
@@ -129,6 +137,9 @@ def test_every_real_answer_parses_into_its_type(host: dict[str, Any]) -> None:
     loc: a.LocateAnswer = got[names.LOCATE]
     assert loc.package_dir == host["pkg"] and loc.files["srt/a.py"].loader == "source"
     assert loc.checks[0].view.loader == "source" and loc.checks[0].check is not None and loc.checks[0].check.marker
+    sp: a.EngineProbeAnswer = got[names.ENGINE_PROBE]
+    assert sp.stage == "import_failed" and sp.error and sp.worker_class is None, sp
+    assert agent_probe.action_engine_probe is agent.ACTIONS[names.ENGINE_PROBE]
 
 
 # one broken variant per action: (action, how to break the real answer, where, problem)
@@ -180,6 +191,8 @@ BROKEN = [
      "expected true or false, got a string"),
     (names.LOCATE, _set("checks/0/check/marker", 1), "checks[0].check.marker", "expected true or false"),
     (names.FACTS, _set("package/notes", "x"), "package.notes", "expected a list, got a string"),
+    (names.ENGINE_PROBE, _set("stage", "guessed"), "stage", "unknown value 'guessed'"),
+    (names.ENGINE_PROBE, _set("warnings", [1]), "warnings[0]", "expected a string, got a number"),
 ]
 
 

@@ -86,8 +86,11 @@ def register(app: typer.Typer) -> None:
     @fleet_options
     def explain(
         playbook: PlaybookArg,
+        probe: bool = typer.Option(False, "--probe", help="Also ask each host's own SGLang (its argument "
+                                   "processing and worker selection, run on the CPU with no GPU visible) and "
+                                   "fail when it disagrees with fleetctl's table."),
         **shared: Any,
     ) -> None:
         from fleetctl.commands import deploys_impl
 
-        deploys_impl.explain(playbook=playbook, **shared)
+        deploys_impl.explain(playbook=playbook, probe=probe, **shared)

@@ -334,7 +334,7 @@ def history(*, op_id: str | None, limit_rows: int, json_out: bool) -> None:
 
 
 def explain(*, playbook: Path, inventory: Path | None, limit: str | None, forks: int, json_out: bool, debug: bool,
-        accept_new_host_keys: bool) -> None:
+        accept_new_host_keys: bool, probe: bool = False) -> None:
     from fleetctl.config.playbook import load_playbook
 
     pb = load_playbook(playbook)
@@ -397,6 +397,10 @@ def explain(*, playbook: Path, inventory: Path | None, limit: str | None, forks:
                 row["refused"] = (f"SGLang {f.package_version} has no patch set in {pb.path.name}; "
                                   f"supported: {', '.join(pb.supported())}")
             rows.append(row)
+        if probe:
+            from fleetctl.commands.probe import add_probe_answers
+
+            add_probe_answers(ctx, pb, gathered, rows)
         bad = [r for r in rows if r["status"] != "ok" or r.get("refused")]
         if json_out:
             emit_json("explain", ok=not bad, playbook=str(pb.path), hosts=[

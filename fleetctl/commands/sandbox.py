@@ -43,6 +43,9 @@ def up(
     = "0.5.9,0.5.14",
     gpus: Annotated[int, typer.Option("--gpus", help="GPUs per host (served by the stand-in nvidia-smi).")] = 2,
     busy_gpus: Annotated[str, typer.Option("--busy-gpus", help="Hosts whose GPUs start busy, comma list.")] = "",
+    cpu_sglang: Annotated[bool, typer.Option("--cpu-sglang", help=(
+        "Run the hosts on the cached CPU SGLang venv (real torch CPU build, SGLang's pure-Python "
+        "requirements, a labelled GPU stand-in; built once, minutes) so `explain --probe` works."))] = False,
     json_out: common.JsonOpt = False,
 ) -> None:
     from fleetctl.sandbox import lifecycle
@@ -52,7 +55,8 @@ def up(
             common.err.print(f"sandbox: {msg}", markup=False, highlight=False)
 
     sb = lifecycle.up(dir, hosts=hosts, versions=versions.split(","), gpus=gpus,
-                  busy_gpus=[b for b in busy_gpus.split(",") if b.strip()], progress=progress)
+                      busy_gpus=[b for b in busy_gpus.split(",") if b.strip()], progress=progress,
+                      cpu_sglang=cpu_sglang)
     if json_out:
         from fleetctl.jsonout import host_row
 

@@ -34,6 +34,7 @@ ANSWERS: dict[str, Any] = {
     n.SERVER_GREP: a.ServerGrepAnswer,
     n.WORKER_CHECK: a.WorkerCheckAnswer,
     n.LOCATE: a.LocateAnswer,
+    n.ENGINE_PROBE: a.EngineProbeAnswer,
 }
 
 MAX_LINE = 300  # characters of an invalid-answer line

@@ -11,7 +11,14 @@ import re
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-from fleetctl.protocol.names import ManifestFileStatus, ManifestState, RestoreAction, StopAction, WaitStatus
+from fleetctl.protocol.names import (
+    ManifestFileStatus,
+    ManifestState,
+    ProbeStage,
+    RestoreAction,
+    StopAction,
+    WaitStatus,
+)
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
@@ -525,3 +532,29 @@ class LocateAnswer:
     checks: list[LoadedCheck] = field(default_factory=list)
     error: str | None = None
     unresolved: bool = False
+
+
+@dataclass
+class EngineProbeAnswer:
+    """`engine_probe`: what the host's own engine did with a launch's argv (the engine's host probe), run under
+    the launch's python, env and cwd with no GPU visible. `stage`: selected (worker_class chosen),
+    no_speculation, no_worker, refused (`error`: SGLang's own exception or argparse error: the server
+    would not start), import_failed (SGLang's server_args does not import), probe_failed (the probe
+    could not run or answer: `error`, `timed_out`)."""
+
+    stage: ProbeStage
+    python: str | None = None
+    package_version: str | None = None
+    package_dir: str | None = None
+    algorithm: str | None = None
+    disable_overlap_schedule: bool | None = None
+    worker_class: str | None = None
+    worker_module: str | None = None
+    worker_file: str | None = None
+    error: str | None = None
+    error_where: str | None = None
+    warnings: list[str] = field(default_factory=list)
+    answered: list[str] = field(default_factory=list)
+    standin: str | None = None
+    timed_out: bool = False
+    elapsed: float | None = None

@@ -18,6 +18,10 @@ SERVER_STOP: Final = "server_stop"
 SERVER_GREP: Final = "server_grep"
 WORKER_CHECK: Final = "worker_check"
 LOCATE: Final = "locate"  # the probe under the launch's python (fleetctl/remote/probe.py)
+ENGINE_PROBE: Final = "engine_probe"  # the host's own engine asked (fleetctl/remote/agent_probe.py)
+
+# what the host's engine did with a launch's argv (the engine's host probe script)
+ProbeStage = Literal["selected", "no_speculation", "no_worker", "refused", "import_failed", "probe_failed"]
 
 # extra-facts hooks (agent.EXTRA_FACTS), asked for with the facts payload's "with"
 WITH_STATE: Final = "state"

@@ -496,6 +496,17 @@ def _host_interpreter(d: Path) -> str:
     return str(venv / "bin" / "python")
 
 
+def _cpu_interpreter() -> str:
+    """The cached CPU SGLang venv's python, with the sandbox's site-dir .pth (constant content)."""
+    from fleetctl.sandbox import cpu_venv
+
+    py = cpu_venv.ensure_cpu_venv()
+    pth = cpu_venv.site_packages(py.parent.parent) / SITE_PTH
+    if not pth.exists():
+        pth.write_text(SITE_PTH_LINE.format(var=SITE_VAR))
+    return str(py)
+
+
 def _build_fleet_host(sb: Sandbox, h: SandboxHost, tree: Path, busy: bool) -> None:
     assert h.version and h.torch_version
     h.site_packages.mkdir(parents=True)
@@ -644,8 +655,13 @@ def up(
     gpus: int = DEFAULT_GPUS,
     busy_gpus: Iterable[str] = (),
     progress: Progress | None = None,
+    cpu_sglang: bool = False,
 ) -> Sandbox:
     """Build and start a sandbox fleet of `hosts` hosts (+ the jump host) in `dir`.
+
+    cpu_sglang: the hosts' python is the cached CPU venv (fleetctl/sandbox/cpu_venv.py: real torch
+    CPU build, SGLang's pure-Python requirements, the labelled GPU stand-in) instead of a bare one,
+    so each host's own SGLang tree imports far enough for `explain --probe`.
 
     Versions cycle through `versions` (h01 gets the first). Refuses (InputError) if a sandbox runs
     in `dir`, or if `dir` holds anything that is not a stopped sandbox.
@@ -688,14 +704,14 @@ def up(
                     p.unlink()
         _refuse_foreign(d)
         try:
-            return _up(d, names, versions, gpus, busy, binary, say, t0)
+            return _up(d, names, versions, gpus, busy, binary, say, t0, cpu_sglang)
         except BaseException:
             _stop_everything(d, timeout=5.0)
             raise
 
 
 def _up(d: Path, names: list[str], versions: list[str], gpus: int, busy: set[str], binary: str,
-        say: Progress, t0: float) -> Sandbox:
+        say: Progress, t0: float, cpu_sglang: bool = False) -> Sandbox:
     timings: dict[str, float] = {}
     mark = time.monotonic()
 
@@ -730,6 +746,8 @@ def _up(d: Path, names: list[str], versions: list[str], gpus: int, busy: set[str
         pubs[h.name] = sshd.write_ed25519(h.host_dir / "ssh_host_ed25519_key", f"{h.name}@fleetctl-sandbox")
     lap("keys")
     sb.host_python = _host_interpreter(d)
+    if cpu_sglang:
+        sb.host_python = _cpu_interpreter()
     lap("host python")
 
     say(f"copying SGLang trees ({', '.join(dict.fromkeys(versions))}) to {len(names)} hosts")

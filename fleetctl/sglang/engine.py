@@ -97,5 +97,23 @@ class SGLangEngine:
     def model_from_answer(self, answer: object) -> model_config.ModelConfig | None:
         return model_config.from_answer(answer)
 
+    probe_disagree: str = "fleetctl's table and this host's SGLang disagree"
+
+    def probe_hardware(self, gpus: Any, use: tuple[int, ...]) -> dict[str, Any]:
+        from fleetctl.sglang import probe
+
+        return probe.hardware(gpus, use)
+
+    def probe_host(self, conn: Any, launch: dict[str, Any], argv: list[str], hardware: dict[str, Any]) -> Any:
+        from fleetctl.sglang import probe
+
+        return probe.run_probe(conn, launch, argv, hardware)
+
+    def probe_compare(self, table: routing.Resolution, answer: Any) -> tuple[bool | None, str]:
+        from fleetctl.sglang import probe
+
+        v = probe.compare(table, answer)
+        return v.agrees, v.line
+
 
 SGLANG: Engine = SGLangEngine()  # a type checker holds it to the interface

@@ -1,0 +1,104 @@
+"""Agent part: `engine_probe`, ask the host's own engine which worker a launch selects.
+
+Runs the engine's host probe script (sent by the controller in the request: the agent is
+engine-blind; for SGLang it is fleetctl/sglang/host_probe.py) under the launch's interpreter,
+options, environment and cwd, with three changes that keep the host untouched:
+CUDA_VISIBLE_DEVICES="" (no GPU is visible), PYTHONDONTWRITEBYTECODE=1 (no .pyc written into
+the package) and TMPDIR set to a private directory removed afterwards. The process runs in its own
+session; its whole process group is killed when it answers, fails or runs past the timeout, so no
+process is left behind. Stdlib only, Python 3.8 grammar.
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+
+ENGINE_PROBE_TIMEOUT = 240.0
+ENGINE_PROBE_MAX_OUT = 1 << 20
+ENGINE_PROBE_MAX_ARGV = 512
+ENGINE_PROBE_MAX_SCRIPT = 1 << 20
+
+if __name__ != "fleetctl_agent":  # imported locally; on the host the source is appended as a string
+    from fleetctl.remote.agent import ACTIONS, AgentError, launch_cwd, launch_environment
+
+
+def _kill_group(pid):
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def _probe_env(launch, hardware, tmp):
+    env = launch_environment(launch)
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    env["TMPDIR"] = tmp
+    cap = hardware.get("capability") or [0, 0]
+    env["FLEETCTL_PROBE_CAPABILITY"] = "%d.%d" % (int(cap[0]), int(cap[1]))
+    return env
+
+
+def run_engine_probe(script, launch, argv, hardware, timeout=ENGINE_PROBE_TIMEOUT):
+    """The probe's answer, or {"stage": "probe_failed", "error": why}; bounded in time and output."""
+    if not isinstance(script, str) or not script or len(script) > ENGINE_PROBE_MAX_SCRIPT:
+        raise AgentError("script must be a non-empty string of at most %d characters" % ENGINE_PROBE_MAX_SCRIPT,
+                         "bad_input")
+    if launch.get("problem"):
+        return {"stage": "probe_failed", "error": launch["problem"]}
+    interp = launch.get("interpreter")
+    if not interp:
+        return {"stage": "probe_failed", "error": "the launch command names no python interpreter"}
+    if not isinstance(argv, list) or len(argv) > ENGINE_PROBE_MAX_ARGV or \
+            not all(isinstance(a, str) for a in argv):
+        raise AgentError("argv must be a list of at most %d strings" % ENGINE_PROBE_MAX_ARGV, "bad_input")
+    tmp = tempfile.mkdtemp(prefix="fleetctl-probe-")
+    proc = None
+    try:
+        env = _probe_env(launch, hardware, tmp)
+        cwd = launch_cwd(launch.get("cwd"), env)
+        path0 = None
+        if launch.get("target_kind") == "script":
+            path0 = os.path.dirname(os.path.realpath(os.path.join(cwd, launch.get("target") or "")))
+        elif launch.get("target_kind") == "module":
+            path0 = cwd
+        req = json.dumps({"argv": argv, "hardware": hardware, "path0": path0}).encode()
+        cmd = [interp, *(launch.get("options") or []), "-c", script]
+        try:
+            proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    env=env, cwd=cwd, close_fds=True, start_new_session=True)
+        except OSError as e:
+            return {"stage": "probe_failed", "error": "the launch's python %r cannot run here: %s"
+                    % (interp, e.strerror or e)}
+        try:
+            out, err = proc.communicate(req, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc.pid)
+            proc.communicate()
+            return {"stage": "probe_failed", "timed_out": True,
+                    "error": "the host's engine did not answer within %gs (killed)" % timeout}
+        if len(out) > ENGINE_PROBE_MAX_OUT:
+            return {"stage": "probe_failed", "error": "the probe answered more than %d bytes" % ENGINE_PROBE_MAX_OUT}
+        try:
+            res = json.loads(out.decode("utf-8"))
+        except ValueError:
+            tail = err.decode("utf-8", "replace").strip().splitlines()[-1:] or ["exit code %s" % proc.returncode]
+            return {"stage": "probe_failed", "error": "the launch's python %r failed: %s" % (interp, tail[0][:300])}
+        if not isinstance(res, dict):
+            return {"stage": "probe_failed", "error": "the probe answered something unexpected"}
+        return res
+    finally:
+        if proc is not None:
+            _kill_group(proc.pid)  # anything the engine started in the probe's session goes too
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def action_engine_probe(p):
+    return run_engine_probe(p.get("script"), p["launch"], p.get("argv") or [], p.get("hardware") or {},
+                            float(p.get("timeout") or ENGINE_PROBE_TIMEOUT))
+
+
+ACTIONS.update({"engine_probe": action_engine_probe})

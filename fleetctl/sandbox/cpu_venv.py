@@ -1,0 +1,109 @@
+"""A cached CPU virtualenv in which the real SGLang release trees import far enough for
+`explain --probe`: SGLang's argument processing (ServerArgs, __post_init__, check_server_args) and
+its worker selection. For sandbox hosts that opt in (`sandbox up --cpu-sglang`) and the tests.
+
+What it holds: torch 2.13.0, CPU build (`pip install torch==2.13.0` takes it from this machine's
+local file; a constraints file keeps every other package from pulling another torch), the
+pure-Python packages SGLang's server_args and speculative modules import, and the labelled GPU
+STAND-IN (fleetctl/sandbox/gpu_standin: placeholder modules for GPU-only packages such as
+sgl_kernel, flashinfer and triton, which do not install or import without CUDA). No SGLang: each
+sandbox host's own site-packages holds its release tree, added after this venv's site-packages.
+
+Built once per cache dir and requirement set, under a lock, into a temporary directory renamed
+into place when complete: `ensure_cpu_venv()` returns its python. `.built` records the build
+time and size.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from fleetctl.errors import FleetctlError
+from fleetctl.wheels import _locked, cache_dir
+
+TORCH = "torch==2.13.0"
+# what the releases' server_args, arg_groups and speculative modules import (0.5.4.post3 .. 0.5.23),
+# found by importing them; GPU-only packages are the stand-in's, not listed here
+REQUIREMENTS: tuple[str, ...] = (
+    TORCH, "numpy", "orjson", "msgspec", "psutil", "pydantic", "requests", "packaging", "tqdm", "pybase64",
+    "IPython", "pillow", "aiohttp", "safetensors", "starlette", "fastapi", "pyzmq", "openai",
+    "partial_json_parser", "huggingface_hub", "transformers", "dill", "sentencepiece", "compressed-tensors",
+    "gguf", "einops", "interegular", "tiktoken", "pyyaml", "prometheus-client", "setproctitle", "uvicorn",
+    "python-multipart", "scipy", "uvloop", "xxhash", "regex", "apache-tvm-ffi==0.1.11",
+)
+STANDIN_DIR = Path(__file__).resolve().parent / "gpu_standin"
+STANDIN_MODULE = "fleetctl_gpu_standin"
+BUILD_TIMEOUT = 1800.0
+
+
+def _key() -> str:
+    h = hashlib.sha256()
+    h.update(json.dumps([sys.version_info[:2], REQUIREMENTS]).encode())
+    h.update((STANDIN_DIR / f"{STANDIN_MODULE}.py").read_bytes())
+    return h.hexdigest()[:12]
+
+
+def venv_dir() -> Path:
+    return cache_dir() / f"cpu-sglang-venv-{_key()}"
+
+
+def site_packages(venv: Path) -> Path:
+    found = sorted(venv.glob("lib/python*/site-packages"))
+    if not found:
+        raise FleetctlError(f"{venv}: no site-packages dir")
+    return found[0]
+
+
+def _run(cmd: list[str], what: str) -> None:
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT)
+    if proc.returncode != 0:
+        tail = [ln for ln in (proc.stderr or proc.stdout).splitlines() if not ln.startswith("WARNING: Location")]
+        raise FleetctlError(f"cannot build the CPU SGLang venv: {what} failed: {(tail or ['?'])[-1]}",
+                            hint="check the package registry is reachable; torch==2.13.0 must be installable")
+
+
+def install_standin(site: Path, extra_pth: str = "") -> None:
+    """Copy the GPU stand-in into a site-packages dir and have site.py import it at start-up."""
+    shutil.copyfile(STANDIN_DIR / f"{STANDIN_MODULE}.py", site / f"{STANDIN_MODULE}.py")
+    (site / f"{STANDIN_MODULE}.pth").write_text(f"import {STANDIN_MODULE}\n" + extra_pth)
+
+
+def ensure_cpu_venv(extra_pth: str = "") -> Path:
+    """The CPU venv's python, building the venv on first use (minutes; then cached)."""
+    final = venv_dir()
+    py = final / "bin" / "python"
+    if (final / ".built").exists():
+        return py
+    with _locked(final.with_name(final.name + ".lock")):
+        if (final / ".built").exists():
+            return py
+        started = time.monotonic()
+        tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            _run([sys.executable, "-m", "venv", str(tmp)], "venv")
+            cons = tmp / "constraints.txt"
+            cons.write_text(TORCH + "\n")
+            _run([str(tmp / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                  "-c", str(cons), *REQUIREMENTS], "pip install")
+            install_standin(site_packages(tmp), extra_pth)
+            shutil.rmtree(final, ignore_errors=True)
+            os.replace(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        size = sum(f.stat().st_size for f in final.rglob("*") if f.is_file() and not f.is_symlink())
+        (final / ".built").write_text(json.dumps({"seconds": round(time.monotonic() - started, 1),
+                                                  "bytes": size, "requirements": list(REQUIREMENTS)}) + "\n")
+    return py
+
+
+if __name__ == "__main__":  # scripts/setup.sh with FLEETCTL_PROBE_VENV=1: build it ahead of the tests
+    print(ensure_cpu_venv())

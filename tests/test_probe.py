@@ -1,0 +1,147 @@
+"""`explain --probe` (issue 13.3): the host's own SGLang asked which worker a launch selects.
+
+Fast tests: the hardware answers built from nvidia-smi facts, the verdict against fleetctl's table,
+and the agent's bounds on a host whose SGLang hangs and forks (time, process group, temp files).
+The real releases run in tests/test_probe_releases.py (the cached CPU venv).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fleetctl.errors import ProbeInputError
+from fleetctl.gpus import Gpu
+from fleetctl.protocol.answers import EngineProbeAnswer
+from fleetctl.remote import agent_probe, agent_source
+from fleetctl.sglang import resolve_worker
+from fleetctl.sglang.probe import DISAGREE, capability, compare, hardware, host_probe_source
+
+
+def _gpu(i: int, name: str = "NVIDIA H200", mem: int | None = 143771) -> Gpu:
+    return Gpu(index=i, uuid=f"GPU-{i}", name=name, memory_total_mib=mem, memory_used_mib=0, memory_free_mib=mem)
+
+
+def test_hardware_answers_come_from_the_facts_of_the_launchs_gpus() -> None:
+    gpus = [_gpu(0), _gpu(1, mem=140000), _gpu(2)]
+    assert hardware(gpus, (0, 2)) == {"count": 2, "name": "NVIDIA H200", "capability": [9, 0], "memory_mib": 143771}
+    assert hardware(gpus, ())["count"] == 3 and hardware(gpus, ())["memory_mib"] == 140000
+    assert capability("NVIDIA A100-SXM4-80GB") == (8, 0) and capability("NVIDIA A10") == (8, 6)
+    assert capability("NVIDIA B200") == (10, 0) and capability("NVIDIA L40S") == (8, 9)
+
+
+@pytest.mark.parametrize(("gpus", "use", "why"), [
+    (None, (), "no GPUs in the host's nvidia-smi facts"),
+    ([_gpu(0)], (3,), "the launch uses GPUs 3"),
+    ([_gpu(0, name="Mystery GPU 9000")], (), "compute capability not known"),
+    ([_gpu(0), _gpu(1, name="NVIDIA A100")], (), "compute capability not known"),
+    ([_gpu(0, mem=None)], (), "no memory.total"),
+])
+def test_hardware_is_never_guessed(gpus: list[Gpu] | None, use: tuple[int, ...], why: str) -> None:
+    with pytest.raises(ProbeInputError, match=why):
+        hardware(gpus, use)
+
+
+EAGLE3 = {"--model-path": "m", "--speculative-algorithm": "EAGLE3", "--speculative-num-steps": 3,
+          "--speculative-eagle-topk": 1, "--speculative-num-draft-tokens": 4}
+
+
+def _answer(**kw: Any) -> EngineProbeAnswer:
+    return EngineProbeAnswer(**{"stage": "selected", "package_version": "0.5.9", **kw})
+
+
+def test_verdicts_against_the_table() -> None:
+    table = resolve_worker("0.5.9", EAGLE3, {})  # the origin story: env unset -> EAGLEWorker
+    assert table.worker_class == "EAGLEWorker"
+    same = compare(table, _answer(worker_class="EAGLEWorker", worker_file="srt/speculative/eagle_worker.py"))
+    assert same.agrees is True and "agrees" in same.line
+    other = compare(table, _answer(worker_class="EAGLEWorkerV2", worker_file="srt/speculative/eagle_worker_v2.py"))
+    assert other.agrees is False and other.line.startswith(DISAGREE) and "EAGLEWorkerV2" in other.line
+    refused = compare(table, _answer(stage="refused", error="AssertionError: x"))
+    assert refused.agrees is False and "refuses to start: AssertionError: x" in refused.line
+    pp = resolve_worker("0.5.9", {**EAGLE3, "--pp-size": 2}, {})
+    assert pp.startup_error and compare(pp, _answer(stage="refused", error="AssertionError: y")).agrees is True
+    newer = compare(resolve_worker("0.6.0", EAGLE3, {}), _answer(package_version="0.6.0", worker_class="W",
+                                                                 worker_file="srt/speculative/w.py"))
+    assert newer.agrees is None and "newer than fleetctl's table" in newer.line and "W in" in newer.line
+    failed = compare(table, _answer(stage="import_failed", error="ModuleNotFoundError: No module named 'torch'"))
+    assert failed.agrees is None and "could not be asked" in failed.line
+
+
+# --- the agent's bounds, on a host whose SGLang hangs -------------------------------------------
+
+HANGING_SERVER_ARGS = """\
+import os, subprocess, sys, time
+out = os.environ["PROBE_TEST_OUT"]
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+with open(out, "w") as fh:
+    fh.write("%d %d %r %r %r" % (os.getpid(), child.pid, os.environ.get("CUDA_VISIBLE_DEVICES"),
+                                 os.environ.get("PYTHONDONTWRITEBYTECODE"), os.environ.get("TMPDIR")))
+time.sleep(600)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is not running
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(") ", 1)[1][0] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_hanging_sglang_is_killed_with_its_children_and_leaves_no_file(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    site = tmp_path / "site"
+    (site / "sglang" / "srt").mkdir(parents=True)
+    (site / "sglang" / "__init__.py").write_text("__version__ = '0.5.9'\n")
+    (site / "sglang" / "srt" / "__init__.py").write_text("")
+    (site / "sglang" / "srt" / "server_args.py").write_text(HANGING_SERVER_ARGS)
+    out = tmp_path / "pids"
+    tmp_root = tmp_path / "tmp"
+    tmp_root.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_root))
+    launch = {"interpreter": sys.executable, "options": [], "target_kind": "module", "target": "x",
+              "env": {"PYTHONPATH": str(site), "PROBE_TEST_OUT": str(out), "CUDA_VISIBLE_DEVICES": "0,1"},
+              "inherit": ["PATH"], "command_env": {}, "unset": [], "clear": False, "cwd": str(tmp_path), "problem": None}
+    hw = {"count": 2, "name": "NVIDIA H200", "capability": [9, 0], "memory_mib": 143771}
+    t0 = time.monotonic()
+    try:
+        res = agent_probe.run_engine_probe(host_probe_source(), launch, ["--model-path", "m"], hw, timeout=20)
+        took = time.monotonic() - t0
+        pid, child, cvd, nobc, tmpdir = out.read_text().split(" ", 4)
+    finally:  # never leave the test's own processes behind, whatever failed
+        if out.exists():
+            for p in out.read_text().split()[:2]:
+                try:
+                    os.kill(int(p), signal.SIGKILL)
+                except (ProcessLookupError, ValueError):
+                    pass
+    assert res["stage"] == "probe_failed" and res["timed_out"] and "did not answer within 20s" in res["error"]
+    assert took < 120  # bounded (a generous upper limit: the probe itself is killed at 20 s)
+    assert not _alive(int(pid)) and not _alive(int(child)), "the probe or a process it started survived"
+    assert cvd == "''" and nobc == "'1'", (cvd, nobc)  # no GPU visible, no bytecode written
+    assert tmpdir.strip("'").startswith(str(tmp_root)) and list(tmp_root.iterdir()) == []
+
+
+def test_the_probe_action_ships_with_the_agent_and_both_keep_python_38_grammar() -> None:
+    import ast
+
+    src = agent_source().decode()
+    assert '"engine_probe": action_engine_probe' in src
+    for path in (Path(agent_probe.__file__).parent.parent / "sglang" / "host_probe.py", Path(agent_probe.__file__)):
+        text = path.read_text()
+        ast.parse(text, feature_version=(3, 8))
+        assert "\nfrom __future__" not in text  # run as -c / appended to the agent: no future imports
+    standin = Path(agent_probe.__file__).parent.parent / "sandbox" / "gpu_standin" / "fleetctl_gpu_standin.py"
+    ast.parse(standin.read_text(), feature_version=(3, 8))
