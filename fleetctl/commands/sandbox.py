@@ -39,6 +39,8 @@ def up(
     = "0.5.9,0.5.14",
     gpus: Annotated[int, typer.Option("--gpus", help="GPUs per host (served by the stand-in nvidia-smi).")] = 2,
     busy_gpus: Annotated[str, typer.Option("--busy-gpus", help="Hosts whose GPUs start busy, comma list.")] = "",
+    bare_shell: Annotated[bool, typer.Option(
+        "--bare-shell", help="Each host's sessions get their own empty HOME: a login shell with no rc files.")] = False,
     json_out: common.JsonOpt = False,
 ) -> None:
     from fleetctl.sandbox import fleet
@@ -48,7 +50,8 @@ def up(
             common.err.print(f"sandbox: {msg}", markup=False, highlight=False)
 
     sb = fleet.up(dir, hosts=hosts, versions=versions.split(","), gpus=gpus,
-                  busy_gpus=[b for b in busy_gpus.split(",") if b.strip()], progress=progress)
+                  busy_gpus=[b for b in busy_gpus.split(",") if b.strip()], progress=progress,
+                  bare_shell=bare_shell)
     if json_out:
         from fleetctl.jsonout import host_row
 
