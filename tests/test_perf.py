@@ -62,3 +62,66 @@ def test_bare_shell_hosts_work_for_fleetctl(fresh_sandbox, tmp_path: Path) -> No
     pb = str(repo / "playbooks" / "dynamic-spec-disable")
     assert run("deploy", pb)["ok"]
     assert run("rollback")["ok"]
+
+
+JSON_CASES = [
+    None, True, False, 0, -7, 2**70, 1.5, -0.0, 1e300, float("nan"), float("inf"), float("-inf"),
+    "", "plain/path.py", 'quote " and \\ backslash', "ctl \x00\x01\x1f\x7f \n\r\t\b\f", "é ü 中文 \U0001F600",
+    "surrogate \udcff from a path", [], {}, [1, [2, [3, {}]]], (1, "a"),
+    {"k": {"nested": [None, True, 1.25, "x"]}, 3: "int key", 2.5: "float key", True: "bool key", None: "null"},
+]
+
+
+@pytest.mark.parametrize("obj", JSON_CASES, ids=range(len(JSON_CASES)))
+def test_probe_dumps_reads_back_as_json_dumps(obj) -> None:
+    """The probe writes its answer with its own small JSON writer (no json import): the agent's
+    json.loads must read exactly what json.dumps would have given."""
+    import json
+    import math
+
+    from fleetctl.remote import probe
+
+    got = json.loads(probe.dumps(obj))
+    want = json.loads(json.dumps(obj))
+    if isinstance(want, float) and math.isnan(want):
+        assert math.isnan(got)
+    else:
+        assert got == want and type(got) is type(want)
+    assert probe.dumps(obj) == json.dumps(obj) or (isinstance(obj, float) and math.isnan(obj))
+
+
+def test_probe_dumps_refuses_what_json_refuses() -> None:
+    from fleetctl.remote import probe
+
+    with pytest.raises(TypeError):
+        probe.dumps({"x": object()})
+    with pytest.raises(TypeError):
+        probe.dumps({(1, 2): "tuple key"})
+
+
+def test_probe_imports_no_json(sandbox) -> None:
+    """The probe (one Python start per host per locate) answers without importing json/re/enum,
+    under a sandbox host's own python; the agent reads the answer as before."""
+    import subprocess
+
+    from fleetctl.remote import agent
+    from fleetctl.remote.agent import PROBE_SOURCE
+
+    h = next(iter(sandbox.hosts.values()))
+    import marshal
+
+    req = marshal.dumps({"path0": None, "files": ["srt/server_args.py"], "checks": []}, 2)
+    p = subprocess.run([str(h.python), "-X", "importtime", "-c", PROBE_SOURCE], input=req, capture_output=True,
+                       timeout=60)
+    assert p.returncode == 0, p.stderr[-2000:]
+    imported = {ln.split("|")[-1].strip() for ln in p.stderr.decode().splitlines() if "import time:" in ln}
+    assert "json" not in imported and "re" not in imported, sorted(imported)
+    import json
+
+    ans = json.loads(p.stdout)
+    assert ans["sglang_dir"] == str(h.sglang_dir)
+    assert ans["files"]["srt/server_args.py"]["loader"] == "source"
+    # and through the agent's own call, with a launch like the inventory's
+    got = agent.run_probe({"interpreter": str(h.python), "options": [], "env": {}, "inherit": ["PATH", "HOME"],
+                           "target_kind": "module", "target": "sglang.launch_server"}, ["srt/server_args.py"])
+    assert got["sglang_dir"] == str(h.sglang_dir), got

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import marshal
 import os
 import re
 import stat
@@ -202,7 +203,9 @@ def run_probe(launch, files=(), checks=(), timeout=PROBE_TIMEOUT):
         path0 = os.path.dirname(os.path.realpath(os.path.join(cwd, launch.get("target") or "")))
     elif launch.get("target_kind") == "module":
         path0 = cwd
-    req = json.dumps({"path0": path0, "files": list(files), "checks": list(checks)}).encode()
+    # marshal format 2 (every Python 3 reads it): the probe need not import json; the request holds
+    # only what the controller's JSON request held (str, list, dict, None)
+    req = marshal.dumps({"path0": path0, "files": list(files), "checks": list(checks)}, 2)
     argv = [interp, *(launch.get("options") or []), "-c", PROBE_SOURCE]
     try:
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
