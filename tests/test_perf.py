@@ -125,3 +125,72 @@ def test_probe_imports_no_json(sandbox) -> None:
     got = agent.run_probe({"interpreter": str(h.python), "options": [], "env": {}, "inherit": ["PATH", "HOME"],
                            "target_kind": "module", "target": "sglang.launch_server"}, ["srt/server_args.py"])
     assert got["sglang_dir"] == str(h.sglang_dir), got
+
+
+def test_same_start_rules() -> None:
+    """The probe runs inside the agent only when the launch's python would start exactly as the
+    agent's did; anything that could differ sends it to its own process as before."""
+    from fleetctl.remote.agent import same_start
+
+    start = {"PATH": "/usr/bin", "HOME": "/home/u", "SSH_CONNECTION": "1 2 3 4", "SHLVL": "1",
+             "FLEETCTL_SANDBOX_HOST": "h01"}
+    env = {"PATH": "/usr/bin", "HOME": "/home/u"}
+    launch = {"interpreter": "/opt/py/bin/python", "options": []}
+    ok = dict(start_env=start, start_cwd="/", agent_python="/opt/py/bin/python")
+    assert same_start(launch, env, "/", "/", **ok)
+    assert not same_start({**launch, "interpreter": "python3"}, env, "/", "/", **ok)  # another word
+    assert not same_start({**launch, "options": ["-I"]}, env, "/", "/", **ok)
+    assert not same_start({**launch, "clear": True}, env, "/", "/", **ok)
+    # another cwd: only with sys.path[0] set and absolute PYTHONPATH entries (site makes them absolute)
+    assert same_start(launch, env, "/tmp", "/tmp", **ok)
+    assert not same_start(launch, env, "/tmp", None, **ok)
+    assert not same_start(launch, {**env, "PYTHONPATH": "lib"}, "/tmp", "/tmp",
+                          **{**ok, "start_env": {**start, "PYTHONPATH": "lib"}})
+    assert same_start(launch, {**env, "PYTHONPATH": "/lib"}, "/tmp", "/tmp",
+                      **{**ok, "start_env": {**start, "PYTHONPATH": "/lib"}})
+    assert not same_start(launch, {**env, "PYTHONPATH": "/x"}, "/", "/", **ok)  # the launch sets more
+    assert not same_start(launch, {**env, "PATH": "/bin"}, "/", "/", **ok)  # or other values
+    # the agent's session has a variable the launch does not get, beyond the session-only ones
+    for extra in ("PYTHONPATH", "PYENV_VERSION", "CONDA_PREFIX", "LD_PRELOAD"):
+        assert not same_start(launch, env, "/", "/", **{**ok, "start_env": {**start, extra: "1"}}), extra
+    assert not same_start(launch, env, "/", "/", **{**ok, "agent_python": ""})  # not told (old controller)
+
+
+def _count_pythons(sb, home_rc: str | None, tmp_path: Path) -> tuple[list[str], dict]:
+    """Run `fleetctl facts` on h01 with its python wrapped to log what each start runs."""
+    import json
+    import subprocess
+    import sys
+
+    h = sb.hosts["h01"]
+    if home_rc is not None:
+        (h.home / ".bashrc").write_text(home_rc)
+    log = tmp_path / f"starts-{home_rc is not None}.log"
+    real = h.python.with_name("python.real")
+    if not real.exists():
+        h.python.rename(real)
+    h.python.write_text(f"""#!/bin/sh
+case "$2" in *fleetctl_agent*) w=agent ;; *"Run ON the host"*) w=probe ;; *) w=other ;; esac
+echo "$w" >> {log}
+exec {real} "$@"
+""")
+    h.python.chmod(0o755)
+    env = {**os.environ, "FLEETCTL_STATE_DIR": str(tmp_path / "ledger"), "NO_COLOR": "1"}
+    env.pop("PYTHONPATH", None)
+    p = subprocess.run([sys.executable, "-m", "fleetctl", "facts", "-i", str(sb.inventory_path), "--json"],
+                       capture_output=True, text=True, env=env, timeout=300, stdin=subprocess.DEVNULL)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    facts = json.loads(p.stdout)["hosts"][0]["facts"]
+    assert facts["sglang"]["dir"] == str(h.sglang_dir)
+    return log.read_text().split(), {k: facts[k] for k in ("sglang", "launch_python", "bytecode", "files")}
+
+
+def test_probe_runs_in_the_agent_on_a_bare_host_only(fresh_sandbox, tmp_path: Path) -> None:
+    sb = fresh_sandbox(hosts=1, versions=("0.5.14",), gpus=1, bare_shell=True)
+    # a bare login: the launch's python would start as the agent's: one Python start, sglang found
+    starts, here = _count_pythons(sb, None, tmp_path)
+    assert starts == ["agent"]
+    # a login rc that sets what the launch does not inherit (a pyenv shim would read it): asked
+    starts, asked = _count_pythons(sb, "export PYENV_VERSION=system\n", tmp_path)
+    assert starts == ["agent", "probe"]
+    assert here == asked  # the same answer either way

@@ -551,7 +551,8 @@ class HostConnection:
         data += b"S"
         public = {k: v for k, v in self.host.env.items() if k not in self.host.secret_env_keys}
         cache = self.host.state_dir.rstrip("/") + "/cache"
-        cmd = shlex.join([*env_prefix(public), self.host.python, "-c", BOOTSTRAP, cache])
+        # the python word again: the agent compares it with the launch's (an in-process probe, agent.py)
+        cmd = shlex.join([*env_prefix(public), self.host.python, "-c", BOOTSTRAP, cache, self.host.python])
         limit = self.host.command_timeout
         chan = self._session("starting the agent", limit)
         self._exec(chan, cmd, "starting the agent", limit)
