@@ -194,3 +194,60 @@ def test_probe_runs_in_the_agent_on_a_bare_host_only(fresh_sandbox, tmp_path: Pa
     starts, asked = _count_pythons(sb, "export PYENV_VERSION=system\n", tmp_path)
     assert starts == ["agent", "probe"]
     assert here == asked  # the same answer either way
+
+
+def test_mkstemp_is_exclusive_private_and_never_follows_a_link(tmp_path: Path) -> None:
+    import stat
+
+    from fleetctl.remote.agent_deploy import mkstemp
+
+    fd, p = mkstemp(str(tmp_path), ".lock-")
+    os.close(fd)
+    assert Path(p).parent == tmp_path and Path(p).name.startswith(".lock-")
+    assert stat.S_IMODE(os.stat(p).st_mode) == 0o600
+    names = {mkstemp(str(tmp_path), ".tmp-")[1] for _ in range(50)}
+    assert len(names) == 50
+    # a planted name is never opened through: O_EXCL refuses it, a new name is drawn
+    target = tmp_path / "victim"
+    target.write_text("keep")
+    real = os.urandom
+
+    calls = iter([b"\x00" * 6, b"\x01" * 6])
+    os.symlink(target, tmp_path / (".tmp-" + "00" * 6))
+    try:
+        os.urandom = lambda n: next(calls)  # type: ignore[assignment]
+        fd, p = mkstemp(str(tmp_path), ".tmp-")
+    finally:
+        os.urandom = real  # type: ignore[assignment]
+    os.close(fd)
+    assert p.endswith("01" * 6) and target.read_text() == "keep"
+
+
+def test_noop_deploy_agent_imports_neither_tempfile_nor_subprocess(fresh_sandbox, tmp_path: Path) -> None:
+    """On a bare host a no-op deploy is one Python start whose imports are what it needs: no
+    probe process (same_start), no subprocess, no tempfile (the host lock's temp file)."""
+    import subprocess
+    import sys
+
+    sb = fresh_sandbox(hosts=1, versions=("0.5.9",), gpus=1, bare_shell=True)
+    h = sb.hosts["h01"]
+    log = tmp_path / "imports.log"
+    real = h.python.with_name("python.real")
+    h.python.rename(real)
+    h.python.write_text(f'#!/bin/sh\necho "START $2" | head -c 40 >> {log}; echo >> {log}\n'
+                        f'exec {real} -X importtime "$@" 2>> {log}\n')
+    h.python.chmod(0o755)
+    repo = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "FLEETCTL_STATE_DIR": str(tmp_path / "ledger"), "NO_COLOR": "1"}
+    env.pop("PYTHONPATH", None)
+    argv = [sys.executable, "-m", "fleetctl", "deploy", str(repo / "playbooks" / "dynamic-spec-disable"),
+            "-i", str(sb.inventory_path), "--json"]
+    for _ in range(2):  # the deploy, then the no-op
+        log.write_text("")
+        p = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300, stdin=subprocess.DEVNULL)
+        assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    text = log.read_text()
+    assert text.count("START") == 1, text[:2000]  # one Python start on the host
+    imported = {ln.split("|")[-1].strip() for ln in text.splitlines() if "import time:" in ln}
+    assert "json" in imported  # the log is real
+    assert not imported & {"tempfile", "subprocess", "shutil", "random"}, sorted(imported)
