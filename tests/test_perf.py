@@ -190,6 +190,9 @@ def test_probe_runs_in_the_agent_on_a_bare_host_only(fresh_sandbox, tmp_path: Pa
     # a bare login: the launch's python would start as the agent's: one Python start, sglang found
     starts, here = _count_pythons(sb, None, tmp_path)
     assert starts == ["agent"]
+    # the probe's compiled code is kept beside the agent's, private to its owner
+    cached = list((Path(sb.hosts["h01"].state_dir) / "cache").glob("probe-*"))
+    assert len(cached) == 1 and (cached[0].stat().st_mode & 0o777) == 0o600
     # a login rc that sets what the launch does not inherit (a pyenv shim would read it): asked
     starts, asked = _count_pythons(sb, "export PYENV_VERSION=system\n", tmp_path)
     assert starts == ["agent", "probe"]
@@ -251,3 +254,29 @@ def test_noop_deploy_agent_imports_neither_tempfile_nor_subprocess(fresh_sandbox
     imported = {ln.split("|")[-1].strip() for ln in text.splitlines() if "import time:" in ln}
     assert "json" in imported  # the log is real
     assert not imported & {"tempfile", "subprocess", "shutil", "random"}, sorted(imported)
+
+
+def test_metadata_reads_the_header_only_with_the_same_answer(tmp_path: Path) -> None:
+    from fleetctl import wheels
+    from fleetctl.remote.agent import _metadata
+
+    def full(d: Path) -> tuple[dict, list]:  # the whole-file parse it replaces
+        head = (d / "METADATA").read_text(errors="replace").split("\n\n", 1)[0]
+        fields: dict = {}
+        req = []
+        for line in head.splitlines():
+            if ":" in line:
+                k, v = line.split(":", 1)
+                req.append(v.strip()) if k == "Requires-Dist" else fields.setdefault(k, v.strip())
+        return fields, req
+
+    real = next(wheels.extracted("0.5.14").glob("sglang-*.dist-info"))
+    assert _metadata(str(real)) == full(real) and _metadata(str(real))[1]
+    # a header longer than one read, the blank line right at a read boundary, no body, no blank line
+    for text in ["Name: x\n" + "Requires-Dist: torch==2.1\n" * 3000 + "\nbody\n" * 5000,
+                 "A: " + "a" * (16384 - 5) + "\n\nB: no",
+                 "Name: y\nVersion: 1\n", "Name: z\n\n"]:
+        d = tmp_path / str(len(text))
+        d.mkdir()
+        (d / "METADATA").write_text(text)
+        assert _metadata(str(d)) == full(d)
