@@ -5,7 +5,7 @@
 Host side: each piece is run REPS times on this machine the way a sandbox host runs it (the
 host's own `python` wrapper, a bare session environment, cwd = the session's HOME) and its CPU
 (user + sys of the child processes, from rusage) is divided by REPS. Controller side: SSH
-connections to the sandbox's first HOSTS hosts, one after another, CPU of this process per
+HOSTS connections (round the sandbox's hosts), one after another, CPU of this process per
 connection (paramiko alone, as the lean push connects; then fleetctl's HostConnection). Medians
 are not needed: every number is an average of REPS runs; run it on a quiet machine, or twice.
 Prints a markdown table (ms of CPU per host per command).
@@ -91,7 +91,7 @@ def controller_side(sb_dir: Path, n: int) -> list[tuple[str, float]]:
     from fleetctl.transport.ssh import HostConnection
 
     inv = load_inventory(sb_dir / "inventory.yaml")
-    hosts = inv.hosts[:n]
+    hosts = [inv.hosts[i % len(inv.hosts)] for i in range(n)]  # n connections, round the sandbox's hosts
     rows = []
     t0 = time.process_time()
     for h in hosts:
@@ -118,7 +118,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("sandbox_dir", type=Path)
     ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--hosts", type=int, default=16)
+    ap.add_argument("--hosts", type=int, default=16, help="controller-side connections to time")
     args = ap.parse_args()
     rows = host_side(args.sandbox_dir.resolve(), args.reps) + controller_side(args.sandbox_dir.resolve(), args.hosts)
     print(f"load average at the end: {os.getloadavg()[0]:.1f}\n")
