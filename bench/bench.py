@@ -437,12 +437,14 @@ LABELS = {"fleetctl": "fleetctl", "lean": "lean paramiko", "pyinfra": "pyinfra",
 
 
 def ratios(sz: dict[str, Any]) -> dict[str, Any]:
+    """fleetctl wall / other wall per op, for the tools run in the same invocation as fleetctl (a
+    row kept from an earlier invocation ran under other machine load: no ratio against it)."""
     t = sz["tools"]
     out: dict[str, Any] = {}
-    if "fleetctl" not in t:
+    if "fleetctl" not in t or "fleetctl" in sz.get("kept_from_earlier_run", []):
         return out
     for other in t:
-        if other == "fleetctl":
+        if other == "fleetctl" or other in sz.get("kept_from_earlier_run", []):
             continue
         for op in ("deploy", "noop"):
             a, b = t["fleetctl"].get(op), t[other].get(op)
@@ -623,6 +625,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", default=None, help="scratch dir (default: a new temp dir, removed after)")
     ap.add_argument("--fresh", action="store_true", help="do not merge into an existing results.json")
     ap.add_argument("--note", default="", help="a line for the report (e.g. what else ran on the machine)")
+    ap.add_argument("--report-only", action="store_true",
+                    help="recompute the ratios and rewrite results.md from --out's results.json; run nothing")
     args = ap.parse_args(argv)
     args.tools = [t.strip() for t in args.tools.split(",") if t.strip()]
     try:
@@ -646,6 +650,14 @@ def main(argv: list[str] | None = None) -> int:
         doc = json.loads(results.read_text())
     doc.setdefault("variants", {"rc": {"sizes": doc.get("sizes", {})}})
 
+    if args.report_only:
+        for v in doc["variants"].values():
+            for sz in v["sizes"].values():
+                sz["ratios"] = ratios(sz)
+        doc["sizes"] = doc["variants"].get("rc", next(iter(doc["variants"].values())))["sizes"]
+        results.write_text(json.dumps(doc, indent=1) + "\n")
+        (out_dir / "results.md").write_text(markdown(doc))
+        return 0
     own_work = args.work is None
     work = Path(args.work or tempfile.mkdtemp(prefix="fleetctl-bench-"))
     work.mkdir(parents=True, exist_ok=True)
