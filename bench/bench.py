@@ -274,9 +274,12 @@ class Inputs:
 # ---- running the tools ----------------------------------------------------------------------
 
 class Runner:
-    def __init__(self, args: argparse.Namespace, work: Path, sb: Any, job: Job) -> None:
+    """The runs on one sandbox (one shell variant); its work dir holds that variant's inputs and ledger."""
+
+    def __init__(self, args: argparse.Namespace, work: Path, sb: Any, job: Job, shell: str = "rc") -> None:
         self.args = args
         self.work = work
+        self.shell = shell
         self.sb = sb
         self.job = job
         self.log = work / "tools.log"
@@ -363,32 +366,53 @@ class Runner:
             return min(self.args.runs, self.args.big_runs)
         return self.args.runs
 
-    def size(self, n: int) -> dict[str, Any]:
-        hosts = list(self.sb.hosts.values())[:n]
-        inp = Inputs(self.sb, self.job, hosts, self.work / f"n{n}", self.ctl_dir)
-        tools = [t for t in self.args.tools if self.runs_for(t, n) > 0]
-        runs: dict[str, list[dict[str, Any]]] = {t: [] for t in tools}
-        for r in range(self.args.runs):
-            order = tools[r % len(tools):] + tools[:r % len(tools)] if tools else []
-            if r % 2:
-                order = order[::-1]
-            for tool in order:
-                if r >= self.runs_for(tool, n):
-                    continue
-                for h in hosts:
-                    reset_host(self.job, h)
-                say(f"N={n} run {r + 1}/{self.args.runs}: {tool}")
-                if tool.startswith("ansible"):
-                    res = self.ansible(inp, hosts, r == 0, tool)
-                else:
-                    res = getattr(self, tool)(inp, hosts, r == 0)
-                say("  " + ", ".join(f"{op} {m['wall']:.2f}s/{m['cpu']:.2f}cpu"
-                                     + (f" {m.get('hosts_correct')}/{n} ok" if "hosts_correct" in m else "")
-                                     + (f" rc={m['rc']}" if m["rc"] else "") for op, m in res.items()))
-                runs[tool].append(res)
-        for h in hosts:
+    def start(self, n: int) -> None:
+        """Size n: the sandbox's first n hosts, their inputs, empty run lists."""
+        self.n = n
+        self.hosts = list(self.sb.hosts.values())[:n]
+        self.inp = Inputs(self.sb, self.job, self.hosts, self.work / f"n{n}", self.ctl_dir)
+        self.tools = [t for t in self.args.tools if self.runs_for(t, n) > 0]
+        self.runs: dict[str, list[dict[str, Any]]] = {t: [] for t in self.tools}
+        self.loads: list[float] = []
+
+    def one_run(self, r: int) -> None:
+        """Run r of every tool at the current size (rotating order, reversed on odd runs)."""
+        n, hosts, tools = self.n, self.hosts, self.tools
+        order = tools[r % len(tools):] + tools[:r % len(tools)] if tools else []
+        if r % 2:
+            order = order[::-1]
+        for tool in order:
+            if r >= self.runs_for(tool, n):
+                continue
+            for h in hosts:
+                reset_host(self.job, h)
+            load = os.getloadavg()[0]
+            self.loads.append(load)
+            say(f"N={n} {self.shell} shell run {r + 1}/{self.args.runs}: {tool} (load {load:.1f})")
+            if tool.startswith("ansible"):
+                res = self.ansible(self.inp, hosts, r == 0, tool)
+            else:
+                res = getattr(self, tool)(self.inp, hosts, r == 0)
+            for m in res.values():
+                m["load1"] = round(load, 2)
+            say("  " + ", ".join(f"{op} {m['wall']:.2f}s/{m['cpu']:.2f}cpu"
+                                 + (f" {m.get('hosts_correct')}/{n} ok" if "hosts_correct" in m else "")
+                                 + (f" rc={m['rc']}" if m["rc"] else "") for op, m in res.items()))
+            self.runs[tool].append(res)
+
+    def finish(self) -> dict[str, Any]:
+        for h in self.hosts:
             reset_host(self.job, h)
-        return {"n": n, "tools": {t: summarize(rs) for t, rs in runs.items()}}
+        out = {"n": self.n, "shell": self.shell, "tools": {t: summarize(rs) for t, rs in self.runs.items()}}
+        if self.loads:
+            out["load1_median"] = round(statistics.median(self.loads), 2)
+        return out
+
+    def size(self, n: int) -> dict[str, Any]:
+        self.start(n)
+        for r in range(self.args.runs):
+            self.one_run(r)
+        return self.finish()
 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -399,6 +423,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     for d in ops.values():
         rs = d["runs"]
         d["median"] = {k: round(statistics.median(r[k] for r in rs), 3) for k in ("wall", "cpu", "maxrss_mb")}
+        d["peak_rss_mb"] = max(r["maxrss_mb"] for r in rs)
         d["all_rc0"] = all(r["rc"] == 0 for r in rs)
         if any("hosts_correct" in r for r in rs):
             d["hosts_correct_min"] = min(r.get("hosts_correct", 0) for r in rs)
@@ -412,12 +437,14 @@ LABELS = {"fleetctl": "fleetctl", "lean": "lean paramiko", "pyinfra": "pyinfra",
 
 
 def ratios(sz: dict[str, Any]) -> dict[str, Any]:
+    """fleetctl wall / other wall per op, for the tools run in the same invocation as fleetctl (a
+    row kept from an earlier invocation ran under other machine load: no ratio against it)."""
     t = sz["tools"]
     out: dict[str, Any] = {}
-    if "fleetctl" not in t:
+    if "fleetctl" not in t or "fleetctl" in sz.get("kept_from_earlier_run", []):
         return out
     for other in t:
-        if other == "fleetctl":
+        if other == "fleetctl" or other in sz.get("kept_from_earlier_run", []):
             continue
         for op in ("deploy", "noop"):
             a, b = t["fleetctl"].get(op), t[other].get(op)
@@ -426,7 +453,11 @@ def ratios(sz: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def targets(sizes: dict[str, Any]) -> list[str]:
+SHELLS = {"rc": "rc files: the sessions run root's login shell with its ~/.bashrc (pyenv init)",
+          "bare": "bare: each host's sessions get their own empty HOME, a login shell with no rc files"}
+
+
+def targets(sizes: dict[str, Any], shell: str = "rc") -> list[str]:
     lines = []
     s64 = sizes.get("64")
     if s64:
@@ -440,17 +471,55 @@ def targets(sizes: dict[str, Any]) -> list[str]:
             ok = v <= goal
             lines.append(f"- {text}: {v:.2f} ({'met' if ok else 'NOT met'})")
 
-        line("fleetctl/lean deploy", 1.5, "N=64 full deploy within 1.5x of the lean push (fleetctl/lean)")
-        line("fleetctl/pyinfra deploy", 0.5, "N=64 >= 2x faster than pyinfra (fleetctl/pyinfra <= 0.5)")
-        line("fleetctl/ansible deploy", 0.05, "N=64 >= 20x faster than tuned ansible-core (fleetctl/ansible <= 0.05)")
-        line("fleetctl/lean noop", 1.2, "N=64 no-op re-deploy within 1.2x of the lean no-op (fleetctl/lean noop)")
-    s256 = sizes.get("256")
-    if s256 and "fleetctl" in s256["tools"]:
-        d = s256["tools"]["fleetctl"].get("deploy", {})
-        ok = d.get("all_rc0") and d.get("hosts_correct_min") == 256
-        lines.append(f"- N=256 completes with every host correct: {'met' if ok else 'NOT met'} "
-                     f"(fleetctl deploy rc0={d.get('all_rc0')}, hosts correct {d.get('hosts_correct_min')}/256)")
+        if shell == "bare":
+            line("fleetctl/lean deploy", 1.5, "bare shell, N=64 full deploy within 1.5x of the lean push")
+            line("fleetctl/lean noop", 1.2, "bare shell, N=64 no-op within 1.2x of the lean no-op")
+        else:
+            line("fleetctl/lean deploy", 1.0, "rc files, N=64 full deploy ahead of the lean push (< 1)")
+            line("fleetctl/lean noop", 1.0, "rc files, N=64 no-op ahead of the lean no-op (< 1)")
+            line("fleetctl/pyinfra deploy", 0.5, "N=64 >= 2x faster than pyinfra (fleetctl/pyinfra <= 0.5)")
+            line("fleetctl/ansible deploy", 0.05,
+                 "N=64 >= 20x faster than tuned ansible-core (fleetctl/ansible <= 0.05)")
+    for big in ("256", "512", "1000"):
+        sz = sizes.get(big)
+        if sz and "fleetctl" in sz["tools"]:
+            parts = []
+            for op, d in sz["tools"]["fleetctl"].items():
+                if "hosts_correct_min" in d:
+                    parts.append(f"{op} {d.get('hosts_correct_min')}/{big}{'' if d.get('all_rc0') else ' rc!=0'}")
+            ok = all(d.get("all_rc0") and d.get("hosts_correct_min") == int(big)
+                     for d in sz["tools"]["fleetctl"].values() if "hosts_correct_min" in d)
+            lines.append(f"- N={big} completes with every host correct: {'met' if ok else 'NOT met'} "
+                         f"(fleetctl {', '.join(parts)})")
     return lines
+
+
+def size_rows(sizes: dict[str, Any]) -> list[str]:
+    out = ["| N | tool | op | runs | wall s | CPU s | CPU ms/host | max RSS MB | hosts correct | load1 |",
+           "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for n in sorted(sizes, key=int):
+        sz = sizes[n]
+        for tool, ops in sz["tools"].items():
+            for op, d in ops.items():
+                md = d["median"]
+                hc = d.get("hosts_correct_min")
+                loads = [r["load1"] for r in d["runs"] if "load1" in r]
+                load = f"{statistics.median(loads):.1f}" if loads else ""
+                out.append(f"| {n} | {LABELS.get(tool, tool)} | {op} | {len(d['runs'])} | {md['wall']:.2f} | "
+                           f"{md['cpu']:.2f} | {1000 * md['cpu'] / int(n):.1f} | "
+                           f"{d.get('peak_rss_mb', md['maxrss_mb']):.0f} | "
+                           f"{'' if hc is None else f'{hc}/{n}'}{'' if d['all_rc0'] else ' (rc!=0)'} | {load} |")
+    for n in sorted(sizes, key=int):
+        kept = sizes[n].get("kept_from_earlier_run")
+        if kept:
+            out += ["", f"N={n}: the rows of {', '.join(LABELS.get(t, t) for t in kept)} come from an earlier "
+                        f"invocation than the others at this N (the others were re-run on {sizes[n]['date']})."]
+    out += ["", "Ratios (fleetctl wall / other tool wall, medians; < 1 means fleetctl is faster):", "",
+            "| N | ratio | value |", "|---:|---|---:|"]
+    for n in sorted(sizes, key=int):
+        for k, v in sizes[n].get("ratios", {}).items():
+            out.append(f"| {n} | {k} | {v:.2f} |")
+    return out
 
 
 def markdown(doc: dict[str, Any]) -> str:
@@ -462,35 +531,21 @@ def markdown(doc: dict[str, Any]) -> str:
            "**One machine:** the sshd hosts and their Pythons share the controller's CPUs, so wall time "
            "includes the hosts' work; CPU and memory columns are the controller process only "
            "(rusage of the tool process and its reaped children; ansible's ControlPersist ssh masters are "
-           "reaped and counted).", ""]
+           "reaped and counted). CPU ms/host = controller CPU / N. max RSS = the largest peak over the runs. "
+           "load1 = the machine's 1-minute load average when the run started (other work shares it). "
+           "With two shell variants, their runs are interleaved (A, B, A, B, ...) on two sandboxes.", ""]
     if m.get("note"):
         out += [m["note"], ""]
-    out += ["Medians over runs (`runs` column). wall/CPU in seconds, RSS in MB.", "",
-            "| N | tool | op | runs | wall s | CPU s | max RSS MB | hosts correct |",
-            "|---:|---|---|---:|---:|---:|---:|---:|"]
-    for n in sorted(doc["sizes"], key=int):
-        sz = doc["sizes"][n]
-        for tool, ops in sz["tools"].items():
-            for op, d in ops.items():
-                md = d["median"]
-                hc = d.get("hosts_correct_min")
-                out.append(f"| {n} | {LABELS.get(tool, tool)} | {op} | {len(d['runs'])} | {md['wall']:.2f} | "
-                           f"{md['cpu']:.2f} | {md['maxrss_mb']:.0f} | "
-                           f"{'' if hc is None else f'{hc}/{n}'}{'' if d['all_rc0'] else ' (rc!=0)'} |")
-    for n in sorted(doc["sizes"], key=int):
-        kept = doc["sizes"][n].get("kept_from_earlier_run")
-        if kept:
-            out += ["", f"N={n}: the rows of {', '.join(LABELS.get(t, t) for t in kept)} come from an earlier "
-                        f"invocation than the others at this N (the others were re-run on {doc['sizes'][n]['date']})."]
-    out += ["", "## Ratios (fleetctl wall / other tool wall, medians; < 1 means fleetctl is faster)", "",
-            "| N | ratio | value |", "|---:|---|---:|"]
-    for n in sorted(doc["sizes"], key=int):
-        for k, v in doc["sizes"][n].get("ratios", {}).items():
-            out.append(f"| {n} | {k} | {v:.2f} |")
-    tl = targets(doc["sizes"])
-    if tl:
-        out += ["", "## Targets (a benchmark, not a test)", "", *tl]
-    out += ["", "![wall time vs N](results.png)", ""]
+    variants = doc.get("variants") or {"rc": {"sizes": doc["sizes"]}}
+    for shell, v in variants.items():
+        out += [f"## Login shell: {SHELLS.get(shell, shell)}", "",
+                "Medians over runs (`runs` column). wall/CPU in seconds, RSS in MB.", ""]
+        out += size_rows(v["sizes"])
+        tl = targets(v["sizes"], shell)
+        if tl:
+            out += ["", "Targets (a benchmark, not a test):", "", *tl]
+        out.append("")
+    out += ["![wall time vs N](results.png)", ""]
     return "\n".join(out)
 
 
@@ -518,21 +573,23 @@ def tool_versions(tools: list[str], lean_python: str) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def sandbox(work: Path, n: int, versions: list[str], gpus: int, reuse: bool = False) -> Iterator[Any]:
+def sandbox(work: Path, n: int, versions: list[str], gpus: int, reuse: bool = False,
+            shell: str = "rc") -> Iterator[Any]:
     from fleetctl.sandbox import lifecycle
 
-    d = work / "sandbox"
+    d = work / ("sandbox" if shell == "rc" else f"sandbox-{shell}")
     try:
         if reuse and (d / "sandbox.json").exists():
             sb = lifecycle.load(d)
-            if len(sb.hosts) >= n and all(h.alive for h in sb.hosts.values()):
+            if len(sb.hosts) >= n and all(h.alive and h.bare_shell == (shell == "bare")
+                                          for h in sb.hosts.values()):
                 say(f"reusing the running sandbox of {len(sb.hosts)} hosts in {d}")
                 yield sb
                 return
             lifecycle.down(d)
         t0 = time.monotonic()
-        say(f"building a sandbox of {n} hosts ({', '.join(versions)}) in {d}")
-        sb = lifecycle.up(d, hosts=n, versions=versions, gpus=gpus)
+        say(f"building a sandbox of {n} hosts ({', '.join(versions)}, {shell} shell) in {d}")
+        sb = lifecycle.up(d, hosts=n, versions=versions, gpus=gpus, bare_shell=shell == "bare")
         say(f"sandbox up in {time.monotonic() - t0:.0f}s")
         yield sb
     finally:
@@ -547,6 +604,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sizes", default="8,32,64,128,256")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--tools", default=",".join(ALL_TOOLS))
+    ap.add_argument("--shells", default="rc,bare",
+                    help="login-shell variants, one sandbox each, runs interleaved: rc (the account's rc files), "
+                         "bare (own empty HOME per host)")
     ap.add_argument("--versions", default="0.5.9,0.5.14")
     ap.add_argument("--gpus", type=int, default=1, help="GPUs per sandbox host (stand-in; launch runs one rank each)")
     ap.add_argument("--ansible-max", type=int, default=64, help="largest N for tuned ansible-core")
@@ -565,6 +625,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", default=None, help="scratch dir (default: a new temp dir, removed after)")
     ap.add_argument("--fresh", action="store_true", help="do not merge into an existing results.json")
     ap.add_argument("--note", default="", help="a line for the report (e.g. what else ran on the machine)")
+    ap.add_argument("--report-only", action="store_true",
+                    help="recompute the ratios and rewrite results.md from --out's results.json; run nothing")
     args = ap.parse_args(argv)
     args.tools = [t.strip() for t in args.tools.split(",") if t.strip()]
     try:
@@ -575,6 +637,9 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [t for t in args.tools if t not in ALL_TOOLS]
     if unknown:
         ap.error(f"unknown tool(s) {unknown}; known: {', '.join(ALL_TOOLS)}")
+    shells = list(dict.fromkeys(x.strip() for x in args.shells.split(",") if x.strip()))
+    if not shells or set(shells) - set(SHELLS):
+        ap.error(f"--shells {args.shells!r}: expected a comma list of {', '.join(SHELLS)}")
     sizes = sorted({int(s) for s in args.sizes.split(",") if s.strip()})
     versions = [v.strip() for v in args.versions.split(",") if v.strip()]
     out_dir = Path(args.out)
@@ -583,26 +648,49 @@ def main(argv: list[str] | None = None) -> int:
     doc: dict[str, Any] = {"sizes": {}}
     if results.exists() and not args.fresh:
         doc = json.loads(results.read_text())
+    doc.setdefault("variants", {"rc": {"sizes": doc.get("sizes", {})}})
 
+    if args.report_only:
+        for v in doc["variants"].values():
+            for sz in v["sizes"].values():
+                sz["ratios"] = ratios(sz)
+        doc["sizes"] = doc["variants"].get("rc", next(iter(doc["variants"].values())))["sizes"]
+        results.write_text(json.dumps(doc, indent=1) + "\n")
+        (out_dir / "results.md").write_text(markdown(doc))
+        return 0
     own_work = args.work is None
     work = Path(args.work or tempfile.mkdtemp(prefix="fleetctl-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     ctl_dir = Path(tempfile.mkdtemp(prefix="bcp-", dir="/tmp"))  # short: ssh ControlPath sockets
     try:
         job = Job(work, versions)
-        with sandbox(work, max(sizes), versions, args.gpus, args.reuse_sandbox) as sb:
-            runner = Runner(args, work, sb, job)
-            runner.ctl_dir = ctl_dir
+        with contextlib.ExitStack() as stack:
+            runners: dict[str, Runner] = {}
+            for shell in shells:
+                sb = stack.enter_context(sandbox(work, max(sizes), versions, args.gpus, args.reuse_sandbox, shell))
+                d = work if shell == "rc" else work / f"shell-{shell}"
+                d.mkdir(parents=True, exist_ok=True)
+                runner = runners[shell] = Runner(args, d, sb, job, shell)
+                runner.ctl_dir = ctl_dir
             for n in sizes:
-                sz = runner.size(n)
-                old = doc["sizes"].get(str(n), {}).get("tools", {})
-                kept = sorted(t for t in old if t not in sz["tools"])
-                if kept:  # a re-run of some tools keeps the others' rows for this N (measured earlier)
-                    sz["tools"] = {**sz["tools"], **{t: old[t] for t in kept}}
-                    sz["kept_from_earlier_run"] = kept
-                sz["ratios"] = ratios(sz)
-                sz["date"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-                doc["sizes"][str(n)] = sz
+                for runner in runners.values():
+                    runner.start(n)
+                for r in range(args.runs):  # the variants interleaved: A, B, A, B, ...
+                    for runner in runners.values():
+                        runner.one_run(r)
+                for shell, runner in runners.items():
+                    sz = runner.finish()
+                    vsizes = doc["variants"].setdefault(shell, {"sizes": {}})["sizes"]
+                    old = vsizes.get(str(n), {}).get("tools", {})
+                    kept = sorted(t for t in old if t not in sz["tools"])
+                    if kept:  # a re-run of some tools keeps the others' rows for this N (measured earlier)
+                        sz["tools"] = {**sz["tools"], **{t: old[t] for t in kept}}
+                        sz["kept_from_earlier_run"] = kept
+                    sz["ratios"] = ratios(sz)
+                    sz["date"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+                    vsizes[str(n)] = sz
+                    say(f"N={n} {shell} shell done; ratios {sz['ratios']}")
+                doc["sizes"] = doc["variants"].get("rc", next(iter(doc["variants"].values())))["sizes"]
                 doc["meta"] = {
                     "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                     "machine": f"{platform.system()} {platform.machine()}, Python {platform.python_version()}",
@@ -614,13 +702,14 @@ def main(argv: list[str] | None = None) -> int:
                                       **tool_versions(args.tools, args.lean_python)},
                     "note": args.note or doc.get("meta", {}).get("note", ""),
                     "sandbox_hosts": max(sizes),
-                    "order": "rotating per run, reversed on odd runs; hosts reset to pristine before each tool",
+                    "shells": shells,
+                    "order": "shell variants interleaved per run; tools rotating per run, reversed on odd runs; "
+                             "hosts reset to pristine before each tool",
                 }
                 tmp = results.with_suffix(".json.tmp")
                 tmp.write_text(json.dumps(doc, indent=1) + "\n")
                 os.replace(tmp, results)
                 (out_dir / "results.md").write_text(markdown(doc))
-                say(f"N={n} done; ratios {sz['ratios']}")
     finally:
         shutil.rmtree(ctl_dir, ignore_errors=True)
         if own_work:

@@ -111,13 +111,13 @@ def test_explain_probe_on_a_sandbox_mixing_the_origin_and_the_newest_release(
     from conftest import _down, require_sshd
 
     from fleetctl.cli import main
-    from fleetctl.sandbox import fleet
+    from fleetctl.sandbox import lifecycle
 
     require_sshd()
     monkeypatch.setenv("FLEETCTL_STATE_DIR", str(tmp_path / "ledger"))
     d = tmp_path / "sb"
     request.addfinalizer(lambda: _down(d))
-    sb = fleet.up(d, hosts=2, versions=["0.5.9", "0.5.23"], gpus=2, cpu_sglang=True)
+    sb = lifecycle.up(d, hosts=2, versions=["0.5.9", "0.5.23"], gpus=2, cpu_sglang=True)
     payload = Path(__file__).resolve().parent.parent / "playbooks" / "dynamic-spec-disable"
     doc = yaml.safe_load((payload / "playbook.yaml").read_text())
     for files in doc["versions"].values():

@@ -46,6 +46,8 @@ def up(
     cpu_sglang: Annotated[bool, typer.Option("--cpu-sglang", help=(
         "Run the hosts on the cached CPU SGLang venv (real torch CPU build, SGLang's pure-Python "
         "requirements, a labelled GPU stand-in; built once, minutes) so `explain --probe` works."))] = False,
+    bare_shell: Annotated[bool, typer.Option(
+        "--bare-shell", help="Each host's sessions get their own empty HOME: a login shell with no rc files.")] = False,
     json_out: common.JsonOpt = False,
 ) -> None:
     from fleetctl.sandbox import lifecycle
@@ -56,7 +58,7 @@ def up(
 
     sb = lifecycle.up(dir, hosts=hosts, versions=versions.split(","), gpus=gpus,
                       busy_gpus=[b for b in busy_gpus.split(",") if b.strip()], progress=progress,
-                      cpu_sglang=cpu_sglang)
+                      cpu_sglang=cpu_sglang, bare_shell=bare_shell)
     if json_out:
         from fleetctl.jsonout import host_row
 

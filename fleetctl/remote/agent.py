@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import marshal
 import os
 import re
 import stat
@@ -25,6 +26,22 @@ import time
 AGENT_PROTOCOL = 1
 PROBE_TIMEOUT = 30.0
 PROBE_MAX_OUT = 4 << 20
+
+# How this interpreter started (before the bootstrap applies the secret-env block): the in-process
+# probe is used only when the launch's python would start exactly so (see same_start)
+_START_ENV = dict(os.environ)
+try:
+    _START_CWD = os.getcwd()
+except OSError:
+    _START_CWD = None
+# the interpreter word the controller started the agent with (BOOTSTRAP's second argument)
+_AGENT_PYTHON = sys.argv[2] if __name__ == "fleetctl_agent" and len(sys.argv) > 2 and sys.argv[2] else None
+# variables the SSH session and login set for this session only: a launch never gets them, and no
+# python start reads them. Any other variable the agent has and the launch does not (a login rc's
+# PYENV_VERSION, CONDA_PREFIX, ...) could change what the launch's python does: then it is asked.
+SESSION_ONLY = frozenset(("SSH_CLIENT", "SSH_CONNECTION", "SSH_TTY", "SSH_AUTH_SOCK", "MAIL", "PWD", "OLDPWD",
+                          "SHLVL", "_", "MOTD_SHOWN", "TERM", "XDG_SESSION_ID", "XDG_SESSION_TYPE",
+                          "XDG_SESSION_CLASS", "XDG_RUNTIME_DIR", "DBUS_SESSION_BUS_ADDRESS"))
 
 if __name__ != "fleetctl_agent":  # imported locally; on the host the source is appended as a string
     with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "probe.py"), encoding="utf-8") as _fh:
@@ -148,9 +165,16 @@ def _find_dist_info(site_dir, name):
 
 
 def _metadata(dist_dir):
+    """The header fields of a dist-info METADATA (up to its first blank line) and its Requires-Dist.
+    Reads only as far as the header goes: the long description after it can be most of the file."""
     try:
         with open(os.path.join(dist_dir, "METADATA"), encoding="utf-8", errors="replace") as fh:
-            text = fh.read()
+            text = ""
+            while True:
+                chunk = fh.read(16384)
+                text += chunk
+                if not chunk or "\n\n" in text:
+                    break
     except OSError:
         return {}, []
     head = text.split("\n\n", 1)[0]
@@ -190,11 +214,94 @@ def launch_cwd(cwd, env):
     return cwd if os.path.isdir(cwd) else "/"
 
 
+def same_start(launch, env, cwd, path0, start_env=None, start_cwd=None, agent_python=None):
+    """Would the launch's python start exactly as this agent's did? The same interpreter word (so
+    the same resolution, wrapper and flags), no interpreter options, every launch variable set here
+    to the same value, and nothing else here but SESSION_ONLY variables and fleetctl's own
+    FLEETCTL_* markers. Then the import system the probe would see (sys.path, site dirs and .pth
+    files, user site, bytecode flags) is this process's own. The working directory may differ (sshd
+    starts sessions in the account's home) only where a start cannot depend on it: the launch's
+    sys.path[0] is set (path0) and PYTHONPATH holds only absolute entries (site makes relative ones
+    absolute against the cwd)."""
+    start_env = _START_ENV if start_env is None else start_env
+    start_cwd = _START_CWD if start_cwd is None else start_cwd
+    agent_python = _AGENT_PYTHON if agent_python is None else agent_python
+    if not agent_python or launch.get("interpreter") != agent_python or launch.get("options") or launch.get("clear"):
+        return False
+    if not start_cwd:
+        return False
+    if os.path.realpath(cwd) != os.path.realpath(start_cwd):
+        pp = env.get("PYTHONPATH")
+        if path0 is None or (pp is not None and not all(os.path.isabs(e) for e in pp.split(os.pathsep))):
+            return False
+    for k, v in env.items():
+        if start_env.get(k) != v:
+            return False
+    for k in start_env:
+        if k not in env and k not in SESSION_ONLY and not k.startswith("FLEETCTL_"):
+            return False
+    return True
+
+
+_PROBE_NS = {}
+
+
+def _probe_code():
+    """probe.py compiled, cached as BOOTSTRAP caches the agent: in the private cache dir (the
+    bootstrap's first argument), keyed by the probe's hash and this interpreter, and trusted only as
+    a regular file of ours, mode 0600, in a dir of ours nobody else can write; else compiled afresh."""
+    q = None
+    try:
+        r = sys.argv[1] if __name__ == "fleetctl_agent" and len(sys.argv) > 1 else ""
+        if r:
+            r = os.path.expanduser(r)
+            t = os.stat(r)
+            if t.st_uid == os.getuid() and not t.st_mode & 0o022:
+                q = os.path.join(r, "probe-%s.%s" % (hashlib.sha256(PROBE_SOURCE.encode("utf-8")).hexdigest()[:32],
+                                                     sys.implementation.cache_tag))
+                t = os.lstat(q)
+                if t.st_uid == os.getuid() and not t.st_mode & 0o077 and stat.S_ISREG(t.st_mode):
+                    with open(q, "rb") as fh:
+                        return marshal.loads(fh.read())
+    except Exception:
+        pass
+    c = compile(PROBE_SOURCE, "fleetctl-probe", "exec")
+    if q:
+        try:
+            w = "%s.%d" % (q, os.getpid())
+            fd = os.open(w, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                os.write(fd, marshal.dumps(c))
+            finally:
+                os.close(fd)
+            os.replace(w, q)
+        except Exception:
+            pass
+    return c
+
+
+def probe_here(req, cwd):
+    """probe.py's answer computed in this process (same_start holds): the same JSON document, with
+    sys.path[0] set for the launch only while it runs, and the launch's working directory."""
+    if not _PROBE_NS:
+        ns = {"__name__": "fleetctl_probe"}
+        exec(_probe_code(), ns)
+        _PROBE_NS.update(ns)
+    saved = list(sys.path)
+    try:
+        res = json.loads(_PROBE_NS["dumps"](_PROBE_NS["probe"](req)))
+    finally:
+        sys.path[:] = saved
+    res["cwd"] = os.path.realpath(cwd)  # what os.getcwd() answers in a process started there
+    return res
+
+
 def run_probe(launch, files=(), checks=(), timeout=PROBE_TIMEOUT, package=None):
     """Run fleetctl's probe (probe.py) under the launch's interpreter, options, env and cwd.
     Returns the probe's answer, or {"error": why} (bounded in time and output). With `package`, the
-    probe also says where that interpreter imports it from (`package_dir`)."""
-    import subprocess
+    probe also says where that interpreter imports it from (`package_dir`). When the launch's
+    python would start exactly as this agent did (same_start), the probe runs in this process:
+    one Python start less per host per command."""
     if launch.get("problem"):
         return {"error": launch["problem"], "unresolved": True}
     interp = launch.get("interpreter")
@@ -207,7 +314,14 @@ def run_probe(launch, files=(), checks=(), timeout=PROBE_TIMEOUT, package=None):
         path0 = os.path.dirname(os.path.realpath(os.path.join(cwd, launch.get("target") or "")))
     elif launch.get("target_kind") == "module":
         path0 = cwd
-    req = json.dumps({"path0": path0, "files": list(files), "checks": list(checks), "package": package}).encode()
+    if same_start(launch, env, cwd, path0):
+        res = probe_here({"path0": path0, "files": list(files), "checks": list(checks), "package": package}, cwd)
+        res["launch_env_pythonpath"] = env.get("PYTHONPATH")
+        return res
+    import subprocess
+    # marshal format 2 (every Python 3 reads it): the probe need not import json; the request holds
+    # only what the controller's JSON request held (str, list, dict, None)
+    req = marshal.dumps({"path0": path0, "files": list(files), "checks": list(checks), "package": package}, 2)
     argv = [interp, *(launch.get("options") or []), "-c", PROBE_SOURCE]
     try:
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

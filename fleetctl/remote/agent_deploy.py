@@ -90,11 +90,24 @@ def fsync_dir(path):
         os.close(fd)
 
 
+def mkstemp(d, prefix):
+    """tempfile.mkstemp(prefix=prefix, dir=d) without importing tempfile (with shutil and random:
+    a few ms of every agent start that takes the host lock): a new file of a random name, created
+    exclusively (O_EXCL, never following a symlink), mode 0600. Returns (fd, path)."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(100):
+        path = os.path.join(d, prefix + os.urandom(6).hex())
+        try:
+            return os.open(path, flags, 0o600), path
+        except FileExistsError:
+            continue
+    raise FileExistsError("no free temporary name in %s" % d)
+
+
 def write_atomic(path, data, mode=0o600):
     """Write a small state file atomically (temp + fsync + rename + dir fsync)."""
-    import tempfile
     d = os.path.dirname(path)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=d)
+    fd, tmp = mkstemp(d, ".tmp-")
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
@@ -462,9 +475,8 @@ def read_lock(state_dir):
 def _create_lock(lock, data):
     """Create `lock` holding `data` in one step: a complete temp file hard-linked to the lock name
     (fails if it exists), so nobody ever reads a half-written lock. True if created."""
-    import tempfile
     d = os.path.dirname(lock)
-    fd, tmp = tempfile.mkstemp(prefix=".lock-", dir=d)
+    fd, tmp = mkstemp(d, ".lock-")
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
@@ -951,7 +963,6 @@ def _drop_stale(pkg, rels, prefixes):
 
 def action_deploy(p):
     """Apply one host's planned files in one transaction: all intended, or all original."""
-    import base64
     sd = p["state_dir"]
     did = p["deploy_id"]
     pkg = p["package_dir"]
@@ -1060,6 +1071,7 @@ def action_deploy(p):
             for entry, (f, path, st) in zip(m["files"], plan):
                 if done:
                     fault_point(p, "between_renames", done)
+                import base64
                 data = base64.b64decode(f["content_b64"])
                 replace_file(path, data, entry["mode"], entry["uid"], entry["gid"], f["sha_after"],
                              validate_python=validate,

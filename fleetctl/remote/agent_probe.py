@@ -11,10 +11,10 @@ process is left behind. Stdlib only, Python 3.8 grammar.
 
 import json
 import os
-import shutil
 import signal
-import subprocess
-import tempfile
+
+# shutil, subprocess and tempfile are imported by the action itself: the agent is one file, and a
+# command that never probes (a no-op deploy) must not pay for them on every host
 
 ENGINE_PROBE_TIMEOUT = 240.0
 ENGINE_PROBE_MAX_OUT = 1 << 20
@@ -44,6 +44,10 @@ def _probe_env(launch, hardware, tmp):
 
 def run_engine_probe(script, launch, argv, hardware, timeout=ENGINE_PROBE_TIMEOUT):
     """The probe's answer, or {"stage": "probe_failed", "error": why}; bounded in time and output."""
+    import shutil
+    import subprocess
+    import tempfile
+
     if not isinstance(script, str) or not script or len(script) > ENGINE_PROBE_MAX_SCRIPT:
         raise AgentError("script must be a non-empty string of at most %d characters" % ENGINE_PROBE_MAX_SCRIPT,
                          "bad_input")

@@ -2,14 +2,16 @@
 server import? (stdlib only, Python >= 3.8 grammar; no `from __future__`.)
 
 The agent starts `INTERPRETER [launch options] -c <this file> ` with exactly the environment and
-working directory the launch will have, and writes one JSON request on stdin:
+working directory the launch will have, and writes one request on stdin, marshalled (format 2,
+which every Python 3 reads; the agent is the only writer), a dict:
 
     {"path0": dir or null, "files": [rel, ...], "checks": [{"file": rel, "class": C, "marker": m}],
      "package": the engine's package name (from the controller's request) or null}
 
 `path0` replaces sys.path[0] (`''` under -c) the way the launch would set it: the cwd for `-m`, the
-script's directory for a script. The answer (stdout, JSON) says which python runs, its sys.path,
-bytecode settings (cache tag, optimize level, pycache prefix, --check-hash-based-pycs), where
+script's directory for a script. The answer (stdout, JSON written by `dumps` below: importing the
+json module costs a Python start ~10-20 ms more, its `re` and `enum` imports, on every probe) says
+which python runs, its sys.path, bytecode settings (cache tag, optimize level, pycache prefix, --check-hash-based-pycs), where
 `package` is found (`package_dir`; importlib, nothing is imported), and per file what import would load:
 
     {"loader": "source" | "sourceless" | "extension" | "none", "file": path loaded,
@@ -24,7 +26,7 @@ source compiled) and say whether `class.__init__` holds a string constant contai
 The simulator (fleetctl/sandbox/simulator.py) uses the same functions locally.
 """
 
-import json
+import marshal
 import os
 import sys
 
@@ -226,9 +228,68 @@ def probe(req):
     return res
 
 
+_ESCAPES = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t", "\b": "\\b", "\f": "\\f"}
+
+
+def _json_str(s):
+    if s.isascii() and s.isprintable() and '"' not in s and "\\" not in s:
+        return '"' + s + '"'
+    out = []
+    for ch in s:
+        e = _ESCAPES.get(ch)
+        if e is not None:
+            out.append(e)
+        elif " " <= ch < "\x7f":
+            out.append(ch)
+        else:  # as json.dumps (ensure_ascii): \uXXXX, a surrogate pair above the BMP, lone surrogates kept
+            n = ord(ch)
+            if n > 0xFFFF:
+                n -= 0x10000
+                out.append(f"\\u{0xD800 | (n >> 10):04x}\\u{0xDC00 | (n & 0x3FF):04x}")
+            else:
+                out.append(f"\\u{n:04x}")
+    return '"' + "".join(out) + '"'
+
+
+def _json_key(k):
+    if isinstance(k, str):
+        return _json_str(k)
+    if k is True or k is False or k is None:
+        return {True: '"true"', False: '"false"', None: '"null"'}[k]
+    if isinstance(k, (int, float)):
+        return '"' + dumps(k) + '"'
+    raise TypeError(f"keys must be str, int, float, bool or None, not {type(k).__name__}")
+
+
+def dumps(o):
+    """JSON text of `o` (dict, list, tuple, str, int, float, bool, None), as json.dumps(o) reads back."""
+    if o is None:
+        return "null"
+    if o is True:
+        return "true"
+    if o is False:
+        return "false"
+    if isinstance(o, str):
+        return _json_str(o)
+    if isinstance(o, int):
+        return int.__repr__(o)
+    if isinstance(o, float):
+        if o != o:
+            return "NaN"
+        if o in (float("inf"), float("-inf")):
+            return "Infinity" if o > 0 else "-Infinity"
+        return float.__repr__(o)
+    if isinstance(o, dict):
+        return "{" + ", ".join(_json_key(k) + ": " + dumps(v) for k, v in o.items()) + "}"
+    if isinstance(o, (list, tuple)):
+        return "[" + ", ".join(dumps(v) for v in o) + "]"
+    raise TypeError(f"Object of type {type(o).__name__} is not JSON serializable")
+
+
 def main():
-    req = json.loads(sys.stdin.read() or "{}")
-    sys.stdout.write(json.dumps(probe(req)))
+    data = sys.stdin.buffer.read()
+    req = marshal.loads(data) if data else {}
+    sys.stdout.write(dumps(probe(req)))
     sys.stdout.flush()
 
 

@@ -19,6 +19,7 @@
         bin/nvidia-smi                                             STAND-IN nvidia-smi (real captures)
         gpu-state                                                  `idle` or `busy`, read by the stand-in
         state/                                                     the host's fleetctl state dir
+        home/                                                      with --bare-shell: the sessions' HOME (empty)
 
 Stand-ins, on purpose: there is no GPU and no real torch on a sandbox host.
   * torch: only `torch-<v>.dist-info/METADATA` (Name/Version), with the version the host's SGLang
@@ -26,6 +27,11 @@ Stand-ins, on purpose: there is no GPU and no real torch on a sandbox host.
     answers what a correctly installed host would. `import torch` fails.
   * nvidia-smi: `fleetctl/sandbox/nvidia_smi.py` replays real H200 captures (see that module).
   * the SGLang server: the inventory's `launch_command` runs `fleetctl.sandbox.simulator`.
+
+Login shell: by default a host's sessions run this machine's account login shell with its HOME and
+rc files (here root's ~/.bashrc starts pyenv: ~0.1 s of CPU per remote command). `bare_shell=True`
+(`sandbox up --bare-shell`) gives each fleet host's sessions their own empty HOME (sshd SetEnv), so
+`bash -c` reads no ~/.bashrc: the login shell of a bare image. Both kinds exist among GPU hosts.
 
 Everything else is real: one `/usr/sbin/sshd -D -e -f <cfg>` per host (detached, own session,
 127.0.0.1 only), real ssh, real ProxyJump through the jump host, real files that fleetctl patches.
@@ -113,6 +119,13 @@ class SandboxHost:
     # all sandbox hosts share 127.0.0.1, so each gets its own block of SGLang server ports
     # (written into the inventory as the host's --port flag; instances use port + i)
     server_port: int | None = None
+    # bare login shell: the host's sshd gives its sessions HOME=<host dir>/home (empty, no rc files),
+    # so the login shell (bash -c) starts bare instead of running this machine's ~/.bashrc
+    bare_shell: bool = False
+
+    @property
+    def home(self) -> Path | None:
+        return self.host_dir / "home" if self.bare_shell else None
 
     @property
     def via_jump(self) -> str | None:
@@ -172,13 +185,14 @@ class SandboxHost:
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "role": self.role, "port": self.port, "host_dir": str(self.host_dir),
-                "version": self.version, "torch_version": self.torch_version, "server_port": self.server_port}
+                "version": self.version, "torch_version": self.torch_version, "server_port": self.server_port,
+                "bare_shell": self.bare_shell}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> SandboxHost:
         return cls(name=d["name"], role=d["role"], port=int(d["port"]), host_dir=Path(d["host_dir"]),
                    version=d.get("version"), torch_version=d.get("torch_version"),
-                   server_port=d.get("server_port"))
+                   server_port=d.get("server_port"), bare_shell=bool(d.get("bare_shell", False)))
 
 
 @dataclass
@@ -357,6 +371,8 @@ def _spec_for(d: Path, h: SandboxHost) -> SshdSpec:
     set_env = {procs.MARKER_VAR: str(d), "FLEETCTL_SANDBOX_HOST": h.name}
     if h.role == "fleet":
         set_env = {"PATH": h.path_env(), **set_env}
+    if h.home is not None:  # sshd's SetEnv overrides the HOME it takes from the password database
+        set_env["HOME"] = str(h.home)
     return SshdSpec(name=h.name, host_dir=h.host_dir, port=h.port, authorized_keys=d / "client_key.pub",
                     set_env=set_env)
 
@@ -512,6 +528,8 @@ def _build_fleet_host(sb: Sandbox, h: SandboxHost, tree: Path, busy: bool) -> No
     h.site_packages.mkdir(parents=True)
     h.bin_dir.mkdir()
     h.state_dir.mkdir()
+    if h.home is not None:
+        h.home.mkdir()
     _copy_tree(tree / "sglang", h.sglang_dir)
     for info in tree.glob("sglang-*.dist-info"):
         shutil.copytree(info, h.site_packages / info.name, copy_function=shutil.copyfile)
@@ -656,6 +674,7 @@ def up(
     busy_gpus: Iterable[str] = (),
     progress: Progress | None = None,
     cpu_sglang: bool = False,
+    bare_shell: bool = False,
 ) -> Sandbox:
     """Build and start a sandbox fleet of `hosts` hosts (+ the jump host) in `dir`.
 
@@ -664,7 +683,9 @@ def up(
     so each host's own SGLang tree imports far enough for `explain --probe`.
 
     Versions cycle through `versions` (h01 gets the first). Refuses (InputError) if a sandbox runs
-    in `dir`, or if `dir` holds anything that is not a stopped sandbox.
+    in `dir`, or if `dir` holds anything that is not a stopped sandbox. `bare_shell`: every fleet
+    host's sessions get their own empty HOME (no ~/.bashrc, ~/.profile: a bare image's login shell)
+    instead of this machine's account HOME and its rc files.
     """
     say = progress or (lambda _msg: None)
     t0 = time.monotonic()
@@ -704,14 +725,14 @@ def up(
                     p.unlink()
         _refuse_foreign(d)
         try:
-            return _up(d, names, versions, gpus, busy, binary, say, t0, cpu_sglang)
+            return _up(d, names, versions, gpus, busy, binary, say, t0, cpu_sglang, bare_shell)
         except BaseException:
             _stop_everything(d, timeout=5.0)
             raise
 
 
 def _up(d: Path, names: list[str], versions: list[str], gpus: int, busy: set[str], binary: str,
-        say: Progress, t0: float, cpu_sglang: bool = False) -> Sandbox:
+        say: Progress, t0: float, cpu_sglang: bool = False, bare_shell: bool = False) -> Sandbox:
     timings: dict[str, float] = {}
     mark = time.monotonic()
 
@@ -733,7 +754,7 @@ def _up(d: Path, names: list[str], versions: list[str], gpus: int, busy: set[str
     for i, n in enumerate(names):
         v = versions[i % len(versions)]
         fleet[n] = SandboxHost(name=n, role="fleet", port=0, host_dir=d / "hosts" / n, version=v,
-                               torch_version=pins[v])
+                               torch_version=pins[v], bare_shell=bare_shell)
     jump = SandboxHost(name=JUMP, role="jump", port=0, host_dir=d / JUMP)
     sb = Sandbox(dir=d, hosts=fleet, jump=jump, gpus=gpus, versions=versions,
                  controller_python=sys.executable, created=time.time(), timings=timings)

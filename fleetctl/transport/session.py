@@ -79,7 +79,8 @@ def agent_command(host: Host) -> tuple[list[str], bytes]:
     data += b"S"
     public = {k: v for k, v in host.env.items() if k not in host.secret_env_keys}
     cache = host.state_dir.rstrip("/") + "/cache"
-    return [*env_prefix(public), host.python, "-c", BOOTSTRAP, cache], data
+    # the python word again: the agent compares it with the launch's (an in-process probe, agent.py)
+    return [*env_prefix(public), host.python, "-c", BOOTSTRAP, cache, host.python], data
 
 
 
