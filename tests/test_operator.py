@@ -94,6 +94,7 @@ BAD_BEFORE_CONNECTING: list[tuple[list[Any], str]] = [
     (["rollback", "-i", "{inv}", "--to", "r20260101-120000-ab12"], "deploy ids start with 'd'"),
     (["rollback", "-i", "{inv}", "--check", "--to", "d2026"], "is not a deploy id"),
     (["stop", "-i", "{inv}", "--instance", "port-1;id"], "not an instance name"),
+    (["stop", "-i", "{inv}", "--instance", "30000"], "did you mean port-30000?"),  # was: 'never launched', exit 0
     (["history", "--last", "0"], "--last"),
 ]
 
