@@ -394,3 +394,13 @@ def test_port_bad_version_names_the_option(tmp_path: Path, playbook) -> None:
                          (["--from", SRC, "--to", "latest"], "--to 'latest'")):
         proc = fleetctl("patch", "port", pb_dir, *args)
         assert proc.returncode == 2 and needle in proc.stderr.decode(), proc.stderr
+
+
+def test_port_without_conflicts_does_not_ask_to_resolve_them(tmp_path: Path, playbook) -> None:
+    """The only problem is a file 0.5.13 does not have: the last line points at it, not at conflicts."""
+    pb_dir = _one_file_playbook(tmp_path, SRC, REL, {})
+    proc = fleetctl("patch", "port", pb_dir, "--from", SRC, "--to", "0.5.13")
+    assert proc.returncode == 1
+    err = proc.stderr.decode()
+    assert "0.5.13: not ported (playbook unchanged for 0.5.13): see the problems above" in err, err
+    assert "conflict" not in err

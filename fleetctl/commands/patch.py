@@ -220,8 +220,9 @@ def port_cmd(
                                          markup=False, highlight=False)
                 else:
                     common.err.print(f"{v} {p.path}: {p.problem}", markup=False, highlight=False)
-            common.err.print(f"{v}: not ported (playbook unchanged for {v}): resolve the conflicts, then make "
-                             f"the patch with `fleetctl patch new --sglang {v}`", markup=False, highlight=False)
+            fix = (f"resolve the conflicts, then make the patch with `fleetctl patch new --sglang {v}`"
+                   if any(p.conflicts for p in bad) else "see the problems above")
+            common.err.print(f"{v}: not ported (playbook unchanged for {v}): {fix}", markup=False, highlight=False)
             continue
         carried, dropped = carry_unsupported(pb.unsupported_workers.get(src, {}), v)
         note = carried_note(src) if carried else None
