@@ -123,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
         except SystemExit as e:  # typer/click exit with the code they decided
             c = e.code
             code = c if isinstance(c, int) else (0 if c is None else EXIT_BAD_INPUT)
+            if code == 130:  # typer turns a Ctrl-C outside a fleet step into a silent exit 130
+                sys.stderr.write("interrupted (Ctrl-C)\n")
         else:
             code = 0
     # Error lines carry host and inventory text: control characters (newlines too) are escaped,
