@@ -299,6 +299,9 @@ def test_stale_pyc_makes_verify_logs_fail_and_say_why(sb: Sandbox, tmp_path: Pat
     code, doc, _ = cli(capsys, "deploy", "-i", inv, pb)
     assert code == 0 and doc["plan"]["hosts"][0]["drop_bytecode"] == [WORKER]
     assert "stale cached bytecode" in json.dumps(doc["hosts"])
+    # shown relative to the package dir (an absolute path was cut mid-word in the result table)
+    note = next(n for r in doc["hosts"] for n in r.get("notes", []) if "stale cached bytecode" in n)
+    assert str(h.sglang_dir) not in note and "srt/speculative/__pycache__/" in note, note
     code, doc, err = cli(capsys, "launch", "-i", inv, pb, "--timeout", "60", "--replace")
     assert code == 0, (doc, err)
     code, doc, err = cli(capsys, "verify-logs", "-i", inv, pb)
