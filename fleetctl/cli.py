@@ -24,7 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "deploy": ("deploys", "Patch every host to the playbook's intended files: plan, backup, atomic swap, verify."),
     "rollback": ("deploys", "Restore each host's files to their bytes before its last (or a named) deploy."),
     "status": ("deploys", "Per host: deploy state of the playbook's files, interrupted deploys, lock, servers."),
-    "history": ("deploys", "The local ledger of deploys and rollbacks; 'history ID' shows one."),
+    "history": ("deploys", "The local ledger of deploys, rollbacks and launches; 'history ID' shows one."),
     "explain": ("deploys", "Say per host which SGLang worker class and file will run, and whether the playbook "
                             "patches it."),
     "launch": ("servers", "Start the SGLang servers of the playbook's launch profile and wait until ready."),
@@ -159,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
         except SystemExit as e:  # typer/click exit with the code they decided
             c = e.code
             code = c if isinstance(c, int) else (0 if c is None else EXIT_BAD_INPUT)
+            if code == 130:  # typer turns a Ctrl-C outside a fleet step into a silent exit 130
+                sys.stderr.write("interrupted (Ctrl-C)\n")
         else:
             code = 0
     # Error lines carry host and inventory text: control characters (newlines too) are escaped,

@@ -295,10 +295,15 @@ def test_stale_pyc_makes_verify_logs_fail_and_say_why(sb: Sandbox, tmp_path: Pat
     assert code == 1
     text = json.dumps(doc)
     assert "unchecked-hash" in text and "does NOT carry" in text
+    loads = next(e for e in doc["hosts"][0]["instances"][0]["explanation"] if "the code import loads" in e)
+    assert f"(from its __pycache__/{Path(WORKER).stem}.cpython-" in loads and str(h.sglang_dir) not in loads, loads
     # the files are already as intended, yet deploy is not a no-op: it removes the stale bytecode
     code, doc, _ = cli(capsys, "deploy", "-i", inv, pb)
     assert code == 0 and doc["plan"]["hosts"][0]["drop_bytecode"] == [WORKER]
     assert "stale cached bytecode" in json.dumps(doc["hosts"])
+    # shown relative to the package dir (an absolute path was cut mid-word in the result table)
+    note = next(n for r in doc["hosts"] for n in r.get("notes", []) if "stale cached bytecode" in n)
+    assert str(h.sglang_dir) not in note and "srt/speculative/__pycache__/" in note, note
     code, doc, err = cli(capsys, "launch", "-i", inv, pb, "--timeout", "60", "--replace")
     assert code == 0, (doc, err)
     code, doc, err = cli(capsys, "verify-logs", "-i", inv, pb)

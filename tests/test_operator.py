@@ -94,6 +94,7 @@ BAD_BEFORE_CONNECTING: list[tuple[list[Any], str]] = [
     (["rollback", "-i", "{inv}", "--to", "r20260101-120000-ab12"], "deploy ids start with 'd'"),
     (["rollback", "-i", "{inv}", "--check", "--to", "d2026"], "is not a deploy id"),
     (["stop", "-i", "{inv}", "--instance", "port-1;id"], "not an instance name"),
+    (["stop", "-i", "{inv}", "--instance", "30000"], "did you mean port-30000?"),  # was: 'never launched', exit 0
     (["history", "--last", "0"], "--last"),
 ]
 
@@ -338,3 +339,38 @@ def test_history_counts_a_rollouts_kept_out_hosts_as_not_failed(tmp_path: Path) 
         assert op["hosts"] == 4 and op["hosts_failed"] == 1
     finally:
         led.close()
+
+
+def test_ctrl_c_before_the_fleet_step_says_interrupted(tmp_path: Path) -> None:
+    """A Ctrl-C while the inventory is still being read (here: a FIFO nobody writes) was a silent exit
+    130 (typer swallows KeyboardInterrupt): it must say so on stderr. A real SIGINT to our own child."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    fifo = tmp_path / "inv.yaml"
+    os.mkfifo(fifo)
+    proc = subprocess.Popen([sys.executable, "-m", "fleetctl", "facts", "-i", str(fifo)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    writer = -1
+    try:
+        deadline = time.monotonic() + 120  # hang bound only: the child blocks until we see it reading
+        while writer < 0:
+            try:  # succeeds once the child has the FIFO open; kept open, its read() blocks (no EOF)
+                writer = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+            except OSError:
+                assert proc.poll() is None, proc.communicate()
+                assert time.monotonic() < deadline, "fleetctl never opened the inventory"
+                time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        _out, err = proc.communicate(timeout=120)
+    finally:
+        if writer >= 0:
+            os.close(writer)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert b"interrupted (Ctrl-C)" in err and b"Traceback" not in err, err

@@ -334,3 +334,73 @@ def test_port_to_a_release_without_the_file_exits_1(tmp_path: Path, playbook) ->
         in proc.stderr, proc.stderr
     assert (pb_dir / "playbook.yaml").read_bytes() == before
     assert not list((pb_dir / "patches").glob("0.5.13/*.diff"))
+
+
+def _one_file_playbook(tmp_path: Path, src: str, rel: str, unsupported: dict[str, str]) -> Path:
+    """A playbook for `src` patching `rel` (one comment line after its first line, on the real release
+    file), with these unsupported_workers."""
+    from fleetctl.patching.authoring import make_patch
+
+    pristine = wheels.pristine_bytes(src, rel)
+    first, rest = pristine.split(b"\n", 1)
+    diff = make_patch(pristine, first + b"\n# team note\n" + rest, rel)
+    pb_dir = tmp_path / "pb1"
+    (pb_dir / "patches" / src).mkdir(parents=True)
+    (pb_dir / "patches" / src / "p.diff").write_bytes(diff)
+    (pb_dir / "playbook.yaml").write_text(yaml.safe_dump({
+        "name": "one-file",
+        "versions": {src: {"files": [{"path": rel, "patch": f"patches/{src}/p.diff",
+                                      "sha256": wheels.sha256_bytes(pristine)}],
+                           "unsupported_workers": unsupported}}}, sort_keys=False))
+    return pb_dir
+
+
+def test_port_keeps_only_worker_classes_the_target_release_has(tmp_path: Path, playbook) -> None:
+    """0.5.9 lists StandaloneWorkerV2 and MultiLayerEagleWorker; 0.5.7 has MultiLayerEagleWorker but
+    no StandaloneWorkerV2 (asked of the engine): only the class 0.5.7 has is carried, the other is
+    named as dropped. 0.5.8 has both: both are carried, nothing is dropped."""
+    from fleetctl.engine import engine
+
+    assert "StandaloneWorkerV2" not in engine().worker_files("0.5.7")
+    assert {"StandaloneWorkerV2", "MultiLayerEagleWorker"} <= set(engine().worker_files("0.5.8"))
+    why = {"StandaloneWorkerV2": "standalone v2 is not covered", "MultiLayerEagleWorker": "multi-layer is not"}
+    pb_dir = _one_file_playbook(tmp_path, SRC, REL, why)
+    proc = fleetctl("patch", "port", pb_dir, "--from", SRC, "--to", "0.5.7", "--to", "0.5.8")
+    assert proc.returncode == 0, proc.stderr
+    pb = load_playbook(pb_dir)
+    assert pb.unsupported_workers["0.5.7"] == {"MultiLayerEagleWorker": "multi-layer is not"}
+    assert pb.unsupported_workers["0.5.8"] == why
+    err = proc.stderr.decode()
+    assert ("note: 0.5.7: unsupported_workers of 0.5.9 not carried to 0.5.7: StandaloneWorkerV2 "
+            "(SGLang 0.5.7 has no such worker class)") in err, err
+    assert "not carried to 0.5.8" not in err
+    assert fleetctl("patch", "check", pb_dir, "--sglang", "0.5.7").returncode == 0
+
+
+def test_port_drops_unsupported_workers_entirely_when_the_target_has_none_of_them(tmp_path: Path,
+                                                                                 playbook) -> None:
+    pb_dir = _one_file_playbook(tmp_path, SRC, REL, {"StandaloneWorkerV2": "not covered"})
+    proc = fleetctl("patch", "port", pb_dir, "--from", SRC, "--to", "0.5.7")
+    assert proc.returncode == 0, proc.stderr
+    entry = yaml.safe_load((pb_dir / "playbook.yaml").read_text())["versions"]["0.5.7"]
+    assert "unsupported_workers" not in entry, entry
+    err = proc.stderr.decode()
+    assert "carried over" not in err and "not carried to 0.5.7: StandaloneWorkerV2" in err, err
+
+
+def test_port_bad_version_names_the_option(tmp_path: Path, playbook) -> None:
+    pb_dir = copy_playbook(tmp_path)
+    for args, needle in ((["--from", "v9", "--to", "0.5.10"], "--from 'v9'"),
+                         (["--from", SRC, "--to", "latest"], "--to 'latest'")):
+        proc = fleetctl("patch", "port", pb_dir, *args)
+        assert proc.returncode == 2 and needle in proc.stderr.decode(), proc.stderr
+
+
+def test_port_without_conflicts_does_not_ask_to_resolve_them(tmp_path: Path, playbook) -> None:
+    """The only problem is a file 0.5.13 does not have: the last line points at it, not at conflicts."""
+    pb_dir = _one_file_playbook(tmp_path, SRC, REL, {})
+    proc = fleetctl("patch", "port", pb_dir, "--from", SRC, "--to", "0.5.13")
+    assert proc.returncode == 1
+    err = proc.stderr.decode()
+    assert "0.5.13: not ported (playbook unchanged for 0.5.13): see the problems above" in err, err
+    assert "conflict" not in err

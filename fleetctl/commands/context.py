@@ -156,8 +156,8 @@ def interrupt_report(fleet: Fleet) -> str:
                  "done" if last.ok else f"{last.status}: {last.message}")
         if h.name in fleet.at_interrupt:
             lines.append(f"  {h.name}: in flight at {fleet.at_interrupt[h.name]} when interrupted; then {ended}")
-        elif h.name in fleet.not_started:
-            lines.append(f"  {h.name}: not started{did}")
+        elif h.name in fleet.not_started:  # with steps done: only the next step did not start
+            lines.append(f"  {h.name}: next step not started{did}" if did else f"  {h.name}: not started")
         elif last is not None:
             lines.append(f"  {h.name}: {ended}{did if last.ok else ''}")
         else:

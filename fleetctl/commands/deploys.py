@@ -72,7 +72,7 @@ def register(app: typer.Typer) -> None:
 
         deploys_impl.status(playbook=playbook, **shared)
 
-    @app.command("history", help="The local ledger of deploys and rollbacks; 'history ID' shows one.")
+    @app.command("history", help="The local ledger of deploys, rollbacks and launches; 'history ID' shows one.")
     def history(
         op_id: Annotated[str | None, typer.Argument(help="An operation id to show in full.")] = None,
         limit_rows: int = typer.Option(30, "--last", min=1, help="How many operations to list."),

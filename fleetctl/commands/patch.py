@@ -190,10 +190,17 @@ def port_cmd(
                                            show_default=False)],
 ) -> None:
     from fleetctl.config.playbook import load_playbook
-    from fleetctl.patching.port import carried_note, patch_ref, port_file, write_version
+    from fleetctl.patching.port import (
+        carried_note,
+        carry_unsupported,
+        dropped_note,
+        patch_ref,
+        port_file,
+        write_version,
+    )
 
-    src = validate.sglang_version(src)
-    targets = list(dict.fromkeys(validate.sglang_version(v) for v in dst))
+    src = validate.sglang_version(src, "--from")
+    targets = list(dict.fromkeys(validate.sglang_version(v, "--to") for v in dst))
     pb = load_playbook(playbook)
     if src not in pb.versions:
         raise InputError(f"{pb.path}: no entry for SGLang {src}", hint=f"the playbook covers {', '.join(pb.supported())}")
@@ -221,10 +228,11 @@ def port_cmd(
                                          markup=False, highlight=False)
                 else:
                     common.err.print(f"{v} {p.path}: {p.problem}", markup=False, highlight=False)
-            common.err.print(f"{v}: not ported (playbook unchanged for {v}): resolve the conflicts, then make "
-                             f"the patch with `fleetctl patch new --sglang {v}`", markup=False, highlight=False)
+            fix = (f"resolve the conflicts, then make the patch with `fleetctl patch new --sglang {v}`"
+                   if any(p.conflicts for p in bad) else "see the problems above")
+            common.err.print(f"{v}: not ported (playbook unchanged for {v}): {fix}", markup=False, highlight=False)
             continue
-        carried = dict(pb.unsupported_workers.get(src, {}))
+        carried, dropped = carry_unsupported(pb.unsupported_workers.get(src, {}), v)
         note = carried_note(src) if carried else None
         refs = write_version(pb, v, ports, carried, note, _write_atomic)
         pb = load_playbook(pb.path)  # the next target edits the file as now written
@@ -232,6 +240,8 @@ def port_cmd(
                          highlight=False)
         if carried:
             common.err.print(f"note: {v}: {note}", markup=False, highlight=False)
+        if dropped:
+            common.err.print(f"note: {v}: {dropped_note(src, v, dropped)}", markup=False, highlight=False)
     if failed:
         raise FleetctlError(f"patch port: {len(failed)} of {len(targets)} release(s) not ported: {', '.join(failed)}")
 
@@ -252,7 +262,7 @@ def import_cmd(
     from fleetctl.patching.authoring import playbook_snippet
     from fleetctl.patching.port import git_range_diff, import_diff, patch_ref
 
-    sglang = validate.sglang_version(sglang)
+    sglang = validate.sglang_version(sglang, "--version")
     pb = load_playbook(playbook) if playbook is not None else None
     if pb is not None and sglang in pb.versions:
         raise InputError(f"{pb.path}: the playbook already has an entry for SGLang {sglang}",

@@ -13,7 +13,7 @@ from fleetctl.errors import InputError
 # new_op_id(): <prefix><YYYYmmdd>-<HHMMSS>-<hex>; 'd' for deploys (also rolling ones)
 DEPLOY_ID = re.compile(r"d\d{8}-\d{6}-[0-9a-f]{2,16}")
 OP_ID = re.compile(r"[a-z]\d{8}-\d{6}-[0-9a-f]{2,16}")
-INSTANCE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+INSTANCE = re.compile(r"port-\d{1,5}")  # fleetctl names every instance after its port
 SGLANG_VERSION = re.compile(r"\d+(\.\d+){1,3}((\.|-)?(post|dev|rc|a|b)\d*)*")
 
 
@@ -51,8 +51,9 @@ def instances(names: list[str] | None) -> list[str] | None:
         return None
     for n in names:
         if not INSTANCE.fullmatch(n):
+            hint = f"did you mean port-{n}? " if n.isdigit() and len(n) <= 5 else ""
             raise InputError(f"--instance {n!r}: not an instance name",
-                             hint="instance names look like port-30000 ('fleetctl servers' lists them)")
+                             hint=hint + "instance names look like port-30000 ('fleetctl servers' lists them)")
     return names
 
 

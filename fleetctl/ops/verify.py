@@ -272,7 +272,10 @@ def _explain_loaded(iv: InstanceVerify, loaded: LoadedCheck | None, site: dict[s
         iv.explanation.append(problem)
     if loaded.loaded and v.loader == "source" and v.pyc_used:
         marked = loaded.check is not None and loaded.check.marker
-        iv.explanation.append(f"the code import loads for {site['file']} (from {v.pyc}) "
+        src_dir = posixpath.dirname(v.file or "")
+        pyc = (f"its {v.pyc[len(src_dir) + 1:]}" if src_dir and v.pyc and v.pyc.startswith(src_dir + "/")
+               else v.pyc)  # next to the source: short, so a narrow terminal does not cut the path
+        iv.explanation.append(f"the code import loads for {site['file']} (from {pyc}) "
                               f"{'DOES' if marked else 'does NOT'} carry {loaded.marker!r} in "
                               f"{site['class']}.{site['function']}")
 

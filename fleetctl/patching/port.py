@@ -72,6 +72,22 @@ def carried_note(src: str) -> str:
     return f"unsupported_workers carried over from {src} by `fleetctl patch port`: review for this release"
 
 
+def carry_unsupported(unsupported: dict[str, str], dst: str) -> tuple[dict[str, str], list[str]]:
+    """The source release's unsupported_workers that name a worker class release `dst` has, and the
+    classes dropped because `dst` has no such worker. A release the engine does not know keeps all."""
+    eng = engine()
+    if not eng.is_known(dst):
+        return dict(unsupported), []
+    have = eng.worker_files(dst)
+    kept = {cls: why for cls, why in unsupported.items() if cls in have}
+    return kept, [cls for cls in unsupported if cls not in have]
+
+
+def dropped_note(src: str, dst: str, dropped: list[str]) -> str:
+    return (f"unsupported_workers of {src} not carried to {dst}: {', '.join(dropped)} "
+            f"({engine().display_name} {dst} has no such worker class)")
+
+
 def write_version(pb: Playbook, version: str, ports: list[FilePort], unsupported: dict[str, str],
                   note: str | None, write: Callable[[Path, bytes], None]) -> list[str]:
     """Write the patches and add the entry to the playbook YAML. Returns the patch paths written."""

@@ -950,6 +950,13 @@ def _pycache_prefixes(p):
     return [got["pycache_prefix"]] if got.get("pycache_prefix") else []
 
 
+def _shown_paths(pkg, paths):
+    """Paths as a note shows them: relative to the package dir when inside it (short, so a table
+    cell does not cut them mid-word), else as they are (a PYTHONPYCACHEPREFIX tree)."""
+    base = pkg.rstrip("/") + "/"
+    return ", ".join(x[len(base):] if x.startswith(base) else x for x in paths)
+
+
 def _drop_stale(pkg, rels, prefixes):
     """Remove the cached bytecode of files the deploy does not replace (the controller found it
     stale: import would run it instead of the file). Returns notes."""
@@ -958,7 +965,7 @@ def _drop_stale(pkg, rels, prefixes):
         drop_bytecode(safe_target(pkg, rel), prefixes, removed)
     if not removed:
         return []
-    return ["removed %d stale cached bytecode file(s): %s" % (len(removed), ", ".join(removed))]
+    return ["removed %d stale cached bytecode file(s): %s" % (len(removed), _shown_paths(pkg, removed))]
 
 
 def action_deploy(p):
@@ -1106,7 +1113,7 @@ def action_deploy(p):
         fault_point(p, "after_complete")
         if pyc["removed"]:
             notes.append("removed %d cached bytecode file(s) of the replaced sources: %s"
-                         % (len(pyc["removed"]), ", ".join(pyc["removed"])))
+                         % (len(pyc["removed"]), _shown_paths(pkg, pyc["removed"])))
         notes += _drop_stale(pkg, p.get("drop_bytecode"), m["pycache_prefixes"])
         return {"deploy_id": did, "files": [{"path": x["path"], "sha_after": x["sha_after"]} for x in m["files"]],
                 "notes": notes, "final": _final(pkg, p, state_real)}
