@@ -72,15 +72,6 @@ class HostFacts:
     # the launch's target model config.json as read on the host (None: the launch names no model)
     model: ModelConfig | None = None
 
-    # merge aid for branches written before the engine cut (issue 12.1): the old field names, read-only.
-    # Remove once they are merged.
-    sglang_found = property(lambda self: self.package_found)
-    sglang_version = property(lambda self: self.package_version)
-    sglang_dir = property(lambda self: self.package_dir)
-    sglang_install = property(lambda self: self.package_install)
-    sglang_error = property(lambda self: self.package_error)
-    sglang_notes = property(lambda self: self.package_notes)
-
     def deploys(self) -> list[Manifest]:
         return self.state.deploys if self.state else []
 

@@ -87,7 +87,7 @@ def test_deploy_status_rollback_on_a_temporary_host(tmp_path: Path, pb: Playbook
     with local_fleet(inv) as fleet:
         g = gather(fleet, pb)
         assert g.outcomes["t01"].ok, g.outcomes["t01"].message
-        assert g.facts["t01"].sglang_version == VERSION
+        assert g.facts["t01"].package_version == VERSION
         plan = build_plan(fleet, pb, g)
         (hp,) = plan.hosts
         assert hp.status == "change", hp.reason
