@@ -68,6 +68,8 @@ def not_deployed(pb: Playbook, facts: Any) -> list[str]:
 
     now: dict[str, str | None] = {}
     for m in hoststate.own(facts):
+        if m.state != "complete" or m.gone:  # a record closed (superseded) or about to be: tracks nothing
+            continue
         for f in m.files:
             if f.path.startswith("{state_dir}/"):
                 now[f.path] = f.sha_now
@@ -92,3 +94,27 @@ def check_rows(pb: Playbook, versions: list[str]) -> list[Any]:
                 detail = f"{detail}; {why}"
             rows.append(FileCheck(version, shown(pb, f.name), OK if ok else "refused", detail))
     return rows
+
+
+def left_behind(facts: Any) -> list[str]:
+    """State files a deploy wrote whose patch a package reinstall or upgrade took away (`gone`; the
+    next rollback or deploy closes the record, `superseded`, and undoes them, agent_deploy
+    close_superseded), still on the host as that deploy wrote them and tracked by no live record.
+    One line each (status names them)."""
+    from fleetctl import hoststate
+
+    own = hoststate.own(facts)
+    tracked = {f.path for m in own if m.state == "complete" and not m.gone for f in m.files
+               if f.path.startswith("{state_dir}/") and f.sha_now == f.sha_after}
+    out: list[str] = []
+    for m in own:
+        if m.kind != "deploy" or not (m.gone or m.state == "superseded"):
+            continue
+        for f in m.files:
+            if f.path.startswith("{state_dir}/") and f.sha_now is not None and f.sha_now == f.sha_after \
+                    and f.path not in tracked:
+                out.append(f"{f.path} is still there from deploy {m.id}, whose patch the package "
+                           f"reinstall/upgrade took away: 'fleetctl rollback' closes the record and removes "
+                           f"it (or puts back what was there before); 'fleetctl deploy' of its playbook "
+                           f"writes it again under a new record")
+    return list(dict.fromkeys(out))

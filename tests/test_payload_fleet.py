@@ -6,6 +6,8 @@ launch -> verify-logs -> rollback, each host held to its own release's worker an
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -138,5 +140,42 @@ def adaptive_spec_on_the_same_fleet(sb: Sandbox, tmp_path: Path, capsys: pytest.
         assert iv["args"]["speculative_adaptive_config"] == str(shipped[name])
         assert iv["ranks"] and all(all(r["markers"][m] for m in ADAPTIVE_MARKERS) for r in iv["ranks"]), name
     ok(capsys, "stop", "-i", inv_new)
+    upgrade_under_the_state_file(sb, tmp_path, capsys, shipped["h04"])
     ok(capsys, "rollback", "-i", inv_new)
     assert not any(p.exists() for p in shipped.values())
+
+
+def upgrade_under_the_state_file(sb: Sandbox, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                 shipped: Path) -> None:
+    """h04 (0.5.14) is upgraded to 0.5.23 under its adaptive-spec deploy: status names the state file
+    the deploy left; the rollback that closes the record removes it (it was created by the deploy);
+    launch refuses until a deploy writes it again under a new record."""
+    from test_launch import make_inventory
+
+    h = sb.hosts["h04"]
+    inv = make_inventory(sb, tmp_path / "adaptive-h04.yaml", hosts=["h04"])
+    old = h.host_dir / "old-sglang"
+    os.replace(h.sglang_dir, old)
+    try:
+        shutil.copytree(wheels.package_dir("0.5.23"), h.sglang_dir)
+        code, st = cli(capsys, "status", "-i", inv)
+        blob = json.dumps(st)
+        assert code == 1 and "is no longer on disk (package reinstalled/upgraded" in blob
+        left = "{state_dir}/files/adaptive-spec/adaptive.json is still there from deploy"
+        assert left in blob, blob[:3000]
+        rb = ok(capsys, "rollback", "-i", inv)  # closes the record, and takes the state file away
+        assert "its state file {state_dir}/files/adaptive-spec/adaptive.json removed" in json.dumps(rb), rb
+        assert not shipped.exists()
+        code, st = cli(capsys, "status", "-i", inv)
+        assert code == 0 and left not in json.dumps(st), json.dumps(st)[:3000]
+        code, doc = cli(capsys, "launch", "-i", inv, ADAPTIVE, "--timeout", "60")
+        assert code == 1 and "run 'fleetctl deploy' first" in json.dumps(doc), json.dumps(doc)[:3000]
+        dep = ok(capsys, "deploy", "-i", inv, ADAPTIVE)
+        assert dep["hosts"][0]["status"] == "changed", dep
+        code, st = cli(capsys, "status", "-i", inv)
+        assert code == 0 and left not in json.dumps(st)  # tracked again by the new deploy
+        ok(capsys, "rollback", "-i", inv)
+        ok(capsys, "deploy", "-i", inv, ADAPTIVE)  # as before the upgrade, for the caller's rollback
+    finally:
+        shutil.rmtree(h.sglang_dir)
+        os.replace(old, h.sglang_dir)
