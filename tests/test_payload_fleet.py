@@ -126,8 +126,10 @@ def adaptive_spec_on_the_same_fleet(sb: Sandbox, tmp_path: Path, capsys: pytest.
     capped = make_inventory(sb, tmp_path / "adaptive-capped.yaml", hosts=["h04"],
                             flags={"h04": {"--max-running-requests": 16}})
     code, doc = cli(capsys, "explain", "-i", capped, ADAPTIVE)
-    assert code == 0 and 'the steps=0 slot \\"17\\" (batches of 17+ requests) never acts: ' \
-        "--max-running-requests 16" in json.dumps(doc), json.dumps(doc)[:3000]
+    idle = 'the steps=0 slot \\"17\\" (batches of 17+ requests) never acts: --max-running-requests 16'
+    assert code == 0 and idle in json.dumps(doc), json.dumps(doc)[:3000]
+    code, doc = cli(capsys, "deploy", "--check", "-i", capped, ADAPTIVE)  # and deploy --check
+    assert code == 0 and idle in json.dumps(doc["hosts"]), json.dumps(doc)[:3000]
 
     inv_new = make_inventory(sb, tmp_path / "adaptive-new.yaml", hosts=new)
     ok(capsys, "launch", "-i", inv_new, ADAPTIVE, "--timeout", "60")
