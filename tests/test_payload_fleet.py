@@ -130,6 +130,9 @@ def adaptive_spec_on_the_same_fleet(sb: Sandbox, tmp_path: Path, capsys: pytest.
     assert code == 0 and idle in json.dumps(doc), json.dumps(doc)[:3000]
     code, doc = cli(capsys, "deploy", "--check", "-i", capped, ADAPTIVE)  # and deploy --check
     assert code == 0 and idle in json.dumps(doc["hosts"]), json.dumps(doc)[:3000]
+    doc = ok(capsys, "launch", "-i", capped, ADAPTIVE, "--timeout", "60")  # and launch (it still starts)
+    assert idle in json.dumps(doc["hosts"]), json.dumps(doc)[:3000]
+    ok(capsys, "stop", "-i", capped)
 
     inv_new = make_inventory(sb, tmp_path / "adaptive-new.yaml", hosts=new)
     ok(capsys, "launch", "-i", inv_new, ADAPTIVE, "--timeout", "60")
