@@ -132,8 +132,11 @@ def plan_host(host: Host, facts: HostFacts, playbook: Playbook, intended: dict[s
     hp = HostPlan(host.name, "noop", version=v, package_dir=facts.package_dir, coverage=coverage)
     if v is None or intended is None:
         hp.status = "refused"
-        hp.reason = (f"{host.name}: SGLang {v or '(unknown version)'} has no patch set in {playbook.path.name}; "
-                     f"supported: {', '.join(playbook.supported())}")
+        from fleetctl.sglang.adaptive import release_refusal
+
+        why = release_refusal(playbook, v) if v else None
+        hp.reason = f"{host.name}: " + (why or f"SGLang {v or '(unknown version)'} has no patch set in "
+                                        f"{playbook.path.name}; supported: {', '.join(playbook.supported())}")
         return hp
     hp.interrupted = [m.id for m in interrupted_deploys(facts)]
     now = effective_hashes(facts)

@@ -68,7 +68,53 @@ def not_deployed(pb: Playbook, facts: Any) -> list[str]:
 
     now: dict[str, str | None] = {}
     for m in hoststate.own(facts):
+        if m.state != "complete" or m.gone:  # a record closed (superseded) or about to be: tracks nothing
+            continue
         for f in m.files:
             if f.path.startswith("{state_dir}/"):
                 now[f.path] = f.sha_now
     return [shown(pb, f.name) for f in pb.state_files if now.get(shown(pb, f.name)) != f.sha256]
+
+
+def check_rows(pb: Playbook, versions: list[str]) -> list[Any]:
+    """`fleetctl patch check` rows for the playbook's state files, per release: shipped as-is (sha256),
+    and, for the config an adaptive launch names, whether that release's own loader takes it."""
+    from fleetctl.patching.authoring import OK, FileCheck
+    from fleetctl.sglang import adaptive
+
+    configs = {name for name, _ in adaptive.adaptive_configs(pb)}
+    steps = pb.launch.flags.get("--speculative-num-steps", 3)
+    initial = steps if isinstance(steps, int) and not isinstance(steps, bool) else 3
+    rows = []
+    for version in versions:
+        for f in pb.state_files:
+            ok, detail = True, f"shipped as-is, {len(f.data)} bytes, sha256 {f.sha256}"
+            if f.name in configs:
+                ok, why = adaptive.config_check(version, f.data, initial)
+                detail = f"{detail}; {why}"
+            rows.append(FileCheck(version, shown(pb, f.name), OK if ok else "refused", detail))
+    return rows
+
+
+def left_behind(facts: Any) -> list[str]:
+    """State files a deploy wrote whose patch a package reinstall or upgrade took away (`gone`; the
+    next rollback or deploy closes the record, `superseded`, and undoes them, agent_deploy
+    close_superseded), still on the host as that deploy wrote them and tracked by no live record.
+    One line each (status names them)."""
+    from fleetctl import hoststate
+
+    own = hoststate.own(facts)
+    tracked = {f.path for m in own if m.state == "complete" and not m.gone for f in m.files
+               if f.path.startswith("{state_dir}/") and f.sha_now == f.sha_after}
+    out: list[str] = []
+    for m in own:
+        if m.kind != "deploy" or not (m.gone or m.state == "superseded"):
+            continue
+        for f in m.files:
+            if f.path.startswith("{state_dir}/") and f.sha_now is not None and f.sha_now == f.sha_after \
+                    and f.path not in tracked:
+                out.append(f"{f.path} is still there from deploy {m.id}, whose patch the package "
+                           f"reinstall/upgrade took away: 'fleetctl rollback' closes the record and removes "
+                           f"it (or puts back what was there before); 'fleetctl deploy' of its playbook "
+                           f"writes it again under a new record")
+    return list(dict.fromkeys(out))

@@ -181,6 +181,69 @@ def test_simulated_adaptive_lines_follow_the_release(version: str, tmp_path: Pat
     assert adaptive_lines(version, "EAGLEWorkerV2", {**args, "speculative_adaptive": False}) == []
 
 
+def adaptive_copy(tmp_path: Path, versions: tuple[str, ...], flags: dict[str, Any] | None = None) -> Path:
+    """adaptive-spec with other versions and/or extra launch flags, in tmp_path."""
+    doc = yaml.safe_load((ADAPTIVE / "playbook.yaml").read_text())
+    doc["versions"] = {v: {} for v in versions}
+    doc["launch"]["flags"].update(flags or {})
+    (tmp_path / "files").mkdir(exist_ok=True)
+    (tmp_path / "files" / "adaptive.json").write_bytes((ADAPTIVE / "files" / "adaptive.json").read_bytes())
+    (tmp_path / "playbook.yaml").write_text(yaml.safe_dump(doc))
+    return tmp_path
+
+
+def test_patch_check_shows_the_state_files_per_release(capsys: pytest.CaptureFixture[str]) -> None:
+    pb = load_playbook(ADAPTIVE)
+    data = (ADAPTIVE / "files" / "adaptive.json").read_bytes()
+    code, doc = cli(capsys, "patch", "check", ADAPTIVE)
+    assert code == 0 and doc["results"] == [] and doc["ok"]
+    assert [r["version"] for r in doc["state_files"]] == pb.supported()
+    for r in doc["state_files"]:
+        assert r["path"] == SHOWN and r["ok"] and f"sha256 {sha(data)}" in r["detail"]
+        assert f"SGLang {r['version']} loads it: slots 1: [1, 3, 7], 17: [0]" in r["detail"]
+        assert "steps=0 from batch size 17" in r["detail"]
+    assert doc["message"] == (f"patch check: adaptive-spec passes on {len(pb.versions)} release(s): 0 of 0 package "
+                              f"file(s) ok; {len(pb.versions)} of {len(pb.versions)} state file check(s) ok "
+                              "(1 file(s) shipped as-is on every release)")
+    # the table a person reads: one row per release, and the verdict
+    capsys.readouterr()
+    assert main(["patch", "check", str(ADAPTIVE), "--sglang", "0.5.23"]) == 0
+    out = capsys.readouterr().out
+    assert "adaptive-spec/adaptive.json" in out and sha(data)[:12] in out.replace("\n", "")
+    assert "patch check: adaptive-spec passes on 1 release(s)" in out
+
+
+def test_patch_check_refuses_a_config_the_release_refuses(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, doc = cli(capsys, "patch", "check", adaptive_copy(tmp_path, ("0.5.13", "0.5.14")))
+    assert code == 1 and not doc["ok"]
+    rows = {r["version"]: r for r in doc["state_files"]}
+    assert rows["0.5.14"]["ok"] and not rows["0.5.13"]["ok"]
+    assert "SGLang 0.5.13 refuses it: BS 17: candidate_steps must be a list of positive ints" in rows["0.5.13"]["detail"]
+    assert doc["message"].startswith("patch check: adaptive-spec failed on 0.5.13 on 2 release(s)")
+
+
+def test_steps_zero_slot_beyond_max_running_requests_is_warned(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    pb = load_playbook(ADAPTIVE)  # its steps=0 slot is "17"
+    assert adaptive.idle_slot_warnings(pb, {}) == []  # no limit set: the server picks one, no claim
+    assert adaptive.idle_slot_warnings(pb, {"--max-running-requests": 32}) == []
+    assert "acts only on a full batch" in adaptive.idle_slot_warnings(pb, {"--max-running-requests": "17"})[0]
+    [w] = adaptive.idle_slot_warnings(pb, {"--max-running-requests": 16})
+    assert w.startswith('adaptive-spec: adaptive.json: the steps=0 slot "17" (batches of 17+ requests) never acts')
+    code, doc = cli(capsys, "patch", "check", adaptive_copy(tmp_path, ("0.5.14",), {"--max-running-requests": 8}))
+    assert code == 0 and any("never acts: --max-running-requests 8" in x["message"] for x in doc["warnings"])
+
+
+def test_release_refusal_names_the_release_and_why() -> None:
+    pb = load_playbook(ADAPTIVE)
+    need = "adaptive-spec needs SGLang 0.5.14+ (steps=0 slots): SGLang"
+    assert adaptive.release_refusal(pb, "0.5.9") == f"{need} 0.5.9 has no --speculative-adaptive"
+    assert adaptive.release_refusal(pb, "0.5.12") == f"{need} 0.5.12 takes no per-batch-size slots"
+    assert adaptive.release_refusal(pb, "0.5.13") == f"{need} 0.5.13 refuses candidate_steps 0"
+    assert adaptive.release_refusal(pb, "0.5.14") is None
+    assert adaptive.release_refusal(load_playbook(ROOT / "playbooks" / "dynamic-spec-disable"), "0.5.9") is None
+
+
 # ----------------------------------------------------------------------------- on the sandbox
 
 

@@ -82,33 +82,58 @@ def check_cmd(
                                                      show_default=False)] = None,
     json_out: common.JsonOpt = False,
 ) -> None:
+    from fleetctl import statefiles
     from fleetctl.config.playbook import load_playbook
     from fleetctl.patching.authoring import check_playbook
+    from fleetctl.sglang.adaptive import idle_slot_warnings
 
     pb = load_playbook(playbook)
     results = check_playbook(pb, sglang)
+    versions = list(dict.fromkeys(sglang)) if sglang else pb.supported()
+    shipped = statefiles.check_rows(pb, versions)
     failed = [r for r in results if not r.ok]
-    warnings = launch_warnings(pb, list(dict.fromkeys(r.version for r in results)))
+    failed_state = [r for r in shipped if not r.ok]
+    warnings = launch_warnings(pb, versions)
+    warnings += [{"version": None, "env": {}, "worker_class": None, "worker_file": None, "message": w}
+                 for w in idle_slot_warnings(pb, dict(pb.launch.flags))]
+    verdict = _verdict(pb, versions, results, failed, shipped, failed_state)
     if json_out:
-        common.emit_json("patch check", ok=not failed,
-                         message=f"patch check: {len(results) - len(failed)} of {len(results)} file(s) ok",
-                         summary={"files": len(results), "files_failed": len(failed), "warnings": len(warnings)},
+        common.emit_json("patch check", ok=not failed and not failed_state, message=verdict,
+                         summary={"files": len(results), "files_failed": len(failed), "state_files": len(shipped),
+                                  "state_files_failed": len(failed_state), "warnings": len(warnings)},
                          playbook=str(pb.path), name=pb.name, results=[r.as_dict() for r in results],
-                         warnings=warnings)
+                         state_files=[r.as_dict() for r in shipped], warnings=warnings)
     else:
         from rich.text import Text
 
         from fleetctl.safetext import table as safe_table
 
         table = safe_table(f"patch check: {pb.name}", ("version", "file", "status", "detail"))
-        for r in results:
+        for r in sorted([*results, *shipped], key=lambda r: versions.index(r.version)):
             style = _STYLE.get(r.status, "red")
             table.add_row(r.version, r.path, Text(r.status, style=style), r.detail)
         common.out.print(table)
         for w in warnings:
             common.err.print(f"warning: {w['message']}", markup=False, highlight=False)
+        if not failed and not failed_state:
+            common.out.print(verdict, markup=False, highlight=False)
     if failed:
-        raise FleetctlError(f"patch check: {len(failed)} of {len(results)} file(s) failed")
+        raise FleetctlError(f"patch check: {len(failed)} of {len(results)} file(s) failed"
+                            + (f"; {len(failed_state)} state file check(s) failed" if failed_state else ""))
+    if failed_state:
+        raise FleetctlError(verdict)
+
+
+def _verdict(pb: Playbook, versions: list[str], results: list[Any], failed: list[Any], shipped: list[Any],
+             failed_state: list[Any]) -> str:
+    """The one line `patch check` ends with."""
+    parts = [f"{len(results) - len(failed)} of {len(results)} package file(s) ok"]
+    if pb.state_files:
+        parts.append(f"{len(shipped) - len(failed_state)} of {len(shipped)} state file check(s) ok "
+                     f"({len(pb.state_files)} file(s) shipped as-is on every release)")
+    bad = sorted({r.version for r in [*failed, *failed_state]}, key=versions.index)
+    where = f"failed on {', '.join(bad)}" if bad else "passes"
+    return f"patch check: {pb.name} {where} on {len(versions)} release(s): {'; '.join(parts)}"
 
 
 def launch_warnings(pb: Playbook, versions: list[str]) -> list[dict[str, Any]]:

@@ -93,6 +93,12 @@ def build_plan(fleet: Fleet, playbook: Playbook, gathered: Gathered, *, force: b
                        allow_uncovered=allow_uncovered)
         _plan_stale_bytecode(hp, f)
         _plan_state_files(hp, f, playbook)
+        if hp.status in ("change", "noop") and playbook.state_files:  # a steps=0 slot no batch reaches
+            from fleetctl.patched_worker import instances
+            from fleetctl.sglang.adaptive import idle_slot_warnings
+
+            idle = dict.fromkeys(w for i in instances(h, playbook) for w in idle_slot_warnings(playbook, dict(i.flags)))
+            hp.reason = "; ".join(x for x in (hp.reason, *(f"warning: {w}" for w in idle)) if x)
         hosts.append(hp)
     return Plan(str(playbook.path), hosts, intended)
 

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 
 def status_rows(hosts: Sequence[Host], gathered: Any, plan: Plan | None) -> list[dict[str, Any]]:
-    from fleetctl import hoststate
+    from fleetctl import hoststate, statefiles
 
     rows = []
     by_plan = {hp.host: hp for hp in plan.hosts} if plan else {}
@@ -40,6 +40,7 @@ def status_rows(hosts: Sequence[Host], gathered: Any, plan: Plan | None) -> list
         gone = hoststate.gone(f)
         problems += [hoststate.gone_msg(m) + "; 'fleetctl rollback' closes its record, 'fleetctl deploy' "
                      "patches again" for m in gone]
+        notes += statefiles.left_behind(f)  # a playbook's config no live record tracks any more
         pristine, why_not = hoststate.release_pristine(f.package_version)
         if pristine is None:
             notes.append(f"not checked against pristine sglang: {why_not}")

@@ -891,6 +891,25 @@ def close_superseded(state_dir, cur_real, cur_version):
         m["state"] = "superseded"
         save_manifest(state_dir, m)
         notes.append("deploy %s is no longer on disk (%s): record closed, nothing restored" % (m["id"], why))
+        notes += _undo_state_files(state_dir, m)
+    return notes
+
+
+def _undo_state_files(state_dir, m):
+    """A superseded deploy's state files live in the state dir, not in the reinstalled tree: their
+    backups still hold, so they are put back as before the deploy (removed if it created them) while
+    they still hold what it wrote; never left behind untracked. Returns notes."""
+    bdir = os.path.join(os.path.dirname(manifest_path(state_dir, m["id"])), "backup")
+    notes = []
+    for f in m.get("files", []):
+        if not is_state(f) or f.get("status") != "applied":
+            continue
+        path = entry_path(m, f)
+        cur = _sha_or_none(path)
+        if cur is None or cur != f.get("sha_after"):
+            continue
+        res = _restore_state(m, f, path, cur, bdir, False, None)
+        notes.append("deploy %s: its state file %s %s" % (m["id"], f["path"], res["action"]))
     return notes
 
 

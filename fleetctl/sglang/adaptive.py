@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Any
 
 
 def release_key(v: str) -> tuple[int, ...]:
@@ -102,3 +103,86 @@ def large_batch_config(threshold: int, small: tuple[int, ...] = (1, 3, 7)) -> di
     if threshold < 1:
         raise ValueError("threshold must be >= 1")
     return {"1": {"candidate_steps": list(small)}, str(threshold + 1): {"candidate_steps": [0]}}
+
+
+# ----------------------------------------------------------------------------- a playbook's launch
+
+
+ZERO_STEPS_SINCE = "0.5.14"
+
+
+def _truthy(value: object) -> bool:
+    return value is True or (isinstance(value, str) and value.lower() in ("true", "1", "yes"))
+
+
+def adaptive_configs(pb: Any) -> list[tuple[str, dict[str, Any]]]:
+    """(state file name, parsed JSON object) of each state file an adaptive launch of `pb` names with
+    --speculative-adaptive-config; empty when the launch does not use --speculative-adaptive."""
+    from fleetctl.statefiles import refs
+
+    flags = dict(pb.launch.flags)
+    if not _truthy(flags.get("--speculative-adaptive")):
+        return []
+    names = refs(flags.get("--speculative-adaptive-config"))
+    out = []
+    for f in pb.state_files:
+        if f.name in names:
+            try:
+                cfg = json.loads(f.data[:MAX_CONFIG].decode("utf-8"))
+            except (UnicodeDecodeError, ValueError):
+                continue
+            if isinstance(cfg, dict):
+                out.append((f.name, cfg))
+    return out
+
+
+def zero_step_slots(cfg: dict[str, Any]) -> list[int]:
+    """The batch-size keys of the slots whose candidate_steps include 0."""
+    return sorted(int(k) for k, e in cfg.items() if k.isdigit() and isinstance(e, dict)
+                  and isinstance(e.get("candidate_steps"), list) and 0 in e["candidate_steps"])
+
+
+def release_refusal(pb: Any, version: str) -> str | None:
+    """Why an adaptive playbook cannot run on `version` (None: not adaptive, or the release can), one line."""
+    cfgs = adaptive_configs(pb)
+    if not cfgs:
+        return None
+    zero = any(zero_step_slots(cfg) for _, cfg in cfgs)
+    fmt = config_format(version)
+    if zero and fmt != "per_bs":
+        why = {None: "has no --speculative-adaptive", "flat": "takes no per-batch-size slots",
+               "per_bs_positive": "refuses candidate_steps 0"}[fmt]
+        return f"{pb.name} needs SGLang {ZERO_STEPS_SINCE}+ (steps=0 slots): SGLang {version} {why}"
+    if fmt is None:
+        return f"{pb.name} needs --speculative-adaptive, which SGLang {version} does not have (0.5.11+)"
+    return None
+
+
+def idle_slot_warnings(pb: Any, flags: dict[str, Any]) -> list[str]:
+    """A steps=0 slot whose batch-size key is at or above the launch's --max-running-requests can never
+    act (no batch is that large): one line per such slot. Nothing when the launch sets no limit."""
+    raw = flags.get("--max-running-requests")
+    try:
+        limit = int(str(raw)) if raw is not None and not isinstance(raw, bool) else None
+    except ValueError:
+        limit = None
+    if limit is None:
+        return []
+    return [f"{pb.name}: {name}: the steps=0 slot \"{key}\" (batches of {key}+ requests) "
+            f"{'never acts' if key > limit else 'acts only on a full batch'}: --max-running-requests {limit} "
+            f"caps every batch at {limit} requests; set the key below {limit} or raise --max-running-requests"
+            for name, cfg in adaptive_configs(pb) for key in zero_step_slots(cfg) if key >= limit]
+
+
+def config_check(version: str, data: bytes, initial_steps: int) -> tuple[bool, str]:
+    """What `version`'s own loader makes of an adaptive config (patch check): ok, and one line."""
+    try:
+        start = parse_config(version, data, initial_steps)
+    except (ValueError, UnicodeDecodeError) as e:
+        return False, f"SGLang {version} refuses it: {e}"
+    cfg = json.loads(data[:MAX_CONFIG].decode("utf-8"))
+    slots = ", ".join(f"{k}: {cfg[k].get('candidate_steps')}" for k in sorted(
+        (k for k in cfg if k.isdigit()), key=int)) if config_format(version) != "flat" else "flat"
+    zero = zero_step_slots(cfg)
+    tail = f"; steps=0 from batch size {zero[0]}" if zero else "; no steps=0 slot"
+    return True, f"SGLang {version} loads it: slots {slots}; runtime states {start.candidates}{tail}"
