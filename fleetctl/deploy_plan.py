@@ -132,9 +132,9 @@ def plan_host(host: Host, facts: HostFacts, playbook: Playbook, intended: dict[s
     hp = HostPlan(host.name, "noop", version=v, package_dir=facts.package_dir, coverage=coverage)
     if v is None or intended is None:
         hp.status = "refused"
-        from fleetctl.sglang.adaptive import release_refusal
+        from fleetctl.engine import engine
 
-        why = release_refusal(playbook, v) if v else None
+        why = engine().playbook_refusal(playbook, v) if v else None
         hp.reason = f"{host.name}: " + (why or f"SGLang {v or '(unknown version)'} has no patch set in "
                                         f"{playbook.path.name}; supported: {', '.join(playbook.supported())}")
         return hp

@@ -98,6 +98,17 @@ class Engine(Protocol):
         """What the agent read of the model config, validated (untrusted)."""
         ...
 
+    # -- what a playbook's launch flags ask of the engine (e.g. adaptive speculation's config)
+    def playbook_refusal(self, pb: Any, version: str) -> str | None:
+        """Why this release cannot run the playbook's launch at all (None: it can)."""
+        ...
+    def playbook_warnings(self, pb: Any, flags: dict[str, Any]) -> list[str]:
+        """What in the playbook's launch would never act with these flags (a warning each)."""
+        ...
+    def state_file_check(self, pb: Any, version: str, name: str, data: bytes) -> tuple[bool, str] | None:
+        """How this release's own loader reads a playbook state file the launch names (None: not one)."""
+        ...
+
     # -- the host's own engine asked (`explain --probe`): run on the host's CPU, no GPU visible
     probe_disagree: str  # how a disagreement between the table and the host's engine starts
     def probe_hardware(self, gpus: list[Gpu] | None, use: tuple[int, ...]) -> dict[str, Any]:

@@ -79,18 +79,16 @@ def not_deployed(pb: Playbook, facts: Any) -> list[str]:
 def check_rows(pb: Playbook, versions: list[str]) -> list[Any]:
     """`fleetctl patch check` rows for the playbook's state files, per release: shipped as-is (sha256),
     and, for the config an adaptive launch names, whether that release's own loader takes it."""
+    from fleetctl.engine import engine
     from fleetctl.patching.authoring import OK, FileCheck
-    from fleetctl.sglang import adaptive
 
-    configs = {name for name, _ in adaptive.adaptive_configs(pb)}
-    steps = pb.launch.flags.get("--speculative-num-steps", 3)
-    initial = steps if isinstance(steps, int) and not isinstance(steps, bool) else 3
     rows = []
     for version in versions:
         for f in pb.state_files:
             ok, detail = True, f"shipped as-is, {len(f.data)} bytes, sha256 {f.sha256}"
-            if f.name in configs:
-                ok, why = adaptive.config_check(version, f.data, initial)
+            loaded = engine().state_file_check(pb, version, f.name, f.data)
+            if loaded is not None:
+                ok, why = loaded
                 detail = f"{detail}; {why}"
             rows.append(FileCheck(version, shown(pb, f.name), OK if ok else "refused", detail))
     return rows

@@ -343,7 +343,6 @@ def explain(*, playbook: Path, inventory: Path | None, limit: str | None, forks:
         from fleetctl.ops.deploy import gather
         from fleetctl.ops.verify import never_fires
         from fleetctl.patched_worker import coverage, host_coverage, instances, launch_env, launch_flags
-        from fleetctl.sglang import adaptive
         gathered = _tick_run(ctx, "facts", lambda: gather(ctx.fleet, pb))
         rows: list[dict[str, Any]] = []
         for h in ctx.fleet.hosts:
@@ -395,11 +394,11 @@ def explain(*, playbook: Path, inventory: Path | None, limit: str | None, forks:
                 if other:
                     row["notes"].append(other)
             if f.package_version and pb.files_for(f.package_version) is None:
-                row["refused"] = (adaptive.release_refusal(pb, f.package_version)
+                row["refused"] = (engine().playbook_refusal(pb, f.package_version)
                                   or f"SGLang {f.package_version} has no patch set in {pb.path.name}; "
                                   f"supported: {', '.join(pb.supported())}")
             for inst in instances(h, pb):  # a steps=0 slot the launch's batch limit never reaches
-                row["notes"] += [w for w in adaptive.idle_slot_warnings(pb, dict(inst.flags)) if w not in row["notes"]]
+                row["notes"] += [w for w in engine().playbook_warnings(pb, dict(inst.flags)) if w not in row["notes"]]
             rows.append(row)
         if probe:
             from fleetctl.commands.probe import add_probe_answers

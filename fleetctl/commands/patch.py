@@ -84,8 +84,8 @@ def check_cmd(
 ) -> None:
     from fleetctl import statefiles
     from fleetctl.config.playbook import load_playbook
+    from fleetctl.engine import engine
     from fleetctl.patching.authoring import check_playbook
-    from fleetctl.sglang.adaptive import idle_slot_warnings
 
     pb = load_playbook(playbook)
     results = check_playbook(pb, sglang)
@@ -95,7 +95,7 @@ def check_cmd(
     failed_state = [r for r in shipped if not r.ok]
     warnings = launch_warnings(pb, versions)
     warnings += [{"version": None, "env": {}, "worker_class": None, "worker_file": None, "message": w}
-                 for w in idle_slot_warnings(pb, dict(pb.launch.flags))]
+                 for w in engine().playbook_warnings(pb, dict(pb.launch.flags))]
     verdict = _verdict(pb, versions, results, failed, shipped, failed_state)
     if json_out:
         common.emit_json("patch check", ok=not failed and not failed_state, message=verdict,

@@ -16,6 +16,7 @@ from fleetctl import statefiles
 from fleetctl.config.inventory import Host
 from fleetctl.config.playbook import Playbook
 from fleetctl.deploy_plan import Coverage, HostPlan, Intended, Plan, plan_host
+from fleetctl.engine import engine
 from fleetctl.errors import InputError
 from fleetctl.facts import HostFacts, read_facts
 from fleetctl.instances import host_launch_spec
@@ -95,9 +96,8 @@ def build_plan(fleet: Fleet, playbook: Playbook, gathered: Gathered, *, force: b
         _plan_state_files(hp, f, playbook)
         if hp.status in ("change", "noop") and playbook.state_files:  # a steps=0 slot no batch reaches
             from fleetctl.patched_worker import instances
-            from fleetctl.sglang.adaptive import idle_slot_warnings
 
-            idle = dict.fromkeys(w for i in instances(h, playbook) for w in idle_slot_warnings(playbook, dict(i.flags)))
+            idle = dict.fromkeys(w for i in instances(h, playbook) for w in engine().playbook_warnings(playbook, dict(i.flags)))
             hp.reason = "; ".join(x for x in (hp.reason, *(f"warning: {w}" for w in idle)) if x)
         hosts.append(hp)
     return Plan(str(playbook.path), hosts, intended)

@@ -29,7 +29,6 @@ from fleetctl.protocol.answers import (
 )
 from fleetctl.protocol.schema import to_json
 from fleetctl.runner import Fleet
-from fleetctl.sglang import adaptive
 from fleetctl.transport.base import RemoteError, Transport
 
 TAIL = 30
@@ -313,9 +312,9 @@ def plan_launch(host: Host, pb: Playbook, insts: list[Instance], facts: HostFact
             problems[inst.name].append(f"{cov.refused} (--allow-uncovered to launch it anyway)")
         st.worker = {"class": r.worker_class, "file": r.worker_file,
                      "disable_overlap_schedule": r.disable_overlap_schedule, "reason": r.reason}
-        st.warnings += [f"warning: {w}" for w in adaptive.idle_slot_warnings(pb, dict(inst.flags))]
+        st.warnings += [f"warning: {w}" for w in engine().playbook_warnings(pb, dict(inst.flags))]
         if cov is None:
-            st.warnings.append(f"warning: {adaptive.release_refusal(pb, v) or f'the playbook has no patch set for SGLang {v}'}")
+            st.warnings.append(f"warning: {engine().playbook_refusal(pb, v) or f'the playbook has no patch set for SGLang {v}'}")
         elif cov.refused:
             st.warnings.append(f"warning: {cov.refused}")
     conflicts = _conflicts(_running(facts), insts)

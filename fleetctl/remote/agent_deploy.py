@@ -1093,11 +1093,12 @@ def action_deploy(p):
         validate = p.get("validate", True) and p.get("validated_by") != "%d.%d" % sys.version_info[:2]
         done = 0
         pyc = {"prefixes": m["pycache_prefixes"], "removed": []}
+        import base64  # only a deploy that writes files pays for it (a no-op returns before this)
+
         try:
             for entry, (f, path, st) in zip(m["files"], plan):
                 if done:
                     fault_point(p, "between_renames", done)
-                import base64
                 data = base64.b64decode(f["content_b64"])
                 replace_file(path, data, entry["mode"], entry["uid"], entry["gid"], f["sha_after"],
                              validate_python=validate,

@@ -97,6 +97,25 @@ class SGLangEngine:
     def model_from_answer(self, answer: object) -> model_config.ModelConfig | None:
         return model_config.from_answer(answer)
 
+    def playbook_refusal(self, pb: Any, version: str) -> str | None:
+        from fleetctl.sglang import adaptive
+
+        return adaptive.release_refusal(pb, version)
+
+    def playbook_warnings(self, pb: Any, flags: dict[str, Any]) -> list[str]:
+        from fleetctl.sglang import adaptive
+
+        return adaptive.idle_slot_warnings(pb, flags)
+
+    def state_file_check(self, pb: Any, version: str, name: str, data: bytes) -> tuple[bool, str] | None:
+        from fleetctl.sglang import adaptive
+
+        if name not in {n for n, _ in adaptive.adaptive_configs(pb)}:
+            return None
+        steps = pb.launch.flags.get("--speculative-num-steps", 3)
+        initial = steps if isinstance(steps, int) and not isinstance(steps, bool) else 3
+        return adaptive.config_check(version, data, initial)
+
     probe_disagree: str = "fleetctl's table and this host's SGLang disagree"
 
     def probe_hardware(self, gpus: Any, use: tuple[int, ...]) -> dict[str, Any]:
