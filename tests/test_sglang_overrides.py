@@ -233,3 +233,80 @@ def test_blind_answer_is_not_certain_where_overrides_exist() -> None:
         if not res.certain:
             assert res.reason.startswith(routing.NOT_CERTAIN)
     assert R.model_overrides("0.5.16") == () and R.model_overrides("0.5.17")
+
+
+# --- the unmodelled overrides: their effect depends on what the table does not know -----------------
+
+PLATFORMS = {  # the GPU generation (which fleetctl's table does not know)
+    "hopper": dict(is_sm100=False, device_sm=90, is_blackwell=False, is_sm90=True, device_capability=(9, 0)),
+    "blackwell": dict(is_sm100=True, device_sm=100, is_blackwell=True, is_sm90=False, device_capability=(10, 0)),
+}
+CHECKPOINTS = {"plain": None, "nvfp4": {"quant_method": "minimax_m3_nvfp4"}}  # the checkpoint's quantization
+
+
+def _module_fns(wheel: Wheel, row: R.ModelOverride, platform: dict[str, Any], envs: Any) -> dict[str, Any]:
+    """The override's whole module (0.5.19+: one file per model) with its imports answered by stand-ins."""
+    version = wheel.version
+    fn_file = next(f for f, archs, _ in _registered(version) if set(row.archs) & archs)
+    base = tree(version, "srt/arg_groups/model_override_base.py")
+    mod = copy.deepcopy(tree(version, fn_file))
+    mod.body = [n for n in mod.body if not isinstance(n, ast.ImportFrom | ast.Import)]
+    for fn in ast.walk(mod):
+        if isinstance(fn, ast.FunctionDef):
+            fn.decorator_list = []
+    helpers = [copy.deepcopy(f) for f in base.body if isinstance(f, ast.FunctionDef) and f.name in (
+        "is_attention_backend_not_set", "_dspark_verify_on_decode_backend", "_is_mxfp4_pack_quantized")]
+    helpers += [copy.deepcopy(f) for f in tree(version, "srt/utils/common.py").body
+                if isinstance(f, ast.FunctionDef) and f.name == "get_quantization_config"]
+    plat = types.SimpleNamespace(is_hip=False, is_npu=False, is_cuda=True, **platform)
+    ns: dict[str, Any] = {
+        "Any": Any, "Dict": dict, "logging": __import__("logging"), "inspect": __import__("inspect"),
+        "resolving_view": lambda a: a, "resolved_view": lambda a: a, "get_platform": lambda: plat, "envs": envs,
+        "attention_backends_of": lambda cfg: (cfg.prefill_attention_backend or cfg.attention_backend,
+                                              cfg.decode_attention_backend or cfg.attention_backend),
+        "model_config_of": lambda a: types.SimpleNamespace(quantization=None, hf_config=a.get_hf_config(),
+                                                           hf_text_config=a.get_hf_config()),
+    }
+    code = compile(ast.Module(body=[*helpers, *mod.body], type_ignores=[]), f"<{version} {fn_file}>", "exec")
+    exec(code, ns)
+    return ns
+
+
+UNMODELLED = [o for o in R.MODEL_OVERRIDES if not o.exact and o.stage == "override"]
+_NEW_LAYOUT = tuple(v for v in VERSIONS if (R.KNOWN_VERSIONS.index(v) >= R.KNOWN_VERSIONS.index("0.5.19")))
+
+
+@pytest.mark.parametrize("version", _params(_NEW_LAYOUT))
+@pytest.mark.parametrize("row", UNMODELLED, ids=lambda o: o.name)
+def test_unmodelled_override_depends_on_what_the_table_does_not_know(row: R.ModelOverride, version: str) -> None:
+    """Run the release's own override for its architectures over GPU generations and checkpoint
+    quantizations: for some speculative launch its speculative outcome (fields it sets, or a refusal)
+    differs, which is why explain says "not certain" there rather than one confident answer."""
+    archs = row.archs_in(version)
+    if not archs:
+        pytest.skip(f"{row.name} does not touch speculative fields in {version}")
+    wheel = Wheel(version)
+    differing: list[str] = []
+    with wheel.loaded():
+        import importlib
+        envs = importlib.import_module("sglang.srt.environ").envs
+        name = next(f.name for _, a, f in _registered(version) if set(row.archs) & a and _touches_spec(f))
+        fns = {p: _module_fns(wheel, row, platform, envs)[name] for p, platform in PLATFORMS.items()}
+        for arch, algo, topk, dcp in itertools.product(archs, ("EAGLE", "DSPARK"), (1, 4), (1, 2)):
+            outcomes = set()
+            for pname, (_, quant) in itertools.product(PLATFORMS, CHECKPOINTS.items()):
+                fn = fns[pname]
+                args = _args(wheel, arch, {"speculative_algorithm": algo, "speculative_eagle_topk": topk,
+                                           "dcp_size": dcp, "moe_runner_backend": "auto", "attention_backend": None})
+                hf = types.SimpleNamespace(architectures=[arch], quantization_config=quant, mlp_hidden_act="relu2")
+                args.get_hf_config = lambda hf=hf: hf
+                try:
+                    got = fn(args, hf)
+                    out = tuple(sorted((k, str(v)) for k, v in got.items() if "speculative" in k or "attention" in k))
+                except Exception as exc:  # a refusal, or a kernel/package requirement
+                    out = (type(exc).__name__, str(exc)[:80])
+                outcomes.add(out)
+            # differing in a speculative field or a refusal (not only the target's attention backend)
+            if len(outcomes) > 1 and any("speculative" in str(o) or "Error" in str(o) for o in outcomes):
+                differing.append(f"{arch} {algo} topk={topk} dcp={dcp}: {sorted(map(str, outcomes))}")
+    assert differing, f"{row.name} on {version}: the outcome never depends on GPU/checkpoint: model it exactly"
