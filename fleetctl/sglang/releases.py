@@ -420,6 +420,91 @@ PP_SPEC_PREFILL_ONLY = ("AssertionError: PP + speculative decoding (MTP) is only
                         "(disaggregation-mode=prefill)")
 
 
+# --- model-specific overrides that touch speculative decoding (0.5.17+) ----------------------
+
+# The checks a ModelOverride can refuse on, evaluated by routing._override_refusal on the launch's
+# flags as the override sees them (before the speculative handler; the algorithm string raw).
+@dataclass(frozen=True)
+class ModelOverride:
+    """A registered per-architecture override of ServerArgs that touches the speculative worker.
+
+    `refuses`: (check, SGLang's own error) in the order the override tests them; the server does not
+    start. `exact`: the refusals are the override's whole effect on the worker (its forced fields are
+    attention backends only); otherwise what it does depends on things fleetctl does not know (GPU
+    generation, the checkpoint's quantization, installed kernels) and explain says "not certain".
+    """
+
+    name: str
+    archs: tuple[str, ...]  # exact architectures it is registered for (`_register_for`)
+    where: str  # file::function in the wheel
+    since: str
+    until: str | None = None
+    refuses: tuple[tuple[str, str], ...] = ()
+    exact: bool = True
+    forces: str = ""  # what it sets, in words (none of it changes the worker class)
+    not_modelled: str = ""  # why an answer for this architecture is not certain (exact=False)
+    arch_since: MappingProxyType = field(default_factory=lambda: _frozen({}))  # archs registered later
+    # "override": a registered model-override pass, run before the speculative handler (sees the raw
+    # algorithm); "handler": an architecture branch inside the EAGLE-family speculative handler
+    stage: str = "override"
+
+    def archs_in(self, version: str) -> tuple[str, ...]:
+        """The architectures this override is registered for in `version` (none outside its range)."""
+        order = KNOWN_VERSIONS.index(version)
+        if order < KNOWN_VERSIONS.index(self.since) or (
+                self.until is not None and order > KNOWN_VERSIONS.index(self.until)):
+            return ()
+        return tuple(a for a in self.archs if KNOWN_VERSIONS.index(self.arch_since.get(a, self.since)) <= order)
+
+    def applies(self, version: str, arch: str | None) -> bool:
+        return arch is not None and arch in self.archs_in(version)
+
+
+_OVR = "srt/arg_groups/model_overrides"
+IQUEST_Q1_REFUSALS = (
+    ("attention_backend_not_fa3", "ValueError: IQuestQ1 applies its attention sink from the softmax LSE and "
+                                  "requires FA3 attention for both prefill and decode."),
+    ("algorithm_not_eagle_nextn", "ValueError: IQuest Q1 MTP requires serial EAGLE or NEXTN drafting."),
+    ("draft_backend_not_fa3", "ValueError: IQuestQ1 requires FA3 attention for the MTP draft."),
+    ("context_parallel", "ValueError: IQuestQ1 does not support context parallelism."),
+    ("topk_gt_1", "ValueError: IQuestQ1 speculative decoding requires --speculative-eagle-topk 1."),
+    ("multi_layer", "ValueError: IQuest Q1 MTP drafting does not support multi-layer EAGLE."),
+    ("dp_attention", "ValueError: IQuest Q1 does not support DP attention."),
+    ("pp", "ValueError: IQuest Q1 does not support pipeline parallelism."),
+)
+MODEL_OVERRIDES: tuple[ModelOverride, ...] = (
+    ModelOverride("IQuestQ1", ("IQuestQ1ForCausalLM", "IQuestQ1MTP"), f"{_OVR}/iquest_q1.py::_iquest_q1_overrides",
+                  "0.5.21", refuses=IQUEST_Q1_REFUSALS, forces="attention backends unset -> fa3"),
+    ModelOverride("IQuestQ1 MTP draft", ("IQuestQ1ForCausalLM",),
+                  "srt/arg_groups/speculative_hook.py::_handle_iquest_q1_mtp_draft", "0.5.21", stage="handler",
+                  refuses=(("draft_path_not_independent",
+                            "ValueError: IQuest Q1 requires an independent draft model path."),),
+                  exact=False, forces="num_steps from the draft's num_draft_slots when unset; topk 1; "
+                  "draft tokens = steps + 1",
+                  not_modelled="the draft checkpoint's own config.json decides the rest (it must be an "
+                  "IQuestQ1MTPConfig matching the target's sizes; its num_draft_slots sets num_steps), and "
+                  "fleetctl reads only the target's config"),
+    ModelOverride("KimiK3", ("KimiK3ForConditionalGeneration",), "_kimi_k3_overrides (srt/arg_groups/overrides.py, "
+                  f"{_OVR}/kimi_k3.py from 0.5.19)", "0.5.17", exact=False,
+                  forces="speculative_attention_mode=decode for DSPARK (under DCP, or on SM100/SM103)",
+                  not_modelled="its DSPARK/DCP handling depends on the GPU generation, installed FlashInfer "
+                  "and SGLANG_RAGGED_VERIFY_MODE"),
+    ModelOverride("MiniMaxM3", ("MiniMaxM3SparseForCausalLM", "MiniMaxM3SparseForConditionalGeneration"),
+                  f"{_OVR}/minimax_m3.py::_minimax_m3_overrides", "0.5.23", exact=False,
+                  forces="speculative draft KV dtype / draft attention backend for DSPARK, DFLASH",
+                  not_modelled="an NVFP4 checkpoint (its quantization_config) refuses every algorithm but "
+                  "DSPARK/DFLASH ('M3.1 NVFP4 only supports DSPARK or DFLASH speculation'), and fleetctl "
+                  "does not read the checkpoint's quantization"),
+    ModelOverride("Nemotron-H", ("NemotronHForCausalLM", "NemotronHPuzzleForCausalLM", "NemotronH_Omni_Reasoning_V3"),
+                  f"{_OVR}/nemotron_h.py::_nemotron_h_overrides", "0.5.19", exact=False,
+                  arch_since=_frozen({"NemotronH_Omni_Reasoning_V3": "0.5.20"}),
+                  forces="attention_backend and speculative_draft_attention_backend (trtllm_mha, or triton/"
+                  "flashinfer when topk > 1) on Blackwell",
+                  not_modelled="it sets the target and draft attention backends by GPU generation (Blackwell), "
+                  "which fleetctl's table does not know"),
+)
+
+
 # --- the releases -----------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -577,6 +662,11 @@ def flags_for(version: str) -> tuple[Flag, ...]:
         if KNOWN_VERSIONS.index(f.since) <= order
         and (f.until is None or order <= KNOWN_VERSIONS.index(f.until))
     )
+
+
+def model_overrides(version: str, arch: str | None = None) -> tuple[ModelOverride, ...]:
+    """The speculative-relevant model overrides of `version` (for `arch`, or for any architecture)."""
+    return tuple(o for o in MODEL_OVERRIDES if (o.applies(version, arch) if arch is not None else o.archs_in(version)))
 
 
 ADAPTIVE_STEPS_ERROR = (

@@ -242,8 +242,13 @@ def resolve_worker(version: str, flags: dict[str, Any], env: dict[str, str], *,
             worker_class = worker_file = None
     certain = not _model_dependent(rel, raw_algorithm, st.args, model_arch, error)
     reason = _reason(st, algorithm, worker_class, worker_file, error)
+    unmodelled = _unmodelled_override(version, raw_algorithm, model_arch, error)
     if not certain:
         reason = f"{NOT_CERTAIN}: {reason}"
+    elif unmodelled is not None:
+        certain = False
+        reason = (f"{NOT_CERTAIN_OVERRIDE.format(name=unmodelled.name, version=version)} "
+                  f"({unmodelled.not_modelled}): {reason}")
     return Resolution(
         version=version, known=True, algorithm=algorithm, worker_class=worker_class,
         worker_file=worker_file, disable_overlap_schedule=dos, spec_v2_env=st.env.describe(),
@@ -267,16 +272,68 @@ def _resolve_dp_layout(args: dict[str, Any]) -> None:
 NOT_CERTAIN = "not certain: model config not readable, model-specific routing not ruled out"
 
 
+NOT_CERTAIN_OVERRIDE = "not certain: the {name} model override of SGLang {version} is not modelled exactly"
+
+
 def _model_dependent(rel: R.Release, raw_algorithm: Any, args: dict[str, Any], model_arch: str | None,
                      error: str | None) -> bool:
     """Would a model-specific override of this release change the answer, for some architecture?
 
     The overrides turn on multi-layer EAGLE for `--speculative-algorithm EAGLE` (the raw string) on the
-    architectures in `rel.multi_layer_archs`; without the model's architecture that is not ruled out.
+    architectures in `rel.multi_layer_archs`, and (0.5.17+) R.MODEL_OVERRIDES refuse or adjust
+    speculative launches of their architectures; without the model's architecture neither is ruled out.
     """
-    if model_arch is not None or error is not None or not rel.multi_layer_archs:
+    if model_arch is not None or error is not None:
         return False
-    return raw_algorithm == "EAGLE" and not args.get("enable_multi_layer_eagle")
+    if raw_algorithm is not None and R.model_overrides(rel.version):
+        return True
+    return bool(rel.multi_layer_archs) and raw_algorithm == "EAGLE" and not args.get("enable_multi_layer_eagle")
+
+
+def _unmodelled_override(version: str, raw_algorithm: Any, model_arch: str | None,
+                         error: str | None) -> R.ModelOverride | None:
+    """The model override of `model_arch` whose effect on this speculative launch fleetctl cannot model."""
+    if raw_algorithm is None or error is not None or model_arch is None:
+        return None
+    return next((o for o in R.model_overrides(version, model_arch) if not o.exact), None)
+
+
+def _as_int(value: Any, default: int) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
+_OVERRIDE_CHECKS = {
+    "attention_backend_not_fa3": lambda a, algo: any(
+        a.get(k) not in (None, "fa3") for k in ("attention_backend", "prefill_attention_backend",
+                                                  "decode_attention_backend")),
+    "algorithm_not_eagle_nextn": lambda a, algo: algo is not None and str(algo).upper() not in ("EAGLE", "NEXTN"),
+    "draft_backend_not_fa3": lambda a, algo: algo is not None
+    and a.get("speculative_draft_attention_backend") not in (None, "fa3"),
+    "context_parallel": lambda a, algo: _as_int(a.get("attn_cp_size"), 1) > 1 or _as_int(a.get("dcp_size"), 1) > 1
+    or bool(a.get("enable_prefill_cp")),
+    "topk_gt_1": lambda a, algo: a.get("speculative_eagle_topk") is not None and a["speculative_eagle_topk"] > 1,
+    "multi_layer": lambda a, algo: bool(a.get("enable_multi_layer_eagle")),
+    "dp_attention": lambda a, algo: bool(a.get("enable_dp_attention")),
+    "pp": lambda a, algo: a["pp_size"] > 1,
+    "draft_path_not_independent": lambda a, algo: a.get("speculative_draft_model_path") in (None, a.get("model_path")),
+}
+
+
+def _apply_model_overrides(st: _State, model_arch: str | None, stage: str = "override") -> None:
+    """The refusals of the release's model overrides for `model_arch` run at `stage`, in SGLang's order."""
+    if model_arch is None:  # (not knowing the architecture is handled by _model_dependent)
+        return
+    raw_algorithm = st.args.get("speculative_algorithm")
+    for override in R.model_overrides(st.rel.version, model_arch):
+        if override.stage != stage:
+            continue
+        for check, error in override.refuses:
+            if _OVERRIDE_CHECKS[check](st.args, raw_algorithm):
+                st.causes.append(f"the {override.name} model override of {model_arch}")
+                raise LaunchError(error)
 
 
 def _check_pp_spec(st: _State, algorithm: str | None, env: dict[str, str]) -> None:
@@ -332,6 +389,7 @@ def _run(st: _State, algorithm: str | None, model_arch: str | None) -> None:
         if rel.multi_layer_arch_forces_env and not st.env.get():
             st.env.forced = True
             st.warnings.append(R.MULTI_LAYER_FORCES_ENV_WARNING)
+    _apply_model_overrides(st, model_arch)
     if args["pp_size"] > 1:
         args["disable_overlap_schedule"] = True
         st.warnings.append(R.PP_WARNING)
@@ -364,6 +422,7 @@ def _eagle_family(st: _State, algorithm: str, model_arch: str | None) -> None:
         args["max_running_requests"] = 48
         st.warnings.append(R.MAX_RUNNING_WARNING)
     _OVERLAP_POLICIES[rules.policy](st, algorithm)
+    _apply_model_overrides(st, model_arch, stage="handler")
     _auto_params(st, algorithm, model_arch)
 
 
