@@ -56,8 +56,11 @@ def _coverage(version: str, flags: dict[str, Any], env: dict[str, str], playbook
     res = engine().resolve_worker(version, flags, env, model_arch=model.arch if model else None)
     uncertain = None
     if res.known and not res.certain and need_worker:
-        why = model.error if model is not None and model.error else "the launch names no --model-path"
-        uncertain = f"{engine().not_certain} ({why})"
+        if model is not None and model.arch and not model.error:  # read: an override is not modelled exactly
+            uncertain = res.reason.split("): ", 1)[0] + ")" if "): " in res.reason else res.reason
+        else:
+            why = model.error if model is not None and model.error else "the launch names no --model-path"
+            uncertain = f"{engine().not_certain} ({why})"
     if not res.known:
         if not need_worker:
             return Coverage(None, None, None, None, f"SGLang {version} is an unknown version")
