@@ -139,3 +139,19 @@ def test_scheduler_playbook_deploy_launch_verify_rollback(fresh_sandbox: Any,
             assert (h.sglang_dir / SCHED_FILE).read_bytes() == wheels.pristine_bytes(h.version or "", SCHED_FILE)
     finally:
         main(["stop", "-i", inv])
+
+
+def test_coverage_names_the_unmodelled_override_not_an_unreadable_config() -> None:
+    """A model config that WAS read, whose architecture has an override fleetctl does not model
+    exactly, is uncertain because of that override: the warning says so (not "not readable")."""
+    from fleetctl.config.playbook import load_playbook
+    from fleetctl.sglang.model_config import ModelConfig
+
+    pb = load_playbook(Path(__file__).resolve().parent.parent / "playbooks" / "dynamic-spec-disable")
+    flags = {"--speculative-algorithm": "EAGLE3", "--speculative-num-steps": 3, "--speculative-eagle-topk": 1}
+    read = coverage("0.5.23", flags, {}, pb, model=ModelConfig("NemotronHForCausalLM", "/m/config.json", None))
+    assert read.uncertain and "Nemotron-H model override" in read.uncertain and "not readable" not in read.uncertain
+    unread = coverage("0.5.23", flags, {}, pb, model=ModelConfig(None, "/m/config.json", "no config.json"))
+    assert unread.uncertain and "not readable" in unread.uncertain and "no config.json" in unread.uncertain
+    plain = coverage("0.5.23", flags, {}, pb, model=ModelConfig("LlamaForCausalLM", "/m/config.json", None))
+    assert plain.uncertain is None
