@@ -145,3 +145,22 @@ def test_the_probe_action_ships_with_the_agent_and_both_keep_python_38_grammar()
         assert "\nfrom __future__" not in text  # run as -c / appended to the agent: no future imports
     standin = Path(agent_probe.__file__).parent.parent / "sandbox" / "gpu_standin" / "fleetctl_gpu_standin.py"
     ast.parse(standin.read_text(), feature_version=(3, 8))
+
+
+def test_inventory_probe_key_host_over_group_over_defaults(tmp_path: Path) -> None:
+    """`probe: true` makes deploy's coverage check ask the host's own SGLang (tests/test_probe_releases.py
+    runs it); a host entry overrides its groups, a group overrides `defaults:`."""
+    from fleetctl.config.inventory import load_inventory
+    from fleetctl.errors import InputError
+
+    inv = tmp_path / "inventory.yaml"
+    inv.write_text("defaults: {address: 127.0.0.1, probe: true}\n"
+                   "groups: {canary: {probe: false}}\n"
+                   "hosts:\n  a: {}\n  b: {groups: [canary]}\n  c: {groups: [canary], probe: true}\n"
+                   "  d: {probe: false}\n")
+    assert {h.name: h.probe for h in load_inventory(inv).hosts} == {"a": True, "b": False, "c": True, "d": False}
+    inv.write_text("hosts:\n  a: {address: 127.0.0.1}\n")
+    assert load_inventory(inv).hosts[0].probe is False  # off unless asked for
+    inv.write_text("hosts:\n  a: {address: 127.0.0.1, probe: sometimes}\n")
+    with pytest.raises(InputError, match="probe"):
+        load_inventory(inv)
