@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -100,6 +101,14 @@ def test_the_cpu_venv_is_small_and_labelled(cpu_python: str) -> None:
     site = next(venv.glob("lib/python*/site-packages"))
     assert not list(site.glob("nvidia_*")) and not list(site.glob("triton*")), "a CUDA package was installed"
     assert "STAND-IN" in (site / "fleetctl_gpu_standin.py").read_text()
+    # exactly the lock's pins (installed with --no-deps: nothing resolved at build time)
+    from fleetctl.sandbox.cpu_venv import lock_hash, requirements
+
+    assert built["lock_sha256"] == lock_hash()
+    listed = subprocess.run([cpu_python, "-c", "import importlib.metadata as m; print('\\n'.join(sorted("
+                             "d.metadata['Name'].lower() + '==' + d.version for d in m.distributions())))"],
+                            capture_output=True, text=True, timeout=120, check=True).stdout.split()
+    assert {x for x in listed if not x.startswith("pip==")} == {r.lower() for r in requirements()}
 
 
 # --- end to end: `explain --probe` on sandbox hosts that opt into the CPU venv, over real sshd ----
