@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -197,6 +198,8 @@ def test_deploy_with_inventory_probe_refuses_a_host_whose_own_sglang_disagrees(
     code, out = run("--check")
     plan = {h["host"]: h for h in out["plan"]["hosts"]}
     assert code == 1 and plan["h01"]["status"] == "change", plan
+    assert re.search(r"; probe port-\d+: SGLang 0\.5\.9 agrees: EAGLEWorker in srt/speculative/eagle_worker\.py$",
+                     plan["h01"]["coverage"]["reason"]), plan["h01"]["coverage"]
     assert plan["h02"]["status"] == "refused", plan
     assert plan["h02"]["reason"] == ("fleetctl's table and this host's SGLang disagree: table: EAGLEWorker in "
                                      "srt/speculative/eagle_worker.py; SGLang 0.5.9: EAGLEWorkerV2 in "

@@ -4,6 +4,7 @@ result is re-hashed against the intended bytes (a host is "changed" only if it h
 from __future__ import annotations
 
 import base64
+import dataclasses
 import getpass
 import secrets
 import socket
@@ -119,6 +120,9 @@ def _plan_probe(hp: HostPlan, probed: HostOutcome | None) -> None:
     why = refusal(probed)
     if why:
         hp.status, hp.reason = "refused", why
+    elif hp.coverage is not None:  # the answers show with "(worker that will run)"
+        said = "; ".join(f"probe {p['instance']}: {p['line']}" for p in probed.data)
+        hp.coverage = dataclasses.replace(hp.coverage, reason=f"{hp.coverage.reason}; {said}")
 
 
 def _plan_state_files(hp: HostPlan, facts: HostFacts, playbook: Playbook) -> None:
