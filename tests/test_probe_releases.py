@@ -106,9 +106,9 @@ def test_the_cpu_venv_is_small_and_labelled(cpu_python: str) -> None:
     from fleetctl.sandbox.cpu_venv import lock_hash, requirements
 
     assert built["lock_sha256"] == lock_hash()
-    listed = subprocess.run([cpu_python, "-c", "import importlib.metadata as m; print('\\n'.join(sorted("
+    listed = subprocess.run([cpu_python, "-I", "-c", "import importlib.metadata as m; print('\\n'.join(sorted("
                              "d.metadata['Name'].lower() + '==' + d.version for d in m.distributions())))"],
-                            capture_output=True, text=True, timeout=120, check=True).stdout.split()
+                            capture_output=True, text=True, timeout=120, check=True, cwd=venv).stdout.split()
     assert {x for x in listed if not x.startswith("pip==")} == {r.lower() for r in requirements()}
 
 
