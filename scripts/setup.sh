@@ -30,8 +30,9 @@ fi
 mkdir -p /run/sshd 2>/dev/null || true
 
 # The cached CPU SGLang venv of `explain --probe`'s tests and `sandbox up --cpu-sglang` (torch CPU
-# build + SGLang's pure-Python requirements + a labelled GPU stand-in, ~1.5 GB, minutes once): the
-# tests build it on first use; FLEETCTL_PROBE_VENV=1 builds it here instead.
+# build + the packages SGLang's argument processing imports, pinned in fleetctl/sandbox/cpu_venv.lock,
+# + a labelled GPU stand-in; ~1.2 GB, ~2.5 min once): the tests build it on first use;
+# FLEETCTL_PROBE_VENV=1 builds it here instead.
 if [ "${FLEETCTL_PROBE_VENV:-0}" = 1 ]; then
     echo "setup: building the CPU SGLang venv for explain --probe (cached in ~/.cache/fleetctl)"
     .venv/bin/python -m fleetctl.sandbox.cpu_venv

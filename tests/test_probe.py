@@ -145,3 +145,58 @@ def test_the_probe_action_ships_with_the_agent_and_both_keep_python_38_grammar()
         assert "\nfrom __future__" not in text  # run as -c / appended to the agent: no future imports
     standin = Path(agent_probe.__file__).parent.parent / "sandbox" / "gpu_standin" / "fleetctl_gpu_standin.py"
     ast.parse(standin.read_text(), feature_version=(3, 8))
+
+
+def test_inventory_probe_key_host_over_group_over_defaults(tmp_path: Path) -> None:
+    """`probe: true` makes deploy's coverage check ask the host's own SGLang (tests/test_probe_releases.py
+    runs it); a host entry overrides its groups, a group overrides `defaults:`."""
+    from fleetctl.config.inventory import load_inventory
+    from fleetctl.errors import InputError
+
+    inv = tmp_path / "inventory.yaml"
+    inv.write_text("defaults: {address: 127.0.0.1, probe: true}\n"
+                   "groups: {canary: {probe: false}}\n"
+                   "hosts:\n  a: {}\n  b: {groups: [canary]}\n  c: {groups: [canary], probe: true}\n"
+                   "  d: {probe: false}\n")
+    assert {h.name: h.probe for h in load_inventory(inv).hosts} == {"a": True, "b": False, "c": True, "d": False}
+    inv.write_text("hosts:\n  a: {address: 127.0.0.1}\n")
+    assert load_inventory(inv).hosts[0].probe is False  # off unless asked for
+    inv.write_text("hosts:\n  a: {address: 127.0.0.1, probe: sometimes}\n")
+    with pytest.raises(InputError, match="probe"):
+        load_inventory(inv)
+
+
+# --- the CPU venv's lock (fleetctl/sandbox/cpu_venv.lock) -------------------------------------------
+
+def test_the_cpu_venv_lock_pins_exact_versions_and_no_cuda_package() -> None:
+    from fleetctl.sandbox import cpu_venv
+
+    reqs = cpu_venv.requirements()
+    names = [r.split("==")[0].lower() for r in reqs]
+    assert len(names) == len(set(names)) and all("==" in r for r in reqs)
+    assert "torch==2.13.0+cpu" in reqs
+    assert not [n for n in names if n.startswith(("nvidia", "triton", "cuda"))], names
+    assert "scipy" not in names and "jedi" not in names  # not imported by the probe: left out
+    assert "ipython" in names  # sglang/utils.py imports IPython.display
+
+
+def test_a_cpu_venv_built_by_another_lock_is_not_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fleetctl.errors import FleetctlError
+    from fleetctl.sandbox import cpu_venv
+
+    monkeypatch.setenv("FLEETCTL_CACHE_DIR", str(tmp_path / "cache"))
+    old, new = tmp_path / "old.lock", tmp_path / "new.lock"
+    old.write_text("# old\nnumpy==2.4.5\n")
+    new.write_text("# new\nnumpy==2.4.6\n")
+    assert cpu_venv.requirements(new) == ["numpy==2.4.6"]
+    assert cpu_venv.venv_dir(old) != cpu_venv.venv_dir(new)
+    assert cpu_venv.venv_dir(new).parent == tmp_path / "cache"
+    built = cpu_venv.venv_dir(old)
+    built.mkdir(parents=True)
+    (built / ".built").write_text("{}\n")
+    assert cpu_venv.ensure_cpu_venv(lock=old) == built / "bin" / "python"  # cached: no build
+    # the new lock's dir is not the old one's: ensure would build it (here: refuse a bad pin first)
+    new.write_text("numpy>=2\n")
+    with pytest.raises(FleetctlError, match=r"new.lock:1: 'numpy>=2' is not an exact pin"):
+        cpu_venv.ensure_cpu_venv(lock=new)
+    assert not cpu_venv.venv_dir(new).exists()

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -100,6 +102,14 @@ def test_the_cpu_venv_is_small_and_labelled(cpu_python: str) -> None:
     site = next(venv.glob("lib/python*/site-packages"))
     assert not list(site.glob("nvidia_*")) and not list(site.glob("triton*")), "a CUDA package was installed"
     assert "STAND-IN" in (site / "fleetctl_gpu_standin.py").read_text()
+    # exactly the lock's pins (installed with --no-deps: nothing resolved at build time)
+    from fleetctl.sandbox.cpu_venv import lock_hash, requirements
+
+    assert built["lock_sha256"] == lock_hash()
+    listed = subprocess.run([cpu_python, "-I", "-c", "import importlib.metadata as m; print('\\n'.join(sorted("
+                             "d.metadata['Name'].lower() + '==' + d.version for d in m.distributions())))"],
+                            capture_output=True, text=True, timeout=120, check=True, cwd=venv).stdout.split()
+    assert {x for x in listed if not x.startswith("pip==")} == {r.lower() for r in requirements()}
 
 
 # --- end to end: `explain --probe` on sandbox hosts that opt into the CPU venv, over real sshd ----
@@ -139,3 +149,66 @@ def test_explain_probe_on_a_sandbox_mixing_the_origin_and_the_newest_release(
         assert p["line"] == f"SGLang {version} agrees: {cls} in srt/speculative/{p['probe']['worker_file'].split('/')[-1]}"
     assert not any("disagree" in (by_host[h].get("refused") or "") for h in by_host)
     assert code in (0, 1)  # (a release the payload has no patch set for is refused; the probe agreed)
+
+
+# --- deploy on hosts whose inventory says `probe: true`: the probe is a fact gathered before the plan ---
+
+def test_deploy_with_inventory_probe_refuses_a_host_whose_own_sglang_disagrees(
+        cpu_python: str, model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two 0.5.9 hosts; h02's SGLang is locally modified (SGLANG_ENABLE_SPEC_V2 defaults to on, in a
+    file the playbook does not patch), so with the env unset it selects EAGLEWorkerV2 where the table
+    says EAGLEWorker. With `probe: true` deploy --check and deploy refuse h02 (exit 1) with the line
+    explain --probe prints, and change nothing there; h01's SGLang agrees and is deployed."""
+    import yaml
+    from conftest import _down, require_sshd
+
+    from fleetctl.cli import main
+    from fleetctl.sandbox import lifecycle
+
+    require_sshd()
+    monkeypatch.setenv("FLEETCTL_STATE_DIR", str(tmp_path / "ledger"))
+    d = tmp_path / "sb"
+    request.addfinalizer(lambda: _down(d))
+    sb = lifecycle.up(d, hosts=2, versions=["0.5.9"], gpus=2, cpu_sglang=True)
+    environ = sb.hosts["h02"].sglang_dir / "srt" / "environ.py"
+    src = environ.read_text()
+    assert "SGLANG_ENABLE_SPEC_V2 = EnvBool(False)" in src
+    environ.write_text(src.replace("SGLANG_ENABLE_SPEC_V2 = EnvBool(False)", "SGLANG_ENABLE_SPEC_V2 = EnvBool(True)"))
+    inv = yaml.safe_load(sb.inventory_path.read_text())
+    inv["defaults"]["probe"] = True
+    inv_path = d / "inventory-probe.yaml"  # (next to the sandbox's key files, which it names relatively)
+    inv_path.write_text(yaml.safe_dump(inv))
+    payload = Path(__file__).resolve().parent.parent / "playbooks" / "dynamic-spec-disable"
+    doc = yaml.safe_load((payload / "playbook.yaml").read_text())
+    doc["versions"] = {"0.5.9": doc["versions"]["0.5.9"]}
+    for f in doc["versions"]["0.5.9"]["files"]:
+        f["patch"] = str((payload / f["patch"]).resolve())
+    doc["launch"] = {"command": "{python} -m sglang.launch_server", "port": 30000, "flags": _eagle3(model_dir),
+                     "env": {"HF_HUB_OFFLINE": "1"}}
+    pb = tmp_path / "playbook.yaml"
+    pb.write_text(yaml.safe_dump(doc))
+    before = {h: (sb.hosts[h].sglang_dir / "srt" / "server_args.py").read_bytes() for h in ("h01", "h02")}
+
+    def run(*args: str) -> tuple[int, dict[str, Any]]:
+        capsys.readouterr()
+        code = main(["deploy", "-i", str(inv_path), str(pb), "--json", *args])
+        return code, json.loads(capsys.readouterr().out)
+
+    code, out = run("--check")
+    plan = {h["host"]: h for h in out["plan"]["hosts"]}
+    assert code == 1 and plan["h01"]["status"] == "change", plan
+    assert re.search(r"; probe port-\d+: SGLang 0\.5\.9 agrees: EAGLEWorker in srt/speculative/eagle_worker\.py$",
+                     plan["h01"]["coverage"]["reason"]), plan["h01"]["coverage"]
+    assert plan["h02"]["status"] == "refused", plan
+    assert plan["h02"]["reason"] == ("fleetctl's table and this host's SGLang disagree: table: EAGLEWorker in "
+                                     "srt/speculative/eagle_worker.py; SGLang 0.5.9: EAGLEWorkerV2 in "
+                                     "srt/speculative/eagle_worker_v2.py"), plan["h02"]["reason"]
+    assert (sb.hosts["h02"].sglang_dir / "srt" / "server_args.py").read_bytes() == before["h02"]
+
+    code, out = run()
+    res = {h["host"]: h for h in out["hosts"]}
+    assert code == 1 and res["h01"]["status"] == "changed" and res["h02"]["status"] == "refused", res
+    assert res["h02"]["message"] == plan["h02"]["reason"]
+    assert (sb.hosts["h02"].sglang_dir / "srt" / "server_args.py").read_bytes() == before["h02"]
+    assert (sb.hosts["h01"].sglang_dir / "srt" / "server_args.py").read_bytes() != before["h01"]

@@ -61,7 +61,7 @@ def deploy(*, playbook: Path, inventory: Path | None, limit: str | None, forks: 
                        accept_new_host_keys=accept_new_host_keys) as ctx:
         from fleetctl.ops.deploy import apply_plan, build_plan, gather, new_op_id
         from fleetctl.ops.rolling import parse_count
-        gathered = _tick_run(ctx, "facts", lambda: gather(ctx.fleet, pb))
+        gathered = _tick_run(ctx, "facts", lambda: gather(ctx.fleet, pb, probe=True))
         plan = build_plan(ctx.fleet, pb, gathered, force=force, allow_uncovered=allow_uncovered, strict=strict)
         if not json_out:
             render_plan(plan)

@@ -83,6 +83,8 @@ class HostFields(Strict):
     command_timeout: Annotated[float, Field(gt=0)] | None = None
     host_timeout: Annotated[float, Field(gt=0)] | None = None
     max_answer_bytes: Annotated[int, Field(ge=1024)] | None = None
+    # deploy's coverage check also asks the host's own SGLang (`explain --probe`) before changing anything
+    probe: bool | None = None
 
     _env = field_validator("env")(classmethod(lambda cls, v: check_env(v)))
     _flags = field_validator("flags")(classmethod(lambda cls, v: check_flags(v)))
@@ -100,6 +102,7 @@ class HostFields(Strict):
 class GroupFields(Strict):
     env: dict[str, EnvValue] | None = None
     flags: dict[str, Any] | None = None
+    probe: bool | None = None
 
     _env = field_validator("env")(classmethod(lambda cls, v: check_env(v)))
     _flags = field_validator("flags")(classmethod(lambda cls, v: check_flags(v)))
@@ -137,6 +140,7 @@ class Host(BaseModel):
     host_timeout: float = DEFAULT_HOST_TIMEOUT
     max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES
     from_ssh_config: bool = False
+    probe: bool = False  # deploy asks the host's own SGLang before changing anything
 
     def public_env(self) -> dict[str, str]:
         return {k: ("***" if k in self.secret_env_keys else v) for k, v in self.env.items()}
@@ -250,11 +254,14 @@ def load_inventory(path: Path | str) -> Inventory:
         groups = h.groups if h.groups is not None else (d.groups or [])
         env: dict[str, EnvValue] = dict(d.env or {})
         flags: dict[str, Any] = dict(d.flags or {})
+        probe = bool(d.probe)
         for g in groups:
             gf = raw.groups.get(g)
             if gf:
                 env.update(gf.env or {})
                 flags.update(gf.flags or {})
+                probe = gf.probe if gf.probe is not None else probe
+        probe = h.probe if h.probe is not None else probe
         env.update(h.env or {})
         flags.update(h.flags or {})
         env_s, secret = _env_strings(env)
@@ -302,6 +309,7 @@ def load_inventory(path: Path | str) -> Inventory:
                 host_timeout=pick("host_timeout", DEFAULT_HOST_TIMEOUT),
                 max_answer_bytes=pick("max_answer_bytes", DEFAULT_MAX_ANSWER_BYTES),
                 from_ssh_config=from_cfg,
+                probe=probe,
             )
         )
     if not hosts:

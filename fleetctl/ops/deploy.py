@@ -4,6 +4,7 @@ result is re-hashed against the intended bytes (a host is "changed" only if it h
 from __future__ import annotations
 
 import base64
+import dataclasses
 import getpass
 import secrets
 import socket
@@ -39,14 +40,25 @@ def who() -> str:
 class Gathered:
     facts: dict[str, HostFacts]
     outcomes: dict[str, HostOutcome]
+    # hosts whose inventory says `probe: true`: their own SGLang's answers (fleetctl/ops/probe.py)
+    probes: dict[str, HostOutcome] = field(default_factory=dict)
 
 
-def gather(fleet: Fleet, playbook: Playbook | None, *, all_hashes: bool = False) -> Gathered:
+def gather(fleet: Fleet, playbook: Playbook | None, *, all_hashes: bool = False, probe: bool = False) -> Gathered:
+    """probe: also ask the own SGLang of each host that opts in (`probe: true`) and that the
+    playbook has a patch set for (deploy's coverage check; facts for the pure plan)."""
     extra = sorted({f.path for files in (playbook.versions.values() if playbook else []) for f in files})
     profile = playbook.launch if playbook else None
     outs = fleet.run(lambda c: read_facts(c, extra_files=extra, with_=[names.WITH_STATE], gpus=False,
                                           all_hashes=all_hashes, profile=profile))
-    return Gathered({o.host: o.data for o in outs if o.ok}, {o.host: o for o in outs})
+    g = Gathered({o.host: o.data for o in outs if o.ok}, {o.host: o for o in outs})
+    if probe and playbook is not None:
+        from fleetctl.ops.probe import ask_hosts
+
+        ask = [h for h in fleet.hosts if h.probe and h.name in g.facts
+               and playbook.files_for(g.facts[h.name].package_version or "") is not None]
+        g.probes = ask_hosts(fleet, playbook, ask)
+    return g
 
 
 def coverage_for(host: Host, facts: HostFacts, playbook: Playbook, *, strict: bool = False) -> Coverage | None:
@@ -92,6 +104,7 @@ def build_plan(fleet: Fleet, playbook: Playbook, gathered: Gathered, *, force: b
         cov = coverage_for(h, f, playbook, strict=strict) if v in intended else None
         hp = plan_host(h, f, playbook, intended.get(v) if v else None, force=force, coverage=cov,
                        allow_uncovered=allow_uncovered)
+        _plan_probe(hp, gathered.probes.get(h.name))
         _plan_stale_bytecode(hp, f)
         _plan_state_files(hp, f, playbook)
         if hp.status in ("change", "noop") and playbook.state_files:  # a steps=0 slot no batch reaches
@@ -101,6 +114,21 @@ def build_plan(fleet: Fleet, playbook: Playbook, gathered: Gathered, *, force: b
             hp.reason = "; ".join(x for x in (hp.reason, *(f"warning: {w}" for w in idle)) if x)
         hosts.append(hp)
     return Plan(str(playbook.path), hosts, intended)
+
+
+def _plan_probe(hp: HostPlan, probed: HostOutcome | None) -> None:
+    """A host whose own SGLang disagrees with the table, or could not be asked, is refused (the
+    line `explain --probe` prints)."""
+    if probed is None or hp.status not in ("change", "noop"):
+        return
+    from fleetctl.ops.probe import refusal
+
+    why = refusal(probed)
+    if why:
+        hp.status, hp.reason = "refused", why
+    elif hp.coverage is not None:  # the answers show with "(worker that will run)"
+        said = "; ".join(f"probe {p['instance']}: {p['line']}" for p in probed.data)
+        hp.coverage = dataclasses.replace(hp.coverage, reason=f"{hp.coverage.reason}; {said}")
 
 
 def _plan_state_files(hp: HostPlan, facts: HostFacts, playbook: Playbook) -> None:

@@ -2,16 +2,18 @@
 `explain --probe`: SGLang's argument processing (ServerArgs, __post_init__, check_server_args) and
 its worker selection. For sandbox hosts that opt in (`sandbox up --cpu-sglang`) and the tests.
 
-What it holds: torch 2.13.0, CPU build (`pip install torch==2.13.0` takes it from this machine's
-local file; a constraints file keeps every other package from pulling another torch), the
-pure-Python packages SGLang's server_args and speculative modules import, and the labelled GPU
+What it holds: exactly the packages of the lock file next to this module (cpu_venv.lock: exact
+versions, installed with `--no-deps`, so nothing is resolved at build time and no package can pull
+another torch): torch 2.13.0, CPU build (this machine's local wheel), the packages SGLang's
+server_args and speculative modules import, and the labelled GPU
 STAND-IN (fleetctl/sandbox/gpu_standin: placeholder modules for GPU-only packages such as
 sgl_kernel, flashinfer and triton, which do not install or import without CUDA). No SGLang: each
 sandbox host's own site-packages holds its release tree, added after this venv's site-packages.
 
-Built once per cache dir and requirement set, under a lock, into a temporary directory renamed
-into place when complete: `ensure_cpu_venv()` returns its python. `.built` records the build
-time and size.
+Built once per cache dir and lock file (the dir name carries the lock's hash, so a venv built by an
+older lock is never used), under a file lock, into a temporary directory renamed into place when
+complete: `ensure_cpu_venv()` returns its python. `.built` records the build time, the size and the
+lock's hash.
 """
 
 from __future__ import annotations
@@ -28,30 +30,40 @@ from pathlib import Path
 from fleetctl.errors import FleetctlError
 from fleetctl.wheels import _locked, cache_dir
 
-TORCH = "torch==2.13.0"
-# what the releases' server_args, arg_groups and speculative modules import (0.5.4.post3 .. 0.5.23),
-# found by importing them; GPU-only packages are the stand-in's, not listed here
-REQUIREMENTS: tuple[str, ...] = (
-    TORCH, "numpy", "orjson", "msgspec", "psutil", "pydantic", "requests", "packaging", "tqdm", "pybase64",
-    "IPython", "pillow", "aiohttp", "safetensors", "starlette", "fastapi", "pyzmq", "openai",
-    "partial_json_parser", "huggingface_hub", "transformers", "dill", "sentencepiece", "compressed-tensors",
-    "gguf", "einops", "interegular", "tiktoken", "pyyaml", "prometheus-client", "setproctitle", "uvicorn",
-    "python-multipart", "scipy", "uvloop", "xxhash", "regex", "apache-tvm-ffi==0.1.11",
-)
+LOCK = Path(__file__).resolve().parent / "cpu_venv.lock"
 STANDIN_DIR = Path(__file__).resolve().parent / "gpu_standin"
 STANDIN_MODULE = "fleetctl_gpu_standin"
 BUILD_TIMEOUT = 1800.0
 
 
-def _key() -> str:
+def lock_hash(lock: Path = LOCK) -> str:
+    return hashlib.sha256(lock.read_bytes()).hexdigest()
+
+
+def requirements(lock: Path = LOCK) -> list[str]:
+    """The lock's pins (`name==version` lines; comments and blank lines skipped)."""
+    out = []
+    for n, raw in enumerate(lock.read_text().splitlines(), 1):
+        ln = raw.split("#", 1)[0].strip()
+        if not ln:
+            continue
+        if "==" not in ln or ln.startswith("-"):
+            raise FleetctlError(f"{lock}:{n}: {ln!r} is not an exact pin (name==version)",
+                                hint="the CPU venv's lock holds exact versions only")
+        out.append(ln)
+    return out
+
+
+def _key(lock: Path = LOCK) -> str:
     h = hashlib.sha256()
-    h.update(json.dumps([sys.version_info[:2], REQUIREMENTS]).encode())
+    h.update(json.dumps(list(sys.version_info[:2])).encode())
+    h.update(lock_hash(lock).encode())
     h.update((STANDIN_DIR / f"{STANDIN_MODULE}.py").read_bytes())
     return h.hexdigest()[:12]
 
 
-def venv_dir() -> Path:
-    return cache_dir() / f"cpu-sglang-venv-{_key()}"
+def venv_dir(lock: Path = LOCK) -> Path:
+    return cache_dir() / f"cpu-sglang-venv-{_key(lock)}"
 
 
 def site_packages(venv: Path) -> Path:
@@ -75,9 +87,9 @@ def install_standin(site: Path, extra_pth: str = "") -> None:
     (site / f"{STANDIN_MODULE}.pth").write_text(f"import {STANDIN_MODULE}\n" + extra_pth)
 
 
-def ensure_cpu_venv(extra_pth: str = "") -> Path:
+def ensure_cpu_venv(extra_pth: str = "", lock: Path = LOCK) -> Path:
     """The CPU venv's python, building the venv on first use (minutes; then cached)."""
-    final = venv_dir()
+    final = venv_dir(lock)
     py = final / "bin" / "python"
     if (final / ".built").exists():
         return py
@@ -88,11 +100,10 @@ def ensure_cpu_venv(extra_pth: str = "") -> Path:
         tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
         try:
+            reqs = requirements(lock)
             _run([sys.executable, "-m", "venv", str(tmp)], "venv")
-            cons = tmp / "constraints.txt"
-            cons.write_text(TORCH + "\n")
             _run([str(tmp / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                  "-c", str(cons), *REQUIREMENTS], "pip install")
+                  "--no-deps", "-r", str(lock)], "pip install")
             install_standin(site_packages(tmp), extra_pth)
             shutil.rmtree(final, ignore_errors=True)
             os.replace(tmp, final)
@@ -101,7 +112,8 @@ def ensure_cpu_venv(extra_pth: str = "") -> Path:
             raise
         size = sum(f.stat().st_size for f in final.rglob("*") if f.is_file() and not f.is_symlink())
         (final / ".built").write_text(json.dumps({"seconds": round(time.monotonic() - started, 1),
-                                                  "bytes": size, "requirements": list(REQUIREMENTS)}) + "\n")
+                                                  "bytes": size, "lock_sha256": lock_hash(lock),
+                                                  "requirements": reqs}) + "\n")
     return py
 
 
