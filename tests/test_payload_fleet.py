@@ -10,12 +10,11 @@ import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
+from jsoncli import cli, ok
 
 from fleetctl import wheels
-from fleetctl.cli import main
 from fleetctl.sandbox.lifecycle import Sandbox
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,17 +29,6 @@ WORKER = {"h01": "EAGLEWorker", "h02": "EAGLEWorker", "h03": "EAGLEWorker", "h04
 pytestmark = [pytest.mark.fleet, pytest.mark.usefixtures("ledger_dir")]
 
 
-def cli(capsys: pytest.CaptureFixture[str], *args: Any) -> tuple[int, Any]:
-    capsys.readouterr()
-    code = main([*map(str, args), "--json"])
-    out = capsys.readouterr().out
-    return code, json.loads(out) if out.strip() else None
-
-
-def ok(capsys: pytest.CaptureFixture[str], *args: Any) -> Any:
-    code, doc = cli(capsys, *args)
-    assert code == 0, json.dumps(doc, indent=1)[:4000]
-    return doc
 
 
 def payload_files_pristine(sb: Sandbox) -> dict[str, bool]:

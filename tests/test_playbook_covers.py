@@ -4,12 +4,12 @@ the scheduler with its own marker: deployed, launched and verified on a sandbox 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from jsoncli import cli, ok
 
 from fleetctl import wheels
 from fleetctl.cli import main
@@ -93,17 +93,6 @@ def test_simulator_reads_the_patched_schedulers_own_log_call(version: str) -> No
 # ----------------------------------------------------------------------------- on the sandbox
 
 
-def cli(capsys: pytest.CaptureFixture[str], *args: Any) -> tuple[int, Any]:
-    capsys.readouterr()
-    code = main([*map(str, args), "--json"])
-    out = capsys.readouterr().out
-    return code, json.loads(out) if out.strip() else None
-
-
-def ok(capsys: pytest.CaptureFixture[str], *args: Any) -> Any:
-    code, doc = cli(capsys, *args)
-    assert code == 0, json.dumps(doc, indent=1)[:3000]
-    return doc
 
 
 def by_host(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:

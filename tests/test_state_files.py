@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import yaml
+from jsoncli import cli, ok
 
 from fleetctl import statefiles, wheels
 from fleetctl.cli import main
@@ -247,17 +248,6 @@ def test_release_refusal_names_the_release_and_why() -> None:
 # ----------------------------------------------------------------------------- on the sandbox
 
 
-def cli(capsys: pytest.CaptureFixture[str], *args: Any) -> tuple[int, Any]:
-    capsys.readouterr()
-    code = main([*map(str, args), "--json"])
-    out = capsys.readouterr().out
-    return code, json.loads(out) if out.strip() else None
-
-
-def ok(capsys: pytest.CaptureFixture[str], *args: Any) -> Any:
-    code, doc = cli(capsys, *args)
-    assert code == 0, json.dumps(doc, indent=1)[:3000]
-    return doc
 
 
 @pytest.mark.fleet

@@ -208,6 +208,15 @@ def launch_environment(launch):
     return env
 
 
+def launch_path0(launch, cwd):
+    """sys.path[0] of the launch's python: the script's directory, the cwd for `-m`, else None."""
+    if launch.get("target_kind") == "script":
+        return os.path.dirname(os.path.realpath(os.path.join(cwd, launch.get("target") or "")))
+    if launch.get("target_kind") == "module":
+        return cwd
+    return None
+
+
 def launch_cwd(cwd, env):
     """The working directory a launch runs in: the one asked, else the launch env's HOME, else ~."""
     cwd = cwd or env.get("HOME") or expand("~")
@@ -309,11 +318,7 @@ def run_probe(launch, files=(), checks=(), timeout=PROBE_TIMEOUT, package=None):
         return {"error": "the launch command names no python interpreter", "unresolved": True}
     env = launch_environment(launch)
     cwd = launch_cwd(launch.get("cwd"), env)
-    path0 = None
-    if launch.get("target_kind") == "script":
-        path0 = os.path.dirname(os.path.realpath(os.path.join(cwd, launch.get("target") or "")))
-    elif launch.get("target_kind") == "module":
-        path0 = cwd
+    path0 = launch_path0(launch, cwd)
     if same_start(launch, env, cwd, path0):
         res = probe_here({"path0": path0, "files": list(files), "checks": list(checks), "package": package}, cwd)
         res["launch_env_pythonpath"] = env.get("PYTHONPATH")

@@ -22,7 +22,7 @@ ENGINE_PROBE_MAX_ARGV = 512
 ENGINE_PROBE_MAX_SCRIPT = 1 << 20
 
 if __name__ != "fleetctl_agent":  # imported locally; on the host the source is appended as a string
-    from fleetctl.remote.agent import ACTIONS, AgentError, launch_cwd, launch_environment
+    from fleetctl.remote.agent import ACTIONS, AgentError, launch_cwd, launch_environment, launch_path0
 
 
 def _kill_group(pid):
@@ -64,11 +64,7 @@ def run_engine_probe(script, launch, argv, hardware, timeout=ENGINE_PROBE_TIMEOU
     try:
         env = _probe_env(launch, hardware, tmp)
         cwd = launch_cwd(launch.get("cwd"), env)
-        path0 = None
-        if launch.get("target_kind") == "script":
-            path0 = os.path.dirname(os.path.realpath(os.path.join(cwd, launch.get("target") or "")))
-        elif launch.get("target_kind") == "module":
-            path0 = cwd
+        path0 = launch_path0(launch, cwd)
         req = json.dumps({"argv": argv, "hardware": hardware, "path0": path0}).encode()
         cmd = [interp, *(launch.get("options") or []), "-c", script]
         try:
