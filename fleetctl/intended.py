@@ -45,12 +45,15 @@ def _apply(version: str, rel: str, patch_text: bytes, expect_sha: str, where: st
 # depend on (pristine bytes, patch, our patch engine, this Python's grammar): a re-deploy does not
 # patch and compile them again on the critical path between facts and apply.
 
-def _cache_key(version: str, rel: str, patch_text: bytes, pristine_sha: str) -> str:
-    from fleetctl.patching import engine
+# The patch engine's source, read (not imported: a cache hit needs no patching code) from the file
+# Python would import it from.
+_ENGINE_SRC = Path(__file__).resolve().parent / "patching" / "engine.py"
 
+
+def _cache_key(version: str, rel: str, patch_text: bytes, pristine_sha: str) -> str:
     h = hashlib.sha256()
     for part in (version.encode(), rel.encode(), pristine_sha.encode(), patch_text,
-                 Path(engine.__file__).read_bytes(), f"{sys.version_info[0]}.{sys.version_info[1]}".encode()):
+                 _ENGINE_SRC.read_bytes(), f"{sys.version_info[0]}.{sys.version_info[1]}".encode()):
         h.update(hashlib.sha256(part).digest())
     return h.hexdigest()[:40]
 
