@@ -54,11 +54,16 @@ class Freezer:
     def freeze(self, sb: Sandbox, name: str) -> list[int]:
         pid = sb.host(name).pid
         assert pid is not None, f"{name}: sshd is not running"
-        pids = [pid, *sorted(procs.descendants([pid]))]
-        for p in pids:
-            os.kill(p, signal.SIGSTOP)
-            self.frozen.append(p)
-        return pids
+        os.kill(pid, signal.SIGSTOP)  # the listener first: it starts no session after this
+        stopped = [pid]
+        for p in sorted(procs.descendants([pid])):
+            try:
+                os.kill(p, signal.SIGSTOP)
+            except ProcessLookupError:  # a session (of an earlier command) that ended meanwhile
+                continue
+            stopped.append(p)
+        self.frozen += stopped
+        return stopped
 
     def thaw(self) -> None:
         while self.frozen:
