@@ -144,21 +144,6 @@ def session_members(sid):
         except ValueError:
             continue
     return out
-    for n in names:
-        if not n.isdigit():
-            continue
-        try:
-            with open("/proc/%s/stat" % n, "rb") as fh:
-                raw = fh.read()
-        except (OSError, ValueError):
-            continue
-        rest = raw[raw.rfind(b")") + 2:].split()
-        try:
-            if int(rest[3]) == sid and rest[0] not in (b"Z", b"X", b"x"):
-                out.append((int(n), int(rest[19])))
-        except (IndexError, ValueError):
-            continue
-    return out
 
 
 def proc_cmdline(pid, limit=65536):
@@ -250,21 +235,6 @@ def group_members(pgid):
             if int(rest[2]) == pgid:
                 out.append(pid)
         except ValueError:
-            continue
-    return out
-    for n in names:
-        if not n.isdigit():
-            continue
-        try:
-            with open("/proc/%s/stat" % n, "rb") as fh:
-                raw = fh.read()
-        except (OSError, ValueError):
-            continue
-        rest = raw[raw.rfind(b")") + 2:].split()
-        try:
-            if int(rest[2]) == pgid and rest[0] not in (b"Z", b"X", b"x"):
-                out.append(int(n))
-        except (IndexError, ValueError):
             continue
     return out
 
@@ -442,7 +412,6 @@ def marker_in_init(source, class_name, marker, function="__init__"):
                         if isinstance(sub, ast.Constant) and isinstance(sub.value, str) and marker in sub.value:
                             out["marker"] = True
                             return out
-    return out
 
 
 # ----------------------------------------------------------------------------- log reading
