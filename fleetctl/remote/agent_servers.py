@@ -412,6 +412,7 @@ def marker_in_init(source, class_name, marker, function="__init__"):
                         if isinstance(sub, ast.Constant) and isinstance(sub.value, str) and marker in sub.value:
                             out["marker"] = True
                             return out
+    return out
 
 
 # ----------------------------------------------------------------------------- log reading
