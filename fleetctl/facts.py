@@ -25,10 +25,11 @@ from fleetctl.protocol.answers import (
 from fleetctl.protocol.schema import shown
 
 if TYPE_CHECKING:  # the transport (paramiko, fabric) is imported on first connect
+    from fleetctl.config.inventory import Host
     from fleetctl.engine import ModelConfig
     from fleetctl.transport.base import Transport
 
-__all__ = ["FileFact", "HostFacts", "TorchCheck", "check_torch", "parse_facts", "read_facts"]
+__all__ = ["FileFact", "HostFacts", "TorchCheck", "check_torch", "facts_request", "parse_facts", "read_facts"]
 
 HASH_DIRS = list(engine().hash_dirs)
 HASH_FILES = list(engine().hash_files)
@@ -210,13 +211,24 @@ def read_facts(conn: Transport, *, extra_files: list[str] | None = None, gpus: b
     SGLang is located as the launch will import it: the playbook's launch `profile` (or the default
     launch without a playbook) + the inventory's launch_command and env (fleetctl/launchspec.py).
     all_hashes=False hashes only `extra_files` (what deploy plans need), not srt/speculative/**."""
+    p = facts_request(conn.host, extra_files=extra_files, gpus=gpus, with_=with_, all_hashes=all_hashes,
+                      profile=profile)
+    p.update(payload or {})
+    raw: FactsAnswer = conn.agent(names.FACTS, p)
+    return parse_facts(conn.host.name, raw)
+
+
+def facts_request(host: Host, *, extra_files: list[str] | None = None, gpus: bool = True,
+                  with_: list[str] | None = None, all_hashes: bool = True,
+                  profile: LaunchProfile | None = None) -> dict[str, Any]:
+    """The `facts` request read_facts sends to `host` (pure: also what a seal is keyed by)."""
     from fleetctl.instances import host_launch_spec
 
     prof = profile if profile is not None else LaunchProfile()
-    p: dict[str, Any] = {
+    return {
         "engine": engine().agent_facts(),
-        "package_dir": conn.host.sglang_dir,
-        "launch": host_launch_spec(conn.host, profile).to_agent(),
+        "package_dir": host.sglang_dir,
+        "launch": host_launch_spec(host, profile).to_agent(),
         # without a playbook the launch env is not fully known: a package dir mismatch is a note
         "strict_package_dir": profile is not None,
         "bytecode_files": bytecode_files(extra_files),
@@ -225,13 +237,10 @@ def read_facts(conn: Transport, *, extra_files: list[str] | None = None, gpus: b
                        else list(extra_files or [])),
         "gpus": gpus,
         "with": with_ or [],
-        "state_dir": conn.host.state_dir,
+        "state_dir": host.state_dir,
         # the target model's config.json, read under the launch's environment (model-specific routing)
-        "model": _launch_model(conn.host, prof),
+        "model": _launch_model(host, prof),
     }
-    p.update(payload or {})
-    raw: FactsAnswer = conn.agent(names.FACTS, p)
-    return parse_facts(conn.host.name, raw)
 
 
 def _launch_model(host: Any, profile: LaunchProfile) -> dict[str, str] | None:

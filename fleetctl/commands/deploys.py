@@ -36,13 +36,15 @@ def register(app: typer.Typer) -> None:
         any_errors_fatal: bool = typer.Option(False, "--any-errors-fatal", help="Change no host at all if any selected host is unreachable or refused at plan time."),
         ready_timeout: float | None = typer.Option(None, "--timeout", min=0.1, help="With --restart: seconds to wait for each server to be ready."),
         break_lock: str | None = typer.Option(None, "--break-lock", help="Comma list of hosts whose lock, held by another machine sharing their state dir, may be taken over."),
+        recheck: bool = typer.Option(False, "--recheck", help="Ask every host's python again even where nothing changed since the last deploy sealed it (see docs/reliability.md, seals)."),
         **shared: Any,
     ) -> None:
         from fleetctl.commands import deploys_impl
 
         deploys_impl.deploy(playbook=playbook, check=check, diff=diff, force=force,
             allow_uncovered=allow_uncovered, strict=strict, restart=restart, serial=serial, canary=canary, max_fail=max_fail,
-            any_errors_fatal=any_errors_fatal, ready_timeout=ready_timeout, break_lock=break_lock, **shared)
+            any_errors_fatal=any_errors_fatal, ready_timeout=ready_timeout, break_lock=break_lock, recheck=recheck,
+            **shared)
 
     @app.command("rollback", help="Restore each host's files to their bytes before its last (or a named) deploy.")
     @fleet_options

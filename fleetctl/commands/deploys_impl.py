@@ -50,7 +50,7 @@ def _load_playbook(path: Path) -> Playbook:
 def deploy(*, playbook: Path, inventory: Path | None, limit: str | None, forks: int, check: bool, diff: bool,
         force: bool, allow_uncovered: bool, strict: bool = False, restart: bool, serial: str | None, canary: str | None,
         max_fail: str | None, any_errors_fatal: bool, ready_timeout: float | None, break_lock: str | None,
-        json_out: bool, debug: bool, accept_new_host_keys: bool) -> None:
+        json_out: bool, debug: bool, accept_new_host_keys: bool, recheck: bool = False) -> None:
     from fleetctl.config.playbook import load_playbook
 
     budget = validate.rolling(restart, serial=serial, canary=canary, max_fail=max_fail,
@@ -61,7 +61,10 @@ def deploy(*, playbook: Path, inventory: Path | None, limit: str | None, forks: 
                        accept_new_host_keys=accept_new_host_keys) as ctx:
         from fleetctl.ops.deploy import apply_plan, build_plan, gather, new_op_id
         from fleetctl.ops.rolling import parse_count
-        gathered = _tick_run(ctx, "facts", lambda: gather(ctx.fleet, pb, probe=True))
+        # seals (fleetctl/seal.py): a host unchanged since its last deploy is re-checked without Python;
+        # a rolling restart visits every host with the agent (its batches re-plan)
+        gathered = _tick_run(ctx, "facts", lambda: gather(ctx.fleet, pb, probe=True, use_seals=not recheck,
+                                                          make_seals=not check and not restart))
         plan = build_plan(ctx.fleet, pb, gathered, force=force, allow_uncovered=allow_uncovered, strict=strict)
         if not json_out:
             render_plan(plan)
@@ -92,7 +95,8 @@ def deploy(*, playbook: Path, inventory: Path | None, limit: str | None, forks: 
                           args={"limit": limit, "force": force, "allow_uncovered": allow_uncovered},
                           hosts=[h.name for h in ctx.fleet.hosts])
         breaking = _break_lock_hosts(ctx, break_lock)
-        results = _tick_run(ctx, "deploy", lambda: apply_plan(ctx.fleet, plan, pb, op_id, break_lock=breaking))
+        results = _tick_run(ctx, "deploy", lambda: apply_plan(ctx.fleet, plan, pb, op_id, break_lock=breaking,
+                                                              seals=gathered.seals))
         rows = [results[h.name] for h in ctx.fleet.hosts if h.name in results]
         failed = [r for r in rows if r.status not in ("changed", "unchanged")]
         record.finish(not failed, [r.to_json() for r in rows])

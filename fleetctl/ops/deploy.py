@@ -11,7 +11,7 @@ import socket
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from fleetctl import statefiles
 from fleetctl.config.inventory import Host
@@ -19,13 +19,16 @@ from fleetctl.config.playbook import Playbook
 from fleetctl.deploy_plan import Coverage, HostPlan, Intended, Plan, plan_host
 from fleetctl.engine import engine
 from fleetctl.errors import InputError
-from fleetctl.facts import HostFacts, read_facts
+from fleetctl.facts import HostFacts, facts_request, parse_facts, read_facts
 from fleetctl.instances import host_launch_spec
 from fleetctl.intended import intended_for
 from fleetctl.protocol import names
 from fleetctl.protocol.answers import DeployAnswer
 from fleetctl.runner import Fleet, HostOutcome
 from fleetctl.transport.base import Transport
+
+if TYPE_CHECKING:
+    from fleetctl.seal import Checked
 
 
 def new_op_id(prefix: str = "d") -> str:
@@ -42,16 +45,37 @@ class Gathered:
     outcomes: dict[str, HostOutcome]
     # hosts whose inventory says `probe: true`: their own SGLang's answers (fleetctl/ops/probe.py)
     probes: dict[str, HostOutcome] = field(default_factory=dict)
+    # per host: what its seal check found (fleetctl/seal.py); empty when seals were not asked
+    seals: dict[str, Checked] = field(default_factory=dict)
 
 
-def gather(fleet: Fleet, playbook: Playbook | None, *, all_hashes: bool = False, probe: bool = False) -> Gathered:
+def gather(fleet: Fleet, playbook: Playbook | None, *, all_hashes: bool = False, probe: bool = False,
+           use_seals: bool = False, make_seals: bool = False) -> Gathered:
     """probe: also ask the own SGLang of each host that opts in (`probe: true`) and that the
-    playbook has a patch set for (deploy's coverage check; facts for the pure plan)."""
+    playbook has a patch set for (deploy's coverage check; facts for the pure plan).
+    use_seals: a host whose stored seal still holds is answered from it, without its Python
+    (fleetctl/seal.py); make_seals: run the check even without a seal, so the deploy can make one."""
     extra = sorted({f.path for files in (playbook.versions.values() if playbook else []) for f in files})
     profile = playbook.launch if playbook else None
-    outs = fleet.run(lambda c: read_facts(c, extra_files=extra, with_=[names.WITH_STATE], gpus=False,
-                                          all_hashes=all_hashes, profile=profile))
-    g = Gathered({o.host: o.data for o in outs if o.ok}, {o.host: o for o in outs})
+    checks: dict[str, Checked] = {}
+    kw: dict[str, Any] = {"extra_files": extra, "with_": [names.WITH_STATE], "gpus": False,
+                          "all_hashes": all_hashes, "profile": profile}
+
+    def one(c: Transport) -> HostFacts:
+        if (use_seals or make_seals) and playbook is not None and not c.host.probe:
+            from fleetctl import seal
+
+            key = seal.seal_key(c.host, facts_request(c.host, **kw))
+            ck = checks[c.host.name] = seal.check(c, key, use=use_seals, make=make_seals)
+            ck.key = key
+            if ck.facts is not None:
+                return parse_facts(c.host.name, ck.facts)
+            if ck.env is not None:
+                return read_facts(c, **kw, payload={"seal": True})
+        return read_facts(c, **kw)
+
+    outs = fleet.run(one)
+    g = Gathered({o.host: o.data for o in outs if o.ok}, {o.host: o for o in outs}, seals=checks)
     if probe and playbook is not None:
         from fleetctl.ops.probe import ask_hosts
 
@@ -186,11 +210,14 @@ class HostApply:
 
 def apply_plan(fleet: Fleet, plan: Plan, playbook: Playbook, op_id: str, *, validate: bool = True,
                fault_after_files: dict[str, int] | None = None,
-               hosts: list[str] | None = None, break_lock: set[str] | frozenset[str] = frozenset()
-               ) -> dict[str, HostApply]:
+               hosts: list[str] | None = None, break_lock: set[str] | frozenset[str] = frozenset(),
+               seals: dict[str, Checked] | None = None) -> dict[str, HostApply]:
     """Apply the plan to every host whose plan says 'change' or 'noop' (a no-op host is still visited:
     its files are re-checked under the host lock, so 'unchanged' is never a guess from facts read
-    before a concurrent rollback). Returns per-host results."""
+    before a concurrent rollback). A no-op host answered from its seal (gather's `seals`) was
+    re-checked by the seal check itself, moments ago: its files' bytes and everything the facts
+    depended on, with no Python started. Returns per-host results; a host the agent visits with
+    `seals` makes a new seal (fleetctl/seal.py)."""
     results: dict[str, HostApply] = {}
     todo: dict[str, HostPlan] = {}
     for hp in plan.hosts:
@@ -212,6 +239,12 @@ def apply_plan(fleet: Fleet, plan: Plan, playbook: Playbook, op_id: str, *, vali
 
     def one(conn: Transport) -> HostApply:
         hp = todo[conn.host.name]
+        ck = (seals or {}).get(conn.host.name)
+        if ck is not None and ck.seal is not None and hp.status == "noop" and not hp.to_patch \
+                and not hp.drop_bytecode:
+            return HostApply(conn.host.name, "unchanged",
+                             f"already as intended (sealed by {ck.seal.get('op_id')}: {len(ck.seal['paths'])} paths "
+                             f"and {len(ck.seal['files'])} file hashes re-checked unchanged, no Python started)")
         it = plan.intended[hp.version or ""]
         files = []
         for fp in hp.to_patch:
@@ -231,6 +264,9 @@ def apply_plan(fleet: Fleet, plan: Plan, playbook: Playbook, op_id: str, *, vali
         }
         if conn.host.name in break_lock:
             payload["break_lock"] = True
+        sealing = ck is not None and ck.env is not None and ck.facts is None  # facts read by this agent
+        if sealing:
+            payload["seal"] = True
         if fault_after_files and conn.host.name in fault_after_files:
             payload["_fault_after_files"] = fault_after_files[conn.host.name]
         res: DeployAnswer = conn.agent(names.DEPLOY, payload)
@@ -250,6 +286,15 @@ def apply_plan(fleet: Fleet, plan: Plan, playbook: Playbook, op_id: str, *, vali
         if bad:
             r.status = "failed"
             r.message = "verification failed after deploy: " + "; ".join(bad)
+        if sealing and ck is not None and ck.env is not None:
+            from fleetctl import seal
+
+            if bad or res.seal is None:
+                seal.forget(conn.host)
+            elif res.seal.why:
+                seal.save_unsealable(conn.host, ck.key, res.seal.why)
+            else:
+                seal.save(conn.host, ck.key, ck.env, res.seal, op_id)
         return r
 
     targets = [h for h in fleet.hosts if h.name in todo]

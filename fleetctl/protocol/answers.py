@@ -386,6 +386,20 @@ class DeployedFile:
 
 
 @dataclass
+class Seal:
+    """A deploy's seal (agent_seal.py; fleetctl/seal.py): the paths and files whose `stat` and
+    `sha256sum` text was taken, still under the host lock, around facts read again (`facts`: checked
+    as a facts answer when it is used), or `why` there is none."""
+
+    why: str | None = None
+    paths: list[str] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)
+    stat: str = ""
+    sha: str = ""
+    facts: dict[str, Any] | None = None
+
+
+@dataclass
 class DeployAnswer:
     """`deploy`: the transaction's deploy id (None: nothing to change), files and final hashes."""
 
@@ -393,6 +407,7 @@ class DeployAnswer:
     files: list[DeployedFile]
     final: dict[str, Sha256 | None]  # hash of every verify path after the transaction
     notes: list[str] = field(default_factory=list)
+    seal: Seal | None = None  # asked with `seal` in the request
 
 
 @dataclass

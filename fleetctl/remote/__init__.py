@@ -11,7 +11,7 @@ imports as a normal module for tests.
 from functools import cache
 from importlib import resources
 
-PARTS = ("agent.py", "agent_deploy.py", "agent_servers.py", "agent_probe.py")
+PARTS = ("agent.py", "agent_deploy.py", "agent_servers.py", "agent_probe.py", "agent_seal.py")
 PROBE = "probe.py"  # run by the agent as `-c` under the launch's interpreter: shipped as a string
 
 

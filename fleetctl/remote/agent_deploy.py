@@ -15,6 +15,7 @@ if __name__ != "fleetctl_agent":  # imported locally (tests); on the host the pa
     from fleetctl.remote.agent import *  # noqa: F403
     from fleetctl.remote.agent import (  # noqa: F401
         ACTIONS,
+        DEPLOY_HOOKS,
         EXTRA_FACTS,
         AgentError,
         expand,
@@ -987,6 +988,13 @@ def _drop_stale(pkg, rels, prefixes):
     return ["removed %d stale cached bytecode file(s): %s" % (len(removed), _shown_paths(pkg, removed))]
 
 
+def _deployed(p, res):
+    """A deploy's answer, after the DEPLOY_HOOKS (still under the host lock)."""
+    for hook in DEPLOY_HOOKS:
+        hook(p, res)
+    return res
+
+
 def action_deploy(p):
     """Apply one host's planned files in one transaction: all intended, or all original."""
     sd = p["state_dir"]
@@ -1036,7 +1044,7 @@ def action_deploy(p):
                 splan.append((sf, rel, spath))
         if not plan and not splan:
             notes += _drop_stale(pkg, p.get("drop_bytecode"), _pycache_prefixes(p) if p.get("drop_bytecode") else [])
-            return {"deploy_id": None, "files": [], "notes": notes, "final": _final(pkg, p)}
+            return _deployed(p, {"deploy_id": None, "files": [], "notes": notes, "final": _final(pkg, p)})
         ddir = os.path.dirname(manifest_path(sd, did))
         if os.path.exists(ddir):
             raise AgentError("deploy %s already exists on this host" % did, "bad_input")
@@ -1135,8 +1143,9 @@ def action_deploy(p):
             notes.append("removed %d cached bytecode file(s) of the replaced sources: %s"
                          % (len(pyc["removed"]), _shown_paths(pkg, pyc["removed"])))
         notes += _drop_stale(pkg, p.get("drop_bytecode"), m["pycache_prefixes"])
-        return {"deploy_id": did, "files": [{"path": x["path"], "sha_after": x["sha_after"]} for x in m["files"]],
-                "notes": notes, "final": _final(pkg, p, state_real)}
+        return _deployed(p, {"deploy_id": did, "files": [{"path": x["path"], "sha_after": x["sha_after"]}
+                                                         for x in m["files"]],
+                             "notes": notes, "final": _final(pkg, p, state_real)})
     finally:
         release_lock(sd)
 

@@ -226,6 +226,32 @@ class AgentTransport(Steps):
                                kind="bad_python", hint="fix 'python:' for this host in the inventory")
         return RemoteError(f"{h}: '{action}' failed: {why}", kind="failed", detail=stderr)
 
+    def run_command(self, argv: list[str], why: str, cap: int, timeout: float | None = None) -> bytes | None:
+        """Run `argv` on the host (not the agent; through the login shell over SSH) to its end and
+        return its stdout, or None if that exceeds `cap` bytes (the process is then closed). Bounded by
+        `timeout` (else command_timeout) like every step."""
+        limit = timeout if timeout is not None else self.host.command_timeout
+        pipe = self._start_pipe(argv, limit)
+        deadline = self._begin(why, limit, f"{self.host.name}: {why}: no end within {limit:g}s")
+        out = bytearray()
+        try:
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise RemoteError(self.step_stalled, kind="timeout")
+                data = pipe.recv(CHUNK, min(0.05, left))
+                if data == b"":
+                    return bytes(out)
+                if data:
+                    out += data
+                    if len(out) > cap:
+                        return None
+        except PipeLost as e:
+            raise self._lost(why, e) from None
+        finally:
+            self._end()
+            pipe.close()
+
     def agent(self, action: str, request: Mapping[str, Any] | None = None, *,
               timeout: float | None = None) -> Any:
         """Run one agent action with the host's python; return its result, checked and typed as

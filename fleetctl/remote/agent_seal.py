@@ -1,0 +1,261 @@
+"""Agent part: the seal of a deploy's verdict, so that the next no-op deploy can be re-checked with
+one `stat` + `sha256sum` on the host instead of a Python start (fleetctl/seal.py, the controller's
+half, says how a seal is used).
+
+A seal is asked for (`seal: true` in the facts and deploy requests) and made only when the launch's
+python was asked in this very process (same_start): then everything that decided where the launch
+imports the package from is a path this process can name. At the end of a deploy, still under the
+host lock, the facts are computed again and bracketed by two snapshots of those paths; only if the
+two are identical (and name the same paths) is the seal returned: the facts then describe exactly the
+state the snapshot shows. A snapshot is, per path, what `stat --printf='%n\\t%d %i %s %f %.9Z %.9Y\\n'`
+prints (device, inode, size, mode, ctime and mtime in ns; nothing for a path that does not exist) and,
+per hashed file, what `sha256sum` prints: the controller later runs exactly those two commands and
+compares the text byte for byte. ctime cannot be set back by a user (touch sets mtime only) and
+changes with every write, rename, link or chmod; a directory's changes when an entry is added,
+removed or renamed in it (how Python's own import cache notices new modules).
+
+The paths: the launch interpreter's PATH lookup (each PATH dir up to the one that holds it, the
+word in each), the interpreter, its real path and pyvenv.cfg; every sys.path entry of the launch and
+every .pth file in those dirs; the user site dir; every module file loaded in this process (site,
+sitecustomize and whatever a .pth imported); the package dir, its __init__, version files and
+dist-info; each planned file, the dirs between it and the package, its __pycache__ dir and pycs; torch's
+dist-info; the model config.json the launch would read (and the HF cache ref leading to it); the
+launch's cwd; the host lock and every deploy manifest in the state dir; /etc/os-release.
+"""
+
+if __name__ != "fleetctl_agent":  # imported locally (tests); on the host the parts are concatenated
+    from fleetctl.remote.agent import *  # noqa: F403
+    from fleetctl.remote.agent import (
+        DEPLOY_HOOKS,
+        FACTS_HOOKS,
+        _find_dist_info,
+        _home_of,
+        action_facts,
+        expand,
+        hub_cache_dir,
+        launch_cwd,
+        launch_environment,
+        launch_path0,
+        same_start,
+        sha256_file,
+    )
+    from fleetctl.remote.agent_deploy import state_paths, state_rel
+
+import os
+import sys
+import time
+
+SEAL_MAX_PATHS = 4000
+_SEAL = {}  # this session's last facts request, made with `seal`
+
+
+def _stat_line(path, newest=None):
+    """What `stat --printf='%n\\t%d %i %s %f %.9Z %.9Y\\n' PATH` prints (lstat: a symlink itself).
+    newest: a one-item list kept at the largest ctime seen."""
+    try:
+        st = os.lstat(path)
+    except (OSError, ValueError):
+        return ""
+    c, m = st.st_ctime_ns, st.st_mtime_ns
+    if newest is not None and c > newest[0]:
+        newest[0] = c
+    return "%s\t%d %d %d %x %d.%09d %d.%09d\n" % (path, st.st_dev, st.st_ino, st.st_size, st.st_mode,
+                                                  c // 1000000000, c % 1000000000, m // 1000000000, m % 1000000000)
+
+
+def _sha_line(path):
+    """What `sha256sum PATH` prints for a regular file (nothing for a missing one)."""
+    try:
+        return "%s  %s\n" % (sha256_file(path), path)
+    except (OSError, ValueError):
+        return ""
+
+
+def snapshot(paths, files, held=(), newest=None):
+    """`held`: paths that are there only because this agent holds them (the host lock): shown as
+    absent, the state the check must find."""
+    return {"stat": "".join(_stat_line(p, newest) for p in paths if p not in held),
+            "sha": "".join(_sha_line(f) for f in files)}
+
+
+def _usable(path):
+    # the controller compares text: no name that stat/sha256sum would escape or a line could hide
+    return isinstance(path, str) and path.startswith("/") and not any(c in path for c in "\n\r\t\\\x00")
+
+
+def seal_paths(p, res):
+    """(paths, files) whose snapshot seals this facts answer, or (None, why not)."""
+    launch = p.get("launch")
+    sg = res.get("package") or {}
+    if not launch or not sg.get("found") or not sg.get("dir"):
+        return None, "the package was not located"
+    if sg.get("error") or res.get("state") is None:
+        return None, "the facts were incomplete"
+    env = launch_environment(launch)
+    cwd = launch_cwd(launch.get("cwd"), env)
+    path0 = launch_path0(launch, cwd)
+    if not same_start(launch, env, cwd, path0):
+        return None, "the launch's python was asked in a process of its own (its start differs from the agent's)"
+    paths = []
+    add = paths.append
+    word = launch.get("interpreter") or ""
+    if "/" in word:
+        add(os.path.normpath(os.path.join(cwd, word)))
+    else:
+        for d in (env.get("PATH") or os.environ.get("PATH") or "").split(os.pathsep):
+            d = os.path.normpath(os.path.join(cwd, d or "."))
+            add(d)
+            add(os.path.join(d, word))
+            if os.access(os.path.join(d, word), os.X_OK):
+                break
+    exe = sys.executable
+    for x in (exe, os.path.realpath(exe), os.path.join(os.path.dirname(exe), "pyvenv.cfg"),
+              os.path.join(os.path.dirname(os.path.dirname(exe)), "pyvenv.cfg")):
+        add(x)
+    add(cwd)
+    if path0:
+        add(path0)
+    site = sys.modules.get("site")
+    if site is not None and getattr(site, "getusersitepackages", None):
+        try:
+            add(site.getusersitepackages())
+        except Exception:
+            pass
+    spath = (sg.get("launch") or {}).get("path") or sys.path
+    for e in spath:
+        d = os.path.normpath(os.path.join(cwd, e or "."))
+        add(d)
+        try:
+            names = sorted(os.listdir(d))
+        except OSError:
+            continue
+        for n in names:
+            if n.endswith(".pth") or (n.startswith("torch-") and n.endswith((".dist-info", ".egg-info"))):
+                add(os.path.join(d, n))
+                if n.endswith(".dist-info"):
+                    add(os.path.join(d, n, "METADATA"))
+    for m in list(sys.modules.values()):
+        f = getattr(m, "__file__", None)
+        if isinstance(f, str) and f:
+            add(os.path.abspath(f))
+    pkg = os.path.abspath(sg["dir"])
+    for x in (pkg, os.path.join(pkg, "__init__.py"), os.path.join(pkg, "_version.py"),
+              os.path.join(pkg, "version.py")):
+        add(x)
+    dist = _find_dist_info(os.path.dirname(pkg), os.path.basename(pkg))
+    if dist:
+        for x in (dist, os.path.join(dist, "METADATA"), os.path.join(dist, "direct_url.json")):
+            add(x)
+    files = []
+    views = sg.get("bytecode") or {}
+    for rel in sorted(res.get("files") or {}):
+        full = os.path.join(pkg, rel)
+        d = os.path.dirname(full)
+        while len(d) > len(pkg):
+            add(d)
+            d = os.path.dirname(d)
+        add(full)
+        files.append(full)
+        add(os.path.join(os.path.dirname(full), "__pycache__"))
+        v = views.get(rel) or {}
+        for pyc in [v.get("pyc"), *(v.get("other_pycs") or [])]:
+            if isinstance(pyc, str) and pyc:
+                add(os.path.abspath(pyc))
+                add(os.path.dirname(os.path.abspath(pyc)))
+    model = p.get("model") or {}
+    if model.get("path"):
+        mp = model["path"]
+        add(os.path.normpath(mp if os.path.isabs(mp) else os.path.join(cwd, mp)))
+        add(os.path.join(os.path.normpath(mp if os.path.isabs(mp) else os.path.join(cwd, mp)), "config.json"))
+        repo = os.path.join(hub_cache_dir(env, _home_of(env)), "models--" + mp.replace("/", "--"))
+        add(os.path.join(repo, "refs", model.get("revision") or "main"))
+        cfg = (res.get("model") or {}).get("path")
+        if isinstance(cfg, str):
+            add(cfg)
+    _, deploys, lock = state_paths(p.get("state_dir") or "~/.fleetctl")
+    add(lock)
+    add(deploys)
+    try:
+        for n in sorted(os.listdir(deploys)):
+            add(os.path.join(deploys, n))
+            add(os.path.join(deploys, n, "manifest.json"))
+    except OSError:
+        pass
+    add("/etc/os-release")
+    seen = set()
+    out = []
+    for x in paths:
+        if x not in seen:
+            seen.add(x)
+            out.append(x)
+    if len(out) > SEAL_MAX_PATHS:
+        return None, "more than %d paths decide this host's answer" % SEAL_MAX_PATHS
+    bad = [x for x in out + files if not _usable(x)]
+    if bad:
+        return None, "a path the seal would name is not plain text: %r" % bad[0][:200]
+    return (out, files), None
+
+
+QUIET_NS = 2 * 10 ** 9  # a path changed this close to the facts is not trusted to predate them
+
+
+def _facts_hook(p, res):
+    """Keep this answer and a snapshot taken right after it. At the end of a deploy that changed
+    nothing, that snapshot still matching and every path older than the facts (by QUIET_NS: a change
+    during the facts would show a newer ctime) lets the seal take these facts as they are."""
+    if not p.get("seal"):
+        return
+    started = time.time_ns() - int((res.get("elapsed") or 0) * 1e9) - 10 ** 6
+    _SEAL.clear()
+    _SEAL["request"] = dict((k, v) for k, v in p.items() if k != "seal")
+    _SEAL["paths"], _SEAL["why"] = got, _ = seal_paths(_SEAL["request"], res)
+    if got is not None:
+        newest = [0]
+        _SEAL["snap"] = snapshot(got[0], got[1], newest=newest)
+        _SEAL["quiet"] = newest[0] < started - QUIET_NS
+        _SEAL["facts"] = res
+
+
+def _deploy_hook(p, res):
+    """Under the host lock: the seal. A deploy that changed nothing seals the session's facts when
+    nothing moved since they were read (_facts_hook); otherwise the facts are read again, bracketed
+    by two identical snapshots."""
+    if not p.get("seal"):
+        return
+    req = _SEAL.get("request")
+    if req is None:
+        res["seal"] = {"why": "no facts were read in this session"}
+        return
+    extra = []
+    if p.get("state_files"):
+        root = os.path.realpath(expand(p["state_dir"]))
+        extra = [os.path.join(root, state_rel(sf.get("name"))) for sf in p["state_files"]]
+    got = _SEAL.get("paths")
+    held = (state_paths(p["state_dir"])[2],)
+    if got is not None and not extra and res.get("deploy_id") is None and _SEAL.get("quiet") \
+            and snapshot(got[0], got[1], held) == _SEAL.get("snap"):
+        snap = _SEAL["snap"]
+        res["seal"] = {"paths": got[0], "files": got[1], "stat": snap["stat"], "sha": snap["sha"],
+                       "facts": _SEAL["facts"]}
+        return
+    for _ in range(3):
+        if got is None:
+            break
+        paths, files = got[0] + extra, got[1] + extra
+        before = snapshot(paths, files, held)
+        facts = action_facts(req)
+        got, why = seal_paths(req, facts)
+        if got is None:
+            res["seal"] = {"why": why}
+            return
+        if got[0] + extra == paths and got[1] + extra == files:
+            after = snapshot(paths, files, held)
+            if after == before:
+                res["seal"] = {"paths": paths, "files": files, "stat": after["stat"], "sha": after["sha"],
+                               "facts": facts}
+                return
+    res["seal"] = {"why": "the host changed while it was read" if got else _SEAL.get("why") or "not sealable"}
+
+
+FACTS_HOOKS.append(_facts_hook)
+DEPLOY_HOOKS.append(_deploy_hook)

@@ -1,0 +1,196 @@
+"""Seals: a no-op deploy re-checked without starting Python on the host.
+
+After a deploy (changed or not) the agent, still under the host lock, reads the facts again between
+two snapshots of everything that decided them (fleetctl/remote/agent_seal.py lists the paths: the
+launch interpreter's lookup, sys.path entries and .pth files, modules loaded at start, the package,
+its dist-info, the planned files with their dirs and bytecode, the model config, the host lock and
+the deploy manifests). If the snapshots match, the deploy answer carries the seal: those paths, the
+text `stat` and `sha256sum` print for them, and the facts. The controller keeps it here, per host,
+with a digest of the host's login environment as `env -0` printed it at the start of that command.
+
+The next deploy (or deploy --check) of the same host with the same facts request (playbook files,
+launch, inventory settings, agent code: the seal's key) runs ONE plain command on the host: `env -0`,
+`stat` and `sha256sum` of those paths (fleetctl/seal.py `check_argv`). If its output is byte for
+byte what the seal recorded (the environment compared as a digest, without the variables that
+change per connection), nothing the facts depended on changed, so the facts are the seal's (checked
+as any agent answer is) and the plan is built from them. A host whose plan is then a no-op is done:
+its files were just hashed. Anything else (any difference, a host whose launch python is asked in a
+process of its own, a seal made by other code, `deploy --recheck`) takes the full path: the agent.
+
+Nothing here trusts a location without checking it: the check re-reads, on the host, every
+directory whose entries decide the import, every file whose content decides it, and the bytes of
+the planned files. What it cannot see is said in docs/reliability.md (a .pth or sitecustomize that
+reads files outside the paths listed; two writes to one file within one tick of the kernel clock
+around the snapshot).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shlex
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fleetctl.config.inventory import Host
+from fleetctl.protocol import names, parse_reply
+from fleetctl.protocol.answers import Seal
+from fleetctl.transport.base import Transport
+
+VERSION = 1
+CHECK_CAP = 4 << 20  # bytes of check output (a seal names at most 4,000 paths)
+RETRY_UNSEALABLE = 24 * 3600  # seconds: a host that could not be sealed is asked again after this
+# per connection, not per host: left out of the environment digest
+EPHEMERAL = frozenset({"_", "SSH_CLIENT", "SSH_CONNECTION", "SSH_TTY", "SHLVL", "OLDPWD", "PWD"})
+STAT_FORMAT = "%n\\t%d %i %s %f %.9Z %.9Y\\n"
+MARK = "FLEETCTL-SEAL-"
+
+
+@dataclass
+class Checked:
+    """What the check of one host found."""
+
+    env: str | None = None  # digest of the login environment (None: the check did not run or failed)
+    facts: Any = None  # the seal's facts answer when everything matched
+    seal: dict[str, Any] | None = None  # the stored seal that matched
+    why: str = ""  # why the full path was taken (for --debug and the JSON)
+    key: str = ""
+
+
+def store_dir() -> Path:
+    from fleetctl.ledger import state_dir
+
+    return state_dir() / "seals"
+
+
+def _host_file(host: Host) -> Path:
+    ident = json.dumps([host.name, host.address, host.port, host.user, host.python, host.state_dir])
+    return store_dir() / (hashlib.sha256(ident.encode()).hexdigest()[:32] + ".json")
+
+
+def seal_key(host: Host, request: dict[str, Any]) -> str:
+    """What a seal is valid for: the host's identity, the facts request (playbook files, launch,
+    env, model), the agent code and this fleetctl."""
+    from fleetctl import __version__
+    from fleetctl.remote import agent_source
+
+    doc = {"v": VERSION, "fleetctl": __version__, "agent": hashlib.sha256(agent_source()).hexdigest(),
+           "host": [host.name, host.address, host.port, host.user, host.python, host.state_dir,
+                    sorted(host.env.items())],
+           "request": request}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def load(host: Host, key: str) -> dict[str, Any] | None:
+    """The stored seal (or unsealable marker) of `host` for `key`; None if there is none or it is
+    for another key, another version or unreadable."""
+    try:
+        doc = json.loads(_host_file(host).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(doc, dict) or doc.get("v") != VERSION or doc.get("key") != key:
+        return None
+    return doc
+
+
+def _write(host: Host, doc: dict[str, Any]) -> None:
+    d = store_dir()
+    d.mkdir(parents=True, exist_ok=True, mode=0o700)
+    f = _host_file(host)
+    tmp = f.with_name(f"{f.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        json.dump(doc, fh)
+    os.replace(tmp, f)
+
+
+def save(host: Host, key: str, env: str, seal: Seal, op_id: str) -> None:
+    _write(host, {"v": VERSION, "key": key, "env": env, "paths": seal.paths, "files": seal.files,
+                  "stat": seal.stat, "sha": seal.sha, "facts": seal.facts, "op_id": op_id, "at": time.time()})
+
+
+def save_unsealable(host: Host, key: str, why: str) -> None:
+    _write(host, {"v": VERSION, "key": key, "why": why, "at": time.time()})
+
+
+def forget(host: Host) -> None:
+    try:
+        _host_file(host).unlink()
+    except OSError:
+        pass
+
+
+def check_argv(host: Host, paths: list[str], files: list[str]) -> list[str]:
+    """The one command of a check: the login environment as the agent would get it (the inventory's
+    public env on top), then `stat` of every path and `sha256sum` of every file; each part after a
+    NUL-framed marker. Every path is quoted."""
+    from fleetctl.transport.session import env_prefix
+
+    q = " ".join(shlex.quote(p) for p in paths)
+    h = " ".join(shlex.quote(f) for f in files)
+    script = (f"env -0; printf '\\000{MARK}STAT\\000'; "
+              + (f"stat --printf={shlex.quote(STAT_FORMAT)} -- {q} 2>/dev/null; " if paths else "")
+              + f"printf '\\000{MARK}SHA\\000'; "
+              + (f"sha256sum -- {h} 2>/dev/null; " if files else "")
+              + f"printf '\\000{MARK}END\\000'")
+    public = {k: v for k, v in host.env.items() if k not in host.secret_env_keys}
+    return [*env_prefix(public), "sh", "-c", script]
+
+
+def parse_check(out: bytes) -> tuple[str, str, str] | None:
+    """(env digest, stat text, sha text) of a check's output; None if it is not one."""
+    parts = out.split(b"\x00" + MARK.encode())
+    if len(parts) != 4 or not parts[1].startswith(b"STAT\x00") or not parts[2].startswith(b"SHA\x00") \
+            or parts[3] != b"END\x00":
+        return None
+    entries = [e for e in parts[0].split(b"\x00") if e]
+    env = sorted(e for e in entries if e.split(b"=", 1)[0].decode("latin-1") not in EPHEMERAL)
+    digest = hashlib.sha256(b"\x00".join(env)).hexdigest()
+    try:
+        return digest, parts[1][5:].decode("utf-8"), parts[2][4:].decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def check(conn: Transport, key: str, *, use: bool = True, make: bool) -> Checked:
+    """Check `conn`'s host against its stored seal for `key`. make: also run the check when there
+    is no seal (its environment digest lets this command's deploy make one); use=False: never take
+    the seal's facts (deploy --recheck)."""
+    host = conn.host
+    stored = load(host, key) if use else None
+    if stored is not None and "why" in stored:
+        if time.time() - float(stored.get("at") or 0) < RETRY_UNSEALABLE:
+            return Checked(why=f"not sealable: {stored['why']}")
+        stored = None
+    if stored is None and not make:
+        return Checked(why="no seal")
+    paths = stored.get("paths", []) if stored else []
+    files = stored.get("files", []) if stored else []
+    out = conn.run_command(check_argv(host, paths, files), "the seal check (stat, sha256sum)", CHECK_CAP)
+    got = parse_check(out) if out is not None else None
+    if got is None:
+        return Checked(why="the check's output is not a check's (stat/sha256sum missing or different?)")
+    env, stat_text, sha_text = got
+    if stored is None:
+        return Checked(env=env, why="no seal")
+    if env != stored.get("env"):
+        return Checked(env=env, why="the login environment changed")
+    if stat_text != stored.get("stat") or sha_text != stored.get("sha"):
+        return Checked(env=env, why=_first_difference(stored.get("stat") or "", stat_text)
+                       or "a planned file's bytes changed")
+    raw = json.dumps({"ok": True, "result": stored.get("facts")}).encode()
+    facts = parse_reply(host.name, names.FACTS, raw).result  # checked as any facts answer
+    return Checked(env=env, facts=facts, seal=stored)
+
+
+def _first_difference(was: str, now: str) -> str:
+    a = {ln.split("\t", 1)[0]: ln for ln in was.splitlines()}
+    b = {ln.split("\t", 1)[0]: ln for ln in now.splitlines()}
+    for p in sorted(a.keys() | b.keys()):
+        if a.get(p) != b.get(p):
+            what = "appeared" if p not in a else "is gone" if p not in b else "changed"
+            return f"{p} {what} since the seal"
+    return ""
