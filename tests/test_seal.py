@@ -1,0 +1,199 @@
+"""Seals (fleetctl/seal.py, fleetctl/remote/agent_seal.py): a deploy whose host has not changed since
+the last deploy sealed it is re-checked with one `stat` + `sha256sum` and no Python start; anything
+that could change where the launch imports from, what the planned files hold, or what a deploy
+would do makes it take the full path (the agent) again, which then finds what changed."""
+
+from __future__ import annotations
+
+import json
+import py_compile
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.jsoncli import cli, ok
+
+pytestmark = [pytest.mark.usefixtures("ledger_dir"), pytest.mark.fleet]
+
+REPO = Path(__file__).resolve().parent.parent
+PLAYBOOK = REPO / "playbooks" / "dynamic-spec-disable"
+SEALED = "no Python started"
+
+
+def _log_python_starts(h, log: Path) -> None:
+    """Wrap the host's python so each start appends a line to `log` (before the first deploy: the
+    wrapper is part of what a seal covers)."""
+    real = h.python.with_name("python.real")
+    h.python.rename(real)
+    h.python.write_text(f'#!/bin/sh\necho start >> {log}\nexec {real} "$@"\n')
+    h.python.chmod(0o755)
+
+
+class Host:
+    def __init__(self, capsys, sb, tmp_path: Path) -> None:
+        self.capsys, self.sb, self.h = capsys, sb, sb.hosts["h01"]
+        self.log = tmp_path / "python-starts.log"
+        _log_python_starts(self.h, self.log)
+
+    def starts(self) -> int:
+        n = len(self.log.read_text().split()) if self.log.exists() else 0
+        self.log.write_text("")
+        return n
+
+    def deploy(self, *extra: str, code: int = 0) -> tuple[dict, bool, int]:
+        """(document, answered from the seal, python starts on the host)."""
+        self.starts()
+        got, doc = cli(self.capsys, "deploy", PLAYBOOK, "-i", self.sb.inventory_path, *extra)
+        assert got == code, json.dumps(doc, indent=1)[:3000]
+        row = doc["hosts"][0]
+        return doc, SEALED in (row.get("message") or ""), self.starts()
+
+    def sealed_noop(self) -> None:
+        """A full-path deploy (which seals), then one answered from the seal."""
+        self.deploy()
+        doc, sealed, starts = self.deploy()
+        assert sealed and starts == 0, doc["hosts"][0]
+        assert doc["hosts"][0]["status"] == "unchanged"
+
+
+@pytest.fixture
+def host(fresh_sandbox, capsys, tmp_path: Path) -> Host:
+    sb = fresh_sandbox(hosts=1, versions=("0.5.14",), gpus=1, bare_shell=True)
+    return Host(capsys, sb, tmp_path)
+
+
+def test_noop_after_deploy_starts_no_python_and_plans_from_the_sealed_facts(host: Host) -> None:
+    doc, sealed, starts = host.deploy()
+    assert doc["hosts"][0]["status"] == "changed" and not sealed and starts >= 1
+    doc, sealed, starts = host.deploy()
+    assert sealed and starts == 0 and doc["hosts"][0]["status"] == "unchanged"
+    plan = doc["plan"]["hosts"][0]
+    assert plan["status"] == "noop" and plan["version"] == "0.5.14"
+    assert all(f["action"] == "none" for f in plan["files"])
+    # deploy --check is answered from it too; --recheck asks the host's python again
+    code, chk = cli(host.capsys, "deploy", PLAYBOOK, "-i", host.sb.inventory_path, "--check")
+    assert code == 0 and chk["plan"]["hosts"][0]["status"] == "noop" and host.starts() == 0
+    doc, sealed, starts = host.deploy("--recheck")
+    assert not sealed and starts >= 1 and doc["hosts"][0]["status"] == "unchanged"
+
+
+def test_a_changed_planned_file_is_seen(host: Host) -> None:
+    host.sealed_noop()
+    f = host.h.sglang_dir / "srt" / "server_args.py"
+    data = f.read_bytes()
+    f.write_bytes(data.replace(b"import", b"imporT", 1))  # same size, other bytes
+    doc, sealed, starts = host.deploy(code=1)
+    assert not sealed and starts >= 1
+    assert doc["plan"]["hosts"][0]["status"] in ("refused", "drift", "failed"), doc["plan"]["hosts"][0]
+    f.write_bytes(data)
+    doc, sealed, _ = host.deploy()
+    assert not sealed and doc["hosts"][0]["status"] == "unchanged"  # new ctime: asked again, then sealed
+    assert host.deploy()[1]
+
+
+def test_a_shadowing_package_in_the_launch_cwd_is_seen(host: Host) -> None:
+    """The launch runs `-m` in its cwd (the login HOME here): a sglang package there is what it would
+    import. Only a python start can say so; the seal check sees that cwd's entries changed."""
+    host.sealed_noop()
+    shadow = host.h.home / "sglang"
+    shadow.mkdir()
+    (shadow / "__init__.py").write_text("")
+    try:
+        doc, sealed, starts = host.deploy(code=1)
+        assert not sealed and starts >= 1
+        assert str(shadow) in json.dumps(doc)  # the full path names the package the launch would import
+    finally:
+        shutil.rmtree(shadow)
+
+
+def test_a_new_pth_file_in_site_packages_is_seen(host: Host, tmp_path: Path) -> None:
+    host.sealed_noop()
+    other = tmp_path / "elsewhere"
+    shutil.copytree(host.h.sglang_dir, other / "sglang", symlinks=True)
+    pth = host.h.site_packages / "aaa-elsewhere.pth"
+    pth.write_text(f"import sys; sys.path.insert(0, {str(other)!r})\n")  # shadows site-packages
+    try:
+        doc, sealed, starts = host.deploy(code=1)
+        assert not sealed and starts >= 1 and str(other) in json.dumps(doc)
+    finally:
+        pth.unlink()
+
+
+def test_stale_bytecode_lock_and_login_environment_are_seen(host: Host) -> None:
+    host.sealed_noop()
+    # a pyc that import would run instead of the patched source (unchecked-hash: never revalidated)
+    cache = host.h.sglang_dir / "srt" / "__pycache__"
+    pyc = cache / "server_args.{}.pyc".format(__import__("sys").implementation.cache_tag)
+    other = host.h.home.parent / "other_source.py"
+    other.write_text("x = 1\n")
+    py_compile.compile(str(other), cfile=str(pyc), invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
+    doc, sealed, _ = host.deploy()
+    assert not sealed
+    assert not pyc.exists()  # the full path found it and removed it
+    host.sealed_noop()
+    # another deploy holds the host lock
+    lock = host.h.state_dir / "lock"
+    from fleetctl.remote.agent_deploy import writer_identity
+
+    me = writer_identity()  # this test process: alive while the deploy runs
+    lock.write_text(json.dumps({"pid": me["pid"], "start": me["start"], "op": "deploy", "id": "d-other", "by": "x",
+                                "since": time.time(), "host": me["hostname"], "writer": me}))
+    try:
+        doc, sealed, _ = host.deploy(code=1)
+        assert not sealed and "locked" in json.dumps(doc)
+    finally:
+        lock.unlink(missing_ok=True)
+    host.sealed_noop()
+    # the login environment changes (an rc file appears in the bare HOME)
+    (host.h.home / ".bashrc").write_text("export FLEETCTL_TEST_SEAL=1\n")
+    doc, sealed, starts = host.deploy()
+    assert not sealed and starts >= 1 and doc["hosts"][0]["status"] == "unchanged"
+
+
+def test_another_interpreter_is_seen(host: Host) -> None:
+    host.sealed_noop()
+    text = host.h.python.read_text()
+    host.h.python.write_text(text + "# changed\n")
+    _doc, sealed, starts = host.deploy()
+    assert not sealed and starts >= 1
+
+
+def test_rollback_is_seen(host: Host) -> None:
+    host.sealed_noop()
+    ok(host.capsys, "rollback", "-i", host.sb.inventory_path)
+    doc, sealed, _starts = host.deploy()
+    assert not sealed and doc["hosts"][0]["status"] == "changed"
+
+
+def test_a_host_whose_launch_python_is_asked_apart_is_not_sealed(fresh_sandbox, capsys, ledger_dir: Path) -> None:
+    """This machine's rc files (pyenv) run on a default sandbox host: the launch's python is asked in
+    its own process, so no seal; the controller remembers that and runs no check for it next time."""
+    sb = fresh_sandbox(hosts=1, versions=("0.5.14",), gpus=1)
+    ok(capsys, "deploy", PLAYBOOK, "-i", sb.inventory_path)
+    docs = [json.loads(p.read_text()) for p in (ledger_dir / "seals").glob("*.json")]
+    if not docs or "why" not in docs[0]:
+        pytest.skip("this machine's login shell starts the launch's python as the agent's (no rc exports)")
+    assert "process of its own" in docs[0]["why"]
+    doc = ok(capsys, "deploy", PLAYBOOK, "-i", sb.inventory_path)
+    assert SEALED not in doc["hosts"][0]["message"]
+
+
+def test_the_agent_writes_what_stat_and_sha256sum_print(tmp_path: Path) -> None:
+    """The seal's text is made by the agent (Python) and checked by coreutils on the host: the two
+    must agree to the byte for a file, a dir, a symlink, a missing path."""
+    from fleetctl.remote import agent_seal
+    from fleetctl.seal import STAT_FORMAT
+
+    f = tmp_path / "a file.py"
+    f.write_bytes(b"x = 1\n" * 1000)
+    (tmp_path / "d").mkdir()
+    (tmp_path / "link").symlink_to(f)
+    paths = [str(f), str(tmp_path / "d"), str(tmp_path / "link"), str(tmp_path / "missing")]
+    snap = agent_seal.snapshot(paths, [str(f), str(tmp_path / "missing")])
+    st = subprocess.run(["stat", f"--printf={STAT_FORMAT}", "--", *paths], capture_output=True, text=True)
+    sha = subprocess.run(["sha256sum", "--", str(f), str(tmp_path / "missing")], capture_output=True, text=True)
+    assert snap["stat"] == st.stdout and snap["stat"].count("\n") == 3
+    assert snap["sha"] == sha.stdout and snap["sha"].count("\n") == 1
