@@ -5,9 +5,11 @@ half, says how a seal is used).
 A seal is asked for (`seal: true` in the facts and deploy requests) and made only when the launch's
 python was asked in this very process (same_start): then everything that decided where the launch
 imports the package from is a path this process can name. At the end of a deploy, still under the
-host lock, the facts are computed again and bracketed by two snapshots of those paths; only if the
-two are identical (and name the same paths) is the seal returned: the facts then describe exactly the
-state the snapshot shows. A snapshot is, per path, what `stat --printf='%n\\t%d %i %s %f %.9Z %.9Y\\n'`
+host lock: if the deploy changed nothing, the snapshot taken right after this session's facts still
+matches and every path's ctime is older than those facts (by QUIET_NS), the facts are sealed as they
+are; otherwise the facts are computed again, bracketed by two snapshots of those paths, and only if
+the two are identical (and name the same paths) is the seal returned. Either way the facts describe
+exactly the state the snapshot shows. A snapshot is, per path, what `stat --printf='%n\\t%d %i %s %f %.9Z %.9Y\\n'`
 prints (device, inode, size, mode, ctime and mtime in ns; nothing for a path that does not exist) and,
 per hashed file, what `sha256sum` prints: the controller later runs exactly those two commands and
 compares the text byte for byte. ctime cannot be set back by a user (touch sets mtime only) and
