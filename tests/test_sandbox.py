@@ -205,8 +205,10 @@ def test_python_wrapper_finds_the_hosts_own_sglang(sandbox: Sandbox) -> None:
         assert version == h.version
         tree = wheels.extracted(h.version or "")
         assert torch == lifecycle.torch_pin(tree, version) == h.torch_version
-        # a bare venv of the controller's base interpreter: not the controller's venv and its installs
-        assert exe == sandbox.host_python == str(sandbox.dir / "hostpython" / "bin" / "python")
+        # the host dir is a bare venv of the controller's base interpreter (not the controller's venv
+        # and its installs); bin/python is that interpreter itself, no wrapper script
+        assert exe == str(h.python) and os.path.realpath(exe) == sandbox.host_python
+        assert h.python.is_symlink() and (h.host_dir / "pyvenv.cfg").is_file()
         assert no_controller_packages == "True" and simulator == "True"
         assert (h.sglang_dir / "srt/speculative/eagle_worker_v2.py").is_file()
         assert (h.sglang_dir / "srt/speculative/eagle_worker.py").is_file() == (version == "0.5.9")

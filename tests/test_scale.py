@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shlex
 import shutil
 import subprocess
 import sys
@@ -77,7 +76,7 @@ def test_facts_deploy_rollback_over_1000_hosts(tmp_path_factory: pytest.TempPath
     from conftest import _down, _new_dir, require_sshd
 
     require_sshd()
-    from fleetctl.sandbox import lifecycle, procs
+    from fleetctl.sandbox import lifecycle
 
     n = int(os.environ.get("FLEETCTL_SCALE_HOSTS", "1000"))
     sshds = int(os.environ.get("FLEETCTL_SCALE_SSHDS", "8"))
@@ -105,12 +104,8 @@ def test_facts_deploy_rollback_over_1000_hosts(tmp_path_factory: pytest.TempPath
         (v / "bin").mkdir(parents=True)
         (v / "state").mkdir()
         subprocess.run([cp, "-al", str(b.site_packages), str(v / "site-packages")], check=True)
-        q = shlex.quote
-        (v / "bin" / "python").write_text(lifecycle.PYTHON_WRAPPER.format(
-            name=name, version=b.version, torch=b.torch_version, site=q(str(v / "site-packages")),
-            hostlib=q(str(d / lifecycle.HOSTLIB)), marker=procs.MARKER_VAR, sandbox=q(str(d)),
-            python=q(sb.host_python or sb.controller_python)))
-        (v / "bin" / "python").chmod(0o755)
+        lifecycle.install_host_python(v, sb.host_python or sb.controller_python,
+                                      [v / "site-packages", d / lifecycle.HOSTLIB])
         entry = dict(base_doc["hosts"][b.name])
         entry.update(python=str(v / "bin" / "python"), state_dir=str(v / "state"))
         hosts[name] = entry

@@ -6,6 +6,7 @@ would do makes it take the full path (the agent) again, which then finds what ch
 from __future__ import annotations
 
 import json
+import os
 import py_compile
 import shutil
 import subprocess
@@ -24,12 +25,10 @@ SEALED = "no Python started"
 
 
 def _log_python_starts(h, log: Path) -> None:
-    """Wrap the host's python so each start appends a line to `log` (before the first deploy: the
-    wrapper is part of what a seal covers)."""
-    real = h.python.with_name("python.real")
-    h.python.rename(real)
-    h.python.write_text(f'#!/bin/sh\necho start >> {log}\nexec {real} "$@"\n')
-    h.python.chmod(0o755)
+    """Log each start of the host's python (a sitecustomize in its venv, written before the first
+    deploy: it is part of what a seal covers; the python itself stays the interpreter, no wrapper)."""
+    site = next(h.host_dir.glob("lib/python*/site-packages"))
+    (site / "sitecustomize.py").write_text(f"with open({str(log)!r}, 'a') as f:\n    f.write('start\\n')\n")
 
 
 class Host:
@@ -153,10 +152,21 @@ def test_stale_bytecode_lock_and_login_environment_are_seen(host: Host) -> None:
     assert not sealed and starts >= 1 and doc["hosts"][0]["status"] == "unchanged"
 
 
-def test_another_interpreter_is_seen(host: Host) -> None:
+def test_another_interpreter_or_a_wrapper_is_seen(host: Host) -> None:
     host.sealed_noop()
-    text = host.h.python.read_text()
-    host.h.python.write_text(text + "# changed\n")
+    real = os.readlink(host.h.python)
+    (host.h.python.parent / "python3").symlink_to(real)
+    host.h.python.unlink()
+    host.h.python.symlink_to("python3")  # the same interpreter, reached another way
+    _doc, sealed, starts = host.deploy()
+    assert not sealed and starts >= 1
+    assert host.deploy()[1]
+    # a wrapper script (a pyenv shim, a module system) chooses the interpreter from what it reads:
+    # such a host is never sealed
+    host.h.python.unlink()
+    host.h.python.write_text(f'#!/bin/sh\nexec {host.h.python.parent / "python3"} "$@"\n')
+    host.h.python.chmod(0o755)
+    host.deploy()
     _doc, sealed, starts = host.deploy()
     assert not sealed and starts >= 1
 

@@ -80,6 +80,26 @@ def snapshot(paths, files, held=(), newest=None):
             "sha": "".join(_sha_line(f) for f in files)}
 
 
+def _links(path, limit=40):
+    """`path`, every symlink met resolving it (in its dirs and at its end) and the file it ends at."""
+    out = [path]
+    cur = os.path.abspath(path)
+    for _ in range(limit):
+        parts = cur.split("/")
+        hop = None
+        for i in range(2, len(parts) + 1):
+            pre = "/".join(parts[:i])
+            if os.path.islink(pre):
+                hop = pre
+                break
+        if hop is None:
+            break
+        out.append(hop)
+        cur = os.path.normpath(os.path.join(os.path.dirname(hop), os.readlink(hop), cur[len(hop) + 1:]))
+    out.append(cur)
+    return out
+
+
 def _usable(path):
     # the controller compares text: no name that stat/sha256sum would escape or a line could hide
     return isinstance(path, str) and path.startswith("/") and not any(c in path for c in "\n\r\t\\\x00")
@@ -101,17 +121,28 @@ def seal_paths(p, res):
     paths = []
     add = paths.append
     word = launch.get("interpreter") or ""
+    found = None
     if "/" in word:
-        add(os.path.normpath(os.path.join(cwd, word)))
+        found = os.path.normpath(os.path.join(cwd, word))
+        add(found)
     else:
         for d in (env.get("PATH") or os.environ.get("PATH") or "").split(os.pathsep):
             d = os.path.normpath(os.path.join(cwd, d or "."))
             add(d)
             add(os.path.join(d, word))
-            if os.access(os.path.join(d, word), os.X_OK):
+            if os.access(os.path.join(d, word), os.X_OK) and not os.path.isdir(os.path.join(d, word)):
+                found = os.path.join(d, word)
                 break
     exe = sys.executable
-    for x in (exe, os.path.realpath(exe), os.path.join(os.path.dirname(exe), "pyvenv.cfg"),
+    if not found or not exe or os.path.realpath(found) != os.path.realpath(exe):
+        # a wrapper or shim (pyenv, a module system, a site script) chooses the interpreter from
+        # whatever it reads: that is not a path list anyone can name, so such a host is always asked
+        return None, ("the launch's python %s is %s, a wrapper of the interpreter %s (what it reads to start "
+                      "it is not known)" % (word, found, exe))
+    for x in (found, exe):
+        for hop in _links(x):
+            add(hop)
+    for x in (os.path.join(os.path.dirname(exe), "pyvenv.cfg"),
               os.path.join(os.path.dirname(os.path.dirname(exe)), "pyvenv.cfg")):
         add(x)
     add(cwd)

@@ -8,14 +8,15 @@
     inventory.yaml                 the fleet, reached directly (address 127.0.0.1 + port)
     inventory-jump.yaml            the same hosts reached by their `-via-jump` ssh_config aliases
     sandbox.json                   what was built (ports, versions); pids live in the sshd.pid files
-    hostpython/, hostlib/fleetctl  the hosts' interpreter (a bare venv) and the fleetctl package link
+    hostlib/fleetctl               the fleetctl package link (the simulator runs from it)
     README.txt                     this layout, and what is a stand-in
     jump/                          the jump host's sshd (no SGLang)
     hosts/<name>/
         sshd_config, ssh_host_ed25519_key, sshd.pid, sshd.log     the host's own sshd
         site-packages/sglang/, sglang-<v>.dist-info/               a REAL COPY of the pristine wheel tree
         site-packages/torch-<v>.dist-info/METADATA                 STAND-IN torch: metadata only
-        bin/python                                                 the host's python (sh wrapper)
+        pyvenv.cfg, lib/python3.X/site-packages/fleetctl_sandbox_site.pth, bin/python
+                                                                   the host's python: a bare venv
         bin/nvidia-smi                                             STAND-IN nvidia-smi (real captures)
         gpu-state                                                  `idle` or `busy`, read by the stand-in
         state/                                                     the host's fleetctl state dir
@@ -35,10 +36,11 @@ rc files (here root's ~/.bashrc starts pyenv: ~0.1 s of CPU per remote command).
 
 Everything else is real: one `/usr/sbin/sshd -D -e -f <cfg>` per host (detached, own session,
 127.0.0.1 only), real ssh, real ProxyJump through the jump host, real files that fleetctl patches.
-The host's python is a bare virtualenv of the controller's base interpreter (`hostpython/`, no
-packages: a host does not carry the controller's installs) run with `-s`; one .pth of its own adds
-the host's site-packages, then `hostlib/` (a link to the stdlib-only fleetctl package, for the
-simulator), as site dirs, AFTER PYTHONPATH and the stdlib as on a real host, so
+The host's python is the host dir itself made a bare virtualenv of the controller's base
+interpreter (`pyvenv.cfg`; `bin/python` is the interpreter, a symlink as in any venv, no wrapper
+script; no packages: a host does not carry the controller's installs; no user site); the venv's one
+.pth names the host's site-packages, then `hostlib/` (a link to the stdlib-only fleetctl package,
+for the simulator), AFTER PYTHONPATH and the stdlib as on a real host, so
 `importlib.util.find_spec("sglang")` finds that host's tree unless PYTHONPATH names another.
 
 Speed: `up` is dominated by creating the SGLang files (every host gets its own full copy, ~2,000
@@ -84,7 +86,7 @@ MAX_GPUS = 64
 JUMP = "jump"
 VIA_JUMP = "-via-jump"
 META = "sandbox.json"
-HOSTPYTHON = "hostpython"
+HOSTPYTHON = "hostpython"  # (sandboxes made before hosts were venvs themselves; removed by a rebuild)
 HOSTLIB = "hostlib"
 LOCK = ".sandbox.lock"
 FORMAT = 1
@@ -233,7 +235,8 @@ class Sandbox:
     gpus: int
     versions: list[str]
     controller_python: str
-    host_python: str = ""  # the bare venv's python the hosts run ("" in sandboxes made before it)
+    host_python: str = ""  # the interpreter each host's venv is of ("" in sandboxes made before it)
+    cpu_site: str = ""  # --cpu-sglang: the CPU venv's site-packages, a site dir of every host
     created: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)
 
@@ -333,6 +336,7 @@ class Sandbox:
             "created": self.created,
             "controller_python": self.controller_python,
             "host_python": self.host_python,
+            "cpu_site": self.cpu_site,
             "gpus": self.gpus,
             "versions": self.versions,
             "hosts": [h.to_json() for h in self.all_hosts()],
@@ -422,7 +426,8 @@ def load(d: Path | str) -> Sandbox:
                             hint=f"run 'fleetctl sandbox down --dir {d}' and up again")
     return Sandbox(dir=d, hosts=fleet, jump=jumps[0], gpus=int(meta.get("gpus", DEFAULT_GPUS)),
                    versions=list(meta.get("versions", [])), controller_python=meta.get("controller_python", ""),
-                   host_python=meta.get("host_python", ""), created=float(meta.get("created", 0.0)))
+                   host_python=meta.get("host_python", ""), cpu_site=meta.get("cpu_site", ""),
+                   created=float(meta.get("created", 0.0)))
 
 
 def set_gpu_state(d: Path | str, name: str, state: str) -> None:
@@ -439,25 +444,31 @@ def set_gpu_state(d: Path | str, name: str, state: str) -> None:
 
 # ---- building the hosts ----------------------------------------------------------------------
 
-PYTHON_WRAPPER = """\
-#!/bin/sh
-# fleetctl sandbox host {name}: this host's `python`.
-# Runs a bare venv of the controller's base interpreter with `-s`. Its site-packages holds one
-# .pth ({pth}) that adds the dirs in {site_var} as site dirs: this host's site-packages
-# ({version}), then the link to fleetctl's stdlib-only package (the simulator runs from it).
-# So sys.path is ordered as on a real host: script dir / cwd, PYTHONPATH, stdlib, site-packages.
-# torch here is a STAND-IN (dist-info metadata only, version {torch}); there is no real torch.
-{site_var}={site}:{hostlib}
-{marker}={sandbox}
-export {site_var} {marker}
-exec {python} -s "$@"
-"""
-
-SITE_VAR = "FLEETCTL_SANDBOX_SITE"
 SITE_PTH = "fleetctl_sandbox_site.pth"
-# a .pth line starting with `import` is executed by site.py at start-up (after PYTHONPATH is on sys.path)
-SITE_PTH_LINE = ("import os, site; list(map(site.addsitedir, filter(None, os.environ.get({var!r}, '')"
-                 ".split(os.pathsep))))\n")
+
+
+def install_host_python(root: Path, base: str, site_dirs: list[Path]) -> Path:
+    """Make `root` a bare virtual environment of the interpreter `base` (`root/pyvenv.cfg`, no
+    system site-packages, so no user site either) whose `root/bin/python` IS the interpreter (a
+    symlink, as in any venv: no wrapper script), and whose one .pth adds `site_dirs` as site dirs
+    (after the stdlib and the venv's own site-packages, as a real host's site-packages; .pth files
+    in them are read). So sys.path is ordered as on a real host: script dir / cwd, PYTHONPATH, stdlib,
+    site-packages. Returns root/bin/python."""
+    real = os.path.realpath(base)
+    ver = subprocess.run([real, "-c", "import sys; print('%d.%d.%d' % sys.version_info[:3])"],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    major_minor = ".".join(ver.split(".")[:2])
+    (root / "bin").mkdir(parents=True, exist_ok=True)
+    (root / "pyvenv.cfg").write_text(f"home = {os.path.dirname(real)}\ninclude-system-site-packages = false\n"
+                                     f"version = {ver}\n")
+    sp = root / "lib" / f"python{major_minor}" / "site-packages"
+    sp.mkdir(parents=True, exist_ok=True)
+    # site dirs (their own .pth files are read, as in a real site-packages), after the venv's own
+    (sp / SITE_PTH).write_text("".join(f"import site; site.addsitedir({str(d)!r})\n" for d in site_dirs))
+    py = root / "bin" / "python"
+    py.symlink_to(real)
+    return py
+
 
 NVIDIA_SMI_WRAPPER = """\
 #!/bin/sh
@@ -492,35 +503,22 @@ def _copy_tree(src: Path, dst: Path) -> None:
 
 
 def _host_interpreter(d: Path) -> str:
-    """The hosts' python: a bare venv (no pip, no packages, no .pth files) of the controller's base
-    interpreter, and hostlib/fleetctl -> this fleetctl package (its host-side modules are stdlib
-    only). A host thus starts Python as a real SGLang host would, without the controller's installs
-    (an editable install's import hook alone costs ~10 ms per start)."""
-    venv = d / HOSTPYTHON
-    proc = subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise FleetctlError(f"cannot make the sandbox hosts' interpreter {venv}: "
-                            f"{(proc.stderr.strip().splitlines() or [proc.returncode])[-1]}",
-                            hint="the python running fleetctl needs its venv module (Debian: python3-venv)")
-    found = sorted(venv.glob("lib/python*/site-packages"))
-    if not found:
-        raise FleetctlError(f"the sandbox hosts' interpreter {venv} has no site-packages dir")
-    (found[0] / SITE_PTH).write_text(SITE_PTH_LINE.format(var=SITE_VAR))
+    """The hosts' base interpreter (each host is a bare venv of it: install_host_python), and
+    hostlib/fleetctl -> this fleetctl package (its host-side modules are stdlib only). A host thus
+    starts Python as a real SGLang host would, without the controller's installs (an editable
+    install's import hook alone costs ~10 ms per start)."""
     lib = d / HOSTLIB
     lib.mkdir()
     (lib / "fleetctl").symlink_to(Path(__file__).resolve().parent.parent, target_is_directory=True)
-    return str(venv / "bin" / "python")
+    return os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
 
 
-def _cpu_interpreter() -> str:
-    """The cached CPU SGLang venv's python, with the sandbox's site-dir .pth (constant content)."""
-    from fleetctl.sandbox import cpu_venv
-
-    py = cpu_venv.ensure_cpu_venv()
-    pth = cpu_venv.site_packages(py.parent.parent) / SITE_PTH
-    if not pth.exists():
-        pth.write_text(SITE_PTH_LINE.format(var=SITE_VAR))
-    return str(py)
+def _cpu_site(sb: Sandbox) -> list[Path]:
+    """With --cpu-sglang: the cached CPU venv's site-packages (real torch and SGLang's requirements),
+    after the host's own."""
+    if not sb.cpu_site:
+        return []
+    return [Path(sb.cpu_site)]
 
 
 def _build_fleet_host(sb: Sandbox, h: SandboxHost, tree: Path, busy: bool) -> None:
@@ -538,11 +536,8 @@ def _build_fleet_host(sb: Sandbox, h: SandboxHost, tree: Path, busy: bool) -> No
     (tdir / "METADATA").write_text(TORCH_METADATA.format(version=h.torch_version, sglang=h.version))
     (tdir / "INSTALLER").write_text("fleetctl-sandbox-stand-in\n")
     q = shlex.quote
-    _write(h.python, PYTHON_WRAPPER.format(
-        name=h.name, version=h.version, torch=h.torch_version, site=q(str(h.site_packages)), site_var=SITE_VAR,
-        pth=SITE_PTH,
-        hostlib=q(str(sb.dir / HOSTLIB)), marker=procs.MARKER_VAR, sandbox=q(str(sb.dir)),
-        python=q(sb.host_python or sb.controller_python)), 0o755)
+    install_host_python(h.host_dir, sb.host_python or sb.controller_python,
+                        [h.site_packages, *_cpu_site(sb), sb.dir / HOSTLIB])
     _write(h.nvidia_smi, NVIDIA_SMI_WRAPPER.format(
         name=h.name, gpus=sb.gpus, state_file=h.gpu_state_file, host_dir=q(str(h.host_dir)),
         marker=procs.MARKER_VAR, sandbox=q(str(sb.dir)), python=q(sb.controller_python),
@@ -619,9 +614,9 @@ fleetctl sandbox: {n} hosts + a jump host, real OpenSSH servers on 127.0.0.1 ({c
 Per host, hosts/<name>/site-packages holds a real copy of the pristine SGLang wheel tree.
 STAND-INS (no GPU, no torch here): torch-<v>.dist-info is metadata only (the version that SGLang
 release pins); bin/nvidia-smi replays real H200 captures (gpu-state: idle|busy); the inventory's
-launch_command runs fleetctl.sandbox.simulator, not SGLang. The hosts' bin/python runs
-hostpython/ (a bare venv: none of the controller's packages) with the host's site-packages and
-hostlib/ (fleetctl's stdlib-only package, for the simulator) added as site dirs (after PYTHONPATH).
+launch_command runs fleetctl.sandbox.simulator, not SGLang. Each host dir is a bare venv (none of
+the controller's packages; bin/python is the interpreter itself) whose .pth names the host's
+site-packages and hostlib/ (fleetctl's stdlib-only package, for the simulator), after PYTHONPATH.
 """
 
 
@@ -768,7 +763,11 @@ def _up(d: Path, names: list[str], versions: list[str], gpus: int, busy: set[str
     lap("keys")
     sb.host_python = _host_interpreter(d)
     if cpu_sglang:
-        sb.host_python = _cpu_interpreter()
+        from fleetctl.sandbox import cpu_venv
+
+        py = cpu_venv.ensure_cpu_venv()
+        sb.host_python = os.path.realpath(py)
+        sb.cpu_site = str(cpu_venv.site_packages(py.parent.parent))
     lap("host python")
 
     say(f"copying SGLang trees ({', '.join(dict.fromkeys(versions))}) to {len(names)} hosts")
