@@ -574,7 +574,7 @@ def tool_versions(tools: list[str], lean_python: str) -> dict[str, str]:
 
 @contextlib.contextmanager
 def sandbox(work: Path, n: int, versions: list[str], gpus: int, reuse: bool = False,
-            shell: str = "rc") -> Iterator[Any]:
+            shell: str = "rc", link_above: int = 256) -> Iterator[Any]:
     from fleetctl.sandbox import lifecycle
 
     d = work / ("sandbox" if shell == "rc" else f"sandbox-{shell}")
@@ -589,7 +589,10 @@ def sandbox(work: Path, n: int, versions: list[str], gpus: int, reuse: bool = Fa
             lifecycle.down(d)
         t0 = time.monotonic()
         say(f"building a sandbox of {n} hosts ({', '.join(versions)}, {shell} shell) in {d}")
-        sb = lifecycle.up(d, hosts=n, versions=versions, gpus=gpus, bare_shell=shell == "bare")
+        # above link_above hosts the trees are hard links to one copy per release (38 GB less at
+        # 1,000): fleetctl and reset_host only ever rename files into place
+        sb = lifecycle.up(d, hosts=n, versions=versions, gpus=gpus, bare_shell=shell == "bare",
+                          link_trees=n > link_above)
         say(f"sandbox up in {time.monotonic() - t0:.0f}s")
         yield sb
     finally:
@@ -630,6 +633,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fleetctl-ops", default="check,deploy,noop,rollback",
                     help="fleetctl ops to time (deploy is always run; launch/verify-logs/stop follow --verify-logs-max)")
     ap.add_argument("--big-runs", type=int, default=0, help="runs per tool above N=128 (default: --runs)")
+    ap.add_argument("--link-above", type=int, default=256,
+                    help="sandboxes larger than this hard-link the hosts' SGLang files to one copy per release")
     ap.add_argument("--verify-logs-max", type=int, default=64,
                     help="largest N where fleetctl launch/verify-logs/stop are timed (first run only)")
     ap.add_argument("--lean-python", default=str(VENVS / "lean" / "bin" / "python"))
@@ -680,7 +685,8 @@ def main(argv: list[str] | None = None) -> int:
         with contextlib.ExitStack() as stack:
             runners: dict[str, Runner] = {}
             for shell in shells:
-                sb = stack.enter_context(sandbox(work, max(sizes), versions, args.gpus, args.reuse_sandbox, shell))
+                sb = stack.enter_context(sandbox(work, max(sizes), versions, args.gpus, args.reuse_sandbox, shell,
+                                                 args.link_above))
                 d = work if shell == "rc" else work / f"shell-{shell}"
                 d.mkdir(parents=True, exist_ok=True)
                 runner = runners[shell] = Runner(args, d, sb, job, shell)

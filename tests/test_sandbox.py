@@ -403,3 +403,23 @@ def _wait_for(cond: Callable[[], bool], timeout: float = 10.0) -> None:
     while not cond():
         assert time.monotonic() < deadline, "condition not met in time"
         time.sleep(0.05)
+
+
+@pytest.mark.usefixtures("ledger_dir")
+def test_linked_trees_keep_hosts_independent(fresh_sandbox, capsys) -> None:
+    """link_trees (the bench's 1,000-host sandboxes): hosts share the files' inodes with one copy per
+    release, and a deploy (renames) on one host leaves the others and that copy pristine."""
+    from tests.jsoncli import ok
+
+    sb = fresh_sandbox(hosts=2, versions=("0.5.14",), gpus=1, bare_shell=True, link_trees=True)
+    rel = "srt/speculative/eagle_worker_v2.py"
+    h1, h2 = sb.hosts["h01"], sb.hosts["h02"]
+    shared = sb.dir / lifecycle.SHARED_TREES / "0.5.14" / "sglang" / rel
+    assert (h1.sglang_dir / rel).stat().st_ino == (h2.sglang_dir / rel).stat().st_ino == shared.stat().st_ino
+    pristine = shared.read_bytes()
+    playbook = Path(__file__).resolve().parent.parent / "playbooks" / "dynamic-spec-disable"
+    ok(capsys, "deploy", playbook, "-i", sb.inventory_path, "--limit", "h01")
+    assert (h1.sglang_dir / rel).read_bytes() != pristine
+    assert (h2.sglang_dir / rel).read_bytes() == pristine == shared.read_bytes()
+    ok(capsys, "rollback", "-i", sb.inventory_path, "--limit", "h01")
+    assert (h1.sglang_dir / rel).read_bytes() == pristine == shared.read_bytes()
