@@ -178,15 +178,23 @@ def test_rollback_is_seen(host: Host) -> None:
     assert not sealed and doc["hosts"][0]["status"] == "changed"
 
 
-def test_a_host_whose_launch_python_is_asked_apart_is_not_sealed(fresh_sandbox, capsys, ledger_dir: Path) -> None:
+def test_a_host_whose_launch_python_starts_apart_is_sealed_from_that_start(fresh_sandbox, capsys) -> None:
     """This machine's rc files (pyenv) run on a default sandbox host: the launch's python is asked in
-    its own process, so no seal; the controller remembers that and runs no check for it next time."""
+    a process of its own, which says what it loaded at start; the seal covers that process's inputs."""
     sb = fresh_sandbox(hosts=1, versions=("0.5.14",), gpus=1)
+    h = sb.hosts["h01"]
     ok(capsys, "deploy", PLAYBOOK, "-i", sb.inventory_path)
-    docs = [json.loads(p.read_text()) for p in (ledger_dir / "seals").glob("*.json")]
-    if not docs or "why" not in docs[0]:
-        pytest.skip("this machine's login shell starts the launch's python as the agent's (no rc exports)")
-    assert "process of its own" in docs[0]["why"]
+    doc = ok(capsys, "deploy", PLAYBOOK, "-i", sb.inventory_path)
+    assert SEALED in doc["hosts"][0]["message"], doc["hosts"][0]
+    # a sitecustomize appearing in the launch's site-packages (it runs at every start): seen
+    site = next(h.host_dir.glob("lib/python*/site-packages"))
+    (site / "sitecustomize.py").write_text("pass\n")
+    doc = ok(capsys, "deploy", PLAYBOOK, "-i", sb.inventory_path)
+    assert SEALED not in doc["hosts"][0]["message"]
+    doc = ok(capsys, "deploy", PLAYBOOK, "-i", sb.inventory_path)
+    assert SEALED in doc["hosts"][0]["message"]
+    # ... and then edited in place (its dir does not change, the file does): seen
+    (site / "sitecustomize.py").write_text("pass  # edited\n")
     doc = ok(capsys, "deploy", PLAYBOOK, "-i", sb.inventory_path)
     assert SEALED not in doc["hosts"][0]["message"]
 

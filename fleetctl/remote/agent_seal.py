@@ -3,8 +3,11 @@ one `stat` + `sha256sum` on the host instead of a Python start (fleetctl/seal.py
 half, says how a seal is used).
 
 A seal is asked for (`seal: true` in the facts and deploy requests) and made only when the launch's
-python was asked in this very process (same_start): then everything that decided where the launch
-imports the package from is a path this process can name. At the end of a deploy, still under the
+python was asked in this session (in this process when same_start holds, else in a process of its
+own under the launch's options, env and cwd, which reports its sys.path, the module files it had
+loaded at start and its user site) and the launch's interpreter word leads to that interpreter
+itself (no wrapper script): then everything that decided where the launch imports the package from
+is a path that can be named. At the end of a deploy, still under the
 host lock: if the deploy changed nothing, the snapshot taken right after this session's facts still
 matches and every path's ctime is older than those facts (by QUIET_NS), the facts are sealed as they
 are; otherwise the facts are computed again, bracketed by two snapshots of those paths, and only if
@@ -30,6 +33,7 @@ if __name__ != "fleetctl_agent":  # imported locally (tests); on the host the pa
     from fleetctl.remote.agent import (
         DEPLOY_HOOKS,
         FACTS_HOOKS,
+        LAST_PROBE,
         _find_dist_info,
         _home_of,
         action_facts,
@@ -38,7 +42,6 @@ if __name__ != "fleetctl_agent":  # imported locally (tests); on the host the pa
         launch_cwd,
         launch_environment,
         launch_path0,
-        same_start,
         sha256_file,
     )
     from fleetctl.remote.agent_deploy import state_paths, state_rel
@@ -116,8 +119,21 @@ def seal_paths(p, res):
     env = launch_environment(launch)
     cwd = launch_cwd(launch.get("cwd"), env)
     path0 = launch_path0(launch, cwd)
-    if not same_start(launch, env, cwd, path0):
-        return None, "the launch's python was asked in a process of its own (its start differs from the agent's)"
+    pr = LAST_PROBE
+    if not pr.get("executable") or not pr.get("package_dir") \
+            or os.path.realpath(pr["package_dir"]) != os.path.realpath(sg["dir"]):
+        return None, "the launch's python was not asked in this session"
+    if pr.get("in_agent"):  # same_start: the launch's interpreter is this process's
+        exe, startup = sys.executable, [getattr(m, "__file__", None) for m in list(sys.modules.values())]
+        site = sys.modules.get("site")
+        try:
+            usersite = site.getusersitepackages() if site is not None else None
+        except Exception:
+            usersite = None
+    else:  # asked in a process of its own, under the launch's options, env and cwd
+        exe, startup, usersite = pr["executable"], pr.get("startup"), pr.get("usersite")
+        if not isinstance(startup, list):
+            return None, "the launch's python did not say what it loaded at start"
     paths = []
     add = paths.append
     word = launch.get("interpreter") or ""
@@ -133,7 +149,6 @@ def seal_paths(p, res):
             if os.access(os.path.join(d, word), os.X_OK) and not os.path.isdir(os.path.join(d, word)):
                 found = os.path.join(d, word)
                 break
-    exe = sys.executable
     if not found or not exe or os.path.realpath(found) != os.path.realpath(exe):
         # a wrapper or shim (pyenv, a module system, a site script) chooses the interpreter from
         # whatever it reads: that is not a path list anyone can name, so such a host is always asked
@@ -148,12 +163,8 @@ def seal_paths(p, res):
     add(cwd)
     if path0:
         add(path0)
-    site = sys.modules.get("site")
-    if site is not None and getattr(site, "getusersitepackages", None):
-        try:
-            add(site.getusersitepackages())
-        except Exception:
-            pass
+    if isinstance(usersite, str) and usersite:
+        add(usersite)
     spath = (sg.get("launch") or {}).get("path") or sys.path
     for e in spath:
         d = os.path.normpath(os.path.join(cwd, e or "."))
@@ -167,8 +178,7 @@ def seal_paths(p, res):
                 add(os.path.join(d, n))
                 if n.endswith(".dist-info"):
                     add(os.path.join(d, n, "METADATA"))
-    for m in list(sys.modules.values()):
-        f = getattr(m, "__file__", None)
+    for f in startup:
         if isinstance(f, str) and f:
             add(os.path.abspath(f))
     pkg = os.path.abspath(sg["dir"])

@@ -31,6 +31,10 @@ import os
 import sys
 
 MAX_FILE = 64 << 20
+# the module files this interpreter had loaded before the probe ran (site, sitecustomize, what a .pth
+# imported): what decided its sys.path, for a seal (agent_seal.py)
+STARTUP_FILES = sorted(set(f for f in (getattr(m, "__file__", None) for m in list(sys.modules.values()))
+                           if isinstance(f, str) and f))
 
 
 def _pyc_header(data):
@@ -198,7 +202,13 @@ def probe(req):
            "cache_tag": sys.implementation.cache_tag, "optimize": sys.flags.optimize,
            "pycache_prefix": getattr(sys, "pycache_prefix", None),
            "dont_write_bytecode": bool(sys.dont_write_bytecode), "check_hash_based_pycs": _check_hash_mode(),
-           "pythonpath": os.environ.get("PYTHONPATH"), "cwd": os.getcwd()}
+           "pythonpath": os.environ.get("PYTHONPATH"), "cwd": os.getcwd(), "startup": STARTUP_FILES}
+    site = sys.modules.get("site")
+    if site is not None and getattr(site, "getusersitepackages", None):
+        try:
+            res["usersite"] = site.getusersitepackages()
+        except Exception:
+            pass
     spec = None
     if req.get("package"):
         try:
