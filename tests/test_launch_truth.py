@@ -24,6 +24,7 @@ from test_launch import playbook_with, stop_all_local
 from fleetctl import wheels
 from fleetctl.cli import main
 from fleetctl.remote import agent_servers as srv
+from fleetctl.sandbox import lifecycle
 from fleetctl.sandbox.lifecycle import Sandbox
 
 pytestmark = pytest.mark.fleet
@@ -204,12 +205,8 @@ def test_launch_command_with_another_interpreter(sb: Sandbox, tmp_path: Path,
     """The launch runs a second python (another venv) whose site-packages hold another tree."""
     site = other_tree(tmp_path)
     h = sb.hosts["h01"]
-    alt = tmp_path / "alt-venv" / "bin" / "python3"
-    alt.parent.mkdir(parents=True)
-    wrapper = h.python.read_text().replace(str(h.site_packages), str(site))
-    assert wrapper != h.python.read_text()
-    alt.write_text(wrapper)
-    alt.chmod(0o755)
+    # another venv of the same interpreter, whose site dirs hold the other tree
+    alt = lifecycle.install_host_python(tmp_path / "alt-venv", sb.host_python, [site, sb.dir / lifecycle.HOSTLIB])
     inv = inventory(sb, tmp_path / "inv.yaml", launch_command=f"nohup {alt} {SIM}")
     pb = playbook(tmp_path)
     code, doc, _ = cli(capsys, "facts", "-i", inv)
@@ -371,9 +368,7 @@ def test_wrapper_that_outlives_the_server_is_not_a_running_server(sb: Sandbox, t
     h = sb.hosts["h01"]
     alt = tmp_path / "shim" / "bin" / "python3"
     alt.parent.mkdir(parents=True)
-    text = h.python.read_text()
-    assert 'exec ' in text
-    alt.write_text(text.replace('exec ', '', 1) + '\ncase "$*" in *fleetctl.sandbox.simulator*) '
+    alt.write_text(f'#!/bin/sh\n{h.python} "$@"\ncase "$*" in *fleetctl.sandbox.simulator*) '
                    'sleep 300 </dev/null >/dev/null 2>&1;; esac\n')
     alt.chmod(0o755)
     inv = inventory(sb, tmp_path / "inv.yaml", python=str(alt))
