@@ -26,6 +26,7 @@ around the snapshot).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -71,13 +72,18 @@ def _host_file(host: Host) -> Path:
     return store_dir() / (hashlib.sha256(ident.encode()).hexdigest()[:32] + ".json")
 
 
-def seal_key(host: Host, request: dict[str, Any]) -> str:
-    """What a seal is valid for: the host's identity, the facts request (playbook files, launch,
-    env, model), the agent code and this fleetctl."""
+@functools.cache
+def _code_id() -> str:
     from fleetctl import __version__
     from fleetctl.remote import agent_source
 
-    doc = {"v": VERSION, "fleetctl": __version__, "agent": hashlib.sha256(agent_source()).hexdigest(),
+    return f"{__version__} {hashlib.sha256(agent_source()).hexdigest()}"
+
+
+def seal_key(host: Host, request: dict[str, Any]) -> str:
+    """What a seal is valid for: the host's identity, the facts request (playbook files, launch,
+    env, model), the agent code and this fleetctl."""
+    doc = {"v": VERSION, "code": _code_id(),
            "host": [host.name, host.address, host.port, host.user, host.python, host.state_dir,
                     sorted(host.env.items())],
            "request": request}
