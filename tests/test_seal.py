@@ -71,6 +71,9 @@ def test_noop_after_deploy_starts_no_python_and_plans_from_the_sealed_facts(host
     assert sealed and starts == 0 and doc["hosts"][0]["status"] == "unchanged"
     plan = doc["plan"]["hosts"][0]
     assert plan["status"] == "noop" and plan["version"] == "0.5.14"
+    # the facts sealed under the deploy's lock describe the host after it: no lock held
+    (sealed_doc,) = [json.loads(p.read_text()) for p in (Path(os.environ["FLEETCTL_STATE_DIR"]) / "seals").glob("*.json")]
+    assert sealed_doc["facts"]["state"]["lock"] is None
     assert all(f["action"] == "none" for f in plan["files"])
     # deploy --check is answered from it too; --recheck asks the host's python again
     code, chk = cli(host.capsys, "deploy", PLAYBOOK, "-i", host.sb.inventory_path, "--check")
