@@ -5,8 +5,9 @@ two snapshots of everything that decided them (fleetctl/remote/agent_seal.py lis
 launch interpreter's lookup, sys.path entries and .pth files, modules loaded at start, the package,
 its dist-info, the planned files with their dirs and bytecode, the model config, the host lock and
 the deploy manifests). If the snapshots match, the deploy answer carries the seal: those paths, the
-text `stat` and `sha256sum` print for them, and the facts. The controller keeps it here, per host,
-with a digest of the host's login environment as `env -0` printed it at the start of that command.
+text `stat` and `sha256sum` print for them, the facts, and a digest of the agent's environment (its
+login environment plus the inventory's public env: what `env -0` prints in the check). The
+controller keeps it here, per host.
 
 The next deploy (or deploy --check) of the same host with the same facts request (playbook files,
 launch, inventory settings, agent code: the seal's key) runs ONE plain command on the host: `env -0`,
@@ -54,11 +55,12 @@ MARK = "FLEETCTL-SEAL-"
 class Checked:
     """What the check of one host found."""
 
-    env: str | None = None  # digest of the login environment (None: the check did not run or failed)
+    key: str = ""
+    request: dict[str, Any] | None = None  # the facts request the seal is for
+    make: bool = False  # this command's deploy asks the agent for a new seal
     facts: Any = None  # the seal's facts answer when everything matched
     seal: dict[str, Any] | None = None  # the stored seal that matched
-    why: str = ""  # why the full path was taken (for --debug and the JSON)
-    key: str = ""
+    why: str = ""  # why the full path was taken
 
 
 def store_dir() -> Path:
@@ -113,8 +115,8 @@ def _write(host: Host, doc: dict[str, Any]) -> None:
     os.replace(tmp, f)
 
 
-def save(host: Host, key: str, env: str, seal: Seal, op_id: str) -> None:
-    _write(host, {"v": VERSION, "key": key, "env": env, "paths": seal.paths, "files": seal.files,
+def save(host: Host, key: str, seal: Seal, op_id: str) -> None:
+    _write(host, {"v": VERSION, "key": key, "env": seal.env, "paths": seal.paths, "files": seal.files,
                   "stat": seal.stat, "sha": seal.sha, "facts": seal.facts, "op_id": op_id, "at": time.time()})
 
 
@@ -146,50 +148,64 @@ def check_argv(host: Host, paths: list[str], files: list[str]) -> list[str]:
     return [*env_prefix(public), "sh", "-c", script]
 
 
-def parse_check(out: bytes) -> tuple[str, str, str] | None:
+def drop_names(host: Host) -> frozenset[str]:
+    """Variables left out of the environment digest: per connection (EPHEMERAL), the locale Python
+    coerces in its own environment (LC_CTYPE, PEP 538), and the inventory's secret env (the agent
+    gets it over stdin, the check never does; its values are in the seal's key, hashed)."""
+    return EPHEMERAL | {"LC_CTYPE"} | frozenset(host.secret_env_keys)
+
+
+def env_digest(entries: list[bytes], drop: frozenset[str]) -> str:
+    """sha256 of the sorted NAME=value entries whose NAME is not in `drop` (what the agent computes
+    over its own environment: agent_seal.py)."""
+    keep = sorted(e for e in entries if e and e.split(b"=", 1)[0].decode("latin-1") not in drop)
+    return hashlib.sha256(b"\x00".join(keep)).hexdigest()
+
+
+def parse_check(out: bytes, drop: frozenset[str]) -> tuple[str, str, str] | None:
     """(env digest, stat text, sha text) of a check's output; None if it is not one."""
     parts = out.split(b"\x00" + MARK.encode())
     if len(parts) != 4 or not parts[1].startswith(b"STAT\x00") or not parts[2].startswith(b"SHA\x00") \
             or parts[3] != b"END\x00":
         return None
-    entries = [e for e in parts[0].split(b"\x00") if e]
-    env = sorted(e for e in entries if e.split(b"=", 1)[0].decode("latin-1") not in EPHEMERAL)
-    digest = hashlib.sha256(b"\x00".join(env)).hexdigest()
+    digest = env_digest(parts[0].split(b"\x00"), drop)
     try:
         return digest, parts[1][5:].decode("utf-8"), parts[2][4:].decode("utf-8")
     except UnicodeDecodeError:
         return None
 
 
-def check(conn: Transport, key: str, *, use: bool = True, make: bool) -> Checked:
-    """Check `conn`'s host against its stored seal for `key`. make: also run the check when there
-    is no seal (its environment digest lets this command's deploy make one); use=False: never take
-    the seal's facts (deploy --recheck)."""
+def check(conn: Transport, key: str, request: dict[str, Any], *, use: bool = True) -> Checked:
+    """Check `conn`'s host against its stored seal for `key` (one command on the host, run only
+    when there is a seal). use=False (deploy --recheck): never take the seal's facts. The result
+    says whether this command's deploy should make a seal (`make`)."""
     host = conn.host
-    stored = load(host, key) if use else None
+    stored = load(host, key)
+    ck = Checked(key=key, request=request, make=True)
     if stored is not None and "why" in stored:
         if time.time() - float(stored.get("at") or 0) < RETRY_UNSEALABLE:
-            return Checked(why=f"not sealable: {stored['why']}")
+            ck.make, ck.why = False, f"not sealable: {stored['why']}"
+            return ck
         stored = None
-    if stored is None and not make:
-        return Checked(why="no seal")
-    paths = stored.get("paths", []) if stored else []
-    files = stored.get("files", []) if stored else []
-    out = conn.run_command(check_argv(host, paths, files), "the seal check (stat, sha256sum)", CHECK_CAP)
-    got = parse_check(out) if out is not None else None
+    if stored is None or not use:
+        ck.why = "no seal" if stored is None else "--recheck"
+        return ck
+    out = conn.run_command(check_argv(host, stored.get("paths", []), stored.get("files", [])),
+                           "the seal check (stat, sha256sum)", CHECK_CAP)
+    got = parse_check(out, drop_names(host)) if out is not None else None
     if got is None:
-        return Checked(why="the check's output is not a check's (stat/sha256sum missing or different?)")
+        ck.why = "the check's output is not a check's (stat/sha256sum missing or different?)"
+        return ck
     env, stat_text, sha_text = got
-    if stored is None:
-        return Checked(env=env, why="no seal")
     if env != stored.get("env"):
-        return Checked(env=env, why="the login environment changed")
-    if stat_text != stored.get("stat") or sha_text != stored.get("sha"):
-        return Checked(env=env, why=_first_difference(stored.get("stat") or "", stat_text)
-                       or "a planned file's bytes changed")
-    raw = json.dumps({"ok": True, "result": stored.get("facts")}).encode()
-    facts = parse_reply(host.name, names.FACTS, raw).result  # checked as any facts answer
-    return Checked(env=env, facts=facts, seal=stored)
+        ck.why = "the login environment changed"
+    elif stat_text != stored.get("stat") or sha_text != stored.get("sha"):
+        ck.why = _first_difference(stored.get("stat") or "", stat_text) or "a planned file's bytes changed"
+    else:
+        raw = json.dumps({"ok": True, "result": stored.get("facts")}).encode()
+        ck.facts = parse_reply(host.name, names.FACTS, raw).result  # checked as any facts answer
+        ck.seal = stored
+    return ck
 
 
 def _first_difference(was: str, now: str) -> str:

@@ -54,7 +54,7 @@ def gather(fleet: Fleet, playbook: Playbook | None, *, all_hashes: bool = False,
     """probe: also ask the own SGLang of each host that opts in (`probe: true`) and that the
     playbook has a patch set for (deploy's coverage check; facts for the pure plan).
     use_seals: a host whose stored seal still holds is answered from it, without its Python
-    (fleetctl/seal.py); make_seals: run the check even without a seal, so the deploy can make one."""
+    (fleetctl/seal.py); make_seals: the agent keeps what a seal needs, so the deploy can make one."""
     extra = sorted({f.path for files in (playbook.versions.values() if playbook else []) for f in files})
     profile = playbook.launch if playbook else None
     checks: dict[str, Checked] = {}
@@ -65,12 +65,12 @@ def gather(fleet: Fleet, playbook: Playbook | None, *, all_hashes: bool = False,
         if (use_seals or make_seals) and playbook is not None and not c.host.probe:
             from fleetctl import seal
 
-            key = seal.seal_key(c.host, facts_request(c.host, **kw))
-            ck = checks[c.host.name] = seal.check(c, key, use=use_seals, make=make_seals)
-            ck.key = key
+            req = facts_request(c.host, **kw)
+            ck = checks[c.host.name] = seal.check(c, seal.seal_key(c.host, req), req, use=use_seals)
+            ck.make = ck.make and make_seals
             if ck.facts is not None:
                 return parse_facts(c.host.name, ck.facts)
-            if ck.env is not None:
+            if ck.make:  # the agent keeps what the deploy's seal needs (agent_seal.py)
                 return read_facts(c, **kw, payload={"seal": True})
         return read_facts(c, **kw)
 
@@ -264,9 +264,13 @@ def apply_plan(fleet: Fleet, plan: Plan, playbook: Playbook, op_id: str, *, vali
         }
         if conn.host.name in break_lock:
             payload["break_lock"] = True
-        sealing = ck is not None and ck.env is not None and ck.facts is None  # facts read by this agent
-        if sealing:
-            payload["seal"] = True
+        sealing = ck is not None and ck.make
+        if sealing and ck is not None:
+            from fleetctl import seal
+
+            if ck.facts is not None and ck.request is not None:  # planned from a seal: the agent reads them now
+                conn.agent(names.FACTS, {**ck.request, "seal": True})
+            payload["seal"] = {"drop": sorted(seal.drop_names(conn.host))}
         if fault_after_files and conn.host.name in fault_after_files:
             payload["_fault_after_files"] = fault_after_files[conn.host.name]
         res: DeployAnswer = conn.agent(names.DEPLOY, payload)
@@ -286,7 +290,7 @@ def apply_plan(fleet: Fleet, plan: Plan, playbook: Playbook, op_id: str, *, vali
         if bad:
             r.status = "failed"
             r.message = "verification failed after deploy: " + "; ".join(bad)
-        if sealing and ck is not None and ck.env is not None:
+        if sealing and ck is not None:
             from fleetctl import seal
 
             if bad or res.seal is None:
@@ -294,7 +298,7 @@ def apply_plan(fleet: Fleet, plan: Plan, playbook: Playbook, op_id: str, *, vali
             elif res.seal.why:
                 seal.save_unsealable(conn.host, ck.key, res.seal.why)
             else:
-                seal.save(conn.host, ck.key, ck.env, res.seal, op_id)
+                seal.save(conn.host, ck.key, res.seal, op_id)
         return r
 
     targets = [h for h in fleet.hosts if h.name in todo]

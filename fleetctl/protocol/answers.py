@@ -392,6 +392,7 @@ class Seal:
     as a facts answer when it is used), or `why` there is none."""
 
     why: str | None = None
+    env: str = ""  # sha256 of the agent's environment (fleetctl/seal.py env_digest)
     paths: list[str] = field(default_factory=list)
     files: list[str] = field(default_factory=list)
     stat: str = ""

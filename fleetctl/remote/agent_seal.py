@@ -242,6 +242,29 @@ def seal_paths(p, res):
 QUIET_NS = 2 * 10 ** 9  # a path changed this close to the facts is not trusted to predate them
 
 
+def sha256_bytes(data):
+    try:  # the interpreter's builtin sha256 (3.8-3.11: _sha256, 3.12+: _sha2): no OpenSSL load
+        from _sha256 import sha256
+    except ImportError:
+        try:
+            from _sha2 import sha256
+        except ImportError:
+            from hashlib import sha256
+    return sha256(data).hexdigest()
+
+
+def env_digest(drop):
+    """sha256 of this process's sorted NAME=value environment entries, without the names in `drop`:
+    what fleetctl/seal.py computes over `env -0` of the check (this agent was started by the login
+    shell as `env PUBLIC... python`, the check as `env PUBLIC... sh -c ...`)."""
+    drop = set(drop or ())
+    env = getattr(os, "environb", None)
+    if env is None:
+        return ""
+    keep = sorted(k + b"=" + v for k, v in env.items() if k.decode("latin-1") not in drop)
+    return sha256_bytes(b"\x00".join(keep))
+
+
 def _facts_hook(p, res):
     """Keep this answer and a snapshot taken right after it. At the end of a deploy that changed
     nothing, that snapshot still matching and every path older than the facts (by QUIET_NS: a change
@@ -257,6 +280,11 @@ def _facts_hook(p, res):
         _SEAL["snap"] = snapshot(got[0], got[1], newest=newest)
         _SEAL["quiet"] = newest[0] < started - QUIET_NS
         _SEAL["facts"] = res
+
+
+def _drop(p):
+    s = p.get("seal")
+    return s.get("drop") if isinstance(s, dict) else ()
 
 
 def _deploy_hook(p, res):
@@ -279,7 +307,7 @@ def _deploy_hook(p, res):
             and snapshot(got[0], got[1], held) == _SEAL.get("snap"):
         snap = _SEAL["snap"]
         res["seal"] = {"paths": got[0], "files": got[1], "stat": snap["stat"], "sha": snap["sha"],
-                       "facts": _SEAL["facts"]}
+                       "facts": _SEAL["facts"], "env": env_digest(_drop(p))}
         return
     for _ in range(3):
         if got is None:
@@ -298,7 +326,7 @@ def _deploy_hook(p, res):
             after = snapshot(paths, files, held)
             if after == before:
                 res["seal"] = {"paths": paths, "files": files, "stat": after["stat"], "sha": after["sha"],
-                               "facts": facts}
+                               "facts": facts, "env": env_digest(_drop(p))}
                 return
     res["seal"] = {"why": "the host changed while it was read" if got else _SEAL.get("why") or "not sealable"}
 
