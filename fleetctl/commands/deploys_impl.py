@@ -178,6 +178,11 @@ def rollback(*, inventory: Path | None, limit: str | None, forks: int, to: str |
         rows = [results[h.name] for h in ctx.fleet.hosts]
         failed = [r for r in rows if r["status"] not in ("changed", "unchanged", "skipped")]
         record.finish(not failed, rows)
+        from fleetctl import seal
+
+        for h in ctx.fleet.hosts:  # their seals no longer hold: the next deploy need not check them
+            if results[h.name]["status"] != "unchanged":
+                seal.forget(h)
         summary = (f"rollback {op_id}: {len(rows)} hosts: {sum(1 for r in rows if r['status'] == 'changed')} "
                    f"restored, {sum(1 for r in rows if r['status'] in ('unchanged', 'skipped'))} nothing to do, "
                    f"{len(failed)} failed in {ctx.elapsed():.2f}s")
