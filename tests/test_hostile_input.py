@@ -83,9 +83,9 @@ def test_metacharacters_in_paths_and_env_are_data(fleet: tuple, tmp_path: Path, 
     h = sb.hosts["h01"]
     evil = EVIL.format(p=tmp_path)
     # the host's python, sglang_dir and state_dir, at paths full of shell syntax
-    pydir = tmp_path / "py $(touch PWNED-py); 'q' \"dq\" `x`"
-    pydir.mkdir()
-    (pydir / "python").symlink_to(h.python)
+    # (a venv of the host's interpreter there: a bare symlink to a venv's python is not in the venv)
+    pydir = sbx.install_host_python(tmp_path / "py $(touch PWNED-py); 'q' \"dq\" `x`", sb.host_python,
+                                    [h.site_packages, sb.dir / sbx.HOSTLIB]).parent
     sgdir = tmp_path / "sg dir;$(touch PWNED-sg)&&'"
     sgdir.symlink_to(h.sglang_dir, target_is_directory=True)
     state = tmp_path / "state $(touch PWNED-st) `x` ; \"q\" 'q'\nnl"
