@@ -136,13 +136,37 @@ def test_secret_env_block_is_marshal(tmp_path: Path) -> None:
     assert marshal.loads(rest[11:11 + m]) == {"HF_TOKEN": "s3cret"} and rest[11 + m:] == b"S"
 
 
-def test_builtin_sha256_is_sha256(tmp_path: Path) -> None:
-    data = os.urandom(3 << 20)
-    assert agent.sha256_new(data).hexdigest() == hashlib.sha256(data).hexdigest()
+def test_builtin_sha256_is_sha256_and_openssl_takes_over_for_big_inputs(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(agent, "_SHA256_BYTES", [0])
+    small = os.urandom(1000)
+    h = agent.sha256_new(small)
+    assert h.hexdigest() == hashlib.sha256(small).hexdigest()
+    assert type(h).__module__ in ("_sha256", "_sha2")  # not OpenSSL's _hashlib
+    big = os.urandom(agent.BUILTIN_SHA256_BYTES + 1)  # past the budget: OpenSSL is cheaper than the import
+    h = agent.sha256_new(big)
+    assert h.hexdigest() == hashlib.sha256(big).hexdigest() and type(h).__module__ == "_hashlib"
     f = tmp_path / "f"
-    f.write_bytes(data)
-    assert agent.sha256_file(str(f), chunk=1 << 16) == hashlib.sha256(data).hexdigest()
-    assert type(agent.sha256_new()).__module__ in ("_sha256", "_sha2")  # not OpenSSL's _hashlib
+    f.write_bytes(big)
+    assert agent.sha256_file(str(f), chunk=1 << 16) == hashlib.sha256(big).hexdigest()
+    assert agent._SHA256_BYTES == [1000]
+
+
+def test_facts_hashes_a_file_once_per_request_while_it_is_unchanged(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    f = tmp_path / "f.py"
+    f.write_bytes(b"A = 1\n")
+    reads = []
+    real = agent.sha256_new
+    monkeypatch.setattr(agent, "sha256_new", lambda *a, **k: reads.append(1) or real(*a, **k))
+    monkeypatch.setattr(agent, "_SHA_MEMO", [{}])  # what _handle sets for a facts request
+    assert agent.sha256_file(str(f)) == agent.sha256_file(str(f)) == hashlib.sha256(b"A = 1\n").hexdigest()
+    assert len(reads) == 1
+    f.write_bytes(b"A = 2\n")  # same size, rewritten: hashed again
+    assert agent.sha256_file(str(f)) == hashlib.sha256(b"A = 2\n").hexdigest()
+    assert len(reads) == 2
+    agent._handle(marshal.dumps({"action": "ping"}, 4))  # any other request: no memo
+    assert agent._SHA_MEMO == [None]
 
 
 # ------------------------------------------------------------------ string checks == the old regexes
