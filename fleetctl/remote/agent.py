@@ -15,7 +15,6 @@ inventory key that pins the package dir come in each request as `engine` (fleetc
 `Engine.agent_facts()`).
 """
 
-from __future__ import annotations
 
 import marshal
 import os

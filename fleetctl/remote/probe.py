@@ -33,11 +33,29 @@ import sys
 MAX_FILE = 64 << 20
 
 
+def _bootstrap_external():
+    """The module importlib.util takes MAGIC_NUMBER and cache_from_source from (frozen, loaded at
+    every start): importlib.util itself imports contextlib (~3 ms of every probe and agent)."""
+    import importlib._bootstrap_external
+
+    return importlib._bootstrap_external
+
+
+def find_spec(name):
+    """importlib.util.find_spec(name): for a top-level name not yet imported, the very function it
+    calls (importlib._bootstrap._find_spec over sys.meta_path), without importing importlib.util."""
+    if "." in name or name in sys.modules:
+        import importlib.util
+
+        return importlib.util.find_spec(name)
+    import importlib._bootstrap
+
+    return importlib._bootstrap._find_spec(name, None)
+
+
 def _pyc_header(data):
     """(kind, header dict) of a pyc's 16-byte header; kind "invalid" if import would reject it."""
-    import importlib.util
-
-    if len(data) < 16 or data[:4] != importlib.util.MAGIC_NUMBER:
+    if len(data) < 16 or data[:4] != _bootstrap_external().MAGIC_NUMBER:
         return "invalid", {}
     flags = int.from_bytes(data[4:8], "little")
     if flags & ~0b11:
@@ -84,7 +102,6 @@ def other_pycs(source_path):
 def import_view(path):
     """What `import` of the module whose source is `path` would load, under this interpreter."""
     import importlib.machinery
-    import importlib.util
 
     d, base = os.path.split(path)
     stem = base[:-3] if base.endswith(".py") else base
@@ -103,7 +120,7 @@ def import_view(path):
         return out
     out.update(loader="source", file=path)
     try:
-        cfile = importlib.util.cache_from_source(path)
+        cfile = _bootstrap_external().cache_from_source(path)
     except NotImplementedError:  # sys.implementation.cache_tag is None: no bytecode cache
         cfile = None
     out["pyc"] = cfile
@@ -130,6 +147,8 @@ def import_view(path):
         return out
     with open(path, "rb") as fh:
         source = fh.read(MAX_FILE)
+    import importlib.util
+
     matches = h["hash"] == importlib.util.source_hash(source)
     mode = _check_hash_mode()
     checked = mode != "never" and (kind == "checked-hash" or mode == "always")
@@ -188,8 +207,6 @@ def code_marker(code, class_name, marker, function="__init__"):
 
 
 def probe(req):
-    import importlib.util
-
     path0 = req.get("path0")
     if path0 and sys.path and sys.path[0] == "":
         sys.path[0] = path0
@@ -202,7 +219,7 @@ def probe(req):
     spec = None
     if req.get("package"):
         try:
-            spec = importlib.util.find_spec(req["package"])
+            spec = find_spec(req["package"])
         except (ImportError, ValueError) as e:
             res["error"] = f"{e.__class__.__name__}: {e}"
     pkg = None
