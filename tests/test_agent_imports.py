@@ -152,21 +152,25 @@ def test_builtin_sha256_is_sha256_and_openssl_takes_over_for_big_inputs(tmp_path
     assert agent._SHA256_BYTES == [1000]
 
 
-def test_facts_hashes_a_file_once_per_request_while_it_is_unchanged(tmp_path: Path,
+def test_a_request_hashes_a_file_once_while_it_is_unchanged(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     f = tmp_path / "f.py"
     f.write_bytes(b"A = 1\n")
     reads = []
     real = agent.sha256_new
     monkeypatch.setattr(agent, "sha256_new", lambda *a, **k: reads.append(1) or real(*a, **k))
-    monkeypatch.setattr(agent, "_SHA_MEMO", [{}])  # what _handle sets for a facts request
+    monkeypatch.setattr(agent, "_SHA_MEMO", [{}])  # what _handle sets for the time of a request
     assert agent.sha256_file(str(f)) == agent.sha256_file(str(f)) == hashlib.sha256(b"A = 1\n").hexdigest()
     assert len(reads) == 1
-    f.write_bytes(b"A = 2\n")  # same size, rewritten: hashed again
-    assert agent.sha256_file(str(f)) == hashlib.sha256(b"A = 2\n").hexdigest()
-    assert len(reads) == 2
-    agent._handle(marshal.dumps({"action": "ping"}, 4))  # any other request: no memo
-    assert agent._SHA_MEMO == [None]
+    tmp = tmp_path / "new"
+    tmp.write_bytes(b"A = 3\n")
+    os.replace(tmp, f)  # what replace_file does: a new inode, hashed afresh
+    assert agent.sha256_file(str(f)) == hashlib.sha256(b"A = 3\n").hexdigest()
+    f.write_bytes(b"A = 40\n")  # rewritten in place, another size
+    assert agent.sha256_file(str(f)) == hashlib.sha256(b"A = 40\n").hexdigest()
+    assert len(reads) == 3
+    agent._handle(marshal.dumps({"action": "ping"}, 4))
+    assert agent._SHA_MEMO == [None]  # kept for one request only
 
 
 # ------------------------------------------------------------------ string checks == the old regexes

@@ -277,8 +277,11 @@ def expand(path):
     return os.path.abspath(os.path.expanduser(path))
 
 
-# within one facts request (read-only, a snapshot) a file hashed again (a manifest's file that is
-# also a hashed package file) is not read again while its identity and times are unchanged
+# Within one request a file hashed again (a manifest's file that is also a hashed package file; a
+# no-op deploy's check under the lock and its final hashes) is not read again while it is the same
+# inode with the same size, mtime and ctime. The agent's own writes (replace_file, write_atomic)
+# always rename a new inode into place, so a file it wrote is always hashed afresh; the memo is
+# dropped at the end of every request (the next request, e.g. a deploy after facts, reads again).
 _SHA_MEMO = [None]
 
 
@@ -1094,11 +1097,14 @@ def _handle(data):
         payload = marshal.loads(data)
         if not isinstance(payload, dict):
             raise AgentError("a request must be a dict", "bad_input")
-        _SHA_MEMO[0] = {} if payload.get("action") == "facts" else None
+        _SHA_MEMO[0] = {}
         fn = ACTIONS.get(payload.get("action"))
         if fn is None:
             raise AgentError("unknown action %r" % payload.get("action"), "bad_input")
-        doc = {"ok": True, "result": fn(payload)}
+        try:
+            doc = {"ok": True, "result": fn(payload)}
+        finally:
+            _SHA_MEMO[0] = None
     except AgentError as e:
         doc = {"ok": False, "error": str(e), "kind": e.kind}
     except Exception as e:  # report, never a traceback on the wire unless asked
