@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetctl.remote import agent, agent_deploy, agent_servers, agent_source
+from fleetctl.remote import agent, agent_deploy, agent_key, agent_servers, agent_source
 from fleetctl.transport.session import BOOTSTRAP, agent_command, encode_request
 
 JSON_CASES = [
@@ -46,6 +46,7 @@ def test_jdumps_writes_what_json_dumps_writes(obj: object) -> None:
             continue  # json cannot sort mixed keys either
         text = agent.jdumps(obj, **kw)
         assert text == json.dumps(obj, **kw), kw
+        assert agent.jdumps(obj, native=False, **kw) == text  # the pure-Python writer (no _json)
         assert text.isascii()
         assert _same(json.loads(text), json.loads(json.dumps(obj)))
 
@@ -54,6 +55,8 @@ def test_jdumps_refuses_what_json_refuses() -> None:
     for bad in ({"x": object()}, {(1, 2): "tuple key"}, b"bytes", {1, 2}):
         with pytest.raises(TypeError):
             agent.jdumps(bad)
+        with pytest.raises(TypeError):
+            agent.jdumps(bad, native=False)
         with pytest.raises(TypeError):
             json.dumps(bad)
 
@@ -290,7 +293,7 @@ with open("cases.bin", "rb") as fh:
     cases = marshal.load(fh)
 for obj in cases:
     text = jdumps(obj)
-    assert text == json.dumps(obj), (obj, text)
+    assert text == json.dumps(obj) == jdumps(obj, native=False), (obj, text)
     back = jloads(text.encode())
     want = json.loads(text)
     assert json.dumps(back) == json.dumps(want)
@@ -318,6 +321,15 @@ def test_the_agent_session_on_each_python(python: str, tmp_path: Path) -> None:
     assert answers[1]["result"]["state"]["deploys"] == []
     (f,) = cache.iterdir()
     assert f.name.startswith("agent-" + hashlib.sha256(src).hexdigest()[:32] + ".")
+    # the controller's key (argv[3]) names the same file: it is used, not hashed again; a malformed
+    # one is ignored
+    key = agent_key()
+    assert f.name.startswith(f"agent-{key}.")
+    for given in (key, "zz", key[:-1] + "G"):
+        p = subprocess.run([python, "-c", BOOTSTRAP, str(cache), python, given], input=data, capture_output=True,
+                           timeout=120)
+        assert p.returncode == 0 and p.stdout.count(b'"ok": true') == 2, p.stderr[-2000:]
+        assert [x.name for x in cache.iterdir()] == [f.name]
     # the JSON writer and reader there say what that Python's json says
     (tmp_path / "fleetctl_agent_check.py").write_text(Path(agent.__file__).read_text())
     shutil.copy(Path(agent.__file__).with_name("probe.py"), tmp_path / "probe.py")

@@ -26,3 +26,11 @@ def agent_source() -> bytes:
     probe = root.joinpath(PROBE).read_text(encoding="utf-8")
     chunks.append(f"PROBE_SOURCE = {probe!r}\n".encode())
     return b"\n\n".join(chunks)
+
+
+@cache
+def agent_key() -> str:
+    """The compiled agent's cache key on hosts (BOOTSTRAP): sha256 of the source, 32 hex digits."""
+    import hashlib
+
+    return hashlib.sha256(agent_source()).hexdigest()[:32]

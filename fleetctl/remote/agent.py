@@ -156,9 +156,33 @@ def _jwrite(o, out, indent, sort_keys, level):
         raise TypeError("Object of type %s is not JSON serializable" % o.__class__.__name__)
 
 
-def jdumps(o, indent=None, sort_keys=False):
+_C_ENCODER = []
+
+
+def _c_encoder():
+    """json.dumps's own C encoder (the stdlib's _json), set up as json.dumps(o) sets it up, without
+    importing json; None where _json is missing."""
+    if not _C_ENCODER:
+        try:
+            from _json import encode_basestring_ascii, make_encoder
+        except ImportError:
+            _C_ENCODER.append(None)
+        else:
+            def default(o):
+                raise TypeError("Object of type %s is not JSON serializable" % o.__class__.__name__)
+
+            _C_ENCODER.append(lambda o: make_encoder({}, default, encode_basestring_ascii, None, ": ", ", ",
+                                                     False, False, True)(o, 0))
+    return _C_ENCODER[0]
+
+
+def jdumps(o, indent=None, sort_keys=False, native=True):
     """JSON text of o (dict, list, tuple, str, int, float, bool, None), the text json.dumps(o,
-    indent=indent, sort_keys=sort_keys) writes (ASCII: ensure_ascii)."""
+    indent=indent, sort_keys=sort_keys) writes (ASCII: ensure_ascii). A compact document goes
+    through json.dumps's own C encoder where there is one (native), else the writer above."""
+    enc = _c_encoder() if native and indent is None and not sort_keys else None
+    if enc is not None:
+        return "".join(enc(o))
     out = []
     _jwrite(o, out, indent, sort_keys, 0)
     return "".join(out)

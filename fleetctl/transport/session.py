@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from fleetctl.config.inventory import Host
 from fleetctl.protocol import parse_reply
-from fleetctl.remote import agent_source
+from fleetctl.remote import agent_key, agent_source
 from fleetctl.transport.base import RemoteError, Steps, Unreachable
 
 BOOTSTRAP = (
@@ -32,15 +32,19 @@ BOOTSTRAP = (
     " if r:\n"
     "  os.makedirs(r,0o700,exist_ok=True);t=os.stat(r)\n"
     "  if t.st_uid==os.getuid() and not t.st_mode&0o022:\n"
-    "   try:\n"
-    # the builtin sha256 (_sha256 up to 3.11, _sha2 from 3.12): hashlib loads OpenSSL (~3 ms)
-    "    from _sha256 import sha256 as h\n"
-    "   except ImportError:\n"
+    # the key: the controller's sha256 of the source (argv[3]), else hashed here with the builtin
+    # sha256 (_sha256 up to 3.11, _sha2 from 3.12; hashlib loads OpenSSL: ~3 ms)
+    "   d=sys.argv[3] if len(sys.argv)>3 else ''\n"
+    "   if len(d)!=32 or d.strip('0123456789abcdef'):\n"
     "    try:\n"
-    "     from _sha2 import sha256 as h\n"
+    "     from _sha256 import sha256 as h\n"
     "    except ImportError:\n"
-    "     from hashlib import sha256 as h\n"
-    "   q=os.path.join(r,'agent-%s.%s'%(h(s).hexdigest()[:32],sys.implementation.cache_tag))\n"
+    "     try:\n"
+    "      from _sha2 import sha256 as h\n"
+    "     except ImportError:\n"
+    "      from hashlib import sha256 as h\n"
+    "    d=h(s).hexdigest()[:32]\n"
+    "   q=os.path.join(r,'agent-%s.%s'%(d,sys.implementation.cache_tag))\n"
     "   t=os.lstat(q)\n"
     "   if t.st_uid==os.getuid() and not t.st_mode&0o077 and t.st_mode&0o170000==0o100000:\n"
     "    f=open(q,'rb');c=marshal.loads(f.read());f.close()\n"
@@ -87,8 +91,9 @@ def agent_command(host: Host) -> tuple[list[str], bytes]:
     data += b"S"
     public = {k: v for k, v in host.env.items() if k not in host.secret_env_keys}
     cache = host.state_dir.rstrip("/") + "/cache"
-    # the python word again: the agent compares it with the launch's (an in-process probe, agent.py)
-    return [*env_prefix(public), host.python, "-c", BOOTSTRAP, cache, host.python], data
+    # the python word again: the agent compares it with the launch's (an in-process probe, agent.py);
+    # the source's cache key, so the host need not hash it
+    return [*env_prefix(public), host.python, "-c", BOOTSTRAP, cache, host.python, agent_key()], data
 
 
 
