@@ -63,7 +63,12 @@ def host_side(sb_dir: Path, reps: int) -> list[tuple[str, float]]:
              "state_dir": h.state_dir}
     agent = b"%010d" % len(src) + src + b"S"
     cache = h.state_dir + "/cache"
-    folded = [h.python, "-c", BOOTSTRAP, cache, h.python]  # the agent told its python word: in-process probe
+    try:  # the agent's cache key, sent by the controller since issue 17 (argv as agent_command builds it)
+        from fleetctl.remote import agent_key
+        key = [agent_key()]
+    except ImportError:
+        key = []
+    folded = [h.python, "-c", BOOTSTRAP, cache, h.python, *key]  # the agent told its python word: in-process probe
     unfolded = [h.python, "-c", BOOTSTRAP, cache]  # not told (as before): a probe process
 
     def cost(argv: list[str], data: bytes = b"") -> float:
