@@ -67,7 +67,10 @@ BOOTSTRAP = (
     # b'S': a session: framed requests (10-digit length + marshal data) answered one by one until stdin
     # ends, so one process serves every step of a command on this host; else one request to EOF
     "if k==b'S':\n"
-    " sys.exit(g['_serve'](i))\n"
+    " r=g['_serve'](i)\n"
+    # every answer is flushed and every file the agent wrote is closed (with-blocks, fsync'd):
+    # skip the interpreter's teardown of ~250 KB of code and its modules (~2 ms per host)
+    " sys.stdout.flush();sys.stderr.flush();os._exit(r)\n"
     "sys.exit(g['_main'](k+i.read()))\n"
 )
 
