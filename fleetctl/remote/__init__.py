@@ -2,7 +2,7 @@
 
 The agent is sent whole over the SSH channel's stdin and executed by the interpreter the inventory
 names (the compiled code is cached in the host's state dir); one agent process per host answers
-every call of a command (session mode: framed JSON requests and answers, see agent.py).
+every call of a command (session mode: framed marshal requests, JSON answers, see agent.py).
 Nothing is installed on hosts. It is the concatenation of `agent.py` (core, protocol, facts)
 and the `agent_*.py` parts, each of which registers its actions in ACTIONS. Locally every part
 imports as a normal module for tests.

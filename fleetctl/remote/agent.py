@@ -607,7 +607,7 @@ def run_probe(launch, files=(), checks=(), timeout=PROBE_TIMEOUT, package=None):
         return res
     import subprocess
     # marshal format 2 (every Python 3 reads it): the probe need not import json; the request holds
-    # only what the controller's JSON request held (str, list, dict, None)
+    # only what the controller's request held (str, list, dict, None)
     req = marshal.dumps({"path0": path0, "files": list(files), "checks": list(checks), "package": package}, 2)
     argv = [interp, *(launch.get("options") or []), "-c", PROBE_SOURCE]
     try:
