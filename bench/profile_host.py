@@ -51,7 +51,11 @@ def host_side(sb_dir: Path, reps: int) -> list[tuple[str, float]]:
     extra = sorted({f.path for fs in pb.versions.values() for f in fs})
 
     def frame(d: dict) -> bytes:
-        b = json.dumps(d).encode()
+        try:  # the request framing of this checkout: marshal (issue 17) or, before it, JSON
+            from fleetctl.transport.session import encode_request
+            b = encode_request(d["action"], {k: v for k, v in d.items() if k != "action"})
+        except ImportError:
+            b = json.dumps(d).encode()
         return b"%010d" % len(b) + b
 
     facts = {"action": "facts", "sglang_dir": None, "launch": launch, "strict_sglang_dir": True,
@@ -59,7 +63,12 @@ def host_side(sb_dir: Path, reps: int) -> list[tuple[str, float]]:
              "state_dir": h.state_dir}
     agent = b"%010d" % len(src) + src + b"S"
     cache = h.state_dir + "/cache"
-    folded = [h.python, "-c", BOOTSTRAP, cache, h.python]  # the agent told its python word: in-process probe
+    try:  # the agent's cache key, sent by the controller since issue 17 (argv as agent_command builds it)
+        from fleetctl.remote import agent_key
+        key = [agent_key()]
+    except ImportError:
+        key = []
+    folded = [h.python, "-c", BOOTSTRAP, cache, h.python, *key]  # the agent told its python word: in-process probe
     unfolded = [h.python, "-c", BOOTSTRAP, cache]  # not told (as before): a probe process
 
     def cost(argv: list[str], data: bytes = b"") -> float:
@@ -81,7 +90,31 @@ def host_side(sb_dir: Path, reps: int) -> list[tuple[str, float]]:
         ("agent + facts, probe in its own process", cost(unfolded, agent + frame(facts))),
         ("agent + facts, probe in the agent (same_start)", cost(folded, agent + frame(facts))),
     ]
+    argv, data = recorded_noop_deploy(sb_dir, h.python)
+    rows.append(("agent session of a no-op deploy (its recorded stdin replayed)", cost([h.python, *argv], data)))
     return rows
+
+
+def recorded_noop_deploy(sb_dir: Path, python: str) -> tuple[list[str], bytes]:
+    """The argv and stdin the host's python gets in a real no-op `fleetctl deploy` (a deploy first,
+    then the no-op, recorded by a wrapper in place of the host's python; restored after)."""
+    py = Path(python)
+    real = py.with_name("python.profiled")
+    rec = sb_dir / "profile-recorded"
+    env = {**os.environ, "FLEETCTL_STATE_DIR": str(sb_dir / "profile-ledger"), "NO_COLOR": "1",
+           "PYTHONPATH": str(REPO)}
+    argv = [sys.executable, "-m", "fleetctl", "deploy", str(REPO / "playbooks" / "dynamic-spec-disable"),
+            "-i", str(sb_dir / "inventory.yaml"), "--json"]
+    subprocess.run(argv, capture_output=True, env=env, cwd=REPO, check=True)
+    py.rename(real)
+    try:
+        py.write_text(f'#!/bin/bash\nprintf "%s\\0" "$@" > {rec}.argv\ntee {rec}.stdin | {real} "$@"\n')
+        py.chmod(0o755)
+        subprocess.run(argv, capture_output=True, env=env, cwd=REPO, check=True)
+    finally:
+        real.replace(py)
+    args = (rec.with_suffix(".argv")).read_bytes().split(b"\0")[:-1]
+    return [a.decode() for a in args], rec.with_suffix(".stdin").read_bytes()
 
 
 def controller_side(sb_dir: Path, n: int) -> list[tuple[str, float]]:

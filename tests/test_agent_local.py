@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import marshal
 import os
 import subprocess
 import sys
@@ -47,7 +48,7 @@ def payload(tmp_path: Path, pkg: Path, new: dict[str, bytes], did: str = "d1") -
 def run_agent_subprocess(p: dict) -> subprocess.CompletedProcess[bytes]:
     """Run the agent exactly as a host does: python -c BOOTSTRAP with the source on stdin."""
     src = agent_source()
-    data = b"%010d" % len(src) + src + json.dumps(p).encode()
+    data = b"%010d" % len(src) + src + marshal.dumps(p, 4)
     return subprocess.run([sys.executable, "-c", BOOTSTRAP], input=data, capture_output=True)
 
 
@@ -214,7 +215,7 @@ def test_bootstrap_caches_the_compiled_agent_privately(tmp_path: Path) -> None:
     """The host keeps the compiled agent in its state dir (0600 file, 0700 dir) and ignores a cache
     file anyone else could have written."""
     src = agent_source()
-    data = b"%010d" % len(src) + src + json.dumps({"action": "ping"}).encode()
+    data = b"%010d" % len(src) + src + marshal.dumps({"action": "ping"}, 4)
     cache = tmp_path / "state" / "cache"
     for _ in range(2):
         r = subprocess.run([sys.executable, "-c", BOOTSTRAP, str(cache)], input=data, capture_output=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import json
+import marshal
 import os
 import subprocess
 import sys
@@ -151,7 +152,7 @@ def _agent(p: dict) -> subprocess.Popen[bytes]:
     proc = subprocess.Popen([sys.executable, "-c", BOOTSTRAP], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)
     assert proc.stdin is not None
-    proc.stdin.write(b"%010d" % len(src) + src + json.dumps(p).encode())
+    proc.stdin.write(b"%010d" % len(src) + src + marshal.dumps(p, 4))
     proc.stdin.close()
     return proc
 

@@ -6,6 +6,7 @@ stale deploy lock is detected, reported and cleared."""
 from __future__ import annotations
 
 import json
+import marshal
 import os
 import sqlite3
 import stat
@@ -185,7 +186,7 @@ def test_secret_env_reaches_the_agent_over_stdin(tmp_path: Path) -> None:
     from fleetctl.transport.ssh import BOOTSTRAP
 
     src = b"import os, sys\ndef _main(d):\n    sys.stdout.write(os.environ['HF_TOKEN'] + '|' + d.decode())\n    return 0\n"
-    block = json.dumps({"HF_TOKEN": SECRET + "\n'\"$x"}).encode()
+    block = marshal.dumps({"HF_TOKEN": SECRET + "\n'\"$x"}, 4)
     data = b"%010d" % len(src) + src + b"E%010d" % len(block) + block + b'{"action": "ping"}'
     r = subprocess.run([sys.executable, "-c", BOOTSTRAP], input=data, capture_output=True)
     assert r.returncode == 0, r.stderr

@@ -8,6 +8,7 @@ import base64
 import copy
 import hashlib
 import json
+import marshal
 import re
 import sys
 import time
@@ -44,7 +45,7 @@ def refused(action: str, result: Any) -> InvalidAnswer:
 
 def real(action: str, payload: dict[str, Any]) -> Any:
     """The agent's own answer to one request (run here, as on a host), as the wire carries it."""
-    doc = json.loads(agent._handle(json.dumps({"action": action, **payload}).encode()))
+    doc = json.loads(agent._handle(marshal.dumps({"action": action, **payload}, 4)))
     assert doc["ok"], doc
     return doc["result"]
 

@@ -2,7 +2,7 @@
 
 The agent is sent whole over the SSH channel's stdin and executed by the interpreter the inventory
 names (the compiled code is cached in the host's state dir); one agent process per host answers
-every call of a command (session mode: framed JSON requests and answers, see agent.py).
+every call of a command (session mode: framed marshal requests, JSON answers, see agent.py).
 Nothing is installed on hosts. It is the concatenation of `agent.py` (core, protocol, facts)
 and the `agent_*.py` parts, each of which registers its actions in ACTIONS. Locally every part
 imports as a normal module for tests.
@@ -26,3 +26,11 @@ def agent_source() -> bytes:
     probe = root.joinpath(PROBE).read_text(encoding="utf-8")
     chunks.append(f"PROBE_SOURCE = {probe!r}\n".encode())
     return b"\n\n".join(chunks)
+
+
+@cache
+def agent_key() -> str:
+    """The compiled agent's cache key on hosts (BOOTSTRAP): sha256 of the source, 32 hex digits."""
+    import hashlib
+
+    return hashlib.sha256(agent_source()).hexdigest()[:32]

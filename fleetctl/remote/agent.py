@@ -2,9 +2,12 @@
 
 Protocol: the controller runs `PYTHON -c BOOTSTRAP` and writes to stdin a 10-digit length, this
 file's source, then (session mode, what the controller uses) b"S" and requests framed as a 10-digit
-length + JSON {"action": ..., ...}, each answered on stdout with the same framing, until stdin ends;
-or (one-shot mode) one JSON request up to EOF, answered by one JSON document on stdout. An answer
-is {"ok": true, "result": ...} or {"ok": false, "error": "...", "kind": "..."}.
+length + marshal data (format 4: dict/list/str/int/float/bool/None only; the controller is trusted
+in this direction) {"action": ..., ...}, each answered on stdout as a 10-digit length + JSON (the
+controller checks every answer as untrusted), until stdin ends; or (one-shot mode) one marshalled
+request up to EOF, answered by one JSON document on stdout. An answer is {"ok": true, "result": ...}
+or {"ok": false, "error": "...", "kind": "..."}. JSON is written and read here without the json
+module (jdumps/jloads below).
 Every action is a function here taking the payload dict; they are unit-testable locally.
 
 The agent knows no engine: which package to locate, the file that registers server flags and the
@@ -12,16 +15,17 @@ inventory key that pins the package dir come in each request as `engine` (fleetc
 `Engine.agent_facts()`).
 """
 
-from __future__ import annotations
 
-import hashlib
-import json
 import marshal
 import os
-import re
 import stat
 import sys
 import time
+
+# Imports the agent avoids on its common paths (facts, deploy, status, rollback): json (re, enum,
+# functools, collections), re, hashlib (OpenSSL's _hashlib), signal (enum), subprocess, tempfile,
+# shutil. A Python start costs ~12-16 ms of CPU; these would add as much again on every host per
+# command. They are imported inside the few functions that need them.
 
 AGENT_PROTOCOL = 1
 PROBE_TIMEOUT = 30.0
@@ -54,6 +58,242 @@ class AgentError(Exception):
         self.kind = kind
 
 
+# ----------------------------------------------------------------------------- JSON, sha256, regexes
+# without json/hashlib/re (see the imports above)
+
+_JSON_ESC = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t", "\b": "\\b", "\f": "\\f"}
+
+
+def _jstr(s):
+    """A JSON string literal of s, ASCII only, as json.dumps(s) (ensure_ascii) writes it: \\uXXXX
+    for the rest, a surrogate pair above the BMP, a lone surrogate (a surrogateescape'd byte of a
+    file name) as itself."""
+    if s.isascii() and s.isprintable() and '"' not in s and "\\" not in s:
+        return '"' + s + '"'
+    out = ['"']
+    for ch in s:
+        e = _JSON_ESC.get(ch)
+        if e is not None:
+            out.append(e)
+        elif " " <= ch < "\x7f":
+            out.append(ch)
+        else:
+            n = ord(ch)
+            if n > 0xFFFF:
+                n -= 0x10000
+                out.append("\\u%04x\\u%04x" % (0xD800 | (n >> 10), 0xDC00 | (n & 0x3FF)))
+            else:
+                out.append("\\u%04x" % n)
+    out.append('"')
+    return "".join(out)
+
+
+def _jfloat(o):
+    if o != o:
+        return "NaN"
+    if o == float("inf"):
+        return "Infinity"
+    if o == float("-inf"):
+        return "-Infinity"
+    return float.__repr__(o)
+
+
+def _jkey(k):
+    if isinstance(k, str):
+        return _jstr(k)
+    if k is True:
+        return '"true"'
+    if k is False:
+        return '"false"'
+    if k is None:
+        return '"null"'
+    if isinstance(k, int):
+        return '"%s"' % int.__repr__(k)
+    if isinstance(k, float):
+        return '"%s"' % _jfloat(k)
+    raise TypeError("keys must be str, int, float, bool or None, not %s" % k.__class__.__name__)
+
+
+def _jwrite(o, out, indent, sort_keys, level):
+    if o is None:
+        out.append("null")
+    elif o is True:
+        out.append("true")
+    elif o is False:
+        out.append("false")
+    elif isinstance(o, str):
+        out.append(_jstr(o))
+    elif isinstance(o, int):
+        out.append(int.__repr__(o))
+    elif isinstance(o, float):
+        out.append(_jfloat(o))
+    elif isinstance(o, (dict, list, tuple)):
+        if level > 500:
+            raise ValueError("nested too deeply")
+        items = o.items() if isinstance(o, dict) else o
+        if not items:
+            out.append("{}" if isinstance(o, dict) else "[]")
+            return
+        if isinstance(o, dict) and sort_keys:
+            items = sorted(items)
+        opening, closing = ("{", "}") if isinstance(o, dict) else ("[", "]")
+        if indent is None:
+            sep, first, last = ", ", opening, closing
+        else:
+            pad = "\n" + " " * (indent * (level + 1))
+            sep, first, last = "," + pad, opening + pad, "\n" + " " * (indent * level) + closing
+        out.append(first)
+        for i, item in enumerate(items):
+            if i:
+                out.append(sep)
+            if isinstance(o, dict):
+                out.append(_jkey(item[0]))
+                out.append(": ")
+                item = item[1]
+            _jwrite(item, out, indent, sort_keys, level + 1)
+        out.append(last)
+    else:
+        raise TypeError("Object of type %s is not JSON serializable" % o.__class__.__name__)
+
+
+_C_ENCODER = []
+
+
+def _c_encoder():
+    """json.dumps's own C encoder (the stdlib's _json), set up as json.dumps(o) sets it up, without
+    importing json; None where _json is missing."""
+    if not _C_ENCODER:
+        try:
+            from _json import encode_basestring_ascii, make_encoder
+        except ImportError:
+            _C_ENCODER.append(None)
+        else:
+            def default(o):
+                raise TypeError("Object of type %s is not JSON serializable" % o.__class__.__name__)
+
+            _C_ENCODER.append(lambda o: make_encoder({}, default, encode_basestring_ascii, None, ": ", ", ",
+                                                     False, False, True)(o, 0))
+    return _C_ENCODER[0]
+
+
+def jdumps(o, indent=None, sort_keys=False, native=True):
+    """JSON text of o (dict, list, tuple, str, int, float, bool, None), the text json.dumps(o,
+    indent=indent, sort_keys=sort_keys) writes (ASCII: ensure_ascii). A compact document goes
+    through json.dumps's own C encoder where there is one (native), else the writer above."""
+    enc = _c_encoder() if native and indent is None and not sort_keys else None
+    if enc is not None:
+        return "".join(enc(o))
+    out = []
+    _jwrite(o, out, indent, sort_keys, 0)
+    return "".join(out)
+
+
+class _JSONContext:
+    """What the C scanner of the stdlib's _json (json.loads's own parser) reads from its context."""
+    strict = True
+    object_hook = None
+    object_pairs_hook = None
+    parse_float = float
+    parse_int = int
+    parse_constant = {"-Infinity": float("-inf"), "Infinity": float("inf"), "NaN": float("nan")}.__getitem__
+    memo = None
+
+
+_JSON_SCAN = []
+_JSON_WS = " \t\n\r"
+
+
+def jloads(data):
+    """json.loads(data) for bytes or str: the same parser (the C scanner of the stdlib's _json,
+    without importing json and with it re and enum); the json module where _json is missing or the
+    text is not UTF-8 (json.loads detects UTF-16/32). Raises ValueError for what json.loads refuses
+    (a malformed document imports json.decoder for its error: only then)."""
+    if isinstance(data, (bytes, bytearray)):
+        if data[:3] == b"\xef\xbb\xbf":
+            data = data[3:]
+        elif b"\x00" in data[:4]:
+            import json
+
+            return json.loads(data)
+        data = data.decode("utf-8")
+    if not _JSON_SCAN:
+        try:
+            from _json import make_scanner
+
+            _JSON_SCAN.append(make_scanner(_JSONContext()))
+        except ImportError:
+            import json
+
+            _JSON_SCAN.append(None)
+    scan = _JSON_SCAN[0]
+    if scan is None or data.startswith("\ufeff"):
+        import json
+
+        return json.loads(data)
+    start = len(data) - len(data.lstrip(_JSON_WS))
+    try:
+        obj, end = scan(data, start)
+    except StopIteration:
+        raise ValueError("Expecting value: char %d" % start) from None
+    if data[end:].strip(_JSON_WS):
+        raise ValueError("Extra data: char %d" % end)
+    return obj
+
+
+def read_json_file(path):
+    """jloads of a file's bytes (OSError, ValueError as json.load raises them)."""
+    with open(path, "rb") as fh:
+        return jloads(fh.read())
+
+
+_SHA256 = {}
+# The builtin sha256 hashes ~150 MB/s, OpenSSL's ~1 GB/s but importing hashlib + _hashlib costs
+# ~3-5 ms (as much as ~0.5-0.9 MB through the builtin one): past this many bytes in one agent process
+# the rest goes through OpenSSL. A deploy session of the SGLang playbooks (facts hash ~0.65 MB,
+# the deploy re-checks and re-hashes ~0.4 MB once or twice) stays under it.
+BUILTIN_SHA256_BYTES = 2 << 20
+_SHA256_BYTES = [0]
+
+
+def sha256_new(data=b"", size=None):
+    """A sha256 object: the interpreter's builtin implementation (_sha256 in 3.8-3.11, _sha2 from
+    3.12) while this process has hashed at most BUILTIN_SHA256_BYTES with it, then hashlib's
+    (OpenSSL). `size`: how many bytes will be fed to it (default: len(data))."""
+    n = len(data) if size is None else size
+    big = _SHA256_BYTES[0] + n > BUILTIN_SHA256_BYTES
+    f = _SHA256.get(big)
+    if f is None:
+        f = None
+        if not big:
+            try:
+                from _sha256 import sha256 as f
+            except ImportError:
+                try:
+                    from _sha2 import sha256 as f
+                except ImportError:
+                    pass
+        if f is None:
+            from hashlib import sha256 as f
+        _SHA256[big] = f
+    if not big:
+        _SHA256_BYTES[0] += n
+    return f(data)
+
+
+_RX = {}
+
+
+def lazy_re(pattern, flags=0):
+    """re.compile(pattern, flags), importing re (and enum) on first use only, once per pattern."""
+    key = (pattern, flags)
+    rx = _RX.get(key)
+    if rx is None:
+        import re
+
+        rx = _RX[key] = re.compile(pattern, flags)
+    return rx
+
+
 # ----------------------------------------------------------------------------- small helpers
 
 
@@ -61,15 +301,31 @@ def expand(path):
     return os.path.abspath(os.path.expanduser(path))
 
 
+# Within one request a file hashed again (a manifest's file that is also a hashed package file; a
+# no-op deploy's check under the lock and its final hashes) is not read again while it is the same
+# inode with the same size, mtime and ctime. The agent's own writes (replace_file, write_atomic)
+# always rename a new inode into place, so a file it wrote is always hashed afresh; the memo is
+# dropped at the end of every request (the next request, e.g. a deploy after facts, reads again).
+_SHA_MEMO = [None]
+
+
 def sha256_file(path, chunk=1 << 20):
-    h = hashlib.sha256()
     with open(path, "rb") as fh:
+        st = os.fstat(fh.fileno())
+        memo = _SHA_MEMO[0]
+        key = (path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        if memo is not None and key in memo:
+            return memo[key]
+        h = sha256_new(size=st.st_size)
         while True:
             b = fh.read(chunk)
             if not b:
                 break
             h.update(b)
-    return h.hexdigest()
+    digest = h.hexdigest()
+    if memo is not None:
+        memo[key] = digest
+    return digest
 
 
 def file_info(pkg_dir, rel):
@@ -108,16 +364,42 @@ def file_info(pkg_dir, rel):
     return info
 
 
-_ASSIGN_RE = re.compile(r"""^((?:[A-Za-z_]\w*[ \t]*(?::[ \t]*str[ \t]*)?=[ \t]*)+)(['"])([^'"\\\n]*)\2[ \t]*(?:#.*)?$""", re.M)
+def _assign_line(line):
+    """(targets, text) of a plain line `a = b: str = 'text'  # comment` (no escapes or quotes in
+    the text, no indentation), else None."""
+    targets = []
+    rest = line
+    while True:
+        eq = rest.find("=")
+        if eq < 0:
+            return None
+        name, colon, ann = rest[:eq].partition(":")
+        name = name.rstrip(" \t")
+        if not (name.isascii() and name.isidentifier()) or (colon and ann.strip(" \t") != "str"):
+            return None
+        targets.append(name)
+        rest = rest[eq + 1:].lstrip(" \t")
+        if rest[:1] in ("'", '"'):
+            break
+    end = rest.find(rest[0], 1)
+    if end < 0:
+        return None
+    text = rest[1:end]
+    if "'" in text or '"' in text or "\\" in text:
+        return None
+    tail = rest[end + 1:].lstrip(" \t")
+    if tail and tail[0] != "#":
+        return None
+    return targets, text
 
 
 def _const_assign(source, names):
     """The string constant a top-level `NAME = '...'` (or `a = b = '...'`) gives one of `names`.
-    A plain line is read with a regex; anything else goes through ast (a few ms to import)."""
-    for m in _ASSIGN_RE.finditer(source):
-        targets = [t.split(":")[0].strip() for t in m.group(1).split("=") if t.strip()]
-        if any(t in names for t in targets):
-            return m.group(3)
+    A plain line is read by _assign_line (no re); anything else goes through ast (a few ms)."""
+    for line in source.split("\n"):
+        m = _assign_line(line)
+        if m is not None and any(t in names for t in m[0]):
+            return m[1]
     import ast
     try:
         tree = ast.parse(source)
@@ -266,7 +548,7 @@ def _probe_code():
             r = os.path.expanduser(r)
             t = os.stat(r)
             if t.st_uid == os.getuid() and not t.st_mode & 0o022:
-                q = os.path.join(r, "probe-%s.%s" % (hashlib.sha256(PROBE_SOURCE.encode("utf-8")).hexdigest()[:32],
+                q = os.path.join(r, "probe-%s.%s" % (sha256_new(PROBE_SOURCE.encode("utf-8")).hexdigest()[:32],
                                                      sys.implementation.cache_tag))
                 t = os.lstat(q)
                 if t.st_uid == os.getuid() and not t.st_mode & 0o077 and stat.S_ISREG(t.st_mode):
@@ -298,7 +580,7 @@ def probe_here(req, cwd):
         _PROBE_NS.update(ns)
     saved = list(sys.path)
     try:
-        res = json.loads(_PROBE_NS["dumps"](_PROBE_NS["probe"](req)))
+        res = _PROBE_NS["probe"](req)  # fresh plain data (what its dumps writes), no round trip
     finally:
         sys.path[:] = saved
     res["cwd"] = os.path.realpath(cwd)  # what os.getcwd() answers in a process started there
@@ -330,7 +612,7 @@ def run_probe(launch, files=(), checks=(), timeout=PROBE_TIMEOUT, package=None):
         return res
     import subprocess
     # marshal format 2 (every Python 3 reads it): the probe need not import json; the request holds
-    # only what the controller's JSON request held (str, list, dict, None)
+    # only what the controller's request held (str, list, dict, None)
     req = marshal.dumps({"path0": path0, "files": list(files), "checks": list(checks), "package": package}, 2)
     argv = [interp, *(launch.get("options") or []), "-c", PROBE_SOURCE]
     try:
@@ -349,7 +631,7 @@ def run_probe(launch, files=(), checks=(), timeout=PROBE_TIMEOUT, package=None):
         tail = err.decode("utf-8", "replace").strip().splitlines()[-1:] or ["exit code %s" % proc.returncode]
         return {"error": "the launch's python %r failed: %s" % (interp, tail[0][:300])}
     try:
-        res = json.loads(out.decode("utf-8"))
+        res = jloads(out.decode("utf-8"))
     except ValueError:
         return {"error": "the launch's python %r answered something that is not JSON" % interp}
     if not isinstance(res, dict):
@@ -445,11 +727,10 @@ def locate_package(engine, package_dir=None, launch=None, files=(), strict=True)
         version = version or fields.get("Version")
         kind = "wheel"
         try:
-            with open(os.path.join(dist, "direct_url.json")) as fh:
-                du = json.load(fh)
+            du = read_json_file(os.path.join(dist, "direct_url.json"))
             if du.get("dir_info", {}).get("editable"):
                 kind = "editable"
-        except (OSError, ValueError):
+        except (OSError, ValueError, AttributeError):
             pass
     else:
         # editable installs keep only a .pth/finder in site-packages; look for a git checkout
@@ -463,23 +744,51 @@ def locate_package(engine, package_dir=None, launch=None, files=(), strict=True)
         pyproject = os.path.join(os.path.dirname(pkg), "pyproject.toml")
         if os.path.isfile(pyproject):
             with open(pyproject, encoding="utf-8", errors="replace") as fh:
-                for m in re.finditer(r'"(torch\s*[=<>!~][^"]*)"', fh.read()):
+                for m in lazy_re(r'"(torch\s*[=<>!~][^"]*)"').finditer(fh.read()):
                     requires.append(m.group(1))
             if kind == "unknown":
                 kind = "source tree"
     res["version"] = version
     res["install"] = kind
-    res["torch_requires"] = [r for r in requires if re.match(r"^torch\s*($|[=<>!~;\[(])", r)]
+    res["torch_requires"] = [r for r in requires if _is_torch_requirement(r)]
     return res
+
+
+def _is_torch_requirement(r):
+    """r names torch: `torch`, then optional space, then its end or a specifier, marker or extra."""
+    rest = r[5:].lstrip() if r.startswith("torch") else None
+    return rest is not None and (rest == "" or rest[0] in "=<>!~;[(")
 
 
 # ----------------------------------------------------------------------------- model config.json
 
 MODEL_CONFIG_MAX = 4 << 20  # bytes; a larger config.json is not read
-_HUB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?$")
-_REVISION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$")
-_COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
-_IDENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+_ALNUM = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")
+_HUB_CHARS = _ALNUM | frozenset("._-")
+_HEX = frozenset("0123456789abcdef")
+
+
+def _word(s, rest, longest, first=_ALNUM):
+    """s is 1..longest characters, the first from `first`, the others from `rest` (no re)."""
+    return 0 < len(s) <= longest and s[0] in first and rest.issuperset(s)
+
+
+def _hub_id_ok(s):
+    """`name` or `org/name`, each part 1-96 of letters, digits, . _ - starting with a letter or digit."""
+    parts = s.split("/")
+    return len(parts) <= 2 and all(_word(x, _HUB_CHARS, 96) for x in parts)
+
+
+def _revision_ok(s):
+    return _word(s, _HUB_CHARS | frozenset("/"), 128)
+
+
+def _commit_ok(s):
+    return len(s) == 40 and _HEX.issuperset(s)
+
+
+def _ident_ok(s):
+    return len(s) <= 128 and s.isascii() and s.isidentifier()
 
 
 def _home_of(env):
@@ -541,7 +850,7 @@ def model_config_path(model_path, revision, env, home, cwd):
     if os.path.isdir(local):
         return os.path.join(os.path.normpath(local), "config.json"), None
     rev = revision or "main"
-    if not _HUB_ID_RE.match(model_path) or ".." in model_path or not _REVISION_RE.match(rev) or ".." in rev:
+    if not _hub_id_ok(model_path) or ".." in model_path or not _revision_ok(rev) or ".." in rev:
         return None, "%s is neither a directory nor a hub model id" % local
     repo = os.path.join(hub_cache_dir(env, home), "models--" + model_path.replace("/", "--"))
     ref = os.path.join(repo, "refs", rev)
@@ -549,11 +858,11 @@ def model_config_path(model_path, revision, env, home, cwd):
     try:
         commit = _read_bounded(ref, 256).decode("ascii", "replace").strip()
     except (OSError, ValueError):
-        if _COMMIT_RE.match(rev):
+        if _commit_ok(rev):
             commit = rev
     if commit is None:
         return None, "%s is not a directory and the HF cache has no %s" % (local, ref)
-    if not _COMMIT_RE.match(commit):
+    if not _commit_ok(commit):
         return None, "%s does not hold a commit hash" % ref
     return os.path.join(repo, "snapshots", commit, "config.json"), None
 
@@ -574,16 +883,16 @@ def read_model_config(model, launch):
     except ValueError as e:
         return {"error": "%s: %s" % (path, e), "path": path}
     try:
-        doc = json.loads(data.decode("utf-8"))
+        doc = jloads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError):
         return {"error": "%s: not JSON" % path, "path": path}
     archs = doc.get("architectures") if isinstance(doc, dict) else None
-    if not isinstance(archs, list) or not archs or not all(isinstance(a, str) and _IDENT_RE.match(a)
+    if not isinstance(archs, list) or not archs or not all(isinstance(a, str) and _ident_ok(a)
                                                            for a in archs[:8]):
         return {"error": "%s: no valid `architectures` list" % path, "path": path}
     mt = doc.get("model_type")
     return {"path": path, "architectures": archs[:8],
-            "model_type": mt if isinstance(mt, str) and _IDENT_RE.match(mt) else None}
+            "model_type": mt if isinstance(mt, str) and _ident_ok(mt) else None}
 
 
 def torch_version():
@@ -627,6 +936,8 @@ def flag_registered(server_args_text, flag):
     if ('"%s"' % flag) in server_args_text or ("'%s'" % flag) in server_args_text:
         return True
     dest = flag.lstrip("-").replace("-", "_")
+    import re
+
     if re.search(r"^[ \t]+%s[ \t]*:" % re.escape(dest), server_args_text, re.M) is not None:
         return True
     # argparse also takes an unambiguous prefix of an option (allow_abbrev, on in SGLang's parser):
@@ -647,10 +958,84 @@ def registered_flags(pkg_dir, flags, args_file):
     return dict((f, flag_registered(text, f)) for f in flags)
 
 
+def which(name):
+    """shutil.which(name) for a bare name, without importing shutil (fnmatch, re)."""
+    for d in os.environ.get("PATH", os.defpath).split(os.pathsep):
+        path = os.path.join(d or ".", name)
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    return None
+
+
+def _exit_code(status):
+    if os.WIFEXITED(status):
+        return os.WEXITSTATUS(status)
+    return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else -1
+
+
+def run_bounded(argv, timeout, limit=4 << 20):
+    """(exit code, stdout, stderr) of `argv` (argv[0] a path; stdin /dev/null; this environment),
+    each output capped at `limit` bytes; killed (and TimeoutError raised) past `timeout` seconds.
+    subprocess.run without importing subprocess (signal, threading, selectors: ~7 ms per host)."""
+    if not hasattr(os, "posix_spawn"):
+        import subprocess
+
+        try:
+            p = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise TimeoutError("no answer within %gs" % timeout) from None
+        return p.returncode, p.stdout[:limit], p.stderr[:limit]
+    import select
+
+    r_out, w_out = os.pipe()  # not inheritable: only the dup2'd copies reach the child
+    r_err, w_err = os.pipe()
+    try:
+        pid = os.posix_spawn(argv[0], list(argv), os.environ,
+                             file_actions=[(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                                           (os.POSIX_SPAWN_DUP2, w_out, 1), (os.POSIX_SPAWN_DUP2, w_err, 2)])
+    except BaseException:
+        for fd in (r_out, w_out, r_err, w_err):
+            os.close(fd)
+        raise
+    os.close(w_out)
+    os.close(w_err)
+    bufs = {r_out: [], r_err: []}
+    sizes = {r_out: 0, r_err: 0}
+    open_fds = [r_out, r_err]
+    deadline = time.monotonic() + timeout
+    try:
+        while open_fds:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                os.kill(pid, 9)  # SIGKILL (the signal module imports enum)
+                os.waitpid(pid, 0)
+                pid = None
+                raise TimeoutError("no answer within %gs" % timeout)
+            ready = select.select(open_fds, [], [], left)[0]
+            for fd in ready:
+                b = os.read(fd, 65536)
+                if not b:
+                    open_fds.remove(fd)
+                elif sizes[fd] < limit:
+                    bufs[fd].append(b[:limit - sizes[fd]])
+                    sizes[fd] += len(b)
+        status = os.waitpid(pid, 0)[1]
+        pid = None
+    finally:
+        if pid is not None:  # an error while reading: never leave the child behind
+            try:
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+            except OSError:
+                pass
+        os.close(r_out)
+        os.close(r_err)
+    return _exit_code(status), b"".join(bufs[r_out]), b"".join(bufs[r_err])
+
+
 def gpu_queries(timeout=20):
-    import shutil
-    import subprocess
-    exe = shutil.which("nvidia-smi")
+    exe = which("nvidia-smi")
     if not exe:
         return {"available": False, "reason": "nvidia-smi not found on PATH"}
     out = {"available": True, "path": exe}
@@ -661,16 +1046,16 @@ def gpu_queries(timeout=20):
     }
     for key, args in queries.items():
         try:
-            p = subprocess.run([exe, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout)
-        except (OSError, subprocess.TimeoutExpired) as e:
+            rc, stdout, stderr = run_bounded([exe, *args], timeout)
+        except (OSError, TimeoutError) as e:
             out["available"] = False
             out["reason"] = "nvidia-smi failed: %s" % e
             return out
-        if p.returncode != 0:
+        if rc != 0:
             out["available"] = False
-            out["reason"] = "nvidia-smi exit %d: %s" % (p.returncode, p.stderr.decode(errors="replace").strip()[:200])
+            out["reason"] = "nvidia-smi exit %d: %s" % (rc, stderr.decode(errors="replace").strip()[:200])
             return out
-        out[key] = p.stdout.decode(errors="replace")
+        out[key] = stdout.decode(errors="replace")
     return out
 
 
@@ -741,13 +1126,19 @@ DEPLOY_HOOKS = []  # fn(request, answer) run at the end of a deploy, still under
 
 
 def _handle(data):
-    """One request (JSON bytes) -> one answer (JSON bytes); never raises."""
+    """One request (marshal bytes) -> one answer (JSON bytes); never raises."""
     try:
-        payload = json.loads(data.decode("utf-8"))
+        payload = marshal.loads(data)
+        if not isinstance(payload, dict):
+            raise AgentError("a request must be a dict", "bad_input")
+        _SHA_MEMO[0] = {}
         fn = ACTIONS.get(payload.get("action"))
         if fn is None:
             raise AgentError("unknown action %r" % payload.get("action"), "bad_input")
-        doc = {"ok": True, "result": fn(payload)}
+        try:
+            doc = {"ok": True, "result": fn(payload)}
+        finally:
+            _SHA_MEMO[0] = None
     except AgentError as e:
         doc = {"ok": False, "error": str(e), "kind": e.kind}
     except Exception as e:  # report, never a traceback on the wire unless asked
@@ -755,7 +1146,10 @@ def _handle(data):
 
         doc = {"ok": False, "error": "%s: %s" % (e.__class__.__name__, e), "kind": "internal",
                "traceback": traceback.format_exc()}
-    return json.dumps(doc).encode()
+    try:
+        return jdumps(doc).encode("ascii")
+    except (TypeError, ValueError) as e:  # an action returned something JSON cannot hold
+        return jdumps({"ok": False, "error": "answer not serialisable: %s" % e, "kind": "internal"}).encode("ascii")
 
 
 def _main(data):
@@ -766,8 +1160,8 @@ def _main(data):
 
 
 def _serve(stdin):
-    """Session mode: requests framed as a 10-digit length + JSON, each answered with the same
-    framing, until stdin ends (the controller closed the session)."""
+    """Session mode: requests framed as a 10-digit length + marshal data, each answered as a
+    10-digit length + JSON, until stdin ends (the controller closed the session)."""
     out = sys.stdout.buffer
     while True:
         head = stdin.read(10)

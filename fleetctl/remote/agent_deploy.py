@@ -20,19 +20,22 @@ if __name__ != "fleetctl_agent":  # imported locally (tests); on the host the pa
         AgentError,
         expand,
         file_info,
+        jdumps,
+        lazy_re,
         locate_package,
+        read_json_file,
         run_probe,
         sha256_file,
+        sha256_new,
     )
 
-import hashlib
-import json
 import os
-import re
-import signal
 import stat
 import sys
 import time
+
+# no json, re, hashlib or signal here (agent.py says why): jdumps/read_json_file, sha256_new, plain
+# string checks, and `signal` imported where a process is signalled
 
 MANIFEST = "manifest.json"
 OPEN_STATES = ("preparing", "applying", "rolling-back")
@@ -70,6 +73,8 @@ def fault_point(p, at, n=None):
     if how == "exit":
         os._exit(99)
     elif how == "stop":
+        import signal
+
         os.kill(os.getpid(), signal.SIGSTOP)
     elif how == "wait":
         time.sleep(float(f.get("hold", 3600)))
@@ -156,6 +161,19 @@ def pyc_kind(path):
     return "timestamp"
 
 
+_TAG_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
+
+
+def _pyc_tail(t):
+    """t is `<cache tag>.pyc` or `<cache tag>.opt-<N>.pyc` (tag: letters, digits, _ and -)."""
+    if not t.endswith(".pyc"):
+        return False
+    tag, dot, opt = t[:-4].partition(".")
+    if not tag or not _TAG_CHARS.issuperset(tag):
+        return False
+    return not dot or (opt.startswith("opt-") and len(opt) > 4 and opt[4:].isascii() and opt[4:].isdigit())
+
+
 def bytecode_paths(path, prefixes=()):
     """Every cached bytecode file an import of the source `path` could load instead of compiling
     it: __pycache__/<stem>.<cache tag>[.opt-N].pyc of ANY interpreter and optimize level, and the
@@ -163,7 +181,7 @@ def bytecode_paths(path, prefixes=()):
     d, base = os.path.split(path)
     if not base.endswith(".py"):
         return []
-    rx = re.compile(r"^%s\.[A-Za-z0-9_-]+(?:\.opt-[0-9]+)?\.pyc$" % re.escape(base[:-3]))
+    stem = base[:-3] + "."
     dirs = [os.path.join(d, "__pycache__")]
     for pf in prefixes or ():
         if pf:
@@ -174,7 +192,7 @@ def bytecode_paths(path, prefixes=()):
             names = sorted(os.listdir(cd))
         except OSError:
             continue
-        out += [os.path.join(cd, n) for n in names if rx.match(n)]
+        out += [os.path.join(cd, n) for n in names if n.startswith(stem) and _pyc_tail(n[len(stem):])]
     return out
 
 
@@ -299,11 +317,18 @@ def makedirs_private(path):
 # "rel": "files/<name>" and, as its path, "{state_dir}/files/<name>" (never a package path).
 
 STATE_FILES = "files"
-STATE_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}(/[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}){0,3}$")
+_NAME_CHARS = _TAG_CHARS | frozenset(".")
+
+
+def _state_name_ok(name):
+    """1-4 parts joined by /, each 1-100 of letters, digits, _ . - not starting with . or -."""
+    parts = name.split("/")
+    return len(parts) <= 4 and all(0 < len(x) <= 100 and x[0] not in ".-" and _NAME_CHARS.issuperset(x)
+                                   for x in parts)
 
 
 def state_rel(name):
-    if not isinstance(name, str) or not STATE_NAME_RE.match(name) or ".." in name.split("/"):
+    if not isinstance(name, str) or not _state_name_ok(name) or ".." in name.split("/"):
         raise AgentError("state file name %r: use letters, digits and _ . - in at most 4 parts" % (name,),
                          "bad_input")
     return STATE_FILES + "/" + name
@@ -441,8 +466,7 @@ LOCK_YOUNG = 30.0  # an unreadable lock younger than this may be one being writt
 def read_lock(state_dir):
     _, _, lock = state_paths(state_dir)
     try:
-        with open(lock) as fh:
-            info = json.load(fh)
+        info = read_json_file(lock)
         if not isinstance(info, dict):
             raise ValueError("not an object")
     except FileNotFoundError:
@@ -536,7 +560,7 @@ def acquire_lock(state_dir, op, deploy_id, who, p=None):
     me = writer_identity()
     info = {"pid": me["pid"], "start": me["start"], "op": op, "id": deploy_id, "by": who,
             "since": time.time(), "host": me["hostname"], "writer": me}
-    data = json.dumps(info).encode()
+    data = jdumps(info).encode()
     notes = []
     brk = bool(p.get("break_lock")) if isinstance(p, dict) else False
 
@@ -581,11 +605,10 @@ def acquire_lock(state_dir, op, deploy_id, who, p=None):
 def release_lock(state_dir):
     _, _, lock = state_paths(state_dir)
     try:
-        with open(lock) as fh:
-            info = json.load(fh)
+        info = read_json_file(lock)
         if info.get("pid") == os.getpid() and same_machine(_ident_of(info)):  # not another machine's pid
             os.unlink(lock)
-    except (OSError, ValueError):
+    except (OSError, ValueError, AttributeError):
         pass
 
 
@@ -598,7 +621,7 @@ def _check_id(deploy_id):
 
 
 def _host_tag():
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", machine_identity()["hostname"] or "unknown")
+    return "".join(c if c in _NAME_CHARS else "_" for c in machine_identity()["hostname"] or "unknown")
 
 
 def deploy_dir(state_dir, deploy_id):
@@ -611,8 +634,7 @@ def deploy_dir(state_dir, deploy_id):
     if os.path.isdir(mine):
         return mine
     try:
-        with open(os.path.join(base, MANIFEST)) as fh:
-            m = json.load(fh)
+        m = read_json_file(os.path.join(base, MANIFEST))
     except (OSError, ValueError):
         return base
     return base if not isinstance(m, dict) or same_machine(_ident_of(m)) else mine
@@ -623,8 +645,7 @@ def manifest_path(state_dir, deploy_id):
 
 
 def load_manifest(state_dir, deploy_id):
-    with open(manifest_path(state_dir, deploy_id)) as fh:
-        m = json.load(fh)
+    m = read_json_file(manifest_path(state_dir, deploy_id))
     if not same_machine(_ident_of(m)):  # (deploy_dir never names another machine's; belt and braces)
         raise FileNotFoundError(deploy_id)
     return m
@@ -632,7 +653,7 @@ def load_manifest(state_dir, deploy_id):
 
 def save_manifest(state_dir, m):
     m["updated"] = time.time()
-    write_atomic(manifest_path(state_dir, m["id"]), json.dumps(m, indent=1, sort_keys=True).encode())
+    write_atomic(manifest_path(state_dir, m["id"]), jdumps(m, indent=1, sort_keys=True).encode())
 
 
 def list_manifests(state_dir, include_foreign=False):
@@ -647,8 +668,7 @@ def list_manifests(state_dir, include_foreign=False):
     me = machine_identity()
     for name in names:
         try:
-            with open(os.path.join(deploys, name, MANIFEST)) as fh:
-                m = json.load(fh)
+            m = read_json_file(os.path.join(deploys, name, MANIFEST))
         except (OSError, ValueError):
             continue
         if not isinstance(m, dict) or not isinstance(m.get("id"), str) or not isinstance(m.get("files"), list) \
@@ -819,7 +839,17 @@ def _restore_state(m, f, path, cur, bdir, force, forced_dir):
     return {"path": f["path"], "action": "restored", "sha_now": f["sha_before"]}
 
 
-TEMP_RE = re.compile(r"^\.(?P<base>.+)\.fleetctl(?:-restore)?\.(?P<pid>\d+)\.tmp$")
+def _temp_name(name):
+    """(base, pid) of a replace_file temp name `.<base>.fleetctl[-restore].<pid>.tmp`, else None."""
+    if not (name.startswith(".") and name.endswith(".tmp")):
+        return None
+    head, dot, pid = name[1:-4].rpartition(".")
+    if not dot or not (pid.isascii() and pid.isdigit()):
+        return None
+    for tag in (".fleetctl", ".fleetctl-restore"):
+        if head.endswith(tag) and len(head) > len(tag):
+            return head[:-len(tag)], int(pid)
+    return None
 
 
 def sweep_temp(pkg_dir, rels):
@@ -835,10 +865,10 @@ def sweep_temp(pkg_dir, rels):
         except OSError:
             continue
         for name in names:
-            mt = TEMP_RE.match(name)
-            if not mt or mt.group("base") not in bases:
+            mt = _temp_name(name)
+            if not mt or mt[0] not in bases:
                 continue
-            pid = int(mt.group("pid"))
+            pid = mt[1]
             if pid != os.getpid() and _pid_alive(pid):
                 continue
             try:
@@ -1071,7 +1101,7 @@ def action_deploy(p):
                 makedirs_private(os.path.dirname(dst))
                 with open(path, "rb") as src:
                     data = src.read()
-                if hashlib.sha256(data).hexdigest() != f["sha_before"]:
+                if sha256_new(data).hexdigest() != f["sha_before"]:
                     raise AgentError("%s changed while backing up" % f["path"], "changed")
                 write_atomic(dst, data, 0o600)
                 entry["backed_up"] = True
@@ -1081,7 +1111,7 @@ def action_deploy(p):
                     makedirs_private(os.path.dirname(dst))
                     with open(entry_path(m, entry), "rb") as src:
                         data = src.read()
-                    if hashlib.sha256(data).hexdigest() != entry["sha_before"]:
+                    if sha256_new(data).hexdigest() != entry["sha_before"]:
                         raise AgentError("%s changed while backing up" % entry["path"], "changed")
                     write_atomic(dst, data, 0o600)
                 entry["backed_up"] = True
@@ -1101,13 +1131,14 @@ def action_deploy(p):
         validate = p.get("validate", True) and p.get("validated_by") != "%d.%d" % sys.version_info[:2]
         done = 0
         pyc = {"prefixes": m["pycache_prefixes"], "removed": []}
-        import base64  # only a deploy that writes files pays for it (a no-op returns before this)
+        # binascii is base64's own codec, without base64's imports (re, struct)
+        from binascii import a2b_base64
 
         try:
             for entry, (f, path, st) in zip(m["files"], plan):
                 if done:
                     fault_point(p, "between_renames", done)
-                data = base64.b64decode(f["content_b64"])
+                data = a2b_base64(f["content_b64"])
                 replace_file(path, data, entry["mode"], entry["uid"], entry["gid"], f["sha_after"],
                              validate_python=validate,
                              hook=lambda k=done + 1: fault_point(p, "mid_write", k), pyc=pyc)
@@ -1119,7 +1150,7 @@ def action_deploy(p):
             for entry, (sf, rel, spath) in zip(m["files"][len(plan):], splan):
                 if done:
                     fault_point(p, "between_renames", done)
-                replace_file(state_target(state_real, rel), base64.b64decode(sf["content_b64"]), entry["mode"],
+                replace_file(state_target(state_real, rel), a2b_base64(sf["content_b64"]), entry["mode"],
                              None, None, sf["sha_after"], validate_python=False,
                              hook=lambda k=done + 1: fault_point(p, "mid_write", k))
                 entry["status"] = "applied"
@@ -1215,14 +1246,14 @@ def action_rollback(p):
 
 
 def action_read_files(p):
-    import base64
+    from binascii import b2a_base64
     pkg = p["package_dir"]
     out = {}
     for rel in p["paths"]:
         path = safe_target(pkg, rel)
         try:
             with open(path, "rb") as fh:
-                out[rel] = base64.b64encode(fh.read()).decode()
+                out[rel] = b2a_base64(fh.read(), newline=False).decode()
         except FileNotFoundError:
             out[rel] = None
     return out

@@ -9,9 +9,7 @@ session; its whole process group is killed when it answers, fails or runs past t
 process is left behind. Stdlib only, Python 3.8 grammar.
 """
 
-import json
 import os
-import signal
 
 # shutil, subprocess and tempfile are imported by the action itself: the agent is one file, and a
 # command that never probes (a no-op deploy) must not pay for them on every host
@@ -22,10 +20,20 @@ ENGINE_PROBE_MAX_ARGV = 512
 ENGINE_PROBE_MAX_SCRIPT = 1 << 20
 
 if __name__ != "fleetctl_agent":  # imported locally; on the host the source is appended as a string
-    from fleetctl.remote.agent import ACTIONS, AgentError, launch_cwd, launch_environment, launch_path0
+    from fleetctl.remote.agent import (
+        ACTIONS,
+        AgentError,
+        jdumps,
+        jloads,
+        launch_cwd,
+        launch_environment,
+        launch_path0,
+    )
 
 
 def _kill_group(pid):
+    import signal
+
     try:
         os.killpg(pid, signal.SIGKILL)
     except OSError:
@@ -65,7 +73,7 @@ def run_engine_probe(script, launch, argv, hardware, timeout=ENGINE_PROBE_TIMEOU
         env = _probe_env(launch, hardware, tmp)
         cwd = launch_cwd(launch.get("cwd"), env)
         path0 = launch_path0(launch, cwd)
-        req = json.dumps({"argv": argv, "hardware": hardware, "path0": path0}).encode()
+        req = jdumps({"argv": argv, "hardware": hardware, "path0": path0}).encode()
         cmd = [interp, *(launch.get("options") or []), "-c", script]
         try:
             proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -83,7 +91,7 @@ def run_engine_probe(script, launch, argv, hardware, timeout=ENGINE_PROBE_TIMEOU
         if len(out) > ENGINE_PROBE_MAX_OUT:
             return {"stage": "probe_failed", "error": "the probe answered more than %d bytes" % ENGINE_PROBE_MAX_OUT}
         try:
-            res = json.loads(out.decode("utf-8"))
+            res = jloads(out.decode("utf-8"))
         except ValueError:
             tail = err.decode("utf-8", "replace").strip().splitlines()[-1:] or ["exit code %s" % proc.returncode]
             return {"stage": "probe_failed", "error": "the launch's python %r failed: %s" % (interp, tail[0][:300])}

@@ -22,9 +22,12 @@ if __name__ != "fleetctl_agent":  # imported locally (tests, the sandbox simulat
         EXTRA_FACTS,
         AgentError,
         expand,
+        jdumps,
         launch_cwd,
         launch_environment,
+        read_json_file,
         sha256_file,
+        sha256_new,
     )
     from fleetctl.remote.agent_deploy import (
         OPEN_STATES,
@@ -35,14 +38,19 @@ if __name__ != "fleetctl_agent":  # imported locally (tests, the sandbox simulat
     )
 
 import errno
-import json
 import os
-import re
-import signal
 import sys
 import time
 
-INSTANCE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+# no json, re or signal at start (agent.py says why): jdumps/read_json_file, plain string checks,
+# `signal` imported where a process group is signalled
+_INSTANCE_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
+
+
+def instance_name_ok(name):
+    """1-64 of letters, digits, . _ - starting with a letter or digit."""
+    return 0 < len(name) <= 64 and name[0] not in "._-" and _INSTANCE_CHARS.issuperset(name)
+
 MAX_LINE = 65536
 
 # The supervisor: `python -I -c SUPERVISOR EXIT_FILE PIPE_FD ARGV...`. Starts ARGV as its child (same
@@ -256,7 +264,7 @@ def group_alive(pgid):
 
 
 def check_name(name, what="instance"):
-    if not isinstance(name, str) or not INSTANCE_RE.match(name):
+    if not isinstance(name, str) or not instance_name_ok(name):
         raise AgentError("bad %s name %r" % (what, name), "bad_input")
     return name
 
@@ -276,8 +284,7 @@ def mkdirs(path):
 
 def read_json(path):
     try:
-        with open(path) as fh:
-            return json.load(fh)
+        return read_json_file(path)
     except (OSError, ValueError):
         return None
 
@@ -288,7 +295,7 @@ def current_record(state_dir, name):
 
 def save_record(state_dir, rec):
     d = instance_dir(state_dir, rec["instance"])
-    data = json.dumps(rec, indent=1, sort_keys=True).encode()
+    data = jdumps(rec, indent=1, sort_keys=True).encode()
     write_atomic(os.path.join(d, "launches", check_name(rec["launch_id"], "launch") + ".json"), data)
     write_atomic(os.path.join(d, "current.json"), data)
 
@@ -333,7 +340,7 @@ def list_instances(state_dir):
         names = sorted(os.listdir(root))
     except OSError:
         return []
-    return [n for n in names if INSTANCE_RE.match(n) and os.path.isfile(os.path.join(root, n, "current.json"))]
+    return [n for n in names if instance_name_ok(n) and os.path.isfile(os.path.join(root, n, "current.json"))]
 
 
 # ----------------------------------------------------------------------------- facts about files
@@ -769,7 +776,12 @@ def action_server_wait(p):
     deadline = time.time() + float(p.get("timeout", 900))
     poll = float(p.get("poll", 0.05))
     ntail = int(p.get("tail", 30))
-    stamp_re = re.compile(p["stamp_re"]) if p.get("stamp_re") else None
+    if p.get("stamp_re"):
+        import re
+
+        stamp_re = re.compile(p["stamp_re"])
+    else:
+        stamp_re = None
     st = {}
     for n in names:
         rec = current_record(sd, n)
@@ -874,6 +886,8 @@ def stop_record(rec, timeout, kill_after=5.0):
     if not isinstance(pid, int) or not launch_alive(rec):
         return {"instance": rec["instance"], "action": "not running", "launch_id": rec.get("launch_id")}
     pgid = rec.get("pgid") or pid
+    import signal
+
     t0 = time.time()
     try:
         os.killpg(pgid, signal.SIGTERM)
@@ -950,9 +964,7 @@ def action_worker_check(p):
         if r["exists"]:
             with open(path, "rb") as fh:
                 data = fh.read()
-            import hashlib
-
-            r["sha256"] = hashlib.sha256(data).hexdigest()
+            r["sha256"] = sha256_new(data).hexdigest()
             r["check"] = marker_in_init(data.decode("utf-8", "replace"), c["class"], c["marker"],
                                         c.get("function") or "__init__")
         out.append(r)

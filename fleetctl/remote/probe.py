@@ -37,11 +37,29 @@ STARTUP_FILES = sorted(set(f for f in (getattr(m, "__file__", None) for m in lis
                            if isinstance(f, str) and f))
 
 
+def _bootstrap_external():
+    """The module importlib.util takes MAGIC_NUMBER and cache_from_source from (frozen, loaded at
+    every start): importlib.util itself imports contextlib (~3 ms of every probe and agent)."""
+    import importlib._bootstrap_external
+
+    return importlib._bootstrap_external
+
+
+def find_spec(name):
+    """importlib.util.find_spec(name): for a top-level name not yet imported, the very function it
+    calls (importlib._bootstrap._find_spec over sys.meta_path), without importing importlib.util."""
+    if "." in name or name in sys.modules:
+        import importlib.util
+
+        return importlib.util.find_spec(name)
+    import importlib._bootstrap
+
+    return importlib._bootstrap._find_spec(name, None)
+
+
 def _pyc_header(data):
     """(kind, header dict) of a pyc's 16-byte header; kind "invalid" if import would reject it."""
-    import importlib.util
-
-    if len(data) < 16 or data[:4] != importlib.util.MAGIC_NUMBER:
+    if len(data) < 16 or data[:4] != _bootstrap_external().MAGIC_NUMBER:
         return "invalid", {}
     flags = int.from_bytes(data[4:8], "little")
     if flags & ~0b11:
@@ -88,7 +106,6 @@ def other_pycs(source_path):
 def import_view(path):
     """What `import` of the module whose source is `path` would load, under this interpreter."""
     import importlib.machinery
-    import importlib.util
 
     d, base = os.path.split(path)
     stem = base[:-3] if base.endswith(".py") else base
@@ -107,7 +124,7 @@ def import_view(path):
         return out
     out.update(loader="source", file=path)
     try:
-        cfile = importlib.util.cache_from_source(path)
+        cfile = _bootstrap_external().cache_from_source(path)
     except NotImplementedError:  # sys.implementation.cache_tag is None: no bytecode cache
         cfile = None
     out["pyc"] = cfile
@@ -134,6 +151,8 @@ def import_view(path):
         return out
     with open(path, "rb") as fh:
         source = fh.read(MAX_FILE)
+    import importlib.util
+
     matches = h["hash"] == importlib.util.source_hash(source)
     mode = _check_hash_mode()
     checked = mode != "never" and (kind == "checked-hash" or mode == "always")
@@ -192,8 +211,6 @@ def code_marker(code, class_name, marker, function="__init__"):
 
 
 def probe(req):
-    import importlib.util
-
     path0 = req.get("path0")
     if path0 and sys.path and sys.path[0] == "":
         sys.path[0] = path0
@@ -212,7 +229,7 @@ def probe(req):
     spec = None
     if req.get("package"):
         try:
-            spec = importlib.util.find_spec(req["package"])
+            spec = find_spec(req["package"])
         except (ImportError, ValueError) as e:
             res["error"] = f"{e.__class__.__name__}: {e}"
     pkg = None
