@@ -43,6 +43,7 @@ if __name__ != "fleetctl_agent":  # imported locally (tests); on the host the pa
         launch_environment,
         launch_path0,
         sha256_file,
+        sha256_new,
     )
     from fleetctl.remote.agent_deploy import state_paths, state_rel
 
@@ -242,17 +243,6 @@ def seal_paths(p, res):
 QUIET_NS = 2 * 10 ** 9  # a path changed this close to the facts is not trusted to predate them
 
 
-def sha256_bytes(data):
-    try:  # the interpreter's builtin sha256 (3.8-3.11: _sha256, 3.12+: _sha2): no OpenSSL load
-        from _sha256 import sha256
-    except ImportError:
-        try:
-            from _sha2 import sha256
-        except ImportError:
-            from hashlib import sha256
-    return sha256(data).hexdigest()
-
-
 def env_digest(drop):
     """sha256 of this process's sorted NAME=value environment entries, without the names in `drop`:
     what fleetctl/seal.py computes over `env -0` of the check (this agent was started by the login
@@ -262,7 +252,7 @@ def env_digest(drop):
     if env is None:
         return ""
     keep = sorted(k + b"=" + v for k, v in env.items() if k.decode("latin-1") not in drop)
-    return sha256_bytes(b"\x00".join(keep))
+    return sha256_new(b"\x00".join(keep)).hexdigest()
 
 
 def _facts_hook(p, res):
