@@ -79,9 +79,23 @@ def _sha_line(path):
 
 def snapshot(paths, files, held=(), newest=None):
     """`held`: paths that are there only because this agent holds them (the host lock): shown as
-    absent, the state the check must find."""
+    absent, the state the check must find. `files` are hashed here (the playbook's state files);
+    the planned package files' lines come from the facts' own hashes (sha_text), read between two
+    equal snapshots."""
     return {"stat": "".join(_stat_line(p, newest) for p in paths if p not in held),
             "sha": "".join(_sha_line(f) for f in files)}
+
+
+def sha_text(facts, files):
+    """What `sha256sum FILES` prints for the planned files, from the facts' hashes of them."""
+    pkg = os.path.abspath((facts.get("package") or {}).get("dir") or "/")
+    known = facts.get("files") or {}
+    out = []
+    for f in files:
+        info = known.get(f[len(pkg) + 1:]) if f.startswith(pkg + "/") else None
+        if isinstance(info, dict) and info.get("exists") and info.get("sha256"):
+            out.append("%s  %s\n" % (info["sha256"], f))
+    return "".join(out)
 
 
 def _links(path, limit=40):
@@ -267,7 +281,7 @@ def _facts_hook(p, res):
     _SEAL["paths"], _SEAL["why"] = got, _ = seal_paths(_SEAL["request"], res)
     if got is not None:
         newest = [0]
-        _SEAL["snap"] = snapshot(got[0], got[1], newest=newest)
+        _SEAL["snap"] = snapshot(got[0], (), newest=newest)
         _SEAL["quiet"] = newest[0] < started - QUIET_NS
         _SEAL["facts"] = res
 
@@ -294,16 +308,15 @@ def _deploy_hook(p, res):
     got = _SEAL.get("paths")
     held = (state_paths(p["state_dir"])[2],)
     if got is not None and not extra and res.get("deploy_id") is None and _SEAL.get("quiet") \
-            and snapshot(got[0], got[1], held) == _SEAL.get("snap"):
-        snap = _SEAL["snap"]
-        res["seal"] = {"paths": got[0], "files": got[1], "stat": snap["stat"], "sha": snap["sha"],
-                       "facts": _SEAL["facts"], "env": env_digest(_drop(p))}
+            and snapshot(got[0], (), held) == _SEAL.get("snap"):
+        res["seal"] = {"paths": got[0], "files": got[1], "stat": _SEAL["snap"]["stat"],
+                       "sha": sha_text(_SEAL["facts"], got[1]), "facts": _SEAL["facts"], "env": env_digest(_drop(p))}
         return
     for _ in range(3):
         if got is None:
             break
         paths, files = got[0] + extra, got[1] + extra
-        before = snapshot(paths, files, held)
+        before = snapshot(paths, extra, held)
         facts = action_facts(req)
         lock = (facts.get("state") or {}).get("lock")
         if isinstance(lock, dict) and lock.get("pid") == os.getpid():
@@ -313,10 +326,11 @@ def _deploy_hook(p, res):
             res["seal"] = {"why": why}
             return
         if got[0] + extra == paths and got[1] + extra == files:
-            after = snapshot(paths, files, held)
+            after = snapshot(paths, extra, held)
             if after == before:
-                res["seal"] = {"paths": paths, "files": files, "stat": after["stat"], "sha": after["sha"],
-                               "facts": facts, "env": env_digest(_drop(p))}
+                res["seal"] = {"paths": paths, "files": files, "stat": after["stat"],
+                               "sha": sha_text(facts, got[1]) + after["sha"], "facts": facts,
+                               "env": env_digest(_drop(p))}
                 return
     res["seal"] = {"why": "the host changed while it was read" if got else _SEAL.get("why") or "not sealable"}
 
