@@ -587,7 +587,7 @@ def probe_here(req, cwd):
     return res
 
 
-LAST_PROBE = {}  # the last answer of run_probe in this process (agent_seal.py reads it)
+LAST_PROBE = {}  # the last answer of run_probe asked where the package is (agent_seal.py reads it)
 
 
 def run_probe(launch, files=(), checks=(), timeout=PROBE_TIMEOUT, package=None):
@@ -604,11 +604,13 @@ def run_probe(launch, files=(), checks=(), timeout=PROBE_TIMEOUT, package=None):
     env = launch_environment(launch)
     cwd = launch_cwd(launch.get("cwd"), env)
     path0 = launch_path0(launch, cwd)
-    LAST_PROBE.clear()
+    if package:  # (a locate: what a seal is made from; other probes leave it alone)
+        LAST_PROBE.clear()
     if same_start(launch, env, cwd, path0):
         res = probe_here({"path0": path0, "files": list(files), "checks": list(checks), "package": package}, cwd)
         res["launch_env_pythonpath"] = env.get("PYTHONPATH")
-        LAST_PROBE.update(res, in_agent=True)
+        if package:
+            LAST_PROBE.update(res, in_agent=True)
         return res
     import subprocess
     # marshal format 2 (every Python 3 reads it): the probe need not import json; the request holds
@@ -637,7 +639,8 @@ def run_probe(launch, files=(), checks=(), timeout=PROBE_TIMEOUT, package=None):
     if not isinstance(res, dict):
         return {"error": "the launch's python %r answered something unexpected" % interp}
     res["launch_env_pythonpath"] = env.get("PYTHONPATH")
-    LAST_PROBE.update(res, in_agent=False)
+    if package:
+        LAST_PROBE.update(res, in_agent=False)
     return res
 
 

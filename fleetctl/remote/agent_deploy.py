@@ -417,10 +417,15 @@ def _read_first_line(path):
         return None
 
 
+_IDENTITY = []  # this process's machine identity, read once (a boot id cannot change under a process)
+
+
 def machine_identity():
-    return {"hostname": os.uname()[1], "machine_id": _read_first_line("/etc/machine-id")
-            or _read_first_line("/var/lib/dbus/machine-id"),
-            "boot_id": _read_first_line("/proc/sys/kernel/random/boot_id")}
+    if not _IDENTITY:
+        _IDENTITY.append({"hostname": os.uname()[1], "machine_id": _read_first_line("/etc/machine-id")
+                          or _read_first_line("/var/lib/dbus/machine-id"),
+                          "boot_id": _read_first_line("/proc/sys/kernel/random/boot_id")})
+    return dict(_IDENTITY[0])
 
 
 def writer_identity():

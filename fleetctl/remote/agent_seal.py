@@ -138,17 +138,20 @@ def seal_paths(p, res):
     if not pr.get("executable") or not pr.get("package_dir") \
             or os.path.realpath(pr["package_dir"]) != os.path.realpath(sg["dir"]):
         return None, "the launch's python was not asked in this session"
+    # the module files loaded before the probe first ran (in this process or the launch's own): the
+    # same list for the whole session, whatever this agent imports later
+    startup = pr.get("startup")
+    if not isinstance(startup, list):
+        return None, "the launch's python did not say what it loaded at start"
     if pr.get("in_agent"):  # same_start: the launch's interpreter is this process's
-        exe, startup = sys.executable, [getattr(m, "__file__", None) for m in list(sys.modules.values())]
+        exe = sys.executable
         site = sys.modules.get("site")
         try:
             usersite = site.getusersitepackages() if site is not None else None
         except Exception:
             usersite = None
     else:  # asked in a process of its own, under the launch's options, env and cwd
-        exe, startup, usersite = pr["executable"], pr.get("startup"), pr.get("usersite")
-        if not isinstance(startup, list):
-            return None, "the launch's python did not say what it loaded at start"
+        exe, usersite = pr["executable"], pr.get("usersite")
     paths = []
     add = paths.append
     word = launch.get("interpreter") or ""
@@ -307,6 +310,10 @@ def _deploy_hook(p, res):
         extra = [os.path.join(root, state_rel(sf.get("name"))) for sf in p["state_files"]]
     got = _SEAL.get("paths")
     held = (state_paths(p["state_dir"])[2],)
+    if got is not None and res.get("deploy_id") is not None:
+        # the deploy added its record (and may have dropped bytecode): the paths as they are now, from
+        # the session's facts, so that one reading of the facts is bracketed, not two
+        got = seal_paths(req, _SEAL["facts"])[0] or got
     if got is not None and not extra and res.get("deploy_id") is None and _SEAL.get("quiet") \
             and snapshot(got[0], (), held) == _SEAL.get("snap"):
         res["seal"] = {"paths": got[0], "files": got[1], "stat": _SEAL["snap"]["stat"],
