@@ -78,3 +78,29 @@ def test_a_proxyjump_host_still_goes_through_fabric(sandbox: Any, tmp_path: Path
     rc, out, mods = run(tmp_path, "facts", "-i", str(sandbox.jump_inventory_path), "--limit", limit, "--json")
     assert rc == 0 and json.loads(out)["ok"] is True, out[-2000:]
     assert "fabric" in mods and "invoke" in mods
+
+
+def test_a_yaml_file_is_parsed_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """load_yaml builds the node tree (lines for errors) and the data from one parse (it parsed
+    the text twice: compose, then load), with the same data and the same duplicate-key check."""
+    import yaml
+
+    from fleetctl.config import yamlpos
+
+    made: list[int] = []
+
+    class Counting(yamlpos._LOADER):  # type: ignore[name-defined,misc]
+        def __init__(self, stream: Any) -> None:
+            made.append(1)
+            super().__init__(stream)
+
+    monkeypatch.setattr(yamlpos, "_LOADER", Counting)
+    pb = ROOT / "playbooks" / "dynamic-spec-disable" / "playbook.yaml"
+    doc = yamlpos.load_yaml(pb, "playbook")
+    assert len(made) == 1
+    assert doc.data == yaml.load(pb.read_text(), Loader=yaml.SafeLoader)
+    assert doc.line_of(("versions",)) > 1
+    dup = tmp_path / "dup.yaml"
+    dup.write_text("a: 1\nb:\n  c: 2\n  c: 3\n")
+    with pytest.raises(Exception, match=r"dup.yaml:4: duplicate key 'c' \(first at line 3\)"):
+        yamlpos.load_yaml(dup, "inventory")
