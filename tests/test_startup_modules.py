@@ -66,6 +66,7 @@ def test_json_runs_import_no_rich_fabric_invoke_asyncio(fresh_sandbox: Any, tmp_
         assert rc == 0 and doc["ok"] is True, (argv, out[-2000:])
         assert "paramiko" in mods  # the run really connected
         assert loaded(mods, NOT_WITH_JSON) == [], argv
+        assert argv[0] != "deploy" or "fleetctl.ops.rolling" not in mods  # only a --restart needs it
     assert doc["hosts"][0]["state"] == "changed"  # the rollback restored the deployed files
 
     # without --json the same command renders with rich (the lazy console is really used)

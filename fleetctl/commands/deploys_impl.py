@@ -60,7 +60,6 @@ def deploy(*, playbook: Path, inventory: Path | None, limit: str | None, forks: 
     with fleet_context(inventory, limit, forks, command="deploy", json=json_out, debug=debug,
                        accept_new_host_keys=accept_new_host_keys) as ctx:
         from fleetctl.ops.deploy import apply_plan, build_plan, gather, new_op_id
-        from fleetctl.ops.rolling import parse_count
         gathered = _tick_run(ctx, "facts", lambda: gather(ctx.fleet, pb, probe=True))
         plan = build_plan(ctx.fleet, pb, gathered, force=force, allow_uncovered=allow_uncovered, strict=strict)
         if not json_out:
@@ -84,6 +83,8 @@ def deploy(*, playbook: Path, inventory: Path | None, limit: str | None, forks: 
             _fatal_refusal("deploy", plan.to_json(), [(hp.host, hp.status, hp.reason) for hp in bad_plan],
                            json_out)
         if restart:
+            from fleetctl.ops.rolling import parse_count
+
             n = len(ctx.fleet.hosts)
             _rolling(ctx, pb, plan, parse_count(serial, n, "--serial"), parse_count(canary, n, "--canary"),
                      budget, ready_timeout, limit)
