@@ -423,11 +423,11 @@ def _restart_reminder(ctx: RunContext, pb: Playbook | None, changed: list[str],
                       files: list[str] | None = None) -> Any:
     """After files changed on these hosts: which servers there (launched by fleetctl or not) now run
     older code than the files on disk. None when nothing changed."""
-    from fleetctl.ops.discover import discover_fleet, restart_reminder
-
     hosts = [h for h in ctx.fleet.hosts if h.name in set(changed)]
     if not hosts or ctx.fleet.interrupt.is_set():  # Ctrl-C: no new step on any host (its report says so)
         return None
+    from fleetctl.ops.discover import discover_fleet, restart_reminder  # (a no-op deploy never needs it)
+
     return restart_reminder(discover_fleet(ctx.fleet, pb, hosts, files))
 
 
