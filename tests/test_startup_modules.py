@@ -68,6 +68,10 @@ def test_json_runs_import_no_rich_fabric_invoke_asyncio(fresh_sandbox: Any, tmp_
         assert loaded(mods, NOT_WITH_JSON) == [], argv
         assert argv[0] != "deploy" or "fleetctl.ops.rolling" not in mods  # only a --restart needs it
     assert doc["hosts"][0]["state"] == "changed"  # the rollback restored the deployed files
+    # verify-logs with no server launched: a failed verification (exit 1), the same imports
+    rc, out, mods = run(tmp_path, "verify-logs", PB, "-i", inv, "--json")
+    assert rc == 1 and json.loads(out)["ok"] is False, out[-2000:]
+    assert "paramiko" in mods and loaded(mods, NOT_WITH_JSON) == []
 
     # without --json the same command renders with rich (the lazy console is really used)
     rc, out, mods = run(tmp_path, "deploy", PB, "-i", inv, "--check")
