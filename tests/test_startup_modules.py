@@ -109,3 +109,17 @@ def test_a_yaml_file_is_parsed_once(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     dup.write_text("a: 1\nb:\n  c: 2\n  c: 3\n")
     with pytest.raises(Exception, match=r"dup.yaml:4: duplicate key 'c' \(first at line 3\)"):
         yamlpos.load_yaml(dup, "inventory")
+
+
+def test_an_ssh_config_alias_is_reached_directly(sandbox: Any, tmp_path: Path) -> None:
+    """A host known only by its ssh_config alias (HostName, Port, User, IdentityFile and
+    UserKnownHostsFile all from ssh_config, nothing in the inventory) connects without fabric."""
+    h = sandbox.hosts["h01"]
+    inv = tmp_path / "alias.yaml"
+    inv.write_text(f"ssh_config: {sandbox.dir / 'ssh_config'}\n"
+                   f"hosts:\n  h01:\n    python: {h.host_dir / 'bin' / 'python'}\n    state_dir: {tmp_path / 'state'}\n")
+    rc, out, mods = run(tmp_path, "facts", "-i", str(inv), "--json")
+    doc = json.loads(out)
+    assert rc == 0 and doc["ok"] is True, out[-2000:]
+    assert doc["hosts"][0]["host"] == "h01"
+    assert "paramiko" in mods and loaded(mods, ("fabric", "invoke")) == []
