@@ -7,16 +7,16 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.text import Text
-
 from fleetctl.hostnames import host_ranges
-from fleetctl.safetext import SafeTable, clean, line, lines_cell, safe, styled
+from fleetctl.safetext import clean, line, lines_cell, safe, styled
 from fleetctl.safetext import table as _safe_table
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # rich: imported by the first call that renders (a --json run never does)
+    from rich.console import Console
+    from rich.text import Text
+
     from fleetctl.runner import HostOutcome
+    from fleetctl.safeconsole import SafeTable
 
 STATUS_STYLE = {"ok": "green", "failed": "red", "unreachable": "red", "skipped": "yellow"}
 
@@ -26,12 +26,16 @@ def host_progress(console: Console, total: int, what: str, enabled: bool = True)
     """A live 'hosts done / failed / remaining' bar on stderr (only on a terminal)."""
     counts = {"ok": 0, "bad": 0}
     lock = threading.Lock()
-    if not enabled or not console.is_terminal or total <= 1:
+    if enabled and total > 1:  # the console (and rich) only when a bar may be drawn
+        console = resolved(console)
+    if not enabled or total <= 1 or not console.is_terminal:
         def tick(o: HostOutcome) -> None:
             return None
 
         yield tick
         return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     # markup=False: the description and fields are shown as they are, never parsed
     with Progress(TextColumn("{task.description}", style="bold", markup=False), BarColumn(), MofNCompleteColumn(),
                   TextColumn("{task.fields[failed]} failed", markup=False), TimeElapsedColumn(),
@@ -45,6 +49,12 @@ def host_progress(console: Console, total: int, what: str, enabled: bool = True)
                 prog.update(task, advance=1, failed=counts["bad"])
 
         yield tick
+
+
+def resolved(console: Console) -> Console:
+    """The console itself (commands.common's `out`/`err` make theirs on first use)."""
+    get = getattr(type(console), "resolved", None)
+    return get(console) if get is not None else console
 
 
 def summary_line(what: str, outcomes: Sequence[HostOutcome], elapsed: float) -> str:
@@ -90,6 +100,9 @@ def say(console: Console, *parts: object, indent: int = 0) -> None:
     """One line of prose, wrapped at spaces to the console's width (a path is never cut; only a word
     longer than the width is folded), continuation lines indented by `indent`. Off a terminal
     (wrap_prose False) one unwrapped line."""
+    from rich.text import Text
+
+    console = resolved(console)
     text = line(*parts)
     if not getattr(console, "wrap_prose", True):
         console.print(text, soft_wrap=True)

@@ -12,6 +12,9 @@ arguments, table cells and titles) becomes such a `Text` — markup and emoji co
 interpreted, whatever the call site passes — and a render hook escapes control characters in
 every segment it writes, so a `Text` built by mistake from raw host bytes cannot reach the
 terminal raw either. Our own styling is written as `Text` objects (`styled`, `line`).
+
+rich itself is imported on first use (a --json run never does): SafeConsole and SafeTable live in
+fleetctl/safeconsole.py and are handed out from here.
 """
 
 from __future__ import annotations
@@ -19,13 +22,13 @@ from __future__ import annotations
 import re
 import unicodedata
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console, ConsoleOptions, ConsoleRenderable, RenderableType, RenderHook, RenderResult
-from rich.segment import Segment
-from rich.style import Style
-from rich.table import Table
-from rich.text import Text
+if TYPE_CHECKING:  # rich is imported on the first call that builds output for a terminal (issue 17)
+    from rich.style import Style
+    from rich.text import Text
+
+    from fleetctl.safeconsole import SafeConsole, SafeTable  # noqa: F401  (handed out by __getattr__)
 
 CELL_LIMIT = 4096  # characters of one untrusted value shown in a table cell or line
 DETAIL_LIMIT = 1 << 16  # --debug details (remote tracebacks, stderr)
@@ -89,11 +92,15 @@ def needs_cleaning(s: str, *, multiline: bool = True) -> bool:
 def safe(value: Any, style: str | Style = "", *, multiline: bool = False, limit: int | None = CELL_LIMIT) -> Text:
     """An untrusted value as a rich Text: never markup-parsed, unsafe characters escaped (newlines
     and tabs too unless `multiline`)."""
+    from rich.text import Text
+
     return Text(clean(value, multiline=multiline, limit=limit), style=style)
 
 
 def styled(word: str, style: str | Style) -> Text:
     """One of our own words (a status, a marker) in a style."""
+    from rich.text import Text
+
     return Text(clean(word, multiline=False), style=style)
 
 
@@ -101,6 +108,8 @@ def as_text(part: Any, *, multiline: bool = False, limit: int | None = CELL_LIMI
     """A cell or line part: a Text is ours (its newlines are meant; it is re-escaped only if it
     carries other unsafe characters, keeping its base style); anything else is an untrusted value,
     escaped, on one line unless `multiline`."""
+    from rich.text import Text
+
     if isinstance(part, Text):
         if needs_cleaning(part.plain):
             return Text(clean(part.plain), style=part.style)
@@ -111,25 +120,21 @@ def as_text(part: Any, *, multiline: bool = False, limit: int | None = CELL_LIMI
 def line(*parts: Any, limit: int | None = CELL_LIMIT) -> Text:
     """One output line from parts: our styled Texts and untrusted values; newlines inside the
     values are escaped, so a host cannot forge further lines."""
+    from rich.text import Text
+
     return Text.assemble(*(as_text(p, limit=limit) for p in parts))
 
 
 def lines_cell(values: Iterable[Any]) -> Text:
     """A cell of one line per untrusted value (each escaped and cut on its own)."""
+    from rich.text import Text
+
     return Text("\n").join(safe(v) for v in values)
 
 
-class SafeTable(Table):
-    """A rich Table whose cells and title are never markup-parsed: str (or any value) cells are
-    untrusted values shown on one line (newlines escaped: use lines_cell for one line per value),
-    Text cells are ours."""
-
-    def add_row(self, *renderables: Any, style: Any = None, end_section: bool = False) -> None:
-        super().add_row(*(None if r is None else r if isinstance(r, ConsoleRenderable) and not isinstance(r, Text)
-                          else as_text(r) for r in renderables), style=style, end_section=end_section)
-
-
 def table(title: Any, columns: Iterable[str], **kw: Any) -> SafeTable:
+    from fleetctl.safeconsole import SafeTable
+
     kw.setdefault("show_lines", False)
     kw.setdefault("header_style", "bold")
     kw.setdefault("title_justify", "left")
@@ -139,40 +144,10 @@ def table(title: Any, columns: Iterable[str], **kw: Any) -> SafeTable:
     return t
 
 
-class _EscapeSegments:
-    """Renders its renderable, escaping unsafe characters in every text segment (rich's own
-    control segments — cursor moves of a live progress bar — pass unchanged)."""
+def __getattr__(name: str) -> Any:
+    """SafeConsole and SafeTable (fleetctl/safeconsole.py), imported with rich on first use."""
+    if name in ("SafeConsole", "SafeTable"):
+        from fleetctl import safeconsole
 
-    def __init__(self, renderable: RenderableType) -> None:
-        self.renderable = renderable
-
-    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        for seg in console.render(self.renderable, options):
-            if seg.control or not needs_cleaning(seg.text):
-                yield seg
-            else:
-                yield Segment(clean(seg.text), seg.style)
-
-
-class _EscapeHook(RenderHook):
-    def process_renderables(self, renderables: list[ConsoleRenderable]) -> list[ConsoleRenderable]:
-        return [_EscapeSegments(r) for r in renderables]  # type: ignore[misc]
-
-
-class SafeConsole(Console):
-    """A Console that never interprets markup or emoji codes in strings and never writes a
-    control character it was not built to write."""
-
-    wrap_prose = True  # prose lines (render.say) wrapped at spaces to the width; off for pipes
-
-    def __init__(self, *args: Any, **kw: Any) -> None:
-        kw["markup"] = False
-        kw["emoji"] = False
-        kw.setdefault("highlight", False)
-        super().__init__(*args, **kw)
-        self.push_render_hook(_EscapeHook())
-
-    def render_str(self, text: str, *, style: str | Style = "", justify: Any = None, overflow: Any = None,
-                   emoji: bool | None = None, markup: bool | None = None, highlight: bool | None = None,
-                   highlighter: Any = None) -> Text:
-        return Text(clean(text), style=style, justify=justify, overflow=overflow)
+        return getattr(safeconsole, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

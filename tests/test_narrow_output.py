@@ -48,7 +48,7 @@ def six(fresh_sandbox: Any) -> Iterator[Any]:
 def run(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, width: int,
         *args: Any) -> tuple[int, str, str]:
     """A command as a terminal of `width` columns shows it (tables fitted, prose wrapped)."""
-    for c in (common.out, common.err):
+    for c in (common.out.resolved(), common.err.resolved()):  # the consoles (made on first use)
         monkeypatch.setattr(c, "width", width)
         monkeypatch.setattr(c, "wrap_prose", True)
     capsys.readouterr()

@@ -88,12 +88,31 @@ def _console(stderr: bool) -> SafeConsole:
     return c
 
 
-def __getattr__(name: str) -> Any:
-    """`out` and `err`, made on first use (one of each per process)."""
-    if name in ("out", "err"):
-        globals()[name] = c = _console(name == "err")
-        return c
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+class LazyConsole:
+    """`out` / `err`: the SafeConsole, made (and rich imported) on first use, so a command that
+    never prints for a person (--json) never imports rich (issue 17). Everything is forwarded."""
+
+    def __init__(self, stderr: bool) -> None:
+        self._stderr = stderr
+        self._console: SafeConsole | None = None
+
+    def resolved(self) -> SafeConsole:
+        if self._console is None:
+            self._console = _console(self._stderr)
+        return self._console
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.resolved(), name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name.startswith("_"):
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self.resolved(), name, value)
+
+
+out = LazyConsole(stderr=False)  # type: ignore[assignment]  # a SafeConsole in every use
+err = LazyConsole(stderr=True)  # type: ignore[assignment]
 
 
 def require_inventory(path: Path | None) -> Path:

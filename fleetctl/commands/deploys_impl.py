@@ -60,7 +60,6 @@ def deploy(*, playbook: Path, inventory: Path | None, limit: str | None, forks: 
     with fleet_context(inventory, limit, forks, command="deploy", json=json_out, debug=debug,
                        accept_new_host_keys=accept_new_host_keys) as ctx:
         from fleetctl.ops.deploy import apply_plan, build_plan, gather, new_op_id
-        from fleetctl.ops.rolling import parse_count
         # seals (fleetctl/seal.py): a host unchanged since its last deploy is re-checked without Python;
         # a rolling restart visits every host with the agent (its batches re-plan)
         gathered = _tick_run(ctx, "facts", lambda: gather(ctx.fleet, pb, probe=True, use_seals=not recheck,
@@ -87,6 +86,8 @@ def deploy(*, playbook: Path, inventory: Path | None, limit: str | None, forks: 
             _fatal_refusal("deploy", plan.to_json(), [(hp.host, hp.status, hp.reason) for hp in bad_plan],
                            json_out)
         if restart:
+            from fleetctl.ops.rolling import parse_count
+
             n = len(ctx.fleet.hosts)
             _rolling(ctx, pb, plan, parse_count(serial, n, "--serial"), parse_count(canary, n, "--canary"),
                      budget, ready_timeout, limit)
@@ -431,11 +432,11 @@ def _restart_reminder(ctx: RunContext, pb: Playbook | None, changed: list[str],
                       files: list[str] | None = None) -> Any:
     """After files changed on these hosts: which servers there (launched by fleetctl or not) now run
     older code than the files on disk. None when nothing changed."""
-    from fleetctl.ops.discover import discover_fleet, restart_reminder
-
     hosts = [h for h in ctx.fleet.hosts if h.name in set(changed)]
     if not hosts or ctx.fleet.interrupt.is_set():  # Ctrl-C: no new step on any host (its report says so)
         return None
+    from fleetctl.ops.discover import discover_fleet, restart_reminder  # (a no-op deploy never needs it)
+
     return restart_reminder(discover_fleet(ctx.fleet, pb, hosts, files))
 
 

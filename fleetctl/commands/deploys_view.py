@@ -6,8 +6,6 @@ from __future__ import annotations
 import difflib
 from typing import TYPE_CHECKING, Any
 
-from rich.text import Text
-
 from fleetctl.commands.common import out
 from fleetctl.engine import engine
 from fleetctl.hostnames import group, hosts_label, strip_host
@@ -16,6 +14,8 @@ from fleetctl.render import hosts_cell, say, status_cell, table
 from fleetctl.safetext import line, styled
 
 if TYPE_CHECKING:
+    from rich.text import Text
+
     from fleetctl.commands.context import RunContext
     from fleetctl.deploy_plan import Plan
     from fleetctl.protocol.answers import ReadFilesAnswer

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
-from rich.text import Text
 
 from fleetctl.commands.common import (
     emit_json,
@@ -20,6 +20,9 @@ from fleetctl.hostnames import group, hosts_label, strip_host
 from fleetctl.jsonout import host_row
 from fleetctl.render import host_progress, say, status_cell, summary_line
 from fleetctl.safetext import line, lines_cell, safe, styled
+
+if TYPE_CHECKING:  # rich: imported when the table is rendered (a --json run never does)
+    from rich.text import Text
 
 
 def _gpu_cell(f: HostFacts) -> str:
@@ -53,6 +56,8 @@ def _files_cell(f: HostFacts, all_files: bool) -> Text:
 
 def _facts_lines(f: HostFacts, all_files: bool) -> tuple[tuple[str, Text], ...]:
     """(label, value) lines of one host's facts: a block an 80-column terminal shows whole."""
+    from rich.text import Text
+
     sg = (Text.assemble(safe(f"{f.package_version or '?'} ({f.package_install}) in "), safe(f.package_dir))
           if f.package_found else Text.assemble(styled("not found", "red"), " by the launch's python"))
     if not f.package_found and f.package_error:
@@ -75,6 +80,8 @@ def _facts_lines(f: HostFacts, all_files: bool) -> tuple[tuple[str, Text], ...]:
 
 def _model_line(f: HostFacts) -> tuple[tuple[str, Text], ...]:
     """The launch's target model config.json as read on the host (absent: the launch names no model)."""
+    from rich.text import Text
+
     if f.model is None:
         return ()
     if f.model.arch:

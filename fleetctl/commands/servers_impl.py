@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
-from rich.text import Text
 
 from fleetctl.commands import validate
 from fleetctl.commands.common import (
@@ -26,6 +25,8 @@ from fleetctl.render import hosts_cell, say, status_cell, table
 from fleetctl.safetext import line, lines_cell, safe, styled
 
 if TYPE_CHECKING:  # the playbook, the fleet and the transport: imported by the command that runs
+    from rich.text import Text
+
     from fleetctl.ops.launch import HostLaunch, LaunchPlan
     from fleetctl.ops.verify import HostVerify
 

@@ -34,13 +34,15 @@ def deploy_id(value: str | None, option: str = "--to") -> str | None:
 def rolling(restart: bool, *, serial: str | None, canary: str | None, max_fail: str | None,
             ready_timeout: float | None) -> float:
     """deploy's rolling options: they go with --restart and have the right shape. Returns the budget."""
-    from fleetctl.ops.rolling import parse_count, parse_percent
-
     given = [name for name, v in (("--serial", serial), ("--canary", canary), ("--max-fail", max_fail),
                                   ("--timeout", ready_timeout)) if v is not None]
     if given and not restart:
         raise InputError(f"{', '.join(given)} go{'es' if len(given) == 1 else ''} with --restart",
                          hint="add --restart for a rolling restart, or drop " + ", ".join(given))
+    if not restart:
+        return 0.0  # no rolling options to check (ops.rolling is imported by a --restart only)
+    from fleetctl.ops.rolling import parse_count, parse_percent
+
     parse_count(serial, 1, "--serial")  # the shape now; the count once the hosts are known
     parse_count(canary, 1, "--canary")
     return parse_percent(max_fail if max_fail is not None else "0%", "--max-fail")

@@ -230,7 +230,7 @@ def _env_strings(env: dict[str, EnvValue]) -> tuple[dict[str, str], set[str]]:
 
 
 def _ssh_config_hosts(path: Path) -> set[str]:
-    import paramiko
+    from fleetctl.transport.internals import paramiko  # invoke kept out (see there)
 
     try:
         cfg = paramiko.SSHConfig.from_path(str(path))

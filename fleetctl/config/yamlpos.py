@@ -65,8 +65,13 @@ def load_yaml(path: Path, what: str) -> YamlDoc:
     except (IsADirectoryError, PermissionError, UnicodeDecodeError) as e:
         raise InputError(f"{path}: cannot read {what}: {e.__class__.__name__}: {e}") from None
     try:
-        root = yaml.compose(text, Loader=_LOADER)
-        data = yaml.load(text, Loader=_LOADER)
+        # one parse: the node tree (for lines) and the data constructed from that same tree
+        loader = _LOADER(text)
+        try:
+            root = loader.get_single_node()
+            data = loader.construct_document(root) if root is not None else None
+        finally:
+            loader.dispose()
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         line = f":{mark.line + 1}" if mark else ""

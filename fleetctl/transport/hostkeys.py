@@ -9,9 +9,8 @@ import os
 import threading
 from pathlib import Path
 
-import paramiko
-
 from fleetctl.errors import FleetctlError
+from fleetctl.transport.internals import paramiko
 
 _write_lock = threading.Lock()
 

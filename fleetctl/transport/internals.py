@@ -9,10 +9,48 @@ from __future__ import annotations
 
 import copy
 import inspect
-from typing import Any
+import sys
+from typing import TYPE_CHECKING, Any
 
-import paramiko
-from fabric import Connection
+if TYPE_CHECKING:
+    from types import ModuleType
+
+    from fabric import Connection
+
+
+def _import_paramiko() -> ModuleType:
+    """`import paramiko` with invoke kept out. paramiko.config imports invoke whenever it is
+    installed (fabric needs it, so it is), only to run an ssh_config `Match exec` command; invoke in
+    turn imports unittest.mock, asyncio and ssl: ~70 ms of CPU on every command. With invoke set to
+    None in sys.modules for the duration, paramiko records the ImportError and raises it only if a
+    `Match exec` is looked up; `with_invoke()` puts invoke back when a host goes through fabric
+    (which imports invoke anyway), and transport/direct.py sends every ssh_config with a
+    `Match exec` that way. Every fleetctl module imports paramiko from here."""
+    if "paramiko" in sys.modules or "invoke" in sys.modules:
+        import paramiko as mod
+
+        return mod
+    sys.modules["invoke"] = None  # type: ignore[assignment]  # `import invoke` raises ImportError
+    try:
+        import paramiko as mod
+    finally:
+        if "invoke" in sys.modules and sys.modules["invoke"] is None:
+            del sys.modules["invoke"]
+    return mod
+
+
+paramiko = _import_paramiko()
+PARAMIKO_CONFIG_INVOKE = ("invoke", "invoke_import_error")  # paramiko.config's module globals
+
+
+def with_invoke() -> None:
+    """Give paramiko.config the invoke it was kept from (an ssh_config `Match exec` needs it)."""
+    import invoke
+    import paramiko.config as pc
+
+    if getattr(pc, PARAMIKO_CONFIG_INVOKE[0], None) is None:
+        setattr(pc, PARAMIKO_CONFIG_INVOKE[0], invoke)
+        setattr(pc, PARAMIKO_CONFIG_INVOKE[1], None)
 
 # (object, attribute) pairs read or written below; INTERNALS is what the test checks
 HOSTKEYS_ENTRIES = "_entries"  # paramiko.HostKeys: its list of HostKeyEntry
@@ -43,6 +81,13 @@ def problems() -> list[str]:
             out.append(f"paramiko.Channel.exec_command no longer uses {word}")
     if not hasattr(paramiko.Transport, TRANSPORT_SEND):
         out.append(f"paramiko.Transport.{TRANSPORT_SEND} is missing")
+    import paramiko.config as pc
+
+    for name in PARAMIKO_CONFIG_INVOKE:
+        if not hasattr(pc, name):
+            out.append(f"paramiko.config.{name} is missing (its Match exec support changed)")
+    from fabric import Connection
+
     open_src = inspect.getsource(Connection.open)
     for word in FABRIC_OPEN_READS:
         if word not in open_src:

@@ -1,9 +1,12 @@
-"""SSH transport on Fabric/paramiko: one connection per host, reused for every step of a command.
+"""SSH transport on paramiko (and Fabric where a host needs it): one connection per host, reused
+for every step of a command.
 
 `HostConnection` is the SSH implementation of `transport.base.Transport`: connect (strict host keys,
 ProxyJump, bounded handshake), run the agent (its argv joined with shell quoting, no user string
 reaches a shell raw) over a session channel (`SshPipe`; the session itself is transport/session.py),
-forward a port. The fabric/paramiko internals it uses are in transport/internals.py.
+forward a port. The fabric/paramiko internals it uses are in transport/internals.py. A host with
+no gateway is reached with paramiko alone (transport/direct.py: fabric and invoke are imported only
+for a ProxyJump/ProxyCommand, a fabric config file or an ssh_config `Match exec`).
 """
 
 from __future__ import annotations
@@ -14,15 +17,14 @@ import shlex
 import threading
 import time
 from pathlib import Path
-from typing import Any
-
-import paramiko
-from fabric import Config, Connection
+from typing import TYPE_CHECKING, Any
 
 from fleetctl.config.inventory import Host, Inventory
 from fleetctl.transport import internals
 from fleetctl.transport.base import RemoteError, Unreachable
+from fleetctl.transport.direct import DirectConnection, direct_connection
 from fleetctl.transport.hostkeys import HostKeyError, StrictPolicy, fingerprint
+from fleetctl.transport.internals import paramiko
 from fleetctl.transport.session import (
     BOOTSTRAP,
     CHUNK,
@@ -31,6 +33,9 @@ from fleetctl.transport.session import (
     PipeLost,
     env_prefix,
 )
+
+if TYPE_CHECKING:
+    from fabric import Config, Connection
 
 __all__ = ["BOOTSTRAP", "HostConnection", "RemoteError", "Unreachable", "env_prefix"]
 
@@ -47,6 +52,9 @@ def _fabric_config(ssh_config: Path | None) -> Config:
     key = str(ssh_config or "")
     cfg = _configs.get(key)
     if cfg is None:
+        from fabric import Config  # imports invoke: only for a host that needs fabric
+
+        internals.with_invoke()
         cfg = Config(runtime_ssh_path=str(ssh_config)) if ssh_config else Config()
         internals.memoize_lookup(cfg.base_ssh_config)
         _configs[key] = cfg
@@ -70,6 +78,11 @@ def _load_known_hosts(client: paramiko.SSHClient, path: Path) -> None:
             got = _known_hosts[str(path)] = (stamp, keys)
     if not internals.add_host_keys(client, got[1], str(path)):  # another paramiko layout: the plain way
         client.load_host_keys(str(path))
+
+
+def _is_jump(gateway: object) -> bool:
+    """A ProxyJump gateway (fabric's Connection to the jump host; a ProxyCommand is a string)."""
+    return gateway is not None and not isinstance(gateway, str) and hasattr(gateway, "client")
 
 
 class SshPipe:
@@ -135,13 +148,13 @@ class HostConnection(AgentTransport):
         super().__init__(host)
         self.inventory = inventory
         self.accept_new = accept_new_host_keys
-        self._conn: Connection | None = None
-        self._opening: Connection | None = None  # the connection being opened (the watchdog may cut it)
+        self._conn: Connection | DirectConnection | None = None
+        self._opening: Connection | DirectConnection | None = None  # being opened (the watchdog may cut it)
 
     def _cut(self) -> None:
         """Close every transport of this host (its jump host's too) in a thread of its own."""
         conns = [c for c in (self._opening, self._conn) if c is not None]
-        conns += [c.gateway for c in conns if isinstance(c.gateway, Connection)]  # a stalled ProxyJump
+        conns += [c.gateway for c in conns if _is_jump(c.gateway)]  # a stalled ProxyJump
 
         def cut() -> None:
             for c in conns:
@@ -156,7 +169,7 @@ class HostConnection(AgentTransport):
 
     # -- connecting ---------------------------------------------------------------------------
 
-    def _known_hosts(self, conn: Connection) -> Path:
+    def _known_hosts(self, conn: Connection | DirectConnection) -> Path:
         if self.host.known_hosts:
             return Path(self.host.known_hosts)
         ukh = conn.ssh_config.get("userknownhostsfile")
@@ -164,7 +177,7 @@ class HostConnection(AgentTransport):
             return Path(str(ukh).split()[0]).expanduser()
         return Path("~/.ssh/known_hosts").expanduser()
 
-    def _prepare(self, conn: Connection, label: str) -> list[StrictPolicy]:
+    def _prepare(self, conn: Connection | DirectConnection, label: str) -> list[StrictPolicy]:
         policies = []
         kh = self._known_hosts(conn)
         client = conn.client
@@ -177,7 +190,7 @@ class HostConnection(AgentTransport):
         client.set_missing_host_key_policy(policy)
         policies.append(policy)
         gw = conn.gateway
-        if isinstance(gw, Connection):
+        if _is_jump(gw):
             policies += self._prepare(gw, f"{label} (jump host {gw.original_host})")
         return policies
 
@@ -209,16 +222,25 @@ class HostConnection(AgentTransport):
         # half-merged in another (seen at N=128: "No attribute or config key found for
         # 'authentication'"). So everything that reads it, including what Connection.open() would
         # read, happens under the lock; the network part runs outside it.
+        timeout = max(1, round(h.connect_timeout))
+        conn: Connection | DirectConnection | None
         with _config_lock:
-            conn = Connection(
-                target,
-                user=h.user,
-                port=h.port,
-                config=_fabric_config(self.inventory.ssh_config),
-                connect_timeout=max(1, round(h.connect_timeout)),
-                connect_kwargs=kwargs,
-            )
-            open_kwargs = internals.open_kwargs(conn)
+            conn = direct_connection(target, self.inventory.ssh_config, user=h.user, port=h.port,
+                                     connect_timeout=timeout, connect_kwargs=kwargs)
+            if conn is not None:
+                open_kwargs = conn.open_kwargs()
+            else:
+                from fabric import Connection
+
+                conn = Connection(
+                    target,
+                    user=h.user,
+                    port=h.port,
+                    config=_fabric_config(self.inventory.ssh_config),
+                    connect_timeout=timeout,
+                    connect_kwargs=kwargs,
+                )
+                open_kwargs = internals.open_kwargs(conn)
         policies = self._prepare(conn, h.name)
         where = f"{conn.user}@{conn.host}:{conn.port}"
         self._begin("the SSH connection", h.connect_timeout,
@@ -226,7 +248,10 @@ class HostConnection(AgentTransport):
                     "(TCP connect, SSH banner, key exchange and authentication)", grace=1.0)
         self._opening = conn
         try:
-            internals.open_connection(conn, open_kwargs)
+            if isinstance(conn, DirectConnection):
+                conn.open(open_kwargs)
+            else:
+                internals.open_connection(conn, open_kwargs)
         except HostKeyError:
             raise
         except Exception:
@@ -247,7 +272,7 @@ class HostConnection(AgentTransport):
             transport.set_keepalive(15)
         self._conn = conn
 
-    def _connect_failed(self, conn: Connection, where: str) -> None:
+    def _connect_failed(self, conn: Connection | DirectConnection, where: str) -> None:
         """Re-raise the exception being handled as one line naming the host."""
         h = self.host
         try:

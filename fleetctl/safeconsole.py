@@ -1,0 +1,66 @@
+"""The rich side of fleetctl/safetext.py: the console and table every command prints with.
+
+Imported only when output is rendered for a terminal or a log (a --json run never imports rich);
+fleetctl.safetext hands these out by name. See safetext.py for what they guarantee.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console, ConsoleOptions, ConsoleRenderable, RenderableType, RenderHook, RenderResult
+from rich.segment import Segment
+from rich.style import Style
+from rich.table import Table
+from rich.text import Text
+
+from fleetctl.safetext import as_text, clean, needs_cleaning
+
+
+class SafeTable(Table):
+    """A rich Table whose cells and title are never markup-parsed: str (or any value) cells are
+    untrusted values shown on one line (newlines escaped: use lines_cell for one line per value),
+    Text cells are ours."""
+
+    def add_row(self, *renderables: Any, style: Any = None, end_section: bool = False) -> None:
+        super().add_row(*(None if r is None else r if isinstance(r, ConsoleRenderable) and not isinstance(r, Text)
+                          else as_text(r) for r in renderables), style=style, end_section=end_section)
+
+
+class _EscapeSegments:
+    """Renders its renderable, escaping unsafe characters in every text segment (rich's own
+    control segments — cursor moves of a live progress bar — pass unchanged)."""
+
+    def __init__(self, renderable: RenderableType) -> None:
+        self.renderable = renderable
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        for seg in console.render(self.renderable, options):
+            if seg.control or not needs_cleaning(seg.text):
+                yield seg
+            else:
+                yield Segment(clean(seg.text), seg.style)
+
+
+class _EscapeHook(RenderHook):
+    def process_renderables(self, renderables: list[ConsoleRenderable]) -> list[ConsoleRenderable]:
+        return [_EscapeSegments(r) for r in renderables]  # type: ignore[misc]
+
+
+class SafeConsole(Console):
+    """A Console that never interprets markup or emoji codes in strings and never writes a
+    control character it was not built to write."""
+
+    wrap_prose = True  # prose lines (render.say) wrapped at spaces to the width; off for pipes
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        kw["markup"] = False
+        kw["emoji"] = False
+        kw.setdefault("highlight", False)
+        super().__init__(*args, **kw)
+        self.push_render_hook(_EscapeHook())
+
+    def render_str(self, text: str, *, style: str | Style = "", justify: Any = None, overflow: Any = None,
+                   emoji: bool | None = None, markup: bool | None = None, highlight: bool | None = None,
+                   highlighter: Any = None) -> Text:
+        return Text(clean(text), style=style, justify=justify, overflow=overflow)

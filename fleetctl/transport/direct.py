@@ -1,0 +1,132 @@
+"""A host reached directly, with paramiko alone: fabric and invoke only when a host needs them.
+
+Importing fabric imports invoke, and invoke imports unittest.mock, asyncio and ssl: ~75 ms of CPU
+on every command, for features most inventories do not use. `direct_connection()` resolves a host
+exactly as fabric's `Connection(...)` does (ssh_config lookup: HostName, User, Port,
+IdentityFile; the same files read; the same connect() arguments) and answers None when the host
+needs what fabric adds, so the caller builds a fabric Connection instead:
+
+- a gateway: `ProxyJump` (fabric opens the jump host's own connection, its own ssh_config
+  lookup) or `ProxyCommand`;
+- a fabric config file (/etc/fabric.*, ~/.fabric.*): it may set connect_kwargs, a gateway, an
+  authentication strategy, ssh_config loading;
+- an ssh_config with a `Match exec` (paramiko runs the command through invoke);
+- a `user@host:port` shorthand in the address (fabric parses it).
+
+tests/test_transport_direct.py holds the two resolutions to each other.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import re
+from io import StringIO
+from pathlib import Path
+from typing import Any
+
+from fleetctl.transport import internals
+from fleetctl.transport.internals import paramiko
+
+# what fabric's Config() reads when no ssh_config is given, in its order; and its own config files
+USER_SSH_CONFIG = "~/.ssh/config"
+SYSTEM_SSH_CONFIG = "/etc/ssh/ssh_config"
+FABRIC_FILES = tuple(f"{prefix}{ext}" for prefix in ("/etc/fabric.", "~/.fabric.")
+                     for ext in ("yaml", "yml", "json", "py"))
+_MATCH_EXEC = re.compile(r"^\s*match\b[^\n#]*\bexec\b", re.IGNORECASE | re.MULTILINE)
+
+_parsed: dict[str, tuple[paramiko.SSHConfig, bool]] = {}  # ssh_config path ("": the defaults) -> (config, has Match exec)
+_fabric_files: list[bool] = []
+
+
+def fabric_config_present() -> bool:
+    """A fabric config file exists (read once per command)."""
+    if not _fabric_files:
+        _fabric_files.append(any(os.path.isfile(os.path.expanduser(f)) for f in FABRIC_FILES))
+    return _fabric_files[0]
+
+
+def ssh_config(path: Path | None) -> tuple[paramiko.SSHConfig, bool]:
+    """The ssh_config fabric's Config(runtime_ssh_path=path) (or Config()) would hold, parsed once
+    per command, and whether it has a `Match exec`. Call under the caller's config lock."""
+    key = str(path or "")
+    got = _parsed.get(key)
+    if got is None:
+        cfg = paramiko.SSHConfig()
+        has_exec = False
+        files = [str(path)] if path else [os.path.expanduser(USER_SSH_CONFIG), SYSTEM_SSH_CONFIG]
+        for f in files:
+            if path or os.path.isfile(f):  # an inventory's ssh_config must exist; the defaults may not
+                with open(f) as fd:
+                    text = fd.read()
+                cfg.parse(StringIO(text))
+                has_exec = has_exec or bool(_MATCH_EXEC.search(text))
+        internals.memoize_lookup(cfg)
+        got = _parsed[key] = (cfg, has_exec)
+    return got
+
+
+class DirectConnection:
+    """The part of fabric's Connection fleetctl uses (client, host, port, user, ssh_config,
+    connect_timeout, is_connected, close), for a host with no gateway."""
+
+    gateway = None
+
+    def __init__(self, host: str, found: paramiko.SSHConfigDict, *, user: str | None, port: int | None,
+                 connect_timeout: int, connect_kwargs: dict[str, Any]) -> None:
+        self.original_host = host
+        self.ssh_config = found
+        self.host = found.get("hostname", host)
+        self.user = user or found.get("user", _local_user())
+        self.port = port or int(found.get("port", 22))
+        self.connect_timeout = int(connect_timeout)
+        kwargs = dict(connect_kwargs)
+        keys = list(kwargs.get("key_filename", [])) + list(found.get("identityfile", []))
+        if keys:
+            kwargs["key_filename"] = keys
+        self.connect_kwargs = kwargs
+        self.client = paramiko.SSHClient()
+        self.transport: paramiko.Transport | None = None
+
+    @property
+    def is_connected(self) -> bool:
+        return bool(self.transport.active) if self.transport else False
+
+    def open_kwargs(self) -> dict[str, Any]:
+        """What fabric's Connection.open() would pass to SSHClient.connect."""
+        kwargs = dict(self.connect_kwargs, username=self.user, hostname=self.host, port=self.port)
+        if self.connect_timeout:
+            kwargs["timeout"] = self.connect_timeout
+        if "key_filename" in kwargs and not kwargs["key_filename"]:
+            del kwargs["key_filename"]
+        return kwargs
+
+    def open(self, kwargs: dict[str, Any]) -> None:
+        self.client.connect(**kwargs)
+        self.transport = self.client.get_transport()
+
+    def close(self) -> None:
+        if self.is_connected:
+            self.client.close()
+
+
+def _local_user() -> str | None:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return None
+
+
+def direct_connection(target: str, ssh_config_path: Path | None, *, user: str | None, port: int | None,
+                      connect_timeout: int, connect_kwargs: dict[str, Any]) -> DirectConnection | None:
+    """The host as a DirectConnection, or None when it needs fabric (see the module's docstring)."""
+    if "@" in target or target.count(":") == 1 or fabric_config_present():
+        return None
+    cfg, has_exec = ssh_config(ssh_config_path)
+    if has_exec:
+        return None
+    found = cfg.lookup(target)
+    if "proxyjump" in found or "proxycommand" in found:
+        return None
+    return DirectConnection(target, found, user=user, port=port, connect_timeout=connect_timeout,
+                            connect_kwargs=connect_kwargs)
