@@ -48,7 +48,9 @@ class Host:
         got, doc = cli(self.capsys, "deploy", PLAYBOOK, "-i", self.sb.inventory_path, *extra)
         assert got == code, json.dumps(doc, indent=1)[:3000]
         row = doc["hosts"][0]
-        return doc, SEALED in (row.get("message") or ""), self.starts()
+        sealed = SEALED in (row.get("message") or "")
+        assert row.get("sealed", False) == sealed  # the JSON says it too
+        return doc, sealed, self.starts()
 
     def sealed_noop(self) -> None:
         """A full-path deploy (which seals), then one answered from the seal."""

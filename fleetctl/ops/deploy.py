@@ -202,10 +202,11 @@ class HostApply:
     files: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     elapsed: float = 0.0
+    sealed: bool = False  # re-checked from its seal (fleetctl/seal.py): no agent, no Python started
 
     def to_json(self) -> dict[str, Any]:
         return {"host": self.host, "status": self.status, "message": self.message, "deploy_id": self.deploy_id,
-                "files": self.files, "notes": self.notes, "elapsed": round(self.elapsed, 3)}
+                "files": self.files, "notes": self.notes, "elapsed": round(self.elapsed, 3), "sealed": self.sealed}
 
 
 def apply_plan(fleet: Fleet, plan: Plan, playbook: Playbook, op_id: str, *, validate: bool = True,
@@ -244,7 +245,8 @@ def apply_plan(fleet: Fleet, plan: Plan, playbook: Playbook, op_id: str, *, vali
                 and not hp.drop_bytecode:
             return HostApply(conn.host.name, "unchanged",
                              f"already as intended (sealed by {ck.seal.get('op_id')}: {len(ck.seal['paths'])} paths "
-                             f"and {len(ck.seal['files'])} file hashes re-checked unchanged, no Python started)")
+                             f"and {len(ck.seal['files'])} file hashes re-checked unchanged, no Python started)",
+                             sealed=True)
         it = plan.intended[hp.version or ""]
         files = []
         for fp in hp.to_patch:
