@@ -34,7 +34,7 @@ Host partial
     Port 2200
 
 Host jumped
-    HostName 10.0.0.9
+    HostName 127.0.0.9
     ProxyJump bastion
 
 Host proxied
