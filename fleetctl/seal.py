@@ -1,28 +1,27 @@
 """Seals: a no-op deploy re-checked without starting Python on the host.
 
-After a deploy (changed or not) the agent, still under the host lock, reads the facts again between
-two snapshots of everything that decided them (fleetctl/remote/agent_seal.py lists the paths: the
-launch interpreter's lookup, sys.path entries and .pth files, modules loaded at start, the package,
-its dist-info, the planned files with their dirs and bytecode, the model config, the host lock and
-the deploy manifests). If the snapshots match, the deploy answer carries the seal: those paths, the
-text `stat` and `sha256sum` print for them, the facts, and a digest of the agent's environment (its
-login environment plus the inventory's public env: what `env -0` prints in the check). The
-controller keeps it here, per host.
+At the end of a deploy (changed or not), still under the host lock, the agent returns a seal
+(fleetctl/remote/agent_seal.py lists the paths: the launch interpreter's lookup, sys.path entries
+and .pth files, modules loaded at start, the package, its dist-info, the planned files with their
+dirs and bytecode, the model config, the host lock and the deploy manifests): those paths, the text
+`stat` and `sha256sum` print for them, the facts, taken so that the facts describe exactly that
+snapshot, and a digest of the agent's environment (its login environment plus the inventory's
+public env: what `env -0` prints in the check). The controller keeps it here, per host.
 
 The next deploy (or deploy --check) of the same host with the same facts request (playbook files,
 launch, inventory settings, agent code: the seal's key) runs ONE plain command on the host: `env -0`,
-`stat` and `sha256sum` of those paths (fleetctl/seal.py `check_argv`). If its output is byte for
-byte what the seal recorded (the environment compared as a digest, without the variables that
-change per connection), nothing the facts depended on changed, so the facts are the seal's (checked
-as any agent answer is) and the plan is built from them. A host whose plan is then a no-op is done:
-its files were just hashed. Anything else (any difference, a host whose launch python is asked in a
-process of its own, a seal made by other code, `deploy --recheck`) takes the full path: the agent.
+`stat` and `sha256sum` of those paths (`check_argv`). If its output is byte for byte what the seal
+recorded (the environment compared as a digest, without the variables that change per connection),
+nothing the facts depended on changed, so the facts are the seal's (checked as any agent answer is)
+and the plan is built from them. A host whose plan is then a no-op is done: its files were just
+hashed. Anything else (any difference, a wrapper interpreter, a seal made by other code,
+`deploy --recheck`) takes the full path: the agent.
 
 Nothing here trusts a location without checking it: the check re-reads, on the host, every
 directory whose entries decide the import, every file whose content decides it, and the bytes of
-the planned files. What it cannot see is said in docs/reliability.md (a .pth or sitecustomize that
-reads files outside the paths listed; two writes to one file within one tick of the kernel clock
-around the snapshot).
+the planned files. What it cannot see is said in docs/reliability.md G13 (a .pth or sitecustomize
+that reads files outside the paths listed; two writes to one file within one tick of the kernel
+clock around the snapshot).
 """
 
 from __future__ import annotations

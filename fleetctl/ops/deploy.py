@@ -11,9 +11,9 @@ import socket
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
-from fleetctl import statefiles
+from fleetctl import seal, statefiles
 from fleetctl.config.inventory import Host
 from fleetctl.config.playbook import Playbook
 from fleetctl.deploy_plan import Coverage, HostPlan, Intended, Plan, plan_host
@@ -25,10 +25,8 @@ from fleetctl.intended import intended_for
 from fleetctl.protocol import names
 from fleetctl.protocol.answers import DeployAnswer
 from fleetctl.runner import Fleet, HostOutcome
+from fleetctl.seal import Checked
 from fleetctl.transport.base import Transport
-
-if TYPE_CHECKING:
-    from fleetctl.seal import Checked
 
 
 def new_op_id(prefix: str = "d") -> str:
@@ -63,8 +61,6 @@ def gather(fleet: Fleet, playbook: Playbook | None, *, all_hashes: bool = False,
 
     def one(c: Transport) -> HostFacts:
         if (use_seals or make_seals) and playbook is not None and not c.host.probe:
-            from fleetctl import seal
-
             req = facts_request(c.host, **kw)
             ck = checks[c.host.name] = seal.check(c, seal.seal_key(c.host, req), req, use=use_seals)
             ck.make = ck.make and make_seals
@@ -268,8 +264,6 @@ def apply_plan(fleet: Fleet, plan: Plan, playbook: Playbook, op_id: str, *, vali
             payload["break_lock"] = True
         sealing = ck is not None and ck.make
         if sealing and ck is not None:
-            from fleetctl import seal
-
             if ck.facts is not None and ck.request is not None:  # planned from a seal: the agent reads them now
                 conn.agent(names.FACTS, {**ck.request, "seal": True})
             payload["seal"] = {"drop": sorted(seal.drop_names(conn.host))}
@@ -293,8 +287,6 @@ def apply_plan(fleet: Fleet, plan: Plan, playbook: Playbook, op_id: str, *, vali
             r.status = "failed"
             r.message = "verification failed after deploy: " + "; ".join(bad)
         if sealing and ck is not None:
-            from fleetctl import seal
-
             if bad or res.seal is None:
                 seal.forget(conn.host)
             elif res.seal.why:

@@ -226,8 +226,9 @@ def seal_paths(p, res):
     model = p.get("model") or {}
     if model.get("path"):
         mp = model["path"]
-        add(os.path.normpath(mp if os.path.isabs(mp) else os.path.join(cwd, mp)))
-        add(os.path.join(os.path.normpath(mp if os.path.isabs(mp) else os.path.join(cwd, mp)), "config.json"))
+        local = os.path.normpath(os.path.join(cwd, mp))  # (an absolute mp stays as it is)
+        add(local)
+        add(os.path.join(local, "config.json"))
         repo = os.path.join(hub_cache_dir(env, _home_of(env)), "models--" + mp.replace("/", "--"))
         add(os.path.join(repo, "refs", model.get("revision") or "main"))
         cfg = (res.get("model") or {}).get("path")
