@@ -221,7 +221,21 @@ def read_facts(conn: Transport, *, extra_files: list[str] | None = None, gpus: b
 def facts_request(host: Host, *, extra_files: list[str] | None = None, gpus: bool = True,
                   with_: list[str] | None = None, all_hashes: bool = True,
                   profile: LaunchProfile | None = None) -> dict[str, Any]:
-    """The `facts` request read_facts sends to `host` (pure: also what a seal is keyed by)."""
+    """The `facts` request read_facts sends to `host` (pure: also what a seal is keyed by). Built once
+    per host and arguments in a command (a deploy asks for it up to 3 times per host); a copy."""
+    key = (id(host), id(profile), tuple(extra_files or ()), gpus, tuple(with_ or ()), all_hashes)
+    got = _requests.get(key)
+    if got is None or got[0] is not host or got[1] is not profile:
+        got = _requests[key] = (host, profile, _facts_request(host, extra_files, gpus, with_, all_hashes, profile))
+    return dict(got[2])
+
+
+# (id(host), id(profile), args) -> (host, profile, request): the objects are kept, so an id is never reused
+_requests: dict[tuple[Any, ...], tuple[Any, Any, dict[str, Any]]] = {}
+
+
+def _facts_request(host: Host, extra_files: list[str] | None, gpus: bool, with_: list[str] | None,
+                   all_hashes: bool, profile: LaunchProfile | None) -> dict[str, Any]:
     from fleetctl.instances import host_launch_spec
 
     prof = profile if profile is not None else LaunchProfile()

@@ -10,6 +10,7 @@ environment. Layout: one instance over all the host's GPUs (tp = number of GPUs)
 
 from __future__ import annotations
 
+import functools
 import shlex
 from dataclasses import dataclass, field
 from typing import Any
@@ -92,13 +93,19 @@ def command_argv(host: Host, profile: LaunchProfile) -> list[str]:
     per word (so a python path stays one word, whatever it holds)."""
     template = host.launch_command or profile.command
     try:
-        words = shlex.split(template)
+        words = _split(template)
     except ValueError as e:
         raise InputError(f"launch command {template!r} does not split into words: {e}",
                          hint="fix launch.command in the playbook or launch_command in the inventory") from None
     if not words:
         raise InputError("the launch command is empty", hint="set launch.command in the playbook")
     return [w.replace("{python}", host.python) for w in words]
+
+
+@functools.lru_cache(maxsize=256)
+def _split(template: str) -> tuple[str, ...]:
+    """shlex.split, once per distinct command (every host of a fleet usually shares one)."""
+    return tuple(shlex.split(template))
 
 
 def _mask_argv(argv: list[str], secrets: list[str]) -> list[str]:

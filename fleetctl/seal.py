@@ -110,7 +110,7 @@ def _write(host: Host, doc: dict[str, Any]) -> None:
     tmp = f.with_name(f"{f.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as fh:
-        json.dump(doc, fh)
+        fh.write(json.dumps(doc))  # (json.dump encodes in Python, chunk by chunk: ~10x slower)
     os.replace(tmp, f)
 
 

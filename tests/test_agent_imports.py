@@ -20,9 +20,10 @@ import time
 from pathlib import Path
 
 import pytest
+from agentpipe import boot
 
 from fleetctl.remote import agent, agent_deploy, agent_key, agent_servers, agent_source
-from fleetctl.transport.session import BOOTSTRAP, agent_command, encode_request
+from fleetctl.transport.session import BOOTSTRAP, HELLO, agent_command, encode_request
 
 JSON_CASES = [
     None, True, False, 0, -7, 2**70, 1.5, -0.0, 1e300, 1e-310, 0.1, float("nan"), float("inf"), float("-inf"),
@@ -130,10 +131,8 @@ def test_secret_env_block_is_marshal(tmp_path: Path) -> None:
     inv.write_text("hosts:\n  h1:\n    address: 127.0.0.1\n    python: python3\n"
                    "    env: {HF_TOKEN: {value: 's3cret'}, PUBLIC: 'p'}\n")
     host = load_inventory(inv).hosts[0]
-    argv, data = agent_command(host)
+    argv, rest = agent_command(host)
     assert "s3cret" not in " ".join(argv) and "PUBLIC=p" in argv
-    n = int(data[:10])
-    rest = data[10 + n:]
     assert rest[:1] == b"E"
     m = int(rest[1:11])
     assert marshal.loads(rest[11:11 + m]) == {"HF_TOKEN": "s3cret"} and rest[11 + m:] == b"S"
@@ -308,11 +307,16 @@ def test_the_agent_session_on_each_python(python: str, tmp_path: Path) -> None:
     src = agent_source()
     reqs = [encode_request("ping"), encode_request("facts", {"gpus": False, "with": ["state"],
                                                              "state_dir": str(tmp_path / "state")})]
-    data = b"%010d" % len(src) + src + b"S" + b"".join(b"%010d" % len(r) + r for r in reqs)
+    data = b"S" + b"".join(b"%010d" % len(r) + r for r in reqs)
     cache = tmp_path / "cache"
-    p = subprocess.run([python, "-c", BOOTSTRAP, str(cache), python], input=data, capture_output=True, timeout=120)
-    assert p.returncode == 0, p.stderr[-2000:]
-    out, answers = p.stdout, []
+    key = agent_key()
+    # the controller's answer to the hello: its compiled code where the magic is its own, else the source
+    hello, out, err, rc = boot([python, "-c", BOOTSTRAP, str(cache), python, key], data)
+    assert rc == 0, err[-2000:]
+    assert hello[len(HELLO):] == b"N" + subprocess.run(
+        [python, "-c", "import importlib.util as u; print(u.MAGIC_NUMBER.hex())"], capture_output=True,
+        text=True, check=True).stdout.strip().encode()
+    answers = []
     while out:
         n = int(out[:10])
         answers.append(json.loads(out[10:10 + n]))
@@ -321,14 +325,12 @@ def test_the_agent_session_on_each_python(python: str, tmp_path: Path) -> None:
     assert answers[1]["result"]["state"]["deploys"] == []
     (f,) = cache.iterdir()
     assert f.name.startswith("agent-" + hashlib.sha256(src).hexdigest()[:32] + ".")
-    # the controller's key (argv[3]) names the same file: it is used, not hashed again; a malformed
-    # one is ignored
-    key = agent_key()
-    assert f.name.startswith(f"agent-{key}.")
-    for given in (key, "zz", key[:-1] + "G"):
-        p = subprocess.run([python, "-c", BOOTSTRAP, str(cache), python, given], input=data, capture_output=True,
-                           timeout=120)
-        assert p.returncode == 0 and p.stdout.count(b'"ok": true') == 2, p.stderr[-2000:]
+    # the controller's key (argv[3]) names the file: the next start asks for no code; a malformed
+    # key means no cache (the code is asked for, nothing is written)
+    for given, kind in ((key, b"C"), ("zz", b"N"), (key[:-1] + "G", b"N")):
+        hello, out, err, rc = boot([python, "-c", BOOTSTRAP, str(cache), python, given], data)
+        assert rc == 0 and out.count(b'"ok": true') == 2, err[-2000:]
+        assert hello[len(HELLO):len(HELLO) + 1] == kind
         assert [x.name for x in cache.iterdir()] == [f.name]
     # the JSON writer and reader there say what that Python's json says
     (tmp_path / "fleetctl_agent_check.py").write_text(Path(agent.__file__).read_text())

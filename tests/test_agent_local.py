@@ -12,11 +12,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from agentpipe import boot, completed
 
 from fleetctl.engine import engine
 from fleetctl.remote import agent_deploy as ad
-from fleetctl.remote import agent_source
+from fleetctl.remote import agent_key, agent_source
 from fleetctl.remote.agent import AgentError
+from fleetctl.transport.session import HELLO
 from fleetctl.transport.ssh import BOOTSTRAP
 
 
@@ -47,9 +49,7 @@ def payload(tmp_path: Path, pkg: Path, new: dict[str, bytes], did: str = "d1") -
 
 def run_agent_subprocess(p: dict) -> subprocess.CompletedProcess[bytes]:
     """Run the agent exactly as a host does: python -c BOOTSTRAP with the source on stdin."""
-    src = agent_source()
-    data = b"%010d" % len(src) + src + marshal.dumps(p, 4)
-    return subprocess.run([sys.executable, "-c", BOOTSTRAP], input=data, capture_output=True)
+    return completed([sys.executable, "-c", BOOTSTRAP], marshal.dumps(p, 4))
 
 
 def test_deploy_then_rollback_byte_identical(tmp_path: Path, pkg: Path) -> None:
@@ -214,19 +214,48 @@ def test_torch_check_verdicts() -> None:
 def test_bootstrap_caches_the_compiled_agent_privately(tmp_path: Path) -> None:
     """The host keeps the compiled agent in its state dir (0600 file, 0700 dir) and ignores a cache
     file anyone else could have written."""
-    src = agent_source()
-    data = b"%010d" % len(src) + src + marshal.dumps({"action": "ping"}, 4)
+    data = marshal.dumps({"action": "ping"}, 4)
     cache = tmp_path / "state" / "cache"
+    argv = [sys.executable, "-c", BOOTSTRAP, str(cache), sys.executable, agent_key()]
+    hellos = []
     for _ in range(2):
-        r = subprocess.run([sys.executable, "-c", BOOTSTRAP, str(cache)], input=data, capture_output=True)
-        assert json.loads(r.stdout)["ok"], r.stderr
+        hello, out, err, _rc = boot(argv, data)
+        hellos.append(hello[len(HELLO):len(HELLO) + 1])
+        assert json.loads(out)["ok"], err
+    assert hellos == [b"N", b"C"]  # the second start asked for no code
     (f,) = list(cache.iterdir())
     assert f.name.startswith("agent-") and os.stat(f).st_mode & 0o777 == 0o600
     assert os.stat(cache).st_mode & 0o777 == 0o700
     f.write_bytes(b"garbage")
-    os.chmod(f, 0o660)  # group-writable: not trusted, compiled afresh
-    r = subprocess.run([sys.executable, "-c", BOOTSTRAP, str(cache)], input=data, capture_output=True)
-    assert json.loads(r.stdout)["ok"], r.stderr
+    os.chmod(f, 0o660)  # group-writable: not trusted, the code is asked for again
+    hello, out, err, _rc = boot(argv, data)
+    assert hello[len(HELLO):len(HELLO) + 1] == b"N" and json.loads(out)["ok"], err
+    os.chmod(f, 0o600)
+    f.write_bytes(b"garbage")  # ours but not a code object: asked for again, and rewritten
+    hello, out, err, _rc = boot(argv, data)
+    assert hello[len(HELLO):len(HELLO) + 1] == b"N" and json.loads(out)["ok"], err
+    hello, out, err, _rc = boot(argv, data)
+    assert hello[len(HELLO):len(HELLO) + 1] == b"C" and json.loads(out)["ok"], err
     os.chmod(cache, 0o777)  # a dir others can write: not trusted either
-    r = subprocess.run([sys.executable, "-c", BOOTSTRAP, str(cache)], input=data, capture_output=True)
-    assert json.loads(r.stdout)["ok"], r.stderr
+    hello, out, err, _rc = boot(argv, data)
+    assert hello[len(HELLO):len(HELLO) + 1] == b"N" and json.loads(out)["ok"], err
+
+
+def test_bootstrap_loads_the_controllers_compiled_agent_or_compiles_the_source(tmp_path: Path) -> None:
+    """A host whose python has the controller's bytecode magic gets the compiled code (no compile
+    there); any other gets the source; what it caches runs the same either way."""
+    from fleetctl.transport.session import compiled_agent
+
+    magic, code = compiled_agent()
+    cache = tmp_path / "cache"
+    argv = [sys.executable, "-c", BOOTSTRAP, str(cache), sys.executable, agent_key()]
+    data = marshal.dumps({"action": "ping"}, 4)
+    hello, out, err, _rc = boot(argv, data)
+    assert hello[len(HELLO) + 1:].decode() == magic and json.loads(out)["ok"], err
+    (f,) = list(cache.iterdir())
+    assert f.read_bytes() == code  # the controller's code object, kept as sent
+    f.unlink()
+    src = agent_source()  # the magic is ignored: the source is sent as to another interpreter
+    hello, out, err, _rc = boot(argv, data, code=b"P%010d" % len(src) + src)
+    assert json.loads(out)["ok"], err
+    assert marshal.loads(f.read_bytes()).co_filename == "fleetctl-agent"

@@ -34,6 +34,7 @@ from test_faults import (
 from fleetctl import wheels
 from fleetctl.remote import agent_source
 from fleetctl.sandbox import lifecycle as sbx
+from fleetctl.transport.session import HELLO, HELLO_SIZE
 from fleetctl.transport.ssh import BOOTSTRAP
 
 HOLD = 3.0
@@ -151,8 +152,9 @@ def _agent(p: dict) -> subprocess.Popen[bytes]:
     src = agent_source()
     proc = subprocess.Popen([sys.executable, "-c", BOOTSTRAP], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)
-    assert proc.stdin is not None
-    proc.stdin.write(b"%010d" % len(src) + src + marshal.dumps(p, 4))
+    assert proc.stdin is not None and proc.stdout is not None
+    assert proc.stdout.read(HELLO_SIZE).startswith(HELLO)  # no cache dir: it asks for the code
+    proc.stdin.write(b"P%010d" % len(src) + src + marshal.dumps(p, 4))
     proc.stdin.close()
     return proc
 

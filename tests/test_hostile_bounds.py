@@ -565,6 +565,8 @@ HOSTILE = """\
 import os, sys
 # a hostile "python": speaks the agent's framing, claims {claim} bytes and streams {stream} bytes
 out = sys.stdout.buffer
+if {hello}:
+    out.write(b"FLAGENTC00000000")  # the bootstrap's hello: the code is cached here
 if {framed}:
     out.write(b"%010d" % {claim})
 chunk = {fill!r} * (1 << 20)
@@ -582,9 +584,10 @@ except BrokenPipeError:
 
 
 def hostile_python(tmp_path: Path, name: str, *, claim: int, stream: int, framed: bool = True,
-                   fill: bytes = b"x") -> str:
+                   fill: bytes = b"x", hello: bool | None = None) -> str:
     script = tmp_path / f"{name}.py"
-    script.write_text(HOSTILE.format(claim=claim, stream=stream, framed=framed, fill=fill))
+    script.write_text(HOSTILE.format(claim=claim, stream=stream, framed=framed, fill=fill,
+                                     hello=framed if hello is None else hello))
     wrapper = tmp_path / f"{name}.sh"
     wrapper.write_text(f"#!/bin/sh\nexec {sys.executable} -S {script}\n")
     wrapper.chmod(0o755)
@@ -634,6 +637,17 @@ def test_answer_cap_is_configurable_and_counts_real_bytes(fleet3: Sandbox, tmp_p
 def test_stdout_that_is_not_a_frame_is_bounded(fleet3: Sandbox, tmp_path: Path) -> None:
     py = hostile_python(tmp_path, "junk", claim=0, stream=1 << 30, framed=False, fill=b"y\n")
     inv = load_inventory(write_inventory(fleet3, tmp_path / "inv.yaml", hosts={"h01": {"python": py}},
+                                         command_timeout=60))
+    with Fleet(inv, inv.hosts[:1], forks=1) as fleet:
+        outs, took = run_bounded(fleet, lambda c: c.agent("ping"))
+    assert outs[0].status == "failed"
+    assert outs[0].message.startswith("h01: the agent's start answered something that is not its hello: "
+                                      "b'y\\ny\\n"), \
+        outs[0].message
+    assert took < 45
+    # the same after a well-formed hello: the first answer is not a frame
+    py = hostile_python(tmp_path, "junk2", claim=0, stream=1 << 30, framed=False, fill=b"y\n", hello=True)
+    inv = load_inventory(write_inventory(fleet3, tmp_path / "inv2.yaml", hosts={"h01": {"python": py}},
                                          command_timeout=60))
     with Fleet(inv, inv.hosts[:1], forks=1) as fleet:
         outs, took = run_bounded(fleet, lambda c: c.agent("ping"))

@@ -187,10 +187,11 @@ def test_secret_env_reaches_the_agent_over_stdin(tmp_path: Path) -> None:
 
     src = b"import os, sys\ndef _main(d):\n    sys.stdout.write(os.environ['HF_TOKEN'] + '|' + d.decode())\n    return 0\n"
     block = marshal.dumps({"HF_TOKEN": SECRET + "\n'\"$x"}, 4)
-    data = b"%010d" % len(src) + src + b"E%010d" % len(block) + block + b'{"action": "ping"}'
+    data = b"P%010d" % len(src) + src + b"E%010d" % len(block) + block + b'{"action": "ping"}'
     r = subprocess.run([sys.executable, "-c", BOOTSTRAP], input=data, capture_output=True)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.decode() == SECRET + "\n'\"$x" + '|{"action": "ping"}'
+    assert r.stdout[:7] == b"FLAGENT"  # the hello (no cache dir: it reads the code block)
+    assert r.stdout[16:].decode() == SECRET + "\n'\"$x" + '|{"action": "ping"}'
 
 
 def _ancestors(pid: int) -> list[int]:

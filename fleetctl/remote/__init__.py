@@ -1,7 +1,9 @@
 """Code that runs ON the hosts, with the host's own Python (stdlib only, Python >= 3.8).
 
-The agent is sent whole over the SSH channel's stdin and executed by the interpreter the inventory
-names (the compiled code is cached in the host's state dir); one agent process per host answers
+The agent is sent over the SSH channel's stdin (its source, or the controller's compiled code where
+the host's python has the same bytecode magic) and executed by the interpreter the inventory names;
+the code is cached in the host's state dir, keyed by the source's hash, and then not sent again (the
+bootstrap's hello says so: transport/session.py). One agent process per host answers
 every call of a command (session mode: framed marshal requests, JSON answers, see agent.py).
 Nothing is installed on hosts. It is the concatenation of `agent.py` (core, protocol, facts)
 and the `agent_*.py` parts, each of which registers its actions in ACTIONS. Locally every part

@@ -1,7 +1,10 @@
 """fleetctl's remote agent: stdlib-only, runs on the host under the host's SGLang interpreter.
 
-Protocol: the controller runs `PYTHON -c BOOTSTRAP` and writes to stdin a 10-digit length, this
-file's source, then (session mode, what the controller uses) b"S" and requests framed as a 10-digit
+Protocol: the controller runs `PYTHON -c BOOTSTRAP CACHE_DIR PYTHON KEY`; the bootstrap writes a
+hello (transport/session.py: is this agent's code cached here, this interpreter's bytecode magic);
+unless it is cached the controller sends a code block (its own compiled code where the magic is its
+own, else this file's source, which the bootstrap compiles), then (session mode, what the controller
+uses) b"S" and requests framed as a 10-digit
 length + marshal data (format 4: dict/list/str/int/float/bool/None only; the controller is trusted
 in this direction) {"action": ..., ...}, each answered on stdout as a 10-digit length + JSON (the
 controller checks every answer as untrusted), until stdin ends; or (one-shot mode) one marshalled
