@@ -253,7 +253,15 @@ def test_bootstrap_loads_the_controllers_compiled_agent_or_compiles_the_source(t
     hello, out, err, _rc = boot(argv, data)
     assert hello[len(HELLO) + 1:].decode() == magic and json.loads(out)["ok"], err
     (f,) = list(cache.iterdir())
-    assert f.read_bytes() == code  # the controller's code object, kept as sent
+    assert f.read_bytes() == code  # the controller's code objects, kept as sent: the agent's and the probe's
+    assert [c.co_filename for c in marshal.loads(code)] == ["fleetctl-agent", "fleetctl-probe"]
+    # the agent runs its in-process launch probe from that code object (nothing compiled, no probe cache)
+    facts = {"action": "facts", "gpus": False, "engine": engine().agent_facts(),
+             "launch": {"interpreter": sys.executable, "options": [], "env": {}, "inherit": list(os.environ),
+                        "target_kind": "module", "target": "x"}}
+    _hello, out, err, _rc = boot(argv, b"S" + b"%010d" % len(m := marshal.dumps(facts, 4)) + m)
+    assert b'"ok": true' in out, (out[-2000:], err[-2000:])
+    assert [x.name.split("-")[0] for x in cache.iterdir()] == ["agent"]
     f.unlink()
     src = agent_source()  # the magic is ignored: the source is sent as to another interpreter
     hello, out, err, _rc = boot(argv, data, code=b"P%010d" % len(src) + src)

@@ -25,9 +25,13 @@ def agent_source() -> bytes:
         f = root.joinpath(name)
         if f.is_file():
             chunks.append(f.read_bytes())
-    probe = root.joinpath(PROBE).read_text(encoding="utf-8")
-    chunks.append(f"PROBE_SOURCE = {probe!r}\n".encode())
+    chunks.append(f"PROBE_SOURCE = {probe_source()!r}\n".encode())
     return b"\n\n".join(chunks)
+
+
+@cache
+def probe_source() -> str:
+    return resources.files(__package__).joinpath(PROBE).read_text(encoding="utf-8")
 
 
 @cache

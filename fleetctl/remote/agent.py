@@ -543,7 +543,11 @@ _PROBE_NS = {}
 def _probe_code():
     """probe.py compiled, cached as BOOTSTRAP caches the agent: in the private cache dir (the
     bootstrap's first argument), keyed by the probe's hash and this interpreter, and trusted only as
-    a regular file of ours, mode 0600, in a dir of ours nobody else can write; else compiled afresh."""
+    a regular file of ours, mode 0600, in a dir of ours nobody else can write; else compiled afresh.
+    The controller's compiled form of the agent brings it along (PROBE_CODE, set by the bootstrap)."""
+    pc = globals().get("PROBE_CODE")
+    if pc is not None:
+        return pc
     q = None
     try:
         r = sys.argv[1] if __name__ == "fleetctl_agent" and len(sys.argv) > 1 else ""
