@@ -9,7 +9,6 @@ host (the state dir as the host's agent resolved it), so the server reads exactl
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import re
 from typing import Any
@@ -34,7 +33,7 @@ def shown(pb: Playbook, name: str) -> str:
 def payload(pb: Playbook) -> list[dict[str, Any]]:
     """The agent's `state_files` for a deploy of this playbook."""
     return [{"name": f"{pb.name}/{f.name}", "sha_after": f.sha256, "mode": f.mode,
-             "content_b64": base64.b64encode(f.data).decode()} for f in pb.state_files]
+             "content": f.data} for f in pb.state_files]
 
 
 def refs(value: Any) -> list[str]:

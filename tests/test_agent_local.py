@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 import marshal
@@ -42,7 +41,7 @@ def payload(tmp_path: Path, pkg: Path, new: dict[str, bytes], did: str = "d1") -
     for rel, data in new.items():
         before = (pkg / rel).read_bytes()
         files.append({"path": rel, "sha_before": sha(before), "sha_after": sha(data),
-                      "content_b64": base64.b64encode(data).decode()})
+                      "content": data})
     return {"state_dir": str(tmp_path / "state"), "deploy_id": did, "package_dir": str(pkg), "version": "0",
             "playbook": "t", "by": "test", "files": files, "verify_paths": list(new)}
 

@@ -5,7 +5,6 @@ agent itself (no sshd needed)."""
 
 from __future__ import annotations
 
-import base64
 import json
 import marshal
 import os
@@ -182,7 +181,7 @@ def test_stale_lock_taken_over_by_exactly_one_of_two_agents(tmp_path: Path) -> N
     def payload(did: str, fault: dict) -> dict:
         return {"action": "deploy", "state_dir": str(sd), "deploy_id": did, "package_dir": str(pkg), "by": did,
                 "files": [{"path": "srt/a.py", "sha_before": sha(b"A = 1\n"), "sha_after": sha(b"A = 2\n"),
-                           "content_b64": base64.b64encode(b"A = 2\n").decode()}],
+                           "content": b"A = 2\n"}],
                 "verify_paths": ["srt/a.py"], "_fault": fault}
 
     ma, mb = tmp_path / "a-saw-stale", tmp_path / "b-locked"

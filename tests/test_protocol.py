@@ -4,7 +4,6 @@ an unknown state, not JSON) is refused with one bounded line saying where and wh
 
 from __future__ import annotations
 
-import base64
 import copy
 import hashlib
 import json
@@ -65,7 +64,7 @@ def host(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     new = old + b"# patched\n"
     dep = real(names.DEPLOY, {"state_dir": sd, "deploy_id": "d1", "package_dir": str(pkg), "version": "0.5.9",
                               "files": [{"path": "srt/a.py", "sha_before": sha(old), "sha_after": sha(new),
-                                         "content_b64": base64.b64encode(new).decode()}],
+                                         "content": new}],
                               "verify_paths": ["srt/a.py"]})
     rec = real(names.SERVER_START, {"state_dir": sd, "instance": "port-1", "launch_id": "l1", "argv": ["true"],
                                     "inherit_env": ["PATH"], "package_dir": str(pkg), "hash_files": ["srt/a.py"],

@@ -5,7 +5,6 @@ sandbox for 0.5.14+ hosts."""
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 import re
@@ -50,11 +49,11 @@ def payload(tmp_path: Path, pkg: Path, new_a: bytes | None, state: dict[str, byt
     files = []
     if new_a is not None:
         files.append({"path": "srt/a.py", "sha_before": sha((pkg / "srt/a.py").read_bytes()), "sha_after": sha(new_a),
-                      "content_b64": base64.b64encode(new_a).decode()})
+                      "content": new_a})
     return {"state_dir": str(tmp_path / "state"), "deploy_id": did, "package_dir": str(pkg), "version": "0",
             "playbook": "t", "by": "test", "files": files, "verify_paths": ["srt/a.py"],
             "state_files": [{"name": n, "sha_after": sha(d), "mode": 0o644,
-                             "content_b64": base64.b64encode(d).decode()} for n, d in state.items()]}
+                             "content": d} for n, d in state.items()]}
 
 
 def test_state_file_deployed_and_rolled_back_with_the_package_files(tmp_path: Path, pkg: Path) -> None:
@@ -89,7 +88,7 @@ def test_failure_writing_the_state_file_restores_the_package_file(tmp_path: Path
     # the package file is renamed first; the state file's bytes then do not hash as planned (damaged
     # on the way): the whole transaction is undone, both files as they were
     p = payload(tmp_path, pkg, b"A = 2\n", {"pb/cfg.json": b"new"})
-    p["state_files"][0]["content_b64"] = base64.b64encode(b"nEw").decode()
+    p["state_files"][0]["content"] = b"nEw"
     with pytest.raises(AgentError, match="restored to its original files"):
         ad.action_deploy(p)
     assert (pkg / "srt/a.py").read_bytes() == b"A = 1\n"
@@ -98,7 +97,7 @@ def test_failure_writing_the_state_file_restores_the_package_file(tmp_path: Path
     assert [x.name for x in (sd / "files" / "pb").iterdir()] == ["cfg.json"]  # no temp file left
     # and a state file created by the failed deploy is removed again
     p = payload(tmp_path, pkg, b"A = 2\n", {"pb/new.json": b"new"}, did="d2")
-    p["state_files"][0]["content_b64"] = base64.b64encode(b"nEw").decode()
+    p["state_files"][0]["content"] = b"nEw"
     with pytest.raises(AgentError, match="restored to its original files"):
         ad.action_deploy(p)
     assert not (sd / "files" / "pb" / "new.json").exists() and (pkg / "srt/a.py").read_bytes() == b"A = 1\n"

@@ -3,7 +3,6 @@ result is re-hashed against the intended bytes (a host is "changed" only if it h
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import getpass
 import secrets
@@ -226,14 +225,6 @@ def apply_plan(fleet: Fleet, plan: Plan, playbook: Playbook, op_id: str, *, vali
             results[hp.host] = HostApply(hp.host, "unreachable" if hp.status == "unreachable" else
                                          ("refused" if hp.status == "refused" else "failed"), hp.reason)
 
-    encoded: dict[tuple[str, str], str] = {}  # the intended bytes are the same on every host of a version
-
-    def b64(version: str, path: str, data: bytes) -> str:
-        key = (version, path)
-        if key not in encoded:
-            encoded[key] = base64.b64encode(data).decode()
-        return encoded[key]
-
     def one(conn: Transport) -> HostApply:
         hp = todo[conn.host.name]
         ck = (seals or {}).get(conn.host.name)
@@ -247,7 +238,7 @@ def apply_plan(fleet: Fleet, plan: Plan, playbook: Playbook, op_id: str, *, vali
         files = []
         for fp in hp.to_patch:
             files.append({"path": fp.path, "sha_before": fp.sha_now, "sha_after": fp.sha_intended,
-                          "content_b64": b64(hp.version or "", fp.path, it[fp.path].data)})
+                          "content": it[fp.path].data})  # raw bytes: marshal carries them
         payload: dict[str, Any] = {
             "state_dir": conn.host.state_dir, "deploy_id": op_id, "package_dir": hp.package_dir,
             "version": hp.version, "playbook": playbook.name, "by": who(), "host": conn.host.name,

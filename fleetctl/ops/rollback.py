@@ -3,7 +3,6 @@ manifests alone (any controller can roll back)."""
 
 from __future__ import annotations
 
-import base64
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -195,7 +194,7 @@ def _restore_pristine(conn: Transport, p: RollbackPlan, op_id: str, pristine: di
     """One transaction like a deploy's (lock, backups of the bytes there now, manifest, atomic swaps,
     re-hash), whose target is the pristine bytes; its record is closed as `restored-pristine`."""
     files = [{"path": f["path"], "sha_before": f["sha_now"], "sha_after": f["sha_before"],
-              "content_b64": base64.b64encode(pristine[(p.pristine_version or "", f["path"])]).decode()}
+              "content": pristine[(p.pristine_version or "", f["path"])]}
              for f in p.files if f["action"] == "restore-pristine"]
     res: DeployAnswer = conn.agent(names.DEPLOY, {
         "state_dir": conn.host.state_dir, "deploy_id": op_id, "kind": "restore-pristine",

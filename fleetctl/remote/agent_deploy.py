@@ -1136,14 +1136,11 @@ def action_deploy(p):
         validate = p.get("validate", True) and p.get("validated_by") != "%d.%d" % sys.version_info[:2]
         done = 0
         pyc = {"prefixes": m["pycache_prefixes"], "removed": []}
-        # binascii is base64's own codec, without base64's imports (re, struct)
-        from binascii import a2b_base64
-
         try:
             for entry, (f, path, st) in zip(m["files"], plan):
                 if done:
                     fault_point(p, "between_renames", done)
-                data = a2b_base64(f["content_b64"])
+                data = f["content"]  # raw bytes (marshal carries them)
                 replace_file(path, data, entry["mode"], entry["uid"], entry["gid"], f["sha_after"],
                              validate_python=validate,
                              hook=lambda k=done + 1: fault_point(p, "mid_write", k), pyc=pyc)
@@ -1155,7 +1152,7 @@ def action_deploy(p):
             for entry, (sf, rel, spath) in zip(m["files"][len(plan):], splan):
                 if done:
                     fault_point(p, "between_renames", done)
-                replace_file(state_target(state_real, rel), a2b_base64(sf["content_b64"]), entry["mode"],
+                replace_file(state_target(state_real, rel), sf["content"], entry["mode"],
                              None, None, sf["sha_after"], validate_python=False,
                              hook=lambda k=done + 1: fault_point(p, "mid_write", k))
                 entry["status"] = "applied"

@@ -135,9 +135,10 @@ def code_block(hello: bytes) -> bytes:
 
 def _plain(o: Any) -> Any:
     """`o` as the plain types marshal writes and the agent expects, converted as JSON would see them:
-    tuples as lists, str/int/float subclasses (enums) as their value, keys as strings."""
+    tuples as lists, str/int/float subclasses (enums) as their value, keys as strings; bytes as bytes
+    (a file's content, raw: a third smaller than base64, and nothing to decode there)."""
     t = type(o)
-    if t is str or t is int or t is float or t is bool or o is None:
+    if t is str or t is int or t is float or t is bool or t is bytes or o is None:
         return o
     if isinstance(o, Mapping):
         return {(k if type(k) is str else _key(k)): _plain(v) for k, v in o.items()}
