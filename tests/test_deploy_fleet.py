@@ -245,6 +245,29 @@ def test_host_killed_mid_deploy_is_reported_and_repaired(pristine: sbx.Sandbox, 
     assert leftovers == []
 
 
+def test_changed_host_answers_its_servers_in_the_deploy_request(pristine: sbx.Sandbox, tmp_path: Path) -> None:
+    """The restart reminder's facts come in the deploy's own answer (`then_facts`): a changed host
+    answers two agent requests (facts, deploy), not three; an unchanged host is not asked at all."""
+    from fleetctl.commands.context import fleet_context
+    from fleetctl.config.playbook import load_playbook
+    from fleetctl.ops.deploy import apply_plan, build_plan, gather, new_op_id
+    from fleetctl.ops.discover import HostServers, discover_facts
+
+    pb = load_playbook(make_playbook(tmp_path / "pb", "servers", {EW2: "s"}))
+    with fleet_context(pristine.inventory_path, "h01,h02", 4, json=True, debug=False) as ctx:
+        plan = build_plan(ctx.fleet, pb, gather(ctx.fleet, pb))
+        res = apply_plan(ctx.fleet, plan, pb, new_op_id(), then_facts=lambda h: discover_facts(h, pb))
+        assert {n: r.status for n, r in res.items()} == {"h01": "changed", "h02": "changed"}
+        for name in ("h01", "h02"):
+            got = res[name].servers
+            assert isinstance(got, HostServers) and got.status == "ok" and got.processes == [], got
+            assert ctx.fleet.connection(next(h for h in ctx.fleet.hosts if h.name == name)).done == ["facts", "deploy"]
+        plan = build_plan(ctx.fleet, pb, gather(ctx.fleet, pb))
+        res = apply_plan(ctx.fleet, plan, pb, new_op_id(), then_facts=lambda h: discover_facts(h, pb))
+        assert {n: (r.status, r.servers) for n, r in res.items()} == {"h01": ("unchanged", None),
+                                                                     "h02": ("unchanged", None)}
+
+
 def test_unsupported_version_refused_before_any_change(pristine: sbx.Sandbox, tmp_path: Path,
                                                        capsys: pytest.CaptureFixture[str]) -> None:
     sb = pristine

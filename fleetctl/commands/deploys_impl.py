@@ -96,8 +96,11 @@ def deploy(*, playbook: Path, inventory: Path | None, limit: str | None, forks: 
                           args={"limit": limit, "force": force, "allow_uncovered": allow_uncovered},
                           hosts=[h.name for h in ctx.fleet.hosts])
         breaking = _break_lock_hosts(ctx, break_lock)
+        from fleetctl.ops.discover import discover_facts
+
         results = _tick_run(ctx, "deploy", lambda: apply_plan(ctx.fleet, plan, pb, op_id, break_lock=breaking,
-                                                              seals=gathered.seals))
+                                                              seals=gathered.seals,
+                                                              then_facts=lambda h: discover_facts(h, pb)))
         rows = [results[h.name] for h in ctx.fleet.hosts if h.name in results]
         failed = [r for r in rows if r.status not in ("changed", "unchanged")]
         record.finish(not failed, [r.to_json() for r in rows])
@@ -107,7 +110,8 @@ def deploy(*, playbook: Path, inventory: Path | None, limit: str | None, forks: 
         summary = (f"deploy {op_id}: {len(rows)} hosts: "
                    + ", ".join(f"{n} {st}" for st, n in counts.items() if n or st in ("changed", "failed"))
                    + f" in {elapsed:.2f}s")
-        reminder = _restart_reminder(ctx, pb, [r.host for r in rows if r.status == "changed"])
+        reminder = _restart_reminder(ctx, pb, [r.host for r in rows if r.status == "changed"],
+                                     found={r.host: r.servers for r in rows if r.servers is not None})
         if json_out:
             emit_json("deploy", op_id=op_id, ok=not failed, message=summary,
                       hosts=[host_row(r.to_json(), ok=r.status in ("changed", "unchanged")) for r in rows],
@@ -173,9 +177,14 @@ def rollback(*, inventory: Path | None, limit: str | None, forks: int, to: str |
                           args={"limit": limit, "to": to, "force": force, "from_pristine": from_pristine,
                                 "old_tree": old_tree, "break_lock": break_lock},
                           hosts=[h.name for h in ctx.fleet.hosts])
-        results = _tick_run(ctx, "rollback", lambda: apply_rollback(ctx.fleet, plans, op_id, force,
-                                                                    old_tree=old_tree, break_lock=breaking,
-                                                                    profile=rpb.launch if rpb else None))
+        from fleetctl.ops.discover import discover_facts
+
+        touched = sorted({f["path"] for p in plans for f in p.files})
+        found: dict[str, Any] = {}
+        results = _tick_run(ctx, "rollback", lambda: apply_rollback(
+            ctx.fleet, plans, op_id, force, old_tree=old_tree, break_lock=breaking,
+            profile=rpb.launch if rpb else None, then_facts=lambda h: discover_facts(h, None, touched),
+            servers=found))
         rows = [results[h.name] for h in ctx.fleet.hosts]
         failed = [r for r in rows if r["status"] not in ("changed", "unchanged", "skipped")]
         record.finish(not failed, rows)
@@ -187,8 +196,8 @@ def rollback(*, inventory: Path | None, limit: str | None, forks: int, to: str |
         summary = (f"rollback {op_id}: {len(rows)} hosts: {sum(1 for r in rows if r['status'] == 'changed')} "
                    f"restored, {sum(1 for r in rows if r['status'] in ('unchanged', 'skipped'))} nothing to do, "
                    f"{len(failed)} failed in {ctx.elapsed():.2f}s")
-        touched = sorted({f["path"] for p in plans for f in p.files})
-        reminder = _restart_reminder(ctx, None, [r["host"] for r in rows if r["status"] == "changed"], touched)
+        reminder = _restart_reminder(ctx, None, [r["host"] for r in rows if r["status"] == "changed"], touched,
+                                     found=found)
         if json_out:
             emit_json("rollback", op_id=op_id, ok=not failed, message=summary,
                       hosts=[host_row(r, ok=r["status"] in ("changed", "unchanged", "skipped")) for r in rows],
@@ -429,15 +438,20 @@ def explain(*, playbook: Path, inventory: Path | None, limit: str | None, forks:
 
 
 def _restart_reminder(ctx: RunContext, pb: Playbook | None, changed: list[str],
-                      files: list[str] | None = None) -> Any:
+                      files: list[str] | None = None, found: dict[str, Any] | None = None) -> Any:
     """After files changed on these hosts: which servers there (launched by fleetctl or not) now run
-    older code than the files on disk. None when nothing changed."""
-    hosts = [h for h in ctx.fleet.hosts if h.name in set(changed)]
-    if not hosts or ctx.fleet.interrupt.is_set():  # Ctrl-C: no new step on any host (its report says so)
+    older code than the files on disk. None when nothing changed. `found`: hosts whose servers were
+    already read right after their change (the deploy's `then_facts`); the others are asked now."""
+    if not changed:
         return None
+    found = found or {}
     from fleetctl.ops.discover import discover_fleet, restart_reminder  # (a no-op deploy never needs it)
 
-    return restart_reminder(discover_fleet(ctx.fleet, pb, hosts, files))
+    hosts = [h for h in ctx.fleet.hosts if h.name in set(changed) and h.name not in found]
+    if hosts and ctx.fleet.interrupt.is_set():  # Ctrl-C: no new step on any host (its report says so)
+        return None
+    more = discover_fleet(ctx.fleet, pb, hosts, files) if hosts else []
+    return restart_reminder([found[h] for h in changed if h in found] + more)
 
 
 def _fatal_refusal(command: str, plan: Any, bad: list[tuple[str, str, str]], json_out: bool) -> None:

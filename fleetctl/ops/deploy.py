@@ -9,6 +9,7 @@ import secrets
 import socket
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -198,6 +199,7 @@ class HostApply:
     notes: list[str] = field(default_factory=list)
     elapsed: float = 0.0
     sealed: bool = False  # re-checked from its seal (fleetctl/seal.py): no agent, no Python started
+    servers: Any = None  # HostServers read right after a change (the restart reminder), if asked
 
     def to_json(self) -> dict[str, Any]:
         return {"host": self.host, "status": self.status, "message": self.message, "deploy_id": self.deploy_id,
@@ -207,13 +209,17 @@ class HostApply:
 def apply_plan(fleet: Fleet, plan: Plan, playbook: Playbook, op_id: str, *, validate: bool = True,
                fault_after_files: dict[str, int] | None = None,
                hosts: list[str] | None = None, break_lock: set[str] | frozenset[str] = frozenset(),
-               seals: dict[str, Checked] | None = None) -> dict[str, HostApply]:
+               seals: dict[str, Checked] | None = None,
+               then_facts: Callable[[Host], tuple[dict[str, Any], dict[str, Any]]] | None = None
+               ) -> dict[str, HostApply]:
     """Apply the plan to every host whose plan says 'change' or 'noop' (a no-op host is still visited:
     its files are re-checked under the host lock, so 'unchanged' is never a guess from facts read
     before a concurrent rollback). A no-op host answered from its seal (gather's `seals`) was
     re-checked by the seal check itself, moments ago: its files' bytes and everything the facts
     depended on, with no Python started. Returns per-host results; a host the agent visits with
-    `seals` makes a new seal (fleetctl/seal.py)."""
+    `seals` makes a new seal (fleetctl/seal.py). then_facts(host) -> (facts request, discover part)
+    (ops/discover.py discover_facts): a host planned to change also answers which of its servers
+    now run older code, in the same request (HostApply.servers)."""
     results: dict[str, HostApply] = {}
     todo: dict[str, HostPlan] = {}
     for hp in plan.hosts:
@@ -260,6 +266,9 @@ def apply_plan(fleet: Fleet, plan: Plan, playbook: Playbook, op_id: str, *, vali
             payload["seal"] = {"drop": sorted(seal.drop_names(conn.host))}
         if fault_after_files and conn.host.name in fault_after_files:
             payload["_fault_after_files"] = fault_after_files[conn.host.name]
+        disc = None
+        if then_facts is not None and hp.status == "change":
+            payload["then_facts"], disc = then_facts(conn.host)
         res: DeployAnswer = conn.agent(names.DEPLOY, payload)
         shipped = [f.path for f in res.files if f.path.startswith("{state_dir}/")]
         r = HostApply(conn.host.name, "changed" if res.deploy_id else "unchanged",
@@ -277,6 +286,10 @@ def apply_plan(fleet: Fleet, plan: Plan, playbook: Playbook, op_id: str, *, vali
         if bad:
             r.status = "failed"
             r.message = "verification failed after deploy: " + "; ".join(bad)
+        if disc is not None and res.deploy_id:
+            from fleetctl.ops.discover import servers_after
+
+            r.servers = servers_after(conn.host.name, res, disc)
         if sealing and ck is not None:
             if bad or res.seal is None:
                 seal.forget(conn.host)

@@ -18,7 +18,8 @@ from typing import Any, Literal
 from fleetctl.config.inventory import Host
 from fleetctl.config.playbook import Playbook
 from fleetctl.engine import engine
-from fleetctl.facts import HASH_FILES, HostFacts, read_facts
+from fleetctl.errors import FleetctlError
+from fleetctl.facts import HASH_FILES, HostFacts, facts_request, parse_facts, read_facts
 from fleetctl.protocol import names
 from fleetctl.protocol.answers import InstanceState
 from fleetctl.runner import Fleet
@@ -126,12 +127,32 @@ def servers_from_facts(host: str, f: HostFacts, request: dict[str, Any]) -> Host
     return res
 
 
+DISCOVER_WITH = [names.WITH_SERVERS, names.WITH_DISCOVER]
+
+
+def discover_facts(host: Host, playbook: Playbook | None = None, files: list[str] | None = None
+                   ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The whole facts request that learns `host`'s servers, and its discover part (for
+    servers_from_facts): sent alone (discover_fleet) or as a deploy's `then_facts`."""
+    req = discover_request(host.launch_command, playbook, files)
+    return {**facts_request(host, gpus=False, all_hashes=False, with_=DISCOVER_WITH), **req}, req
+
+
+def servers_after(host: str, answer: Any, req: dict[str, Any]) -> HostServers:
+    """A host's servers from the `then_facts` of a deploy or rollback answer (discover_facts)."""
+    if answer.then_facts is None:
+        return HostServers(host, "failed", f"{host}: {answer.then_facts_error or 'servers not read'}")
+    try:
+        return servers_from_facts(host, parse_facts(host, answer.then_facts), req)
+    except FleetctlError as e:
+        return HostServers(host, "failed", str(e))
+
+
 def discover_fleet(fleet: Fleet, playbook: Playbook | None = None, hosts: list[Host] | None = None,
                    files: list[str] | None = None) -> list[HostServers]:
     def one(conn: Transport) -> HostServers:
         req = discover_request(conn.host.launch_command, playbook, files)
-        f = read_facts(conn, gpus=False, all_hashes=False, with_=[names.WITH_SERVERS, names.WITH_DISCOVER],
-                       payload=req)
+        f = read_facts(conn, gpus=False, all_hashes=False, with_=DISCOVER_WITH, payload=req)
         return servers_from_facts(conn.host.name, f, req)
 
     outs = fleet.run(one, hosts)

@@ -3,10 +3,12 @@ manifests alone (any controller can roll back)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from fleetctl import hoststate, wheels
+from fleetctl.config.inventory import Host
 from fleetctl.config.playbook import LaunchProfile, Playbook
 from fleetctl.engine import engine
 from fleetctl.facts import HostFacts
@@ -145,11 +147,15 @@ def _plan_from_pristine(rp: RollbackPlan, host: str, facts: HostFacts, loose: li
 
 def apply_rollback(fleet: Fleet, plans: list[RollbackPlan], op_id: str, force: bool, *, old_tree: bool = False,
                    break_lock: set[str] | frozenset[str] = frozenset(),
-                   profile: LaunchProfile | None = None) -> dict[str, dict[str, Any]]:
+                   profile: LaunchProfile | None = None,
+                   then_facts: Callable[[Host], tuple[dict[str, Any], dict[str, Any]]] | None = None,
+                   servers: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
     """Undo per host what its plan says. Hosts with nothing to do are visited too: 'nothing to roll back'
     is said only after the agent saw, under the host lock, the same deploys the plan saw. The agent
     locates sglang as the launch (`profile`, else the default one) imports it, as the plan's facts did,
-    and asks that python for its pycache prefix (the restored files' cached bytecode is removed)."""
+    and asks that python for its pycache prefix (the restored files' cached bytecode is removed).
+    then_facts / servers: as apply_plan's (fleetctl/ops/deploy.py): a host with deploys to undo also
+    answers which of its servers now run older code, put in `servers` by host."""
     todo = {p.host: p for p in plans if p.status in ("change", "noop")}
     results: dict[str, dict[str, Any]] = {}
     for p in plans:
@@ -171,6 +177,9 @@ def apply_rollback(fleet: Fleet, plans: list[RollbackPlan], op_id: str, force: b
         extra["launch"] = host_launch_spec(conn.host, profile).to_agent()
         if p.pristine_version is not None:
             return _restore_pristine(conn, p, op_id, pristine, extra)
+        disc = None
+        if then_facts is not None and servers is not None and p.deploy_ids:
+            extra["then_facts"], disc = then_facts(conn.host)
         res: RollbackAnswer = conn.agent(names.ROLLBACK, {
             "state_dir": conn.host.state_dir, "deploy_ids": p.deploy_ids, "force": force, "rollback_id": op_id,
             "by": who(), "engine": engine().agent_facts(), "package_dir": conn.host.sglang_dir, "expect_live": p.expect_live, "old_tree": old_tree,
@@ -180,6 +189,10 @@ def apply_rollback(fleet: Fleet, plans: list[RollbackPlan], op_id: str, force: b
         msg = (f"{len(restored)} file(s) restored from {', '.join(p.deploy_ids)}" if p.deploy_ids else
                "; ".join(res.notes) or "nothing to roll back (checked under the host lock)")
         changed = bool(p.deploy_ids) or bool(res.notes)
+        if disc is not None and servers is not None:
+            from fleetctl.ops.discover import servers_after
+
+            servers[conn.host.name] = servers_after(conn.host.name, res, disc)
         return {"host": conn.host.name, "status": "failed" if bad else ("changed" if changed else "unchanged"),
                 "message": msg if not bad else f"{bad[0].path}: {bad[0].why}",
                 "notes": res.notes, "detail": to_json(res.rollbacks)}

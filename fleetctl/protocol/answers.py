@@ -409,6 +409,8 @@ class DeployAnswer:
     final: dict[str, Sha256 | None]  # hash of every verify path after the transaction
     notes: list[str] = field(default_factory=list)
     seal: Seal | None = None  # asked with `seal` in the request
+    then_facts: FactsAnswer | None = None  # asked with `then_facts`: facts read right after the deploy
+    then_facts_error: str | None = None  # why those could not be read
 
 
 @dataclass
@@ -438,6 +440,8 @@ class RollbackAnswer:
 
     rollbacks: list[RolledBack]
     notes: list[str] = field(default_factory=list)
+    then_facts: FactsAnswer | None = None  # asked with `then_facts`: facts read right after the rollback
+    then_facts_error: str | None = None
 
 
 ReadFilesAnswer = dict[str, Base64 | None]  # path -> base64 bytes (None: no such file)

@@ -1146,9 +1146,23 @@ def _handle(data):
         if fn is None:
             raise AgentError("unknown action %r" % payload.get("action"), "bad_input")
         try:
-            doc = {"ok": True, "result": fn(payload)}
+            result = fn(payload)
         finally:
             _SHA_MEMO[0] = None
+        after = payload.get("then_facts")
+        if isinstance(after, dict) and isinstance(result, dict):
+            # facts read right after the action, in the same request (a deploy's restart reminder:
+            # which servers now run older code); its failure is reported beside the action's result
+            _SHA_MEMO[0] = {}
+            try:
+                result["then_facts"] = action_facts(after)
+            except AgentError as e:
+                result["then_facts_error"] = str(e)
+            except Exception as e:
+                result["then_facts_error"] = "%s: %s" % (e.__class__.__name__, e)
+            finally:
+                _SHA_MEMO[0] = None
+        doc = {"ok": True, "result": result}
     except AgentError as e:
         doc = {"ok": False, "error": str(e), "kind": e.kind}
     except Exception as e:  # report, never a traceback on the wire unless asked
