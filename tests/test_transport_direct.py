@@ -146,3 +146,20 @@ def test_paramiko_is_imported_without_invoke_and_match_exec_is_restored(tmp_path
     p = subprocess.run([sys.executable, "-c", _FRESH, str(cfg)], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr[-2000:]
     assert json.loads(p.stdout) == {"invoke_at_import": False, "before": "ImportError", "after": "2201"}
+
+
+def test_private_key_parsed_once_per_file_and_left_to_paramiko_when_unusual(tmp_path: Path) -> None:
+    """The identity file is parsed once while unchanged (not per connection and key type); an
+    encrypted key, a certificate beside it or an unreadable file are left to paramiko's own handling."""
+    plain = tmp_path / "id_plain"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(plain)], check=True)
+    a = direct._loaded_key(str(plain))
+    assert a is not None and a is direct._loaded_key(str(plain))
+    plain.write_bytes(plain.read_bytes())  # rewritten: parsed again (a new stamp)
+    assert direct._loaded_key(str(plain)) == a
+    secret = tmp_path / "id_secret"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "pass phrase", "-f", str(secret)], check=True)
+    assert direct._loaded_key(str(secret)) is None
+    (tmp_path / "id_plain-cert.pub").write_text("ssh-ed25519-cert-v01@openssh.com AAAA test\n")
+    assert direct._loaded_key(str(plain)) is None
+    assert direct._loaded_key(str(tmp_path / "missing")) is None

@@ -21,6 +21,7 @@ from __future__ import annotations
 import getpass
 import os
 import re
+import threading
 from io import StringIO
 from pathlib import Path
 from typing import Any
@@ -102,12 +103,39 @@ class DirectConnection:
         return kwargs
 
     def open(self, kwargs: dict[str, Any]) -> None:
+        files = list(kwargs.get("key_filename") or [])
+        key = _loaded_key(files[0]) if files and "pkey" not in kwargs else None
+        if key is not None:  # the same order of keys: pkey first, then the other files
+            kwargs = dict(kwargs, pkey=key, key_filename=files[1:])
         self.client.connect(**kwargs)
         self.transport = self.client.get_transport()
 
     def close(self) -> None:
         if self.is_connected:
             self.client.close()
+
+
+_keys: dict[tuple[str, int, int, int], paramiko.PKey] = {}
+_keys_lock = threading.Lock()
+
+
+def _loaded_key(path: str) -> paramiko.PKey | None:
+    """The private key file parsed once per command (while unchanged), instead of once per connection
+    and key type (paramiko tries RSA, ECDSA, then Ed25519 on each file: ~2 ms a host). None where
+    paramiko's own handling is needed: a passphrase, a certificate beside it, anything unusual."""
+    p = os.path.expanduser(path)
+    try:
+        st = os.stat(p)
+        if os.path.exists(p + "-cert.pub"):
+            return None
+        stamp = (p, st.st_ino, st.st_size, st.st_mtime_ns)
+        with _keys_lock:
+            key = _keys.get(stamp)
+            if key is None:
+                key = _keys[stamp] = paramiko.PKey.from_path(p)
+        return key
+    except Exception:  # (encrypted, unknown type, unreadable, an older paramiko): paramiko decides
+        return None
 
 
 def _local_user() -> str | None:

@@ -95,15 +95,17 @@ def problems() -> list[str]:
     return out
 
 
-def add_host_keys(client: paramiko.SSHClient, keys: paramiko.HostKeys, path: str) -> bool:
+def add_host_keys(client: paramiko.SSHClient, keys: paramiko.HostKeys, path: str, *, share: bool = False) -> bool:
     """client.load_host_keys(path) from keys already parsed from that file; False if this paramiko's
-    layout differs (the caller then loads the plain way)."""
+    layout differs (the caller then loads the plain way). share: the parsed entries themselves,
+    not copies (only when nothing will add a key to this client: HostKeys.add replaces an entry's
+    key in place)."""
     mine = client.get_host_keys()
     entries = getattr(mine, HOSTKEYS_ENTRIES, None)
     theirs = getattr(keys, HOSTKEYS_ENTRIES, None)
     if not isinstance(entries, list) or not isinstance(theirs, list):
         return False
-    entries.extend(copy.copy(e) for e in theirs)
+    entries.extend(theirs if share else (copy.copy(e) for e in theirs))
     setattr(client, CLIENT_HOSTKEYS_FILE, path)
     return True
 

@@ -65,7 +65,7 @@ _known_hosts: dict[str, tuple[tuple[int, int], paramiko.HostKeys]] = {}
 _known_hosts_lock = threading.Lock()
 
 
-def _load_known_hosts(client: paramiko.SSHClient, path: Path) -> None:
+def _load_known_hosts(client: paramiko.SSHClient, path: Path, *, share: bool = False) -> None:
     """client.load_host_keys(path), parsing the file once per command (while it is unchanged)
     instead of once per connection: a 256-line known_hosts costs ~7 ms to parse, 256 times."""
     st = path.stat()
@@ -76,7 +76,7 @@ def _load_known_hosts(client: paramiko.SSHClient, path: Path) -> None:
             keys = paramiko.HostKeys()
             keys.load(str(path))
             got = _known_hosts[str(path)] = (stamp, keys)
-    if not internals.add_host_keys(client, got[1], str(path)):  # another paramiko layout: the plain way
+    if not internals.add_host_keys(client, got[1], str(path), share=share):  # another layout: the plain way
         client.load_host_keys(str(path))
 
 
@@ -183,7 +183,7 @@ class HostConnection(AgentTransport):
         client = conn.client
         if kh.exists():
             try:
-                _load_known_hosts(client, kh)
+                _load_known_hosts(client, kh, share=not self.accept_new)  # (only accept_new adds keys)
             except (OSError, paramiko.SSHException) as e:
                 raise HostKeyError(f"{label}: cannot read known_hosts {kh}: {e}") from None
         policy = StrictPolicy(kh, label, self.accept_new)
