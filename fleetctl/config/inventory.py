@@ -230,10 +230,10 @@ def _env_strings(env: dict[str, EnvValue]) -> tuple[dict[str, str], set[str]]:
 
 
 def _ssh_config_hosts(path: Path) -> set[str]:
-    from fleetctl.transport.internals import paramiko  # invoke kept out (see there)
+    from fleetctl.transport.direct import ssh_config  # parsed once per command: the connections use it too
 
     try:
-        cfg = paramiko.SSHConfig.from_path(str(path))
+        cfg, _ = ssh_config(path)
     except FileNotFoundError:
         raise InputError(f"{path}: ssh_config file not found", hint="fix 'ssh_config:' in the inventory") from None
     return {h for h in cfg.get_hostnames() if not any(c in h for c in "*?!")}

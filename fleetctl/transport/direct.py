@@ -50,7 +50,11 @@ def fabric_config_present() -> bool:
 def ssh_config(path: Path | None) -> tuple[paramiko.SSHConfig, bool]:
     """The ssh_config fabric's Config(runtime_ssh_path=path) (or Config()) would hold, parsed once
     per command, and whether it has a `Match exec`. Call under the caller's config lock."""
-    key = str(path or "")
+    try:  # (one process may run several commands: tests, a long-lived caller) re-read when it changed
+        st = os.stat(path) if path else None
+    except OSError:
+        st = None
+    key = f"{path or ''}:{st.st_mtime_ns}:{st.st_size}:{st.st_ino}" if st else str(path or "")
     got = _parsed.get(key)
     if got is None:
         cfg = paramiko.SSHConfig()
