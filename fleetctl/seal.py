@@ -136,15 +136,22 @@ def check_argv(host: Host, paths: list[str], files: list[str]) -> list[str]:
     NUL-framed marker. Every path is quoted."""
     from fleetctl.transport.session import env_prefix
 
+    public = {k: v for k, v in host.env.items() if k not in host.secret_env_keys}
+    return [*env_prefix(public), "sh", "-c", check_script(paths, files)]
+
+
+END = f"\x00{MARK}END\x00".encode()
+
+
+def check_script(paths: list[str], files: list[str]) -> str:
+    """The check as one `sh -c` script (its output ends with END)."""
     q = " ".join(shlex.quote(p) for p in paths)
     h = " ".join(shlex.quote(f) for f in files)
-    script = (f"env -0; printf '\\000{MARK}STAT\\000'; "
-              + (f"stat --printf={shlex.quote(STAT_FORMAT)} -- {q} 2>/dev/null; " if paths else "")
-              + f"printf '\\000{MARK}SHA\\000'; "
-              + (f"sha256sum -- {h} 2>/dev/null; " if files else "")
-              + f"printf '\\000{MARK}END\\000'")
-    public = {k: v for k, v in host.env.items() if k not in host.secret_env_keys}
-    return [*env_prefix(public), "sh", "-c", script]
+    return (f"env -0; printf '\\000{MARK}STAT\\000'; "
+            + (f"stat --printf={shlex.quote(STAT_FORMAT)} -- {q} 2>/dev/null; " if paths else "")
+            + f"printf '\\000{MARK}SHA\\000'; "
+            + (f"sha256sum -- {h} 2>/dev/null; " if files else "")
+            + f"printf '\\000{MARK}END\\000'")
 
 
 def drop_names(host: Host) -> frozenset[str]:
@@ -189,21 +196,34 @@ def check(conn: Transport, key: str, request: dict[str, Any], *, use: bool = Tru
     if stored is None or not use:
         ck.why = "no seal" if stored is None else "--recheck"
         return ck
-    out = conn.run_command(check_argv(host, stored.get("paths", []), stored.get("files", [])),
-                           "the seal check (stat, sha256sum)", CHECK_CAP)
-    got = parse_check(out, drop_names(host)) if out is not None else None
-    if got is None:
-        ck.why = "the check's output is not a check's (stat/sha256sum missing or different?)"
-        return ck
-    env, stat_text, sha_text = got
-    if env != stored.get("env"):
-        ck.why = "the login environment changed"
-    elif stat_text != stored.get("stat") or sha_text != stored.get("sha"):
-        ck.why = _first_difference(stored.get("stat") or "", stat_text) or "a planned file's bytes changed"
+    paths, files = stored.get("paths", []), stored.get("files", [])
+    why = "the seal check (stat, sha256sum)"
+
+    def differs(out: bytes | None) -> bool:
+        """Why the check's output is not the seal's (ck.why), or False when it is."""
+        got = parse_check(out, drop_names(host)) if out is not None else None
+        if got is None:
+            ck.why = "the check's output is not a check's (stat/sha256sum missing or different?)"
+        elif got[0] != stored.get("env"):
+            ck.why = "the login environment changed"
+        elif got[1] != stored.get("stat") or got[2] != stored.get("sha"):
+            ck.why = _first_difference(stored.get("stat") or "", got[1]) or "a planned file's bytes changed"
+        else:
+            return False
+        return True
+
+    gated = getattr(conn, "check_then_agent", None)
+    if gated is not None:
+        # one exec: where the check fails, the same process goes on to start the agent (which the
+        # caller then asks for the facts), instead of a second login shell
+        out = gated(check_script(paths, files), END, why, CHECK_CAP, differs)
     else:
-        raw = json.dumps({"ok": True, "result": stored.get("facts")}).encode()
-        ck.facts = parse_reply(host.name, names.FACTS, raw).result  # checked as any facts answer
-        ck.seal = stored
+        out = conn.run_command(check_argv(host, paths, files), why, CHECK_CAP)
+    if differs(out):
+        return ck
+    raw = json.dumps({"ok": True, "result": stored.get("facts")}).encode()
+    ck.facts = parse_reply(host.name, names.FACTS, raw).result  # checked as any facts answer
+    ck.seal = stored
     return ck
 
 

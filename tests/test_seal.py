@@ -98,6 +98,31 @@ def test_a_changed_planned_file_is_seen(host: Host) -> None:
     assert host.deploy()[1]
 
 
+def test_a_failed_check_goes_on_to_the_agent_in_the_same_exec(host: Host, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the check's output is not the seal's, the same process execs the agent (one login
+    shell per host, not two); where it is, that process ends and no python starts."""
+    from fleetctl.transport.session import BOOTSTRAP
+    from fleetctl.transport.ssh import HostConnection
+
+    host.sealed_noop()
+    f = host.h.sglang_dir / "srt" / "server_args.py"
+    f.write_bytes(f.read_bytes())  # the same bytes, a new ctime: the check differs, the facts do not
+    started: list[list[str]] = []
+    orig = HostConnection._start_pipe
+
+    def counted(self: HostConnection, argv: list[str], limit: float) -> object:
+        started.append(argv)
+        return orig(self, argv, limit)
+
+    monkeypatch.setattr(HostConnection, "_start_pipe", counted)
+    doc, sealed, starts = host.deploy()
+    assert not sealed and starts == 1 and doc["hosts"][0]["status"] == "unchanged", doc["hosts"][0]
+    assert len(started) == 1 and "sh" in started[0] and BOOTSTRAP in started[0], started
+    started.clear()
+    doc, sealed, starts = host.deploy()
+    assert sealed and starts == 0 and len(started) == 1, (doc["hosts"][0], started)
+
+
 def test_a_shadowing_package_in_the_launch_cwd_is_seen(host: Host) -> None:
     """The launch runs `-m` in its cwd (the login HOME here): a sglang package there is what it would
     import. Only a python start can say so; the seal check sees that cwd's entries changed."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import marshal
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from fleetctl.config.inventory import Host
@@ -70,11 +70,18 @@ BOOTSTRAP = (
     " sys.stdout.flush();sys.stderr.flush();os._exit(r)\n"
     "sys.exit(g['_main'](k+i.read()))\n"
 )
+# what check_then_agent's script ends with: one line from stdin, "go" execs the agent ("$@")
+GATE = '; IFS= read -r fleetctl_go || exit 0; [ "$fleetctl_go" = go ] || exit 0; exec "$@"'
 HELLO = b"FLAGENT"
 HELLO_SIZE = len(HELLO) + 1 + 8  # + 'C' (cached there) or 'N' (send code) + its bytecode magic, hex
 
 
 CHUNK = 1 << 16
+# the longest a waiting host thread sleeps between looks at its stderr and deadline: stdout data and
+# its end wake it at once. (At 0.05 s, 64 threads waiting out a slow login shell woke ~1,300 times a
+# second: ~0.3 s of controller CPU per command.) A stderr flood is still drained 2x a second, within
+# paramiko's 2 MiB channel window.
+POLL = 0.5
 STDERR_TAIL = 1 << 16  # bytes of a remote stderr kept (its tail)
 
 
@@ -91,11 +98,17 @@ def agent_command(host: Host) -> tuple[list[str], bytes]:
         block = marshal.dumps({str(k): str(v) for k, v in secret.items()}, 4)
         data += b"E%010d" % len(block) + block
     data += b"S"
+    prefix, rest = agent_argv(host)
+    return prefix + rest, data
+
+
+def agent_argv(host: Host) -> tuple[list[str], list[str]]:
+    """The agent's command as (the inventory's public env prefix, `python -c BOOTSTRAP ...`)."""
     public = {k: v for k, v in host.env.items() if k not in host.secret_env_keys}
     cache = host.state_dir.rstrip("/") + "/cache"
     # the python word again: the agent compares it with the launch's (an in-process probe, agent.py);
     # the source's cache key, so the host need not hash it
-    return [*env_prefix(public), host.python, "-c", BOOTSTRAP, cache, host.python, agent_key()], data
+    return env_prefix(public), [host.python, "-c", BOOTSTRAP, cache, host.python, agent_key()]
 
 
 _compiled_lock = threading.Lock()
@@ -228,14 +241,17 @@ class AgentTransport(Steps):
     def _cap(self) -> int:
         return self.host.max_answer_bytes
 
-    def _agent_start(self) -> Pipe:
+    def _agent_start(self, pipe: Pipe | None = None, ahead: bytes = b"") -> Pipe:
         """Start the agent in session mode: one process serves every agent request of this command
-        on this host, until close(). Every step is bounded by command_timeout."""
+        on this host, until close(). Every step is bounded by command_timeout. `pipe`: a process
+        that is about to exec the agent (check_then_agent), `ahead` what it already sent."""
         argv, data = agent_command(self.host)
         limit = self.host.command_timeout
-        pipe = self._start_pipe(argv, limit)
+        if pipe is None:
+            pipe = self._start_pipe(argv, limit)
         self._agent_out.clear()
         self._agent_err.clear()
+        self._agent_out += ahead
         deadline = self._begin("sending the agent to the host", limit,
                                f"{self.host.name}: the agent did not start within {limit:g}s (no hello from its python, or it took no code)")
         try:
@@ -262,7 +278,7 @@ class AgentTransport(Steps):
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError
-            data = pipe.recv(HELLO_SIZE - len(out), min(0.05, left))
+            data = pipe.recv(HELLO_SIZE - len(out), min(POLL, left))
             if data == b"":
                 return None
             if data:
@@ -318,9 +334,9 @@ class AgentTransport(Steps):
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError
-            # stdout data and EOF end the wait at once; stderr is drained at least every 50 ms
+            # stdout data and EOF end the wait at once; stderr is drained at least every POLL seconds
             data = pipe.recv(CHUNK if len(out) < 10 else max(1, min(CHUNK, 10 + int(out[:10]) - len(out))),
-                             min(0.05, left))
+                             min(POLL, left))
             if data:
                 out += data
             self._keep_stderr(pipe)
@@ -343,6 +359,61 @@ class AgentTransport(Steps):
                                kind="bad_python", hint="fix 'python:' for this host in the inventory")
         return RemoteError(f"{h}: '{action}' failed: {why}", kind="failed", detail=stderr)
 
+    def check_then_agent(self, script: str, end: bytes, why: str, cap: int,
+                         need_agent: Callable[[bytes], bool]) -> bytes | None:
+        """One exec for a check and, when needed, the agent after it: `sh -c SCRIPT` (the inventory's
+        env applied as for the agent) writes its output up to `end`, then reads one line from stdin;
+        on "go" it execs the agent's own command (agent_command), which then serves this session.
+        need_agent(output) decides. Returns the output (through `end`), or None if it did not end
+        so within `cap` bytes or the process ended first (no agent was started: the next agent()
+        starts one the usual way). Saves a host whose check fails a second exec (its login shell)."""
+        prefix, rest = agent_argv(self.host)
+        full = [*prefix, "sh", "-c", script + GATE, "sh", *rest]
+        limit = self.host.command_timeout
+        with self._agent_lock:
+            if self._agent_pipe is not None and not self._agent_pipe.ended():  # (already started)
+                return None
+            self._agent_drop()
+            pipe = self._start_pipe(full, limit)
+            deadline = self._begin(why, limit, f"{self.host.name}: {why}: no end within {limit:g}s")
+            out = bytearray()
+            try:
+                while True:
+                    i = out.find(end, max(0, len(out) - len(end) - CHUNK))
+                    if i >= 0:
+                        break
+                    if len(out) > cap:
+                        pipe.close()
+                        return None
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise RemoteError(self.step_stalled, kind="timeout")
+                    data = pipe.recv(CHUNK, min(POLL, left))
+                    if data == b"":
+                        pipe.close()
+                        return None
+                    if data:
+                        out += data
+                    self._keep_stderr(pipe)
+                output, ahead = bytes(out[:i + len(end)]), bytes(out[i + len(end):])
+                if not need_agent(output):
+                    pipe.send(b"no\n", deadline)
+                    pipe.close()
+                    return output
+                if not pipe.send(b"go\n", deadline):
+                    pipe.close()
+                    return output
+            except TimeoutError:
+                pipe.close()
+                raise RemoteError(self.step_stalled, kind="timeout") from None
+            except PipeLost as e:
+                pipe.close()
+                raise self._lost(why, e) from None
+            finally:
+                self._end()
+            self._agent_pipe = self._agent_start(pipe, ahead)
+            return output
+
     def run_command(self, argv: list[str], why: str, cap: int, timeout: float | None = None) -> bytes | None:
         """Run `argv` on the host (not the agent; through the login shell over SSH) to its end and
         return its stdout, or None if that exceeds `cap` bytes (the process is then closed). Bounded by
@@ -356,7 +427,7 @@ class AgentTransport(Steps):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise RemoteError(self.step_stalled, kind="timeout")
-                data = pipe.recv(CHUNK, min(0.05, left))
+                data = pipe.recv(CHUNK, min(POLL, left))
                 if data == b"":
                     return bytes(out)
                 if data:
