@@ -117,8 +117,12 @@ def test_requests_are_marshal_of_plain_data_as_json_saw_them() -> None:
     got = marshal.loads(body)
     assert got == {"action": "facts", **json.loads(json.dumps(req))}
     assert type(got["state"]) is str and type(got["n"]) is int and type(got["files"]) is list
+    # bytes stay bytes (a file's content travels raw); anything else that is not plain is refused
+    assert marshal.loads(encode_request("deploy", {"x": b"\x00\xff"}))["x"] == b"\x00\xff"
     with pytest.raises(TypeError):
-        encode_request("facts", {"x": b"bytes"})
+        encode_request("facts", {"x": bytearray(b"bytes")})
+    with pytest.raises(TypeError):
+        encode_request("facts", {"x": {1, 2}})
     # and the agent answers it
     doc = json.loads(agent._handle(encode_request("ping")))
     assert doc["ok"] and doc["result"]["pong"]
