@@ -191,9 +191,14 @@ def test_probe_runs_in_the_agent_on_a_bare_host_only(fresh_sandbox, tmp_path: Pa
     # a bare login: the launch's python would start as the agent's: one Python start, sglang found
     starts, here = _count_pythons(sb, None, tmp_path)
     assert starts == ["agent"]
-    # the probe's compiled code is kept beside the agent's, private to its owner
-    cached = list((Path(sb.hosts["h01"].state_dir) / "cache").glob("probe-*"))
-    assert len(cached) == 1 and (cached[0].stat().st_mode & 0o777) == 0o600
+    # the probe's code came compiled with the agent's (the host's python has the controller's
+    # bytecode magic): one cache file holding both, private to its owner, nothing compiled there
+    cache = Path(sb.hosts["h01"].state_dir) / "cache"
+    (cached,) = list(cache.glob("agent-*"))
+    assert (cached.stat().st_mode & 0o777) == 0o600 and not list(cache.glob("probe-*"))
+    import marshal
+
+    assert [c.co_filename for c in marshal.loads(cached.read_bytes())] == ["fleetctl-agent", "fleetctl-probe"]
     # a login rc that sets what the launch does not inherit (a pyenv shim would read it): asked
     starts, asked = _count_pythons(sb, "export PYENV_VERSION=system\n", tmp_path)
     assert starts == ["agent", "probe"]
