@@ -205,14 +205,16 @@ def bytecode_files(extra_files: list[str] | None = None) -> list[str]:
 
 def read_facts(conn: Transport, *, extra_files: list[str] | None = None, gpus: bool = True,
                with_: list[str] | None = None, payload: dict[str, Any] | None = None,
-               all_hashes: bool = True, profile: LaunchProfile | None = None) -> HostFacts:
+               all_hashes: bool = True, profile: LaunchProfile | None = None,
+               request: dict[str, Any] | None = None) -> HostFacts:
     """One agent round trip: everything fleetctl needs to know about the host.
 
     SGLang is located as the launch will import it: the playbook's launch `profile` (or the default
     launch without a playbook) + the inventory's launch_command and env (fleetctl/launchspec.py).
-    all_hashes=False hashes only `extra_files` (what deploy plans need), not srt/speculative/**."""
-    p = facts_request(conn.host, extra_files=extra_files, gpus=gpus, with_=with_, all_hashes=all_hashes,
-                      profile=profile)
+    all_hashes=False hashes only `extra_files` (what deploy plans need), not srt/speculative/**.
+    request: the facts_request already built from these arguments (the caller needed it too)."""
+    p = dict(request) if request is not None else facts_request(
+        conn.host, extra_files=extra_files, gpus=gpus, with_=with_, all_hashes=all_hashes, profile=profile)
     p.update(payload or {})
     raw: FactsAnswer = conn.agent(names.FACTS, p)
     return parse_facts(conn.host.name, raw)
@@ -221,21 +223,7 @@ def read_facts(conn: Transport, *, extra_files: list[str] | None = None, gpus: b
 def facts_request(host: Host, *, extra_files: list[str] | None = None, gpus: bool = True,
                   with_: list[str] | None = None, all_hashes: bool = True,
                   profile: LaunchProfile | None = None) -> dict[str, Any]:
-    """The `facts` request read_facts sends to `host` (pure: also what a seal is keyed by). Built once
-    per host and arguments in a command (a deploy asks for it up to 3 times per host); a copy."""
-    key = (id(host), id(profile), tuple(extra_files or ()), gpus, tuple(with_ or ()), all_hashes)
-    got = _requests.get(key)
-    if got is None or got[0] is not host or got[1] is not profile:
-        got = _requests[key] = (host, profile, _facts_request(host, extra_files, gpus, with_, all_hashes, profile))
-    return dict(got[2])
-
-
-# (id(host), id(profile), args) -> (host, profile, request): the objects are kept, so an id is never reused
-_requests: dict[tuple[Any, ...], tuple[Any, Any, dict[str, Any]]] = {}
-
-
-def _facts_request(host: Host, extra_files: list[str] | None, gpus: bool, with_: list[str] | None,
-                   all_hashes: bool, profile: LaunchProfile | None) -> dict[str, Any]:
+    """The `facts` request read_facts sends to `host` (pure: also what a seal is keyed by)."""
     from fleetctl.instances import host_launch_spec
 
     prof = profile if profile is not None else LaunchProfile()

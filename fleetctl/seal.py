@@ -199,8 +199,13 @@ def check(conn: Transport, key: str, request: dict[str, Any], *, use: bool = Tru
     paths, files = stored.get("paths", []), stored.get("files", [])
     why = "the seal check (stat, sha256sum)"
 
+    judged: dict[bytes | None, bool] = {}
+
     def differs(out: bytes | None) -> bool:
-        """Why the check's output is not the seal's (ck.why), or False when it is."""
+        """Whether the check's output is not the seal's (why: ck.why); each output judged once."""
+        if out in judged:
+            return judged[out]
+        judged[out] = True
         got = parse_check(out, drop_names(host)) if out is not None else None
         if got is None:
             ck.why = "the check's output is not a check's (stat/sha256sum missing or different?)"
@@ -209,8 +214,8 @@ def check(conn: Transport, key: str, request: dict[str, Any], *, use: bool = Tru
         elif got[1] != stored.get("stat") or got[2] != stored.get("sha"):
             ck.why = _first_difference(stored.get("stat") or "", got[1]) or "a planned file's bytes changed"
         else:
-            return False
-        return True
+            judged[out] = False
+        return judged[out]
 
     gated = getattr(conn, "check_then_agent", None)
     if gated is not None:

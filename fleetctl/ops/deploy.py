@@ -67,7 +67,8 @@ def gather(fleet: Fleet, playbook: Playbook | None, *, all_hashes: bool = False,
             if ck.facts is not None:
                 return parse_facts(c.host.name, ck.facts)
             if ck.make:  # the agent keeps what the deploy's seal needs (agent_seal.py)
-                return read_facts(c, **kw, payload={"seal": True})
+                return read_facts(c, **kw, payload={"seal": True}, request=req)
+            return read_facts(c, **kw, request=req)
         return read_facts(c, **kw)
 
     outs = fleet.run(one)

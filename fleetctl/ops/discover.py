@@ -151,9 +151,8 @@ def servers_after(host: str, answer: Any, req: dict[str, Any]) -> HostServers:
 def discover_fleet(fleet: Fleet, playbook: Playbook | None = None, hosts: list[Host] | None = None,
                    files: list[str] | None = None) -> list[HostServers]:
     def one(conn: Transport) -> HostServers:
-        req = discover_request(conn.host.launch_command, playbook, files)
-        f = read_facts(conn, gpus=False, all_hashes=False, with_=DISCOVER_WITH, payload=req)
-        return servers_from_facts(conn.host.name, f, req)
+        full, req = discover_facts(conn.host, playbook, files)
+        return servers_from_facts(conn.host.name, read_facts(conn, request=full), req)
 
     outs = fleet.run(one, hosts)
     return [o.data if o.ok else HostServers(o.host, o.status, o.message) for o in outs]
