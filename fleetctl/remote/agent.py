@@ -159,31 +159,31 @@ def _jwrite(o, out, indent, sort_keys, level):
         raise TypeError("Object of type %s is not JSON serializable" % o.__class__.__name__)
 
 
-_C_ENCODER = []
+_C_ENCODER = {}
 
 
-def _c_encoder():
-    """json.dumps's own C encoder (the stdlib's _json), set up as json.dumps(o) sets it up, without
-    importing json; None where _json is missing."""
-    if not _C_ENCODER:
+def _c_encoder(sort_keys=False):
+    """json.dumps's own C encoder (the stdlib's _json), set up as json.dumps(o, sort_keys=sort_keys)
+    sets it up, without importing json; None where _json is missing."""
+    if sort_keys not in _C_ENCODER:
         try:
             from _json import encode_basestring_ascii, make_encoder
         except ImportError:
-            _C_ENCODER.append(None)
+            _C_ENCODER[sort_keys] = None
         else:
             def default(o):
                 raise TypeError("Object of type %s is not JSON serializable" % o.__class__.__name__)
 
-            _C_ENCODER.append(lambda o: make_encoder({}, default, encode_basestring_ascii, None, ": ", ", ",
-                                                     False, False, True)(o, 0))
-    return _C_ENCODER[0]
+            _C_ENCODER[sort_keys] = lambda o: make_encoder({}, default, encode_basestring_ascii, None, ": ", ", ",
+                                                           bool(sort_keys), False, True)(o, 0)
+    return _C_ENCODER[sort_keys]
 
 
 def jdumps(o, indent=None, sort_keys=False, native=True):
     """JSON text of o (dict, list, tuple, str, int, float, bool, None), the text json.dumps(o,
     indent=indent, sort_keys=sort_keys) writes (ASCII: ensure_ascii). A compact document goes
     through json.dumps's own C encoder where there is one (native), else the writer above."""
-    enc = _c_encoder() if native and indent is None and not sort_keys else None
+    enc = _c_encoder(sort_keys) if native and indent is None else None
     if enc is not None:
         return "".join(enc(o))
     out = []
@@ -250,11 +250,14 @@ def read_json_file(path):
 
 
 _SHA256 = {}
-# The builtin sha256 hashes ~150 MB/s, OpenSSL's ~1 GB/s but importing hashlib + _hashlib costs
-# ~3-5 ms (as much as ~0.5-0.9 MB through the builtin one): past this many bytes in one agent process
-# the rest goes through OpenSSL. A deploy session of the SGLang playbooks (facts hash ~0.65 MB,
-# the deploy re-checks and re-hashes ~0.4 MB once or twice) stays under it.
+# The builtin sha256 hashes ~230 MB/s here, OpenSSL's ~1.3 GB/s (SHA-NI) but loading _hashlib costs
+# ~2.5 ms (as much as ~0.6 MB through the builtin one): past this many bytes in one agent process
+# the rest goes through OpenSSL; so does a request that carries at least OPENSSL_CONTENT bytes of
+# files to write, from its start: a deploy hashes what it writes three or four times (the bytes
+# before, after the swap, for the seal, for the servers' check: ~1.3 MB for the SGLang playbooks'
+# ~0.34 MB). Facts (~0.3 MB) and a deploy that writes nothing stay builtin.
 BUILTIN_SHA256_BYTES = 2 << 20
+OPENSSL_CONTENT = 128 << 10
 _SHA256_BYTES = [0]
 
 
@@ -276,7 +279,10 @@ def sha256_new(data=b"", size=None):
                 except ImportError:
                     pass
         if f is None:
-            from hashlib import sha256 as f
+            try:
+                from _hashlib import openssl_sha256 as f  # (hashlib.py itself adds ~1 ms to load)
+            except ImportError:
+                from hashlib import sha256 as f
         _SHA256[big] = f
     if not big:
         _SHA256_BYTES[0] += n
@@ -1135,6 +1141,14 @@ FACTS_HOOKS = []  # fn(request, answer) run after every facts answer is complete
 DEPLOY_HOOKS = []  # fn(request, answer) run at the end of a deploy, still under the host lock
 
 
+def _content_bytes(payload):
+    """How many bytes of file contents a request carries to write."""
+    files = payload.get("files")
+    if not isinstance(files, list):
+        return 0
+    return sum(len(f["content"]) for f in files if isinstance(f, dict) and isinstance(f.get("content"), bytes))
+
+
 def _handle(data):
     """One request (marshal bytes) -> one answer (JSON bytes); never raises."""
     try:
@@ -1145,23 +1159,20 @@ def _handle(data):
         fn = ACTIONS.get(payload.get("action"))
         if fn is None:
             raise AgentError("unknown action %r" % payload.get("action"), "bad_input")
-        try:
-            result = fn(payload)
-        finally:
-            _SHA_MEMO[0] = None
+        if _content_bytes(payload) >= OPENSSL_CONTENT:
+            _SHA256_BYTES[0] = max(_SHA256_BYTES[0], BUILTIN_SHA256_BYTES)
+        result = fn(payload)
         after = payload.get("then_facts")
         if isinstance(after, dict) and isinstance(result, dict):
             # facts read right after the action, in the same request (a deploy's restart reminder:
-            # which servers now run older code); its failure is reported beside the action's result
-            _SHA_MEMO[0] = {}
+            # which servers now run older code); its failure is reported beside the action's result.
+            # (The request's memo still holds: a file the action's end hashed is not read again.)
             try:
                 result["then_facts"] = action_facts(after)
             except AgentError as e:
                 result["then_facts_error"] = str(e)
             except Exception as e:
                 result["then_facts_error"] = "%s: %s" % (e.__class__.__name__, e)
-            finally:
-                _SHA_MEMO[0] = None
         doc = {"ok": True, "result": result}
     except AgentError as e:
         doc = {"ok": False, "error": str(e), "kind": e.kind}
@@ -1170,6 +1181,7 @@ def _handle(data):
 
         doc = {"ok": False, "error": "%s: %s" % (e.__class__.__name__, e), "kind": "internal",
                "traceback": traceback.format_exc()}
+    _SHA_MEMO[0] = None
     try:
         return jdumps(doc).encode("ascii")
     except (TypeError, ValueError) as e:  # an action returned something JSON cannot hold

@@ -658,7 +658,8 @@ def load_manifest(state_dir, deploy_id):
 
 def save_manifest(state_dir, m):
     m["updated"] = time.time()
-    write_atomic(manifest_path(state_dir, m["id"]), jdumps(m, indent=1, sort_keys=True).encode())
+    # compact (json's C encoder): a deploy saves its manifest six times, under the lock
+    write_atomic(manifest_path(state_dir, m["id"]), jdumps(m, sort_keys=True).encode())
 
 
 def list_manifests(state_dir, include_foreign=False):
