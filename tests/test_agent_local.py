@@ -278,3 +278,45 @@ def test_bootstrap_loads_the_controllers_compiled_agent_or_compiles_the_source(t
             assert got.co_filename == "fleetctl-probe"
             (probe,) = list(cache.glob("probe-*"))
             assert probe.stat().st_mode & 0o777 == 0o600
+
+
+def test_controller_keeps_its_compiled_agent_privately(tmp_path: Path) -> None:
+    """The controller compiles the agent once per fleetctl version and interpreter (~57 ms of CPU),
+    keeps it under the cache dir as the hosts keep theirs, and trusts only a regular 0600 file of
+    its own in a dir nobody else can write, holding the two code objects; anything else is
+    compiled again (and gives the same code)."""
+    from fleetctl.transport import session
+
+    env = {**os.environ, "FLEETCTL_CACHE_DIR": str(tmp_path / "cache")}
+    count = ("import builtins, sys\n"
+             "n = [0]; real = builtins.compile\n"
+             "def counting(src, name, *a, **k):\n"
+             "    n[0] += name in ('fleetctl-agent', 'fleetctl-probe')\n"
+             "    return real(src, name, *a, **k)\n"
+             "builtins.compile = counting\n"
+             "from fleetctl.transport import session\n"
+             "magic, data = session.compiled_agent()\n"
+             "print(n[0], session.compiled_cache_file(), __import__('hashlib').sha256(data).hexdigest())\n")
+
+    def run() -> tuple[int, Path, str]:
+        out = subprocess.run([sys.executable, "-c", count], env=env, capture_output=True, text=True, check=True)
+        n, f, digest = out.stdout.split()
+        return int(n), Path(f), digest
+
+    n, f, digest = run()
+    assert n == 2 and f.is_file() and f.parent.parent == tmp_path / "cache"
+    assert (f.stat().st_mode & 0o777, f.parent.stat().st_mode & 0o777) == (0o600, 0o700)
+    assert run() == (0, f, digest)  # the second command reads it, compiles nothing
+    good = f.read_bytes()
+    for spoil in (lambda: f.write_bytes(b"junk"), lambda: f.write_bytes(marshal.dumps(("a", "b"))),
+                  lambda: f.chmod(0o644), lambda: f.parent.chmod(0o777)):
+        spoil()
+        assert session._read_compiled(f) is None
+        n2, _, digest2 = run()
+        assert n2 == 2 and digest2 == digest  # compiled again: the same code
+        f.parent.chmod(0o700)
+        f.chmod(0o600)
+        f.write_bytes(good)
+    link = f.with_name("link.marshal")
+    link.symlink_to(f)
+    assert session._read_compiled(link) is None and session._read_compiled(f) == good
