@@ -47,6 +47,19 @@ def ssh_transport(host: Host, inventory: Inventory, accept_new_host_keys: bool) 
     return HostConnection(host, inventory, accept_new_host_keys=accept_new_host_keys)
 
 NOT_STARTED = "not started: interrupted (Ctrl-C)"
+# at most this many handshakes ahead of the first run (Fleet.prefetch); a host none of them reached
+# is connected by its run, as before
+PREFETCH_THREADS = 64
+
+
+@dataclass
+class _Warm:
+    """A host's connection opened ahead of its first run (Fleet.prefetch)."""
+
+    claimed: bool = False  # a prefetch thread or the host's first run has taken it
+    done: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None
+
 ABANDON_AFTER = 10.0  # seconds a host's thread may take to give up after its connection was cut
 
 
@@ -70,6 +83,65 @@ class Fleet:
     last: dict[str, HostOutcome] = field(default_factory=dict)
     at_interrupt: dict[str, str] = field(default_factory=dict)
     not_started: set[str] = field(default_factory=set)
+    _warm: dict[str, _Warm] = field(default_factory=dict)  # Fleet.prefetch: per host
+    _closed: bool = False
+
+    def prefetch(self) -> None:
+        """Start opening the hosts' connections in the background, `forks` at a time, while the
+        command goes on loading what it needs (its playbook, its modules): on a fleet that time
+        overlaps the handshakes (the hosts' sshd work, the network's round trips) instead of
+        preceding them. Only the connection: nothing runs on a host before the command's first
+        `run`. A host whose connection fails keeps that failure, and the first `run` reaching it
+        reports it exactly as if it had connected then; a host no prefetch thread has reached yet
+        when its run starts is connected by the run itself. Each handshake is bounded as in a run
+        (its step's deadline is set when it starts, and the run's watchdog enforces it)."""
+        hosts = [h for h in self.hosts if h.name not in self._warm]
+        if not hosts or self._closed:
+            return
+        for h in hosts:
+            self._warm[h.name] = _Warm()
+        self.connection(hosts[0])  # the transport's modules imported here, not in many threads at once
+        todo = iter(hosts)
+
+        def worker() -> None:
+            while True:
+                with self._lock:
+                    h = next(todo, None)
+                    w = self._warm.get(h.name) if h is not None else None
+                    if w is None:
+                        return
+                    if w.claimed:
+                        continue
+                    w.claimed = True
+                    stop = self.interrupt.is_set() or self._closed
+                if stop:  # the host's run (if any) connects it itself
+                    w.done.set()
+                    continue
+                try:
+                    self.connection(h).connect()
+                except BaseException as e:  # kept for the host's first run
+                    w.error = e
+                finally:
+                    w.done.set()
+
+        for _ in range(max(1, min(self.forks, len(hosts), PREFETCH_THREADS))):
+            threading.Thread(target=worker, name="fleetctl-prefetch", daemon=True).start()
+
+    def _connect(self, host: Host, conn: Transport) -> None:
+        """conn.connect(), or the outcome of its prefetch: waited for if in flight, its failure raised."""
+        w = self._warm.get(host.name)
+        if w is not None:
+            with self._lock:
+                mine = not w.claimed
+                w.claimed = True
+            if mine:
+                w.done.set()
+            else:
+                w.done.wait()  # bounded: the handshake's step deadline, enforced by run's watchdog
+                if w.error is not None:
+                    error, w.error = w.error, None  # reported once; a later run connects afresh
+                    raise error
+        conn.connect()
 
     def connection(self, host: Host) -> Transport:
         with self._lock:
@@ -82,7 +154,7 @@ class Fleet:
     def _one(self, host: Host, conn: Transport, fn: Callable[[Transport], Any]) -> HostOutcome:
         t0 = time.monotonic()
         try:
-            conn.connect()
+            self._connect(host, conn)
             data = fn(conn)
             out = HostOutcome(host.name, "ok", data=data)
         except (Unreachable, HostKeyError) as e:
@@ -182,6 +254,11 @@ class Fleet:
         return [k for c in conns for k in c.accepted_keys]
 
     def close(self) -> None:
+        self._closed = True
+        with self._lock:
+            for name, w in self._warm.items():  # a handshake still in flight: cut it
+                if w.claimed and not w.done.is_set() and name in self._conns:
+                    self._conns[name].abort("closing")
         conns = list(self._conns.values())
         self._conns.clear()
         for c in conns:

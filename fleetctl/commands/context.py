@@ -21,6 +21,7 @@ from fleetctl.safetext import DETAIL_LIMIT, line, safe
 
 if TYPE_CHECKING:  # imported when a command reaches its hosts (issue 16.10)
     from fleetctl.config.inventory import Inventory
+    from fleetctl.config.playbook import Playbook
     from fleetctl.runner import Fleet
 
 __all__ = ["EXIT_INTERRUPTED", "Interrupted"]
@@ -40,7 +41,11 @@ class RunContext:
 
 @contextmanager
 def fleet_context(inventory: Path | None, limit: str | None, forks: int, *, json: bool, debug: bool,
-                  accept_new_host_keys: bool = False, command: str = "fleetctl") -> Iterator[RunContext]:
+                  accept_new_host_keys: bool = False, command: str = "fleetctl",
+                  prefetch: bool = True) -> Iterator[RunContext]:
+    """The command's fleet. With `prefetch` the hosts' connections start opening at once, in the
+    background (Fleet.prefetch), while the command loads the rest of what it needs; not with
+    --accept-new-host-keys, which records keys only once the command's input has been read."""
     from fleetctl.config.inventory import load_inventory
 
     started = time.monotonic()
@@ -55,6 +60,8 @@ def fleet_context(inventory: Path | None, limit: str | None, forks: int, *, json
     if note:
         sys.stderr.write(note + "\n")
     fleet = Fleet(inv, hosts, forks=forks, accept_new_host_keys=accept_new_host_keys)
+    if prefetch and not accept_new_host_keys:
+        fleet.prefetch()
     handler = _CtrlC(fleet, inv.path)
     previous = handler.install()
     run = common.JsonRun(fleet.interrupt) if json else None
@@ -76,6 +83,25 @@ def fleet_context(inventory: Path | None, limit: str | None, forks: int, *, json
         finally:
             _report_accepted_keys(fleet)
             fleet.close()
+
+
+@contextmanager
+def playbook_fleet(playbook: Path, inventory: Path | None, limit: str | None, forks: int, *, json: bool,
+                   debug: bool, accept_new_host_keys: bool = False,
+                   command: str = "fleetctl") -> Iterator[tuple[Playbook, RunContext]]:
+    """fleet_context, with the playbook loaded while the hosts' connections open (pydantic and the
+    playbook's models are most of a command's start). A playbook file that is not there fails
+    first, before any host is contacted; a malformed one fails the same way, once the inventory
+    has been read."""
+    if not (playbook / "playbook.yaml" if playbook.is_dir() else playbook).is_file():
+        from fleetctl.config.playbook import load_playbook
+
+        load_playbook(playbook)  # raises its one line
+    with fleet_context(inventory, limit, forks, json=json, debug=debug, command=command,
+                       accept_new_host_keys=accept_new_host_keys) as ctx:
+        from fleetctl.config.playbook import load_playbook
+
+        yield load_playbook(playbook), ctx
 
 
 def _report_accepted_keys(fleet: Fleet) -> None:

@@ -12,7 +12,7 @@ import typer
 
 from fleetctl.commands import validate
 from fleetctl.commands.common import emit_json, err, out
-from fleetctl.commands.context import RunContext, fleet_context
+from fleetctl.commands.context import RunContext, fleet_context, playbook_fleet
 from fleetctl.commands.context import fmt_time as _ts
 from fleetctl.commands.context import run_with_progress as _tick_run
 from fleetctl.commands.deploys_view import (
@@ -51,14 +51,11 @@ def deploy(*, playbook: Path, inventory: Path | None, limit: str | None, forks: 
         force: bool, allow_uncovered: bool, strict: bool = False, restart: bool, serial: str | None, canary: str | None,
         max_fail: str | None, any_errors_fatal: bool, ready_timeout: float | None, break_lock: str | None,
         json_out: bool, debug: bool, accept_new_host_keys: bool, recheck: bool = False) -> None:
-    from fleetctl.config.playbook import load_playbook
-
     budget = validate.rolling(restart, serial=serial, canary=canary, max_fail=max_fail,
                               ready_timeout=ready_timeout)
     validate.exclusive(diff=diff, json=json_out)
-    pb = load_playbook(playbook)
-    with fleet_context(inventory, limit, forks, command="deploy", json=json_out, debug=debug,
-                       accept_new_host_keys=accept_new_host_keys) as ctx:
+    with playbook_fleet(playbook, inventory, limit, forks, command="deploy", json=json_out, debug=debug,
+                        accept_new_host_keys=accept_new_host_keys) as (pb, ctx):
         from fleetctl.ops.deploy import apply_plan, build_plan, gather, new_op_id
         # seals (fleetctl/seal.py): a host unchanged since its last deploy is re-checked without Python;
         # a rolling restart visits every host with the agent (its batches re-plan)
@@ -354,11 +351,8 @@ def history(*, op_id: str | None, limit_rows: int, json_out: bool) -> None:
 
 def explain(*, playbook: Path, inventory: Path | None, limit: str | None, forks: int, json_out: bool, debug: bool,
         accept_new_host_keys: bool, probe: bool = False) -> None:
-    from fleetctl.config.playbook import load_playbook
-
-    pb = load_playbook(playbook)
-    with fleet_context(inventory, limit, forks, command="explain", json=json_out, debug=debug,
-                       accept_new_host_keys=accept_new_host_keys) as ctx:
+    with playbook_fleet(playbook, inventory, limit, forks, command="explain", json=json_out, debug=debug,
+                        accept_new_host_keys=accept_new_host_keys) as (pb, ctx):
         from fleetctl.ops.deploy import gather
         from fleetctl.ops.verify import never_fires
         from fleetctl.patched_worker import coverage, host_coverage, instances, launch_env, launch_flags

@@ -15,7 +15,7 @@ from fleetctl.commands.common import (
     err,
     out,
 )
-from fleetctl.commands.context import RunContext, fleet_context
+from fleetctl.commands.context import RunContext, fleet_context, playbook_fleet
 from fleetctl.commands.context import fmt_time as _ts
 from fleetctl.commands.context import run_with_progress as _tick_run
 from fleetctl.errors import EXIT_FAILED, EXIT_OK, InputError
@@ -181,11 +181,8 @@ def render_verify(rows: list[HostVerify], markers: list[str]) -> None:
 def launch(*, playbook: Path, inventory: Path | None, limit: str | None, forks: int, replace: bool,
         timeout: float | None, drop_unknown_flags: bool, allow_uncovered: bool, json_out: bool, debug: bool,
         accept_new_host_keys: bool, check: bool = False) -> None:
-    from fleetctl.config.playbook import load_playbook
-
-    pb = load_playbook(playbook)
-    with fleet_context(inventory, limit, forks, command="launch", json=json_out, debug=debug,
-                       accept_new_host_keys=accept_new_host_keys) as ctx:
+    with playbook_fleet(playbook, inventory, limit, forks, command="launch", json=json_out, debug=debug,
+                        accept_new_host_keys=accept_new_host_keys) as (pb, ctx):
         if check:
             _launch_check(ctx, pb, replace=replace, drop_unknown_flags=drop_unknown_flags,
                           allow_uncovered=allow_uncovered)
@@ -242,11 +239,8 @@ def _launch_check(ctx: RunContext, pb: Any, **kw: bool) -> None:
 
 def verify_logs(*, playbook: Path, inventory: Path | None, limit: str | None, forks: int, json_out: bool, debug: bool,
         accept_new_host_keys: bool) -> None:
-    from fleetctl.config.playbook import load_playbook
-
-    pb = load_playbook(playbook)
-    with fleet_context(inventory, limit, forks, command="verify-logs", json=json_out, debug=debug,
-                       accept_new_host_keys=accept_new_host_keys) as ctx:
+    with playbook_fleet(playbook, inventory, limit, forks, command="verify-logs", json=json_out, debug=debug,
+                        accept_new_host_keys=accept_new_host_keys) as (pb, ctx):
         from fleetctl.ops.verify import verify_fleet
         rows = _tick_run(ctx, "verify-logs", lambda: verify_fleet(ctx.fleet, pb))
         bad = [r for r in rows if not r.ok]

@@ -1,0 +1,151 @@
+"""Connections opened ahead of a command's first run (Fleet.prefetch; commands/context.py), against
+real sshd hosts: the run uses the connection the prefetch opened, a failed handshake is reported by
+the host's run exactly once, a closed fleet cuts a handshake in flight, and bad input given on the
+command line contacts no host."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from fleetctl.cli import main
+from fleetctl.config.inventory import load_inventory
+from fleetctl.runner import Fleet
+from fleetctl.sandbox.lifecycle import Sandbox
+
+pytestmark = [pytest.mark.fleet, pytest.mark.usefixtures("ledger_dir")]
+
+PB = Path(__file__).resolve().parents[1] / "playbooks" / "dynamic-spec-disable"
+
+
+@pytest.fixture
+def silent_listener() -> Iterator[tuple[int, list[socket.socket]]]:
+    """A loopback TCP port that accepts connections and never says anything (no SSH banner)."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(16)
+    accepted: list[socket.socket] = []
+    stop = threading.Event()
+
+    def loop() -> None:
+        srv.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                c, _ = srv.accept()
+            except OSError:
+                continue
+            accepted.append(c)
+
+    t = threading.Thread(target=loop, daemon=True)
+    t.start()
+    try:
+        yield srv.getsockname()[1], accepted
+    finally:
+        stop.set()
+        t.join(5)
+        for c in accepted:
+            c.close()
+        srv.close()
+
+
+def _inventory(sb: Sandbox, tmp: Path, port: int, *, known_hosts: Path | None = None,
+               connect_timeout: int = 30) -> Path:
+    inv = tmp / "inventory.yaml"
+    kh = known_hosts or sb.dir / "known_hosts"
+    inv.write_text(f"defaults: {{user: root, identity_file: {sb.dir / 'client_key'}, known_hosts: {kh}}}\n"
+                   f"hosts:\n  x1: {{address: 127.0.0.1, port: {port}, connect_timeout: {connect_timeout}}}\n")
+    return inv
+
+
+def _fleet(inventory: Path, limit: str | None = None) -> Fleet:
+    inv = load_inventory(inventory)
+    return Fleet(inv, inv.select(limit), forks=4)
+
+
+def _echo(conn: object) -> bytes | None:
+    return conn.run_command(["echo", "hi"], "a test", 100)  # type: ignore[attr-defined]
+
+
+def test_the_run_uses_the_prefetched_connection(sandbox: Sandbox) -> None:
+    fleet = _fleet(sandbox.inventory_path)
+    with fleet:
+        fleet.prefetch()
+        for w in fleet._warm.values():
+            assert w.done.wait(60)
+        opened = {name: c._conn for name, c in fleet._conns.items()}  # type: ignore[attr-defined]
+        assert set(opened) == set(sandbox.hosts) and all(c is not None for c in opened.values())
+        outs = fleet.run(_echo)
+        assert [o.status for o in outs] == ["ok"] * len(sandbox.hosts) and outs[0].data == b"hi\n"
+        assert {name: c._conn for name, c in fleet._conns.items()} == opened  # type: ignore[attr-defined]
+
+
+def test_a_failed_prefetch_is_the_hosts_outcome_once(fresh_sandbox: Callable[..., Sandbox]) -> None:
+    sb = fresh_sandbox(hosts=2)
+    sb.stop_host("h02")
+    fleet = _fleet(sb.inventory_path)
+    with fleet:
+        fleet.prefetch()
+        assert fleet._warm["h02"].done.wait(60)
+        first = {o.host: o for o in fleet.run(_echo)}
+        assert first["h01"].status == "ok"
+        assert first["h02"].status == "unreachable" and "connection refused" in first["h02"].message
+        # the kept failure was reported; the next run tries the host afresh (and now reaches it)
+        sb.start_host("h02")
+        again = {o.host: o for o in fleet.run(_echo)}
+        assert again["h02"].status == "ok", again["h02"].message
+
+
+def test_a_host_no_prefetch_reached_is_connected_by_its_run(sandbox: Sandbox) -> None:
+    fleet = _fleet(sandbox.inventory_path)
+    with fleet:
+        fleet.prefetch()
+        outs = fleet.run(_echo)  # at once: some hosts may still be pending or in flight
+        assert [o.status for o in outs] == ["ok"] * len(sandbox.hosts)
+        assert all(w.claimed and w.done.is_set() for w in fleet._warm.values())
+
+
+def test_close_cuts_a_handshake_in_flight(sandbox: Sandbox, tmp_path: Path,
+                                         silent_listener: tuple[int, list[socket.socket]]) -> None:
+    port, accepted = silent_listener
+    fleet = _fleet(_inventory(sandbox, tmp_path, port, connect_timeout=120))
+    fleet.prefetch()
+    w = fleet._warm["x1"]
+    for _ in range(600):  # the handshake started: the host accepted and waits to send its banner
+        if accepted:
+            break
+        w.done.wait(0.1)
+    assert accepted and not w.done.is_set()
+    fleet.close()
+    assert w.done.wait(60)  # long before the host's 120 s connect timeout
+    assert w.error is not None
+
+
+def test_a_missing_playbook_contacts_no_host(sandbox: Sandbox, tmp_path: Path,
+                                            silent_listener: tuple[int, list[socket.socket]],
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    port, accepted = silent_listener
+    inv = _inventory(sandbox, tmp_path, port)
+    code = main(["deploy", str(tmp_path / "no-such-playbook"), "-i", str(inv), "--json"])
+    assert code == 2
+    assert "playbook file not found" in capsys.readouterr().err
+    threading.Event().wait(1.0)  # a prefetch thread, had one started, would have connected by now
+    assert accepted == []
+
+
+def test_accept_new_host_keys_records_nothing_for_bad_input(sandbox: Sandbox, tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """With --accept-new-host-keys nothing is connected before the playbook is read: a malformed
+    playbook records no key (without it, connections may open while the playbook loads)."""
+    kh = tmp_path / "known_hosts"
+    inv = _inventory(sandbox, tmp_path, sandbox.hosts["h01"].port, known_hosts=kh)
+    bad = tmp_path / "playbook.yaml"
+    bad.write_text("name: [unclosed\n")
+    code = main(["deploy", str(bad), "-i", str(inv), "--accept-new-host-keys"])
+    assert code == 2
+    assert "malformed YAML" in capsys.readouterr().err
+    threading.Event().wait(1.0)
+    assert not kh.exists()
