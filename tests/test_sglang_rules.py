@@ -1007,6 +1007,27 @@ def test_origin_story() -> None:
     assert patched.worker_class == "EAGLEWorkerV2" and patched.disable_overlap_schedule is False
 
 
+
+def test_the_engines_memo_keys_every_input() -> None:
+    """engine().resolve_worker answers each distinct launch once per command (most hosts share one):
+    the same answer for equal inputs, and never another input's answer (env, flags, version, model)."""
+    from fleetctl.engine import engine
+
+    flags = {"--speculative-algorithm": "EAGLE3", "--speculative-eagle-topk": 1, "--speculative-num-steps": 3}
+    unset = engine().resolve_worker("0.5.9", dict(flags), {})
+    assert engine().resolve_worker("0.5.9", dict(flags), {}) is unset
+    assert unset == sglang.resolve_worker("0.5.9", flags, {})
+    assert unset.worker_class == "EAGLEWorker"
+    v2 = engine().resolve_worker("0.5.9", dict(flags), {R.SPEC_V2_ENV: "True"})
+    assert v2.worker_class == "EAGLEWorkerV2" and v2 == sglang.resolve_worker("0.5.9", flags, {R.SPEC_V2_ENV: "True"})
+    off = engine().resolve_worker("0.5.9", {**flags, "--speculative-algorithm": None}, {})
+    assert off.worker_class is None and off == sglang.resolve_worker("0.5.9", {**flags, "--speculative-algorithm": None}, {})
+    other = engine().resolve_worker("0.5.14", dict(flags), {})
+    assert other.version == "0.5.14" and other == sglang.resolve_worker("0.5.14", flags, {})
+    for arch in ("LlamaForCausalLM", None):
+        assert engine().resolve_worker("0.5.9", dict(flags), {}, model_arch=arch) == \
+            sglang.resolve_worker("0.5.9", flags, {}, model_arch=arch)
+
 # --- flag spelling -------------------------------------------------------------------------------
 
 def test_flag_spellings_and_aliases() -> None:

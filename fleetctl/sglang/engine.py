@@ -3,6 +3,7 @@ flag and log line that code outside this package needs is reached through `SGLAN
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,6 +13,8 @@ from fleetctl.sglang import logs, model_config, processes, routing
 from fleetctl.sglang import releases as R
 
 _TP = next(f for f in R.FLAGS if f.dest == "tp_size")
+_RESOLVED: dict[tuple[str, str | None, str], routing.Resolution] = {}  # SGLangEngine.resolve_worker
+_RESOLVED_MAX = 4096
 
 
 @dataclass(frozen=True)
@@ -56,7 +59,18 @@ class SGLangEngine:
 
     def resolve_worker(self, version: str, flags: dict[str, Any], env: dict[str, str], *,
                        model_arch: str | None = None) -> routing.Resolution:
-        return routing.resolve_worker(version, flags, env, model_arch=model_arch)
+        """routing.resolve_worker: a pure function of its arguments, so one answer per distinct
+        launch (the hosts of a fleet mostly share version, flags, env and model) within a command."""
+        try:
+            key = (version, model_arch, json.dumps([flags, env], sort_keys=True))
+        except (TypeError, ValueError):  # a value JSON cannot hold: not memoized
+            return routing.resolve_worker(version, flags, env, model_arch=model_arch)
+        hit = _RESOLVED.get(key)
+        if hit is None:
+            hit = routing.resolve_worker(version, flags, env, model_arch=model_arch)
+            if len(_RESOLVED) < _RESOLVED_MAX:
+                _RESOLVED[key] = hit
+        return hit
 
     def overlap_cause(self, version: str, disable_overlap_schedule: bool, env: Mapping[str, str]) -> str | None:
         rel = R.RELEASES.get(version)
