@@ -200,3 +200,26 @@ def test_one_agent_process_serves_every_call_of_a_command(sandbox: Sandbox) -> N
         time.sleep(0.05)
     else:
         raise AssertionError(f"agent {third} still running after the connection closed")
+
+
+def test_an_authentication_timeout_is_retried_and_named(fresh_sandbox: Callable[..., Sandbox], tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """A host that completes the key exchange but does not answer the authentication in time (an
+    overloaded host, or controller: seen at N=1,000) is not a credentials problem: the connection
+    is tried again (3 attempts in all), then the host is reported with what happened and what to try."""
+    sb = fresh_sandbox(hosts=1)
+    cfg = sb.dir / "hosts" / "h01" / "sshd_config"
+    sb.stop_host("h01")
+    # sshd asks this command for the account's keys (none in a file) before it answers: 4 s per answer
+    text = re.sub(r"(?m)^AuthorizedKeysFile .*$", "AuthorizedKeysFile none", cfg.read_text())
+    cfg.write_text(text + "AuthorizedKeysCommand /usr/bin/sleep 4\nAuthorizedKeysCommandUser nobody\n")
+    sb.start_host("h01")
+    inv = _inventory_variant(sb, tmp_path, r"defaults: \{", "defaults: {connect_timeout: 1, ")
+    code, out, _ = run(capsys, "facts", "-i", str(inv), "--json")
+    assert code == 1
+    (h,) = json.loads(out)["hosts"]
+    assert h["status"] == "unreachable", h
+    assert re.search(r"h01: no answer to authentication from root@127\.0\.0\.1:\d+ within 1s", h["message"]), h
+    assert "authentication failed" not in h["message"]
+    # three attempts, each waiting out the 1 s bound (one alone would end after ~1 s)
+    assert h["elapsed"] >= 3.0, h

@@ -284,6 +284,12 @@ class HostConnection(AgentTransport):
                 hint="possible man-in-the-middle; if the host was reinstalled, remove its old entry from known_hosts",
             ) from None
         except paramiko.AuthenticationException as e:
+            if str(e).startswith("Authentication timeout"):  # no answer in time: not a refusal
+                # (the host answered the key exchange: a loaded host or controller, worth another try)
+                raise Unreachable(f"{h.name}: no answer to authentication from {where} within "
+                                  f"{h.connect_timeout:g}s",
+                                  hint="is the host or this machine overloaded? raise connect_timeout, or lower "
+                                       "--forks", transient=True) from None
             raise Unreachable(f"{h.name}: authentication failed for {where}: {e}",
                               hint="check 'user:' and 'identity_file:' in the inventory", transient=False) from None
         except TimeoutError:
