@@ -47,6 +47,8 @@ def ssh_transport(host: Host, inventory: Inventory, accept_new_host_keys: bool) 
     return HostConnection(host, inventory, accept_new_host_keys=accept_new_host_keys)
 
 NOT_STARTED = "not started: interrupted (Ctrl-C)"
+ABANDON_AFTER = 10.0  # seconds a host's thread may take to give up after its connection was cut
+
 # at most this many handshakes ahead of the first run (Fleet.prefetch); a host none of them reached
 # is connected by its run, as before
 PREFETCH_THREADS = 64
@@ -59,8 +61,6 @@ class _Warm:
     claimed: bool = False  # a prefetch thread or the host's first run has taken it
     done: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None
-
-ABANDON_AFTER = 10.0  # seconds a host's thread may take to give up after its connection was cut
 
 
 @dataclass
@@ -87,7 +87,8 @@ class Fleet:
     _closed: bool = False
 
     def prefetch(self) -> None:
-        """Start opening the hosts' connections in the background, `forks` at a time, while the
+        """Start opening the hosts' connections in the background (`forks` at a time, at most
+        PREFETCH_THREADS), while the
         command goes on loading what it needs (its playbook, its modules): on a fleet that time
         overlaps the handshakes (the hosts' sshd work, the network's round trips) instead of
         preceding them. Only the connection: nothing runs on a host before the command's first

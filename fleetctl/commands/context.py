@@ -41,10 +41,9 @@ class RunContext:
 
 @contextmanager
 def fleet_context(inventory: Path | None, limit: str | None, forks: int, *, json: bool, debug: bool,
-                  accept_new_host_keys: bool = False, command: str = "fleetctl",
-                  prefetch: bool = True) -> Iterator[RunContext]:
-    """The command's fleet. With `prefetch` the hosts' connections start opening at once, in the
-    background (Fleet.prefetch), while the command loads the rest of what it needs; not with
+                  accept_new_host_keys: bool = False, command: str = "fleetctl") -> Iterator[RunContext]:
+    """The command's fleet. The hosts' connections start opening at once, in the background
+    (Fleet.prefetch), while the command loads the rest of what it needs; not with
     --accept-new-host-keys, which records keys only once the command's input has been read."""
     from fleetctl.config.inventory import load_inventory
 
@@ -60,7 +59,7 @@ def fleet_context(inventory: Path | None, limit: str | None, forks: int, *, json
     if note:
         sys.stderr.write(note + "\n")
     fleet = Fleet(inv, hosts, forks=forks, accept_new_host_keys=accept_new_host_keys)
-    if prefetch and not accept_new_host_keys:
+    if not accept_new_host_keys:
         fleet.prefetch()
     handler = _CtrlC(fleet, inv.path)
     previous = handler.install()
