@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from ports import free_port
 from test_faults import EW2, SA, VERSION, make_playbook, run, write_inventory
 
 from fleetctl.remote import agent_servers as srv
@@ -28,12 +28,6 @@ GOOD = ("h01", "h02")
 MODES = ("null", "list", "missing", "type")
 SCRIPT = Path(__file__).parent / "data" / "hostile_agent.py"
 LINE = re.compile(r"^h03: host answered an invalid '(facts|server_grep)' answer: \S.*: \S")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,6 @@ against its JSON Schema in docs/schemas/ (draft 2020-12), run on a real sshd san
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +11,7 @@ import jsonschema
 import pytest
 import yaml
 from conftest import require_sshd
+from ports import free_port as _closed_port
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 from test_launch import FULL, make_inventory, stop_all_local
@@ -67,14 +67,6 @@ def test_the_envelope_counts_and_refuses_a_clashing_key() -> None:
 
 
 # ----------------------------------------------------------------------------- every command on a sandbox
-
-
-def _closed_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 @pytest.mark.fleet

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import yaml
+from ports import free_ports
 
 from fleetctl import wheels
 from fleetctl.cli import main
@@ -33,18 +34,6 @@ pytestmark = pytest.mark.fleet
 
 
 # ----------------------------------------------------------------------------- helpers (also in test_verify_logs)
-
-
-def free_ports(n: int) -> list[int]:
-    socks = []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def make_inventory(sb: Any, path: Path, *, hosts: list[str] | None = None, env: dict[str, dict] | None = None,

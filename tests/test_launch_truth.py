@@ -11,7 +11,6 @@ import json
 import os
 import py_compile
 import shutil
-import socket
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any
 
 import pytest
 import yaml
+from ports import free_port
 from test_launch import playbook_with, stop_all_local
 
 from fleetctl import wheels
@@ -68,14 +68,6 @@ def sb(one: Sandbox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterato
     finally:
         stop_all_local(one)
         _reset(one)
-
-
-def free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def inventory(sb: Sandbox, path: Path, **host: Any) -> Path:

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import yaml
+from ports import free_port as closed_port
 
 from fleetctl.cli import main
 from fleetctl.ledger import Ledger
@@ -133,14 +134,6 @@ def sandbox_inventory(sb: Any, path: Path, extra_hosts: dict[str, dict[str, Any]
     doc["hosts"].update(extra_hosts or {})
     path.write_text(yaml.safe_dump(doc))
     return path
-
-
-def closed_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def tree_digest(sb: Any) -> dict[str, str]:

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from ports import free_port
 
 from fleetctl.remote.agent_servers import marker_in_init
 from fleetctl.sglang import READY_LINE, parse_line
@@ -44,12 +45,6 @@ class {{cls}}:
     def forward(self):
         print("{MARKER}")
 '''
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def fake_tree(root: Path, version: str, workers: dict[str, str]) -> Path:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,6 +11,7 @@ from typing import Any
 
 import pytest
 import yaml
+from ports import free_ports
 
 from fleetctl import wheels
 from fleetctl.cli import main
@@ -27,16 +27,6 @@ pytestmark = pytest.mark.fleet
 # ----------------------------------------------------------------------------- helpers (as in test_launch)
 
 
-def free_ports(n: int) -> list[int]:
-    socks = []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def make_inventory(sb: Any, path: Path, *, hosts: list[str] | None = None,
