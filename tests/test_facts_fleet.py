@@ -223,3 +223,27 @@ def test_an_authentication_timeout_is_retried_and_named(fresh_sandbox: Callable[
     assert "authentication failed" not in h["message"]
     # three attempts, each waiting out the 1 s bound (one alone would end after ~1 s)
     assert h["elapsed"] >= 3.0, h
+
+
+def test_an_established_transport_waits_in_one_second_steps(sandbox: Sandbox) -> None:
+    """paramiko's transport thread polls its socket every 0.1 s; once a host is connected fleetctl
+    lets it wake once a second (at 1,000 hosts the 0.1 s polling was most of the controller's CPU),
+    and a host behind a jump host (its transport runs over a channel) keeps paramiko's own timing.
+    (The watchdog's cuts of connected hosts: tests/test_hostile_bounds.py, tests/test_faults.py.)"""
+    from fleetctl.config.inventory import load_inventory
+    from fleetctl.transport.ssh import TRANSPORT_POLL, HostConnection
+
+    inv = load_inventory(sandbox.inventory_path)
+    (host,) = inv.select("h01")
+    with HostConnection(host, inv) as conn:
+        conn.connect()
+        t = conn._conn.client.get_transport()  # type: ignore[union-attr]
+        assert t.sock.gettimeout() == TRANSPORT_POLL == 1.0
+        assert conn.agent("ping").pid
+    jinv = load_inventory(sandbox.jump_inventory_path)
+    (jhost,) = jinv.select("*h01*")
+    with HostConnection(jhost, jinv) as conn:
+        conn.connect()
+        t = conn._conn.client.get_transport()  # type: ignore[union-attr]
+        assert not isinstance(t.sock, __import__("socket").socket)  # a channel through the jump host
+        assert conn.agent("ping").pid
