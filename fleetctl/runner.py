@@ -88,9 +88,8 @@ class Fleet:
 
     def prefetch(self) -> None:
         """Start opening the hosts' connections in the background (`forks` at a time, at most
-        PREFETCH_THREADS), while the
-        command goes on loading what it needs (its playbook, its modules): on a fleet that time
-        overlaps the handshakes (the hosts' sshd work, the network's round trips) instead of
+        PREFETCH_THREADS) while the command goes on loading what it needs (its playbook, its
+        modules): on a fleet that time overlaps the handshakes (the hosts' sshd work, the network's round trips) instead of
         preceding them. Only the connection: nothing runs on a host before the command's first
         `run`. A host whose connection fails keeps that failure, and the first `run` reaching it
         reports it exactly as if it had connected then; a host no prefetch thread has reached yet

@@ -146,18 +146,15 @@ def compiled_agent() -> tuple[str, bytes]:
 
 def compiled_cache_file() -> Path | None:
     """Where this interpreter's compiled agent is kept: the cache dir's `agent/`, named by the agent's
-    and the probe's source hash and the interpreter's cache tag (None: no cache tag)."""
-    import hashlib
+    cache key (its source, which holds the probe's) and the interpreter's cache tag (None: no tag)."""
     import sys
 
-    from fleetctl.remote import probe_source
     from fleetctl.wheels import cache_dir
 
     tag = sys.implementation.cache_tag
     if not tag:
         return None
-    h = hashlib.sha256(agent_source() + b"\0" + probe_source().encode()).hexdigest()[:32]
-    return cache_dir() / "agent" / f"{h}.{tag}.marshal"
+    return cache_dir() / "agent" / f"{agent_key()}.{tag}.marshal"
 
 
 def _private(st: os.stat_result, *, regular: bool) -> bool:
