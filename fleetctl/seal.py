@@ -130,27 +130,41 @@ def forget(host: Host) -> None:
         pass
 
 
-def check_argv(host: Host, paths: list[str], files: list[str]) -> list[str]:
+def check_argv(host: Host, paths: list[str], files: list[str], stat: str | None = None) -> list[str]:
     """The one command of a check: the login environment as the agent would get it (the inventory's
     public env on top), then `stat` of every path and `sha256sum` of every file; each part after a
     NUL-framed marker. Every path is quoted."""
     from fleetctl.transport.session import env_prefix
 
     public = {k: v for k, v in host.env.items() if k not in host.secret_env_keys}
-    return [*env_prefix(public), "sh", "-c", check_script(paths, files)]
+    return [*env_prefix(public), "sh", "-c", check_script(paths, files, stat)]
 
 
 END = f"\x00{MARK}END\x00".encode()
+# the longest sealed stat text the check carries to compare on the host (a command line is one
+# argument of the login shell: Linux takes at most 128 KiB for it)
+STAT_INLINE_MAX = 48 << 10
 
 
-def check_script(paths: list[str], files: list[str]) -> str:
-    """The check as one `sh -c` script (its output ends with END)."""
+def check_script(paths: list[str], files: list[str], stat: str | None = None) -> str:
+    """The check as one `sh -c` script (its output ends with END). `stat`: the seal's stat text;
+    when the host's differs, the script prints no hashes (the check has failed already: a host that
+    changed pays no `sha256sum`, a process that loads OpenSSL); the controller still compares all of
+    the output. Without it (or past STAT_INLINE_MAX) the files are always hashed."""
     q = " ".join(shlex.quote(p) for p in paths)
     h = " ".join(shlex.quote(f) for f in files)
-    return (f"env -0; printf '\\000{MARK}STAT\\000'; "
-            + (f"stat --printf={shlex.quote(STAT_FORMAT)} -- {q} 2>/dev/null; " if paths else "")
-            + f"printf '\\000{MARK}SHA\\000'; "
-            + (f"sha256sum -- {h} 2>/dev/null; " if files else "")
+    gate = isinstance(stat, str) and len(stat) <= STAT_INLINE_MAX and bool(paths) and bool(files)
+    if gate:
+        # `; echo x` and ${s%x}: a command substitution drops trailing newlines, the text must not
+        stats = (f"s=$(stat --printf={shlex.quote(STAT_FORMAT)} -- {q} 2>/dev/null; echo x); s=${{s%x}}; "
+                 "printf '%s' \"$s\"; ")
+    else:
+        stats = f"stat --printf={shlex.quote(STAT_FORMAT)} -- {q} 2>/dev/null; " if paths else ""
+    sums = f"sha256sum -- {h} 2>/dev/null; " if files else ""
+    if gate:
+        sums = f"if [ \"$s\" = {shlex.quote(stat or '')} ]; then {sums}fi; "
+    return (f"env -0; printf '\\000{MARK}STAT\\000'; " + stats
+            + f"printf '\\000{MARK}SHA\\000'; " + sums
             + f"printf '\\000{MARK}END\\000'")
 
 
@@ -221,9 +235,9 @@ def check(conn: Transport, key: str, request: dict[str, Any], *, use: bool = Tru
     if gated is not None:
         # one exec: where the check fails, the same process goes on to start the agent (which the
         # caller then asks for the facts), instead of a second login shell
-        out = gated(check_script(paths, files), END, why, CHECK_CAP, differs)
+        out = gated(check_script(paths, files, stored.get("stat")), END, why, CHECK_CAP, differs)
     else:
-        out = conn.run_command(check_argv(host, paths, files), why, CHECK_CAP)
+        out = conn.run_command(check_argv(host, paths, files, stored.get("stat")), why, CHECK_CAP)
     if differs(out):
         return ck
     raw = json.dumps({"ok": True, "result": stored.get("facts")}).encode()

@@ -435,6 +435,37 @@ def test_discovery_reads_flags_and_entry_points() -> None:
     assert server_flags(["/v/bin/sglang", "serve", "--port", "3"]) == {"--port": "3"}
 
 
+def test_discovery_skips_only_command_lines_no_rule_can_match() -> None:
+    """discover_facts decodes and matches only command lines holding a rule's word (argv_needles):
+    every command line the rules accept holds one in its raw bytes, also beside bytes that are not
+    UTF-8; a rule word that cannot be searched for as bytes turns the shortcut off."""
+    import itertools
+
+    from fleetctl.remote.agent_servers import MAX_ARG, argv_needles, server_argv_matches
+    from fleetctl.sglang.processes import match_rules
+
+    rules = match_rules("{python} -m my.wrapper --x")
+    needles = argv_needles(rules)
+    assert needles is not None and b"my.wrapper" in needles
+    words = [b"python3", b"-m", b"-msglang.launch_server", b"sglang.launch_server", b"sglang.cli.main", b"serve",
+             b"/v/bin/sglang", b"sglang", b"/x/sglang/launch_server.py", b"sglang/launch_server.py", b"my.wrapper",
+             b"-mmy.wrapper", b"\xff\xfe", b"sglang\xff", b"\xe2sglang", b"--tp", b"version", b"x" * (MAX_ARG + 5)]
+    matched = skipped = 0
+    for n in (1, 2, 3):
+        for argv in itertools.product(words, repeat=n):
+            raw = b"\0".join(argv) + b"\0"
+            decoded = [a.decode("utf-8", "replace")[:MAX_ARG] for a in raw.split(b"\0")[:-1]]
+            if server_argv_matches(decoded, rules):
+                matched += 1
+                assert any(w in raw for w in needles), argv
+            elif not any(w in raw for w in needles):
+                skipped += 1
+    assert matched > 100 and skipped > 0
+    assert argv_needles({"modules": ["sglang.launch_server"], "paths": [""]}) is None
+    assert argv_needles({"scripts": ["\ud800 serve"]}) is None  # (not encodable)
+    assert argv_needles({"modules": ["a\ufffdb"]}) is None
+
+
 # ----------------------------------------------------------------------------- settings that hide or defeat the proof
 
 

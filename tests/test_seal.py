@@ -245,3 +245,37 @@ def test_the_agent_writes_what_stat_and_sha256sum_print(tmp_path: Path) -> None:
     sha = subprocess.run(["sha256sum", "--", str(f), str(tmp_path / "missing")], capture_output=True, text=True)
     assert snap["stat"] == st.stdout and snap["stat"].count("\n") == 3
     assert snap["sha"] == sha.stdout and snap["sha"].count("\n") == 1
+
+
+def test_a_check_whose_stat_differs_hashes_nothing(tmp_path: Path) -> None:
+    """The check carries the seal's stat text: where the host's stat output is that text, the
+    output is byte for byte the plain check's (hashes included); where it differs, the script skips
+    sha256sum (no hashes: the check failed already). Trailing newlines, quotes, spaces kept."""
+    from fleetctl.remote import agent_seal
+    from fleetctl.seal import END, check_script, parse_check
+
+    d = tmp_path / "it's a dir"
+    d.mkdir()
+    f = d / "mod.py"
+    f.write_bytes(b"x = 1\n")
+    paths, files = [str(d), str(f), str(tmp_path / "missing")], [str(f)]
+    sealed = agent_seal.snapshot(paths, files)
+    assert sealed["stat"].endswith("\n") and sealed["sha"]
+
+    def run(stat: str | None) -> tuple[str, str, str]:
+        out = subprocess.run(["sh", "-c", check_script(paths, files, stat)], capture_output=True, check=True).stdout
+        assert out.endswith(END)
+        got = parse_check(out, frozenset())
+        assert got is not None
+        return got
+
+    plain = run(None)
+    assert plain[1:] == (sealed["stat"], sealed["sha"])
+    assert run(sealed["stat"]) == plain  # unchanged: the same output, hashes included
+    other = sealed["stat"].replace(" ", "  ", 1)
+    assert run(other) == (plain[0], sealed["stat"], "")  # differs: the stat text as it is, no hashes
+    assert run(sealed["stat"] + "\n") == (plain[0], sealed["stat"], "")  # one more newline is a difference
+    f.write_bytes(b"x = 2\n")  # changed: the stat text differs, so no hashes either
+    now = agent_seal.snapshot(paths, files)
+    assert run(sealed["stat"]) == (plain[0], now["stat"], "") and now["stat"] != sealed["stat"]
+    assert run(now["stat"]) == (plain[0], now["stat"], now["sha"])

@@ -524,11 +524,26 @@ MAX_ARG = 4096
 
 
 def _read_proc(pid, name, limit=1 << 20):
+    """Up to `limit` bytes of /proc/PID/NAME; None if unreadable. (os.read, not open(): a scan reads
+    one such file per process of the host, and the buffered file object costs several times more.)"""
     try:
-        with open("/proc/%d/%s" % (pid, name), "rb") as fh:
-            return fh.read(limit)
+        fd = os.open("/proc/%d/%s" % (pid, name), os.O_RDONLY)
     except (OSError, ValueError):
         return None
+    try:
+        parts = []
+        got = 0
+        while got < limit:
+            b = os.read(fd, min(limit - got, 1 << 16))
+            if not b:
+                break
+            parts.append(b)
+            got += len(b)
+        return b"".join(parts)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def _readlink(path):
@@ -558,6 +573,24 @@ def server_argv_matches(argv, rules):
             if a.endswith("/" + suffix) or a == suffix:
                 return True
     return False
+
+
+def argv_needles(rules):
+    """Byte strings at least one of which is in the raw /proc cmdline of every command line that
+    server_argv_matches(rules) accepts (each rule's first word: the module, the script's name, the
+    path's suffix, which the match needs whole inside one argument), so a process with none of them
+    needs no decoding; None when no such list can be made (an empty or undecodable word)."""
+    out = []
+    for key in ("modules", "scripts", "paths"):
+        for r in rules.get(key) or []:
+            w = str(r).partition(" ")[0]
+            if not w or "\ufffd" in w:
+                return None
+            try:
+                out.append(w.encode("utf-8"))
+            except UnicodeEncodeError:
+                return None
+    return tuple(out)
 
 
 def _listening_ports(pid):
@@ -632,12 +665,15 @@ def discover_facts(p, sg):
         pids = sorted(int(x) for x in os.listdir("/proc") if x.isdigit())
     except OSError:
         pids = []
+    needles = argv_needles(rules)
     for pid in pids:
         if pid in mine:
             continue
         raw = _read_proc(pid, "cmdline")
         if not raw:
             continue
+        if needles is not None and not any(n in raw for n in needles):
+            continue  # (most of a host's processes: no rule's word anywhere in its command line)
         argv = [a.decode("utf-8", "replace")[:MAX_ARG] for a in raw.split(b"\0")[:-1][:MAX_ARGS]]
         if not argv or not server_argv_matches(argv, rules):
             continue
