@@ -86,7 +86,7 @@ class Fleet:
     _warm: dict[str, _Warm] = field(default_factory=dict)  # Fleet.prefetch: per host
     _closed: bool = False
 
-    def prefetch(self) -> None:
+    def prefetch(self, ahead: Callable[[Transport], None] | None = None) -> None:
         """Start opening the hosts' connections in the background (`forks` at a time, at most
         PREFETCH_THREADS) while the command goes on loading what it needs (its playbook, its
         modules): on a fleet that time overlaps the handshakes (the hosts' sshd work, the network's round trips) instead of
@@ -94,7 +94,10 @@ class Fleet:
         `run`. A host whose connection fails keeps that failure, and the first `run` reaching it
         reports it exactly as if it had connected then; a host no prefetch thread has reached yet
         when its run starts is connected by the run itself. Each handshake is bounded as in a run
-        (its step's deadline is set when it starts, and the run's watchdog enforces it)."""
+        (its step's deadline is set when it starts, and the run's watchdog enforces it).
+        `ahead(conn)`: what the command's first step does on a host that may be done as soon as it is
+        connected and decides nothing by itself (the deploy's seal check: seal.check_ahead); the
+        host's run waits for it; its failure is left for that step to meet."""
         hosts = [h for h in self.hosts if h.name not in self._warm]
         if not hosts or self._closed:
             return
@@ -118,9 +121,16 @@ class Fleet:
                     w.done.set()
                     continue
                 try:
-                    self.connection(h).connect()
+                    conn = self.connection(h)
+                    conn.connect()
                 except BaseException as e:  # kept for the host's first run
                     w.error = e
+                else:
+                    if ahead is not None and not self.interrupt.is_set() and not self._closed:
+                        try:
+                            ahead(conn)
+                        except Exception:  # (decides nothing: the host's step does it again)
+                            pass
                 finally:
                     w.done.set()
 

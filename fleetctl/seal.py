@@ -10,7 +10,8 @@ public env: what `env -0` prints in the check). The controller keeps it here, pe
 
 The next deploy (or deploy --check) of the same host with the same facts request (playbook files,
 launch, inventory settings, agent code: the seal's key) runs ONE plain command on the host: `env -0`,
-`stat` and `sha256sum` of those paths (`check_argv`). If its output is byte for byte what the seal
+`stat` and `sha256sum` of those paths (`check_argv`; a deploy starts it as soon as the host is
+connected, while its playbook loads: `check_ahead`). If its output is byte for byte what the seal
 recorded (the environment compared as a digest, without the variables that change per connection),
 nothing the facts depended on changed, so the facts are the seal's (checked as any agent answer is)
 and the plan is built from them. A host whose plan is then a no-op is done: its files were just
@@ -195,6 +196,32 @@ def parse_check(out: bytes, drop: frozenset[str]) -> tuple[str, str, str] | None
         return None
 
 
+CHECK_WHY = "the seal check (stat, sha256sum)"
+
+
+def check_ahead(conn: Transport) -> None:
+    """Run in the prefetch (runner.py Fleet.prefetch), while the command still loads its playbook:
+    the check of the host's stored seal, whatever its key (the key needs the playbook), its process
+    kept waiting at the gate (AgentTransport.check_ahead). check() takes its output when that seal is
+    this command's (the same script); otherwise the host's first agent request takes the process as
+    its agent. It decides nothing: the output is judged by check() as if it had just been read."""
+    host = conn.host
+    ahead = getattr(conn, "check_ahead", None)
+    if ahead is None or host.probe:
+        return
+    try:
+        doc = json.loads(_host_file(host).read_text())
+    except (OSError, ValueError):
+        return
+    if not isinstance(doc, dict) or doc.get("v") != VERSION or "why" in doc:
+        return
+    paths, files = doc.get("paths", []), doc.get("files", [])
+    if not (isinstance(paths, list) and isinstance(files, list)
+            and all(isinstance(p, str) for p in paths + files)):
+        return
+    ahead(check_script(paths, files, doc.get("stat")), END, CHECK_WHY, CHECK_CAP)
+
+
 def check(conn: Transport, key: str, request: dict[str, Any], *, use: bool = True) -> Checked:
     """Check `conn`'s host against its stored seal for `key` (one command on the host, run only
     when there is a seal). use=False (deploy --recheck): never take the seal's facts. The result
@@ -211,7 +238,7 @@ def check(conn: Transport, key: str, request: dict[str, Any], *, use: bool = Tru
         ck.why = "no seal" if stored is None else "--recheck"
         return ck
     paths, files = stored.get("paths", []), stored.get("files", [])
-    why = "the seal check (stat, sha256sum)"
+    why = CHECK_WHY
 
     judged: dict[bytes | None, bool] = {}
 

@@ -279,3 +279,47 @@ def test_a_check_whose_stat_differs_hashes_nothing(tmp_path: Path) -> None:
     now = agent_seal.snapshot(paths, files)
     assert run(sealed["stat"]) == (plain[0], now["stat"], "") and now["stat"] != sealed["stat"]
     assert run(now["stat"]) == (plain[0], now["stat"], now["sha"])
+
+
+def test_the_check_runs_ahead_while_the_playbook_loads(host: Host, monkeypatch: pytest.MonkeyPatch) -> None:
+    """deploy starts each host's seal check as soon as the host is connected (in the prefetch), and
+    check() takes that output; where the stored seal is not this command's (another key), the
+    process waiting at the gate becomes the host's agent: still one exec, one python start. With
+    --recheck nothing runs ahead."""
+    import threading
+
+    from fleetctl.transport.session import BOOTSTRAP, AgentTransport
+    from fleetctl.transport.ssh import HostConnection
+
+    host.sealed_noop()
+    reads: list[str] = []
+    starts: list[list[str]] = []
+    orig_read, orig_start = AgentTransport._gate_read, HostConnection._start_pipe
+
+    def read(self: AgentTransport, *a: object, **k: object) -> object:
+        reads.append(threading.current_thread().name)
+        return orig_read(self, *a, **k)  # type: ignore[arg-type]
+
+    def start(self: HostConnection, argv: list[str], limit: float) -> object:
+        starts.append(argv)
+        return orig_start(self, argv, limit)
+
+    monkeypatch.setattr(AgentTransport, "_gate_read", read)
+    monkeypatch.setattr(HostConnection, "_start_pipe", start)
+    doc, sealed, py = host.deploy()
+    assert sealed and py == 0 and reads == ["fleetctl-prefetch"] and len(starts) == 1, (reads, starts)
+
+    # the stored seal made for another key: no check is asked for, the waiting process is the agent
+    (f,) = (Path(os.environ["FLEETCTL_STATE_DIR"]) / "seals").glob("*.json")
+    sealed_doc = json.loads(f.read_text())
+    f.write_text(json.dumps({**sealed_doc, "key": "0" * 64}))
+    reads.clear()
+    starts.clear()
+    doc, sealed, py = host.deploy()
+    assert not sealed and py == 1 and doc["hosts"][0]["status"] == "unchanged", doc["hosts"][0]
+    assert reads == ["fleetctl-prefetch"] and len(starts) == 1 and BOOTSTRAP in starts[0], (reads, starts)
+
+    reads.clear()
+    starts.clear()
+    doc, sealed, py = host.deploy("--recheck")
+    assert not sealed and py == 1 and reads == [] and len(starts) == 1, (reads, starts)

@@ -41,10 +41,12 @@ class RunContext:
 
 @contextmanager
 def fleet_context(inventory: Path | None, limit: str | None, forks: int, *, json: bool, debug: bool,
-                  accept_new_host_keys: bool = False, command: str = "fleetctl") -> Iterator[RunContext]:
+                  accept_new_host_keys: bool = False, command: str = "fleetctl",
+                  ahead: Callable[[Any], None] | None = None) -> Iterator[RunContext]:
     """The command's fleet. The hosts' connections start opening at once, in the background
     (Fleet.prefetch), while the command loads the rest of what it needs; not with
-    --accept-new-host-keys, which records keys only once the command's input has been read."""
+    --accept-new-host-keys, which records keys only once the command's input has been read.
+    `ahead`: the first step's work that may start as soon as a host is connected (Fleet.prefetch)."""
     from fleetctl.config.inventory import load_inventory
 
     started = time.monotonic()
@@ -60,7 +62,7 @@ def fleet_context(inventory: Path | None, limit: str | None, forks: int, *, json
         sys.stderr.write(note + "\n")
     fleet = Fleet(inv, hosts, forks=forks, accept_new_host_keys=accept_new_host_keys)
     if not accept_new_host_keys:
-        fleet.prefetch()
+        fleet.prefetch(ahead)
     handler = _CtrlC(fleet, inv.path)
     previous = handler.install()
     run = common.JsonRun(fleet.interrupt) if json else None
@@ -86,8 +88,8 @@ def fleet_context(inventory: Path | None, limit: str | None, forks: int, *, json
 
 @contextmanager
 def playbook_fleet(playbook: Path, inventory: Path | None, limit: str | None, forks: int, *, json: bool,
-                   debug: bool, accept_new_host_keys: bool = False,
-                   command: str = "fleetctl") -> Iterator[tuple[Playbook, RunContext]]:
+                   debug: bool, accept_new_host_keys: bool = False, command: str = "fleetctl",
+                   ahead: Callable[[Any], None] | None = None) -> Iterator[tuple[Playbook, RunContext]]:
     """fleet_context, with the playbook loaded while the hosts' connections open (pydantic and the
     playbook's models are most of a command's start). A playbook file that is not there fails
     first, before any host is contacted; a malformed one fails the same way, once the inventory
@@ -97,7 +99,7 @@ def playbook_fleet(playbook: Path, inventory: Path | None, limit: str | None, fo
 
         load_playbook(playbook)  # raises its one line
     with fleet_context(inventory, limit, forks, json=json, debug=debug, command=command,
-                       accept_new_host_keys=accept_new_host_keys) as ctx:
+                       accept_new_host_keys=accept_new_host_keys, ahead=ahead) as ctx:
         from fleetctl.config.playbook import load_playbook
 
         yield load_playbook(playbook), ctx

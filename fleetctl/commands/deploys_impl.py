@@ -47,6 +47,14 @@ def _load_playbook(path: Path) -> Playbook:
     return load_playbook(path)
 
 
+def _seal_check_ahead(conn: Any) -> None:
+    """(fleetctl.seal is imported by the first connected host's prefetch thread, not before the input
+    is read)"""
+    from fleetctl.seal import check_ahead
+
+    check_ahead(conn)
+
+
 def deploy(*, playbook: Path, inventory: Path | None, limit: str | None, forks: int, check: bool, diff: bool,
         force: bool, allow_uncovered: bool, strict: bool = False, restart: bool, serial: str | None, canary: str | None,
         max_fail: str | None, any_errors_fatal: bool, ready_timeout: float | None, break_lock: str | None,
@@ -54,8 +62,10 @@ def deploy(*, playbook: Path, inventory: Path | None, limit: str | None, forks: 
     budget = validate.rolling(restart, serial=serial, canary=canary, max_fail=max_fail,
                               ready_timeout=ready_timeout)
     validate.exclusive(diff=diff, json=json_out)
+    # the seal checks start as each host connects, while the playbook loads (they decide nothing there)
     with playbook_fleet(playbook, inventory, limit, forks, command="deploy", json=json_out, debug=debug,
-                        accept_new_host_keys=accept_new_host_keys) as (pb, ctx):
+                        accept_new_host_keys=accept_new_host_keys,
+                        ahead=None if recheck else _seal_check_ahead) as (pb, ctx):
         from fleetctl.ops.deploy import apply_plan, build_plan, gather, new_op_id
         # seals (fleetctl/seal.py): a host unchanged since its last deploy is re-checked without Python;
         # a rolling restart visits every host with the agent (its batches re-plan)

@@ -297,6 +297,9 @@ class AgentTransport(Steps):
         self._agent_lock = threading.Lock()
         self._agent_out = bytearray()
         self._agent_err = bytearray()
+        # a check run ahead (check_ahead): (its script, its pipe waiting at the gate or None, its
+        # output through `end` or None, what came after it, the error it met or None)
+        self._ahead: tuple[str, Pipe | None, bytes | None, bytes, Exception | None] | None = None
 
     def _start_pipe(self, argv: list[str], limit: float) -> Pipe:
         raise NotImplementedError
@@ -370,6 +373,12 @@ class AgentTransport(Steps):
         pipe, self._agent_pipe = self._agent_pipe, None
         if pipe is not None:
             pipe.close()
+        self._ahead_drop()
+
+    def _ahead_drop(self) -> None:
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead[1] is not None:
+            ahead[1].close()  # (its sh reads end of input at the gate: it ends, no agent)
 
     def _keep_stderr(self, pipe: Pipe) -> None:
         err = pipe.stderr()
@@ -428,6 +437,60 @@ class AgentTransport(Steps):
                                kind="bad_python", hint="fix 'python:' for this host in the inventory")
         return RemoteError(f"{h}: '{action}' failed: {why}", kind="failed", detail=stderr)
 
+    def _gate_read(self, script: str, end: bytes, why: str, cap: int) -> tuple[Pipe | None, bytes | None, bytes]:
+        """Start `sh -c SCRIPT` + GATE (the agent's own command after it) and read its output through
+        `end`: (the pipe, now waiting at the gate; the output; what came after it), or (None, None,
+        b"") if the output did not end so within `cap` bytes or the process ended first."""
+        prefix, rest = agent_argv(self.host)
+        full = [*prefix, "sh", "-c", script + GATE, "sh", *rest]
+        limit = self.host.command_timeout
+        pipe = self._start_pipe(full, limit)
+        deadline = self._begin(why, limit, f"{self.host.name}: {why}: no end within {limit:g}s")
+        out = bytearray()
+        try:
+            while True:
+                i = out.find(end, max(0, len(out) - len(end) - CHUNK))
+                if i >= 0:
+                    return pipe, bytes(out[:i + len(end)]), bytes(out[i + len(end):])
+                if len(out) > cap:
+                    pipe.close()
+                    return None, None, b""
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    pipe.close()
+                    raise RemoteError(self.step_stalled, kind="timeout")
+                data = pipe.recv(CHUNK, min(POLL, left))
+                if data == b"":
+                    pipe.close()
+                    return None, None, b""
+                if data:
+                    out += data
+                self._keep_stderr(pipe)
+        except TimeoutError:
+            pipe.close()
+            raise RemoteError(self.step_stalled, kind="timeout") from None
+        except PipeLost as e:
+            pipe.close()
+            raise self._lost(why, e) from None
+        finally:
+            self._end()
+
+    def check_ahead(self, script: str, end: bytes, why: str, cap: int) -> None:
+        """Run a check_then_agent check now, ahead of the command's first step (Fleet.prefetch, while
+        the command loads its playbook), and keep its process waiting at the gate. The check_then_agent
+        call with the same script then takes its output (or raises what it met, as it would have),
+        and an agent() call before any such check takes the process as the agent ("go"). Nothing is
+        decided here; a process nobody takes ends at close()."""
+        with self._agent_lock:
+            if self._agent_pipe is not None or self._ahead is not None:
+                return
+            try:
+                pipe, output, after = self._gate_read(script, end, why, cap)
+            except (RemoteError, Unreachable) as e:
+                self._ahead = (script, None, None, b"", e)
+                return
+            self._ahead = (script, pipe, output, after, None)
+
     def check_then_agent(self, script: str, end: bytes, why: str, cap: int,
                          need_agent: Callable[[bytes], bool]) -> bytes | None:
         """One exec for a check and, when needed, the agent after it: `sh -c SCRIPT` (the inventory's
@@ -435,36 +498,26 @@ class AgentTransport(Steps):
         on "go" it execs the agent's own command (agent_command), which then serves this session.
         need_agent(output) decides. Returns the output (through `end`), or None if it did not end
         so within `cap` bytes or the process ended first (no agent was started: the next agent()
-        starts one the usual way). Saves a host whose check fails a second exec (its login shell)."""
-        prefix, rest = agent_argv(self.host)
-        full = [*prefix, "sh", "-c", script + GATE, "sh", *rest]
-        limit = self.host.command_timeout
+        starts one the usual way). Saves a host whose check fails a second exec (its login shell).
+        A check of the same script already run ahead (check_ahead) is taken instead of a new one."""
         with self._agent_lock:
             if self._agent_pipe is not None and not self._agent_pipe.ended():  # (already started)
                 return None
+            ahead, self._ahead = self._ahead, None
             self._agent_drop()
-            pipe = self._start_pipe(full, limit)
+            if ahead is not None and ahead[0] == script and not (ahead[1] is not None and ahead[1].ended()):
+                if ahead[4] is not None:
+                    raise ahead[4]
+                pipe, output, after = ahead[1], ahead[2], ahead[3]
+            else:
+                if ahead is not None and ahead[1] is not None:
+                    ahead[1].close()
+                pipe, output, after = self._gate_read(script, end, why, cap)
+            if pipe is None or output is None:
+                return None
+            limit = self.host.command_timeout
             deadline = self._begin(why, limit, f"{self.host.name}: {why}: no end within {limit:g}s")
-            out = bytearray()
             try:
-                while True:
-                    i = out.find(end, max(0, len(out) - len(end) - CHUNK))
-                    if i >= 0:
-                        break
-                    if len(out) > cap:
-                        pipe.close()
-                        return None
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        raise RemoteError(self.step_stalled, kind="timeout")
-                    data = pipe.recv(CHUNK, min(POLL, left))
-                    if data == b"":
-                        pipe.close()
-                        return None
-                    if data:
-                        out += data
-                    self._keep_stderr(pipe)
-                output, ahead = bytes(out[:i + len(end)]), bytes(out[i + len(end):])
                 if not need_agent(output):
                     pipe.send(b"no\n", deadline)
                     pipe.close()
@@ -480,7 +533,7 @@ class AgentTransport(Steps):
                 raise self._lost(why, e) from None
             finally:
                 self._end()
-            self._agent_pipe = self._agent_start(pipe, ahead)
+            self._agent_pipe = self._agent_start(pipe, after)
             return output
 
     def run_command(self, argv: list[str], why: str, cap: int, timeout: float | None = None) -> bytes | None:
@@ -509,6 +562,26 @@ class AgentTransport(Steps):
             self._end()
             pipe.close()
 
+    def _agent_from(self, ahead: tuple[str, Pipe | None, bytes | None, bytes, Exception | None] | None
+                    ) -> Pipe | None:
+        """The agent, from a check run ahead whose process waits at its gate ("go"); None if there is
+        none (or it is gone)."""
+        if ahead is None or ahead[1] is None:
+            return None
+        pipe = ahead[1]
+        limit = self.host.command_timeout
+        deadline = self._begin("starting the agent", limit)
+        try:
+            sent = not pipe.ended() and pipe.send(b"go\n", deadline)
+        except (TimeoutError, PipeLost):
+            sent = False
+        finally:
+            self._end()
+        if not sent:
+            pipe.close()
+            return None
+        return self._agent_start(pipe, ahead[3])
+
     def agent(self, action: str, request: Mapping[str, Any] | None = None, *,
               timeout: float | None = None) -> Any:
         """Run one agent action with the host's python; return its result, checked and typed as
@@ -519,8 +592,9 @@ class AgentTransport(Steps):
         with self._agent_lock:
             pipe = self._agent_pipe
             if pipe is None or pipe.ended():  # none yet, or it ended between requests
+                ahead, self._ahead = self._ahead, None
                 self._agent_drop()
-                pipe = self._agent_pipe = self._agent_start()
+                pipe = self._agent_pipe = self._agent_from(ahead) or self._agent_start()
             deadline = self._begin(f"the '{action}' request", limit,
                                    f"{h}: '{action}' timed out: no answer within {limit:g}s")
             try:
