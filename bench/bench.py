@@ -376,10 +376,12 @@ class Runner:
         self.loads: list[float] = []
 
     def one_run(self, r: int) -> None:
-        """Run r of every tool at the current size (rotating order, reversed on odd runs)."""
+        """Run r of every tool at the current size (rotating order, reversed on odd runs when there
+        are more than two tools: with two, rotating alone alternates them, and reversing too would
+        put the same tool first in every run)."""
         n, hosts, tools = self.n, self.hosts, self.tools
         order = tools[r % len(tools):] + tools[:r % len(tools)] if tools else []
-        if r % 2:
+        if r % 2 and len(order) > 2:
             order = order[::-1]
         for tool in order:
             if r >= self.runs_for(tool, n):
@@ -723,7 +725,7 @@ def main(argv: list[str] | None = None) -> int:
                     "sandbox_hosts": max(sizes),
                     "fleetctl_bytecode": bytecode,
                     "shells": shells,
-                    "order": "shell variants interleaved per run; tools rotating per run, reversed on odd runs; "
+                    "order": "shell variants interleaved per run; tools rotating per run, reversed on odd runs with more than two tools; "
                              "hosts reset to pristine before each tool",
                 }
                 tmp = results.with_suffix(".json.tmp")
