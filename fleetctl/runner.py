@@ -90,8 +90,8 @@ class Fleet:
         """Start opening the hosts' connections in the background (`forks` at a time, at most
         PREFETCH_THREADS) while the command goes on loading what it needs (its playbook, its
         modules): on a fleet that time overlaps the handshakes (the hosts' sshd work, the network's round trips) instead of
-        preceding them. Only the connection: nothing runs on a host before the command's first
-        `run`. A host whose connection fails keeps that failure, and the first `run` reaching it
+        preceding them. Only the connection (and `ahead`, below): nothing else runs on a host before
+        the command's first `run`. A host whose connection fails keeps that failure, and the first `run` reaching it
         reports it exactly as if it had connected then; a host no prefetch thread has reached yet
         when its run starts is connected by the run itself. Each handshake is bounded as in a run
         (its step's deadline is set when it starts, and the run's watchdog enforces it).

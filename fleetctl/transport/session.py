@@ -11,7 +11,9 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -284,6 +286,17 @@ class Pipe(Protocol):
     def close(self) -> None: ...
 
 
+@dataclass
+class _Ahead:
+    """A check run ahead of the command's first step (AgentTransport.check_ahead)."""
+
+    script: str
+    pipe: Pipe | None = None  # waiting at its gate; None if the check ended otherwise
+    output: bytes | None = None  # its output through `end`
+    after: bytes = b""  # what came after it
+    error: Exception | None = None  # what it met, raised by the check that takes it
+
+
 class AgentTransport(Steps):
     """A transport that runs the agent through a `Pipe`: the session (one process per host per
     command), its bounds, and the one check of every answer (fleetctl/protocol). Subclasses
@@ -297,9 +310,7 @@ class AgentTransport(Steps):
         self._agent_lock = threading.Lock()
         self._agent_out = bytearray()
         self._agent_err = bytearray()
-        # a check run ahead (check_ahead): (its script, its pipe waiting at the gate or None, its
-        # output through `end` or None, what came after it, the error it met or None)
-        self._ahead: tuple[str, Pipe | None, bytes | None, bytes, Exception | None] | None = None
+        self._ahead: _Ahead | None = None  # a check run ahead (check_ahead)
 
     def _start_pipe(self, argv: list[str], limit: float) -> Pipe:
         raise NotImplementedError
@@ -326,19 +337,11 @@ class AgentTransport(Steps):
         self._agent_out += ahead
         deadline = self._begin("sending the agent to the host", limit,
                                f"{self.host.name}: the agent did not start within {limit:g}s (no hello from its python, or it took no code)")
-        try:
+        with self._step_on(pipe, "sending the agent"):
             hello = self._hello(pipe, deadline)
             # if the process already ended (no such python), the first call says why
             if hello is not None:
                 pipe.send(code_block(hello) + data, deadline)
-        except TimeoutError:
-            pipe.close()
-            raise RemoteError(self.step_stalled, kind="timeout") from None
-        except PipeLost as e:
-            pipe.close()
-            raise self._lost("sending the agent", e) from None
-        finally:
-            self._end()
         return pipe
 
     def _hello(self, pipe: Pipe, deadline: float) -> bytes | None:
@@ -377,8 +380,23 @@ class AgentTransport(Steps):
 
     def _ahead_drop(self) -> None:
         ahead, self._ahead = self._ahead, None
-        if ahead is not None and ahead[1] is not None:
-            ahead[1].close()  # (its sh reads end of input at the gate: it ends, no agent)
+        if ahead is not None and ahead.pipe is not None:
+            ahead.pipe.close()  # (its sh reads end of input at the gate: it ends, no agent)
+
+    @contextmanager
+    def _step_on(self, pipe: Pipe, where: str) -> Iterator[None]:
+        """Within: a step's deadline passed (TimeoutError) or its link lost closes `pipe` and raises
+        the step's error; the step ends either way."""
+        try:
+            yield
+        except TimeoutError:
+            pipe.close()
+            raise RemoteError(self.step_stalled, kind="timeout") from None
+        except PipeLost as e:
+            pipe.close()
+            raise self._lost(where, e) from None
+        finally:
+            self._end()
 
     def _keep_stderr(self, pipe: Pipe) -> None:
         err = pipe.stderr()
@@ -447,7 +465,7 @@ class AgentTransport(Steps):
         pipe = self._start_pipe(full, limit)
         deadline = self._begin(why, limit, f"{self.host.name}: {why}: no end within {limit:g}s")
         out = bytearray()
-        try:
+        with self._step_on(pipe, why):
             while True:
                 i = out.find(end, max(0, len(out) - len(end) - CHUNK))
                 if i >= 0:
@@ -457,8 +475,7 @@ class AgentTransport(Steps):
                     return None, None, b""
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    pipe.close()
-                    raise RemoteError(self.step_stalled, kind="timeout")
+                    raise TimeoutError
                 data = pipe.recv(CHUNK, min(POLL, left))
                 if data == b"":
                     pipe.close()
@@ -466,14 +483,6 @@ class AgentTransport(Steps):
                 if data:
                     out += data
                 self._keep_stderr(pipe)
-        except TimeoutError:
-            pipe.close()
-            raise RemoteError(self.step_stalled, kind="timeout") from None
-        except PipeLost as e:
-            pipe.close()
-            raise self._lost(why, e) from None
-        finally:
-            self._end()
 
     def check_ahead(self, script: str, end: bytes, why: str, cap: int) -> None:
         """Run a check_then_agent check now, ahead of the command's first step (Fleet.prefetch, while
@@ -487,9 +496,9 @@ class AgentTransport(Steps):
             try:
                 pipe, output, after = self._gate_read(script, end, why, cap)
             except (RemoteError, Unreachable) as e:
-                self._ahead = (script, None, None, b"", e)
+                self._ahead = _Ahead(script, error=e)
                 return
-            self._ahead = (script, pipe, output, after, None)
+            self._ahead = _Ahead(script, pipe, output, after)
 
     def check_then_agent(self, script: str, end: bytes, why: str, cap: int,
                          need_agent: Callable[[bytes], bool]) -> bytes | None:
@@ -505,19 +514,19 @@ class AgentTransport(Steps):
                 return None
             ahead, self._ahead = self._ahead, None
             self._agent_drop()
-            if ahead is not None and ahead[0] == script and not (ahead[1] is not None and ahead[1].ended()):
-                if ahead[4] is not None:
-                    raise ahead[4]
-                pipe, output, after = ahead[1], ahead[2], ahead[3]
+            if ahead is not None and ahead.script == script and not (ahead.pipe is not None and ahead.pipe.ended()):
+                if ahead.error is not None:
+                    raise ahead.error
+                pipe, output, after = ahead.pipe, ahead.output, ahead.after
             else:
-                if ahead is not None and ahead[1] is not None:
-                    ahead[1].close()
+                if ahead is not None and ahead.pipe is not None:
+                    ahead.pipe.close()
                 pipe, output, after = self._gate_read(script, end, why, cap)
             if pipe is None or output is None:
                 return None
             limit = self.host.command_timeout
             deadline = self._begin(why, limit, f"{self.host.name}: {why}: no end within {limit:g}s")
-            try:
+            with self._step_on(pipe, why):
                 if not need_agent(output):
                     pipe.send(b"no\n", deadline)
                     pipe.close()
@@ -525,14 +534,6 @@ class AgentTransport(Steps):
                 if not pipe.send(b"go\n", deadline):
                     pipe.close()
                     return output
-            except TimeoutError:
-                pipe.close()
-                raise RemoteError(self.step_stalled, kind="timeout") from None
-            except PipeLost as e:
-                pipe.close()
-                raise self._lost(why, e) from None
-            finally:
-                self._end()
             self._agent_pipe = self._agent_start(pipe, after)
             return output
 
@@ -562,13 +563,12 @@ class AgentTransport(Steps):
             self._end()
             pipe.close()
 
-    def _agent_from(self, ahead: tuple[str, Pipe | None, bytes | None, bytes, Exception | None] | None
-                    ) -> Pipe | None:
+    def _agent_from(self, ahead: _Ahead | None) -> Pipe | None:
         """The agent, from a check run ahead whose process waits at its gate ("go"); None if there is
         none (or it is gone)."""
-        if ahead is None or ahead[1] is None:
+        if ahead is None or ahead.pipe is None:
             return None
-        pipe = ahead[1]
+        pipe = ahead.pipe
         limit = self.host.command_timeout
         deadline = self._begin("starting the agent", limit)
         try:
@@ -580,7 +580,7 @@ class AgentTransport(Steps):
         if not sent:
             pipe.close()
             return None
-        return self._agent_start(pipe, ahead[3])
+        return self._agent_start(pipe, ahead.after)
 
     def agent(self, action: str, request: Mapping[str, Any] | None = None, *,
               timeout: float | None = None) -> Any:
