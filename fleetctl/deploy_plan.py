@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from fleetctl import hoststate
-from fleetctl.config.inventory import Host
+from fleetctl.config.hosts import Host
 from fleetctl.config.playbook import Playbook
 from fleetctl.facts import HostFacts
 from fleetctl.protocol.answers import Manifest

@@ -25,7 +25,7 @@ from fleetctl.protocol.answers import (
 from fleetctl.protocol.schema import shown
 
 if TYPE_CHECKING:  # the transport (paramiko, fabric) is imported on first connect
-    from fleetctl.config.inventory import Host
+    from fleetctl.config.hosts import Host
     from fleetctl.engine import ModelConfig
     from fleetctl.transport.base import Transport
 

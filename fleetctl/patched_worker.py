@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from fleetctl.config.inventory import Host
+from fleetctl.config.hosts import Host
 from fleetctl.config.playbook import Playbook
 from fleetctl.deploy_plan import Coverage
 from fleetctl.facts import HostFacts

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from fleetctl.config.inventory import Host, Inventory
+from fleetctl.config.hosts import Host, Inventory
 from fleetctl.errors import FleetctlError
 from fleetctl.transport.base import RemoteError, Transport, Unreachable
 from fleetctl.transport.hostkeys import HostKeyError

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fleetctl.config.inventory import Host
+from fleetctl.config.hosts import Host
 from fleetctl.protocol import names, parse_reply
 from fleetctl.protocol.answers import Seal
 from fleetctl.transport.base import Transport
@@ -135,10 +135,9 @@ def check_argv(host: Host, paths: list[str], files: list[str], stat: str | None 
     """The one command of a check: the login environment as the agent would get it (the inventory's
     public env on top), then `stat` of every path and `sha256sum` of every file; each part after a
     NUL-framed marker. Every path is quoted."""
-    from fleetctl.transport.session import env_prefix
+    from fleetctl.transport.session import public_env, sh_argv
 
-    public = {k: v for k, v in host.env.items() if k not in host.secret_env_keys}
-    return [*env_prefix(public), "sh", "-c", check_script(paths, files, stat)]
+    return sh_argv(public_env(host), check_script(paths, files, stat))
 
 
 END = f"\x00{MARK}END\x00".encode()

@@ -149,3 +149,28 @@ def test_accept_new_host_keys_records_nothing_for_bad_input(sandbox: Sandbox, tm
     assert "malformed YAML" in capsys.readouterr().err
     threading.Event().wait(1.0)
     assert not kh.exists()
+
+
+
+def test_a_kept_inventory_is_not_parsed_again(sandbox: Sandbox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """The second command on the same inventory takes the kept resolution (config/inventory_cache.py)
+    instead of loading the file; other bytes load it again."""
+    import fleetctl.config.inventory as inventory_mod
+
+    inv = _inventory(sandbox, tmp_path, sandbox.hosts["h01"].port)
+    loads: list[Path] = []
+    real = inventory_mod.load_inventory
+
+    def spy(path: Path) -> object:
+        loads.append(path)
+        return real(path)
+
+    monkeypatch.setattr(inventory_mod, "load_inventory", spy)
+    assert main(["facts", "-i", str(inv), "--json"]) == 0
+    assert main(["facts", "-i", str(inv), "--json"]) == 0
+    assert len(loads) == 1
+    assert capsys.readouterr().out.count('"status": "ok"') == 2
+    inv.write_text(inv.read_text() + "# edited\n")
+    assert main(["facts", "-i", str(inv), "--json"]) == 0
+    assert len(loads) == 2

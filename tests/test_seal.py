@@ -323,3 +323,31 @@ def test_the_check_runs_ahead_while_the_playbook_loads(host: Host, monkeypatch: 
     starts.clear()
     doc, sealed, py = host.deploy("--recheck")
     assert not sealed and py == 1 and reads == [] and len(starts) == 1, (reads, starts)
+
+
+@pytest.mark.parametrize("extra", [{}, {"CDPATH": "/tmp"}])
+def test_the_inventory_env_reaches_the_check_as_the_agent_gets_it(host: Host, monkeypatch: pytest.MonkeyPatch,
+                                                                   extra: dict[str, str]) -> None:
+    """The check's sh exports the inventory's env itself (no `env` exec in front of it), values
+    quoted: the no-op is sealed only if the check saw byte for byte the environment the agent that
+    made the seal got through `env`. A name the shell treats specially goes through `env` again."""
+    import yaml
+
+    from fleetctl.transport.ssh import HostConnection
+
+    inv = host.sb.inventory_path
+    doc = yaml.safe_load(inv.read_text())
+    env = doc["hosts"]["h01"].setdefault("env", {})
+    env.update({"FLEETCTL_T1": "a b 'c' \"d\" $HOME `x` \\ ;|&", "FLEETCTL_T2": "line1\nline2\n", "FLEETCTL_T3": ""},
+               **extra)
+    inv.write_text(yaml.safe_dump(doc))
+    starts: list[list[str]] = []
+    orig_start = HostConnection._start_pipe
+
+    def start(self: HostConnection, argv: list[str], limit: float) -> object:
+        starts.append(argv)
+        return orig_start(self, argv, limit)
+
+    monkeypatch.setattr(HostConnection, "_start_pipe", start)
+    host.sealed_noop()
+    assert starts[-1][0] == ("env" if extra else "sh"), starts[-1][:3]

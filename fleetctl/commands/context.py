@@ -20,7 +20,7 @@ from fleetctl.errors import EXIT_INTERRUPTED, Interrupted
 from fleetctl.safetext import DETAIL_LIMIT, line, safe
 
 if TYPE_CHECKING:  # imported when a command reaches its hosts (issue 16.10)
-    from fleetctl.config.inventory import Inventory
+    from fleetctl.config.hosts import Inventory
     from fleetctl.config.playbook import Playbook
     from fleetctl.runner import Fleet
 
@@ -46,11 +46,20 @@ def fleet_context(inventory: Path | None, limit: str | None, forks: int, *, json
     """The command's fleet. The hosts' connections start opening at once, in the background
     (Fleet.prefetch), while the command loads the rest of what it needs; not with
     --accept-new-host-keys, which records keys only once the command's input has been read.
-    `ahead`: the first step's work that may start as soon as a host is connected (Fleet.prefetch)."""
-    from fleetctl.config.inventory import load_inventory
+    `ahead`: the first step's work that may start as soon as a host is connected (Fleet.prefetch).
+    An inventory resolved before from the same inputs is taken as kept (config/inventory_cache.py),
+    without parsing it again."""
+    from fleetctl.config import inventory_cache
 
     started = time.monotonic()
-    inv = load_inventory(require_inventory(inventory))
+    path = require_inventory(inventory)
+    inv = inventory_cache.lookup(path)
+    if inv is None:
+        from fleetctl.config.inventory import load_inventory
+
+        sha = inventory_cache.file_sha(path)
+        inv = load_inventory(path)
+        inventory_cache.save(inv, sha)
     hosts = inv.select(limit)
     from fleetctl.runner import (  # the transport (paramiko, fabric): once the input is valid
         Fleet,

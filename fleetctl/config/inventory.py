@@ -11,18 +11,22 @@ Host values override group values, which override `defaults`.
 
 from __future__ import annotations
 
-import fnmatch
 import re
 from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from fleetctl.config.hosts import (
+    DEFAULT_HOST_TIMEOUT,
+    DEFAULT_MAX_ANSWER_BYTES,
+    Host,
+    Inventory,
+    resolve_path,
+)
 from fleetctl.config.yamlpos import YamlDoc, load_yaml, validate
 from fleetctl.errors import InputError
 
-DEFAULT_HOST_TIMEOUT = 1800.0  # seconds one host transaction (one step of a command on a host) may take
-DEFAULT_MAX_ANSWER_BYTES = 64 << 20  # the largest answer a host may send for one request
 HOST_NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$"
 
 
@@ -115,105 +119,6 @@ class InventoryFile(Strict):
     hosts: dict[Annotated[str, Field(pattern=HOST_NAME_PATTERN)], HostFields | None]
 
 
-class Host(BaseModel):
-    """One resolved host: every value decided, paths absolute."""
-
-    model_config = ConfigDict(frozen=True)
-
-    name: str
-    address: str
-    port: int | None
-    user: str | None
-    identity_file: str | None
-    known_hosts: str | None
-    python: str
-    sglang_dir: str | None
-    state_dir: str
-    env: dict[str, str]
-    secret_env_keys: frozenset[str]
-    flags: dict[str, Any]
-    launch_command: str | None
-    gpus: tuple[int, ...]
-    groups: tuple[str, ...]
-    connect_timeout: float
-    command_timeout: float
-    host_timeout: float = DEFAULT_HOST_TIMEOUT
-    max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES
-    from_ssh_config: bool = False
-    probe: bool = False  # deploy asks the host's own SGLang before changing anything
-
-    def public_env(self) -> dict[str, str]:
-        return {k: ("***" if k in self.secret_env_keys else v) for k, v in self.env.items()}
-
-
-class Inventory(BaseModel):
-    path: Path
-    ssh_config: Path | None
-    hosts: list[Host]
-    identity_where: dict[str, str] = {}  # host -> "file:line: key" its identity_file comes from
-
-    def check_local_files(self, hosts: list[Host]) -> None:
-        """The controller-side files the chosen hosts need exist (a missing key is bad input, exit 2)."""
-        for h in hosts:
-            if h.identity_file and not Path(h.identity_file).is_file():
-                raise InputError(f"{self.identity_where.get(h.name, self.path)}: {h.identity_file} does not exist",
-                                 hint="fix the path (relative to the inventory file), or remove "
-                                      "'identity_file:' to use your ssh agent and default keys")
-
-    def select(self, limit: str | None) -> list[Host]:
-        """Hosts matching --limit (Ansible's meaning), their local files checked. An empty selection is
-        bad input: no command ever runs on zero hosts."""
-        chosen = self._select(limit)
-        self.check_local_files(chosen)
-        return chosen
-
-    def _match(self, pat: str, limit: str) -> list[Host]:
-        if pat in ("all", "*"):
-            return list(self.hosts)
-        if not pat:
-            raise InputError(f"--limit {limit!r}: an empty pattern after '!' or '&'",
-                             hint="write '!NAME' or '&GROUP' with a host, group or glob")
-        matched = [h for h in self.hosts if fnmatch.fnmatchcase(h.name, pat) or pat in h.groups]
-        if not matched:
-            raise InputError(f"--limit: '{pat}' matches no host or group in {self.path}",
-                             hint="run 'fleetctl facts -i INV' to list hosts")
-        return matched
-
-    def _select(self, limit: str | None) -> list[Host]:
-        """Comma list of patterns: host names, group names, globs, `all`; `&P` keeps only hosts also
-        matching P; `!P` removes hosts matching P. As in Ansible the order does not matter: the union
-        of the plain patterns (all hosts when there is none), then each `&`, then each `!`."""
-        if limit is None:
-            return list(self.hosts)
-        patterns = [p.strip() for p in limit.split(",") if p.strip()]
-        if not patterns:
-            raise InputError(f"--limit {limit!r} names no host", hint="give host names, groups, globs or 'all'")
-        include = [p for p in patterns if p[0] not in "!&"]
-        chosen: list[Host] = []
-        for pat in include or ["all"]:
-            chosen += [h for h in self._match(pat, limit) if h not in chosen]
-        for pat in (p[1:].strip() for p in patterns if p[0] == "&"):
-            keep = self._match(pat, limit)
-            chosen = [h for h in chosen if h in keep]
-        for pat in (p[1:].strip() for p in patterns if p[0] == "!"):
-            drop = self._match(pat, limit)
-            chosen = [h for h in chosen if h not in drop]
-        if not chosen:
-            raise InputError(f"no host matches --limit {limit!r} in {self.path}",
-                             hint="'!x' alone means every host but x; check the names with 'fleetctl facts -i INV'")
-        order = {h.name: i for i, h in enumerate(self.hosts)}
-        return sorted(chosen, key=lambda h: order[h.name])
-
-
-def _resolve_path(base: Path, value: str | None) -> str | None:
-    if value is None:
-        return None
-    p = Path(value).expanduser()
-    if not p.is_absolute():
-        p = (base / p).resolve()
-    return str(p)
-
-
 def _env_strings(env: dict[str, EnvValue]) -> tuple[dict[str, str], set[str]]:
     out: dict[str, str] = {}
     secret: set[str] = set()
@@ -244,7 +149,16 @@ def load_inventory(path: Path | str) -> Inventory:
     doc: YamlDoc = load_yaml(path, "inventory")
     raw = validate(doc, InventoryFile, "inventory")
     base = path.resolve().parent
-    ssh_config = Path(_resolve_path(base, raw.ssh_config)) if raw.ssh_config else None
+    paths: dict[str, str] = {}  # each path value as written -> as resolved (the same one often repeats)
+
+    def resolve(value: str | None) -> str | None:
+        if value is None:
+            return None
+        if value not in paths:
+            paths[value] = resolve_path(base, value)
+        return paths[value]
+
+    ssh_config = Path(resolve(raw.ssh_config)) if raw.ssh_config else None
     aliases = _ssh_config_hosts(ssh_config) if ssh_config else set()
     d = raw.defaults
     hosts: list[Host] = []
@@ -281,7 +195,7 @@ def load_inventory(path: Path | str) -> Inventory:
                     f"{path}:{line}: hosts.{name}.address: missing",
                     hint="add 'address:' or an ssh_config Host entry of that name",
                 )
-        identity = _resolve_path(base, pick("identity_file"))
+        identity = resolve(pick("identity_file"))
         if identity is not None:
             where = ("hosts", name, "identity_file") if h.identity_file is not None else ("defaults", "identity_file")
             identity_where[name] = f"{path}:{doc.line_of(where)}: {'.'.join(where)}"
@@ -294,7 +208,7 @@ def load_inventory(path: Path | str) -> Inventory:
                 port=pick("port"),
                 user=pick("user"),
                 identity_file=identity,
-                known_hosts=_resolve_path(base, pick("known_hosts")),
+                known_hosts=resolve(pick("known_hosts")),
                 python=pick("python", "python3"),
                 sglang_dir=pick("sglang_dir"),
                 state_dir=pick("state_dir", "~/.fleetctl"),
@@ -314,4 +228,4 @@ def load_inventory(path: Path | str) -> Inventory:
         )
     if not hosts:
         raise InputError(f"{path}:{doc.line_of(('hosts',))}: hosts: the inventory names no host", hint="add hosts")
-    return Inventory(path=path, ssh_config=ssh_config, hosts=hosts, identity_where=identity_where)
+    return Inventory(path=path, ssh_config=ssh_config, hosts=hosts, identity_where=identity_where, paths=paths)

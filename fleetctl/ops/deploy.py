@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from fleetctl import seal, statefiles
-from fleetctl.config.inventory import Host
+from fleetctl.config.hosts import Host
 from fleetctl.config.playbook import Playbook
 from fleetctl.deploy_plan import Coverage, HostPlan, Intended, Plan, plan_host
 from fleetctl.engine import engine

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from fleetctl.config.inventory import Host
+from fleetctl.config.hosts import Host
 from fleetctl.config.playbook import Playbook
 from fleetctl.engine import engine
 from fleetctl.errors import FleetctlError

@@ -3,12 +3,13 @@ on THIS launch's log, and status of what fleetctl launched. Results are data; th
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from fleetctl import statefiles
-from fleetctl.config.inventory import Host
+from fleetctl.config.hosts import Host
 from fleetctl.config.playbook import Playbook
 from fleetctl.engine import engine
 from fleetctl.facts import HostFacts, read_facts
@@ -278,7 +279,7 @@ def plan_launch(host: Host, pb: Playbook, insts: list[Instance], facts: HostFact
     if unregistered and drop_unknown_flags:
         profile = pb.launch.model_copy(update={"flags": {k: x for k, x in pb.launch.flags.items()
                                                          if k not in unregistered}})
-        h = host.model_copy(update={"flags": {k: x for k, x in host.flags.items() if k not in unregistered}})
+        h = dataclasses.replace(host, flags={k: x for k, x in host.flags.items() if k not in unregistered})
         insts = plan_instances(h, profile)
         lp.run, lp.instances = insts, _starts(insts)
         for st in lp.instances:

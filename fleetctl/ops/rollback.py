@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from fleetctl import hoststate, wheels
-from fleetctl.config.inventory import Host
+from fleetctl.config.hosts import Host
 from fleetctl.config.playbook import LaunchProfile, Playbook
 from fleetctl.engine import engine
 from fleetctl.facts import HostFacts

@@ -16,7 +16,7 @@ from fleetctl.engine import engine
 from fleetctl.errors import InputError
 
 if TYPE_CHECKING:  # parse_count/parse_percent check options before any host: no transport imported
-    from fleetctl.config.inventory import Host
+    from fleetctl.config.hosts import Host
     from fleetctl.config.playbook import Playbook
     from fleetctl.deploy_plan import Plan
     from fleetctl.ops.deploy import Gathered

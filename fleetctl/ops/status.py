@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from fleetctl.config.inventory import Host
+    from fleetctl.config.hosts import Host
     from fleetctl.deploy_plan import Plan
     from fleetctl.runner import HostOutcome
 

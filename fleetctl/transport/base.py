@@ -12,7 +12,7 @@ import time
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from fleetctl.config.inventory import Host
+from fleetctl.config.hosts import Host
 from fleetctl.errors import FleetctlError
 
 ABORT_GRACE = 5.0  # seconds a step may overrun its own timeout before the watchdog cuts the connection

@@ -13,7 +13,7 @@ import subprocess
 import threading
 import time
 
-from fleetctl.config.inventory import Host, Inventory
+from fleetctl.config.hosts import Host, Inventory
 from fleetctl.transport.base import RemoteError, Unreachable
 from fleetctl.transport.session import CHUNK, STDERR_TAIL, AgentTransport, PipeLost
 

@@ -8,16 +8,17 @@ from __future__ import annotations
 
 import marshal
 import os
+import shlex
 import stat
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from fleetctl.config.inventory import Host
+from fleetctl.config.hosts import Host
 from fleetctl.protocol import parse_reply
 from fleetctl.remote import agent_key, agent_source
 from fleetctl.transport.base import RemoteError, Steps, Unreachable
@@ -94,6 +95,23 @@ def env_prefix(env: Mapping[str, str]) -> list[str]:
     return ["env", *[f"{k}={v}" for k, v in env.items()]] if env else []
 
 
+# names a POSIX shell gives a meaning of its own (or keeps read-only): set by `env`, never by the
+# script's own `export`
+SHELL_NAMES = frozenset({"ENV", "BASH_ENV", "IFS", "PS1", "PS2", "PS4", "OPTIND", "OPTARG", "PPID", "LINENO",
+                         "SHELLOPTS", "BASHOPTS", "UID", "EUID", "GROUPS", "FUNCNAME", "BASH_ARGV0", "CDPATH"})
+
+
+def sh_argv(env: Mapping[str, str], script: str, args: Sequence[str] = ()) -> list[str]:
+    """`sh -c SCRIPT sh ARGS...` with `env` in sh's environment: exported by the script itself (the
+    names are the inventory's, checked as shell names; the values quoted), which spares the host the
+    exec of `env` in front of sh; through `env` when a name is one the shell treats specially."""
+    tail = ["sh", *args] if args else []  # ($0, then the script's "$@")
+    if any(k in SHELL_NAMES for k in env):
+        return [*env_prefix(env), "sh", "-c", script, *tail]
+    exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in env.items())
+    return ["sh", "-c", exports + script, *tail]
+
+
 def agent_command(host: Host) -> tuple[list[str], bytes]:
     """The argv that starts the agent on `host` in session mode, and what to write to its stdin
     after the code block (code_block()): the secret env (over stdin, never on the command line), b'S'."""
@@ -109,11 +127,15 @@ def agent_command(host: Host) -> tuple[list[str], bytes]:
 
 def agent_argv(host: Host) -> tuple[list[str], list[str]]:
     """The agent's command as (the inventory's public env prefix, `python -c BOOTSTRAP ...`)."""
-    public = {k: v for k, v in host.env.items() if k not in host.secret_env_keys}
     cache = host.state_dir.rstrip("/") + "/cache"
     # the python word again: the agent compares it with the launch's (an in-process probe, agent.py);
     # the source's cache key, so the host need not hash it
-    return env_prefix(public), [host.python, "-c", BOOTSTRAP, cache, host.python, agent_key()]
+    return env_prefix(public_env(host)), [host.python, "-c", BOOTSTRAP, cache, host.python, agent_key()]
+
+
+def public_env(host: Host) -> dict[str, str]:
+    """The inventory's env of `host` that may appear on a command line (not its secret values)."""
+    return {k: v for k, v in host.env.items() if k not in host.secret_env_keys}
 
 
 _compiled_lock = threading.Lock()
@@ -459,8 +481,8 @@ class AgentTransport(Steps):
         """Start `sh -c SCRIPT` + GATE (the agent's own command after it) and read its output through
         `end`: (the pipe, now waiting at the gate; the output; what came after it), or (None, None,
         b"") if the output did not end so within `cap` bytes or the process ended first."""
-        prefix, rest = agent_argv(self.host)
-        full = [*prefix, "sh", "-c", script + GATE, "sh", *rest]
+        rest = agent_argv(self.host)[1]
+        full = sh_argv(public_env(self.host), script + GATE, rest)
         limit = self.host.command_timeout
         pipe = self._start_pipe(full, limit)
         deadline = self._begin(why, limit, f"{self.host.name}: {why}: no end within {limit:g}s")

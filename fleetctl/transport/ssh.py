@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fleetctl.config.inventory import Host, Inventory
+from fleetctl.config.hosts import Host, Inventory
 from fleetctl.transport import internals
 from fleetctl.transport.base import RemoteError, Unreachable
 from fleetctl.transport.direct import DirectConnection, direct_connection

@@ -1,0 +1,120 @@
+"""The inventory as resolved: each host with every value decided and its paths absolute.
+
+Plain data, no pydantic: config/inventory.py validates the file and builds these; a command that has
+read the same inventory before starts connecting from its cached copy (config/inventory_cache.py)
+before that validation has even been imported, then checks the copy equals what it builds.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fleetctl.errors import InputError
+
+DEFAULT_HOST_TIMEOUT = 1800.0  # seconds one host transaction (one step of a command on a host) may take
+DEFAULT_MAX_ANSWER_BYTES = 64 << 20  # the largest answer a host may send for one request
+
+
+@dataclass(frozen=True)
+class Host:
+    """One resolved host: every value decided, paths absolute."""
+
+    name: str
+    address: str
+    port: int | None
+    user: str | None
+    identity_file: str | None
+    known_hosts: str | None
+    python: str
+    sglang_dir: str | None
+    state_dir: str
+    env: dict[str, str]
+    secret_env_keys: frozenset[str]
+    flags: dict[str, Any]
+    launch_command: str | None
+    gpus: tuple[int, ...]
+    groups: tuple[str, ...]
+    connect_timeout: float
+    command_timeout: float
+    host_timeout: float = DEFAULT_HOST_TIMEOUT
+    max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES
+    from_ssh_config: bool = False
+    probe: bool = False  # deploy asks the host's own SGLang before changing anything
+
+    def public_env(self) -> dict[str, str]:
+        return {k: ("***" if k in self.secret_env_keys else v) for k, v in self.env.items()}
+
+
+@dataclass
+class Inventory:
+    path: Path
+    ssh_config: Path | None
+    hosts: list[Host]
+    identity_where: dict[str, str] = field(default_factory=dict)  # host -> "file:line: key" its identity_file comes from
+    # each path value of the file as written -> as resolved (resolve_path), which depends on more than
+    # the file's bytes: the kept copy resolves them again before it is used (inventory_cache.py)
+    paths: dict[str, str] = field(default_factory=dict)
+
+    def check_local_files(self, hosts: list[Host]) -> None:
+        """The controller-side files the chosen hosts need exist (a missing key is bad input, exit 2)."""
+        for h in hosts:
+            if h.identity_file and not Path(h.identity_file).is_file():
+                raise InputError(f"{self.identity_where.get(h.name, self.path)}: {h.identity_file} does not exist",
+                                 hint="fix the path (relative to the inventory file), or remove "
+                                      "'identity_file:' to use your ssh agent and default keys")
+
+    def select(self, limit: str | None) -> list[Host]:
+        """Hosts matching --limit (Ansible's meaning), their local files checked. An empty selection is
+        bad input: no command ever runs on zero hosts."""
+        chosen = self._select(limit)
+        self.check_local_files(chosen)
+        return chosen
+
+    def _match(self, pat: str, limit: str) -> list[Host]:
+        if pat in ("all", "*"):
+            return list(self.hosts)
+        if not pat:
+            raise InputError(f"--limit {limit!r}: an empty pattern after '!' or '&'",
+                             hint="write '!NAME' or '&GROUP' with a host, group or glob")
+        matched = [h for h in self.hosts if fnmatch.fnmatchcase(h.name, pat) or pat in h.groups]
+        if not matched:
+            raise InputError(f"--limit: '{pat}' matches no host or group in {self.path}",
+                             hint="run 'fleetctl facts -i INV' to list hosts")
+        return matched
+
+    def _select(self, limit: str | None) -> list[Host]:
+        """Comma list of patterns: host names, group names, globs, `all`; `&P` keeps only hosts also
+        matching P; `!P` removes hosts matching P. As in Ansible the order does not matter: the union
+        of the plain patterns (all hosts when there is none), then each `&`, then each `!`."""
+        if limit is None:
+            return list(self.hosts)
+        patterns = [p.strip() for p in limit.split(",") if p.strip()]
+        if not patterns:
+            raise InputError(f"--limit {limit!r} names no host", hint="give host names, groups, globs or 'all'")
+        include = [p for p in patterns if p[0] not in "!&"]
+        chosen: list[Host] = []
+        for pat in include or ["all"]:
+            chosen += [h for h in self._match(pat, limit) if h not in chosen]
+        for pat in (p[1:].strip() for p in patterns if p[0] == "&"):
+            keep = self._match(pat, limit)
+            chosen = [h for h in chosen if h in keep]
+        for pat in (p[1:].strip() for p in patterns if p[0] == "!"):
+            drop = self._match(pat, limit)
+            chosen = [h for h in chosen if h not in drop]
+        if not chosen:
+            raise InputError(f"no host matches --limit {limit!r} in {self.path}",
+                             hint="'!x' alone means every host but x; check the names with 'fleetctl facts -i INV'")
+        order = {h.name: i for i, h in enumerate(self.hosts)}
+        return sorted(chosen, key=lambda h: order[h.name])
+
+
+def resolve_path(base: Path, value: str) -> str:
+    """A path value of the inventory: `~` expanded (HOME), a relative one taken from `base` (the
+    inventory's directory) with its symlinks resolved."""
+    p = Path(value).expanduser()
+    if not p.is_absolute():
+        p = (base / p).resolve()
+    return str(p)
