@@ -20,10 +20,12 @@ state dir (0700, files 0600), like the seals and the ledger.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
 import os
+import stat
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
@@ -32,14 +34,21 @@ from fleetctl.config.hosts import Host, Inventory, resolve_path
 
 VERSION = 1
 MAX_BYTES = 16 << 20  # a kept copy larger than this is not read
-_TYPES: dict[str, tuple[type, ...]] = {  # what each Host field may hold in a kept copy
-    "name": (str,), "address": (str,), "port": (int, type(None)), "user": (str, type(None)),
-    "identity_file": (str, type(None)), "known_hosts": (str, type(None)), "python": (str,),
-    "sglang_dir": (str, type(None)), "state_dir": (str,), "env": (dict,), "secret_env_keys": (list,),
-    "flags": (dict,), "launch_command": (str, type(None)), "gpus": (list,), "groups": (list,),
-    "connect_timeout": (float, int), "command_timeout": (float, int), "host_timeout": (float, int),
-    "max_answer_bytes": (int,), "from_ssh_config": (bool,), "probe": (bool,),
-}
+_SCALARS: dict[str, tuple[type, ...]] = {"str": (str,), "int": (int,), "float": (float, int), "bool": (bool,),
+                                         "None": (type(None),)}
+_CONTAINERS: dict[str, type] = {"dict": dict, "frozenset": list, "tuple": list}  # as JSON holds them
+
+
+def _allowed(annotation: str) -> tuple[type, ...]:
+    """What a kept copy's JSON may hold for a Host field annotated `annotation` ("int | None", ...)."""
+    out: list[type] = []
+    for part in annotation.split("|"):
+        base = part.strip().split("[", 1)[0]
+        out += [_CONTAINERS[base]] if base in _CONTAINERS else list(_SCALARS[base])
+    return tuple(out)
+
+
+_TYPES = {f.name: _allowed(str(f.type)) for f in dataclasses.fields(Host)}  # each Host field: its JSON types
 
 
 def _store(path: Path) -> Path:
@@ -49,11 +58,15 @@ def _store(path: Path) -> Path:
 
 
 def file_sha(path: Path | None) -> str | None:
-    """sha256 of the file's bytes ("" for no file, None if it cannot be read)."""
+    """sha256 of the file's bytes ("" for no file, None if it cannot be read or is not a regular
+    file: a FIFO or a device is read by load_inventory alone, once)."""
     if path is None:
         return ""
     try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
+        with open(path, "rb", opener=lambda p, fl: os.open(p, fl | os.O_NONBLOCK)) as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                return None
+            return hashlib.sha256(f.read()).hexdigest()
     except OSError:
         return None
 
