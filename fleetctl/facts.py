@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import functools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -129,6 +130,14 @@ def bytecode_problem(rel: str, view: ImportView | None) -> str | None:
 
 
 def check_torch(installed: str | None, requires: list[str]) -> TorchCheck:
+    """Whether the installed torch satisfies sglang's requirement (the hosts of a fleet mostly share
+    both: each pair is parsed once per command)."""
+    got = _check_torch(installed, tuple(requires))
+    return TorchCheck(got.installed, list(got.required), got.satisfied, got.note)  # (each host its own)
+
+
+@functools.lru_cache(maxsize=64)
+def _check_torch(installed: str | None, requires: tuple[str, ...]) -> TorchCheck:
     reqs: list[Requirement] = []
     for r in requires:
         try:

@@ -35,12 +35,13 @@ import shlex
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fleetctl.config.hosts import Host
-from fleetctl.protocol import names, parse_reply
-from fleetctl.protocol.answers import Seal
 from fleetctl.transport.base import Transport
+
+if TYPE_CHECKING:  # (fleetctl.protocol is imported by check(): check_ahead runs before it is needed)
+    from fleetctl.protocol.answers import Seal
 
 VERSION = 1
 CHECK_CAP = 4 << 20  # bytes of check output (a seal names at most 4,000 paths)
@@ -266,8 +267,9 @@ def check(conn: Transport, key: str, request: dict[str, Any], *, use: bool = Tru
         out = conn.run_command(check_argv(host, paths, files, stored.get("stat")), why, CHECK_CAP)
     if differs(out):
         return ck
-    raw = json.dumps({"ok": True, "result": stored.get("facts")}).encode()
-    ck.facts = parse_reply(host.name, names.FACTS, raw).result  # checked as any facts answer
+    from fleetctl.protocol import names, parse_result
+
+    ck.facts = parse_result(host.name, names.FACTS, stored.get("facts"))  # checked as any facts answer
     ck.seal = stored
     return ck
 

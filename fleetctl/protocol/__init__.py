@@ -80,8 +80,17 @@ def parse_reply(host: str, action: str, raw: bytes) -> Reply:
             return _error(doc)
         if "result" not in doc:
             raise Invalid("missing").at(".result")
+    except Invalid as e:
+        raise InvalidAnswer(host, action, e.where, e.problem) from None
+    return Reply(result=parse_result(host, action, doc["result"]))
+
+
+def parse_result(host: str, action: str, result: Any) -> Any:
+    """Check the `result` of an answer to `action` (JSON data: an answer's, or one kept from it, as
+    a seal's facts are); raise InvalidAnswer if it does not fit."""
+    try:
         try:
-            return Reply(result=checker(_answer_type(action))(doc["result"]))
+            return checker(_answer_type(action))(result)
         except Invalid as e:
             raise (e if e.where_known else e.at("result")) from None
     except Invalid as e:

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from fleetctl.config.hosts import Host
-from fleetctl.protocol import parse_reply
 from fleetctl.remote import agent_key, agent_source
 from fleetctl.transport.base import RemoteError, Steps, Unreachable
 
@@ -636,6 +635,8 @@ class AgentTransport(Steps):
                 self._end()
             if answer is None:  # the agent ended without answering: its exit status and stderr say why
                 raise self._agent_ended(pipe, action)
+        from fleetctl.protocol import parse_reply  # (not before the first answer: ~20 ms of imports)
+
         reply = parse_reply(h, action, answer)  # the one check of what the host sent (fleetctl/protocol)
         if reply.error is not None:
             raise RemoteError(f"{h}: {reply.error}", kind=reply.kind, detail=reply.traceback)
