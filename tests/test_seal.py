@@ -60,6 +60,21 @@ class Host:
         assert doc["hosts"][0]["status"] == "unchanged"
 
 
+def _record_starts(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """The argv of every process the controller starts on a host (HostConnection._start_pipe)."""
+    from fleetctl.transport.ssh import HostConnection
+
+    started: list[list[str]] = []
+    orig = HostConnection._start_pipe
+
+    def counted(self: HostConnection, argv: list[str], limit: float) -> object:
+        started.append(argv)
+        return orig(self, argv, limit)
+
+    monkeypatch.setattr(HostConnection, "_start_pipe", counted)
+    return started
+
+
 @pytest.fixture
 def host(fresh_sandbox, capsys, tmp_path: Path) -> Host:
     sb = fresh_sandbox(hosts=1, versions=("0.5.14",), gpus=1, bare_shell=True)
@@ -102,19 +117,11 @@ def test_a_failed_check_goes_on_to_the_agent_in_the_same_exec(host: Host, monkey
     """Where the check's output is not the seal's, the same process execs the agent (one login
     shell per host, not two); where it is, that process ends and no python starts."""
     from fleetctl.transport.session import BOOTSTRAP
-    from fleetctl.transport.ssh import HostConnection
 
     host.sealed_noop()
     f = host.h.sglang_dir / "srt" / "server_args.py"
     f.write_bytes(f.read_bytes())  # the same bytes, a new ctime: the check differs, the facts do not
-    started: list[list[str]] = []
-    orig = HostConnection._start_pipe
-
-    def counted(self: HostConnection, argv: list[str], limit: float) -> object:
-        started.append(argv)
-        return orig(self, argv, limit)
-
-    monkeypatch.setattr(HostConnection, "_start_pipe", counted)
+    started = _record_starts(monkeypatch)
     doc, sealed, starts = host.deploy()
     assert not sealed and starts == 1 and doc["hosts"][0]["status"] == "unchanged", doc["hosts"][0]
     assert len(started) == 1 and "sh" in started[0] and BOOTSTRAP in started[0], started
@@ -333,21 +340,12 @@ def test_the_inventory_env_reaches_the_check_as_the_agent_gets_it(host: Host, mo
     made the seal got through `env`. A name the shell treats specially goes through `env` again."""
     import yaml
 
-    from fleetctl.transport.ssh import HostConnection
-
     inv = host.sb.inventory_path
     doc = yaml.safe_load(inv.read_text())
     env = doc["hosts"]["h01"].setdefault("env", {})
     env.update({"FLEETCTL_T1": "a b 'c' \"d\" $HOME `x` \\ ;|&", "FLEETCTL_T2": "line1\nline2\n", "FLEETCTL_T3": ""},
                **extra)
     inv.write_text(yaml.safe_dump(doc))
-    starts: list[list[str]] = []
-    orig_start = HostConnection._start_pipe
-
-    def start(self: HostConnection, argv: list[str], limit: float) -> object:
-        starts.append(argv)
-        return orig_start(self, argv, limit)
-
-    monkeypatch.setattr(HostConnection, "_start_pipe", start)
+    starts = _record_starts(monkeypatch)
     host.sealed_noop()
     assert starts[-1][0] == ("env" if extra else "sh"), starts[-1][:3]
