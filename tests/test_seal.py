@@ -349,3 +349,22 @@ def test_the_inventory_env_reaches_the_check_as_the_agent_gets_it(host: Host, mo
     starts = _record_starts(monkeypatch)
     host.sealed_noop()
     assert starts[-1][0] == ("env" if extra else "sh"), starts[-1][:3]
+
+
+@pytest.mark.parametrize("name", ["FLEETCTL_T", "PATH", "IFS", "BASH_ENV", "PWD"])
+def test_sh_argv_gives_sh_exactly_the_values(name: str) -> None:
+    """sh_argv (transport/session.py) run by this machine's real `sh`: a value sh exports arrives
+    byte for byte in the environment of what the script runs; a name the shell treats specially
+    goes through `env`, as every name did before (what sh then makes of IFS or PWD is its own)."""
+    from fleetctl.transport.session import sh_argv
+
+    value = "a b 'c' \"d\" $HOME `x` \\ ;|& \n end"
+    if name == "PATH":
+        value = "/usr/bin:/bin:" + value
+    argv = sh_argv({name: value, "FLEETCTL_OTHER": "1"}, 'exec env -0 "$@"', ["--"])
+    assert (argv[0] == "env") == (name in ("IFS", "BASH_ENV", "PWD"))
+    out = subprocess.run(argv, capture_output=True, check=True, env={"PATH": "/usr/bin:/bin"}).stdout
+    got = dict(e.split(b"=", 1) for e in out.split(b"\0") if e)
+    assert got[b"FLEETCTL_OTHER"] == b"1"
+    if name not in ("IFS", "PWD"):
+        assert got[name.encode()] == value.encode()

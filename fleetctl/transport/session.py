@@ -96,8 +96,9 @@ def env_prefix(env: Mapping[str, str]) -> list[str]:
 
 # names a POSIX shell gives a meaning of its own (or keeps read-only): set by `env`, never by the
 # script's own `export`
-SHELL_NAMES = frozenset({"ENV", "BASH_ENV", "IFS", "PS1", "PS2", "PS4", "OPTIND", "OPTARG", "PPID", "LINENO",
-                         "SHELLOPTS", "BASHOPTS", "UID", "EUID", "GROUPS", "FUNCNAME", "BASH_ARGV0", "CDPATH"})
+SHELL_NAMES = frozenset({"ENV", "IFS", "PS1", "PS2", "PS4", "OPTIND", "OPTARG", "PPID", "LINENO", "SHELLOPTS",
+                         "UID", "EUID", "GROUPS", "FUNCNAME", "CDPATH", "PWD", "OLDPWD", "_", "RANDOM", "SRANDOM",
+                         "SECONDS", "HISTCMD", "EPOCHSECONDS", "EPOCHREALTIME"})
 
 
 def sh_argv(env: Mapping[str, str], script: str, args: Sequence[str] = ()) -> list[str]:
@@ -105,7 +106,7 @@ def sh_argv(env: Mapping[str, str], script: str, args: Sequence[str] = ()) -> li
     names are the inventory's, checked as shell names; the values quoted), which spares the host the
     exec of `env` in front of sh; through `env` when a name is one the shell treats specially."""
     tail = ["sh", *args] if args else []  # ($0, then the script's "$@")
-    if any(k in SHELL_NAMES for k in env):
+    if any(k in SHELL_NAMES or k.startswith("BASH") for k in env):
         return [*env_prefix(env), "sh", "-c", script, *tail]
     exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in env.items())
     return ["sh", "-c", exports + script, *tail]
