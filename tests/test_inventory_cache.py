@@ -103,3 +103,28 @@ def test_a_damaged_copy_is_as_if_none_were_kept(tmp_path: Path, damage: str) -> 
             h["extra"] = 1
         f.write_text(json.dumps(doc))
     assert inventory_cache.lookup(inv) is None
+
+
+def test_a_fifo_inventory_is_neither_hashed_nor_opened(tmp_path: Path) -> None:
+    """An inventory that is not a regular file (a FIFO a generator writes into) is read once, by the
+    loader: the cache neither reads it nor opens it (an open would let a writer blocked in its own
+    open go on, and then find no reader)."""
+    import os
+    import threading
+
+    fifo = tmp_path / "inventory.yaml"
+    os.mkfifo(fifo)
+    opened: list[int] = []
+    writer = threading.Thread(target=lambda: opened.append(os.open(fifo, os.O_WRONLY)), daemon=True)
+    writer.start()
+    writer.join(0.1)  # (setup only: the writer is blocked in open() until a reader comes)
+    assert inventory_cache.file_sha(fifo) is None
+    assert inventory_cache.lookup(fifo) is None
+    writer.join(0.3)
+    still_blocked = writer.is_alive()
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # let the writer go, whatever happened
+    writer.join(10)
+    os.close(reader)
+    for fd in opened:
+        os.close(fd)
+    assert still_blocked, "the cache opened the FIFO"

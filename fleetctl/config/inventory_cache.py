@@ -63,6 +63,8 @@ def file_sha(path: Path | None) -> str | None:
     if path is None:
         return ""
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):  # (not even opened: a FIFO's writer would see a reader)
+            return None
         with open(path, "rb", opener=lambda p, fl: os.open(p, fl | os.O_NONBLOCK)) as f:
             if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
                 return None
