@@ -136,9 +136,9 @@ def check_argv(host: Host, paths: list[str], files: list[str], stat: str | None 
     """The one command of a check: the login environment as the agent would get it (the inventory's
     public env on top), then `stat` of every path and `sha256sum` of every file; each part after a
     NUL-framed marker. Every path is quoted."""
-    from fleetctl.transport.session import public_env, sh_argv
+    from fleetctl.transport.session import command_line_env, sh_argv
 
-    return sh_argv(public_env(host), check_script(paths, files, stat))
+    return sh_argv(command_line_env(host), check_script(paths, files, stat))
 
 
 END = f"\x00{MARK}END\x00".encode()

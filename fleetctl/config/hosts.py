@@ -1,8 +1,8 @@
 """The inventory as resolved: each host with every value decided and its paths absolute.
 
-Plain data, no pydantic: config/inventory.py validates the file and builds these; a command that has
-read the same inventory before starts connecting from its cached copy (config/inventory_cache.py)
-before that validation has even been imported, then checks the copy equals what it builds.
+Plain data, no pydantic: config/inventory.py validates the file and builds these; a command whose
+inventory was resolved before from the same inputs takes the kept copy (config/inventory_cache.py)
+and connects without importing that validation at all.
 """
 
 from __future__ import annotations

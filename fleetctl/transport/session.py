@@ -130,10 +130,10 @@ def agent_argv(host: Host) -> tuple[list[str], list[str]]:
     cache = host.state_dir.rstrip("/") + "/cache"
     # the python word again: the agent compares it with the launch's (an in-process probe, agent.py);
     # the source's cache key, so the host need not hash it
-    return env_prefix(public_env(host)), [host.python, "-c", BOOTSTRAP, cache, host.python, agent_key()]
+    return env_prefix(command_line_env(host)), [host.python, "-c", BOOTSTRAP, cache, host.python, agent_key()]
 
 
-def public_env(host: Host) -> dict[str, str]:
+def command_line_env(host: Host) -> dict[str, str]:
     """The inventory's env of `host` that may appear on a command line (not its secret values)."""
     return {k: v for k, v in host.env.items() if k not in host.secret_env_keys}
 
@@ -482,7 +482,7 @@ class AgentTransport(Steps):
         `end`: (the pipe, now waiting at the gate; the output; what came after it), or (None, None,
         b"") if the output did not end so within `cap` bytes or the process ended first."""
         rest = agent_argv(self.host)[1]
-        full = sh_argv(public_env(self.host), script + GATE, rest)
+        full = sh_argv(command_line_env(self.host), script + GATE, rest)
         limit = self.host.command_timeout
         pipe = self._start_pipe(full, limit)
         deadline = self._begin(why, limit, f"{self.host.name}: {why}: no end within {limit:g}s")
