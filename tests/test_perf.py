@@ -241,7 +241,7 @@ def test_agent_imports_nothing_heavy_on_common_commands(fresh_sandbox, tmp_path:
     Python start whose imports are what it needs: no probe process (same_start), and none of json,
     re, enum, signal, subprocess, tempfile, shutil (issue 17: each is ms of CPU per host per
     command). OpenSSL's _hashlib only where it is cheaper: a deploy carrying at least
-    agent.OPENSSL_CONTENT bytes of files to write (this playbook's: ~0.34 MB, hashed ~4 times)."""
+    agent.OPENSSL_CONTENT bytes of files to write (this playbook's: ~0.34 MB, hashed about twice)."""
     import json
     import subprocess
     import sys

@@ -236,6 +236,42 @@ def test_a_host_whose_launch_python_starts_apart_is_sealed_from_that_start(fresh
     assert SEALED not in doc["hosts"][0]["message"]
 
 
+def test_a_changing_deploy_lends_its_resealed_facts_to_the_restart_check(fresh_sandbox, capsys,
+                                                                        tmp_path: Path) -> None:
+    """A deploy that changes a host reads its facts again at its end (under the host lock, for the
+    seal); the restart reminder's facts, read right after in the same request (then_facts), take the
+    package, torch and host facts from that reading instead of asking the launch's python once more.
+    Here the launch's python is asked in a process of its own (this machine's rc files), so each
+    asking is a python start on the host."""
+    sb = fresh_sandbox(hosts=1, versions=("0.5.14",), gpus=1)
+    h = sb.hosts["h01"]
+    log = tmp_path / "starts.log"
+    _log_python_starts(h, log)
+    doc = ok(capsys, "deploy", PLAYBOOK, "-i", sb.inventory_path)
+    assert doc["hosts"][0]["status"] == "changed"
+    reminder = doc["restart_needed"]  # the servers were read (none run here), not left unchecked
+    assert reminder["servers"] == 0 and reminder["unchecked"] == [], reminder
+    # the agent; the launch's python for the facts, for its pycache prefix, for the seal's re-read
+    assert len(log.read_text().split()) == 4, log.read_text()
+
+
+def test_only_a_reading_that_located_the_package_alike_is_lent() -> None:
+    """then_facts takes an earlier reading only where it would locate the package the same way."""
+    from fleetctl.remote.agent import _locates_alike
+
+    launch = {"interpreter": "/usr/bin/python3", "env": {"PATH": "/bin"}}
+    base = {"engine": {"package": "sglang"}, "launch": launch, "package_dir": None,
+            "bytecode_files": ["a.py", "b.py"], "strict_package_dir": True}
+    assert _locates_alike(dict(base, bytecode_files=["a.py"], strict_package_dir=False), base)
+    assert _locates_alike(base, base)
+    assert not _locates_alike(dict(base, bytecode_files=["a.py", "c.py"]), base)  # a file it did not see
+    assert not _locates_alike(dict(base, launch=dict(launch, env={"PATH": "/usr/bin"})), base)
+    assert not _locates_alike(dict(base, package_dir="/opt/sglang"), base)
+    assert not _locates_alike(dict(base, engine={"package": "vllm"}), base)
+    assert not _locates_alike(base, dict(base, strict_package_dir=False))  # a lenient reading for a strict one
+    assert not _locates_alike(dict(base, launch=None), dict(base, launch=None))
+
+
 def test_the_agent_writes_what_stat_and_sha256sum_print(tmp_path: Path) -> None:
     """The seal's text is made by the agent (Python) and checked by coreutils on the host: the two
     must agree to the byte for a file, a dir, a symlink, a missing path."""

@@ -253,9 +253,11 @@ _SHA256 = {}
 # The builtin sha256 hashes ~230 MB/s here, OpenSSL's ~1.3 GB/s (SHA-NI) but loading _hashlib costs
 # ~2.5 ms (as much as ~0.6 MB through the builtin one): past this many bytes in one agent process
 # the rest goes through OpenSSL; so does a request that carries at least OPENSSL_CONTENT bytes of
-# files to write, from its start: a deploy hashes what it writes three or four times (the bytes
-# before, after the swap, for the seal, for the servers' check: ~1.3 MB for the SGLang playbooks'
-# ~0.34 MB). Facts (~0.3 MB) and a deploy that writes nothing stay builtin.
+# files to write, from its start: a deploy hashes about twice what it writes (the bytes it replaces,
+# read once under the lock; what it wrote, read back; the seal's and the servers' readings of the
+# same files come from the request's memo): ~0.7 MB for the SGLang playbooks' ~0.34 MB, where the
+# two cost the same (~2.6 ms); more content, OpenSSL is cheaper. Facts (~0.3 MB) and a deploy that
+# writes nothing stay builtin.
 BUILTIN_SHA256_BYTES = 2 << 20
 OPENSSL_CONTENT = 128 << 10
 _SHA256_BYTES = [0]
@@ -1078,21 +1080,31 @@ def gpu_queries(timeout=20):
 # ----------------------------------------------------------------------------- actions
 
 
-def action_facts(p):
+def action_facts(p, reread=None):
+    """reread: (request, answer) of facts read earlier in this same request, after everything the
+    request changed (a deploy's re-read for its seal, under the host lock: agent_seal.py). Where `p`
+    locates the package exactly as that request did, its package (bytecode of `p`'s files only),
+    torch, OS and user are taken from that answer instead of asking the launch's python again."""
     started = time.time()
+    prior = reread[1] if reread is not None and _locates_alike(p, reread[0]) else None
     res = {
         "protocol": AGENT_PROTOCOL,
-        "os": read_os(),
+        "os": prior["os"] if prior is not None else read_os(),
         "python": {"executable": sys.executable, "version": sys.version.split()[0]},
-        "user": _user(),
+        "user": prior["user"] if prior is not None else _user(),
     }
-    if p.get("engine"):
+    if prior is not None:
+        files = set(p.get("bytecode_files") or [])
+        sg = dict(prior["package"])
+        if isinstance(sg.get("bytecode"), dict):
+            sg["bytecode"] = dict((k, v) for k, v in sg["bytecode"].items() if k in files)
+    elif p.get("engine"):
         sg = locate_package(p["engine"], p.get("package_dir"), p.get("launch"), p.get("bytecode_files") or [],
                             p.get("strict_package_dir", True))
     else:  # the controller always sends its engine; a bare request gets host facts only
         sg = {"found": False, "error": "the request names no engine"}
     res["package"] = sg
-    res["torch"] = torch_version()
+    res["torch"] = prior["torch"] if prior is not None else torch_version()
     files = {}
     if sg.get("found"):
         for rel in spec_files(sg["dir"], p.get("hash_dirs", []), p.get("hash_files", [])):
@@ -1113,6 +1125,16 @@ def action_facts(p):
     for hook in FACTS_HOOKS:  # (agent_seal.py: the seal of this answer, kept for the deploy)
         hook(p, res)
     return res
+
+
+def _locates_alike(p, q):
+    """Whether facts request `p` locates the package as `q` did: the same engine, launch and package
+    dir, `p`'s bytecode files among `q`'s, and `q` at least as strict (a strict location that
+    succeeded is what a lenient one finds)."""
+    return (bool(p.get("engine")) and p.get("engine") == q.get("engine") and p.get("launch") == q.get("launch")
+            and p.get("launch") is not None and p.get("package_dir") == q.get("package_dir")
+            and set(p.get("bytecode_files") or []) <= set(q.get("bytecode_files") or [])
+            and (q.get("strict_package_dir", True) or not p.get("strict_package_dir", True)))
 
 
 def _user():
@@ -1138,6 +1160,7 @@ def action_locate(p):
 ACTIONS = {"facts": action_facts, "ping": action_ping, "locate": action_locate}
 EXTRA_FACTS = {}
 FACTS_HOOKS = []  # fn(request, answer) run after every facts answer is complete
+_REREAD = [None]  # (request, answer): facts a deploy re-read at its end in this request (agent_seal.py)
 DEPLOY_HOOKS = []  # fn(request, answer) run at the end of a deploy, still under the host lock
 
 
@@ -1156,6 +1179,7 @@ def _handle(data):
         if not isinstance(payload, dict):
             raise AgentError("a request must be a dict", "bad_input")
         _SHA_MEMO[0] = {}
+        _REREAD[0] = None
         fn = ACTIONS.get(payload.get("action"))
         if fn is None:
             raise AgentError("unknown action %r" % payload.get("action"), "bad_input")
@@ -1166,9 +1190,10 @@ def _handle(data):
         if isinstance(after, dict) and isinstance(result, dict):
             # facts read right after the action, in the same request (a deploy's restart reminder:
             # which servers now run older code); its failure is reported beside the action's result.
-            # (The request's memo still holds: a file the action's end hashed is not read again.)
+            # (The request's memo still holds: a file the action's end hashed is not read again; a
+            # deploy that re-read its facts for its seal lends them: _REREAD.)
             try:
-                result["then_facts"] = action_facts(after)
+                result["then_facts"] = action_facts(after, _REREAD[0])
             except AgentError as e:
                 result["then_facts_error"] = str(e)
             except Exception as e:
@@ -1182,6 +1207,7 @@ def _handle(data):
         doc = {"ok": False, "error": "%s: %s" % (e.__class__.__name__, e), "kind": "internal",
                "traceback": traceback.format_exc()}
     _SHA_MEMO[0] = None
+    _REREAD[0] = None
     try:
         return jdumps(doc).encode("ascii")
     except (TypeError, ValueError) as e:  # an action returned something JSON cannot hold

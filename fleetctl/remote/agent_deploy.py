@@ -656,10 +656,18 @@ def load_manifest(state_dir, deploy_id):
     return m
 
 
+_SAVED_AT = {}  # (state dir, deploy id, created) -> where that manifest was saved by this process
+
+
 def save_manifest(state_dir, m):
     m["updated"] = time.time()
+    # a manifest's dir is fixed for its life: found once (deploy_dir reads the manifest there), then
+    # kept for the deploy's later saves
+    key = (state_dir, m.get("id"), m.get("created"))
+    path = _SAVED_AT.get(key) or manifest_path(state_dir, m["id"])
     # compact (json's C encoder): a deploy saves its manifest six times, under the lock
-    write_atomic(manifest_path(state_dir, m["id"]), jdumps(m, sort_keys=True).encode())
+    write_atomic(path, jdumps(m, sort_keys=True).encode())
+    _SAVED_AT[key] = path
 
 
 def list_manifests(state_dir, include_foreign=False):
@@ -1059,15 +1067,18 @@ def action_deploy(p):
         plan = []
         for f in files:
             path = safe_target(pkg, f["path"])
+            # read once, under the lock: these bytes are checked against the plan and are the backup
             try:
-                st = os.stat(path)
+                with open(path, "rb") as fh:
+                    st = os.fstat(fh.fileno())
+                    old = fh.read()
             except FileNotFoundError:
                 raise AgentError("%s: missing on the host" % f["path"], "missing") from None
-            cur = sha256_file(path)
+            cur = sha256_new(old).hexdigest()
             if cur != f["sha_before"]:
                 raise AgentError("%s changed since the plan (now %s, planned against %s); run deploy --check again"
                                  % (f["path"], cur[:12], f["sha_before"][:12]), "changed")
-            plan.append((f, path, st))
+            plan.append((f, path, st, old))
         # the playbook's non-package files, under <state_dir>/files/: only those not already as intended
         state_real = os.path.realpath(expand(sd))
         splan = []
@@ -1089,7 +1100,7 @@ def action_deploy(p):
              "package_real": os.path.realpath(pkg), "package_located": pkg, "writer": writer_identity(),
              "version": p.get("version"), "playbook": p.get("playbook"), "by": p.get("by"),
              "host": p.get("host"), "files": [], "pycache_prefixes": _pycache_prefixes(p), "state_real": state_real}
-        for f, path, st in plan:
+        for f, path, st, _ in plan:
             m["files"].append({"path": f["path"], "sha_before": f["sha_before"], "sha_after": f["sha_after"],
                                "mode": stat.S_IMODE(st.st_mode), "uid": st.st_uid, "gid": st.st_gid,
                                "status": "pending", "backed_up": False})
@@ -1102,14 +1113,10 @@ def action_deploy(p):
         fault_point(p, "before_backup")
         bdir = os.path.join(ddir, "backup")
         try:
-            for entry, (f, path, st) in zip(m["files"], plan):
+            for entry, (f, path, st, old) in zip(m["files"], plan):  # (the bytes checked above)
                 dst = os.path.join(bdir, f["path"])
                 makedirs_private(os.path.dirname(dst))
-                with open(path, "rb") as src:
-                    data = src.read()
-                if sha256_new(data).hexdigest() != f["sha_before"]:
-                    raise AgentError("%s changed while backing up" % f["path"], "changed")
-                write_atomic(dst, data, 0o600)
+                write_atomic(dst, old, 0o600)
                 entry["backed_up"] = True
             for entry in m["files"][len(plan):]:  # state files: a copy of what was there, if anything
                 if entry["sha_before"] is not None:
@@ -1138,7 +1145,7 @@ def action_deploy(p):
         done = 0
         pyc = {"prefixes": m["pycache_prefixes"], "removed": []}
         try:
-            for entry, (f, path, st) in zip(m["files"], plan):
+            for entry, (f, path, st, _) in zip(m["files"], plan):
                 if done:
                     fault_point(p, "between_renames", done)
                 data = f["content"]  # raw bytes (marshal carries them)

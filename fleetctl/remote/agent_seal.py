@@ -31,6 +31,7 @@ launch's cwd; the host lock and every deploy manifest in the state dir; /etc/os-
 if __name__ != "fleetctl_agent":  # imported locally (tests); on the host the parts are concatenated
     from fleetctl.remote.agent import *  # noqa: F403
     from fleetctl.remote.agent import (
+        _REREAD,
         DEPLOY_HOOKS,
         FACTS_HOOKS,
         LAST_PROBE,
@@ -336,6 +337,7 @@ def _deploy_hook(p, res):
         if got[0] + extra == paths and got[1] + extra == files:
             after = snapshot(paths, extra, held)
             if after == before:
+                _REREAD[0] = (req, facts)  # what the host is now: the request's then_facts may take it
                 res["seal"] = {"paths": paths, "files": files, "stat": after["stat"],
                                "sha": sha_text(facts, got[1]) + after["sha"], "facts": facts,
                                "env": env_digest(_drop(p))}
