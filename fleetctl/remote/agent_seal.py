@@ -124,8 +124,41 @@ def _usable(path):
     return isinstance(path, str) and path.startswith("/") and not any(c in path for c in "\n\r\t\\\x00")
 
 
-def seal_paths(p, res):
-    """(paths, files) whose snapshot seals this facts answer, or (None, why not)."""
+def seal_paths(p, res, head=None):
+    """(paths, files) whose snapshot seals this facts answer, or (None, why not). head: _seal_head's
+    result for this same answer, computed earlier (the records part is always read now)."""
+    got, why = head if head is not None else _seal_head(p, res)
+    if got is None:
+        return None, why
+    paths, files = list(got[0]), got[1]
+    add = paths.append
+    _, deploys, lock = state_paths(p.get("state_dir") or "~/.fleetctl")
+    add(lock)
+    add(deploys)
+    try:
+        for n in sorted(os.listdir(deploys)):
+            add(os.path.join(deploys, n))
+            add(os.path.join(deploys, n, "manifest.json"))
+    except OSError:
+        pass
+    add("/etc/os-release")
+    seen = set()
+    out = []
+    for x in paths:
+        if x not in seen:
+            seen.add(x)
+            out.append(x)
+    if len(out) > SEAL_MAX_PATHS:
+        return None, "more than %d paths decide this host's answer" % SEAL_MAX_PATHS
+    bad = [x for x in out + files if not _usable(x)]
+    if bad:
+        return None, "a path the seal would name is not plain text: %r" % bad[0][:200]
+    return (out, files), None
+
+
+def _seal_head(p, res):
+    """seal_paths' part that depends on the answer and the import system, not on the state dir's
+    records: (paths, files) or (None, why not)."""
     launch = p.get("launch")
     sg = res.get("package") or {}
     if not launch or not sg.get("found") or not sg.get("dir"):
@@ -235,28 +268,7 @@ def seal_paths(p, res):
         cfg = (res.get("model") or {}).get("path")
         if isinstance(cfg, str):
             add(cfg)
-    _, deploys, lock = state_paths(p.get("state_dir") or "~/.fleetctl")
-    add(lock)
-    add(deploys)
-    try:
-        for n in sorted(os.listdir(deploys)):
-            add(os.path.join(deploys, n))
-            add(os.path.join(deploys, n, "manifest.json"))
-    except OSError:
-        pass
-    add("/etc/os-release")
-    seen = set()
-    out = []
-    for x in paths:
-        if x not in seen:
-            seen.add(x)
-            out.append(x)
-    if len(out) > SEAL_MAX_PATHS:
-        return None, "more than %d paths decide this host's answer" % SEAL_MAX_PATHS
-    bad = [x for x in out + files if not _usable(x)]
-    if bad:
-        return None, "a path the seal would name is not plain text: %r" % bad[0][:200]
-    return (out, files), None
+    return (paths, files), None
 
 
 QUIET_NS = 2 * 10 ** 9  # a path changed this close to the facts is not trusted to predate them
@@ -283,7 +295,8 @@ def _facts_hook(p, res):
     started = time.time_ns() - int((res.get("elapsed") or 0) * 1e9) - 10 ** 6
     _SEAL.clear()
     _SEAL["request"] = dict((k, v) for k, v in p.items() if k != "seal")
-    _SEAL["paths"], _SEAL["why"] = got, _ = seal_paths(_SEAL["request"], res)
+    _SEAL["head"] = _seal_head(_SEAL["request"], res)  # (kept: the deploy's end adds its records to it)
+    _SEAL["paths"], _SEAL["why"] = got, _ = seal_paths(_SEAL["request"], res, _SEAL["head"])
     if got is not None:
         newest = [0]
         _SEAL["snap"] = snapshot(got[0], (), newest=newest)
@@ -313,9 +326,11 @@ def _deploy_hook(p, res):
     got = _SEAL.get("paths")
     held = (state_paths(p["state_dir"])[2],)
     if got is not None and res.get("deploy_id") is not None:
-        # the deploy added its record (and may have dropped bytecode): the paths as they are now, from
-        # the session's facts, so that one reading of the facts is bracketed, not two
-        got = seal_paths(req, _SEAL["facts"])[0] or got
+        # the deploy added its record: the paths as they are now, from the session's facts (their
+        # import-system part as the facts hook found it), so that one reading of the facts is
+        # bracketed, not two; where the re-read names other paths (dropped bytecode, a new .pth),
+        # the loop below brackets again with those
+        got = seal_paths(req, _SEAL["facts"], _SEAL.get("head"))[0] or got
     if got is not None and not extra and res.get("deploy_id") is None and _SEAL.get("quiet") \
             and snapshot(got[0], (), held) == _SEAL.get("snap"):
         res["seal"] = {"paths": got[0], "files": got[1], "stat": _SEAL["snap"]["stat"],
