@@ -320,3 +320,25 @@ def test_controller_keeps_its_compiled_agent_privately(tmp_path: Path) -> None:
     link = f.with_name("link.marshal")
     link.symlink_to(f)
     assert session._read_compiled(link) is None and session._read_compiled(f) == good
+
+
+@pytest.mark.parametrize("size", [10, 4095, 4096, 65536, 65537, 200_000])
+def test_proc_files_are_read_whole(size: int) -> None:
+    """The process scan reads /proc/PID/{cmdline,environ} with as few reads as it can (a short read
+    is the end there): any length comes back whole, and `limit` still cuts."""
+    from fleetctl.remote import agent_servers
+
+    args = ["x" * min(100_000, size - i) for i in range(0, size, 100_000)]  # (one argument: at most 128 KiB)
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "FLEETCTL_TEST_LONG": "y" * min(size, 100_000)}
+    code = "import sys, time; sys.stdout.write('up\\n'); sys.stdout.flush(); time.sleep(60)"
+    proc = subprocess.Popen([sys.executable, "-c", code, *args], env=env, stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == b"up\n"
+        want = b"\0".join(a.encode() for a in [sys.executable, "-c", code, *args]) + b"\0"
+        assert len(want) > size
+        assert agent_servers._read_proc(proc.pid, "cmdline") == want
+        assert b"FLEETCTL_TEST_LONG=" + b"y" * min(size, 100_000) + b"\0" in agent_servers._read_proc(proc.pid, "environ")
+        assert agent_servers._read_proc(proc.pid, "cmdline", limit=7) == want[:7]
+    finally:
+        proc.kill()
+        proc.wait()

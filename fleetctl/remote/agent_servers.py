@@ -525,7 +525,9 @@ MAX_ARG = 4096
 
 def _read_proc(pid, name, limit=1 << 20):
     """Up to `limit` bytes of /proc/PID/NAME; None if unreadable. (os.read, not open(): a scan reads
-    one such file per process of the host, and the buffered file object costs several times more.)"""
+    one such file per process of the host, and the buffered file object costs several times more.
+    These files answer a read with all they hold up to the size asked, so a shorter answer is the
+    end: no second read to see it.)"""
     try:
         fd = os.open("/proc/%d/%s" % (pid, name), os.O_RDONLY)
     except (OSError, ValueError):
@@ -534,11 +536,12 @@ def _read_proc(pid, name, limit=1 << 20):
         parts = []
         got = 0
         while got < limit:
-            b = os.read(fd, min(limit - got, 1 << 16))
-            if not b:
-                break
+            ask = min(limit - got, 1 << 16)
+            b = os.read(fd, ask)
             parts.append(b)
             got += len(b)
+            if len(b) < ask:
+                break
         return b"".join(parts)
     except OSError:
         return None
