@@ -342,3 +342,24 @@ def test_proc_files_are_read_whole(size: int) -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_process_listening_on_many_ports_has_them_all_found() -> None:
+    """/proc/PID/net/tcp answers a page of lines per read: read to its end, every port is found (the
+    one-read shortcut is for cmdline and environ only)."""
+    import socket
+
+    from fleetctl.remote import agent_servers
+
+    socks = []
+    try:
+        for _ in range(120):  # ~150 bytes a line: several pages
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            s.listen(1)
+            socks.append(s)
+        ports = {s.getsockname()[1] for s in socks}
+        assert ports <= set(agent_servers._listening_ports(os.getpid()) or [])
+    finally:
+        for s in socks:
+            s.close()

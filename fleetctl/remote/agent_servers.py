@@ -526,8 +526,10 @@ MAX_ARG = 4096
 def _read_proc(pid, name, limit=1 << 20):
     """Up to `limit` bytes of /proc/PID/NAME; None if unreadable. (os.read, not open(): a scan reads
     one such file per process of the host, and the buffered file object costs several times more.
-    These files answer a read with all they hold up to the size asked, so a shorter answer is the
-    end: no second read to see it.)"""
+    `cmdline` and `environ` answer a read with all they hold up to the size asked, so there a shorter
+    answer is the end: no second read to see it. Others (net/tcp: a page of lines per read) are read
+    to their end.)"""
+    whole = name in ("cmdline", "environ")
     try:
         fd = os.open("/proc/%d/%s" % (pid, name), os.O_RDONLY)
     except (OSError, ValueError):
@@ -538,9 +540,11 @@ def _read_proc(pid, name, limit=1 << 20):
         while got < limit:
             ask = min(limit - got, 1 << 16)
             b = os.read(fd, ask)
+            if not b:
+                break
             parts.append(b)
             got += len(b)
-            if len(b) < ask:
+            if whole and len(b) < ask:
                 break
         return b"".join(parts)
     except OSError:
