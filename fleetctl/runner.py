@@ -184,14 +184,8 @@ class Fleet:
         out.elapsed = time.monotonic() - t0
         return out
 
-    def run(self, fn: Callable[[Transport], Any], hosts: Iterable[Host] | None = None, *,
-            last: bool = False) -> list[HostOutcome]:
+    def run(self, fn: Callable[[Transport], Any], hosts: Iterable[Host] | None = None) -> list[HostOutcome]:
         """Call fn(conn) for each host (connecting first); outcomes in inventory order.
-
-        last: this is the command's last step on these hosts. A host whose step succeeded has its
-        connection closed by its own thread at once (its agent session ends, and sshd's), so on a
-        fleet the closes overlap the other hosts' work instead of queueing in close() at the end; the
-        close is still under the watchdog (the per-host deadline). A later step would connect again.
 
         At most `forks` hosts at once. Every host is bounded: each of its steps by its own timeout
         (transport/ssh.py) and, as a backstop, by this thread's watchdog (the step's bound plus a
@@ -232,11 +226,6 @@ class Fleet:
                     running[i] = (host, conn)
                     self.inflight[host.name] = conn
                 out = self._one(host, conn, fn)
-                if last and out.ok:
-                    try:
-                        conn.close()
-                    except Exception:  # (a close that fails leaves nothing to do: close() tries again)
-                        pass
                 with cond:
                     finish(i, out)
 

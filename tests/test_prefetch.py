@@ -1,14 +1,12 @@
 """Connections opened ahead of a command's first run (Fleet.prefetch; commands/context.py), against
 real sshd hosts: the run uses the connection the prefetch opened, a failed handshake is reported by
-the host's run exactly once, a closed fleet cuts a handshake in flight, bad input given on the
-command line contacts no host, and a command's last step closes each host that is done at once."""
+the host's run exactly once, a closed fleet cuts a handshake in flight, and bad input given on the
+command line contacts no host."""
 
 from __future__ import annotations
 
-import os
 import socket
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -108,38 +106,6 @@ def test_a_host_no_prefetch_reached_is_connected_by_its_run(sandbox: Sandbox) ->
         outs = fleet.run(_echo)  # at once: some hosts may still be pending or in flight
         assert [o.status for o in outs] == ["ok"] * len(sandbox.hosts)
         assert all(w.claimed and w.done.is_set() for w in fleet._warm.values())
-
-
-def test_a_last_step_closes_each_host_that_is_done(fresh_sandbox: Callable[..., Sandbox]) -> None:
-    """Fleet.run(last=True): a host whose step succeeded is closed by its own thread before run
-    returns (its agent ends on the host); a failed host is left for close(); a later step connects
-    again."""
-    from fleetctl.errors import FleetctlError
-    from fleetctl.protocol import names
-
-    sb = fresh_sandbox(hosts=2)
-    fleet = _fleet(sb.inventory_path)
-    pids: dict[str, int] = {}
-
-    def step(conn: object) -> None:
-        pids[conn.host.name] = conn.agent(names.PING).pid  # type: ignore[attr-defined]
-        if conn.host.name == "h02":  # type: ignore[attr-defined]
-            raise FleetctlError("h02: this step fails")
-
-    with fleet:
-        outs = {o.host: o for o in fleet.run(step, last=True)}
-        assert outs["h01"].status == "ok" and outs["h02"].status == "failed"
-        conns = fleet._conns  # type: ignore[attr-defined]
-        assert conns["h01"]._conn is None and conns["h01"]._agent_pipe is None
-        assert conns["h02"]._conn is not None and conns["h02"]._agent_pipe is not None
-        for _ in range(300):  # the closed session's agent sees the end of its input and exits
-            if not os.path.exists(f"/proc/{pids['h01']}"):
-                break
-            time.sleep(0.1)
-        assert not os.path.exists(f"/proc/{pids['h01']}")
-        assert os.path.exists(f"/proc/{pids['h02']}")  # (its session stays open until close())
-        again = fleet.run(_echo)
-        assert [o.status for o in again] == ["ok", "ok"] and again[0].data == b"hi\n"
 
 
 def test_close_cuts_a_handshake_in_flight(sandbox: Sandbox, tmp_path: Path,

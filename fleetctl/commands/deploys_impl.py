@@ -107,8 +107,7 @@ def deploy(*, playbook: Path, inventory: Path | None, limit: str | None, forks: 
 
         results = _tick_run(ctx, "deploy", lambda: apply_plan(ctx.fleet, plan, pb, op_id, break_lock=breaking,
                                                               seals=gathered.seals,
-                                                              then_facts=lambda h: discover_facts(h, pb),
-                                                              last=True))
+                                                              then_facts=lambda h: discover_facts(h, pb)))
         rows = [results[h.name] for h in ctx.fleet.hosts if h.name in results]
         failed = [r for r in rows if r.status not in ("changed", "unchanged")]
         record.finish(not failed, [r.to_json() for r in rows])
@@ -192,7 +191,7 @@ def rollback(*, inventory: Path | None, limit: str | None, forks: int, to: str |
         results = _tick_run(ctx, "rollback", lambda: apply_rollback(
             ctx.fleet, plans, op_id, force, old_tree=old_tree, break_lock=breaking,
             profile=rpb.launch if rpb else None, then_facts=lambda h: discover_facts(h, None, touched),
-            servers=found, last=True))
+            servers=found))
         rows = [results[h.name] for h in ctx.fleet.hosts]
         failed = [r for r in rows if r["status"] not in ("changed", "unchanged", "skipped")]
         record.finish(not failed, rows)

@@ -211,8 +211,8 @@ def apply_plan(fleet: Fleet, plan: Plan, playbook: Playbook, op_id: str, *, vali
                fault_after_files: dict[str, int] | None = None,
                hosts: list[str] | None = None, break_lock: set[str] | frozenset[str] = frozenset(),
                seals: dict[str, Checked] | None = None,
-               then_facts: Callable[[Host], tuple[dict[str, Any], dict[str, Any]]] | None = None,
-               last: bool = False) -> dict[str, HostApply]:
+               then_facts: Callable[[Host], tuple[dict[str, Any], dict[str, Any]]] | None = None
+               ) -> dict[str, HostApply]:
     """Apply the plan to every host whose plan says 'change' or 'noop' (a no-op host is still visited:
     its files are re-checked under the host lock, so 'unchanged' is never a guess from facts read
     before a concurrent rollback). A no-op host answered from its seal (gather's `seals`) was
@@ -220,8 +220,7 @@ def apply_plan(fleet: Fleet, plan: Plan, playbook: Playbook, op_id: str, *, vali
     depended on, with no Python started. Returns per-host results; a host the agent visits with
     `seals` makes a new seal (fleetctl/seal.py). then_facts(host) -> (facts request, discover part)
     (ops/discover.py discover_facts): a host planned to change also answers which of its servers
-    now run older code, in the same request (HostApply.servers). last: the command's last step on
-    these hosts (Fleet.run): each host's connection is closed as soon as it is done."""
+    now run older code, in the same request (HostApply.servers)."""
     results: dict[str, HostApply] = {}
     todo: dict[str, HostPlan] = {}
     for hp in plan.hosts:
@@ -302,7 +301,7 @@ def apply_plan(fleet: Fleet, plan: Plan, playbook: Playbook, op_id: str, *, vali
         return r
 
     targets = [h for h in fleet.hosts if h.name in todo]
-    for o in fleet.run(one, targets, last=last):
+    for o in fleet.run(one, targets):
         if o.ok:
             r = o.data
         else:

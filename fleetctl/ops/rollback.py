@@ -149,13 +149,13 @@ def apply_rollback(fleet: Fleet, plans: list[RollbackPlan], op_id: str, force: b
                    break_lock: set[str] | frozenset[str] = frozenset(),
                    profile: LaunchProfile | None = None,
                    then_facts: Callable[[Host], tuple[dict[str, Any], dict[str, Any]]] | None = None,
-                   servers: dict[str, Any] | None = None, last: bool = False) -> dict[str, dict[str, Any]]:
+                   servers: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
     """Undo per host what its plan says. Hosts with nothing to do are visited too: 'nothing to roll back'
     is said only after the agent saw, under the host lock, the same deploys the plan saw. The agent
     locates sglang as the launch (`profile`, else the default one) imports it, as the plan's facts did,
     and asks that python for its pycache prefix (the restored files' cached bytecode is removed).
     then_facts / servers: as apply_plan's (fleetctl/ops/deploy.py): a host with deploys to undo also
-    answers which of its servers now run older code, put in `servers` by host. last: as apply_plan's."""
+    answers which of its servers now run older code, put in `servers` by host."""
     todo = {p.host: p for p in plans if p.status in ("change", "noop")}
     results: dict[str, dict[str, Any]] = {}
     for p in plans:
@@ -197,7 +197,7 @@ def apply_rollback(fleet: Fleet, plans: list[RollbackPlan], op_id: str, force: b
                 "message": msg if not bad else f"{bad[0].path}: {bad[0].why}",
                 "notes": res.notes, "detail": to_json(res.rollbacks)}
 
-    for o in fleet.run(one, [h for h in fleet.hosts if h.name in todo], last=last):
+    for o in fleet.run(one, [h for h in fleet.hosts if h.name in todo]):
         results[o.host] = o.data if o.ok else {"host": o.host, "status": o.status, "message": o.message}
     return results
 
