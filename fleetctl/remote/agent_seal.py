@@ -158,7 +158,7 @@ def seal_paths(p, res, head=None):
 
 def _seal_head(p, res):
     """seal_paths' part that depends on the answer and the import system, not on the state dir's
-    records: (paths, files) or (None, why not)."""
+    records: ((paths, files), None) or (None, why not)."""
     launch = p.get("launch")
     sg = res.get("package") or {}
     if not launch or not sg.get("found") or not sg.get("dir"):
