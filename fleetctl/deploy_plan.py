@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from fleetctl import hoststate
 from fleetctl.config.hosts import Host
-from fleetctl.config.playbook import Playbook
+from fleetctl.config.playbook_model import Playbook
 from fleetctl.facts import HostFacts
 from fleetctl.protocol.answers import Manifest
 

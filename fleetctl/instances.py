@@ -15,9 +15,8 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-from fleetctl.config.hosts import Host
-from fleetctl.config.inventory import FLAG_RE
-from fleetctl.config.playbook import LaunchProfile
+from fleetctl.config.hosts import FLAG_RE, Host
+from fleetctl.config.playbook_model import LaunchProfile
 from fleetctl.engine import engine
 from fleetctl.errors import InputError
 from fleetctl.launchspec import LaunchSpec, launch_spec

@@ -11,7 +11,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from fleetctl import wheels
-from fleetctl.config.playbook import Playbook
+from fleetctl.config.playbook_model import Playbook
 from fleetctl.deploy_plan import Intended, sha
 from fleetctl.errors import InputError
 

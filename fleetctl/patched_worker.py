@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from fleetctl.config.hosts import Host
-from fleetctl.config.playbook import Playbook
+from fleetctl.config.playbook_model import Playbook
 from fleetctl.deploy_plan import Coverage
 from fleetctl.facts import HostFacts
 

@@ -13,7 +13,7 @@ import dataclasses
 import re
 from typing import Any
 
-from fleetctl.config.playbook import Playbook
+from fleetctl.config.playbook_model import Playbook
 from fleetctl.instances import Instance
 
 REF_RE = re.compile(r"\{file:([^{}]*)\}")

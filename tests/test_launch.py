@@ -18,7 +18,7 @@ from ports import free_ports
 from fleetctl import wheels
 from fleetctl.cli import main
 from fleetctl.config.inventory import load_inventory
-from fleetctl.config.playbook import LaunchProfile, load_playbook
+from fleetctl.config.playbook import InstanceLayout, LaunchProfile, load_playbook
 from fleetctl.errors import InputError
 from fleetctl.facts import read_facts
 from fleetctl.instances import plan_instances
@@ -128,7 +128,7 @@ def test_layout_split_gpus_ports_env_and_overrides(tmp_path: Path) -> None:
                          "flags": {"--speculative-num-steps": 5, "--api-key": "s3cret"}})
     prof = LaunchProfile(flags={"--speculative-num-steps": 3, "--model-path": "m", "--enable-x": True,
                                 "--off": False}, env={"SGLANG_ENABLE_SPEC_V2": True, "A": "b c; rm -rf /"},
-                         port=31000, layout={"gpus_per_instance": 2, "port_stride": 10})
+                         port=31000, layout=InstanceLayout(gpus_per_instance=2, port_stride=10))
     insts = plan_instances(h, prof)
     assert [(i.name, i.gpus, i.port) for i in insts] == [("port-31000", (0, 1), 31000), ("port-31010", (2, 3), 31010)]
     a = insts[1]
@@ -142,7 +142,7 @@ def test_layout_split_gpus_ports_env_and_overrides(tmp_path: Path) -> None:
     one = plan_instances(h, LaunchProfile(flags={"--tp": 2}))
     assert len(one) == 1 and one[0].gpus == (0, 1, 2, 3) and "--tp-size" not in one[0].argv  # user tp kept
     with pytest.raises(InputError):
-        plan_instances(h, LaunchProfile(layout={"gpus_per_instance": 3}))
+        plan_instances(h, LaunchProfile(layout=InstanceLayout(gpus_per_instance=3)))
 
 
 # ----------------------------------------------------------------------------- on the fleet

@@ -15,7 +15,7 @@ from fleetctl.errors import FleetctlError, InputError
 
 if TYPE_CHECKING:  # the playbook (pydantic, yaml), the wheels and rich: imported by the command that
     # runs (issue 16.10: 'fleetctl patch --help' and option parsing never load them)
-    from fleetctl.config.playbook import Playbook
+    from fleetctl.config.playbook_model import Playbook
 
 patch_app = typer.Typer(help="Local tools for patch authors: apply, check, new, port, import.", no_args_is_help=True)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fleetctl.config.playbook import Playbook
+from fleetctl.config.playbook_model import Playbook
 from fleetctl.ops.probe import ask_hosts, probe_host, refusal
 
 __all__ = ["add_probe_answers", "probe_host"]

@@ -8,12 +8,14 @@ and connects without importing that validation at all.
 from __future__ import annotations
 
 import fnmatch
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from fleetctl.errors import InputError
 
+FLAG_RE = re.compile(r"^--[A-Za-z0-9][A-Za-z0-9_\-]*$")  # a server flag as the inventory and playbook name it
 DEFAULT_HOST_TIMEOUT = 1800.0  # seconds one host transaction (one step of a command on a host) may take
 DEFAULT_MAX_ANSWER_BYTES = 64 << 20  # the largest answer a host may send for one request
 

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from fleetctl.config.hosts import (
     DEFAULT_HOST_TIMEOUT,
     DEFAULT_MAX_ANSWER_BYTES,
+    FLAG_RE,
     Host,
     Inventory,
     resolve_path,
@@ -45,7 +46,6 @@ EnvValue = str | int | float | bool | SecretValue
 
 
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-FLAG_RE = re.compile(r"^--[A-Za-z0-9][A-Za-z0-9_\-]*$")
 
 
 def check_env(v: dict[str, Any] | None) -> dict[str, Any] | None:

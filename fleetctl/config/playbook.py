@@ -25,17 +25,29 @@ from __future__ import annotations
 
 import re
 from contextvars import ContextVar
-from pathlib import Path, PurePosixPath
-from typing import Annotated, Any, Literal
+from pathlib import Path
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from fleetctl.config.playbook_model import (  # noqa: F401  (the playbook's classes, here as before)
+    MAX_STATE_FILE,
+    Covers,
+    InstanceLayout,
+    LaunchProfile,
+    MarkerSite,
+    NeverFires,
+    PatchFile,
+    Playbook,
+    ShippedFile,
+    VerifySpec,
+    check_relpath,
+)
 from fleetctl.config.yamlpos import load_yaml, validate
 from fleetctl.engine import engine
 from fleetctl.errors import InputError
 
 SHA256_RE = r"^[0-9a-f]{64}$"
-MAX_STATE_FILE = 1 << 20  # a state file is configuration, not a payload
 
 
 _SHIPS_FILES: ContextVar[bool] = ContextVar("_SHIPS_FILES", default=False)
@@ -43,16 +55,6 @@ _SHIPS_FILES: ContextVar[bool] = ContextVar("_SHIPS_FILES", default=False)
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
-
-
-def check_relpath(rel: str) -> str:
-    """A path relative to the package dir that cannot escape it (lexically)."""
-    p = PurePosixPath(rel)
-    if not rel or p.is_absolute() or rel.startswith("~") or ".." in p.parts or "\\" in rel:
-        raise ValueError(f"path {rel!r} escapes the package dir: use a relative path with no '..'")
-    if any(c in rel for c in "\0\n\r"):
-        raise ValueError(f"path {rel!r} holds a control character")
-    return str(p)
 
 
 class FileSpec(Strict):
@@ -82,80 +84,6 @@ class VersionSpec(Strict):
         return v
 
 
-class InstanceLayout(Strict):
-    """How the host's GPUs are split into server instances."""
-
-    gpus_per_instance: Annotated[int, Field(ge=1)] | None = None  # None: one instance on all GPUs
-    port_stride: Annotated[int, Field(ge=1)] = 1
-
-
-class LaunchProfile(Strict):
-    command: str = engine().launch_command
-    flags: dict[str, Any] = {}
-    env: dict[str, str | int | bool] = {}
-    port: Annotated[int, Field(ge=1, le=65535)] = 30000
-    layout: InstanceLayout = InstanceLayout()
-    ready_timeout: Annotated[float, Field(gt=0)] = 900.0
-    stop_timeout: Annotated[float, Field(gt=0)] = 30.0
-
-
-class NeverFires(Strict):
-    """The feature can never act when ServerArgs field `arg` >= field `at_least` (both as the server
-    resolves them, defaults and SGLang's own adjustments included)."""
-    arg: str
-    at_least: str
-    why: str = ""
-
-
-class VerifySpec(Strict):
-    markers: list[str] = []  # log lines the patched code writes (where: covers.markers)
-    # settings under which the patched code runs but the feature can never act: explain warns,
-    # verify-logs fails (checked on the server arguments the log shows, else on fleetctl's model)
-    never_fires_when: list[NeverFires] = []
-    forbidden: list[str] = [
-        "Traceback (most recent call last)",
-        "CUDA out of memory",
-        "Address already in use",
-    ]
-    require_ready: bool = True
-
-
-class MarkerSite(Strict):
-    """Where a verify marker is logged, so verify-logs can count it and explain its absence."""
-
-    text: str
-    # worker: in the speculative worker class the launch runs (file and class resolved per launch);
-    # file: in `class`.`function` of the package file `file`; anywhere: no place to check on disk
-    where: Literal["worker", "file", "anywhere"] = "anywhere"
-    file: str | None = None
-    cls: str | None = Field(None, alias="class")
-    function: str = "__init__"
-    per_rank: bool = True  # every scheduler rank logs it (False: at least once per launch log)
-
-    _check = field_validator("file")(classmethod(lambda cls, v: v if v is None else check_relpath(v)))
-
-    @model_validator(mode="after")
-    def _site(self) -> MarkerSite:
-        if self.where == "file" and not (self.file and self.cls):
-            raise ValueError(f"marker {self.text!r}: where: file needs file: and class:")
-        return self
-
-
-class Covers(Strict):
-    """What the playbook must cover on a host, declared by the playbook (never assumed by the core)."""
-
-    # the speculative worker the launch runs must be in a file this playbook patches (and not one of
-    # its unsupported_workers); every worker file is hashed at launch (restart-needed detection)
-    worker: bool = False
-    # package files the feature lives in: every version must patch them; hashed at launch
-    files: list[str] = []
-    markers: list[MarkerSite] = []
-    # ServerArgs fields verify-logs reports besides the engine's own (from the logged dump)
-    report_args: list[str] = []
-
-    _check = field_validator("files")(classmethod(lambda cls, v: [check_relpath(x) for x in v]))
-
-
 class StateFile(Strict):
     """A non-package file deployed to {state_dir}/files/<playbook name>/<name> in the same transaction
     as the package files (and rolled back with them). Launch flags refer to it as {file:<name>}."""
@@ -170,9 +98,9 @@ class PlaybookFile(Strict):
     description: str = ""
     package: str = engine().package
     versions: dict[str, VersionSpec]
-    launch: LaunchProfile = LaunchProfile()
-    verify: VerifySpec = VerifySpec()
-    covers: Covers = Covers()
+    launch: LaunchProfile = Field(default_factory=LaunchProfile)
+    verify: VerifySpec = Field(default_factory=VerifySpec)
+    covers: Covers = Field(default_factory=Covers)
     state_files: list[StateFile] = []
 
     @model_validator(mode="before")
@@ -222,65 +150,21 @@ class PlaybookFile(Strict):
         return v
 
 
-class PatchFile(BaseModel):
-    """A file to patch, with the diff text already read."""
-
-    path: str
-    patch_path: Path
-    patch_text: bytes
-    sha256: str
-
-
-class ShippedFile(BaseModel):
-    """A state file with its bytes already read."""
-
-    name: str
-    source: Path
-    data: bytes
-    mode: int = 0o644
-
-    @property
-    def sha256(self) -> str:
-        import hashlib
-
-        return hashlib.sha256(self.data).hexdigest()
-
-
-class Playbook(BaseModel):
-    path: Path
-    name: str
-    description: str
-    versions: dict[str, list[PatchFile]]
-    unsupported_workers: dict[str, dict[str, str]] = {}
-    launch: LaunchProfile
-    verify: VerifySpec
-    covers: Covers = Covers()
-    state_files: list[ShippedFile] = []
-
-    def marker_site(self, text: str) -> MarkerSite:
-        """Where the playbook says `text` is logged (undeclared: anywhere, per rank)."""
-        for m in self.covers.markers:
-            if m.text == text:
-                return m
-        return MarkerSite(text=text)
-
-    def supported(self) -> list[str]:
-        from packaging.version import Version
-
-        return sorted(self.versions, key=Version)
-
-    def files_for(self, version: str) -> list[PatchFile] | None:
-        return self.versions.get(version)
-
-
 def load_playbook(path: Path | str) -> Playbook:
+    """The playbook file `path` (a directory: its playbook.yaml), validated, with the files it names
+    read; any problem is one InputError line naming file:line."""
     path = Path(path)
-    if path.is_dir():
-        path = path / "playbook.yaml"
+    return load_playbook_from(path / "playbook.yaml" if path.is_dir() else path)[0]
+
+
+def load_playbook_from(path: Path) -> tuple[Playbook, dict[Path, str]]:
+    """load_playbook of the playbook file `path`, and each file it read: its real path -> the path
+    as the playbook names it (config/playbook_cache.py keeps both)."""
     doc = load_yaml(path, "playbook")
     raw = validate(doc, PlaybookFile, "playbook")
     base = path.resolve().parent
     versions: dict[str, list[PatchFile]] = {}
+    raw_paths: dict[Path, str] = {}
     for ver, spec in raw.versions.items():
         out = []
         for i, f in enumerate(spec.files):
@@ -294,6 +178,7 @@ def load_playbook(path: Path | str) -> Playbook:
                     hint="fix the patch path (relative to the playbook file)",
                 ) from None
             out.append(PatchFile(path=f.path, patch_path=pp, patch_text=text, sha256=f.sha256))
+            raw_paths[pp] = f.patch
         versions[ver] = out
     shipped = []
     for i, sf in enumerate(raw.state_files):
@@ -308,6 +193,8 @@ def load_playbook(path: Path | str) -> Playbook:
             raise InputError(f"{path}: state_files[{i}]: {sf.source} is {len(data)} bytes (at most {MAX_STATE_FILE})",
                              hint="ship a smaller file")
         shipped.append(ShippedFile(name=sf.name, source=src, data=data, mode=sf.mode))
-    return Playbook(path=path, name=raw.name, description=raw.description, versions=versions,
-                    unsupported_workers={v: dict(s.unsupported_workers) for v, s in raw.versions.items()},
-                    launch=raw.launch, verify=raw.verify, covers=raw.covers, state_files=shipped)
+        raw_paths[src] = sf.source
+    pb = Playbook(path=path, name=raw.name, description=raw.description, versions=versions,
+                  unsupported_workers={v: dict(s.unsupported_workers) for v, s in raw.versions.items()},
+                  launch=raw.launch, verify=raw.verify, covers=raw.covers, state_files=shipped)
+    return pb, raw_paths

@@ -108,9 +108,16 @@ def _duplicate_key(node: yaml.Node | None) -> tuple[str, int, int] | None:
     return None
 
 
+# an unknown key: of a model (extra_forbidden) or of a dataclass the model holds (config/playbook_model.py)
+_UNKNOWN = ("extra_forbidden", "unexpected_keyword_argument")
+_NOT_A_MAPPING = ("model_type", "dataclass_type", "dict_type")
+
+
 def _fix_for(err: dict[str, Any], key: str) -> str | None:
     kind = err.get("type", "")
-    if kind == "extra_forbidden":
+    if kind in _NOT_A_MAPPING:
+        return f"write '{key}' as key: value lines under it"
+    if kind in _UNKNOWN:
         return f"remove '{key}' or check its spelling"
     if kind == "missing":
         return f"add '{key}:'"
@@ -137,15 +144,17 @@ def validate(doc: YamlDoc, model: type[M], what: str) -> M:
     except ValidationError as e:
         errors = e.errors()
         # a misspelt key explains a "missing" one: report unknown keys first
-        err = next((x for x in errors if x.get("type") == "extra_forbidden"), errors[0])
+        err = next((x for x in errors if x.get("type") in _UNKNOWN), errors[0])
         loc = tuple(err.get("loc", ()))
         keypath = ".".join(_part(p) for p in loc) or "(top level)"
         key = _part(loc[-1]) if loc else "(top level)"
         line = doc.line_of(loc)
         msg = err.get("msg", "invalid")
         kind = err.get("type")
-        if kind == "extra_forbidden":
+        if kind in _UNKNOWN:
             msg = "unknown key"
+        elif kind in _NOT_A_MAPPING:
+            msg = "not a mapping"
         elif kind == "missing":
             msg = "missing"
         elif kind == "value_error":

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from fleetctl import seal, statefiles
 from fleetctl.config.hosts import Host
-from fleetctl.config.playbook import Playbook
+from fleetctl.config.playbook_model import Playbook
 from fleetctl.deploy_plan import Coverage, HostPlan, Intended, Plan, plan_host
 from fleetctl.engine import engine
 from fleetctl.errors import InputError

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from fleetctl.config.hosts import Host
-from fleetctl.config.playbook import Playbook
+from fleetctl.config.playbook_model import Playbook
 from fleetctl.engine import engine
 from fleetctl.errors import FleetctlError
 from fleetctl.facts import HASH_FILES, HostFacts, facts_request, parse_facts, read_facts

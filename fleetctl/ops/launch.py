@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from fleetctl import statefiles
 from fleetctl.config.hosts import Host
-from fleetctl.config.playbook import Playbook
+from fleetctl.config.playbook_model import Playbook
 from fleetctl.engine import engine
 from fleetctl.facts import HostFacts, read_facts
 from fleetctl.instances import Instance, plan_instances
@@ -277,8 +277,8 @@ def plan_launch(host: Host, pb: Playbook, insts: list[Instance], facts: HostFact
     unregistered = sorted({f for inst in insts for f in engine().resolve_worker(v, inst.flags, inst.effective_env).unknown_flags
                            if registered.get(f) is False})
     if unregistered and drop_unknown_flags:
-        profile = pb.launch.model_copy(update={"flags": {k: x for k, x in pb.launch.flags.items()
-                                                         if k not in unregistered}})
+        profile = dataclasses.replace(pb.launch, flags={k: x for k, x in pb.launch.flags.items()
+                                                        if k not in unregistered})
         h = dataclasses.replace(host, flags={k: x for k, x in host.flags.items() if k not in unregistered})
         insts = plan_instances(h, profile)
         lp.run, lp.instances = insts, _starts(insts)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fleetctl.config.playbook import Playbook
+from fleetctl.config.playbook_model import Playbook
 from fleetctl.engine import engine
 from fleetctl.errors import ProbeInputError
 from fleetctl.facts import read_facts

@@ -17,7 +17,7 @@ from fleetctl.errors import InputError
 
 if TYPE_CHECKING:  # parse_count/parse_percent check options before any host: no transport imported
     from fleetctl.config.hosts import Host
-    from fleetctl.config.playbook import Playbook
+    from fleetctl.config.playbook_model import Playbook
     from fleetctl.deploy_plan import Plan
     from fleetctl.ops.deploy import Gathered
     from fleetctl.runner import Fleet
@@ -81,7 +81,7 @@ def original_code_playbook(pb: Playbook, version: str | None) -> Playbook:
     if not unknown:
         return pb
     flags = {k: v for k, v in pb.launch.flags.items() if k not in unknown}
-    return pb.model_copy(update={"launch": pb.launch.model_copy(update={"flags": flags})})
+    return dataclasses.replace(pb, launch=dataclasses.replace(pb.launch, flags=flags))
 
 
 RollStatus = Literal["ok", "failed", "unreachable", "refused", "rolled-back", "untouched"]

@@ -9,7 +9,7 @@ import warnings
 from dataclasses import dataclass, field
 
 from fleetctl import wheels
-from fleetctl.config.playbook import PatchFile, Playbook
+from fleetctl.config.playbook_model import PatchFile, Playbook
 from fleetctl.errors import FleetctlError, InputError
 from fleetctl.patching.engine import PatchDoesNotApply, PatchError, apply_patch, split_lines
 

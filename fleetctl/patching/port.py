@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fleetctl import wheels
-from fleetctl.config.playbook import Playbook, check_relpath
+from fleetctl.config.playbook_model import Playbook, check_relpath
 from fleetctl.engine import engine
 from fleetctl.errors import EXIT_FAILED, FleetctlError, InputError
 from fleetctl.patching.authoring import compile_error, make_patch

@@ -93,7 +93,7 @@ inv_case("unknown_key", "hosts:\n  h01:\n    address: 127.0.0.1\n    gpu: 8\n", 
 inv_case("unknown_top_key", "host:\n  h01: {address: 127.0.0.1}\n", r"unknown_top_key\.yaml:1: host: unknown key")
 inv_case("wrong_type_port", "hosts:\n  h01:\n    address: 127.0.0.1\n    port: twenty-two\n", r"wrong_type_port\.yaml:4: hosts\.h01\.port: .*integer")
 inv_case("port_out_of_range", "hosts:\n  h01:\n    address: 127.0.0.1\n    port: 70000\n", r"port_out_of_range\.yaml:4: hosts\.h01\.port: .*65535")
-inv_case("wrong_type_env", "hosts:\n  h01:\n    address: 127.0.0.1\n    env: [A, B]\n", r"wrong_type_env\.yaml:4: hosts\.h01\.env: .*dict")
+inv_case("wrong_type_env", "hosts:\n  h01:\n    address: 127.0.0.1\n    env: [A, B]\n", r"wrong_type_env\.yaml:4: hosts\.h01\.env: not a mapping")
 inv_case("bad_env_name", "hosts:\n  h01:\n    address: 127.0.0.1\n    env: {\"A-B\": 1}\n", r"bad_env_name\.yaml:4: hosts\.h01\.env: environment variable name 'A-B'")
 inv_case("bad_flag_name", "hosts:\n  h01:\n    address: 127.0.0.1\n    flags: {speculative: 1}\n", r"bad_flag_name\.yaml:4: hosts\.h01\.flags: flag 'speculative' must look like --some-flag")
 inv_case("bad_host_name", "hosts:\n  \"h01;touch x\": {address: 127.0.0.1}\n", r'bad_host_name\.yaml:2: hosts\."h01;touch x"\.\[key\]: not a valid name')
