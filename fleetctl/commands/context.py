@@ -21,7 +21,7 @@ from fleetctl.safetext import DETAIL_LIMIT, line, safe
 
 if TYPE_CHECKING:  # imported when a command reaches its hosts (issue 16.10)
     from fleetctl.config.hosts import Inventory
-    from fleetctl.config.playbook import Playbook
+    from fleetctl.config.playbook_model import Playbook
     from fleetctl.runner import Fleet
 
 __all__ = ["EXIT_INTERRUPTED", "Interrupted"]
@@ -100,7 +100,8 @@ def playbook_fleet(playbook: Path, inventory: Path | None, limit: str | None, fo
                    debug: bool, accept_new_host_keys: bool = False, command: str = "fleetctl",
                    ahead: Callable[[Any], None] | None = None) -> Iterator[tuple[Playbook, RunContext]]:
     """fleet_context, with the playbook loaded while the hosts' connections open (pydantic and the
-    playbook's models are most of a command's start). A playbook file that is not there fails
+    playbook's models are most of a command's start; a playbook loaded before from the same inputs
+    is taken as kept: config/playbook_cache.py). A playbook file that is not there fails
     first, before any host is contacted; a malformed one fails the same way, once the inventory
     has been read."""
     if not (playbook / "playbook.yaml" if playbook.is_dir() else playbook).is_file():
@@ -109,9 +110,9 @@ def playbook_fleet(playbook: Path, inventory: Path | None, limit: str | None, fo
         load_playbook(playbook)  # raises its one line
     with fleet_context(inventory, limit, forks, json=json, debug=debug, command=command,
                        accept_new_host_keys=accept_new_host_keys, ahead=ahead) as ctx:
-        from fleetctl.config.playbook import load_playbook
+        from fleetctl.config import playbook_cache
 
-        yield load_playbook(playbook), ctx
+        yield playbook_cache.load(playbook), ctx
 
 
 def _report_accepted_keys(fleet: Fleet) -> None:

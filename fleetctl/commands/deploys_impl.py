@@ -36,15 +36,16 @@ from fleetctl.render import hosts_cell, table
 from fleetctl.safetext import line, lines_cell, styled
 
 if TYPE_CHECKING:
-    from fleetctl.config.playbook import Playbook
+    from fleetctl.config.playbook_model import Playbook
     from fleetctl.deploy_plan import Plan
 
 
 def _load_playbook(path: Path) -> Playbook:
-    """(pydantic and the playbook models are imported only by a command given a playbook)"""
-    from fleetctl.config.playbook import load_playbook
+    """(pydantic and the playbook models are imported only by a command given a playbook, whose
+    playbook was not loaded before from the same inputs: config/playbook_cache.py)"""
+    from fleetctl.config import playbook_cache
 
-    return load_playbook(path)
+    return playbook_cache.load(path)
 
 
 def _seal_check_ahead(conn: Any) -> None:

@@ -268,9 +268,9 @@ def verify_logs(*, playbook: Path, inventory: Path | None, limit: str | None, fo
 def stop(*, playbook: Path | None, inventory: Path | None, limit: str | None, forks: int, instance: list[str] | None,
         timeout: float | None, json_out: bool, debug: bool, accept_new_host_keys: bool) -> None:
     if timeout is None and playbook:
-        from fleetctl.config.playbook import load_playbook
+        from fleetctl.config import playbook_cache
 
-        timeout = load_playbook(playbook).launch.stop_timeout
+        timeout = playbook_cache.load(playbook).launch.stop_timeout
     t = timeout if timeout is not None else 30.0
     if instance is not None and not instance:
         raise InputError("--instance given without a name")

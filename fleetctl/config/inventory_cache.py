@@ -22,18 +22,15 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 import json
-import os
-import stat
-from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
+from fleetctl.config import kept
 from fleetctl.config.hosts import Host, Inventory, resolve_path
 
 VERSION = 1
-MAX_BYTES = 16 << 20  # a kept copy larger than this is not read
+file_sha = kept.file_sha
 _SCALARS: dict[str, tuple[type, ...]] = {"str": (str,), "int": (int,), "float": (float, int), "bool": (bool,),
                                          "None": (type(None),)}
 _CONTAINERS: dict[str, type] = {"dict": dict, "frozenset": list, "tuple": list}  # as JSON holds them
@@ -52,44 +49,13 @@ _TYPES = {f.name: _allowed(str(f.type)) for f in dataclasses.fields(Host)}  # ea
 
 
 def _store(path: Path) -> Path:
-    from fleetctl.ledger import state_dir
-
-    return state_dir() / "inventories" / (hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:32] + ".json")
-
-
-def file_sha(path: Path | None) -> str | None:
-    """sha256 of the file's bytes ("" for no file, None if it cannot be read or is not a regular
-    file: a FIFO or a device is read by load_inventory alone, once)."""
-    if path is None:
-        return ""
-    try:
-        if not stat.S_ISREG(os.stat(path).st_mode):  # (not even opened: a FIFO's writer would see a reader)
-            return None
-        with open(path, "rb", opener=lambda p, fl: os.open(p, fl | os.O_NONBLOCK)) as f:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                return None
-            return hashlib.sha256(f.read()).hexdigest()
-    except OSError:
-        return None
+    return kept.store("inventories", path)
 
 
 @functools.cache
 def code_id() -> str:
-    """The code a resolution depends on: fleetctl's version and config modules, and the files of
-    pydantic, pydantic_core and PyYAML that say their versions (found without importing them)."""
-    from fleetctl import __version__
-
-    h = hashlib.sha256(__version__.encode())
-    here = Path(__file__).resolve().parent
-    files = [here / f for f in ("hosts.py", "inventory.py", "inventory_cache.py", "yamlpos.py")]
-    for pkg, name in (("pydantic", "version.py"), ("pydantic_core", "__init__.py"), ("yaml", "__init__.py")):
-        spec = find_spec(pkg)
-        if spec is None or not spec.origin:
-            return ""
-        files.append(Path(spec.origin).parent / name)
-    for f in files:
-        h.update(str(f).encode() + b"\0" + f.read_bytes() + b"\0")
-    return h.hexdigest()
+    """The code a resolution depends on (config/kept.py code_id)."""
+    return kept.code_id(("hosts.py", "inventory.py", "inventory_cache.py", "kept.py", "yamlpos.py"))
 
 
 def _host_doc(h: Host) -> dict[str, Any]:
@@ -119,10 +85,7 @@ def lookup(path: Path) -> Inventory | None:
     same now (see the module's text); else None. Never raises."""
     try:
         real = path.resolve()
-        f = _store(path)
-        if f.stat().st_size > MAX_BYTES:
-            return None
-        doc = json.loads(f.read_bytes())
+        doc = kept.read(_store(path))
         if not (isinstance(doc, dict) and doc.get("v") == VERSION and doc.get("file") == str(real)
                 and doc.get("code") == code_id() and doc.get("sha256") == file_sha(path)):
             return None
@@ -152,15 +115,9 @@ def save(inv: Inventory, sha256: str | None) -> None:
             text = json.dumps(doc, allow_nan=False) if ssh is not None and sha256 and doc["code"] else ""
         except (TypeError, ValueError):  # a value JSON cannot hold
             text = ""
-        if not text or any(h.secret_env_keys for h in inv.hosts) \
-                or _inventory(json.loads(text)["inventory"], inv.path) != inv:
-            f.unlink(missing_ok=True)
-            return
-        f.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        tmp = f.with_name(f"{f.name}.{os.getpid()}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        os.replace(tmp, f)
+        if text and (any(h.secret_env_keys for h in inv.hosts)
+                     or _inventory(json.loads(text)["inventory"], inv.path) != inv):
+            text = ""
+        kept.write(f, text)
     except Exception:  # (a read-only state dir, a full disk: the next command just loads the file)
         pass
