@@ -18,7 +18,8 @@ from ports import free_ports
 from fleetctl import wheels
 from fleetctl.cli import main
 from fleetctl.config.inventory import load_inventory
-from fleetctl.config.playbook import InstanceLayout, LaunchProfile, load_playbook
+from fleetctl.config.playbook import LaunchProfile, load_playbook
+from fleetctl.config.playbook_model import InstanceLayout
 from fleetctl.errors import InputError
 from fleetctl.facts import read_facts
 from fleetctl.instances import plan_instances

@@ -30,13 +30,10 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from fleetctl.config.playbook_model import (  # noqa: F401  (the playbook's classes, here as before)
+from fleetctl.config.playbook_model import (  # (the classes a loaded playbook is made of)
     MAX_STATE_FILE,
     Covers,
-    InstanceLayout,
     LaunchProfile,
-    MarkerSite,
-    NeverFires,
     PatchFile,
     Playbook,
     ShippedFile,
