@@ -174,3 +174,71 @@ def test_a_kept_inventory_is_not_parsed_again(sandbox: Sandbox, tmp_path: Path, 
     inv.write_text(inv.read_text() + "# edited\n")
     assert main(["facts", "-i", str(inv), "--json"]) == 0
     assert len(loads) == 2
+
+
+def test_a_kept_playbook_is_not_loaded_again(sandbox: Sandbox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """The second deploy of the same playbook takes the kept copy (config/playbook_cache.py) instead
+    of loading the file; an edited playbook is loaded again, and its plan is the edited one's."""
+    import shutil
+
+    import fleetctl.config.playbook as playbook_mod
+
+    inv = sandbox.dir / "inventory.yaml"
+    pb = tmp_path / "pb"
+    shutil.copytree(PB, pb)
+    loads: list[Path] = []
+    real = playbook_mod.load_playbook_from
+
+    def spy(path: Path) -> object:
+        loads.append(path)
+        return real(path)
+
+    monkeypatch.setattr(playbook_mod, "load_playbook_from", spy)
+    for _ in range(2):
+        assert main(["deploy", str(pb), "-i", str(inv), "--limit", "h01", "--check", "--json"]) == 0
+    assert loads == [pb / "playbook.yaml"]
+    import json
+
+    docs = [json.loads(d + "}") for d in capsys.readouterr().out.split("\n}\n") if d.strip()]
+    assert len(docs) == 2 and docs[0]["plan"] == docs[1]["plan"] and docs[0]["ok"]
+    text = (pb / "playbook.yaml").read_text()
+    (pb / "playbook.yaml").write_text(text.replace("--speculative-disable-batch-threshold: 16",
+                                                   "--speculative-disable-batch-threshold: 17"))
+    assert main(["deploy", str(pb), "-i", str(inv), "--limit", "h01", "--check", "--json"]) == 0
+    assert len(loads) == 2
+    from fleetctl.config import playbook_cache
+
+    kept = playbook_cache.lookup(pb)
+    assert kept is not None and kept.launch.flags["--speculative-disable-batch-threshold"] == 17
+
+
+def test_handshakes_in_flight_are_bounded(sandbox: Sandbox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """However many forks, at most HANDSHAKES_AT_ONCE handshakes run at once (here 1 of 3 hosts, each
+    handshake held open 0.3 s so that unbounded ones would overlap), and every host is reached."""
+    import threading
+
+    from fleetctl.transport import direct, ssh
+
+    monkeypatch.setattr(ssh, "_handshakes", threading.BoundedSemaphore(1))
+    lock = threading.Lock()
+    now, most = [0], [0]
+    real = direct.DirectConnection.open
+
+    def spy(self: direct.DirectConnection, kwargs: dict) -> None:
+        with lock:
+            now[0] += 1
+            most[0] = max(most[0], now[0])
+        try:
+            threading.Event().wait(0.3)
+            real(self, kwargs)
+        finally:
+            with lock:
+                now[0] -= 1
+
+    monkeypatch.setattr(direct.DirectConnection, "open", spy)
+    assert main(["facts", "-i", str(sandbox.dir / "inventory.yaml"), "--limit", "h01,h02,h03", "-f", "3",
+                 "--json"]) == 0
+    assert capsys.readouterr().out.count('"status": "ok"') == 3
+    assert most[0] == 1

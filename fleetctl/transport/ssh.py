@@ -48,6 +48,13 @@ logging.getLogger("paramiko").addHandler(logging.NullHandler())
 _configs: dict[str, Config] = {}
 _config_lock = threading.Lock()
 
+# At most this many handshakes in flight in this process at once. A thousand at once (`-f 1000`)
+# share the controller's and the hosts' CPUs until some pass connect_timeout though every host
+# answers (seen at N=1,000 on 2 CPUs: one host of 1,000 cut after 10 s); a handshake's deadline
+# starts when it has its slot. Network round trips still overlap 128 deep.
+HANDSHAKES_AT_ONCE = 128
+_handshakes = threading.BoundedSemaphore(HANDSHAKES_AT_ONCE)
+
 
 def _fabric_config(ssh_config: Path | None) -> Config:
     key = str(ssh_config or "")
@@ -263,30 +270,38 @@ class HostConnection(AgentTransport):
                 open_kwargs = internals.open_kwargs(conn)
         policies = self._prepare(conn, h.name)
         where = f"{conn.user}@{conn.host}:{conn.port}"
-        self._begin("the SSH connection", h.connect_timeout,
-                    f"{h.name}: no SSH connection to {where} within {h.connect_timeout:g}s "
-                    "(TCP connect, SSH banner, key exchange and authentication)", grace=1.0)
-        self._opening = conn
+        slots = _handshakes
+        while not slots.acquire(timeout=0.2):  # (a host cut off or a fleet closing stops waiting)
+            if self.aborted:
+                raise RemoteError(self.aborted, kind="timeout")
         try:
-            if isinstance(conn, DirectConnection):
-                conn.open(open_kwargs)
-            else:
-                internals.open_connection(conn, open_kwargs)
-        except HostKeyError:
-            raise
-        except Exception:
-            if self.aborted:  # the watchdog cut a stalled handshake
-                try:
-                    conn.close()
-                except Exception:
-                    pass
-                raise RemoteError(self.aborted, kind="timeout") from None
-            self._connect_failed(conn, where)
+            self._begin("the SSH connection", h.connect_timeout,
+                        f"{h.name}: no SSH connection to {where} within {h.connect_timeout:g}s "
+                        "(TCP connect, SSH banner, key exchange and authentication)", grace=1.0)
+            self._opening = conn
+            try:
+                if isinstance(conn, DirectConnection):
+                    conn.open(open_kwargs)
+                else:
+                    internals.open_connection(conn, open_kwargs)
+            except HostKeyError:
+                raise
+            except Exception:
+                if self.aborted:  # the watchdog cut a stalled handshake
+                    try:
+                        conn.close()
+                    except Exception:
+                        pass
+                    raise RemoteError(self.aborted, kind="timeout") from None
+                self._connect_failed(conn, where)
+            finally:
+                self._opening = None
+                self._end()
+                # recorded even if authentication then failed: the user is told either way
+                self.accepted_keys += [p.accepted for p in policies
+                                       if p.accepted and p.accepted not in self.accepted_keys]
         finally:
-            self._opening = None
-            self._end()
-            # recorded even if authentication then failed: the user is told either way
-            self.accepted_keys += [p.accepted for p in policies if p.accepted and p.accepted not in self.accepted_keys]
+            slots.release()
         transport = conn.client.get_transport()
         if transport is not None:
             transport.set_keepalive(15)
