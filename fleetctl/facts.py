@@ -135,7 +135,7 @@ def check_torch(installed: str | None, requires: list[str]) -> TorchCheck:
 
 @functools.lru_cache(maxsize=64)
 def _check_torch(installed: str | None, requires: tuple[str, ...]) -> TorchCheck:
-    # (packaging: ~20 ms of imports, for the hosts whose facts are gathered: not a sealed no-op's)
+    # (packaging: ~20 ms of imports, paid by the first check rather than by every import of facts.py)
     from packaging.requirements import InvalidRequirement, Requirement
     from packaging.version import InvalidVersion, Version
 
