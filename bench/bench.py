@@ -456,7 +456,10 @@ def ratios(sz: dict[str, Any]) -> dict[str, Any]:
 
 
 SHELLS = {"rc": "rc files: the sessions run root's login shell with its ~/.bashrc (pyenv init)",
-          "bare": "bare: each host's sessions get their own empty HOME, a login shell with no rc files"}
+          "bare": "bare: each host's sessions get their own empty HOME, a login shell with no rc files",
+          "rc-own": "rc files, a pyenv per host: each host's HOME holds a copy of root's rc files and a pyenv root of "
+                    "its own (its shims and rehash lock; versions, libexec and plugins shared by symlink), as on "
+                    "real hosts"}
 
 
 def targets(sizes: dict[str, Any], shell: str = "rc") -> list[str]:
@@ -477,8 +480,9 @@ def targets(sizes: dict[str, Any], shell: str = "rc") -> list[str]:
             line("fleetctl/lean deploy", 1.5, "bare shell, N=64 full deploy within 1.5x of the lean push")
             line("fleetctl/lean noop", 1.2, "bare shell, N=64 no-op within 1.2x of the lean no-op")
         else:
-            line("fleetctl/lean deploy", 1.0, "rc files, N=64 full deploy ahead of the lean push (< 1)")
-            line("fleetctl/lean noop", 1.0, "rc files, N=64 no-op ahead of the lean no-op (< 1)")
+            kind = "rc files" if shell == "rc" else "rc files (a pyenv per host)"
+            line("fleetctl/lean deploy", 1.0, f"{kind}, N=64 full deploy ahead of the lean push (< 1)")
+            line("fleetctl/lean noop", 1.0, f"{kind}, N=64 no-op ahead of the lean no-op (< 1)")
             line("fleetctl/pyinfra deploy", 0.5, "N=64 >= 2x faster than pyinfra (fleetctl/pyinfra <= 0.5)")
             line("fleetctl/ansible deploy", 0.05,
                  "N=64 >= 20x faster than tuned ansible-core (fleetctl/ansible <= 0.05)")
@@ -574,18 +578,50 @@ def tool_versions(tools: list[str], lean_python: str) -> dict[str, str]:
     return v
 
 
+def own_rc_homes(sb: Any) -> None:
+    """rc-own: give each fleet host's HOME (a sandbox up with bare_shell) a copy of this account's rc
+    files and, if the account has pyenv, a pyenv root of its own: its `shims` (where `pyenv rehash`,
+    run by every .bashrc here, takes its lock) and `version` are the host's, every other entry is a
+    symlink to the account's. So each host's rc shell does what the account's does, without the
+    64 hosts of one sandbox queueing on one lock as separate machines never would."""
+    home = Path.home()
+    pyenv = home / ".pyenv"
+    for h in sb.hosts.values():
+        d = h.home
+        if d is None:
+            continue
+        d.mkdir(parents=True, exist_ok=True)
+        for rc in (".bashrc", ".profile", ".bash_profile", ".bash_login"):
+            if (home / rc).is_file():
+                shutil.copy2(home / rc, d / rc)
+        if (home / ".cargo").is_dir() and not (d / ".cargo").exists():
+            (d / ".cargo").symlink_to(home / ".cargo")  # (root's .bashrc sources ~/.cargo/env)
+        if pyenv.is_dir():
+            own = d / ".pyenv"
+            (own / "shims").mkdir(parents=True, exist_ok=True)
+            for e in pyenv.iterdir():
+                if e.name in ("shims", "version"):
+                    continue
+                if not (own / e.name).is_symlink():
+                    (own / e.name).symlink_to(e)
+            if (pyenv / "version").is_file():
+                shutil.copy2(pyenv / "version", own / "version")
+
+
 @contextlib.contextmanager
 def sandbox(work: Path, n: int, versions: list[str], gpus: int, reuse: bool = False,
             shell: str = "rc", link_above: int = 256) -> Iterator[Any]:
     from fleetctl.sandbox import lifecycle
 
     d = work / ("sandbox" if shell == "rc" else f"sandbox-{shell}")
+    own_home = shell != "rc"  # bare and rc-own: each host's sessions get a HOME of their own
     try:
         if reuse and (d / "sandbox.json").exists():
             sb = lifecycle.load(d)
-            if len(sb.hosts) >= n and all(h.alive and h.bare_shell == (shell == "bare")
-                                          for h in sb.hosts.values()):
+            if len(sb.hosts) >= n and all(h.alive and h.bare_shell == own_home for h in sb.hosts.values()):
                 say(f"reusing the running sandbox of {len(sb.hosts)} hosts in {d}")
+                if shell == "rc-own":
+                    own_rc_homes(sb)
                 yield sb
                 return
             lifecycle.down(d)
@@ -593,8 +629,10 @@ def sandbox(work: Path, n: int, versions: list[str], gpus: int, reuse: bool = Fa
         say(f"building a sandbox of {n} hosts ({', '.join(versions)}, {shell} shell) in {d}")
         # above link_above hosts the trees are hard links to one copy per release (38 GB less at
         # 1,000): fleetctl and reset_host only ever rename files into place
-        sb = lifecycle.up(d, hosts=n, versions=versions, gpus=gpus, bare_shell=shell == "bare",
+        sb = lifecycle.up(d, hosts=n, versions=versions, gpus=gpus, bare_shell=own_home,
                           link_trees=n > link_above)
+        if shell == "rc-own":
+            own_rc_homes(sb)
         say(f"sandbox up in {time.monotonic() - t0:.0f}s")
         yield sb
     finally:
@@ -623,7 +661,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tools", default=",".join(ALL_TOOLS))
     ap.add_argument("--shells", default="rc,bare",
                     help="login-shell variants, one sandbox each, runs interleaved: rc (the account's rc files), "
-                         "bare (own empty HOME per host)")
+                         "bare (own empty HOME per host), rc-own (own HOME per host with the account's rc files "
+                         "and a pyenv root of its own)")
     ap.add_argument("--versions", default="0.5.9,0.5.14")
     ap.add_argument("--gpus", type=int, default=1, help="GPUs per sandbox host (stand-in; launch runs one rank each)")
     ap.add_argument("--ansible-max", type=int, default=64, help="largest N for tuned ansible-core")

@@ -66,3 +66,44 @@ def test_bench_smoke(tmp_path: Path) -> None:
 
     assert not [s.name for s in lifecycle.status(tmp_path / "work" / "sandbox") if s.alive]
     assert not [s.name for s in lifecycle.status(tmp_path / "work" / "sandbox-bare") if s.alive]
+
+
+def test_rc_own_homes_give_each_host_the_accounts_rc_and_its_own_pyenv_root(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """bench --shells rc-own (bench.own_rc_homes): each host's HOME gets copies of the account's rc
+    files and a pyenv root whose shims (pyenv's rehash lock) and version are its own, the rest
+    symlinked; running it again changes nothing."""
+    from types import SimpleNamespace
+
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        import bench
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+    account = tmp_path / "root"
+    (account / ".pyenv" / "shims").mkdir(parents=True)
+    (account / ".pyenv" / "libexec").mkdir()
+    (account / ".pyenv" / "versions" / "3.11.7" / "bin").mkdir(parents=True)
+    (account / ".pyenv" / "version").write_text("3.11.7\n")
+    (account / ".pyenv" / "shims" / "python").write_text("#!/bin/sh\n")
+    (account / ".cargo").mkdir()
+    (account / ".bashrc").write_text('export PYENV_ROOT="$HOME/.pyenv"\n')
+    (account / ".profile").write_text(". ~/.bashrc\n")
+    monkeypatch.setattr(Path, "home", classmethod(lambda cls: account))
+    hosts = {n: SimpleNamespace(home=tmp_path / n / "home") for n in ("h01", "h02")}
+    hosts["jump"] = SimpleNamespace(home=None)
+    sb = SimpleNamespace(hosts=hosts)
+    for _ in range(2):
+        bench.own_rc_homes(sb)
+    for n in ("h01", "h02"):
+        home = hosts[n].home
+        assert (home / ".bashrc").read_text() == 'export PYENV_ROOT="$HOME/.pyenv"\n'
+        assert not (home / ".bashrc").is_symlink() and (home / ".profile").is_file()
+        assert (home / ".cargo").resolve() == account / ".cargo"
+        own = home / ".pyenv"
+        assert (own / "shims").is_dir() and not (own / "shims").is_symlink()
+        assert list((own / "shims").iterdir()) == []  # the host's own: filled by its first rehash
+        assert (own / "version").read_text() == "3.11.7\n" and not (own / "version").is_symlink()
+        assert (own / "libexec").resolve() == account / ".pyenv" / "libexec"
+        assert (own / "versions" / "3.11.7" / "bin").is_dir()
+    assert not (tmp_path / "jump").exists()
