@@ -152,6 +152,19 @@ def test_accept_new_host_keys_records_nothing_for_bad_input(sandbox: Sandbox, tm
 
 
 
+def _count_loads(monkeypatch: pytest.MonkeyPatch, module: object, name: str) -> list[Path]:
+    """The paths `module.name(path)` is called with from now on (the real loader still runs)."""
+    loads: list[Path] = []
+    real = getattr(module, name)
+
+    def spy(path: Path) -> object:
+        loads.append(path)
+        return real(path)
+
+    monkeypatch.setattr(module, name, spy)
+    return loads
+
+
 def test_a_kept_inventory_is_not_parsed_again(sandbox: Sandbox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                               capsys: pytest.CaptureFixture[str]) -> None:
     """The second command on the same inventory takes the kept resolution (config/inventory_cache.py)
@@ -159,14 +172,7 @@ def test_a_kept_inventory_is_not_parsed_again(sandbox: Sandbox, tmp_path: Path, 
     import fleetctl.config.inventory as inventory_mod
 
     inv = _inventory(sandbox, tmp_path, sandbox.hosts["h01"].port)
-    loads: list[Path] = []
-    real = inventory_mod.load_inventory
-
-    def spy(path: Path) -> object:
-        loads.append(path)
-        return real(path)
-
-    monkeypatch.setattr(inventory_mod, "load_inventory", spy)
+    loads = _count_loads(monkeypatch, inventory_mod, "load_inventory")
     assert main(["facts", "-i", str(inv), "--json"]) == 0
     assert main(["facts", "-i", str(inv), "--json"]) == 0
     assert len(loads) == 1
@@ -187,14 +193,7 @@ def test_a_kept_playbook_is_not_loaded_again(sandbox: Sandbox, tmp_path: Path, m
     inv = sandbox.dir / "inventory.yaml"
     pb = tmp_path / "pb"
     shutil.copytree(PB, pb)
-    loads: list[Path] = []
-    real = playbook_mod.load_playbook_from
-
-    def spy(path: Path) -> object:
-        loads.append(path)
-        return real(path)
-
-    monkeypatch.setattr(playbook_mod, "load_playbook_from", spy)
+    loads = _count_loads(monkeypatch, playbook_mod, "load_playbook_from")
     for _ in range(2):
         assert main(["deploy", str(pb), "-i", str(inv), "--limit", "h01", "--check", "--json"]) == 0
     assert loads == [pb / "playbook.yaml"]

@@ -107,6 +107,7 @@ def lookup(path: Path) -> Playbook | None:
                 and doc.get("code") == code_id() and doc.get("sha256") == kept.file_sha(file)):
             return None
         base = real.parent
+        sources = {s["source"] for s in doc["playbook"]["state_files"]}  # (read at most MAX_STATE_FILE)
 
         def read(written: str, real_path: str, sha256: str) -> bytes:
             if str((base / written).resolve()) != real_path:
@@ -116,7 +117,6 @@ def lookup(path: Path) -> Playbook | None:
                 raise _Changed
             return data
 
-        sources = {s["source"] for s in doc["playbook"]["state_files"]}
         return _playbook(doc["playbook"], file, read)
     except Exception:  # (unreadable, malformed, another layout, a changed file: as if nothing were kept)
         return None
