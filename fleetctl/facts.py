@@ -133,14 +133,44 @@ def check_torch(installed: str | None, requires: list[str]) -> TorchCheck:
     return TorchCheck(got.installed, list(got.required), got.satisfied, got.note)  # (each host its own)
 
 
+_NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
+
+
+def _plain_requirement(line: str) -> tuple[str, str] | None:
+    """(name, specifier text) of a requirement line that is a name and a specifier and nothing else
+    (`torch==2.9.1`, what sglang's wheels state); None for anything else (a marker, extras, a URL,
+    parentheses), which packaging.requirements parses."""
+    s = line.strip()
+    n = 0
+    while n < len(s) and s[n] in _NAME_CHARS:
+        n += 1
+    name, rest = s[:n], s[n:]
+    if not name or not (name[0].isalnum() and name[-1].isalnum()) or any(c in rest for c in ";@[]()"):
+        return None
+    return name, rest
+
+
 @functools.lru_cache(maxsize=64)
 def _check_torch(installed: str | None, requires: tuple[str, ...]) -> TorchCheck:
-    # (packaging: ~20 ms of imports, paid by the first check rather than by every import of facts.py)
-    from packaging.requirements import InvalidRequirement, Requirement
+    # packaging.requirements (and the markers, tags, subprocess and sysconfig it imports: ~40 ms of
+    # CPU per command) only for a line that is more than a name and a specifier; packaging.specifiers
+    # (~10 ms) reads those. tests/test_agent_local.py holds the two to the same answers.
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
     from packaging.version import InvalidVersion, Version
 
-    reqs: list[Requirement] = []
+    specs: list[SpecifierSet] = []
     for r in requires:
+        plain = _plain_requirement(r)
+        if plain is not None:
+            if plain[0].lower() != "torch":
+                continue
+            try:
+                specs.append(SpecifierSet(plain[1]))
+            except InvalidSpecifier:
+                continue
+            continue
+        from packaging.requirements import InvalidRequirement, Requirement
+
         try:
             req = Requirement(r)
         except InvalidRequirement:
@@ -149,17 +179,17 @@ def _check_torch(installed: str | None, requires: tuple[str, ...]) -> TorchCheck
             continue
         if req.marker is not None and "extra" in str(req.marker):
             continue
-        reqs.append(req)
-    shown = [str(r.specifier) or "any" for r in reqs]
+        specs.append(req.specifier)
+    shown = [str(s) or "any" for s in specs]
     if installed is None:
-        return TorchCheck(None, shown, False if reqs else None, "torch is not installed beside sglang")
-    if not reqs:
+        return TorchCheck(None, shown, False if specs else None, "torch is not installed beside sglang")
+    if not specs:
         return TorchCheck(installed, shown, None, "sglang states no torch requirement")
     try:
         v = Version(installed)
     except InvalidVersion:
         return TorchCheck(installed, shown, None, f"cannot parse torch version {installed!r}")
-    ok = all(r.specifier.contains(v, prereleases=True) for r in reqs)
+    ok = all(s.contains(v, prereleases=True) for s in specs)
     return TorchCheck(installed, shown, ok, "" if ok else f"torch {installed} does not satisfy {', '.join(shown)}")
 
 

@@ -210,6 +210,69 @@ def test_torch_check_verdicts() -> None:
     assert check_torch("2.9.1", ['torch>=2.5; extra == "dev"']).satisfied is None
 
 
+def _torch_check_by_requirements(installed: str | None, requires: list[str]) -> tuple:
+    """The reference: every line through packaging.requirements (what check_torch did before its
+    fast path for plain lines)."""
+    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.version import InvalidVersion, Version
+
+    reqs = []
+    for r in requires:
+        try:
+            req = Requirement(r)
+        except InvalidRequirement:
+            continue
+        if req.name.lower() == "torch" and not (req.marker is not None and "extra" in str(req.marker)):
+            reqs.append(req)
+    shown = [str(r.specifier) or "any" for r in reqs]
+    if installed is None:
+        return shown, (False if reqs else None)
+    if not reqs:
+        return shown, None
+    try:
+        v = Version(installed)
+    except InvalidVersion:
+        return shown, None
+    return shown, all(r.specifier.contains(v, prereleases=True) for r in reqs)
+
+
+TORCH_LINES = [
+    "torch==2.9.1", "torch ==2.9.1", " torch>=2.5,<3 ", "torch>=2.5 , <3", "torch", "Torch==2.9.1", "TORCH>=2",
+    "torch==2.9.*", "torch~=2.9.0", "torch!=2.9.0", "torch===2.9.1", "torch<=2.8", "torch>2.9.1rc1",
+    "torch (>=2.5)", "torch[cuda]==2.9.1", 'torch==2.9.1; extra == "srt"', 'torch>=2.5; python_version >= "3.8"',
+    'torch==2.8; sys_platform == "darwin"', "torch @ https://example.invalid/torch.whl", "torch 2.9.1",
+    "torch==", "torch==2.9.1 junk", "torch.==1", "-torch==1", "torch_memory_saver==0.0.9", "torchvision",
+    "torch==2.9.1;", "torch==2.9.1 ; extra=='x'", "torch>=2.5;python_version<'2'", "torch==abc", "",
+]
+
+
+def test_torch_check_fast_path_answers_as_packaging_requirements() -> None:
+    """Plain `name specifier` lines are read without packaging.requirements: the verdict and the
+    shown requirement are the same as parsing every line with it, line by line and mixed."""
+    from fleetctl.facts import _check_torch
+
+    versions = [None, "2.9.1", "2.9.1+cu128", "2.8.0", "2.11.0", "3.0.0", "2.9.1rc1", "not-a-version"]
+    cases = [[line] for line in TORCH_LINES] + [TORCH_LINES, TORCH_LINES[::-1], ["torch==2.9.1", "torch>=2.10"]]
+    for requires in cases:
+        for v in versions:
+            got = _check_torch(v, tuple(requires))
+            assert (got.required, got.satisfied) == _torch_check_by_requirements(v, requires), (v, requires)
+
+
+def test_a_plain_torch_line_is_checked_without_packaging_requirements() -> None:
+    """What sglang's wheels state (`torch==2.9.1`) is read by packaging.specifiers alone: the
+    requirement parser, its markers and what they import (subprocess, sysconfig, ~40 ms of CPU)
+    stay out of a command that checks it."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from fleetctl.facts import check_torch; "
+            "assert check_torch('2.9.1', ['torch==2.9.1']).satisfied is True; "
+            "print(sorted(m for m in ('packaging.requirements', 'packaging.markers') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out == "[]\n"
+
+
 def test_bootstrap_caches_the_compiled_agent_privately(tmp_path: Path) -> None:
     """The host keeps the compiled agent in its state dir (0600 file, 0700 dir) and ignores a cache
     file anyone else could have written."""
