@@ -659,10 +659,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sizes", default="8,32,64,128,256")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--tools", default=",".join(ALL_TOOLS))
-    ap.add_argument("--shells", default="rc,bare",
-                    help="login-shell variants, one sandbox each, runs interleaved: rc (the account's rc files), "
-                         "bare (own empty HOME per host), rc-own (own HOME per host with the account's rc files "
-                         "and a pyenv root of its own)")
+    ap.add_argument("--shells", default="rc-own,bare",
+                    help="login-shell variants, one sandbox each, runs interleaved: rc-own (own HOME per host with "
+                         "the account's rc files and a pyenv root of its own), bare (own empty HOME per host), rc "
+                         "(every host in the account's own HOME: one pyenv, whose rehash lock they queue on)")
     ap.add_argument("--versions", default="0.5.9,0.5.14")
     ap.add_argument("--gpus", type=int, default=1, help="GPUs per sandbox host (stand-in; launch runs one rank each)")
     ap.add_argument("--ansible-max", type=int, default=64, help="largest N for tuned ansible-core")
@@ -706,7 +706,8 @@ def main(argv: list[str] | None = None) -> int:
     doc: dict[str, Any] = {"sizes": {}}
     if results.exists() and not args.fresh:
         doc = json.loads(results.read_text())
-    doc.setdefault("variants", {"rc": {"sizes": doc.get("sizes", {})}})
+    if "variants" not in doc:  # (a results.json from before the shell variants: its rows are rc's)
+        doc["variants"] = {"rc": {"sizes": doc["sizes"]}} if doc.get("sizes") else {}
 
     if args.report_only:
         for v in doc["variants"].values():

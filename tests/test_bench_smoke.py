@@ -49,9 +49,9 @@ def test_bench_smoke(tmp_path: Path) -> None:
             assert d["median"]["wall"] > 0 and d["median"]["maxrss_mb"] > 0
             if "hosts_correct_min" in d:
                 assert d["hosts_correct_min"] == 2, (tool, op, d["runs"])
-    # both login-shell variants ran (interleaved), each left every host correct
-    assert sorted(doc["variants"]) == ["bare", "rc"]
-    assert doc["variants"]["rc"]["sizes"]["2"] == size
+    # both default login-shell variants ran (interleaved), each left every host correct
+    assert sorted(doc["variants"]) == ["bare", "rc-own"]
+    assert doc["variants"]["rc-own"]["sizes"]["2"] == size
     bare = doc["variants"]["bare"]["sizes"]["2"]
     assert sorted(bare["tools"]) == sorted(tools)
     assert all(d["hosts_correct_min"] == 2 for ops in bare["tools"].values() for d in ops.values()
@@ -64,7 +64,7 @@ def test_bench_smoke(tmp_path: Path) -> None:
     # the bench took its sandbox down
     from fleetctl.sandbox import lifecycle
 
-    assert not [s.name for s in lifecycle.status(tmp_path / "work" / "sandbox") if s.alive]
+    assert not [s.name for s in lifecycle.status(tmp_path / "work" / "sandbox-rc-own") if s.alive]
     assert not [s.name for s in lifecycle.status(tmp_path / "work" / "sandbox-bare") if s.alive]
 
 
