@@ -95,18 +95,60 @@ def _guard_values(command: Any) -> None:
     command.parse_args = parse_args
 
 
+# what a command that takes no playbook works from, for the usage error of one given a playbook anyway
+# (`rollback -i INV PLAYBOOK`, typed after `deploy -i INV PLAYBOOK`)
+NO_PLAYBOOK = {
+    "rollback": "it restores each host's files from that host's own deploy records (pick a deploy with --to ID)",
+    "facts": "it reads every host as it is",
+    "servers": "it lists the servers fleetctl launched on the hosts",
+}
+
+
 def check_values(command: Any, args: list[str], ctx: Any = None) -> None:
     opts = [p for p in command.params if getattr(p, "param_type_name", "") == "option"]
     takes_value = {o for p in opts if not p.is_flag and not p.count for o in p.opts}
     names = {o for p in opts for o in [*p.opts, *p.secondary_opts]} | {"--help"}
+    from typer._click.exceptions import UsageError
+
     for i, a in enumerate(args[:-1]):
         if a == "--":
-            return
+            break
         if a in takes_value and args[i + 1] in names:
-            from typer._click.exceptions import UsageError
-
             raise UsageError(f"Option '{a}' needs a value, and the next word is the option '{args[i + 1]}': "
                              f"give {a} its value (e.g. {a} VALUE {args[i + 1]} ...)", ctx=ctx)
+    why = NO_PLAYBOOK.get(getattr(command, "name", "") or "")
+    if why and not any(getattr(p, "param_type_name", "") == "argument" for p in command.params):
+        word = next((w for w in _positional(args, takes_value) if _names_playbook(w)), None)
+        if word is not None:
+            raise UsageError(f"'{command.name}' takes no playbook (got '{word}'): {why}; drop it and name the "
+                             "hosts with -i INVENTORY [--limit HOSTS]", ctx=ctx)
+
+
+def _positional(args: list[str], takes_value: set[str]) -> list[str]:
+    """The words of `args` that are neither options nor option values."""
+    out, skip = [], False
+    for i, a in enumerate(args):
+        if skip:
+            skip = False
+        elif a == "--":
+            return out + args[i + 1:]
+        elif a.startswith("-") and a != "-":
+            skip = a in takes_value
+        else:
+            out.append(a)
+    return out
+
+
+def _names_playbook(word: str) -> bool:
+    """Whether `word` names a playbook: a directory holding playbook.yaml, or a file playbook.y(a)ml."""
+    from pathlib import Path
+
+    p = Path(word)
+    try:
+        return (p.is_dir() and (p / "playbook.yaml").is_file()) or (p.is_file() and p.name in ("playbook.yaml",
+                                                                                               "playbook.yml"))
+    except OSError:
+        return False
 
 
 app = typer.Typer(

@@ -155,6 +155,31 @@ def test_a_forgotten_option_value_is_named_not_misparsed(capsys: pytest.CaptureF
     assert "needs a value" not in capsys.readouterr().err
 
 
+def test_a_playbook_given_to_a_command_that_takes_none_is_named(capsys: pytest.CaptureFixture[str], tmp_path: Any,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """`rollback -i INV PLAYBOOK`, typed after `deploy -i INV PLAYBOOK`, said only "Got unexpected extra
+    argument(s)". Now a usage error (exit 2) that says the command takes no playbook and what it works
+    from; a stray word that is no playbook keeps click's own message."""
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("FLEETCTL_STATE_DIR", str(tmp_path))
+    inv = str(tmp_path / "inventory.yaml")
+    for argv in (["rollback", "-i", inv, "playbooks/dynamic-spec-disable"],
+                 ["rollback", "playbooks/dynamic-spec-disable/playbook.yaml", "-i", inv, "--check"],
+                 ["facts", "-i", inv, "-f", "4", "playbooks/dynamic-spec-disable"],
+                 ["servers", "--limit", "h01", "playbooks/dynamic-spec-disable", "-i", inv]):
+        assert cli.main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert f"'{argv[0]}' takes no playbook (got 'playbooks/dynamic-spec-disable" in err, (argv, err)
+        assert "unexpected extra" not in err and f"Usage: fleetctl {argv[0]}" in err
+    assert "restores each host's files from that host's own deploy records" in cli.NO_PLAYBOOK["rollback"]
+    # an option's value that names a playbook is the option's (here: an inventory that does not parse)
+    assert cli.main(["rollback", "-i", "playbooks/dynamic-spec-disable/playbook.yaml"]) == 2
+    assert "takes no playbook" not in capsys.readouterr().err
+    assert cli.main(["rollback", "-i", inv, "h01"]) == 2  # no playbook: click's words
+    err = capsys.readouterr().err
+    assert "takes no playbook" not in err and "unexpected extra argument" in err
+
+
 def test_the_shared_option_block_is_declared_once_in_the_same_place() -> None:
     """Issue 12.5: every command that acts on hosts takes the block of common.fleet_options: after its
     arguments -i/--limit/-f, after its own options --json/--debug/--accept-new-host-keys."""
