@@ -164,7 +164,7 @@ def check_script(paths: list[str], files: list[str], stat: str | None = None) ->
     sums = f"sha256sum -- {h} 2>/dev/null; " if files else ""
     if gate:
         sums = f"if [ \"$s\" = {shlex.quote(stat or '')} ]; then {sums}fi; "
-    return (f"env -0; printf '\\000{MARK}STAT\\000'; " + stats
+    return (f"printf '\\000{MARK}BEGIN\\000'; env -0; printf '\\000{MARK}STAT\\000'; " + stats
             + f"printf '\\000{MARK}SHA\\000'; " + sums
             + f"printf '\\000{MARK}END\\000'")
 
@@ -183,9 +183,19 @@ def env_digest(entries: list[bytes], drop: frozenset[str]) -> str:
     return hashlib.sha256(b"\x00".join(keep)).hexdigest()
 
 
+BEGIN = f"\x00{MARK}BEGIN\x00".encode()
+
+
 def parse_check(out: bytes, drop: frozenset[str]) -> tuple[str, str, str] | None:
-    """(env digest, stat text, sha text) of a check's output; None if it is not one."""
-    parts = out.split(b"\x00" + MARK.encode())
+    """(env digest, stat text, sha text) of a check's output; None if it is not one. What a login
+    script printed before the check ran (up to LOGIN_NOISE_MAX bytes before its BEGIN mark) is not
+    the check's."""
+    from fleetctl.transport.session import LOGIN_NOISE_MAX
+
+    i = out.find(BEGIN)
+    if i < 0 or i > LOGIN_NOISE_MAX:
+        return None
+    parts = out[i + len(BEGIN):].split(b"\x00" + MARK.encode())
     if len(parts) != 4 or not parts[1].startswith(b"STAT\x00") or not parts[2].startswith(b"SHA\x00") \
             or parts[3] != b"END\x00":
         return None

@@ -203,7 +203,8 @@ RAW_CONTROLS = [ESC, "\x07", "\u202e", "\u200b", "\x9b", "\x7f", "\u2066", "\ufe
 
 
 def _hostile_fleet(sb, d: Path) -> tuple[Path, Path]:  # type: ignore[no-untyped-def]
-    """h01: its python prints the corpus on stdout first (a login script's output); h02: its python,
+    """h01: its python prints the corpus on stdout first, past what a login script may print before
+    the hello; h02: its python,
     in a directory named with the corpus, prints it on stderr and fails; h03: healthy, but its lock
     is held with corpus strings, a playbook file carries the corpus (drifted), and its launch
     command logs the corpus and exits. The playbook's name and markers are corpus strings."""
@@ -218,7 +219,11 @@ def _hostile_fleet(sb, d: Path) -> tuple[Path, Path]:  # type: ignore[no-untyped
     errline.write_bytes(("\n".join(CORPUS) + "\n" + STDERR_LINE + "\n").encode())
     h1, h2, h3 = (sb.hosts[n] for n in ("h01", "h02", "h03"))
     noisy = h1.host_dir / "noisy-python"
-    noisy.write_text(f"#!/bin/sh\ncat '{noise}'\nexec '{h1.python}' \"$@\"\n")
+    # more than the LOGIN_NOISE_MAX bytes a login script may print before the hello (those are skipped)
+    from fleetctl.transport.session import LOGIN_NOISE_MAX
+
+    times = LOGIN_NOISE_MAX // noise.stat().st_size + 2
+    noisy.write_text(f"#!/bin/sh\nfor i in $(seq {times}); do cat '{noise}'; done\nexec '{h1.python}' \"$@\"\n")
     noisy.chmod(0o755)
     evil_dir = h2.host_dir / ("py [bold red]x " + ESC + "[31m \u202e :smile:")
     evil_dir.mkdir()
@@ -283,7 +288,8 @@ def test_every_command_shows_hostile_host_text_escaped(fresh_sandbox, tmp_path: 
     assert "--- h02 detail ---" in text and "\\x1b]8;;http://x\\x1b\\link" in text and "over\\rwrite" in text
     failing = next((sb.hosts["h02"].host_dir).glob("py */python"))
     failing.write_text(failing.read_text().replace("exit 1", "exit 127"))  # now: 'cannot run', names the path
-    cli("facts", "facts", *i)
+    code, text = cli("facts", "facts", *i)
+    assert "h01: the agent's start answered something that is not its hello: b" in text, text
     cli("explain", "explain", *i, str(pb))
     cli("deploy --check", "deploy", *i, str(pb), "--check")
     code, text = cli("deploy --check --diff", "deploy", *i, str(pb), "--check", "--diff", "--limit", "h03")

@@ -404,3 +404,28 @@ def test_sh_argv_gives_sh_exactly_the_values(name: str) -> None:
     assert got[b"FLEETCTL_OTHER"] == b"1"
     if name not in ("IFS", "PWD"):
         assert got[name.encode()] == value.encode()
+
+
+def test_a_login_script_that_prints_on_stdout_is_skipped(host: Host) -> None:
+    """A ~/.bashrc that prints a banner on stdout before every command (text that changes each time:
+    here the time in ns) neither breaks the agent's start (its hello comes after the banner) nor the
+    seal check (what comes before its BEGIN mark is not the check's), so the no-op is still sealed;
+    more than LOGIN_NOISE_MAX bytes before the hello is still refused, naming the cause."""
+    from fleetctl.transport.session import LOGIN_NOISE_MAX
+
+    rc = host.h.home / ".bashrc"
+    rc.write_text('echo "Welcome to the GPU box, $(date +%s%N)"; printf "no newline at the end: "\n')
+    r = host.sb.ssh("h01", "true")
+    assert r.returncode == 0 and r.stdout.startswith("Welcome to the GPU box, "), (r.stdout, r.stderr)
+    doc, sealed, starts = host.deploy()
+    assert doc["hosts"][0]["status"] == "changed" and not sealed and starts >= 1, doc["hosts"][0]
+    doc, sealed, starts = host.deploy()
+    assert sealed and starts == 0 and doc["hosts"][0]["status"] == "unchanged", doc["hosts"][0]
+    code, status = cli(host.capsys, "status", PLAYBOOK, "-i", host.sb.inventory_path)
+    assert code == 0, status
+    rc.write_text(f"head -c {LOGIN_NOISE_MAX + 100} /dev/zero | tr '\\0' x\n")
+    code, doc = cli(host.capsys, "facts", "-i", host.sb.inventory_path)
+    assert code == 1, doc
+    text = json.dumps(doc)
+    assert "the agent's start answered something that is not its hello: b'xxxx" in text, text[:2000]
+    assert "does a login script print to stdout? (more than 64 KiB" in text, text[:2000]

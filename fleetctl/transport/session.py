@@ -79,6 +79,20 @@ BOOTSTRAP = (
 GATE = '; IFS= read -r fleetctl_go || exit 0; [ "$fleetctl_go" = go ] || exit 0; exec "$@"'
 HELLO = b"FLAGENT"
 HELLO_SIZE = len(HELLO) + 1 + 8  # + 'C' (cached there) or 'N' (send code) + its bytecode magic, hex
+# what a login script (a banner in ~/.bashrc, a module system's notice) may print on stdout before the
+# command runs: skipped up to this many bytes, as the seal check skips what comes before its first mark
+LOGIN_NOISE_MAX = 64 << 10
+
+
+def find_hello(buf: bytes | bytearray) -> int:
+    """Where the first whole, well-formed hello starts in `buf`; -1 if none is there (yet)."""
+    j = buf.find(HELLO)
+    while 0 <= j <= len(buf) - HELLO_SIZE:
+        if buf[j + len(HELLO):j + len(HELLO) + 1] in (b"C", b"N") \
+                and not bytes(buf[j + len(HELLO) + 1:j + HELLO_SIZE]).strip(b"0123456789abcdef"):
+            return j
+        j = buf.find(HELLO, j + 1)
+    return -1
 
 
 CHUNK = 1 << 16
@@ -367,32 +381,35 @@ class AgentTransport(Steps):
         return pipe
 
     def _hello(self, pipe: Pipe, deadline: float) -> bytes | None:
-        """The bootstrap's first HELLO_SIZE bytes on stdout (is the code cached there, its bytecode
-        magic); None if stdout ended first (the process is gone: the first request says why). Raises
-        TimeoutError at the deadline, RemoteError for anything else on stdout."""
+        """The bootstrap's HELLO_SIZE bytes on stdout (is the code cached there, its bytecode magic),
+        after at most LOGIN_NOISE_MAX bytes a login script printed before the command ran (a banner
+        in ~/.bashrc: skipped); None if stdout ended first (the process is gone: the first request
+        says why). Raises TimeoutError at the deadline, RemoteError when no hello comes within the
+        bound."""
         out = self._agent_out
-        while len(out) < HELLO_SIZE:
+        while True:
+            i = find_hello(out)
+            if i >= 0:
+                hello = bytes(out[i:i + HELLO_SIZE])
+                del out[:i + HELLO_SIZE]
+                return hello
+            if len(out) > LOGIN_NOISE_MAX + HELLO_SIZE:
+                junk = bytes(out[:120])
+                out.clear()
+                pipe.close()
+                raise RemoteError(f"{self.host.name}: the agent's start answered something that is not its hello: "
+                                  f"{junk!r}", hint="does a login script print to stdout? (more than "
+                                  f"{LOGIN_NOISE_MAX >> 10} KiB before the agent's hello)")
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError
-            data = pipe.recv(HELLO_SIZE - len(out), min(POLL, left))
+            # (nothing comes after the hello until the controller sends the code: reading ahead is safe)
+            data = pipe.recv(CHUNK, min(POLL, left))
             if data == b"":
                 return None
             if data:
                 out += data
-                if not HELLO.startswith(bytes(out[:len(HELLO)])):
-                    break
             self._keep_stderr(pipe)
-        hello = bytes(out[:HELLO_SIZE])
-        if not hello.startswith(HELLO) or hello[len(HELLO):len(HELLO) + 1] not in (b"C", b"N") \
-                or bytes(hello[len(HELLO) + 1:]).strip(b"0123456789abcdef"):
-            junk = bytes(out[:120])
-            out.clear()
-            pipe.close()
-            raise RemoteError(f"{self.host.name}: the agent's start answered something that is not its hello: "
-                              f"{junk!r}", hint="does a login script print to stdout?")
-        del out[:HELLO_SIZE]
-        return hello
 
     def _agent_drop(self) -> None:
         pipe, self._agent_pipe = self._agent_pipe, None
