@@ -429,3 +429,22 @@ def test_a_login_script_that_prints_on_stdout_is_skipped(host: Host) -> None:
     text = json.dumps(doc)
     assert "the agent's start answered something that is not its hello: b'xxxx" in text, text[:2000]
     assert "does a login script print to stdout? (more than 64 KiB" in text, text[:2000]
+
+
+def test_a_login_script_that_ends_the_shell_is_named(host: Host) -> None:
+    """A ~/.bashrc that exits before the command runs: the agent never says its hello. Said so, with
+    the exit code and stderr's last line, on the first start and on the check of a sealed host."""
+    host.sealed_noop()
+    rc = host.h.home / ".bashrc"
+    for script, code, said in (("echo 'no batch jobs here' >&2; exit 3", 3, "; its stderr ends: no batch jobs here"),
+                               ("exit 0", 0, ", nothing on stderr")):
+        rc.write_text(script + "\n")
+        for argv in (("facts", "-i", host.sb.inventory_path), ("deploy", PLAYBOOK, "-i", host.sb.inventory_path)):
+            got, doc = cli(host.capsys, *argv)
+            assert got == 1, doc
+            msg = doc["hosts"][0]["message"]
+            assert msg.startswith(f"h01: the agent never started: the remote command ended (exit code {code}) "
+                                  f"before its hello{said}"), (argv, msg)
+            assert "an `exit` in ~/.bashrc" in json.dumps(doc), doc["hosts"][0]
+    rc.unlink()
+    assert host.deploy()[0]["hosts"][0]["status"] == "unchanged"

@@ -345,6 +345,7 @@ class AgentTransport(Steps):
         self._agent_pipe: Pipe | None = None
         self._agent_lock = threading.Lock()
         self._agent_out = bytearray()
+        self._no_hello = False  # the agent's process ended before its hello (_agent_ended says so)
         self._agent_err = bytearray()
         self._ahead: _Ahead | None = None  # a check run ahead (check_ahead)
 
@@ -373,11 +374,14 @@ class AgentTransport(Steps):
         self._agent_out += ahead
         deadline = self._begin("sending the agent to the host", limit,
                                f"{self.host.name}: the agent did not start within {limit:g}s (no hello from its python, or it took no code)")
+        self._no_hello = False
         with self._step_on(pipe, "sending the agent"):
             hello = self._hello(pipe, deadline)
             # if the process already ended (no such python), the first call says why
             if hello is not None:
                 pipe.send(code_block(hello) + data, deadline)
+            else:
+                self._no_hello = True
         return pipe
 
     def _hello(self, pipe: Pipe, deadline: float) -> bytes | None:
@@ -492,6 +496,12 @@ class AgentTransport(Steps):
         if rc in (126, 127):
             return RemoteError(f"{h}: python interpreter {self.host.python!r} cannot run: {why}",
                                kind="bad_python", hint="fix 'python:' for this host in the inventory")
+        if self._no_hello:  # the command ended before the agent's bootstrap said a word
+            said = f"; its stderr ends: {why}" if tail else ", nothing on stderr"
+            return RemoteError(f"{h}: the agent never started: the remote command ended (exit code {rc}) "
+                               f"before its hello{said}", kind="failed", detail=stderr,
+                               hint=f"does a login script end the shell (an `exit` in ~/.bashrc), or is "
+                                    f"{self.host.python!r} not a python that runs what it is given?")
         return RemoteError(f"{h}: '{action}' failed: {why}", kind="failed", detail=stderr)
 
     def _gate_read(self, script: str, end: bytes, why: str, cap: int) -> tuple[Pipe | None, bytes | None, bytes]:
