@@ -110,6 +110,25 @@ def test_missing_inventory_file(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert "inventory file not found" in capsys.readouterr().err
 
 
+def test_an_inventory_that_is_a_directory_names_the_file_to_pass(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """`-i SANDBOX_DIR` (the directory, not its inventory.yaml): one line naming the file to pass,
+    exit 2 (was: "cannot read inventory: IsADirectoryError: [Errno 21] ...")."""
+    d = tmp_path / "sb"
+    d.mkdir()
+    assert main(["facts", "-i", str(d)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: {d}: is a directory, not an inventory file (pass the inventory YAML file itself)\n", err
+    for name in ("a.yaml", "b.yml", "c.yaml", "d.yaml"):
+        (d / name).write_text("hosts: {}\n")
+    assert main(["facts", "-i", str(d)]) == 2
+    assert "(pass one of its YAML files: a.yaml, b.yml, c.yaml (+1 more))" in capsys.readouterr().err
+    (d / "inventory.yaml").write_text("hosts: {}\n")
+    assert main(["status", "-i", str(d)]) == 2
+    err = capsys.readouterr().err
+    assert f"(pass the file: {d / 'inventory.yaml'})" in err and "Errno" not in err and "Traceback" not in err
+
+
 def test_no_inventory_given_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["facts"]) == 2
     assert "no inventory given" in capsys.readouterr().err

@@ -21,8 +21,8 @@ if TYPE_CHECKING:  # rich is imported when a command first prints (issue 16.10)
     out: SafeConsole
     err: SafeConsole
 
-PlaybookArg = Annotated[Path, typer.Argument(help="Playbook YAML, or a directory holding playbook.yaml.",
-                                             show_default=False)]
+PlaybookArg = Annotated[Path, typer.Argument(metavar="PLAYBOOK", help="Playbook YAML, or a directory holding "
+                                             "playbook.yaml.", show_default=False)]
 InventoryOpt = Annotated[
     Path | None,
     typer.Option("-i", "--inventory", help="Inventory YAML (required; no address is ever a default).",

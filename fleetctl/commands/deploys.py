@@ -67,7 +67,7 @@ def register(app: typer.Typer) -> None:
     @app.command("status", help="Per host: deploy state of the playbook's files, interrupted deploys, lock, servers.")
     @fleet_options
     def status(
-        playbook: Annotated[Path | None, typer.Argument(help="Optional playbook: also classify its files.")] = None,
+        playbook: Annotated[Path | None, typer.Argument(metavar="PLAYBOOK", help="Optional playbook: also classify its files.")] = None,
         **shared: Any,
     ) -> None:
         from fleetctl.commands import deploys_impl
@@ -76,7 +76,7 @@ def register(app: typer.Typer) -> None:
 
     @app.command("history", help="The local ledger of deploys, rollbacks and launches; 'history ID' shows one.")
     def history(
-        op_id: Annotated[str | None, typer.Argument(help="An operation id to show in full.")] = None,
+        op_id: Annotated[str | None, typer.Argument(metavar="ID", help="An operation id to show in full.")] = None,
         limit_rows: int = typer.Option(30, "--last", min=1, help="How many operations to list."),
         json_out: JsonOpt = False,
     ) -> None:

@@ -56,13 +56,31 @@ class YamlDoc:
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
+def _yaml_in(d: Path, what: str) -> str:
+    """What to pass instead of the directory `d`: its WHAT.yaml, else the YAML files it holds."""
+    own = d / f"{what.replace(' ', '-')}.yaml"
+    if own.is_file():
+        return f"pass the file: {own}"
+    try:
+        found = sorted(p.name for p in d.iterdir() if p.suffix in (".yaml", ".yml") and p.is_file())
+    except OSError:
+        found = []
+    if not found:
+        return f"pass the {what} YAML file itself"
+    more = f" (+{len(found) - 3} more)" if len(found) > 3 else ""
+    return f"pass one of its YAML files: {', '.join(found[:3])}{more}"
+
+
 def load_yaml(path: Path, what: str) -> YamlDoc:
     """Read and parse a YAML file; any problem is one InputError line naming file:line."""
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise InputError(f"{path}: {what} file not found", hint="check the path") from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as e:
+    except IsADirectoryError:
+        a = "an" if what[:1] in "aeiou" else "a"
+        raise InputError(f"{path}: is a directory, not {a} {what} file", hint=_yaml_in(path, what)) from None
+    except (PermissionError, UnicodeDecodeError) as e:
         raise InputError(f"{path}: cannot read {what}: {e.__class__.__name__}: {e}") from None
     try:
         # one parse: the node tree (for lines) and the data constructed from that same tree
