@@ -95,11 +95,12 @@ def fresh_sandbox(tmp_path_factory: pytest.TempPathFactory,
     request.addfinalizer(finalize)
 
     def make(hosts: int = 1, versions: Iterable[str] = ("0.5.9",), gpus: int = 2,
-             busy_gpus: Iterable[str] = (), bare_shell: bool = False, link_trees: bool = False) -> Sandbox:
+             busy_gpus: Iterable[str] = (), bare_shell: bool = False, link_trees: bool = False,
+             host_python: str = "") -> Sandbox:
         d = _new_dir(tmp_path_factory, "fresh-sandbox")
         made.append(d)
         return lifecycle.up(d, hosts=hosts, versions=list(versions), gpus=gpus, busy_gpus=busy_gpus,
-                            bare_shell=bare_shell, link_trees=link_trees)
+                            bare_shell=bare_shell, link_trees=link_trees, host_python=host_python)
 
     return make
 

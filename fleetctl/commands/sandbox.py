@@ -48,6 +48,9 @@ def up(
         "requirements, a labelled GPU stand-in; built once, minutes) so `explain --probe` works."))] = False,
     bare_shell: Annotated[bool, typer.Option(
         "--bare-shell", help="Each host's sessions get their own empty HOME: a login shell with no rc files.")] = False,
+    host_python: Annotated[str, typer.Option(
+        "--host-python", help="The interpreter the hosts run (CPython 3.8 or later; default: this one's).",
+        show_default=False)] = "",
     json_out: common.JsonOpt = False,
 ) -> None:
     from fleetctl.sandbox import lifecycle
@@ -58,7 +61,7 @@ def up(
 
     sb = lifecycle.up(dir, hosts=hosts, versions=versions.split(","), gpus=gpus,
                       busy_gpus=[b for b in busy_gpus.split(",") if b.strip()], progress=progress,
-                      cpu_sglang=cpu_sglang, bare_shell=bare_shell)
+                      cpu_sglang=cpu_sglang, bare_shell=bare_shell, host_python=host_python)
     if json_out:
         from fleetctl.jsonout import host_row
 

@@ -514,6 +514,24 @@ def _host_interpreter(d: Path) -> str:
     return os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
 
 
+def _checked_host_python(py: str, cpu_sglang: bool) -> str:
+    """The real path of `py` if it is a CPython >= 3.8 (the oldest the agent supports), else InputError."""
+    if cpu_sglang:
+        raise InputError("--host-python and --cpu-sglang do not go together (the CPU venv has its own python)")
+    exe = shutil.which(py) or py
+    try:
+        p = subprocess.run([exe, "-I", "-c", "import sys; print(sys.implementation.name, *sys.version_info[:2])"],
+                           capture_output=True, text=True, timeout=60)
+        name, major, minor = p.stdout.split()
+        ok = p.returncode == 0 and name == "cpython" and (int(major), int(minor)) >= (3, 8)
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        ok = False
+    if not ok:
+        raise InputError(f"--host-python {py!r}: not a CPython >= 3.8 that runs here",
+                         hint="give the path of a python3.8 ... python3.13 interpreter")
+    return os.path.realpath(exe)
+
+
 def _cpu_site(sb: Sandbox) -> list[Path]:
     """With --cpu-sglang: the cached CPU venv's site-packages (real torch and SGLang's requirements),
     after the host's own."""
@@ -677,6 +695,7 @@ def up(
     cpu_sglang: bool = False,
     bare_shell: bool = False,
     link_trees: bool = False,
+    host_python: str = "",
 ) -> Sandbox:
     """Build and start a sandbox fleet of `hosts` hosts (+ the jump host) in `dir`.
 
@@ -691,6 +710,8 @@ def up(
     hosts): each host's SGLang files are hard links to one shared copy of the pristine tree (its own
     dirs, shared file inodes; ~38 GB less at 1,000 hosts). Safe only for what replaces files by
     rename (fleetctl's deploy/rollback, the bench's reset), never for an in-place write of a file.
+    `host_python`: the interpreter the hosts run (a real GPU host's may be 3.8 to 3.13) instead of
+    the controller's; refused if it is not a CPython >= 3.8 (the oldest the agent supports).
     """
     say = progress or (lambda _msg: None)
     t0 = time.monotonic()
@@ -711,6 +732,7 @@ def up(
     if unknown:
         raise InputError(f"--busy-gpus: no host {', '.join(unknown)} in a {hosts}-host sandbox",
                          hint=f"hosts are {names[0]}..{names[-1]}")
+    host_python = _checked_host_python(host_python, cpu_sglang) if host_python else ""
     binary = sshd.sshd_binary()
     if not sys.executable:
         raise FleetctlError("cannot tell this Python's interpreter path (sys.executable is empty)")
@@ -730,7 +752,8 @@ def up(
                     p.unlink()
         _refuse_foreign(d)
         try:
-            return _up(d, names, versions, gpus, busy, binary, say, t0, cpu_sglang, bare_shell, link_trees)
+            return _up(d, names, versions, gpus, busy, binary, say, t0, cpu_sglang, bare_shell, link_trees,
+                       host_python)
         except BaseException:
             _stop_everything(d, timeout=5.0)
             raise
@@ -738,7 +761,7 @@ def up(
 
 def _up(d: Path, names: list[str], versions: list[str], gpus: int, busy: set[str], binary: str,
         say: Progress, t0: float, cpu_sglang: bool = False, bare_shell: bool = False,
-        link_trees: bool = False) -> Sandbox:
+        link_trees: bool = False, host_python: str = "") -> Sandbox:
     timings: dict[str, float] = {}
     mark = time.monotonic()
 
@@ -773,6 +796,8 @@ def _up(d: Path, names: list[str], versions: list[str], gpus: int, busy: set[str
         pubs[h.name] = sshd.write_ed25519(h.host_dir / "ssh_host_ed25519_key", f"{h.name}@fleetctl-sandbox")
     lap("keys")
     sb.host_python = _host_interpreter(d)
+    if host_python:  # (checked by up())
+        sb.host_python = host_python
     if cpu_sglang:
         from fleetctl.sandbox import cpu_venv
 
