@@ -64,3 +64,13 @@ def test_the_loop_on_a_host_running_another_python(python: str, fresh_sandbox, c
     assert MARKER.encode() not in src.read_bytes()
     doc = ok(capsys, "status", PLAYBOOK, "-i", inv)
     assert doc["ok"] and not doc["hosts"][0]["problems"], doc["hosts"][0]
+
+
+def test_a_host_python_that_is_no_cpython_3_8_is_refused(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    from fleetctl.cli import main
+
+    for bad in ("/nonexistent/python3", "/bin/sh", "python2.7-that-is-not-here"):
+        assert main(["sandbox", "up", "-d", str(tmp_path / "sb"), "-n", "1", "--host-python", bad]) == 2
+        err = capsys.readouterr().err
+        assert f"--host-python '{bad}': not a CPython >= 3.8 that runs here" in err, err
+        assert not (tmp_path / "sb" / "hosts").exists()  # refused before anything was built
