@@ -16,7 +16,7 @@ from fleetctl.config.playbook_model import Playbook
 from fleetctl.facts import HostFacts
 from fleetctl.protocol.answers import Manifest
 
-FileState = Literal["pristine", "as-intended", "drifted", "missing", "unsafe", "no-record"]
+FileState = Literal["pristine", "as-intended", "drifted", "missing", "unsafe", "no-record", "unwritable"]
 
 
 @dataclass
@@ -161,6 +161,8 @@ def plan_host(host: Host, facts: HostFacts, playbook: Playbook, intended: dict[s
             fp = FilePlan(rel, "drifted", "force" if force else "refuse", s, it.sha_pristine, it.sha_intended,
                           "someone edited it" + ("" if hoststate.explained(facts, rel, s) else " (no deploy record)")
                           + ("; --force replaces it (backup kept)" if force else ""))
+        if fp.action in ("patch", "force") and ff is not None and ff.unwritable:
+            fp = FilePlan(rel, "unwritable", "refuse", s, it.sha_pristine, it.sha_intended, ff.unwritable)
         hp.files.append(fp)
         if fp.action == "refuse":
             refusals.append(fp)
@@ -170,7 +172,11 @@ def plan_host(host: Host, facts: HostFacts, playbook: Playbook, intended: dict[s
                 "missing": "is this the right SGLang install?",
                 "unsafe": "fleetctl never writes through a symlink; replace it with a regular file",
                 "no-record": "'fleetctl rollback --from-pristine' restores the release's pristine bytes "
-                             "(verified, with backups), then deploy again"}[f.state]
+                             "(verified, with backups), then deploy again",
+                "unwritable": "the files cannot be replaced there (remount it read-write, or build a new image)"
+                              if "read-only file system" in f.note else
+                              "deploy as a user who can write the package (its owner), or point 'python:' "
+                              "at an SGLang install this user owns"}[f.state]
         hp.status = "refused"
         hp.reason = f"{host.name}: {f.path} is {f.state} ({f.note}); {hint}"
         return hp

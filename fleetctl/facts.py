@@ -103,6 +103,7 @@ class HostFacts:
             "files": {p: {"sha256": f.sha256, "exists": f.exists, "mode": f.mode, "size": f.size,
                           **({"symlink": f.symlink} if f.symlink else {}),
                           **({"escapes": True} if f.escapes else {}),
+                          **({"unwritable": f.unwritable} if f.unwritable else {}),
                           **({"error": f.error} if f.error else {})}
                       for p, f in self.files.items()},
             "gpus": [g.to_json() for g in self.gpus] if self.gpus is not None else None,

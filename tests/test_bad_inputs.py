@@ -272,7 +272,9 @@ def test_read_only_package_dir(hfleet: tuple, request: pytest.FixtureRequest,
     p = subprocess.run(["mount", "-o", "remount,bind,ro", str(spec)], capture_output=True, text=True)
     if p.returncode != 0:
         pytest.skip(f"cannot remount read-only: {p.stderr.strip()}")
-    msg = expect_host_failure(capsys, sb, inv, pb, r"Read-only file system")
+    # refused at plan time (deploy --check says so too), before anything is written
+    msg = expect_host_failure(capsys, sb, inv, pb, r"is unwritable \(its directory is on a read-only file "
+                              r"system\); the files cannot be replaced there", status="refused")
     assert EW2 in msg or "speculative" in msg
 
 

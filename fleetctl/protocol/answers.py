@@ -63,6 +63,7 @@ class FileFact:
     symlink: str | None = None
     escapes: bool = False
     error: str | None = None
+    unwritable: str | None = None  # why this user cannot replace it (its directory), None: it can
 
 
 @dataclass

@@ -339,6 +339,30 @@ def sha256_file(path, chunk=1 << 20):
     return digest
 
 
+def unwritable(d):
+    """Why this user cannot make and rename files in directory `d` (a deploy's temp file and swap),
+    or None where it can."""
+    if os.access(d, os.W_OK | os.X_OK):
+        return None
+    try:
+        if os.statvfs(d).f_flag & os.ST_RDONLY:
+            return "its directory is on a read-only file system"
+        st = os.stat(d)
+    except OSError as e:
+        return "its directory cannot be read: %s" % (e.strerror or e)
+    return "its directory is not writable by %s (owner %s, mode %o)" % (
+        _user_name(os.getuid()), _user_name(st.st_uid), stat.S_IMODE(st.st_mode))
+
+
+def _user_name(uid):
+    import pwd
+
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except (KeyError, OSError):
+        return "uid %d" % uid
+
+
 def file_info(pkg_dir, rel):
     """Hash and metadata of pkg_dir/rel, flagging symlinks and paths that leave pkg_dir."""
     path = os.path.join(pkg_dir, rel)
@@ -368,6 +392,9 @@ def file_info(pkg_dir, rel):
         return info
     info.update(mode=stat.S_IMODE(st.st_mode), uid=st.st_uid, gid=st.st_gid, size=st.st_size,
                 mtime=st.st_mtime)
+    why = unwritable(os.path.dirname(path))
+    if why:
+        info["unwritable"] = why
     try:
         info["sha256"] = sha256_file(path)
     except OSError as e:
