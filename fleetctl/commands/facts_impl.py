@@ -63,6 +63,10 @@ def _facts_lines(f: HostFacts, all_files: bool) -> tuple[tuple[str, Text], ...]:
     if not f.package_found and f.package_error:
         sg.append_text(Text.assemble(": ", safe(f.package_error)))
     notes = [*f.package_notes, *[p for p in map(f.bytecode_problem, f.bytecode) if p]]
+    unwritable = [ff for ff in f.files.values() if ff.unwritable]
+    if unwritable:
+        notes.append(f"{len(unwritable)} of the {len(f.files)} hashed files cannot be replaced by {f.user}: "
+                     f"{unwritable[0].unwritable} (deploy refuses to patch them)")
     tc = f.torch
     torch = (styled("missing", "red") if tc.installed is None else
              Text.assemble(safe(tc.installed), " ",
