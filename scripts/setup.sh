@@ -16,6 +16,11 @@ if ! .venv/bin/python -c "import fleetctl, pytest, ruff" >/dev/null 2>&1 \
     .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
     touch .venv/.fleetctl-installed
 fi
+# fleetctl's own bytecode, written once: an editable install never compiles the package, and where
+# PYTHONDONTWRITEBYTECODE is set no command writes it either, so each command would compile its
+# modules from source again (a 1-host no-op deploy: 0.22 s of CPU with them, 0.29 s without).
+# Up-to-date files are skipped; a later edit is recompiled in memory by Python as usual.
+.venv/bin/python -m compileall -q -j 0 fleetctl >/dev/null || echo "setup: compileall failed (fleetctl still runs, from source)" >&2
 
 if [ ! -x /usr/sbin/sshd ]; then
     echo "setup: installing openssh-server (the sandbox fleet runs real sshd on 127.0.0.1)"
