@@ -138,6 +138,12 @@ def plan_host(host: Host, facts: HostFacts, playbook: Playbook, intended: dict[s
         hp.reason = f"{host.name}: " + (why or f"SGLang {v or '(unknown version)'} has no patch set in "
                                         f"{playbook.path.name}; supported: {', '.join(playbook.supported())}")
         return hp
+    if facts.state is not None and facts.state.unwritable:
+        hp.status = "refused"
+        hp.reason = (f"{host.name}: state_dir {facts.state.state_dir}: {facts.state.unwritable} (the host lock, "
+                     "backups and deploy records go there); set 'state_dir:' for this host in the inventory to a "
+                     "directory this user can write")
+        return hp
     hp.interrupted = [m.id for m in interrupted_deploys(facts)]
     now = effective_hashes(facts)
     refusals = []

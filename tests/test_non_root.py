@@ -115,6 +115,21 @@ def test_a_non_root_user_is_refused_at_plan_time_then_deploys_what_it_owns(
     # the package handed to that user (as a venv it made itself would be): deploy, the sealed no-op,
     # rollback, all as that user
     subprocess.run(["chown", "-R", account, str(h.sglang_dir)], check=True)
+    # ... but a state_dir that user cannot write (root's, and one not made yet under it): refused at
+    # plan time, naming it and the inventory key
+    for sd, where in ((h.state_dir, "it"), (h.state_dir / "not" / "yet", f"it (its parent {h.state_dir})")):
+        doc_sd = yaml.safe_load(inv.read_text())
+        doc_sd["hosts"]["h01"]["state_dir"] = str(sd)
+        inv_sd = tmp_path / "inventory-root-state.yaml"
+        inv_sd.write_text(yaml.safe_dump(doc_sd, sort_keys=False))
+        code, doc = cli(capsys, "deploy", PLAYBOOK, "-i", inv_sd)
+        assert code == 1 and doc["hosts"][0]["status"] == "refused", doc
+        assert doc["hosts"][0]["message"] == (
+            f"h01: state_dir {sd}: {where} is not writable by {account} (owner root, mode 755) (the host lock, "
+            "backups and deploy records go there); set 'state_dir:' for this host in the inventory to a "
+            "directory this user can write"), doc["hosts"][0]
+        assert not (h.state_dir / "not").exists()
+    assert {p: p.read_bytes() for p in h.sglang_dir.rglob("*.py")} == before
     code, doc = cli(capsys, "deploy", PLAYBOOK, "-i", inv)
     assert code == 0 and doc["hosts"][0]["status"] == "changed", json.dumps(doc)[:3000]
     code, doc = cli(capsys, "deploy", PLAYBOOK, "-i", inv)

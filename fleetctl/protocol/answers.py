@@ -210,6 +210,7 @@ class StateFacts:
     state_dir: str | None = None
     machine: str | None = None  # this host, as it describes itself in locks and manifests
     package_real: str | None = None
+    unwritable: str | None = None  # why this user cannot write the state dir (None: it can)
 
 
 @dataclass

@@ -339,19 +339,29 @@ def sha256_file(path, chunk=1 << 20):
     return digest
 
 
-def unwritable(d):
+def unwritable(d, subject="its directory"):
     """Why this user cannot make and rename files in directory `d` (a deploy's temp file and swap),
-    or None where it can."""
+    as a clause about `subject`, or None where it can. A directory not made yet is judged by the
+    nearest one that exists (what makedirs would write in)."""
+    asked = d
+    while not os.path.isdir(d):
+        up = os.path.dirname(d)
+        if up == d:
+            return None
+        d = up
     if os.access(d, os.W_OK | os.X_OK):
         return None
+    where = subject if d == asked else "%s (its parent %s)" % (subject, d)
     try:
         if os.statvfs(d).f_flag & os.ST_RDONLY:
-            return "its directory is on a read-only file system"
+            return "%s is on a read-only file system" % where
         st = os.stat(d)
     except OSError as e:
-        return "its directory cannot be read: %s" % (e.strerror or e)
-    return "its directory is not writable by %s (owner %s, mode %o)" % (
-        _user_name(os.getuid()), _user_name(st.st_uid), stat.S_IMODE(st.st_mode))
+        return "%s cannot be read: %s" % (where, e.strerror or e)
+    me, owner = os.getuid(), st.st_uid
+    why = " (immutable, or denied by a security module?)" if me in (0, owner) else ""
+    return "%s is not writable by %s (owner %s, mode %o)%s" % (
+        where, _user_name(me), _user_name(owner), stat.S_IMODE(st.st_mode), why)
 
 
 def _user_name(uid):

@@ -27,6 +27,7 @@ if __name__ != "fleetctl_agent":  # imported locally (tests); on the host the pa
         run_probe,
         sha256_file,
         sha256_new,
+        unwritable,
     )
 
 import os
@@ -777,10 +778,14 @@ def state_facts(p, sg):
     patched (`moved`), or if its patch is no longer on disk (`gone`)."""
     sd = p.get("state_dir") or "~/.fleetctl"
     cur_real, cur_version = _current_tree(sg)
-    return {"lock": read_lock(sd),
-            "deploys": [manifest_summary(m, cur_real=cur_real, cur_version=cur_version)
-                        for m in list_manifests(sd, include_foreign=True)],
-            "state_dir": expand(sd), "machine": describe_writer(machine_identity()), "package_real": cur_real}
+    out = {"lock": read_lock(sd),
+           "deploys": [manifest_summary(m, cur_real=cur_real, cur_version=cur_version)
+                       for m in list_manifests(sd, include_foreign=True)],
+           "state_dir": expand(sd), "machine": describe_writer(machine_identity()), "package_real": cur_real}
+    why = unwritable(expand(sd), "it")
+    if why:
+        out["unwritable"] = why
+    return out
 
 
 EXTRA_FACTS["state"] = state_facts
