@@ -62,14 +62,16 @@ def open_sandbox(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def
 
     d = Path(tempfile.mkdtemp(prefix="fleetctl-nr-", dir="/tmp"))
     d.chmod(0o755)
+    sb = d / "sb"
 
     def down() -> None:
-        lifecycle.down(d, missing_ok=True)
+        report = lifecycle.down(sb, missing_ok=True)
         shutil.rmtree(d, ignore_errors=True)
+        if report.survivors:
+            raise RuntimeError(f"sandbox {sb}: processes outlived SIGKILL: {report.survivors}")
 
     request.addfinalizer(down)
-    return lifecycle.up(d / "sb", hosts=1, versions=["0.5.9"], gpus=1, bare_shell=True,
-                        host_python=SYSTEM_PYTHON)
+    return lifecycle.up(sb, hosts=1, versions=["0.5.9"], gpus=1, bare_shell=True, host_python=SYSTEM_PYTHON)
 
 
 def test_a_non_root_user_is_refused_at_plan_time_then_deploys_what_it_owns(
