@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -112,3 +112,55 @@ def ledger_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     d = tmp_path / "ledger"
     monkeypatch.setenv("FLEETCTL_STATE_DIR", str(d))
     return d
+
+
+# where this session's tests build sandboxes: pytest's base temp dir (this session's own), the
+# FLEETCTL_TEST_SANDBOX_ROOT override, and the world-readable dirs of tests/test_non_root.py
+OWN_SANDBOX_PREFIXES = ("/tmp/fleetctl-nr-",)
+
+
+def _sshd_listeners() -> dict[int, str]:
+    """pid -> config file (its -f argument) of every OpenSSH listener (sshd -D ...) on this machine."""
+    out = {}
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            words = (p / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").split()
+        except OSError:
+            continue
+        if words and (words[0] == "sshd:" or os.path.basename(words[0]) == "sshd") and "-D" in words \
+                and "-f" in words[:-1]:
+            out[int(p.name)] = words[words.index("-f") + 1]
+    return out
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_sshd_left_behind(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Every sshd a test starts is stopped by the time the session ends (the fixtures' finalizers run
+    before this one's). A listener started during the session for a sandbox in one of its own dirs
+    that outlives it is stopped here, by its pid, and reported as an error."""
+    import signal
+    import time
+
+    before = set(_sshd_listeners())
+    roots = [str(tmp_path_factory.getbasetemp()) + "/", *OWN_SANDBOX_PREFIXES]
+    if os.environ.get(ROOT_ENV):
+        roots.append(os.environ[ROOT_ENV].rstrip("/") + "/")
+
+    def ours() -> list[tuple[int, str]]:
+        return sorted((pid, cfg) for pid, cfg in _sshd_listeners().items()
+                      if pid not in before and cfg.startswith(tuple(roots)))
+
+    yield
+    deadline = time.monotonic() + 5
+    while (left := ours()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if left:
+        for pid, _ in left:
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except OSError:
+                pass
+        raise RuntimeError(f"{len(left)} sshd started by this test session outlived it (now stopped): "
+                           + "; ".join(f"pid {pid} (-f {cfg})" for pid, cfg in left[:4]))
