@@ -121,17 +121,14 @@ OWN_SANDBOX_PREFIXES = ("/tmp/fleetctl-nr-",)
 
 def _sshd_listeners() -> dict[int, str]:
     """pid -> config file (its -f argument) of every OpenSSH listener (sshd -D ...) on this machine."""
+    from fleetctl.sandbox import procs
+
     out = {}
-    for p in Path("/proc").iterdir():
-        if not p.name.isdigit():
-            continue
-        try:
-            words = (p / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").split()
-        except OSError:
-            continue
+    for pid in procs.all_pids():
+        words = procs.cmdline(pid).split()
         if words and (words[0] == "sshd:" or os.path.basename(words[0]) == "sshd") and "-D" in words \
                 and "-f" in words[:-1]:
-            out[int(p.name)] = words[words.index("-f") + 1]
+            out[pid] = words[words.index("-f") + 1]
     return out
 
 

@@ -67,7 +67,8 @@ def register(app: typer.Typer) -> None:
     @app.command("status", help="Per host: deploy state of the playbook's files, interrupted deploys, lock, servers.")
     @fleet_options
     def status(
-        playbook: Annotated[Path | None, typer.Argument(metavar="PLAYBOOK", help="Optional playbook: also classify its files.")] = None,
+        playbook: Annotated[Path | None, typer.Argument(metavar="PLAYBOOK",
+                                                        help="Optional playbook: also classify its files.")] = None,
         **shared: Any,
     ) -> None:
         from fleetctl.commands import deploys_impl

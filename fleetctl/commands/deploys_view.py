@@ -21,7 +21,8 @@ if TYPE_CHECKING:
     from fleetctl.protocol.answers import ReadFilesAnswer
 
 STATE_STYLE = {"pristine": "cyan", "as-intended": "green", "drifted": "red", "missing": "red", "unsafe": "red",
-               "unwritable": "red", "original": "cyan", "as-deployed": "green", "change": "cyan", "noop": "green", "refused": "red",
+               "unwritable": "red", "original": "cyan", "as-deployed": "green", "change": "cyan", "noop": "green",
+               "refused": "red",
                "unreachable": "red", "failed": "red", "changed": "green", "unchanged": "green",
                "skipped": "yellow", "ok": "green", "rolled-back": "yellow", "untouched": "yellow",
                "interrupted": "red", "pending": "yellow", "running": "yellow"}

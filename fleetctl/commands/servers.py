@@ -51,7 +51,8 @@ def register(app: typer.Typer) -> None:
     @app.command("stop", help="Stop the servers fleetctl launched (SIGTERM, then SIGKILL after a timeout).")
     @fleet_options
     def stop(
-        playbook: Annotated[Path | None, typer.Argument(metavar="PLAYBOOK", help="Optional playbook: its launch.stop_timeout.")] = None,
+        playbook: Annotated[Path | None, typer.Argument(metavar="PLAYBOOK",
+                                                        help="Optional playbook: its launch.stop_timeout.")] = None,
         instance: list[str] | None = typer.Option(None, "--instance", help="Only this instance (repeatable), e.g. port-30000."),
         timeout: float | None = typer.Option(None, "--timeout", min=0.1,
                                              help="Seconds between SIGTERM and SIGKILL (default: launch.stop_timeout, 30)."),
