@@ -186,13 +186,13 @@ def test_the_shared_option_block_is_declared_once_in_the_same_place() -> None:
     loaded: dict[str, Any] = {}
     for module in ("deploys", "servers", "facts"):
         loaded.update(cli.load_commands(module))
-    head, tail = ["inventory", "limit", "forks"], ["json_out", "debug", "accept_new_host_keys"]
+    head, tail = ["inventory", "limit", "forks", "list_hosts"], ["json_out", "debug", "accept_new_host_keys"]
     fleet = [n for n in loaded if n != "history"]
     assert len(fleet) == 9
     for name in fleet:
         params = [p.name for p in loaded[name].params]
         n_args = sum(1 for p in loaded[name].params if p.param_type_name == "argument")
-        assert params[n_args:n_args + 3] == head and params[-3:] == tail, (name, params)
+        assert params[n_args:n_args + 4] == head and params[-3:] == tail, (name, params)
 
 
 @pytest.mark.parametrize("argv", [["status", "-i", "/nonexistent/inventory.yaml"],

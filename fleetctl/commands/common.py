@@ -25,13 +25,17 @@ PlaybookArg = Annotated[Path, typer.Argument(metavar="PLAYBOOK", help="Playbook 
                                              "playbook.yaml.", show_default=False)]
 InventoryOpt = Annotated[
     Path | None,
-    typer.Option("-i", "--inventory", help="Inventory YAML (required; no address is ever a default).",
+    typer.Option("-i", "--inventory", help="Inventory: fleetctl's YAML, or Ansible's (INI, YAML, "
+                 "'ansible-inventory --list' JSON, a script) (required; no address is ever a default).",
                  show_default=False),
 ]
 LimitOpt = Annotated[
     str | None,
-    typer.Option("--limit", "-l", help="Hosts to act on: names, group names, globs, comma lists; '!x' excludes."),
+    typer.Option("--limit", "-l", help="Hosts to act on, Ansible's patterns: names, groups, globs, '~regex', "
+                 "'a:b' or 'a,b', '&x' also in x, '!x' not in x, 'web[0:3]', '@FILE' (a retry file)."),
 ]
+ListHostsOpt = Annotated[
+    bool, typer.Option("--list-hosts", help="Print the hosts -i and --limit select, and touch no host.")]
 ForksOpt = Annotated[int, typer.Option("-f", "--forks", min=1, max=1024, help="Hosts worked on at once.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout and nothing else there.")]
 DebugOpt = Annotated[bool, typer.Option("--debug", help="Show tracebacks and remote stderr.")]
@@ -43,9 +47,13 @@ AcceptNewOpt = Annotated[
 DEFAULT_FORKS = 32
 
 # The option block every command that acts on hosts takes, defined once: -i, --limit, -f after the
-# command's own arguments, --json, --debug, --accept-new-host-keys after its own options.
-HEAD = (("inventory", InventoryOpt, None), ("limit", LimitOpt, None), ("forks", ForksOpt, DEFAULT_FORKS))
+# command's own arguments (and --list-hosts, which the command's own code never sees: fleet_context
+# reads it), --json, --debug, --accept-new-host-keys after its own options.
+HEAD = (("inventory", InventoryOpt, None), ("limit", LimitOpt, None), ("forks", ForksOpt, DEFAULT_FORKS),
+        ("list_hosts", ListHostsOpt, False))
 TAIL = (("json_out", JsonOpt, False), ("debug", DebugOpt, False), ("accept_new_host_keys", AcceptNewOpt, False))
+# options every fleet command takes that its own code never reads: fleet_context does (set per command)
+LIST_HOSTS = False
 
 
 def fleet_options(fn: Callable[..., None]) -> Callable[..., None]:
@@ -68,6 +76,8 @@ def fleet_options(fn: Callable[..., None]) -> Callable[..., None]:
 
     @functools.wraps(fn)
     def command(**kwargs: Any) -> None:
+        global LIST_HOSTS
+        LIST_HOSTS = bool(kwargs.pop("list_hosts", False))
         fn(**kwargs)
 
     command.__signature__ = sig.replace(parameters=[*args, *made(HEAD), *rest, *made(TAIL)])  # type: ignore[attr-defined]

@@ -61,6 +61,8 @@ def fleet_context(inventory: Path | None, limit: str | None, forks: int, *, json
         inv = load_inventory(path)
         inventory_cache.save(inv, sha)
     hosts = inv.select(limit)
+    if common.LIST_HOSTS:
+        list_hosts(command, hosts, json)
     from fleetctl.runner import (  # the transport (paramiko, fabric): once the input is valid
         Fleet,
         raise_fd_limit,
@@ -113,6 +115,25 @@ def playbook_fleet(playbook: Path, inventory: Path | None, limit: str | None, fo
         from fleetctl.config import playbook_cache
 
         yield playbook_cache.load(playbook), ctx
+
+
+def list_hosts(command: str, hosts: list[Any], json: bool) -> None:
+    """--list-hosts: the selection, as Ansible prints it (or one JSON document); no host is touched."""
+    import typer
+
+    if json:
+        common.emit_json(command, ok=True, hosts=[{"host": h.name, "ok": True, "state": "selected", "message": "",
+                                                   "address": h.address, "port": h.port, "user": h.user,
+                                                   "groups": list(h.groups)} for h in hosts],
+                         message=f"{len(hosts)} host(s) selected; none touched", list_hosts=True)
+    else:
+        sys.stdout.write(f"  hosts ({len(hosts)}):\n" + "".join(f"    {safe_name(h.name)}\n" for h in hosts))
+        sys.stdout.flush()
+    raise typer.Exit(0)
+
+
+def safe_name(name: str) -> str:
+    return name.encode("ascii", "backslashreplace").decode("ascii") if not name.isprintable() else name
 
 
 def _report_accepted_keys(fleet: Fleet) -> None:

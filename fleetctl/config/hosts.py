@@ -7,7 +7,6 @@ and connects without importing that validation at all.
 
 from __future__ import annotations
 
-import fnmatch
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,6 +58,9 @@ class Inventory:
     # each path value of the file as written -> as resolved (resolve_path), which depends on more than
     # the file's bytes: the kept copy resolves them again before it is used (inventory_cache.py)
     paths: dict[str, str] = field(default_factory=dict)
+    # an Ansible inventory: each group's hosts in Ansible's order (what `--limit group[0:3]` indexes)
+    group_hosts: dict[str, list[str]] | None = None
+    kind: str = "fleetctl"  # the inventory's format (config/ansible_inventory.py detect)
 
     def check_local_files(self, hosts: list[Host]) -> None:
         """The controller-side files the chosen hosts need exist (a missing key is bad input, exit 2)."""
@@ -75,42 +77,38 @@ class Inventory:
         self.check_local_files(chosen)
         return chosen
 
-    def _match(self, pat: str, limit: str) -> list[Host]:
-        if pat in ("all", "*"):
-            return list(self.hosts)
-        if not pat:
-            raise InputError(f"--limit {limit!r}: an empty pattern after '!' or '&'",
-                             hint="write '!NAME' or '&GROUP' with a host, group or glob")
-        matched = [h for h in self.hosts if fnmatch.fnmatchcase(h.name, pat) or pat in h.groups]
-        if not matched:
-            raise InputError(f"--limit: '{pat}' matches no host or group in {self.path}",
-                             hint="run 'fleetctl facts -i INV' to list hosts")
-        return matched
+    def groups_hosts(self) -> dict[str, list[str]]:
+        """Each group's hosts, `all` included: Ansible's order for an Ansible inventory, else this
+        inventory's order."""
+        if self.group_hosts is not None:
+            out = dict(self.group_hosts)
+            out["all"] = [h.name for h in self.hosts]
+            return out
+        out = {"all": [h.name for h in self.hosts]}
+        for h in self.hosts:
+            for g in h.groups:
+                out.setdefault(g, []).append(h.name)
+        return out
 
     def _select(self, limit: str | None) -> list[Host]:
-        """Comma list of patterns: host names, group names, globs, `all`; `&P` keeps only hosts also
-        matching P; `!P` removes hosts matching P. As in Ansible the order does not matter: the union
-        of the plain patterns (all hosts when there is none), then each `&`, then each `!`."""
+        """--limit with Ansible's patterns (config/patterns.py): `a,b` or `a:b`, `&P`, `!P`, globs,
+        `~regex`, subscripts `web[0:3]`, `@FILE`. The union of the plain patterns (all hosts when there
+        is none), then each `&`, then each `!`; hosts in inventory order."""
         if limit is None:
             return list(self.hosts)
-        patterns = [p.strip() for p in limit.split(",") if p.strip()]
-        if not patterns:
-            raise InputError(f"--limit {limit!r} names no host", hint="give host names, groups, globs or 'all'")
-        include = [p for p in patterns if p[0] not in "!&"]
-        chosen: list[Host] = []
-        for pat in include or ["all"]:
-            chosen += [h for h in self._match(pat, limit) if h not in chosen]
-        for pat in (p[1:].strip() for p in patterns if p[0] == "&"):
-            keep = self._match(pat, limit)
-            chosen = [h for h in chosen if h in keep]
-        for pat in (p[1:].strip() for p in patterns if p[0] == "!"):
-            drop = self._match(pat, limit)
-            chosen = [h for h in chosen if h not in drop]
-        if not chosen:
+        from fleetctl.config.patterns import select
+
+        def missing(pat: str) -> InputError:
+            return InputError(f"--limit: '{pat}' matches no host or group in {self.path}",
+                              hint=f"'fleetctl facts -i {self.path} --list-hosts' lists the hosts")
+
+        names = select(limit, [h.name for h in self.hosts], self.groups_hosts(), missing=missing)
+        if not names:
             raise InputError(f"no host matches --limit {limit!r} in {self.path}",
-                             hint="'!x' alone means every host but x; check the names with 'fleetctl facts -i INV'")
-        order = {h.name: i for i, h in enumerate(self.hosts)}
-        return sorted(chosen, key=lambda h: order[h.name])
+                             hint="'!x' alone means every host but x; check the names with "
+                                  f"'fleetctl facts -i {self.path} --list-hosts'")
+        by_name = {h.name: h for h in self.hosts}
+        return [by_name[n] for n in names]
 
 
 def resolve_path(base: Path, value: str) -> str:

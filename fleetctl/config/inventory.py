@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from fleetctl.config.hosts import (
     DEFAULT_HOST_TIMEOUT,
@@ -145,9 +145,30 @@ def _ssh_config_hosts(path: Path) -> set[str]:
 
 
 def load_inventory(path: Path | str) -> Inventory:
+    """The inventory file `path`: fleetctl's own YAML, or an Ansible inventory (INI, YAML, the JSON of
+    `ansible-inventory --list`, a script or plugin through ansible-inventory): the format is told
+    from the file itself (config/ansible_inventory.py detect_kind)."""
+    from fleetctl.config import ansible_inventory as ai
+
     path = Path(path)
-    doc: YamlDoc = load_yaml(path, "inventory")
-    raw = validate(doc, InventoryFile, "inventory")
+    kind = ai.early_kind(path)
+    if kind is not None:
+        return load_ansible(path, kind)
+    try:
+        doc: YamlDoc = load_yaml(path, "inventory")
+    except InputError:
+        kind = ai.fallback_kind(path)  # not YAML that fleetctl's loader reads: INI, or Ansible's YAML tags
+        if kind is None:
+            raise
+        return load_ansible(path, kind)
+    kind = ai.kind_of_data(doc.data, path)
+    if kind != "fleetctl":
+        return load_ansible(path, kind)
+    return _resolve(path, doc, validate(doc, InventoryFile, "inventory"))
+
+
+def _resolve(path: Path, doc: YamlDoc, raw: InventoryFile, *, group_hosts: dict[str, list[str]] | None = None,
+             kind: str = "fleetctl") -> Inventory:
     base = path.resolve().parent
     paths: dict[str, str] = {}  # each path value as written -> as resolved (the same one often repeats)
 
@@ -228,4 +249,107 @@ def load_inventory(path: Path | str) -> Inventory:
         )
     if not hosts:
         raise InputError(f"{path}:{doc.line_of(('hosts',))}: hosts: the inventory names no host", hint="add hosts")
-    return Inventory(path=path, ssh_config=ssh_config, hosts=hosts, identity_where=identity_where, paths=paths)
+    return Inventory(path=path, ssh_config=ssh_config, hosts=hosts, identity_where=identity_where, paths=paths,
+                     group_hosts=group_hosts, kind=kind)
+
+
+# --- Ansible inventories -------------------------------------------------------------------------
+
+# Ansible's connection variables -> fleetctl's host keys (the first one set of each key wins)
+ANSIBLE_VARS: dict[str, tuple[str, ...]] = {
+    "address": ("ansible_host", "ansible_ssh_host"),
+    "port": ("ansible_port", "ansible_ssh_port"),
+    "user": ("ansible_user", "ansible_ssh_user"),
+    "identity_file": ("ansible_ssh_private_key_file", "ansible_private_key_file"),
+    "python": ("ansible_python_interpreter",),
+    "become": ("ansible_become",),
+    "become_user": ("ansible_become_user",),
+    "become_method": ("ansible_become_method",),
+}
+PASSWORD_VARS = ("ansible_password", "ansible_ssh_pass", "ansible_ssh_password", "ansible_become_password",
+                 "ansible_become_pass", "ansible_sudo_pass", "ansible_su_pass")
+SSH_CONNECTIONS = ("ssh", "smart", "paramiko", "paramiko_ssh", "ansible.builtin.ssh", "ansible.builtin.paramiko_ssh")
+_TRUE = ("true", "yes", "on", "1", "y", "t")
+_FALSE = ("false", "no", "off", "0", "n", "f", "")
+
+
+def _ansible_bool(v: Any, where: str) -> bool:
+    if isinstance(v, bool):
+        return v
+    s = str(v).strip().lower()
+    if s in _TRUE or s in _FALSE:
+        return s in _TRUE
+    raise InputError(f"{where}: {v!r} is not true or false", hint="write true or false")
+
+
+def ansible_host_fields(name: str, hv: dict[str, Any], where: str) -> dict[str, Any]:
+    """One Ansible host's combined variables -> fleetctl's host keys (HostFields), checked."""
+    have = HostFields.model_fields
+    out: dict[str, Any] = {}
+    conn = hv.get("ansible_connection")
+    if conn is not None and str(conn) not in SSH_CONNECTIONS:
+        raise InputError(f"{where}: host {name}: ansible_connection={conn}: fleetctl reaches hosts over SSH only",
+                         hint="remove ansible_connection for this host, or leave it out with --limit '!NAME'")
+    for var in PASSWORD_VARS:
+        if hv.get(var) not in (None, ""):
+            raise InputError(f"{where}: host {name}: {var}: fleetctl never takes a password from an inventory",
+                             hint="log in with an SSH key (ansible_ssh_private_key_file or your agent); for "
+                                  "become, a sudoers NOPASSWD rule")
+    for key, names in ANSIBLE_VARS.items():
+        var = next((n for n in names if hv.get(n) is not None), None)
+        if var is None:
+            continue
+        v = hv[var]
+        if key == "python" and str(v).startswith("auto"):
+            continue  # Ansible's interpreter discovery: fleetctl's default python3
+        if key == "become":
+            v = _ansible_bool(v, f"{where}: host {name}: {var}")
+        if key.startswith("become") and key not in have:
+            if key == "become" and v:
+                raise InputError(f"{where}: host {name}: {var}: this fleetctl has no become (sudo) support",
+                                 hint="log in as a user that can write the SGLang install (ansible_user), or "
+                                      "set ansible_become=false")
+            continue
+        out[key] = str(v) if key in ("address", "user", "identity_file", "python", "become_user",
+                                     "become_method") else v
+    for var, v in hv.items():
+        if not var.startswith("fleetctl_"):
+            continue
+        key = var.removeprefix("fleetctl_")
+        if key not in have or key == "groups":
+            known = ", ".join(f"fleetctl_{k}" for k in have if k != "groups")
+            raise InputError(f"{where}: host {name}: unknown variable {var}", hint=f"fleetctl reads {known}")
+        out[key] = v
+    try:
+        HostFields.model_validate(out)
+    except ValidationError as e:
+        first = e.errors()[0]
+        key = str(first.get("loc", ("?",))[0])
+        var = next((n for n in (f"fleetctl_{key}", *ANSIBLE_VARS.get(key, ())) if n in hv), key)
+        msg = str(first.get("msg", "invalid")).removeprefix("Value error, ")
+        raise InputError(f"{where}: host {name}: {var}={hv.get(var)!r}: {msg}") from None
+    return out
+
+
+def load_ansible(path: Path, kind: str) -> Inventory:
+    """An Ansible inventory as fleetctl hosts: each host's variables combined as Ansible does, mapped to
+    fleetctl's keys (ansible_host_fields), then resolved like fleetctl's own inventory."""
+    from fleetctl.config import ansible_inventory as ai
+
+    ainv = ai.load(path, kind)
+    hosts: dict[str, dict[str, Any]] = {}
+    name_re = re.compile(HOST_NAME_PATTERN)
+    for name in ainv.hosts:
+        if not name_re.match(name):
+            raise InputError(f"{path}: host {name!r}: fleetctl host names are letters, digits, _ . - only",
+                             hint="name the host with those and put its address in ansible_host")
+        fields = ansible_host_fields(name, ainv.host_vars(name), str(path))
+        fields.setdefault("address", name)
+        fields["groups"] = ainv.host_groups(name)
+        hosts[name] = fields
+    if not hosts:
+        raise InputError(f"{path}: the Ansible inventory names no host", hint="add hosts")
+    doc = YamlDoc(path=path, data={"hosts": hosts}, root=None)
+    raw = validate(doc, InventoryFile, "inventory")
+    group_hosts = {g: ainv.group_hosts(g) for g in ainv.groups}
+    return _resolve(path, doc, raw, group_hosts=group_hosts, kind=kind)
