@@ -217,7 +217,7 @@ def check_ahead(conn: Transport) -> None:
     its agent. It decides nothing: the output is judged by check() as if it had just been read."""
     host = conn.host
     ahead = getattr(conn, "check_ahead", None)
-    if ahead is None or host.probe:
+    if ahead is None or host.probe or host.becomes:
         return
     try:
         doc = json.loads(_host_file(host).read_text())
@@ -237,6 +237,9 @@ def check(conn: Transport, key: str, request: dict[str, Any], *, use: bool = Tru
     when there is a seal). use=False (deploy --recheck): never take the seal's facts. The result
     says whether this command's deploy should make a seal (`make`)."""
     host = conn.host
+    if host.becomes:  # the check would run as the login user, the agent as another: never sealed
+        return Checked(key=key, request=request, make=False,
+                       why="not sealable: the agent runs as another user (become)")
     stored = load(host, key)
     ck = Checked(key=key, request=request, make=True)
     if stored is not None and "why" in stored:

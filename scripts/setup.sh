@@ -34,6 +34,19 @@ if [ ! -x /usr/sbin/sshd ]; then
 fi
 mkdir -p /run/sshd 2>/dev/null || true
 
+# sudo: become's tests run the real one (tests/test_become.py; skipped where it is missing)
+if ! command -v sudo >/dev/null 2>&1 || ! command -v visudo >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "setup: installing sudo (the become tests run the real one)"
+        export DEBIAN_FRONTEND=noninteractive
+        { apt-get install -y -qq --no-install-recommends sudo >/dev/null 2>&1; } \
+            || { apt-get update -qq && apt-get install -y -qq --no-install-recommends sudo >/dev/null; } \
+            || echo "setup: could not install sudo: the become tests will be skipped" >&2
+    else
+        echo "setup: sudo is missing (install it as root): the become tests will be skipped" >&2
+    fi
+fi
+
 # The cached CPU SGLang venv of `explain --probe`'s tests and `sandbox up --cpu-sglang` (torch CPU
 # build + the packages SGLang's argument processing imports, pinned in fleetctl/sandbox/cpu_venv.lock,
 # + a labelled GPU stand-in; ~1.2 GB, ~2.5 min once): the tests build it on first use;

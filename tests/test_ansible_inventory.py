@@ -150,17 +150,39 @@ def test_what_fleetctl_refuses_ansible_refuses_too(tmp_path: Path, text: str) ->
         load_inventory(f)
 
 
-def test_become_is_refused_or_kept_never_dropped(tmp_path: Path) -> None:
+def test_ansible_become_variables_are_kept_per_host_and_group(tmp_path: Path) -> None:
+    """ansible_become* set per host or per group (group_vars included) reach the host as fleetctl's
+    become; su/doas and become passwords are refused with the fix (issue 32.1)."""
     f = tmp_path / "x.ini"
-    f.write_text("[web]\nh1 ansible_become=true ansible_become_user=svc\n")
-    from fleetctl.config.inventory import HostFields
+    f.write_text("[web]\nh1 ansible_become=true ansible_become_user=svc\nh2\nh3 ansible_become=no\n"
+                 "[web:vars]\nansible_become=yes\nansible_become_method=sudo\n")
+    hosts = {h.name: h for h in load_inventory(f).hosts}
+    assert (hosts["h1"].become, hosts["h1"].become_user, hosts["h1"].become_method) == (True, "svc", "sudo")
+    assert (hosts["h2"].become, hosts["h2"].become_as) == (True, "root")
+    assert hosts["h3"].become is False and not hosts["h3"].becomes
+    f.write_text("[web]\nh1 ansible_become=true ansible_become_method=su\n")
+    with pytest.raises(InputError, match="ansible_become_method='su': su: not supported: su reads its password"):
+        load_inventory(f)
+    f.write_text("[web]\nh1 ansible_become=true ansible_become_pass=x\n")
+    with pytest.raises(InputError, match="never takes a password from an inventory") as e:
+        load_inventory(f)
+    assert "--ask-become-pass" in (e.value.hint or "")
 
-    if "become" in HostFields.model_fields:
-        h = load_inventory(f).hosts[0]
-        assert h.become is True and h.become_user == "svc"  # type: ignore[attr-defined]
-    else:
-        with pytest.raises(InputError, match="no become"):
-            load_inventory(f)
+
+def test_fleetctl_inventory_become_per_group_and_host(tmp_path: Path) -> None:
+    f = tmp_path / "inv.yaml"
+    f.write_text("defaults: {become_user: svc}\ngroups:\n  gpu: {become: true}\n"
+                 "hosts:\n  a: {address: 127.0.0.1, groups: [gpu]}\n"
+                 "  b: {address: 127.0.0.1, groups: [gpu], become: false}\n  c: {address: 127.0.0.1}\n")
+    hosts = {h.name: h for h in load_inventory(f).hosts}
+    assert (hosts["a"].becomes, hosts["a"].become_as) == (True, "svc")
+    assert hosts["b"].become is False and hosts["c"].become is None
+    from fleetctl.transport import become
+
+    got = {h.name: h for h in become.apply(list(hosts.values()), become.Cli(become=True, user="ops"))}
+    assert (got["a"].become_as, got["b"].becomes, got["c"].becomes, got["c"].become_as) == ("svc", False, True, "svc")
+    assert become.wrap(got["c"], ["python3", "-c", "x"]) == ["sudo", "-n", "-H", "-u", "svc", "--", "python3", "-c", "x"]
+    assert become.wrap(got["b"], ["python3"]) == ["python3"]
 
 
 # --- --limit patterns against Ansible's InventoryManager ------------------------------------------

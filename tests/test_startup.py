@@ -182,17 +182,19 @@ def test_a_playbook_given_to_a_command_that_takes_none_is_named(capsys: pytest.C
 
 def test_the_shared_option_block_is_declared_once_in_the_same_place() -> None:
     """Issue 12.5: every command that acts on hosts takes the block of common.fleet_options: after its
-    arguments -i/--limit/-f, after its own options --json/--debug/--accept-new-host-keys."""
+    arguments -i/--limit/-f, after its own options --json/--debug/--accept-new-host-keys and the
+    become options (-b, --become-user, --become-method, -K)."""
     loaded: dict[str, Any] = {}
     for module in ("deploys", "servers", "facts"):
         loaded.update(cli.load_commands(module))
-    head, tail = ["inventory", "limit", "forks", "list_hosts"], ["json_out", "debug", "accept_new_host_keys"]
+    head = ["inventory", "limit", "forks", "list_hosts"]
+    tail = ["json_out", "debug", "accept_new_host_keys", "become", "become_user", "become_method", "ask_become_pass"]
     fleet = [n for n in loaded if n != "history"]
     assert len(fleet) == 9
     for name in fleet:
         params = [p.name for p in loaded[name].params]
         n_args = sum(1 for p in loaded[name].params if p.param_type_name == "argument")
-        assert params[n_args:n_args + 4] == head and params[-3:] == tail, (name, params)
+        assert params[n_args:n_args + 4] == head and params[-len(tail):] == tail, (name, params)
 
 
 @pytest.mark.parametrize("argv", [["status", "-i", "/nonexistent/inventory.yaml"],

@@ -44,6 +44,16 @@ AcceptNewOpt = Annotated[
     typer.Option("--accept-new-host-keys", help="Trust unknown host keys on first use and record them (a changed key is always refused)."),
 ]
 
+BecomeOpt = Annotated[bool, typer.Option("-b", "--become", help="Run the agent on each host as another user "
+                                         "through sudo (Ansible's become; a host's become settings in the "
+                                         "inventory take precedence).")]
+BecomeUserOpt = Annotated[str | None, typer.Option("--become-user", help="The user to become (default root).",
+                                                   show_default=False)]
+BecomeMethodOpt = Annotated[str | None, typer.Option("--become-method", help="How to become: sudo (the only "
+                                                     "one fleetctl runs).", show_default=False)]
+AskBecomePassOpt = Annotated[bool, typer.Option("-K", "--ask-become-pass", help="Ask once for the sudo password "
+                                                "(never echoed or logged; sent only to sudo's stdin).")]
+
 DEFAULT_FORKS = 32
 
 # The option block every command that acts on hosts takes, defined once: -i, --limit, -f after the
@@ -51,15 +61,20 @@ DEFAULT_FORKS = 32
 # reads it), --json, --debug, --accept-new-host-keys after its own options.
 HEAD = (("inventory", InventoryOpt, None), ("limit", LimitOpt, None), ("forks", ForksOpt, DEFAULT_FORKS),
         ("list_hosts", ListHostsOpt, False))
-TAIL = (("json_out", JsonOpt, False), ("debug", DebugOpt, False), ("accept_new_host_keys", AcceptNewOpt, False))
+TAIL = (("json_out", JsonOpt, False), ("debug", DebugOpt, False), ("accept_new_host_keys", AcceptNewOpt, False),
+        ("become", BecomeOpt, False), ("become_user", BecomeUserOpt, None), ("become_method", BecomeMethodOpt, None),
+        ("ask_become_pass", AskBecomePassOpt, False))
+BECOME_KEYS = ("become", "become_user", "become_method", "ask_become_pass")
 # options every fleet command takes that its own code never reads: fleet_context does (set per command)
 LIST_HOSTS = False
+BECOME: dict[str, Any] = {}  # -b/--become, --become-user, --become-method, -K (transport/become.py Cli)
 
 
 def fleet_options(fn: Callable[..., None]) -> Callable[..., None]:
     """Give a command the shared option block: `def stop(playbook: ..., timeout: ..., **shared)` is
     declared (and shown in --help) as taking -i/--inventory, --limit, -f, --json, --debug and
-    --accept-new-host-keys too; they reach it in `shared` under the names of HEAD and TAIL."""
+    --accept-new-host-keys too; they reach it in `shared` under the names of HEAD and TAIL (but
+    --list-hosts and the become options, which fleet_context reads)."""
     sig = inspect.signature(fn, eval_str=True)
     own = [p for p in sig.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
 
@@ -76,8 +91,9 @@ def fleet_options(fn: Callable[..., None]) -> Callable[..., None]:
 
     @functools.wraps(fn)
     def command(**kwargs: Any) -> None:
-        global LIST_HOSTS
+        global LIST_HOSTS, BECOME
         LIST_HOSTS = bool(kwargs.pop("list_hosts", False))
+        BECOME = {k: kwargs.pop(k, None) for k in BECOME_KEYS}
         fn(**kwargs)
 
     command.__signature__ = sig.replace(parameters=[*args, *made(HEAD), *rest, *made(TAIL)])  # type: ignore[attr-defined]

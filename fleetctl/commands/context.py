@@ -61,8 +61,15 @@ def fleet_context(inventory: Path | None, limit: str | None, forks: int, *, json
         inv = load_inventory(path)
         inventory_cache.save(inv, sha)
     hosts = inv.select(limit)
+    from fleetctl.transport import become
+
+    b = common.BECOME
+    hosts = become.apply(hosts, become.Cli(bool(b.get("become")), b.get("become_user"), b.get("become_method"),
+                                           bool(b.get("ask_become_pass"))))
     if common.LIST_HOSTS:
         list_hosts(command, hosts, json)
+    if b.get("ask_become_pass") and any(h.becomes for h in hosts) and become.password() is None:
+        become.ask_password()
     from fleetctl.runner import (  # the transport (paramiko, fabric): once the input is valid
         Fleet,
         raise_fd_limit,

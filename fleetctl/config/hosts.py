@@ -44,6 +44,19 @@ class Host:
     max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES
     from_ssh_config: bool = False
     probe: bool = False  # deploy asks the host's own SGLang before changing anything
+    # become (Ansible's meaning): the agent runs as `become_user` (default root) through sudo;
+    # None: not said by the inventory (the command line's -b/--become-user/--become-method decide)
+    become: bool | None = None
+    become_user: str | None = None
+    become_method: str | None = None
+
+    @property
+    def becomes(self) -> bool:
+        return bool(self.become)
+
+    @property
+    def become_as(self) -> str:
+        return self.become_user or "root"
 
     def public_env(self) -> dict[str, str]:
         return {k: ("***" if k in self.secret_env_keys else v) for k, v in self.env.items()}

@@ -67,6 +67,24 @@ def check_flags(v: dict[str, Any] | None) -> dict[str, Any] | None:
     return v
 
 
+def check_become_method(v: str | None) -> str | None:
+    from fleetctl.transport.become import METHODS, UNSUPPORTED
+
+    if v is not None and v not in METHODS:
+        why = UNSUPPORTED.get(v, "unknown become method")
+        raise ValueError(f"{v}: not supported: {why} (use become_method: sudo, the only one fleetctl runs, "
+                         "with a sudoers rule for the interpreter)")
+    return v
+
+
+def check_become_user(v: str | None) -> str | None:
+    from fleetctl.transport.become import USER_RE
+
+    if v is not None and not USER_RE.match(v):
+        raise ValueError(f"{v!r} is not a user name (e.g. root)")
+    return v
+
+
 class HostFields(Strict):
     """Keys allowed both in `defaults:` and in a host entry."""
 
@@ -89,9 +107,15 @@ class HostFields(Strict):
     max_answer_bytes: Annotated[int, Field(ge=1024)] | None = None
     # deploy's coverage check also asks the host's own SGLang (`explain --probe`) before changing anything
     probe: bool | None = None
+    # become (Ansible's): the agent runs as become_user (default root) through sudo (transport/become.py)
+    become: bool | None = None
+    become_user: str | None = None
+    become_method: str | None = None
 
     _env = field_validator("env")(classmethod(lambda cls, v: check_env(v)))
     _flags = field_validator("flags")(classmethod(lambda cls, v: check_flags(v)))
+    _become_method = field_validator("become_method")(classmethod(lambda cls, v: check_become_method(v)))
+    _become_user = field_validator("become_user")(classmethod(lambda cls, v: check_become_user(v)))
 
     @field_validator("gpus")
     @classmethod
@@ -107,9 +131,14 @@ class GroupFields(Strict):
     env: dict[str, EnvValue] | None = None
     flags: dict[str, Any] | None = None
     probe: bool | None = None
+    become: bool | None = None
+    become_user: str | None = None
+    become_method: str | None = None
 
     _env = field_validator("env")(classmethod(lambda cls, v: check_env(v)))
     _flags = field_validator("flags")(classmethod(lambda cls, v: check_flags(v)))
+    _become_method = field_validator("become_method")(classmethod(lambda cls, v: check_become_method(v)))
+    _become_user = field_validator("become_user")(classmethod(lambda cls, v: check_become_user(v)))
 
 
 class InventoryFile(Strict):
@@ -167,6 +196,9 @@ def load_inventory(path: Path | str) -> Inventory:
     return _resolve(path, doc, validate(doc, InventoryFile, "inventory"))
 
 
+BECOME_KEYS = ("become", "become_user", "become_method")
+
+
 def _resolve(path: Path, doc: YamlDoc, raw: InventoryFile, *, group_hosts: dict[str, list[str]] | None = None,
              kind: str = "fleetctl") -> Inventory:
     base = path.resolve().parent
@@ -190,13 +222,16 @@ def _resolve(path: Path, doc: YamlDoc, raw: InventoryFile, *, group_hosts: dict[
         env: dict[str, EnvValue] = dict(d.env or {})
         flags: dict[str, Any] = dict(d.flags or {})
         probe = bool(d.probe)
+        bec = {k: getattr(d, k) for k in BECOME_KEYS}
         for g in groups:
             gf = raw.groups.get(g)
             if gf:
                 env.update(gf.env or {})
                 flags.update(gf.flags or {})
                 probe = gf.probe if gf.probe is not None else probe
+                bec.update({k: getattr(gf, k) for k in BECOME_KEYS if getattr(gf, k) is not None})
         probe = h.probe if h.probe is not None else probe
+        bec.update({k: getattr(h, k) for k in BECOME_KEYS if getattr(h, k) is not None})
         env.update(h.env or {})
         flags.update(h.flags or {})
         env_s, secret = _env_strings(env)
@@ -245,6 +280,9 @@ def _resolve(path: Path, doc: YamlDoc, raw: InventoryFile, *, group_hosts: dict[
                 max_answer_bytes=pick("max_answer_bytes", DEFAULT_MAX_ANSWER_BYTES),
                 from_ssh_config=from_cfg,
                 probe=probe,
+                become=bec["become"],
+                become_user=bec["become_user"],
+                become_method=bec["become_method"],
             )
         )
     if not hosts:
@@ -294,7 +332,7 @@ def ansible_host_fields(name: str, hv: dict[str, Any], where: str) -> dict[str, 
         if hv.get(var) not in (None, ""):
             raise InputError(f"{where}: host {name}: {var}: fleetctl never takes a password from an inventory",
                              hint="log in with an SSH key (ansible_ssh_private_key_file or your agent); for "
-                                  "become, a sudoers NOPASSWD rule")
+                                  "become, a sudoers NOPASSWD rule for the interpreter, or --ask-become-pass")
     for key, names in ANSIBLE_VARS.items():
         var = next((n for n in names if hv.get(n) is not None), None)
         if var is None:
@@ -304,12 +342,6 @@ def ansible_host_fields(name: str, hv: dict[str, Any], where: str) -> dict[str, 
             continue  # Ansible's interpreter discovery: fleetctl's default python3
         if key == "become":
             v = _ansible_bool(v, f"{where}: host {name}: {var}")
-        if key.startswith("become") and key not in have:
-            if key == "become" and v:
-                raise InputError(f"{where}: host {name}: {var}: this fleetctl has no become (sudo) support",
-                                 hint="log in as a user that can write the SGLang install (ansible_user), or "
-                                      "set ansible_become=false")
-            continue
         out[key] = str(v) if key in ("address", "user", "identity_file", "python", "become_user",
                                      "become_method") else v
     for var, v in hv.items():

@@ -130,7 +130,9 @@ def agent_command(host: Host) -> tuple[list[str], bytes]:
     """The argv that starts the agent on `host` in session mode, and what to write to its stdin
     after the code block (code_block()): the secret env (over stdin, never on the command line), b'S'."""
     data = b""
-    secret = {k: v for k, v in host.env.items() if k in host.secret_env_keys}
+    # through become, all of the env goes over stdin: sudo resets a command's environment, and a
+    # sudoers rule names the interpreter, not `env`
+    secret = {k: v for k, v in host.env.items() if k in host.secret_env_keys or host.becomes}
     if secret:
         block = marshal.dumps({str(k): str(v) for k, v in secret.items()}, 4)
         data += b"E%010d" % len(block) + block
@@ -140,15 +142,25 @@ def agent_command(host: Host) -> tuple[list[str], bytes]:
 
 
 def agent_argv(host: Host) -> tuple[list[str], list[str]]:
-    """The agent's command as (the inventory's public env prefix, `python -c BOOTSTRAP ...`)."""
+    """The agent's command as (the inventory's public env prefix, `python -c BOOTSTRAP ...`). With
+    become, the second is the same command run through sudo (transport/become.py: a wrapper layer of
+    the argv) and there is no env prefix (agent_command sends the env over stdin)."""
+    from fleetctl.transport import become
+
     cache = host.state_dir.rstrip("/") + "/cache"
     # the python word again: the agent compares it with the launch's (an in-process probe, agent.py);
     # the source's cache key, so the host need not hash it
-    return env_prefix(command_line_env(host)), [host.python, "-c", BOOTSTRAP, cache, host.python, agent_key()]
+    argv = [host.python, "-c", BOOTSTRAP, cache, host.python, agent_key()]
+    if host.becomes:
+        return [], become.wrap(host, argv)
+    return env_prefix(command_line_env(host)), argv
 
 
 def command_line_env(host: Host) -> dict[str, str]:
-    """The inventory's env of `host` that may appear on a command line (not its secret values)."""
+    """The inventory's env of `host` that may appear on a command line (not its secret values; none
+    through become, which sends it over stdin)."""
+    if host.becomes:
+        return {}
     return {k: v for k, v in host.env.items() if k not in host.secret_env_keys}
 
 
@@ -391,12 +403,15 @@ class AgentTransport(Steps):
         says why). Raises TimeoutError at the deadline, RemoteError when no hello comes within the
         bound."""
         out = self._agent_out
+        prompts = 0  # sudo's prompts answered (become with --ask-become-pass)
         while True:
             i = find_hello(out)
             if i >= 0:
                 hello = bytes(out[i:i + HELLO_SIZE])
                 del out[:i + HELLO_SIZE]
                 return hello
+            if self.host.becomes:
+                prompts = self._become_prompt(pipe, deadline, prompts)
             if len(out) > LOGIN_NOISE_MAX + HELLO_SIZE:
                 junk = bytes(out[:120])
                 out.clear()
@@ -414,6 +429,26 @@ class AgentTransport(Steps):
             if data:
                 out += data
             self._keep_stderr(pipe)
+
+    def _become_prompt(self, pipe: Pipe, deadline: float, answered: int) -> int:
+        """sudo -S asked for the become password (its prompt on stderr, transport/become.py PROMPT):
+        send it, once, to sudo's stdin; a second prompt means sudo did not take it (the process is
+        closed: sudo ends, no agent). Returns the prompts answered."""
+        from fleetctl.transport import become
+
+        pw = become.password()
+        if pw is None:
+            return answered
+        seen = self._agent_err.count(become.PROMPT_MARK)
+        if seen <= answered:
+            return answered
+        if seen > 1:
+            pipe.close()
+            raise RemoteError(f"{self.host.name}: sudo did not accept the become password to become "
+                              f"{self.host.become_as}", kind="failed",
+                              hint="rerun with --ask-become-pass and the login user's sudo password")
+        pipe.send(pw + b"\n", deadline)
+        return seen
 
     def _agent_drop(self) -> None:
         pipe, self._agent_pipe = self._agent_pipe, None
@@ -493,6 +528,12 @@ class AgentTransport(Steps):
             return RemoteError(self.aborted, kind="timeout")
         tail = stderr.strip().splitlines()
         why = tail[-1] if tail else f"exit code {rc}"
+        if self.host.becomes:
+            from fleetctl.transport import become
+
+            said = become.diagnose(self.host, stderr, rc)
+            if said is not None:
+                return RemoteError(said[0], kind="failed", hint=said[1], detail=stderr)
         if rc in (126, 127):
             return RemoteError(f"{h}: python interpreter {self.host.python!r} cannot run: {why}",
                                kind="bad_python", hint="fix 'python:' for this host in the inventory")
