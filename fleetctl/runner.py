@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from fleetctl import events
 from fleetctl.config.hosts import Host, Inventory
 from fleetctl.errors import FleetctlError
 from fleetctl.transport.base import RemoteError, Transport, Unreachable
@@ -208,6 +209,7 @@ class Fleet:
             running.pop(i, None)
             self.inflight.pop(out.host, None)
             self.last[out.host] = out
+            events.emit("host-end", out.host, out.status)
             if self.progress:
                 self.progress(out)
             cond.notify_all()
@@ -225,6 +227,7 @@ class Fleet:
                     conn.begin_transaction()
                     running[i] = (host, conn)
                     self.inflight[host.name] = conn
+                events.emit("host-start", host.name)
                 out = self._one(host, conn, fn)
                 with cond:
                     finish(i, out)

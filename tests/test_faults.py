@@ -163,7 +163,7 @@ def signal_pids(pids: list[int], sig: int) -> None:
             pass
 
 
-def wait_gone(pids: list[int], timeout: float = 20.0) -> None:
+def wait_gone(pids: list[int], timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if not any(procs.alive(p) for p in pids):
@@ -182,7 +182,7 @@ def kill_host(sb: sbx.Sandbox, name: str) -> None:
     wait_gone(victims)
 
 
-def wait_file(path: Path, timeout: float = 30.0) -> None:
+def wait_file(path: Path, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while not path.exists():
         if time.monotonic() > deadline:

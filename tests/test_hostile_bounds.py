@@ -29,6 +29,7 @@ from typing import Any
 
 import paramiko
 import pytest
+from eventpipe import EventPipe
 from test_faults import write_inventory
 
 from fleetctl.config.inventory import load_inventory
@@ -370,29 +371,6 @@ def test_a_host_stuck_outside_the_network_is_given_up_on(fleet3: Sandbox, tmp_pa
 
 # ---- defect 1: Ctrl-C ---------------------------------------------------------------------------------
 
-def _connected(pid: int, port: int) -> bool:
-    """Does process `pid` hold an ESTABLISHED TCP connection to 127.0.0.1:port?"""
-    want = f"0100007F:{port:04X}"
-    inodes = set()
-    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
-        f = line.split()
-        if f[2] == want and f[3] == "01":
-            inodes.add(f"socket:[{f[9]}]")
-    if not inodes:
-        return False
-    fds = Path(f"/proc/{pid}/fd")
-    try:
-        return any(os.readlink(fd) in inodes for fd in fds.iterdir())
-    except OSError:  # an fd closed while we looked: ask again
-        return False
-
-
-def _cli(args: list[str], env_extra: dict[str, str]) -> subprocess.Popen[str]:
-    env = {**os.environ, **env_extra}
-    return subprocess.Popen([sys.executable, "-m", "fleetctl", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
-
-
 def _wait_until(cond: Callable[[], bool], bound: float, what: str) -> None:
     end = time.monotonic() + bound
     while not cond():
@@ -411,44 +389,106 @@ def _finish(proc: subprocess.Popen[str], bound: float) -> tuple[int, str, str, f
     return proc.returncode, out, err, time.monotonic() - t0
 
 
-def test_first_ctrl_c_starts_no_new_host_and_reports_each(fleet3: Sandbox, freezer: Freezer, tmp_path: Path,
-                                                           ledger_dir: Path) -> None:
-    """forks=1; h01 is frozen so it stays in flight (waiting for its SSH banner). One SIGINT: h02 and
-    h03 never start, h01 ends at its bound, each host is reported, exit 130."""
-    inv = write_inventory(fleet3, tmp_path / "inv.yaml", connect_timeout=4, command_timeout=5)
-    freezer.freeze(fleet3, "h01")
-    proc = _cli(["status", "-i", str(inv), "-f", "1"], {"FLEETCTL_STATE_DIR": str(ledger_dir)})
+class SilentHost:
+    """A loopback port that accepts SSH connections and never sends a banner (a host hung at the
+    handshake), until `cut()` closes them: then the client reads EOF at once. `accepted` is set on
+    the first connection. No timing is involved: the test decides when the host "fails"."""
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.accepted = threading.Event()
+        self.conns: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                c, _ = self.listener.accept()
+            except OSError:
+                return
+            self.conns.append(c)
+            self.accepted.set()
+
+    def cut(self) -> None:
+        for c in self.conns:
+            c.close()
+
+    def close(self) -> None:
+        try:  # (close alone leaves a blocked accept() taking connections on Linux)
+            self.listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.listener.close()
+        self.cut()
+
+
+@pytest.fixture
+def silent_host() -> Iterator[SilentHost]:
+    s = SilentHost()
     try:
-        _wait_until(lambda: _connected(proc.pid, fleet3.host("h01").port), 30, "the CLI to connect to h01")
-        time.sleep(0.3)
+        yield s
+    finally:
+        s.close()
+
+
+@pytest.fixture
+def event_pipe() -> Iterator[EventPipe]:
+    p = EventPipe()
+    try:
+        yield p
+    finally:
+        p.close()
+
+
+# Every Ctrl-C test acts on what the CLI signals (fleetctl/events.py): a host in flight ("host-start"),
+# the first Ctrl-C taken ("interrupt"); the hosts' timeouts are far longer than any test, so no
+# bound races the signal on a loaded machine (before: a 0.3 s sleep, then a 4 s connect timeout).
+
+def test_first_ctrl_c_starts_no_new_host_and_reports_each(fleet3: Sandbox, silent_host: SilentHost,
+                                                           event_pipe: EventPipe, tmp_path: Path,
+                                                           ledger_dir: Path) -> None:
+    """forks=1; h01 hangs at its SSH banner. One SIGINT while h01 is in flight: h02 and h03 never
+    start; h01's handshake then fails (its host closes the connection), each host is reported, exit 130."""
+    inv = write_inventory(fleet3, tmp_path / "inv.yaml", hosts={"h01": {"port": silent_host.port}},
+                          connect_timeout=600, command_timeout=600)
+    env = {**os.environ, "FLEETCTL_STATE_DIR": str(ledger_dir)}
+    proc = event_pipe.popen(["status", "-i", str(inv), "-f", "1"], env)
+    try:
+        event_pipe.wait("host-start h01")
+        assert silent_host.accepted.wait(BOUND), "h01 was never connected"
         proc.send_signal(signal.SIGINT)  # the CLI subprocess this test started
+        event_pipe.wait("interrupt")
+        silent_host.close()  # its connection closed, and no other accepted (a retry is refused)
         code, _, err, took = _finish(proc, BOUND)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert code == 130, err
     assert "interrupt: starting no new host; waiting for 1 host(s) in flight" in err
-    # (how the frozen handshake ends varies: no banner, or paramiko's "No existing session")
     assert "h01: in flight at the SSH connection when interrupted; then unreachable: h01: " in err, err
     assert "  h02: not started" in err and "  h03: not started" in err, err
+    assert "host-start h02" not in event_pipe.seen and "host-start h03" not in event_pipe.seen
     assert "Traceback" not in err
-    assert took < 4 + 60
+    assert took < BOUND
 
 
-def test_ctrl_c_with_json_prints_one_document_saying_so(fleet3: Sandbox, freezer: Freezer, tmp_path: Path,
-                                                       ledger_dir: Path) -> None:
+def test_ctrl_c_with_json_prints_one_document_saying_so(fleet3: Sandbox, freezer: Freezer, event_pipe: EventPipe,
+                                                       tmp_path: Path, ledger_dir: Path) -> None:
     """--json, Ctrl-C before the command had a result (a rollback; h01 frozen while facts are gathered,
     so the apply step never starts): stdout is still one JSON document, ok false, interrupted, each
     host's state; exit 130."""
     import json
 
-    inv = write_inventory(fleet3, tmp_path / "inv.yaml", connect_timeout=4, command_timeout=5)
+    inv = write_inventory(fleet3, tmp_path / "inv.yaml", connect_timeout=600, command_timeout=600)
     freezer.freeze(fleet3, "h01")
-    proc = _cli(["rollback", "-i", str(inv), "-f", "1", "--json"], {"FLEETCTL_STATE_DIR": str(ledger_dir)})
+    proc = event_pipe.popen(["rollback", "-i", str(inv), "-f", "1", "--json"],
+                            {**os.environ, "FLEETCTL_STATE_DIR": str(ledger_dir)})
     try:
-        _wait_until(lambda: _connected(proc.pid, fleet3.host("h01").port), 30, "the CLI to connect to h01")
-        time.sleep(0.3)
+        event_pipe.wait("host-start h01")
         proc.send_signal(signal.SIGINT)  # the CLI subprocess this test started
+        event_pipe.wait("interrupt")
+        freezer.thaw()  # h01 answers: its facts step ends, and the rollback goes no further
         code, out, err, _ = _finish(proc, BOUND)
     finally:
         if proc.poll() is None:
@@ -462,18 +502,18 @@ def test_ctrl_c_with_json_prints_one_document_saying_so(fleet3: Sandbox, freezer
     assert "  h02: not started" in err and "Traceback" not in err  # the report on stderr too
 
 
-def test_ctrl_c_while_planning_starts_no_later_step(fleet3: Sandbox, freezer: Freezer, tmp_path: Path,
-                                                   ledger_dir: Path) -> None:
+def test_ctrl_c_while_planning_starts_no_later_step(fleet3: Sandbox, freezer: Freezer, event_pipe: EventPipe,
+                                                   tmp_path: Path, ledger_dir: Path) -> None:
     """A rollback interrupted while it gathers facts never goes on to its apply step: no host is
     reported as 'skipped' or 'failed' by a step that never ran, and none is counted twice."""
-    inv = write_inventory(fleet3, tmp_path / "inv.yaml", connect_timeout=4, command_timeout=5)
+    inv = write_inventory(fleet3, tmp_path / "inv.yaml", connect_timeout=600, command_timeout=600)
     freezer.freeze(fleet3, "h01")
-    proc = _cli(["rollback", "-i", str(inv), "-f", "1"], {"FLEETCTL_STATE_DIR": str(ledger_dir)})
+    proc = event_pipe.popen(["rollback", "-i", str(inv), "-f", "1"],
+                            {**os.environ, "FLEETCTL_STATE_DIR": str(ledger_dir)})
     try:
-        _wait_until(lambda: _connected(proc.pid, fleet3.host("h01").port), 30, "the CLI to connect to h01")
-        time.sleep(0.3)
+        event_pipe.wait("host-start h01")
         proc.send_signal(signal.SIGINT)  # the CLI subprocess this test started
-        time.sleep(0.5)
+        event_pipe.wait("interrupt")
         freezer.thaw()  # h01 answers after all: its facts step ends done, and the rollback must stop there
         code, out, err, _ = _finish(proc, BOUND)
     finally:
@@ -484,20 +524,22 @@ def test_ctrl_c_while_planning_starts_no_later_step(fleet3: Sandbox, freezer: Fr
     assert "  h01: in flight at " in err and "when interrupted; then done" in err, err
     assert "  h02: not started" in err and "  h03: not started" in err, err
     assert "skipped" not in err and "Traceback" not in err, (out, err)
+    assert [e for e in event_pipe.seen if e.startswith("host-start")] == ["host-start h01"], event_pipe.seen
 
 
-def test_second_ctrl_c_exits_at_once_and_points_at_status(fleet3: Sandbox, freezer: Freezer, tmp_path: Path,
-                                                          ledger_dir: Path) -> None:
-    inv = write_inventory(fleet3, tmp_path / "inv.yaml", connect_timeout=120, command_timeout=120)
+def test_second_ctrl_c_exits_at_once_and_points_at_status(fleet3: Sandbox, freezer: Freezer, event_pipe: EventPipe,
+                                                          tmp_path: Path, ledger_dir: Path) -> None:
+    inv = write_inventory(fleet3, tmp_path / "inv.yaml", connect_timeout=600, command_timeout=600)
     freezer.freeze(fleet3, "h02")
-    proc = _cli(["status", "-i", str(inv), "-f", "3"], {"FLEETCTL_STATE_DIR": str(ledger_dir)})
+    proc = event_pipe.popen(["status", "-i", str(inv), "-f", "3"],
+                            {**os.environ, "FLEETCTL_STATE_DIR": str(ledger_dir)})
     try:
-        _wait_until(lambda: _connected(proc.pid, fleet3.host("h02").port), 30, "the CLI to connect to h02")
-        time.sleep(0.3)
+        event_pipe.wait("host-start h02")
+        event_pipe.wait("step h02 the_SSH_connection")
         proc.send_signal(signal.SIGINT)
-        time.sleep(1.0)
+        event_pipe.wait("interrupt")
         proc.send_signal(signal.SIGINT)
-        code, _, err, took = _finish(proc, 30)
+        code, _, err, took = _finish(proc, BOUND)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -505,7 +547,7 @@ def test_second_ctrl_c_exits_at_once_and_points_at_status(fleet3: Sandbox, freez
     again = err[err.index("interrupted again: exiting now; "):]  # h01/h03 may still be in flight on a slow machine
     assert "h02 (at the SSH connection)" in again.splitlines()[0], err
     assert f"'fleetctl status -i {inv}' shows it" in err
-    assert took < 60, f"took {took:.1f}s with a 120s connect_timeout"
+    assert took < BOUND  # with a 600 s connect_timeout
 
 
 def test_ctrl_c_during_deploy_lets_the_transaction_in_flight_finish(fleet3: Sandbox, tmp_path: Path,

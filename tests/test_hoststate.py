@@ -314,7 +314,7 @@ def _as_other_machine(sb: sbx.Sandbox, name: str, hostname: str) -> int:
     pid = h.pid
     assert pid is not None
     os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 120
     while h.pid is not None and time.monotonic() < deadline:
         time.sleep(0.05)
     spec = sbx._spec_for(sb.dir, h)
@@ -324,7 +324,7 @@ def _as_other_machine(sb: sbx.Sandbox, name: str, hostname: str) -> int:
                                  hostname, sshd.sshd_binary(), str(spec.config)],
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True, close_fds=True, env=sbx._sshd_env(sb.dir))
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             pytest.skip(f"cannot run sshd in its own UTS namespace here (unshare exit {proc.returncode})")

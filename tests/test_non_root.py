@@ -48,7 +48,7 @@ def _remove_account() -> None:
     is down: userdel refuses an account with running processes)."""
     import time
 
-    for _ in range(100):
+    for _ in range(1200):
         if subprocess.run(["userdel", USER], capture_output=True).returncode == 0:
             return
         time.sleep(0.1)

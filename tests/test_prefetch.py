@@ -22,34 +22,41 @@ pytestmark = [pytest.mark.fleet, pytest.mark.usefixtures("ledger_dir")]
 PB = Path(__file__).resolve().parents[1] / "playbooks" / "dynamic-spec-disable"
 
 
+class Accepted(list):  # type: ignore[type-arg]
+    """The connections a silent listener accepted; `first` is set when there is one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = threading.Event()
+
+
 @pytest.fixture
-def silent_listener() -> Iterator[tuple[int, list[socket.socket]]]:
+def silent_listener() -> Iterator[tuple[int, Accepted]]:
     """A loopback TCP port that accepts connections and never says anything (no SSH banner)."""
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(16)
-    accepted: list[socket.socket] = []
-    stop = threading.Event()
+    srv = socket.create_server(("127.0.0.1", 0))
+    accepted = Accepted()
 
     def loop() -> None:
-        srv.settimeout(0.1)
-        while not stop.is_set():
+        while True:
             try:
                 c, _ = srv.accept()
-            except OSError:
-                continue
+            except OSError:  # closed: the test is over
+                return
             accepted.append(c)
+            accepted.first.set()
 
     t = threading.Thread(target=loop, daemon=True)
     t.start()
     try:
         yield srv.getsockname()[1], accepted
     finally:
-        stop.set()
-        t.join(5)
+        try:  # (close alone leaves a blocked accept() taking connections on Linux)
+            srv.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        srv.close()
         for c in accepted:
             c.close()
-        srv.close()
 
 
 def _inventory(sb: Sandbox, tmp: Path, port: int, *, known_hosts: Path | None = None,
@@ -109,34 +116,90 @@ def test_a_host_no_prefetch_reached_is_connected_by_its_run(sandbox: Sandbox) ->
 
 
 def test_close_cuts_a_handshake_in_flight(sandbox: Sandbox, tmp_path: Path,
-                                         silent_listener: tuple[int, list[socket.socket]]) -> None:
+                                         silent_listener: tuple[int, Accepted]) -> None:
+    """The handshake is cut wherever it is when the fleet closes: here just after the host accepted
+    (before: a cut between paramiko's TCP connect and its Transport found nothing to close, and the
+    handshake waited out its banner timeout)."""
     port, accepted = silent_listener
-    fleet = _fleet(_inventory(sandbox, tmp_path, port, connect_timeout=120))
+    fleet = _fleet(_inventory(sandbox, tmp_path, port, connect_timeout=3600))
     fleet.prefetch()
     w = fleet._warm["x1"]
-    for _ in range(600):  # the handshake started: the host accepted and waits to send its banner
-        if accepted:
-            break
-        w.done.wait(0.1)
-    assert accepted and not w.done.is_set()
+    assert accepted.first.wait(600)  # (a hang bound) the host accepted; it never sends its banner
+    assert not w.done.is_set()
     fleet.close()
-    assert w.done.wait(60)  # long before the host's 120 s connect timeout
+    assert w.done.wait(600)  # (a hang bound) ended by the cut: the connect timeout is an hour
     assert w.error is not None
 
 
+@pytest.mark.parametrize("where", ["before-tcp", "after-tcp"])
+def test_a_cut_at_any_point_of_the_handshake_ends_it(sandbox: Sandbox, tmp_path: Path, where: str,
+                                                     silent_listener: tuple[int, Accepted],
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cut lands exactly at the point named (the connecting thread is held there by the test),
+    and the handshake ends at once instead of at its (hour-long) connect timeout."""
+    from fleetctl.transport import direct
+
+    port, _ = silent_listener
+    inv = load_inventory(_inventory(sandbox, tmp_path, port, connect_timeout=3600))
+    at, go = threading.Event(), threading.Event()
+    real_tcp = direct.DirectConnection._tcp
+
+    def held_tcp(hostname: str, port: int, timeout: float | None) -> socket.socket:
+        if where == "before-tcp":
+            at.set()
+            go.wait()
+        sock = real_tcp(hostname, port, timeout)
+        if where == "after-tcp":  # connected; paramiko has no Transport yet
+            at.set()
+            go.wait()
+        return sock
+
+    monkeypatch.setattr(direct.DirectConnection, "_tcp", staticmethod(held_tcp))
+    fleet = Fleet(inv, inv.hosts, forks=1)
+    out: list[object] = []
+    t = threading.Thread(target=lambda: out.extend(fleet.run(lambda c: None)), daemon=True)
+    t.start()
+    assert at.wait(600)
+    fleet.inflight["x1"].abort("cut by the test")
+    go.set()
+    t.join(600)
+    assert not t.is_alive()
+    (o,) = out
+    assert o.status == "unreachable" and o.message == "cut by the test", o  # type: ignore[attr-defined]
+    fleet.close()
+
+
+def _fleet_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of Fleet's connecting methods called from now on (each still runs): a command
+    that calls none of them started no connection, and none can start after it returned."""
+    calls: list[str] = []
+    for name in ("prefetch", "run", "connection"):
+        real = getattr(Fleet, name)
+
+        def spy(self: Fleet, *a: object, _real: Callable[..., object] = real, _name: str = name,
+                **k: object) -> object:
+            calls.append(_name)
+            return _real(self, *a, **k)
+
+        monkeypatch.setattr(Fleet, name, spy)
+    return calls
+
+
 def test_a_missing_playbook_contacts_no_host(sandbox: Sandbox, tmp_path: Path,
-                                            silent_listener: tuple[int, list[socket.socket]],
+                                            silent_listener: tuple[int, Accepted],
+                                            monkeypatch: pytest.MonkeyPatch,
                                             capsys: pytest.CaptureFixture[str]) -> None:
     port, accepted = silent_listener
     inv = _inventory(sandbox, tmp_path, port)
+    calls = _fleet_calls(monkeypatch)
     code = main(["deploy", str(tmp_path / "no-such-playbook"), "-i", str(inv), "--json"])
     assert code == 2
     assert "playbook file not found" in capsys.readouterr().err
-    threading.Event().wait(1.0)  # a prefetch thread, had one started, would have connected by now
-    assert accepted == []
+    assert calls == [] and accepted == []  # no connection was started (not: none yet)
 
 
 def test_accept_new_host_keys_records_nothing_for_bad_input(sandbox: Sandbox, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch,
                                                             capsys: pytest.CaptureFixture[str]) -> None:
     """With --accept-new-host-keys nothing is connected before the playbook is read: a malformed
     playbook records no key (without it, connections may open while the playbook loads)."""
@@ -144,11 +207,11 @@ def test_accept_new_host_keys_records_nothing_for_bad_input(sandbox: Sandbox, tm
     inv = _inventory(sandbox, tmp_path, sandbox.hosts["h01"].port, known_hosts=kh)
     bad = tmp_path / "playbook.yaml"
     bad.write_text("name: [unclosed\n")
+    calls = _fleet_calls(monkeypatch)
     code = main(["deploy", str(bad), "-i", str(inv), "--accept-new-host-keys"])
     assert code == 2
     assert "malformed YAML" in capsys.readouterr().err
-    threading.Event().wait(1.0)
-    assert not kh.exists()
+    assert calls == [] and not kh.exists()  # no connection was started, so none can record a key
 
 
 

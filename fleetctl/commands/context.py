@@ -178,6 +178,9 @@ class _CtrlC:
             sys.stderr.write(f"\ninterrupt: starting no new host; waiting for {len(flying)} host(s) in flight to "
                              f"finish or time out{': ' + where if where else ''}. Press Ctrl-C again to exit at once.\n")
             sys.stderr.flush()
+            from fleetctl import events
+
+            events.emit("interrupt")
             return
         sys.stderr.write(f"\ninterrupted again: exiting now; {len(flying)} host(s) left in flight"
                          f"{': ' + where if where else ''}. A host may be left mid-transaction: "

@@ -12,6 +12,7 @@ import time
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from fleetctl import events
 from fleetctl.config.hosts import Host
 from fleetctl.errors import FleetctlError
 
@@ -86,6 +87,7 @@ class Steps:
             raise RemoteError(self.aborted, kind="timeout")
         deadline = time.monotonic() + limit
         self.step, self.step_deadline = step, deadline + grace
+        events.emit("step", self.host.name, step)
         self.step_stalled = stalled or f"{self.host.name}: no answer to {step} within {limit:g}s"
         return deadline
 

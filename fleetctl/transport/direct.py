@@ -18,9 +18,11 @@ tests/test_transport_direct.py holds the two resolutions to each other.
 
 from __future__ import annotations
 
+import errno
 import getpass
 import os
 import re
+import socket
 import threading
 from io import StringIO
 from pathlib import Path
@@ -92,6 +94,8 @@ class DirectConnection:
         self.connect_kwargs = kwargs
         self.client = paramiko.SSHClient()
         self.transport: paramiko.Transport | None = None
+        self.sock: socket.socket | None = None
+        self.cut_requested = False
 
     @property
     def is_connected(self) -> bool:
@@ -111,8 +115,51 @@ class DirectConnection:
         key = _loaded_key(files[0]) if files and "pkey" not in kwargs else None
         if key is not None:  # the same order of keys: pkey first, then the other files
             kwargs = dict(kwargs, pkey=key, key_filename=files[1:])
-        self.client.connect(**kwargs)
+        # the TCP connection is made here, not in paramiko, so that `cut` can end the handshake at
+        # any point (paramiko makes its Transport only after the socket is connected: a cut in
+        # between found nothing to close and the handshake waited out its banner timeout)
+        sock = self._tcp(kwargs["hostname"], kwargs.get("port", 22), kwargs.get("timeout"))
+        self.sock = sock
+        if self.cut_requested:
+            sock.close()
+            raise EOFError("connection cut")
+        self.client.connect(sock=sock, **kwargs)
         self.transport = self.client.get_transport()
+
+    @staticmethod
+    def _tcp(hostname: str, port: int, timeout: float | None) -> socket.socket:
+        """A connected socket to the first address of hostname that takes it; as paramiko does:
+        refused and unreachable addresses are collected (NoValidConnectionsError when all are),
+        any other error is raised."""
+        errors: dict[tuple[str, int], OSError] = {}
+        infos = socket.getaddrinfo(hostname, port, socket.AF_UNSPEC, socket.SOCK_STREAM)
+        for family, _, _, _, addr in infos:
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            try:
+                if timeout is not None:
+                    sock.settimeout(timeout)
+                sock.connect(addr)
+                return sock
+            except OSError as e:
+                sock.close()
+                if e.errno not in (errno.ECONNREFUSED, errno.EHOSTUNREACH):
+                    raise
+                errors[addr[:2]] = e
+        raise paramiko.ssh_exception.NoValidConnectionsError(errors)
+
+    def cut(self) -> None:
+        """End the connection from another thread, at any point of its handshake: every wait on
+        it (banner, key exchange, authentication) ends at once."""
+        self.cut_requested = True
+        sock = self.sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:  # not connected yet (then `open` sees cut_requested) or already closed
+                pass
+        t = self.client.get_transport()
+        if t is not None:
+            t.close()
 
     def close(self) -> None:
         if self.is_connected:

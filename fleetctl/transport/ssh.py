@@ -186,6 +186,9 @@ class HostConnection(AgentTransport):
         def cut() -> None:
             for c in conns:
                 try:
+                    if isinstance(c, DirectConnection):
+                        c.cut()
+                        continue
                     t = c.client.get_transport()
                     if t is not None:
                         t.close()
@@ -275,10 +278,14 @@ class HostConnection(AgentTransport):
             if self.aborted:
                 raise RemoteError(self.aborted, kind="timeout")
         try:
-            self._begin("the SSH connection", h.connect_timeout,
-                        f"{h.name}: no SSH connection to {where} within {h.connect_timeout:g}s "
-                        "(TCP connect, SSH banner, key exchange and authentication)", grace=1.0)
-            self._opening = conn
+            self._opening = conn  # before _begin's check of `aborted`: a cut from now on finds it
+            try:
+                self._begin("the SSH connection", h.connect_timeout,
+                            f"{h.name}: no SSH connection to {where} within {h.connect_timeout:g}s "
+                            "(TCP connect, SSH banner, key exchange and authentication)", grace=1.0)
+            except BaseException:
+                self._opening = None
+                raise
             try:
                 if isinstance(conn, DirectConnection):
                     conn.open(open_kwargs)
