@@ -75,6 +75,8 @@ def _supported(version: str) -> set[str]:
 SUPPORTED = {v: _supported(v) for v in VERSIONS}
 V1_RELEASES = tuple(v for v in VERSIONS if SUPPORTED[v] == {"EAGLEWorker"})
 V2_RELEASES = tuple(v for v in VERSIONS if SUPPORTED[v] == {"EAGLEWorkerV2"})
+# EAGLEWorker releases whose skipped steps replay DECODE-shaped CUDA graphs of the target (issue 35)
+DECODE_GRAPH_RELEASES = ("0.5.12",)
 NONE_RELEASES = tuple(v for v in VERSIONS if not SUPPORTED[v])
 
 
@@ -361,7 +363,9 @@ def test_v1_worker_skip_path(version):
 
     fbg = find_def(cls, "forward_batch_generation")
     (decision,) = [n for n in ast.walk(fbg) if isinstance(n, ast.If) and calls(n.test, "_dsd_should_speculate")]
-    assert calls(decision.body[0], "draft") and calls(decision.orelse[0], "_dsd_skip_draft")
+    assert calls(decision.body[-1], "draft") and calls(decision.orelse[-1], "_dsd_skip_draft")
+    if version in DECODE_GRAPH_RELEASES:  # each switch is noted (a rate-limited log line)
+        assert calls(decision.body[0], "_dsd_note_switch") and calls(decision.orelse[0], "_dsd_note_switch")
     assert not calls(decision, "forward_draft_extend_after_decode")
     assert len(calls(fbg, "forward_draft_extend_after_decode")) == 1
 
@@ -377,7 +381,17 @@ def test_v1_worker_skip_path(version):
     assert calls(branch.orelse[0], "forward_batch_generation")
 
     fwd = ast.unparse(find_def(cls, "_dsd_forward_target_decode"))
-    assert "ForwardMode.DECODE" in fwd and "CaptureHiddenMode.LAST" in fwd and "is_verify=True" in fwd
+    assert "ForwardMode.DECODE" in fwd and "is_verify=True" in fwd
+    if version in DECODE_GRAPH_RELEASES:
+        # the skipped step replays the DECODE graphs captured for it (FULL hidden states: their mode)
+        assert "CaptureHiddenMode.FULL" in fwd and "graph_runner = self._dsd_decode_graph_runner" in fwd
+        assert "graph_runner = verify_graphs" in ast.unparse(find_def(cls, "_dsd_forward_target_decode").body[-1])
+        graphs = ast.unparse(find_def(cls, "_dsd_init_decode_graphs"))
+        assert "CudaGraphRunner(_DsdDecodeRunnerView(" in graphs and "bs > threshold" in graphs
+        view = find_class(patched_tree(version, V1), "_DsdDecodeRunnerView")
+        assert "SpeculativeAlgorithm.NONE" in ast.unparse(view)
+    else:
+        assert "CaptureHiddenMode.LAST" in fwd
 
     init = ast.unparse(find_def(cls, "__init__"))
     assert "require_mlp_sync(server_args)" in init and "mambaish_config" in init
