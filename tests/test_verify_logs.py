@@ -329,3 +329,42 @@ def test_provenance_helpers() -> None:
     assert _dump_mismatches(dump, resolved, {"--port": 31000, "--tp-size": 2, "--x": 1}) == [
         "port=30000 in the log, launched with 31000"]
     assert _dump_mismatches({**dump, "port": 31000}, resolved, {"--port": "31000"}) == []
+
+
+def test_report_lines_are_counted_and_shown_never_judged(sb: Any, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """The playbook's verify.report lines (the payload's switch lines) of this launch: counted, the
+    latest shown, in --json and in the table's notes; the instance still passes on its markers."""
+    inv = make_inventory(sb, tmp_path / "inv.yaml", hosts=["h01"])
+    version = sb.hosts["h01"].version
+    ok(capsys, "deploy", "-i", inv, FULL)
+    # a launch command that logs two switch lines (now, in the release's format), then runs the server
+    wrap = tmp_path / "switch_then_serve.py"
+    wrap.write_text(
+        "import os, sys\nfrom datetime import datetime\nfrom fleetctl.sglang.logs import format_line\n"
+        f"for m in ('speculation off: 33 running > 4', 'speculation on: 2 running <= 4 (3 switches since the last line)'):\n"
+        f"    sys.stderr.write(format_line({version!r}, {{}}, 'Dynamic speculation disable: ' + m, datetime.now()) + '\\n')\n"
+        "sys.stderr.flush()\n"
+        "os.execv(sys.executable, [sys.executable, '-m', 'fleetctl.sandbox.simulator', *sys.argv[1:]])\n")
+    doc = yaml.safe_load(inv.read_text())
+    plain = doc["hosts"]["h01"].get("launch_command")
+    doc["hosts"]["h01"]["launch_command"] = f"{{python}} {wrap}"
+    inv.write_text(yaml.safe_dump(doc))
+    ok(capsys, "launch", "--drop-unknown-flags", "-i", inv, FULL, "--timeout", "30")
+    iv = instances(ok(capsys, "verify-logs", "-i", inv, FULL))["h01"]
+    assert iv["ok"], text(iv)
+    (rep,) = iv["reports"].values()
+    assert rep["count"] == 2 and rep["latest"][-1].endswith("speculation on: 2 running <= 4 (3 switches since the last line)")
+    capsys.readouterr()
+    assert main(["verify-logs", "-i", str(inv), str(FULL)]) == 0
+    human = capsys.readouterr().out
+    assert "2 line(s) with 'Dynamic speculation disable: speculation o'" in human and "33 running > 4" in human
+    # a launch without such lines reports nothing
+    if plain is None:
+        doc["hosts"]["h01"].pop("launch_command")
+    else:
+        doc["hosts"]["h01"]["launch_command"] = plain
+    inv.write_text(yaml.safe_dump(doc))
+    ok(capsys, "launch", "--drop-unknown-flags", "-i", inv, FULL, "--replace", "--timeout", "30")
+    iv = instances(ok(capsys, "verify-logs", "-i", inv, FULL))["h01"]
+    assert iv["ok"] and iv["reports"] == {}

@@ -154,6 +154,12 @@ def render_verify(rows: list[HostVerify], markers: list[str]) -> None:
     for hosts, (lid, running, args) in group(launches):
         what = f"launch {lid}" if lid != "-" else "no launch record"
         say(out, f"{what} ({running}) on {hosts_label(hosts)}", *([": ", args] if args else []), indent=4)
+    for r in rows:  # the playbook's verify.report lines (e.g. each switch of the feature): shown, never judged
+        for iv in r.instances:
+            for pat, rep in iv.reports.items():
+                say(out, f"{r.host} {iv.instance}: {rep['count']} line(s) with {pat!r}, the latest:", indent=4)
+                for ln in rep["latest"]:
+                    out.print(line(f"    | {ln}"))
     fails: list[tuple[str, tuple[object, ...]]] = []
     names: dict[tuple[object, ...], list[str]] = {}
     for r in rows:

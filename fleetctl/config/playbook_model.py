@@ -102,6 +102,9 @@ class VerifySpec:
     never_fires_when: list[NeverFires] = field(default_factory=list)
     forbidden: list[str] = field(default_factory=_forbidden)
     require_ready: bool = True
+    # lines the patched code logs while it acts (e.g. each switch of a feature): verify-logs counts
+    # them and shows the latest per instance; they never pass or fail a check
+    report: list[str] = field(default_factory=list)
 
 
 def _yaml_name(name: str) -> str:

@@ -34,6 +34,7 @@ from fleetctl.transport.base import RemoteError, Transport
 
 REPORT_ARGS = engine().report_args  # the engine's; a playbook adds its own (covers.report_args)
 MAX_SHOWN = 5
+REPORT_SHOWN = 3  # latest verify.report lines shown per instance and pattern
 
 
 def rank_label(ranks: dict[str, int]) -> str:
@@ -73,6 +74,8 @@ class InstanceVerify:
     worker: dict[str, Any] = field(default_factory=dict)
     exited: dict[str, Any] | None = None  # the server ended on its own: {"returncode", "ended_at", ...}
     tail: list[str] = field(default_factory=list)  # the log's last lines, when the server has ended
+    # the playbook's verify.report lines of this launch: {pattern: {"count": n, "latest": [lines]}}
+    reports: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {"host": self.host, "instance": self.instance, "port": self.port, "ok": self.ok,
@@ -80,7 +83,7 @@ class InstanceVerify:
                 "version": self.version, "log": self.log, "ready": self.ready, "args": self.args,
                 "ranks": [r.to_json() for r in self.ranks], "forbidden": self.forbidden,
                 "problems": self.problems, "explanation": self.explanation, "worker": self.worker,
-                "exited": self.exited, "tail": self.tail}
+                "exited": self.exited, "tail": self.tail, "reports": self.reports}
 
 
 VerifyStatus = Literal["ok", "failed", "unreachable", "skipped"]
@@ -171,6 +174,13 @@ def _check_instance(iv: InstanceVerify, st: InstanceState, pb: Playbook, deploy_
     for ranks in exp:
         iv.ranks.append(RankCheck(ranks, {m: bool(lines.get(m)) if m in once else
                                           any(ln.ranks == ranks for ln in lines.get(m, [])) for m in markers}))
+    for p in pb.verify.report:
+        seen = lines.get(p, [])
+        got = matches.get(p)
+        # the agent keeps the first max_per_pattern lines and counts them all
+        count = len(seen) + max(0, (got.count - len(got.lines)) if got is not None else 0)
+        if count:
+            iv.reports[p] = {"count": count, "latest": [ln.raw for ln in seen[-REPORT_SHOWN:]]}
     for f in pb.verify.forbidden:
         got = matches.get(f)
         if got is not None and got.count:
@@ -348,7 +358,8 @@ def _site(pb: Playbook, marker: str, worker: dict[str, Any]) -> dict[str, Any] |
 def verify_host(conn: Transport, pb: Playbook, plan: list[Instance]) -> list[InstanceVerify]:
     h = conn.host
     wanted = [i.name for i in plan]
-    patterns = list(dict.fromkeys([*pb.verify.markers, *pb.verify.forbidden, engine().ready_line, engine().dump_anchor]))
+    patterns = list(dict.fromkeys([*pb.verify.markers, *pb.verify.forbidden, *pb.verify.report, engine().ready_line,
+                                   engine().dump_anchor]))
     got: ServerGrepAnswer = conn.agent(names.SERVER_GREP, {
         "state_dir": h.state_dir, "instances": wanted, "patterns": patterns, "max_per_pattern": 512})
     out = []
