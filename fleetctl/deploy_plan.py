@@ -56,11 +56,16 @@ class Coverage:
     # why the answer is not certain (the model config could not be read on the host): a warning,
     # a refusal under --strict
     uncertain: str | None = None
+    # one entry per family of alternatives checked (the patch changes a member, or `covers:` asks):
+    # {"family", "title", "patched", "runs", "covered", "message"}; empty: nothing to check, no noise
+    families: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {"worker_class": self.worker_class, "worker_file": self.worker_file,
                 "disable_overlap_schedule": self.disable_overlap_schedule, "covered": self.covered,
-                "reason": self.reason, "refused": self.refused, "uncertain": self.uncertain}
+                "reason": self.reason, "refused": self.refused, "uncertain": self.uncertain,
+                "families": self.families}
 
 
 @dataclass

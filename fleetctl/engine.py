@@ -98,6 +98,20 @@ class Engine(Protocol):
         """What the agent read of the model config, validated (untrusted)."""
         ...
 
+    # -- families of alternative files the launch chooses between (coverage derived from the patch)
+    family_names: tuple[str, ...]  # the keys `covers.families` takes; the first is the speculative worker
+    def spec_members(self, version: str) -> dict[str, str]:
+        """Worker class -> file of every speculative worker the release's factory can build."""
+        ...
+    def other_spec_worker(self, version: str, algorithm: str) -> list[tuple[str, str]]:
+        """(class, file) of workers an algorithm resolve_worker does not model may run."""
+        ...
+    def family_checks(self, version: str, flags: Mapping[str, Any], patched: Mapping[str, bytes],
+                      asked: Mapping[str, bool | None], *, model: ModelConfig | None = None,
+                      draft: ModelConfig | None = None) -> list[Any]:
+        """The other families the patch (or `covers:`) makes relevant, each checked (FamilyCheck)."""
+        ...
+
     # -- what a playbook's launch flags ask of the engine (e.g. adaptive speculation's config)
     def playbook_refusal(self, pb: Any, version: str) -> str | None:
         """Why this release cannot run the playbook's launch at all (None: it can)."""

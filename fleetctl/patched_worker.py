@@ -39,21 +39,83 @@ def launch_env(host: Host, playbook: Playbook) -> dict[str, str]:
 
 
 def coverage(version: str, flags: dict[str, Any], env: dict[str, str], playbook: Playbook, *,
-             model: ModelConfig | None = None, strict: bool = False) -> Coverage:
-    """Whether the playbook covers what it declares it must (`covers:`): the speculative worker the
-    launch runs (`covers.worker`) and/or named package files (`covers.files`).
-    `model`: the target's config.json as read on the host (None: not read). An answer a
-    model-specific override could change is a warning (`uncertain`), refused with `strict`."""
+             model: ModelConfig | None = None, draft: ModelConfig | None = None, strict: bool = False) -> Coverage:
+    """Whether the launch runs what the playbook patches, for every family of alternative files the
+    launch chooses between (the speculative worker, the model implementation, the attention,
+    grammar and sampling backends): a family is checked when the patch changes one of its members,
+    or when `covers:` asks for it (`covers.worker` / `covers.families`: true widens, false narrows),
+    plus the package files `covers.files` names. A playbook that patches no member of any family gets
+    no coverage answer (covered None, nothing refused).
+    `model` / `draft`: the target's / draft's config.json as read on the host (None: not read). An
+    answer that is not certain is a warning (`uncertain`), refused with `strict`."""
     cov = _coverage(version, flags, env, playbook, model)
+    if engine().is_known(version) or playbook.covers.asked():
+        _other_families(cov, version, flags, playbook, model, draft)
     if cov.uncertain and strict and not cov.refused:
         cov.refused = f"{cov.uncertain} (--strict refuses an answer that is not certain)"
     return cov
 
 
+def _patches(playbook: Playbook, version: str) -> dict[str, bytes]:
+    return {f.path: f.patch_text for f in playbook.files_for(version) or []}
+
+
+def _short(paths: list[str] | set[str]) -> str:
+    return ", ".join(sorted({p.rsplit("/", 1)[-1] for p in paths}))
+
+
+def _spec_members(version: str) -> dict[str, str]:
+    """Worker class -> file of the release's speculative workers ({} when its code cannot be read)."""
+    from fleetctl.errors import FleetctlError
+
+    known = engine().worker_files(version) if engine().is_known(version) else {}
+    try:
+        return {**known, **engine().spec_members(version)}
+    except (FleetctlError, OSError):
+        return known
+
+
+def _other_families(cov: Coverage, version: str, flags: dict[str, Any], playbook: Playbook,
+                    model: ModelConfig | None, draft: ModelConfig | None) -> None:
+    """Add the model / attention / grammar / sampling families the patch makes relevant to `cov`."""
+    from fleetctl.errors import FleetctlError
+
+    patched = _patches(playbook, version)
+    asked = {k: v for k, v in playbook.covers.asked().items() if k != engine().family_names[0]}
+    if not patched and not any(asked.values()):
+        return
+    try:
+        checks = engine().family_checks(version, flags, patched, asked, model=model, draft=draft)
+    except (FleetctlError, OSError) as e:
+        cov.uncertain = _join(cov.uncertain, f"the families of SGLang {version} could not be read from its code "
+                                             f"({e}): only the speculative worker is checked")
+        return
+    for c in checks:
+        cov.families.append(c.to_json())
+        title = c.to_json()["title"]
+        if c.covered is False:
+            cov.refused = _join(cov.refused, f"{title}: {c.message}")
+            cov.covered = False
+        elif c.covered is None:
+            cov.uncertain = _join(cov.uncertain, f"{title}: not certain: {c.message}")
+        elif cov.covered is None:
+            cov.covered = True
+        cov.reason = _join(cov.reason, f"{title}: {c.message}") or ""
+        cov.notes += [n for n in c.notes if n not in cov.notes]
+
+
+def _join(a: str | None, b: str) -> str:
+    return f"{a}; {b}" if a else b
+
+
 def _coverage(version: str, flags: dict[str, Any], env: dict[str, str], playbook: Playbook,
               model: ModelConfig | None) -> Coverage:
-    need_worker = playbook.covers.worker
     res = engine().resolve_worker(version, flags, env, model_arch=model.arch if model else None)
+    patched = {f.path for f in playbook.files_for(version) or []}
+    members = _spec_members(version) if patched or playbook.covers.worker else {}
+    mine = sorted(patched & set(members.values()))
+    need_worker = playbook.covers.checks_worker(bool(mine))
+    spec = {"family": engine().family_names[0], "title": "speculative worker", "patched": mine}
     uncertain = None
     if res.known and not res.certain and need_worker:
         if model is not None and model.arch and not model.error:  # read: an override is not modelled exactly
@@ -71,41 +133,64 @@ def _coverage(version: str, flags: dict[str, Any], env: dict[str, str], playbook
     if res.startup_error:
         return Coverage(res.worker_class, res.worker_file, res.disable_overlap_schedule, None, res.reason,
                         refused=f"{res.reason}; the server would refuse to start: {res.startup_error}")
-    patched = {f.path for f in playbook.files_for(version) or []}
     named = list(playbook.covers.files)
     missing = [f for f in named if f not in patched]
+    files_reason = ""
     if named:  # (load_playbook already refuses a version that does not patch them)
         files_reason = f"the playbook patches {', '.join(named)}: {'no' if missing else 'yes'}"
-    if res.worker_file is None or not need_worker:
-        reason = res.reason if not named else (f"{res.reason}; {files_reason}" if res.reason else files_reason)
-        return Coverage(res.worker_class, res.worker_file, res.disable_overlap_schedule,
+    worker_class, worker_file = res.worker_class, res.worker_file
+    reason = res.reason
+    if need_worker and res.algorithm is not None and worker_file is None:
+        # an algorithm routing does not model (NGRAM, ...): the worker module named for it
+        cands = engine().other_spec_worker(version, res.algorithm)
+        if len(cands) == 1:
+            worker_class, worker_file = cands[0]
+            reason = f"{version} with --speculative-algorithm {res.algorithm} -> {worker_class} in {worker_file}"
+        else:
+            uncertain = _join(uncertain, f"speculative worker: {res.reason}: which worker runs is not modelled"
+                                         + (f" (one of {', '.join(c for c, _ in cands)})" if cands else ""))
+    if not need_worker:
+        reason = reason if not named else (f"{reason}; {files_reason}" if reason else files_reason)
+        return Coverage(worker_class, worker_file, res.disable_overlap_schedule,
                         (not missing) if named else None, reason, refused=reason if missing else None,
                         uncertain=uncertain)
-    covered = res.worker_file in patched and not missing
-    reason = f"{res.reason}; the playbook patches it: {'yes' if res.worker_file in patched else 'no'}"
+    if worker_file is None:
+        if res.algorithm is None:  # no speculative decoding: no worker file runs at all
+            refused = (f"{res.reason}: the patched {_short(mine)} never runs" if mine else
+                       f"{res.reason}, but the playbook's covers.worker asks for one")
+            return Coverage(None, None, res.disable_overlap_schedule, False, refused, refused=refused,
+                            uncertain=uncertain, families=[{**spec, "runs": [], "covered": False, "message": refused}])
+        return Coverage(None, None, res.disable_overlap_schedule, None, reason, uncertain=uncertain,
+                        families=[{**spec, "runs": [], "covered": None, "message": reason}])
+    covered = worker_file in patched and not missing
+    reason = f"{reason}; the playbook patches it: {'yes' if worker_file in patched else 'no'}"
+    if worker_file not in patched and mine:
+        reason = f"{reason}; your patch changes only {_short(mine)}"
     if named:
         reason += f"; {files_reason}"
     refused = None
     if not covered:
         refused = reason
     else:
-        why = playbook.unsupported_workers.get(version, {}).get(res.worker_class or "")
+        why = playbook.unsupported_workers.get(version, {}).get(worker_class or "")
         if why:
-            refused = f"{res.reason}; the playbook does not support {res.worker_class} on {version}: {why}"
-    return Coverage(res.worker_class, res.worker_file, res.disable_overlap_schedule, covered, reason, refused,
-                    uncertain=uncertain)
+            refused = f"{res.reason}; the playbook does not support {worker_class} on {version}: {why}"
+    return Coverage(worker_class, worker_file, res.disable_overlap_schedule, covered, reason, refused,
+                    uncertain=uncertain, families=[{**spec, "runs": [worker_file], "covered": worker_file in patched,
+                                                    "message": reason}])
 
 
 def host_coverage(host: Host, facts: HostFacts, playbook: Playbook, *, strict: bool = False) -> Coverage | None:
     if not facts.package_version:
         return None
     cov = coverage(facts.package_version, launch_flags(host, playbook), launch_env(host, playbook), playbook,
-                   model=facts.model, strict=strict)
+                   model=facts.model, draft=getattr(facts, "draft_model", None), strict=strict)
     # the code import loads for the worker must come from the source fleetctl patches: a compiled
     # extension module or sourceless bytecode in its place is never patched (a stale cached pyc is:
     # deploy removes it with the file)
     # (for each file the playbook declares it covers: the running worker's, and named ones)
-    covered = ([cov.worker_file] if cov.worker_file and playbook.covers.worker else []) + list(playbook.covers.files)
+    checked = any(c.get("family") == engine().family_names[0] for c in cov.families)
+    covered = ([cov.worker_file] if cov.worker_file and checked else []) + list(playbook.covers.files)
     for rel in covered:
         if facts.bytecode_loader(rel) in ("extension", "sourceless") and not cov.refused:
             cov.refused = facts.bytecode_problem(rel)

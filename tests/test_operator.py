@@ -297,20 +297,24 @@ def test_a_killed_controller_shows_as_interrupted(sandbox: Any, tmp_path: Path, 
 # ----------------------------------------------------------------------------- patch check: the origin mistake (16.11)
 
 
-def test_patch_check_warns_when_the_default_launch_runs_an_unpatched_worker(
+def test_patch_check_refuses_when_the_launch_runs_an_unpatched_worker(
         capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = run(capsys, "patch", "check", ROOT / "playbooks" / "origin-wrong-file", "--sglang", "0.5.9",
                          "--json")
-    assert code == 0, err
-    (w,) = json.loads(out)["warnings"]
+    assert code == 1, err
+    doc = json.loads(out)
+    (w,) = [p for p in doc["problems"] if p.get("worker_class")]
     assert (w["version"], w["worker_class"], w["worker_file"], w["env"]) == (
         "0.5.9", "EAGLEWorker", "srt/speculative/eagle_worker.py", {})
     code, _, err = run(capsys, "patch", "check", ROOT / "playbooks" / "origin-wrong-file", "--sglang", "0.5.9")
-    assert code == 0
-    assert "warning: 0.5.9: the default launch (no env) runs EAGLEWorker from srt/speculative/eagle_worker.py" in err
-    code, out, err = run(capsys, "patch", "check", PB, "--json")
+    assert code == 1
+    assert ("error: 0.5.9: the playbook's launch (no env) does not run what it patches: 0.5.9 with "
+            "SGLANG_ENABLE_SPEC_V2 unset -> disable_overlap_schedule=True -> EAGLEWorker in "
+            "srt/speculative/eagle_worker.py; the playbook patches it: no; your patch changes only "
+            "eagle_worker_v2.py") in err
+    code, out, err = run(capsys, "patch", "check", PB, "--json", "--sglang", "0.5.9", "--sglang", "0.5.14")
     assert code == 0, err
-    assert json.loads(out)["warnings"] == []  # the real payload patches the worker each release runs
+    assert json.loads(out)["problems"] == []  # the real payload patches the worker each release runs
 
 
 def test_an_unfinished_entry_of_this_very_process_stays_running(tmp_path: Path) -> None:

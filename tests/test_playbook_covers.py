@@ -35,7 +35,9 @@ def test_core_defaults_name_no_playbook() -> None:
     from fleetctl.config.playbook import Covers, VerifySpec
 
     assert VerifySpec().markers == []
-    assert Covers().worker is False and Covers().markers == [] and Covers().report_args == []
+    # nothing declared: coverage is derived from the patch (covers.worker None), no family forced
+    assert Covers().worker is None and Covers().families == {} and Covers().markers == []
+    assert Covers().report_args == []
     assert "speculative_disable_batch_threshold" not in REPORT_ARGS
 
 

@@ -388,6 +388,7 @@ def explain(*, playbook: Path, inventory: Path | None, limit: str | None, forks:
                 "covered": cov.covered if cov else None,
                 "reason": cov.reason if cov else (f.package_error or "SGLang not found by the launch's python"),
                 "refused": cov.refused if cov else (f.package_error or "SGLang not found by the launch's python"),
+                "families": cov.families if cov else [],
             }
             if f.package_version:
                 row["instances"] = []

@@ -55,7 +55,7 @@ def render_plan(plan: Plan) -> None:
             say(out, "  ", _s(fp.state, 11), f" {fp.action:<7} ", fp.path, *([": ", fp.note] if fp.note else []),
                 indent=24)
         c = hp.coverage
-        if c is not None:
+        if c is not None and (c.refused or c.covered is not None or c.uncertain):  # nothing checked: no line
             if c.refused and hp.status != "refused":  # --allow-uncovered: say what will happen
                 what = ("; --allow-uncovered: the files are patched, but the patched code will not run there "
                         "until the launch runs a worker the playbook patches")
@@ -64,7 +64,8 @@ def render_plan(plan: Plan) -> None:
                 what, head = "", styled("covered, refused" if c.covered else "NOT covered, refused", "red")
             else:
                 what, head = "", styled("covered", "green") if c.covered else styled("NOT covered", "red")
-            say(out, "  worker that will run: ", head, ": ", c.reason, what, indent=4)
+            say(out, "  what the launch runs: " if c.families and c.families[0].get("family") != "speculative_worker"
+                else "  worker that will run: ", head, ": ", c.reason, what, indent=4)
             if c.uncertain and not c.refused:  # --strict refuses it
                 say(out, "  ", styled("warning:", "yellow"), " ", c.uncertain, "; --strict refuses such hosts",
                     indent=4)

@@ -93,16 +93,21 @@ def check_cmd(
     shipped = statefiles.check_rows(pb, versions)
     failed = [r for r in results if not r.ok]
     failed_state = [r for r in shipped if not r.ok]
-    warnings = launch_warnings(pb, versions)
+    good = [v for v in versions if v not in {r.version for r in [*failed, *failed_state]}]
+    found = launch_coverage(pb, good) + marker_findings(pb, good)
+    problems = [w for w in found if w["refused"]]
+    warnings = [w for w in found if not w["refused"]]
     warnings += [{"version": None, "env": {}, "worker_class": None, "worker_file": None, "message": w}
                  for w in engine().playbook_warnings(pb, dict(pb.launch.flags))]
-    verdict = _verdict(pb, versions, results, failed, shipped, failed_state)
+    verdict = _verdict(pb, versions, results, failed, shipped, failed_state, problems)
+    ok = not failed and not failed_state and not problems
     if json_out:
-        common.emit_json("patch check", ok=not failed and not failed_state, message=verdict,
+        common.emit_json("patch check", ok=ok, message=verdict,
                          summary={"files": len(results), "files_failed": len(failed), "state_files": len(shipped),
-                                  "state_files_failed": len(failed_state), "warnings": len(warnings)},
+                                  "state_files_failed": len(failed_state), "warnings": len(warnings),
+                                  "problems": len(problems)},
                          playbook=str(pb.path), name=pb.name, results=[r.as_dict() for r in results],
-                         state_files=[r.as_dict() for r in shipped], warnings=warnings)
+                         state_files=[r.as_dict() for r in shipped], warnings=warnings, problems=problems)
     else:
         from rich.text import Text
 
@@ -115,17 +120,19 @@ def check_cmd(
         common.out.print(table)
         for w in warnings:
             common.err.print(f"warning: {w['message']}", markup=False, highlight=False)
-        if not failed and not failed_state:
+        for w in problems:
+            common.err.print(f"error: {w['message']}", markup=False, highlight=False)
+        if ok:
             common.out.print(verdict, markup=False, highlight=False)
     if failed:
         raise FleetctlError(f"patch check: {len(failed)} of {len(results)} file(s) failed"
                             + (f"; {len(failed_state)} state file check(s) failed" if failed_state else ""))
-    if failed_state:
+    if failed_state or problems:
         raise FleetctlError(verdict)
 
 
 def _verdict(pb: Playbook, versions: list[str], results: list[Any], failed: list[Any], shipped: list[Any],
-             failed_state: list[Any]) -> str:
+             failed_state: list[Any], problems: list[dict[str, Any]] | None = None) -> str:
     """The one line `patch check` ends with."""
     parts = [f"{len(results) - len(failed)} of {len(results)} package file(s) ok"]
     if pb.state_files:
@@ -133,31 +140,71 @@ def _verdict(pb: Playbook, versions: list[str], results: list[Any], failed: list
                      f"({len(pb.state_files)} file(s) shipped as-is on every release)")
     bad = sorted({r.version for r in [*failed, *failed_state]}, key=versions.index)
     where = f"failed on {', '.join(bad)}" if bad else "passes"
+    if problems:
+        parts.append(f"{len(problems)} problem(s) with what the launch runs or the markers prove "
+                     f"(on {', '.join(sorted({str(p['version']) for p in problems}))})")
+        where = "failed" if not bad else where
     return f"patch check: {pb.name} {where} on {len(versions)} release(s): {'; '.join(parts)}"
 
 
-def launch_warnings(pb: Playbook, versions: list[str]) -> list[dict[str, Any]]:
-    """Per release: does the playbook's own launch, with no env at all (a bare host) and with the
-    launch's env, run a worker the playbook does not patch? The origin mistake, caught offline."""
+def launch_coverage(pb: Playbook, versions: list[str]) -> list[dict[str, Any]]:
+    """Per release, offline: does the playbook's own launch (its flags and env) run the member of each
+    family of alternatives that the playbook patches (the speculative worker, the model
+    implementation, the attention/grammar/sampling backend)? The origin mistake, caught before any
+    host: `refused` rows fail the check, the others are warnings (an answer the host decides)."""
     from fleetctl.instances import env_string
     from fleetctl.patched_worker import coverage
 
-    own_env = {k: env_string(v) for k, v in pb.launch.env.items()}
-    envs = [("no env", {})] + ([("the launch's env", own_env)] if own_env else [])
+    env = {k: env_string(v) for k, v in pb.launch.env.items()}
+    label = "the launch's env" if env else "no env"
     out: list[dict[str, Any]] = []
+    unsure: dict[str, list[str]] = {}
     for version in versions:
-        for label, env in envs:
-            cov = coverage(version, dict(pb.launch.flags), env, pb)
-            if cov.covered is not False and not (cov.refused and cov.worker_file is None):
-                continue
-            if cov.covered is False:
-                what = (f"{version}: the default launch ({label}) runs {cov.worker_class} from {cov.worker_file}, "
-                        f"which this playbook does not patch for {version} ({cov.reason}); deploy would refuse "
-                        f"such hosts: patch {cov.worker_file} too, or set the env that selects a patched worker")
-            else:
-                what = f"{version}: the default launch ({label}): {cov.refused}"
-            out.append({"version": version, "env": env, "worker_class": cov.worker_class,
-                        "worker_file": cov.worker_file, "message": what})
+        if pb.files_for(version) is None:
+            continue
+        cov = coverage(version, dict(pb.launch.flags), env, pb)
+        base = {"version": version, "env": env, "worker_class": cov.worker_class, "worker_file": cov.worker_file,
+                "families": cov.families}
+        if cov.refused:
+            # a run of code the playbook does not patch fails the check; a worker the playbook itself
+            # declares unsupported on this release (unsupported_workers) is its documented limit: a warning
+            # (a playbook with no launch flags says nothing of how it is launched: a warning only)
+            miss = cov.covered is False and bool(pb.launch.flags)
+            how = (f"the playbook's launch ({label})" if pb.launch.flags else
+                   "the playbook names no launch flags, so launched as written")
+            out.append({**base, "refused": miss,
+                        "message": f"{version}: {how} "
+                                   + ("does not run what it patches: " if cov.covered is False else "is refused: ")
+                                   + f"{cov.refused}; deploy and launch refuse such hosts"})
+        if cov.uncertain:
+            unsure.setdefault(cov.uncertain, []).append(version)
+    for why, vs in unsure.items():
+        out.append({"version": vs[0], "versions": vs, "env": env, "worker_class": None, "worker_file": None,
+                    "families": [], "refused": False,
+                    "message": f"{', '.join(vs)}: {why} (the host decides: fleetctl explain reads it there)"})
+    return out
+
+
+def marker_findings(pb: Playbook, versions: list[str]) -> list[dict[str, Any]]:
+    """What the playbook's verify markers can and cannot prove: none at all (one line saying what is
+    proven without one), or a marker no added line of a release's patch can print."""
+    from fleetctl.patching.markers import marker_in_patch
+
+    if not pb.verify.markers:
+        return [{"version": None, "refused": False, "kind": "no-marker", "message":
+                 "no verify.markers: verify-logs can prove that the server started on the patched files and that "
+                 "the launch runs the files the playbook patches, but not that the patched code ran; add a log line "
+                 "to your patch and list its text under verify.markers"}]
+    out: list[dict[str, Any]] = []
+    for marker in pb.verify.markers:
+        absent = [v for v in versions if pb.files_for(v)
+                  and not any(marker_in_patch(marker, f.patch_text) for f in pb.files_for(v) or [])]
+        if absent:  # on every release: a failure; on some (e.g. where the playbook refuses its feature): a warning
+            every = len(absent) == len([v for v in versions if pb.files_for(v)])
+            out.append({"version": absent[0], "versions": absent, "refused": every, "kind": "marker-not-in-patch",
+                        "message": f"verify marker {marker!r} appears in no line the patch adds on "
+                                   f"{', '.join(absent)}: the patched code cannot log it, so verify-logs will never "
+                                   "see it; make it the text of a log line your patch adds"})
     return out
 
 

@@ -143,8 +143,14 @@ class Covers:
     __pydantic_config__ = _FORBID
 
     # the speculative worker the launch runs must be in a file this playbook patches (and not one of
-    # its unsupported_workers); every worker file is hashed at launch (restart-needed detection)
-    worker: bool = False
+    # its unsupported_workers); every worker file is hashed at launch (restart-needed detection).
+    # None (not written): derived from the patch, checked when it changes any worker file;
+    # false: never checked; true: checked even when the patch changes no worker file
+    worker: bool | None = None
+    # the same for every family of alternatives the launch chooses between (engine().family_names:
+    # model, attention_backend, ...): true widens (check it although no member is patched), false
+    # narrows (never check it); a family not named is derived from the patch
+    families: dict[str, bool] = field(default_factory=dict)
     # package files the feature lives in: every version must patch them; hashed at launch
     files: list[str] = field(default_factory=list)
     markers: list[MarkerSite] = field(default_factory=list)
@@ -153,6 +159,24 @@ class Covers:
 
     def __post_init__(self) -> None:
         self.files = [check_relpath(x) for x in self.files]
+        names = engine().family_names
+        bad = sorted(set(self.families) - set(names))
+        if bad:
+            raise ValueError(f"covers.families: {', '.join(bad)} is not a family; families: {', '.join(names)}")
+        if self.worker is not None and names[0] in self.families and self.families[names[0]] != self.worker:
+            raise ValueError(f"covers.worker and covers.families.{names[0]} disagree: write one of them")
+
+    def asked(self) -> dict[str, bool | None]:
+        """Family -> True (check it), False (never), None (derived from the patch)."""
+        out: dict[str, bool | None] = dict(self.families)
+        if self.worker is not None:
+            out[engine().family_names[0]] = self.worker
+        return out
+
+    def checks_worker(self, patches_a_worker: bool) -> bool:
+        """Is the speculative worker family checked, given whether the patch changes a worker file?"""
+        want = self.asked().get(engine().family_names[0])
+        return patches_a_worker if want is None else want
 
 
 @dataclass

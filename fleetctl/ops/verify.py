@@ -195,6 +195,19 @@ def _check_instance(iv: InstanceVerify, st: InstanceState, pb: Playbook, deploy_
             n_ok = len(iv.ranks) - len(where)
             iv.problems.append(f"marker {m!r} missing on {', '.join(where)}"
                                + (f" (present on the other {n_ok} rank(s))" if n_ok else ""))
+        if engine().is_known(version) and pb.versions.get(version):
+            # the reason the patched code may not have run: what this launch runs vs what the playbook patches
+            from fleetctl.patched_worker import coverage
+
+            cov = coverage(version, dict(rec.flags), dict(rec.env), pb)
+            if cov.refused:
+                iv.explanation.append(f"why: this launch does not run what the playbook patches: {cov.refused}")
+            elif cov.uncertain:
+                iv.explanation.append(f"maybe: {cov.uncertain}")
+    if not markers:
+        iv.explanation.append("no verify.markers: this proves the server started on the files on disk and "
+                              "answered, not that the patched code ran; add a log line to your patch and list it "
+                              "under verify.markers")
     if st.restart_needed:
         iv.problems.append(f"restart needed: {', '.join(st.changed_files)} changed on disk "
                            f"after the server started (hash at launch != hash now)")

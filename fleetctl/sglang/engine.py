@@ -111,6 +111,28 @@ class SGLangEngine:
     def model_from_answer(self, answer: object) -> model_config.ModelConfig | None:
         return model_config.from_answer(answer)
 
+    family_names: tuple[str, ...] = ("speculative_worker", "model", "attention_backend", "grammar_backend",
+                                     "sampling_backend")
+
+    def spec_members(self, version: str) -> dict[str, str]:
+        from fleetctl.sglang import families
+
+        return families.spec_members(version)
+
+    def other_spec_worker(self, version: str, algorithm: str) -> list[tuple[str, str]]:
+        from fleetctl.sglang import families
+
+        return families.other_spec_worker(version, algorithm)
+
+    def family_checks(self, version: str, flags: Mapping[str, Any], patched: Mapping[str, bytes],
+                      asked: Mapping[str, bool | None], *, model: Any = None, draft: Any = None) -> list[Any]:
+        from fleetctl.sglang import families
+
+        def seen(m: Any) -> families.ModelSeen | None:
+            return None if m is None else families.ModelSeen(m.arch, m.error)
+
+        return families.check(version, flags, patched, asked, model=seen(model), draft=seen(draft))
+
     def playbook_refusal(self, pb: Any, version: str) -> str | None:
         from fleetctl.sglang import adaptive
 

@@ -1,0 +1,280 @@
+"""Does the launch run the member of each family of alternatives that the playbook patches?
+
+Families and their members come from the release's own code (family_tables.py). A family is
+checked when the playbook patches one of its members (or its `covers:` asks for it); a playbook
+that patches no member of a family hears nothing about it. Each answer is certain (the launch's
+flags, env and model config decide it), refused (the member that runs is not patched), or not
+certain (it is chosen at startup from the GPU, or from a model config that could not be read).
+The speculative worker family is routing.resolve_worker's (patched_worker.py reports it); this
+module names its members and handles the algorithms routing does not model (NGRAM and later ones).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+from typing import Any
+
+from fleetctl.sglang import family_tables as FT
+
+SPEC = "speculative_worker"
+MODEL = "model"
+ATTENTION = "attention_backend"
+GRAMMAR = "grammar_backend"
+SAMPLING = "sampling_backend"
+NAMES = (SPEC, MODEL, ATTENTION, GRAMMAR, SAMPLING)
+TITLES = {SPEC: "speculative worker", MODEL: "model implementation", ATTENTION: "attention backend",
+          GRAMMAR: "grammar backend", SAMPLING: "sampling backend"}
+
+
+@dataclass
+class FamilyCheck:
+    family: str
+    patched: list[str]  # the members of the family the playbook changes
+    runs: list[str]  # what the launch runs of it (files, or file::branch)
+    covered: bool | None  # None: not certain
+    message: str
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"family": self.family, "title": TITLES[self.family], "patched": self.patched, "runs": self.runs,
+                "covered": self.covered, "message": self.message}
+
+
+def _short(paths: list[str] | set[str]) -> str:
+    names = sorted({PurePosixPath(p.split("::")[0]).name + (f" ({p.split('::')[1]})" if "::" in p else "")
+                    for p in paths})
+    return ", ".join(names)
+
+
+def _norm(name: str) -> str:
+    return name.lstrip("-").replace("-", "_")
+
+
+def flag_values(flags: Mapping[str, Any]) -> dict[str, Any]:
+    return {_norm(k): v for k, v in flags.items() if v is not None and v is not False}
+
+
+def spec_members(version: str) -> dict[str, str]:
+    """Worker class -> file for every speculative worker `version`'s factory can build."""
+    return dict(FT.table(version).spec_workers)
+
+
+def other_spec_worker(version: str, algorithm: str) -> list[tuple[str, str]]:
+    """(class, file) of the workers a speculative algorithm routing does not model may run (NGRAM...):
+    the worker modules named for it in the release's factory."""
+    low = algorithm.lower()
+    return sorted((c, f) for c, f in spec_members(version).items() if PurePosixPath(f).name.startswith(low + "_"))
+
+
+# --- which members a patch changes ----------------------------------------------------------
+
+def _touched_lines(patch: bytes) -> tuple[set[int], set[int]]:
+    """(old line numbers removed, new line numbers added) by a one-file unified diff."""
+    from fleetctl.patching.engine import ADDED, REMOVED, parse_patch
+
+    old: set[int] = set()
+    new: set[int] = set()
+    for fp in parse_patch(patch):
+        for h in fp.hunks:
+            o, n = h.old_start, h.new_start
+            for kind, _ in h.lines:
+                if kind == REMOVED:
+                    old.add(o)
+                    o += 1
+                elif kind == ADDED:
+                    new.add(n)
+                    n += 1
+                else:
+                    o += 1
+                    n += 1
+    return old, new
+
+
+def sampling_touched(version: str, patch: bytes) -> list[str]:
+    """The sampling branches (by backend name) a patch of the sampler changes."""
+    import ast
+
+    from fleetctl import wheels
+    from fleetctl.patching.engine import apply_patch
+
+    pristine = wheels.pristine_bytes(version, FT.SAMPLER)
+    patched = apply_patch(pristine, patch, name=FT.SAMPLER).output
+    old, new = _touched_lines(patch)
+    out: list[str] = []
+    for text, lines in ((pristine, old), (patched, new)):
+        try:
+            branches = FT.sampling_branches(ast.parse(text))
+        except SyntaxError:
+            continue
+        for b in branches:
+            if any(a <= ln <= z for ln in lines for a, z in b.spans):
+                out += b.names
+    return sorted(dict.fromkeys(out))
+
+
+# --- the checks ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ModelSeen:
+    """A config.json as read on the host: architectures[0], or why it could not be read."""
+
+    arch: str | None
+    error: str | None = None
+
+
+def wanted(version: str, patched: Mapping[str, bytes], asked: Mapping[str, bool | None]) -> dict[str, list[str]]:
+    """Family -> the members the playbook patches, for each family to check (derived from the patch,
+    widened or narrowed by `asked`: True checks it even with no member patched, False never)."""
+    t = FT.table(version)
+    files = set(patched)
+    out: dict[str, list[str]] = {}
+    members = {SPEC: set(t.spec_workers.values()), MODEL: t.model_members(), ATTENTION: t.attention_members(),
+               GRAMMAR: t.grammar_members()}
+    for fam, mem in members.items():
+        hit = sorted(files & mem)
+        if (hit and asked.get(fam) is not False) or asked.get(fam):
+            out[fam] = hit
+    if FT.SAMPLER in files and asked.get(SAMPLING) is not False:
+        hit = [f"{FT.SAMPLER}::{n}" for n in sampling_touched(version, patched[FT.SAMPLER])]
+        if hit or asked.get(SAMPLING):
+            out[SAMPLING] = hit
+    elif asked.get(SAMPLING):
+        out[SAMPLING] = []
+    return out
+
+
+def _models_run(t: FT.Table, arch: str) -> list[str]:
+    """The srt/models files that run for `arch`: its registry module and the models modules it builds on."""
+    first = t.models.get(arch)
+    if first is None:
+        return []
+    seen, todo = [first], [first]
+    while todo:
+        for dep in t.model_imports.get(todo.pop(), []):
+            if dep not in seen:
+                seen.append(dep)
+                todo.append(dep)
+    return seen
+
+
+def _check_model(version: str, t: FT.Table, patched: list[str], flags: dict[str, Any], model: ModelSeen | None,
+                 draft: ModelSeen | None) -> FamilyCheck:
+    mine = _short(patched)
+    runs: list[str] = []
+    said: list[str] = []
+    unknown: list[str] = []
+    roles = [("target", model, False)]
+    if flags.get("speculative_algorithm") and str(flags["speculative_algorithm"]).upper() != "NGRAM":
+        roles.append(("draft", draft if flags.get("speculative_draft_model_path") else model, True))
+    for role, seen, is_draft in roles:
+        if seen is None or seen.arch is None:
+            why = seen.error if seen is not None and seen.error else "not read (checked on the host: explain, deploy)"
+            unknown.append(f"the {role}'s config.json: {why}")
+            continue
+        arch = seen.arch
+        if is_draft and arch in t.draft_renames:
+            arch = t.draft_renames[arch]
+        files = _models_run(t, arch)
+        if not files:
+            said.append(f"the {role} architecture {arch} is not in SGLang {version}'s model registry "
+                        "(the server falls back to the Transformers backend or refuses it)")
+            continue
+        runs += [f for f in files if f not in runs]
+        said.append(f"the {role}'s config.json names {seen.arch}"
+                    + (f" (loaded as {arch} for the draft)" if arch != seen.arch else "")
+                    + f", which SGLang {version}'s model registry loads from {files[0]}")
+    hit = set(patched) & set(runs)
+    if hit:
+        return FamilyCheck(MODEL, patched, runs, True, "; ".join(said) + f"; your patch changes {_short(hit)}")
+    if unknown:
+        msg = "; ".join(said + unknown) + f": which model implementation runs is not known; your patch changes {mine}"
+        return FamilyCheck(MODEL, patched, runs, None, msg)
+    return FamilyCheck(MODEL, patched, runs, False, "; ".join(said) + f"; your patch changes only {mine}")
+
+
+def _backends(flags: dict[str, Any]) -> dict[str, str | None]:
+    """phase -> the attention backend the launch names for it (None: the release's default)."""
+    base = flags.get("attention_backend")
+    pre, dec = flags.get("prefill_attention_backend"), flags.get("decode_attention_backend")
+    out = {"prefill": str(pre or base) if (pre or base) else None,
+           "decode": str(dec or base) if (dec or base) else None}
+    return {"": out["prefill"]} if out["prefill"] == out["decode"] else out
+
+
+def _check_choice(family: str, version: str, patched: list[str], choices: dict[str, list[str]],
+                  defaults: list[str], picked: dict[str, str | None], flag: str) -> FamilyCheck:
+    """A family chosen by a flag with a per-release default: `picked` phase -> backend (None: default)."""
+    mine = _short(patched)
+    title = TITLES[family]
+    hit_by: dict[str, bool] = {name: bool(set(mods) & set(patched)) for name, mods in choices.items()}
+    runs: list[str] = []
+    parts: list[str] = []
+    uncertain = False
+    any_hit = False
+    for phase, name in picked.items():
+        label = f"{phase} " if len(picked) > 1 else ""
+        if name is None:
+            cands = [d for d in defaults if d in choices] or defaults
+            hits = [d for d in cands if hit_by.get(d)]
+            if hits and len(hits) == len(cands):
+                any_hit = True
+                parts.append(f"no {flag}: SGLang {version} picks the {label}{title} at startup among "
+                             f"{', '.join(cands)}, all patched")
+            elif hits:
+                uncertain = True
+                parts.append(f"no {flag}: SGLang {version} picks the {label}{title} at startup from the GPU and "
+                             f"model among {', '.join(cands)}; your patch changes {mine}, which only "
+                             f"{', '.join(hits)} runs: pass {flag} {hits[0]}")
+            else:
+                parts.append(f"no {flag}: SGLang {version} picks the {label}{title} at startup among "
+                             f"{', '.join(cands)}, none of which runs {mine}")
+            runs += [m for d in cands for m in choices.get(d, [])]
+            continue
+        mods = choices.get(name)
+        if mods is None:
+            uncertain = True
+            parts.append(f"{flag} {name} is not a {title} SGLang {version} registers (a plugin's?)")
+            continue
+        runs += mods
+        if set(mods) & set(patched):
+            any_hit = True
+            parts.append(f"with {flag} {name} the server runs {_short(mods)}")
+        else:
+            parts.append(f"with {flag} {name} the {label}{title} runs "
+                         + (_short(mods) if mods else "no backend module"))
+    runs = list(dict.fromkeys(runs))
+    if any_hit and not uncertain:
+        return FamilyCheck(family, patched, runs, True, "; ".join(parts) + f"; your patch changes {mine}")
+    if uncertain:
+        return FamilyCheck(family, patched, runs, None, "; ".join(parts))
+    return FamilyCheck(family, patched, runs, False, "; ".join(parts) + f"; your patch changes only {mine}")
+
+
+def check(version: str, flags: Mapping[str, Any], patched: Mapping[str, bytes], asked: Mapping[str, bool | None],
+          *, model: ModelSeen | None = None, draft: ModelSeen | None = None) -> list[FamilyCheck]:
+    """The families other than the speculative worker that this playbook's patch (or `covers:`) makes
+    relevant, each checked against the launch's flags and the model configs read on the host."""
+    want = wanted(version, patched, asked)
+    t = FT.table(version)
+    fl = flag_values(flags)
+    out: list[FamilyCheck] = []
+    if MODEL in want:
+        out.append(_check_model(version, t, want[MODEL], fl, model, draft))
+    if ATTENTION in want:
+        out.append(_check_choice(ATTENTION, version, want[ATTENTION], t.attention, t.attention_defaults,
+                                 _backends(fl), "--attention-backend"))
+    if GRAMMAR in want:
+        c = _check_choice(GRAMMAR, version, want[GRAMMAR], t.grammar, t.grammar_defaults,
+                          {"": str(fl["grammar_backend"]) if fl.get("grammar_backend") else None}, "--grammar-backend")
+        c.notes.append("a grammar backend runs only for requests with a structured-output constraint")
+        out.append(c)
+    if SAMPLING in want:
+        choices = {n: [f"{FT.SAMPLER}::{n}"] for b in t.sampling for n in b.names}
+        out.append(_check_choice(SAMPLING, version, want[SAMPLING], choices, t.sampling_defaults,
+                                 {"": str(fl["sampling_backend"]) if fl.get("sampling_backend") else None},
+                                 "--sampling-backend"))
+    for c in out:
+        c.notes += t.problems
+    return out

@@ -1,0 +1,234 @@
+"""Issue 30.1/30.3: the new user's path. A playbook made with `fleetctl patch new` that patches only
+eagle_worker_v2.py for 0.5.9, with no `covers:` written, launched with SGLANG_ENABLE_SPEC_V2 unset:
+the server runs EAGLEWorker from eagle_worker.py. Coverage is derived from the patch, so
+`patch check`, `explain`, `deploy`, `launch` and `status` refuse or flag it and `verify-logs` says
+why the marker is missing, each naming both files and the reason."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from ports import free_ports
+
+from fleetctl import wheels
+from fleetctl.cli import main
+from fleetctl.remote import agent_servers as srv
+
+V = "0.5.9"
+V2 = "srt/speculative/eagle_worker_v2.py"
+V1 = "srt/speculative/eagle_worker.py"
+MARKER = "My feature enabled"
+SPEC = {"--model-path": "meta-llama/Llama-3.1-8B-Instruct",
+        "--speculative-draft-model-path": "jamesliu1/sglang-EAGLE3-Llama-3.1-Instruct-8B",
+        "--speculative-algorithm": "EAGLE3", "--speculative-num-steps": 3, "--speculative-eagle-topk": 1,
+        "--speculative-num-draft-tokens": 4}
+
+
+def _edited_worker(version: str, rel: str, cls: str, line: str) -> bytes:
+    """The release's file with one log line added at the top of `cls.__init__`'s body."""
+    src = wheels.pristine_bytes(version, rel).decode()
+    lines = src.splitlines(keepends=True)
+    start = next(i for i, ln in enumerate(lines) if ln.startswith(f"class {cls}"))
+    at = next(i for i in range(start, len(lines)) if "self.server_args = server_args" in lines[i])
+    indent = re.match(r"\s*", lines[at]).group(0)
+    lines.insert(at + 1, f"{indent}{line}\n")
+    return "".join(lines).encode()
+
+
+def new_user_playbook(d: Path, capsys: pytest.CaptureFixture[str], *, edited: dict[str, bytes],
+                      flags: dict[str, Any] | None = None, markers: list[str] | None = None,
+                      covers: dict[str, Any] | None = None, env: dict[str, str] | None = None) -> Path:
+    """A playbook as a new user makes it: `fleetctl patch new` per edited file, pasted entries."""
+    d.mkdir(parents=True, exist_ok=True)
+    files = []
+    for rel, data in edited.items():
+        mine = d / "edited" / Path(rel).name
+        mine.parent.mkdir(exist_ok=True)
+        mine.write_bytes(data)
+        diff = d / "patches" / V / (Path(rel).name + ".diff")
+        diff.parent.mkdir(parents=True, exist_ok=True)
+        assert main(["patch", "new", str(mine), "--sglang", V, "--file", rel, "-o", str(diff)]) == 0
+        capsys.readouterr()
+        files.append({"path": rel, "patch": f"patches/{V}/{diff.name}",
+                      "sha256": wheels.sha256_bytes(wheels.pristine_bytes(V, rel))})
+    doc: dict[str, Any] = {"name": "my-feature", "versions": {V: {"files": files}},
+                           "launch": {"flags": dict(SPEC if flags is None else flags), "env": dict(env or {})},
+                           "verify": {"markers": [MARKER] if markers is None else markers}}
+    if covers is not None:
+        doc["covers"] = covers
+    (d / "playbook.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    return d
+
+
+def run(capsys: pytest.CaptureFixture[str], *args: Any) -> tuple[int, Any, str]:
+    capsys.readouterr()
+    code = main([*map(str, args)])
+    got = capsys.readouterr()
+    return code, got.out, got.err
+
+
+@pytest.fixture
+def origin_pb(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Path:
+    return new_user_playbook(tmp_path / "pb", capsys, edited={
+        V2: _edited_worker(V, V2, "EAGLEWorkerV2", f'logger.info("{MARKER}")')})
+
+
+# ----------------------------------------------------------------------------- offline: patch check
+
+
+def test_patch_check_refuses_the_origin_mistake_without_covers(origin_pb: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "patch", "check", origin_pb)
+    assert code == 1
+    flat = " ".join(err.split())
+    assert (f"{V} with SGLANG_ENABLE_SPEC_V2 unset -> disable_overlap_schedule=True -> EAGLEWorker in {V1}; "
+            "the playbook patches it: no; your patch changes only eagle_worker_v2.py") in flat
+    code, out, _ = run(capsys, "patch", "check", origin_pb, "--json")
+    doc = json.loads(out)
+    assert code == 1 and doc["ok"] is False
+    (p,) = doc["problems"]
+    assert p["worker_file"] == V1 and p["families"][0]["patched"] == [V2]
+
+
+def test_patch_check_passes_when_the_launch_env_selects_the_patched_worker(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pb = new_user_playbook(tmp_path / "pb", capsys, env={"SGLANG_ENABLE_SPEC_V2": "1"}, edited={
+        V2: _edited_worker(V, V2, "EAGLEWorkerV2", f'logger.info("{MARKER}")')})
+    code, out, err = run(capsys, "patch", "check", pb, "--json")
+    assert code == 0, err
+    assert json.loads(out)["problems"] == []
+
+
+def test_covers_worker_false_turns_the_derived_check_off(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pb = new_user_playbook(tmp_path / "pb", capsys, covers={"worker": False}, edited={
+        V2: _edited_worker(V, V2, "EAGLEWorkerV2", f'logger.info("{MARKER}")')})
+    code, out, err = run(capsys, "patch", "check", pb, "--json")
+    assert code == 0, err
+    assert json.loads(out)["problems"] == []
+
+
+def test_a_playbook_patching_no_family_member_hears_nothing_of_coverage(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from fleetctl.config.playbook import load_playbook
+    from fleetctl.patched_worker import coverage
+
+    rel = "srt/managers/scheduler.py"
+    src = wheels.pristine_bytes(V, rel).decode().replace("import logging\n", "import logging\n# mine\n", 1)
+    pb_dir = new_user_playbook(tmp_path / "pb", capsys, edited={rel: src.encode()}, markers=[])
+    pb = load_playbook(pb_dir)
+    cov = coverage(V, SPEC, {}, pb)
+    assert cov.covered is None and cov.refused is None and cov.families == []
+    code, out, err = run(capsys, "patch", "check", pb_dir)
+    assert code == 0, err
+    assert "covered" not in (out + err).lower() and "worker" not in (out + err).lower()
+    # ...but it is told what a playbook without a marker does and does not prove
+    assert "no verify.markers" in err and "not that the patched code ran" in err
+
+
+def test_a_marker_no_added_line_prints_is_reported(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pb = new_user_playbook(tmp_path / "pb", capsys, env={"SGLANG_ENABLE_SPEC_V2": "1"},
+                           markers=["Some other text"],
+                           edited={V2: _edited_worker(V, V2, "EAGLEWorkerV2", f'logger.info("{MARKER}")')})
+    code, out, err = run(capsys, "patch", "check", pb, "--json")
+    doc = json.loads(out)
+    assert code == 1
+    (p,) = doc["problems"]
+    assert p["kind"] == "marker-not-in-patch" and "'Some other text'" in p["message"]
+
+
+def test_a_marker_in_an_fstring_is_found() -> None:
+    from fleetctl.patching.markers import marker_in_patch
+
+    patch = (b"--- a/x.py\n+++ b/x.py\n@@ -1,1 +1,2 @@\n a = 1\n"
+             b"+logger.info(f\"Dynamic speculation disable enabled (threshold={t})\")\n")
+    assert marker_in_patch("Dynamic speculation disable enabled", patch)
+    assert marker_in_patch("Dynamic speculation disable enabled (threshold=16)", patch)
+    assert not marker_in_patch("Something else", patch)
+
+
+# ----------------------------------------------------------------------------- on a sandbox
+
+
+def make_inventory(sb: Any, path: Path, hosts: list[str]) -> Path:
+    doc = yaml.safe_load(sb.inventory_path.read_text())
+    base = sb.inventory_path.parent
+    doc["ssh_config"] = str(base / doc["ssh_config"])
+    for k in ("identity_file", "known_hosts"):
+        doc["defaults"][k] = str(base / doc["defaults"][k])
+    for name, port in zip(list(doc["hosts"]), free_ports(len(doc["hosts"])), strict=True):
+        doc["hosts"][name]["flags"] = {"--port": port}
+    doc["hosts"] = {n: doc["hosts"][n] for n in hosts}
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+@pytest.fixture
+def sb(sandbox: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """The session sandbox, left as found: servers stopped (by pid), files pristine, no deploys."""
+    monkeypatch.setenv("FLEETCTL_STATE_DIR", str(tmp_path / "ledger"))
+    try:
+        yield sandbox
+    finally:
+        for h in sandbox.hosts.values():
+            for name in srv.list_instances(str(h.state_dir)):
+                rec = srv.current_record(str(h.state_dir), name)
+                if rec and srv.record_alive(rec):
+                    srv.stop_record(rec, 5.0)
+            shutil.rmtree(h.state_dir / "servers", ignore_errors=True)
+            for sub in ("srt/speculative", "srt"):
+                for f in (wheels.package_dir(h.version) / sub).iterdir():
+                    dst = h.sglang_dir / sub / f.name
+                    if f.is_file() and (not dst.exists() or dst.read_bytes() != f.read_bytes()):
+                        dst.write_bytes(f.read_bytes())
+            shutil.rmtree(h.state_dir / "deploys", ignore_errors=True)
+            (h.state_dir / "lock").unlink(missing_ok=True)
+
+
+def jcli(capsys: pytest.CaptureFixture[str], *args: Any) -> tuple[int, Any]:
+    capsys.readouterr()
+    code = main([*map(str, args), "--json"])
+    o = capsys.readouterr().out
+    return code, json.loads(o) if o.strip() else None
+
+
+def _both_files(text: str) -> None:
+    assert "EAGLEWorker in srt/speculative/eagle_worker.py" in text, text
+    assert "your patch changes only eagle_worker_v2.py" in text, text
+    assert "SGLANG_ENABLE_SPEC_V2 unset" in text, text
+
+
+@pytest.mark.fleet
+def test_new_user_path_on_a_sandbox(sb: Any, origin_pb: Path, tmp_path: Path,
+                                    capsys: pytest.CaptureFixture[str]) -> None:
+    inv = make_inventory(sb, tmp_path / "inv.yaml", ["h01"])  # h01: 0.5.9
+    code, doc = jcli(capsys, "explain", "-i", inv, origin_pb)
+    assert code == 1
+    (h,) = doc["hosts"]
+    assert h["state"] == "refused"
+    _both_files(h["message"] if h.get("message") else json.dumps(h))
+    code, doc = jcli(capsys, "deploy", "-i", inv, origin_pb)
+    assert code == 1
+    _both_files(json.dumps(doc))
+    assert (sb.hosts["h01"].sglang_dir / V2).read_bytes() == wheels.pristine_bytes(V, V2)  # nothing changed
+    code, doc = jcli(capsys, "deploy", "-i", inv, origin_pb, "--allow-uncovered")
+    assert code == 0, json.dumps(doc)[:2000]
+    code, doc = jcli(capsys, "status", "-i", inv, origin_pb)
+    _both_files(json.dumps(doc))
+    code, doc = jcli(capsys, "launch", "-i", inv, origin_pb, "--timeout", "60")
+    assert code == 1
+    _both_files(json.dumps(doc))
+    code, doc = jcli(capsys, "launch", "-i", inv, origin_pb, "--allow-uncovered", "--timeout", "60")
+    assert code == 0, json.dumps(doc)[:2000]
+    code, doc = jcli(capsys, "verify-logs", "-i", inv, origin_pb)
+    assert code == 1
+    iv = doc["hosts"][0]["instances"][0]
+    why = " ".join(iv["explanation"])
+    assert "why: this launch does not run what the playbook patches" in why
+    _both_files(why)
