@@ -136,7 +136,7 @@ def test_a_marker_no_added_line_prints_is_reported(tmp_path: Path, capsys: pytes
     pb = new_user_playbook(tmp_path / "pb", capsys, env={"SGLANG_ENABLE_SPEC_V2": "1"},
                            markers=["Some other text"],
                            edited={V2: _edited_worker(V, V2, "EAGLEWorkerV2", f'logger.info("{MARKER}")')})
-    code, out, err = run(capsys, "patch", "check", pb, "--json")
+    code, out, _ = run(capsys, "patch", "check", pb, "--json")
     doc = json.loads(out)
     assert code == 1
     (p,) = doc["problems"]
