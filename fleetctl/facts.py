@@ -24,6 +24,7 @@ from fleetctl.protocol.schema import shown
 
 if TYPE_CHECKING:  # the transport (paramiko, fabric) is imported on first connect
     from fleetctl.config.hosts import Host
+    from fleetctl.containers.inspect import ContainerInfo
     from fleetctl.engine import ModelConfig
     from fleetctl.transport.base import Transport
 
@@ -70,6 +71,8 @@ class HostFacts:
     pycache_prefix: str | None = None
     # the launch's target model config.json as read on the host (None: the launch names no model)
     model: ModelConfig | None = None
+    # the host's container, as its runtime describes it (fleetctl/containers); None: not in one
+    container: ContainerInfo | None = None
 
     def deploys(self) -> list[Manifest]:
         return self.state.deploys if self.state else []
@@ -110,6 +113,7 @@ class HostFacts:
             "gpu_note": self.gpu_note,
             "model_config": ({"architecture": self.model.arch, "path": self.model.path, "error": self.model.error}
                              if self.model else None),
+            "container": self.container.to_json() if self.container else None,
         }
 
 
@@ -257,8 +261,20 @@ def read_facts(conn: Transport, *, extra_files: list[str] | None = None, gpus: b
     p = dict(request) if request is not None else facts_request(
         conn.host, extra_files=extra_files, gpus=gpus, with_=with_, all_hashes=all_hashes, profile=profile)
     p.update(payload or {})
+    box = inspect_container(conn)  # (first: a stopped container is said so, not as a failed exec)
     raw: FactsAnswer = conn.agent(names.FACTS, p)
-    return parse_facts(conn.host.name, raw)
+    facts = parse_facts(conn.host.name, raw)
+    facts.container = box
+    return facts
+
+
+def inspect_container(conn: Transport) -> ContainerInfo | None:
+    """The host's container as its runtime describes it (None: the host names none)."""
+    if not conn.host.container:
+        return None
+    from fleetctl.containers.host import inspect
+
+    return inspect(conn)
 
 
 def facts_request(host: Host, *, extra_files: list[str] | None = None, gpus: bool = True,

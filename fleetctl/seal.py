@@ -88,7 +88,7 @@ def seal_key(host: Host, request: dict[str, Any]) -> str:
     env, model), the agent code and this fleetctl."""
     doc = {"v": VERSION, "code": _code_id(),
            "host": [host.name, host.address, host.port, host.user, host.python, host.state_dir,
-                    sorted(host.env.items())],
+                    sorted(host.env.items()), host.container],
            "request": request}
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
 

@@ -47,6 +47,16 @@ if ! command -v sudo >/dev/null 2>&1 || ! command -v visudo >/dev/null 2>&1; the
     fi
 fi
 
+# A real Docker engine for the container tests (tests/test_containers.py starts its own dockerd on a
+# private socket and stops it; they are skipped where none can run). Debian's docker.io; a failure
+# here only skips those tests. FLEETCTL_NO_DOCKER=1 leaves it out.
+if [ "${FLEETCTL_NO_DOCKER:-0}" != 1 ] && ! command -v dockerd >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    echo "setup: installing docker.io (a local Docker engine for the container tests)"
+    export DEBIAN_FRONTEND=noninteractive
+    { apt-get update -qq && apt-get install -y -qq --no-install-recommends docker.io >/dev/null; } \
+        || echo "setup: docker.io did not install: the container tests will be skipped" >&2
+fi
+
 # The cached CPU SGLang venv of `explain --probe`'s tests and `sandbox up --cpu-sglang` (torch CPU
 # build + the packages SGLang's argument processing imports, pinned in fleetctl/sandbox/cpu_venv.lock,
 # + a labelled GPU stand-in; ~1.2 GB, ~2.5 min once): the tests build it on first use;

@@ -57,6 +57,9 @@ class Host:
     @property
     def become_as(self) -> str:
         return self.become_user or "root"
+    # SGLang runs in a container on this host: its runtime and name, as fleetctl.containers.spec
+    # ContainerSpec.of reads them (plain data so the kept copy holds it as JSON)
+    container: dict[str, Any] | None = None
 
     def public_env(self) -> dict[str, str]:
         return {k: ("***" if k in self.secret_env_keys else v) for k, v in self.env.items()}

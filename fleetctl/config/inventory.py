@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -83,6 +83,67 @@ def check_become_user(v: str | None) -> str | None:
     if v is not None and not USER_RE.match(v):
         raise ValueError(f"{v!r} is not a user name (e.g. root)")
     return v
+class ContainerFields(Strict):
+    """`container:` of a host: SGLang runs in this container on the host (fleetctl.containers)."""
+
+    runtime: Literal["docker", "podman", "kubectl"]
+    name: str  # the container (docker, podman) or the pod (kubectl)
+    container: str | None = None  # kubectl: the pod's container (-c)
+    namespace: str | None = None  # kubectl: -n
+    context: str | None = None  # kubectl: --context
+    user: str | None = None  # docker/podman: exec -u USER[:GROUP]
+    # the runtime's client as run on the host (default: the runtime's name), e.g. "docker -H unix:///run/d.sock"
+    command: str | list[str] | None = None
+    main_process: bool = False  # the SGLang server is the container's main process
+
+    @field_validator("name", "container")
+    @classmethod
+    def _name(cls, v: str | None) -> str | None:
+        from fleetctl.containers.spec import NAME_RE
+
+        if v is not None and not NAME_RE.match(v):
+            raise ValueError(f"{v!r} is not a container or pod name (letters, digits, _ . -; not starting with -)")
+        return v
+
+    @field_validator("namespace", "context")
+    @classmethod
+    def _kube_word(cls, v: str | None) -> str | None:
+        if v is not None and (not v or v.startswith("-") or any(c.isspace() for c in v)):
+            raise ValueError(f"{v!r} is not a Kubernetes name (no spaces, not starting with -)")
+        return v
+
+    @field_validator("user")
+    @classmethod
+    def _user(cls, v: str | None) -> str | None:
+        from fleetctl.containers.spec import USER_RE
+
+        if v is not None and not USER_RE.match(v):
+            raise ValueError(f"{v!r} is not a user[:group] name or id")
+        return v
+
+    @field_validator("command")
+    @classmethod
+    def _command(cls, v: str | list[str] | None) -> str | list[str] | None:
+        import shlex
+
+        words = shlex.split(v) if isinstance(v, str) else v
+        if words is not None and (not words or any(not w or "\0" in w for w in words)):
+            raise ValueError("command must name the runtime's client (e.g. 'docker' or 'podman --remote')")
+        return v
+
+    def resolved(self) -> dict[str, Any]:
+        import shlex
+
+        d = self.model_dump(exclude_none=True)
+        if self.command is not None:
+            d["command"] = shlex.split(self.command) if isinstance(self.command, str) else list(self.command)
+        if self.runtime != "kubectl":
+            bad = [k for k in ("container", "namespace", "context") if k in d]
+            if bad:
+                raise ValueError(f"{', '.join(bad)}: for kubectl only (runtime is {self.runtime})")
+        elif self.user is not None:
+            raise ValueError("user: kubectl exec has no user option (the pod's securityContext decides)")
+        return d
 
 
 class HostFields(Strict):
@@ -111,11 +172,19 @@ class HostFields(Strict):
     become: bool | None = None
     become_user: str | None = None
     become_method: str | None = None
+    container: ContainerFields | None = None
 
     _env = field_validator("env")(classmethod(lambda cls, v: check_env(v)))
     _flags = field_validator("flags")(classmethod(lambda cls, v: check_flags(v)))
     _become_method = field_validator("become_method")(classmethod(lambda cls, v: check_become_method(v)))
     _become_user = field_validator("become_user")(classmethod(lambda cls, v: check_become_user(v)))
+
+    @field_validator("container")
+    @classmethod
+    def _container(cls, v: ContainerFields | None) -> ContainerFields | None:
+        if v is not None:
+            v.resolved()  # (its cross-field checks, raised here so the error names the key)
+        return v
 
     @field_validator("gpus")
     @classmethod
@@ -283,6 +352,7 @@ def _resolve(path: Path, doc: YamlDoc, raw: InventoryFile, *, group_hosts: dict[
                 become=bec["become"],
                 become_user=bec["become_user"],
                 become_method=bec["become_method"],
+                container=c.resolved() if (c := pick("container")) is not None else None,
             )
         )
     if not hosts:

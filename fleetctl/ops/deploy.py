@@ -19,7 +19,7 @@ from fleetctl.config.playbook_model import Playbook
 from fleetctl.deploy_plan import Coverage, HostPlan, Intended, Plan, plan_host
 from fleetctl.engine import engine
 from fleetctl.errors import InputError
-from fleetctl.facts import HostFacts, facts_request, parse_facts, read_facts
+from fleetctl.facts import HostFacts, facts_request, inspect_container, parse_facts, read_facts
 from fleetctl.instances import host_launch_spec
 from fleetctl.intended import intended_for
 from fleetctl.protocol import names
@@ -65,7 +65,9 @@ def gather(fleet: Fleet, playbook: Playbook | None, *, all_hashes: bool = False,
             ck = checks[c.host.name] = seal.check(c, seal.seal_key(c.host, req), req, use=use_seals)
             ck.make = ck.make and make_seals
             if ck.facts is not None:
-                return parse_facts(c.host.name, ck.facts)
+                facts = parse_facts(c.host.name, ck.facts)
+                facts.container = inspect_container(c)
+                return facts
             if ck.make:  # the agent keeps what the deploy's seal needs (agent_seal.py)
                 return read_facts(c, **kw, payload={"seal": True}, request=req)
             return read_facts(c, **kw, request=req)

@@ -140,7 +140,14 @@ def wrap(host: Host, argv: list[str]) -> list[str]:
 
 def rule(host: Host) -> str:
     """The sudoers line that lets the host's login run its interpreter as the become user, no password."""
-    py = host.python if host.python.startswith("/") else f"/full/path/of/{host.python}"
+    if host.container:  # (become runs the container runtime's client: transport/layers.py)
+        from fleetctl.containers.spec import ContainerSpec
+
+        spec = ContainerSpec.of(host.container)
+        assert spec is not None
+        py = spec.command[0] if spec.command[0].startswith("/") else f"/full/path/of/{spec.command[0]}"
+    else:
+        py = host.python if host.python.startswith("/") else f"/full/path/of/{host.python}"
     return f"{host.user or 'LOGIN'} ALL=({host.become_as}) NOPASSWD: {py}"
 
 

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 from fleetctl.config.hosts import Host
 from fleetctl.remote import agent_key, agent_source
 from fleetctl.transport.base import RemoteError, Steps, Unreachable
+from fleetctl.transport.layers import remote_argv
 
 BOOTSTRAP = (
     "import sys,os,marshal\n"
@@ -138,7 +139,7 @@ def agent_command(host: Host) -> tuple[list[str], bytes]:
         data += b"E%010d" % len(block) + block
     data += b"S"
     prefix, rest = agent_argv(host)
-    return prefix + rest, data
+    return remote_argv(host, prefix + rest), data
 
 
 def agent_argv(host: Host) -> tuple[list[str], list[str]]:
@@ -151,8 +152,8 @@ def agent_argv(host: Host) -> tuple[list[str], list[str]]:
     # the python word again: the agent compares it with the launch's (an in-process probe, agent.py);
     # the source's cache key, so the host need not hash it
     argv = [host.python, "-c", BOOTSTRAP, cache, host.python, agent_key()]
-    if host.becomes:
-        return [], become.wrap(host, argv)
+    if host.becomes:  # (in a container, become wraps the runtime's exec instead: transport/layers.py)
+        return [], argv if host.container else become.wrap(host, argv)
     return env_prefix(command_line_env(host)), argv
 
 
@@ -537,6 +538,16 @@ class AgentTransport(Steps):
         if rc in (126, 127):
             return RemoteError(f"{h}: python interpreter {self.host.python!r} cannot run: {why}",
                                kind="bad_python", hint="fix 'python:' for this host in the inventory")
+        if self._no_hello and self.host.container:  # the runtime's exec ended first
+            from fleetctl.containers.spec import ContainerSpec
+
+            spec = ContainerSpec.of(self.host.container)
+            assert spec is not None
+            said = f"; its stderr ends: {why}" if tail else ", nothing on stderr"
+            return RemoteError(f"{h}: the agent never started in {spec.label}: the runtime's exec ended (exit code "
+                               f"{rc}) before its hello{said}", kind="failed", detail=stderr,
+                               hint=f"is the container running and {self.host.python!r} a python inside it? "
+                                    f"('{spec.shown(spec.inspect_argv())}' on the host says)")
         if self._no_hello:  # the command ended before the agent's bootstrap said a word
             said = f"; its stderr ends: {why}" if tail else ", nothing on stderr"
             return RemoteError(f"{h}: the agent never started: the remote command ended (exit code {rc}) "
@@ -550,7 +561,7 @@ class AgentTransport(Steps):
         `end`: (the pipe, now waiting at the gate; the output; what came after it), or (None, None,
         b"") if the output did not end so within `cap` bytes or the process ended first."""
         rest = agent_argv(self.host)[1]
-        full = sh_argv(command_line_env(self.host), script + GATE, rest)
+        full = remote_argv(self.host, sh_argv(command_line_env(self.host), script + GATE, rest))
         limit = self.host.command_timeout
         pipe = self._start_pipe(full, limit)
         deadline = self._begin(why, limit, f"{self.host.name}: {why}: no end within {limit:g}s")
@@ -627,12 +638,14 @@ class AgentTransport(Steps):
             self._agent_pipe = self._agent_start(pipe, after)
             return output
 
-    def run_command(self, argv: list[str], why: str, cap: int, timeout: float | None = None) -> bytes | None:
+    def run_command(self, argv: list[str], why: str, cap: int, timeout: float | None = None, *,
+                    inside: bool = True) -> bytes | None:
         """Run `argv` on the host (not the agent; through the login shell over SSH) to its end and
         return its stdout, or None if that exceeds `cap` bytes (the process is then closed). Bounded by
-        `timeout` (else command_timeout) like every step."""
+        `timeout` (else command_timeout) like every step. inside: in the host's container when it
+        names one (transport/layers.py); False: on the host itself (the runtime's own commands)."""
         limit = timeout if timeout is not None else self.host.command_timeout
-        pipe = self._start_pipe(argv, limit)
+        pipe = self._start_pipe(remote_argv(self.host, argv, inside=inside), limit)
         deadline = self._begin(why, limit, f"{self.host.name}: {why}: no end within {limit:g}s")
         out = bytearray()
         try:

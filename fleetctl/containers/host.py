@@ -1,0 +1,35 @@
+"""The container of a connected host, as its runtime describes it (one command on the host)."""
+
+from __future__ import annotations
+
+from fleetctl.containers.inspect import INSPECT_CAP, ContainerError, ContainerInfo, parse
+from fleetctl.containers.spec import ContainerSpec
+from fleetctl.transport.base import Transport
+
+
+def spec_of(conn: Transport) -> ContainerSpec | None:
+    return ContainerSpec.of(conn.host.container)
+
+
+def inspect(conn: Transport, *, need_running: bool = True) -> ContainerInfo | None:
+    """What the runtime says of the host's container (None: the host names none). ContainerError when
+    the runtime cannot say (no such container, the client missing, refused) or, with need_running,
+    when the container is not running (nothing can run inside it)."""
+    spec = spec_of(conn)
+    if spec is None:
+        return None
+    h = conn.host.name
+    argv = spec.inspect_argv()
+    out = conn.run_command(argv, f"inspecting {spec.label}", INSPECT_CAP, inside=False)
+    if out is None:
+        raise ContainerError(f"{h}: {spec.label}: the runtime's answer is over {INSPECT_CAP >> 20} MiB")
+    if out.strip() in (b"", b"[]"):  # (docker and podman print [] for no such container)
+        raise ContainerError(f"{h}: {spec.label}: the runtime answered nothing (no such container, or "
+                             f"'{spec.command[0]}' cannot run there)",
+                             hint=f"run '{spec.shown(argv)}' on the host; fix 'container:' in the inventory")
+    info = parse(h, spec, out)
+    if need_running and not info.running:
+        raise ContainerError(f"{h}: {spec.label} is not running (id {info.short_id}, image {info.image})",
+                             hint=f"start it ('{spec.shown([*spec.command, 'start', spec.name])}' on the host)"
+                             if spec.runtime != "kubectl" else "wait until the pod's container runs")
+    return info

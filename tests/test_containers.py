@@ -1,0 +1,210 @@
+"""SGLang inside a container, against a real Docker engine (tests/dockerd.py) on a sandbox host.
+
+The sandbox host is a real sshd on 127.0.0.1; its SGLang lives in a container on that host, in the
+lmsysorg/sglang image layout (/sgl-workspace/sglang/python: a git checkout, installed editable).
+fleetctl reaches it as an operator would: SSH to the host, then `docker exec -i NAME` into the
+container. Everything the tests start (dockerd, containers, the sandbox's sshd) is stopped in
+finalizers by pid / container id. Skipped where no dockerd can run (tests/dockerd.py why_not).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests import dockerd
+from tests.jsoncli import ok
+
+pytestmark = [pytest.mark.usefixtures("ledger_dir"), pytest.mark.fleet]
+
+REPO = Path(__file__).resolve().parent.parent
+PLAYBOOK = REPO / "playbooks" / "dynamic-spec-disable"
+VERSION = "0.5.9"
+SYSTEM_PYTHON = "/usr/bin/python3"  # the container's python: the machine's /usr, bind-mounted read-only
+IMAGE = "fleetctl-test/sglang:0.5.9"
+WORKSPACE = "/sgl-workspace/sglang"
+PKG = f"{WORKSPACE}/python/sglang"
+VENV = "/opt/venv"  # the image's python environment (its site-packages holds the editable install)
+STATE = "/var/lib/fleetctl"  # the state volume's mount point in the container
+TARGET = "srt/speculative/eagle_worker.py"
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dockerd.Dockerd]:
+    why = dockerd.why_not()
+    if why:
+        pytest.skip(why)
+    if not os.access(SYSTEM_PYTHON, os.X_OK):
+        pytest.skip(f"{SYSTEM_PYTHON} is missing")
+    d = dockerd.start(Path(str(tmp_path_factory.mktemp("dockerd"))))
+    try:
+        yield d
+    finally:
+        dockerd.stop(d)
+
+
+@pytest.fixture(scope="module")
+def sandbox(tmp_path_factory: pytest.TempPathFactory, engine: dockerd.Dockerd) -> Iterator[Any]:
+    from fleetctl.sandbox import lifecycle
+
+    d = Path(str(tmp_path_factory.mktemp("ctr-sb"))) / "sb"
+    try:
+        yield lifecycle.up(d, hosts=1, versions=[VERSION], gpus=1, bare_shell=True, host_python=SYSTEM_PYTHON)
+    finally:
+        report = lifecycle.down(d, missing_ok=True)
+        assert not report.survivors, report.survivors
+
+
+def _pyver() -> str:
+    return subprocess.run([SYSTEM_PYTHON, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def image(engine: dockerd.Dockerd, sandbox: Any, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The image: the sandbox host's SGLang release tree in the lmsysorg/sglang layout."""
+    h = sandbox.hosts["h01"]
+    root = Path(str(tmp_path_factory.mktemp("rootfs"))) / "rootfs"
+    for d in ("etc", "tmp", "proc", "sys", "dev", "root", "run", "var/lib"):
+        (root / d).mkdir(parents=True)
+    (root / "tmp").chmod(0o1777)
+    (root / "sbin").mkdir()  # (a dir of its own: docker mounts its init there)
+    for link in ("bin", "lib", "lib64"):
+        (root / link).symlink_to(f"usr/{link}")
+    for f in ("passwd", "group"):
+        shutil.copy(f"/etc/{f}", root / "etc" / f)
+    ws = root / WORKSPACE.lstrip("/")
+    shutil.copytree(h.sglang_dir, ws / "python" / "sglang")
+    (ws / "python" / "pyproject.toml").write_text(
+        f'[project]\nname = "sglang"\nversion = "{VERSION}"\ndependencies = [\n  "torch=={h.torch_version}",\n]\n')
+    git = ["git", "-C", str(ws), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q", str(ws)], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", f"sglang {VERSION}"], check=True)
+    venv = root / VENV.lstrip("/")
+    pyver = _pyver()
+    sp = venv / "lib" / f"python{pyver}" / "site-packages"
+    sp.mkdir(parents=True)
+    (venv / "bin").mkdir()
+    (venv / "bin" / "python").symlink_to(SYSTEM_PYTHON)
+    (venv / "pyvenv.cfg").write_text(f"home = /usr/bin\ninclude-system-site-packages = false\nversion = {pyver}\n")
+    # what `pip install -e python` leaves: a .pth naming the checkout's python dir, an editable dist-info
+    (sp / f"__editable__.sglang-{VERSION}.pth").write_text(f"{WORKSPACE}/python\n")
+    info = sp / f"sglang-{VERSION}.dist-info"
+    shutil.copytree(next(h.site_packages.glob("sglang-*.dist-info")), info)
+    (info / "direct_url.json").write_text(json.dumps({"url": f"file://{WORKSPACE}/python",
+                                                      "dir_info": {"editable": True}}))
+    torch = next(h.site_packages.glob("torch-*.dist-info"))  # (the sandbox's metadata-only stand-in)
+    shutil.copytree(torch, sp / torch.name)
+    # the sandbox's server simulator (fleetctl's host-side package), mounted read-only at run time
+    (sp / "fleetctl_hostlib.pth").write_text("/opt/fleetctl-hostlib\n")
+    dockerd.import_rootfs(engine, root, IMAGE)
+    shutil.rmtree(root)
+    return IMAGE
+
+
+class Box:
+    """One container of the image, made by the test and removed in its finalizer."""
+
+    def __init__(self, engine: dockerd.Dockerd, sandbox: Any, name: str, state: Path | None,
+                 read_only: bool = False) -> None:
+        self.engine, self.sandbox, self.name, self.state, self.read_only = engine, sandbox, name, state, read_only
+        self.id = ""
+
+    def run(self) -> str:
+        args = ["run", "-d", "--init", "--name", self.name, "--network", "host",
+                "-v", "/usr:/usr:ro", "-v", f"{REPO}:/opt/fleetctl-hostlib:ro",
+                # the sandbox host's nvidia-smi stand-in (it replays captures from the host's dir, with
+                # the controller's python and fleetctl's script)
+                "-v", f"{self.sandbox.dir}:{self.sandbox.dir}:ro", "-v", f"{REPO}:{REPO}:ro"]
+        py_prefix = Path(os.path.realpath(self.sandbox.controller_python)).parent.parent
+        if not str(py_prefix).startswith("/usr"):
+            args += ["-v", f"{py_prefix}:{py_prefix}:ro"]
+        if self.state is not None:
+            self.state.mkdir(exist_ok=True)
+            args += ["-v", f"{self.state}:{STATE}"]
+        if self.read_only:
+            args.append("--read-only")
+        self.id = self.engine.run(*args, IMAGE, "sleep", "infinity").stdout.strip()
+        return self.id
+
+    def exec(self, *argv: str) -> str:
+        return self.engine.run("exec", "-i", self.name, *argv).stdout
+
+    def sha(self, rel: str) -> str:
+        return self.exec("sha256sum", f"{PKG}/{rel}").split()[0]
+
+    def remove(self) -> None:
+        if self.id:
+            self.engine.run("rm", "-f", self.id, check=False)
+
+
+@pytest.fixture
+def boxes(engine: dockerd.Dockerd, sandbox: Any, image: str) -> Iterator[list[Box]]:
+    made: list[Box] = []
+    try:
+        yield made
+    finally:
+        for b in made:
+            b.remove()
+
+
+def inventory(tmp_path: Path, sandbox: Any, engine: dockerd.Dockerd, name: str, *,
+              state_dir: str = STATE, **container: Any) -> Path:
+    doc = yaml.safe_load(sandbox.inventory_path.read_text())
+    for k in ("identity_file", "known_hosts"):
+        doc["defaults"][k] = str(sandbox.dir / doc["defaults"][k])
+    doc["ssh_config"] = str(sandbox.dir / doc["ssh_config"])
+    h = doc["hosts"]["h01"]
+    h["python"] = f"{VENV}/bin/python"
+    h["state_dir"] = state_dir
+    h["container"] = {"runtime": "docker", "name": name, "command": engine.cli, **container}
+    inv = tmp_path / "inventory.yaml"
+    inv.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return inv
+
+
+def test_the_loop_through_a_docker_container(engine: dockerd.Dockerd, sandbox: Any, boxes: list[Box],
+                                            tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """facts say container and image; deploy writes into the container's files (not the host's);
+    launch and verify-logs run there; rollback restores the image's bytes."""
+    box = Box(engine, sandbox, "fleetctl-test-c1", tmp_path / "state")
+    boxes.append(box)
+    cid = box.run()
+    inv = inventory(tmp_path, sandbox, engine, box.name)
+    host_tree = sandbox.hosts["h01"].sglang_dir
+    host_before = hashlib.sha256((host_tree / TARGET).read_bytes()).hexdigest()
+    pristine = box.sha(TARGET)
+
+    facts = ok(capsys, "facts", "-i", inv)["hosts"][0]["facts"]
+    assert facts["sglang"]["dir"] == PKG and facts["sglang"]["version"] == VERSION, facts["sglang"]
+    assert facts["sglang"]["install"] in ("editable", "git checkout"), facts["sglang"]
+    c = facts["container"]
+    assert (c["runtime"], c["name"], c["id"], c["image"], c["running"], c["read_only"]) == (
+        "docker", box.name, cid, IMAGE, True, False), c
+    assert any(m["destination"] == STATE for m in c["mounts"]), c
+
+    doc = ok(capsys, "deploy", PLAYBOOK, "-i", inv)
+    assert doc["hosts"][0]["status"] == "changed", doc["hosts"][0]
+    assert box.sha(TARGET) != pristine  # the container's file is patched ...
+    assert hashlib.sha256((host_tree / TARGET).read_bytes()).hexdigest() == host_before  # ... the host's is not
+    assert list((tmp_path / "state").glob("deploys/*/manifest.json"))  # records on the volume
+
+    ok(capsys, "launch", PLAYBOOK, "-i", inv)
+    try:
+        v = ok(capsys, "verify-logs", PLAYBOOK, "-i", inv)
+        assert v["ok"] is True, v
+    finally:
+        ok(capsys, "stop", "-i", inv)
+
+    ok(capsys, "rollback", "-i", inv)
+    assert box.sha(TARGET) == pristine
