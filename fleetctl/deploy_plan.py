@@ -79,6 +79,10 @@ class HostPlan:
     interrupted: list[str] = field(default_factory=list)
     coverage: Coverage | None = None
     drop_bytecode: list[str] = field(default_factory=list)  # files not replaced whose cached pyc is stale
+    # a package tree other selected hosts reach too (fleetctl/trees.py): deployed once, by its owner
+    tree_owner: str | None = None  # the host whose transaction deploys this host's tree (None: this one)
+    tree_members: list[str] = field(default_factory=list)  # every selected host on the tree (if several)
+    records_dir: str | None = None  # the tree's records live beside it (its records dir), not in state_dir
 
     @property
     def to_patch(self) -> list[FilePlan]:
@@ -88,7 +92,10 @@ class HostPlan:
         return {"host": self.host, "status": self.status, "reason": self.reason, "version": self.version,
                 "package_dir": self.package_dir, "interrupted": self.interrupted,
                 "files": [f.to_json() for f in self.files], "drop_bytecode": self.drop_bytecode,
-                "coverage": self.coverage.to_json() if self.coverage else None}
+                "coverage": self.coverage.to_json() if self.coverage else None,
+                **({"shared_tree": {"owner": self.tree_owner or self.host, "hosts": self.tree_members,
+                                    "records_dir": self.records_dir}}
+                   if self.tree_members or self.records_dir else {})}
 
 
 @dataclass

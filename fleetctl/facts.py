@@ -297,6 +297,8 @@ def facts_request(host: Host, *, extra_files: list[str] | None = None, gpus: boo
         "gpus": gpus,
         "with": with_ or [],
         "state_dir": host.state_dir,
+        # the inventory entry asking: its own servers only (two entries may name one machine and state dir)
+        "entry": host.name,
         # the target model's config.json, read under the launch's environment (model-specific routing)
         "model": _launch_model(host, prof),
     }

@@ -71,6 +71,13 @@ def render_plan(plan: Plan) -> None:
                     indent=4)
         if hp.interrupted:
             say(out, "  ", _s("interrupted"), " deploy ", ", ".join(hp.interrupted), ": repaired first", indent=4)
+        if hp.tree_owner and hp.files and hp.status in ("change", "noop"):  # (fleetctl/trees.py)
+            say(out, "  shared tree: ", why, indent=4)
+        elif (hp.records_dir or hp.tree_members) and hp.files and hp.status in ("change", "noop"):
+            say(out, "  shared tree: ", *(["one transaction for ", ", ".join(hp.tree_members)]
+                                         if hp.tree_members else []),
+                *(["; " if hp.tree_members else "", "recorded in ", hp.records_dir] if hp.records_dir else []),
+                indent=4)
     for hosts, _ in groups:
         hp = by_host[hosts[0]]
         if hp.status in ("refused", "unreachable", "failed") and hp.files:

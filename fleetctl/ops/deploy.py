@@ -136,7 +136,35 @@ def build_plan(fleet: Fleet, playbook: Playbook, gathered: Gathered, *, force: b
             idle = dict.fromkeys(w for i in instances(h, playbook) for w in engine().playbook_warnings(playbook, dict(i.flags)))
             hp.reason = "; ".join(x for x in (hp.reason, *(f"warning: {w}" for w in idle)) if x)
         hosts.append(hp)
+    _plan_shared_trees(hosts, gathered, playbook, [h.name for h in fleet.hosts])
     return Plan(str(playbook.path), hosts, intended)
+
+
+def _plan_shared_trees(hosts: list[HostPlan], gathered: Gathered, playbook: Playbook, order: list[str]) -> None:
+    """Hosts that reach one package tree (fleetctl/trees.py): the first (the owner) deploys it, once;
+    the others take the owner's plan and report its transaction as theirs."""
+    from fleetctl.trees import group_trees
+
+    groups = group_trees(order, gathered.facts)
+    by_name = {hp.host: hp for hp in hosts}
+    for name, g in groups.items():
+        hp = by_name[name]
+        if len(g.members) > 1:
+            hp.tree_members = list(g.members)
+        hp.records_dir = g.records_dir
+        if name == g.owner:
+            if g.records_dir and playbook.state_files and hp.status in ("change", "noop"):
+                hp.status = "refused"
+                hp.reason = (f"{name}: its package tree {g.tree.real} is shared ({', '.join(g.members)}) and "
+                             f"playbook {playbook.name!r} ships state files, which each host keeps in its own "
+                             "state_dir: deploy it to a tree per host, or without state files")
+            continue
+        owner = by_name[g.owner]
+        hp.tree_owner = g.owner
+        hp.status, hp.files, hp.interrupted = owner.status, owner.files, owner.interrupted
+        hp.drop_bytecode, hp.version, hp.package_dir = owner.drop_bytecode, owner.version, owner.package_dir
+        said = f"shares its package tree {g.tree.real} with {g.owner}: deployed once, by {g.owner}'s transaction"
+        hp.reason = f"{said}; {owner.reason}" if owner.reason else said
 
 
 def _plan_probe(hp: HostPlan, probed: HostOutcome | None) -> None:
@@ -234,6 +262,10 @@ def apply_plan(fleet: Fleet, plan: Plan, playbook: Playbook, op_id: str, *, vali
             results[hp.host] = HostApply(hp.host, "unreachable" if hp.status == "unreachable" else
                                          ("refused" if hp.status == "refused" else "failed"), hp.reason)
 
+    riders = {n: hp for n, hp in todo.items() if hp.tree_owner is not None}
+    for n in riders:
+        del todo[n]
+
     def one(conn: Transport) -> HostApply:
         hp = todo[conn.host.name]
         ck = (seals or {}).get(conn.host.name)
@@ -249,7 +281,7 @@ def apply_plan(fleet: Fleet, plan: Plan, playbook: Playbook, op_id: str, *, vali
             files.append({"path": fp.path, "sha_before": fp.sha_now, "sha_after": fp.sha_intended,
                           "content": it[fp.path].data})  # raw bytes: marshal carries them
         payload: dict[str, Any] = {
-            "state_dir": conn.host.state_dir, "deploy_id": op_id, "package_dir": hp.package_dir,
+            "state_dir": hp.records_dir or conn.host.state_dir, "deploy_id": op_id, "package_dir": hp.package_dir,
             "version": hp.version, "playbook": playbook.name, "by": who(), "host": conn.host.name,
             "files": files, "validate": validate, "validated_by": f"{sys.version_info[0]}.{sys.version_info[1]}",
             "verify_paths": [f.path for f in hp.files], "drop_bytecode": hp.drop_bytecode,
@@ -260,6 +292,8 @@ def apply_plan(fleet: Fleet, plan: Plan, playbook: Playbook, op_id: str, *, vali
             # the playbook's non-package files, in the same transaction (fleetctl/statefiles.py)
             "state_files": statefiles.payload(playbook),
         }
+        if hp.records_dir:  # a shared tree: its lock, manifest and backups beside it (fleetctl/trees.py)
+            payload["shared_tree"] = True
         if conn.host.name in break_lock:
             payload["break_lock"] = True
         sealing = ck is not None and ck.make
@@ -272,7 +306,10 @@ def apply_plan(fleet: Fleet, plan: Plan, playbook: Playbook, op_id: str, *, vali
         disc = None
         if then_facts is not None and hp.status == "change":
             payload["then_facts"], disc = then_facts(conn.host)
-        res: DeployAnswer = conn.agent(names.DEPLOY, payload)
+        from fleetctl.trees import lane
+
+        with lane(conn.host):  # (another inventory entry for this machine and state dir: one at a time)
+            res: DeployAnswer = conn.agent(names.DEPLOY, payload)
         shipped = [f.path for f in res.files if f.path.startswith("{state_dir}/")]
         r = HostApply(conn.host.name, "changed" if res.deploy_id else "unchanged",
                       f"{len(files)} file(s) patched" + (f", {len(shipped)} state file(s) written" if shipped else "")
@@ -310,4 +347,20 @@ def apply_plan(fleet: Fleet, plan: Plan, playbook: Playbook, op_id: str, *, vali
             r = HostApply(o.host, o.status, o.message)
         r.elapsed = o.elapsed
         results[o.host] = r
+    for n, hp in riders.items():
+        results[n] = _rider_result(n, hp, results.get(hp.tree_owner or ""))
     return results
+
+
+def _rider_result(name: str, hp: HostPlan, owner: HostApply | None) -> HostApply:
+    """A host whose tree another host's transaction deployed: that transaction, as what it is."""
+    if owner is None:
+        return HostApply(name, "skipped", f"its tree is deployed by {hp.tree_owner}, which was not run")
+    said = f"the tree it shares with {owner.host}" + (f" (records in {hp.records_dir})" if hp.records_dir else "")
+    if owner.status in ("changed", "unchanged"):
+        what = (f"deployed once, by {owner.host}'s transaction {owner.deploy_id}: {owner.message}"
+                if owner.status == "changed" else f"{owner.host} found it as intended: {owner.message}")
+        return HostApply(name, owner.status, f"{said}: {what}", owner.deploy_id, list(owner.files),
+                         [*owner.notes, f"shared package tree with {owner.host}"], sealed=owner.sealed)
+    return HostApply(name, "failed" if owner.status != "refused" else "refused",
+                     f"{said}: {owner.host}'s transaction {owner.status}: {owner.message}")

@@ -31,6 +31,7 @@ from fleetctl.protocol.answers import (
 from fleetctl.protocol.schema import to_json
 from fleetctl.runner import Fleet
 from fleetctl.transport.base import RemoteError, Transport
+from fleetctl.trees import lane
 
 TAIL = 30
 
@@ -174,7 +175,8 @@ def hash_set(pb: Playbook | None, version: str) -> list[str]:
 
 def stop_instances(conn: Transport, instances: list[str] | None, timeout: float) -> ServerStopAnswer:
     res: ServerStopAnswer = conn.agent(
-        names.SERVER_STOP, {"state_dir": conn.host.state_dir, "instances": instances, "timeout": timeout},
+        names.SERVER_STOP, {"state_dir": conn.host.state_dir, "instances": instances, "timeout": timeout,
+                             "entry": conn.host.name},
         timeout=timeout + 30 + 10 * len(instances or [1]))
     return res
 
@@ -426,7 +428,8 @@ def apply_launch(conn: Transport, lp: LaunchPlan, pb: Playbook, *, launch_id: st
                                        "target": inst.launch.target if inst.launch else None}},
         }
         try:
-            rec: LaunchRecord = conn.agent(names.SERVER_START, request)
+            with lane(h):  # (another inventory entry for this machine and state dir: one at a time)
+                rec: LaunchRecord = conn.agent(names.SERVER_START, request)
         except RemoteError as e:
             it.status, it.message = "failed", e.message
             continue

@@ -34,10 +34,17 @@ class RollbackPlan:
     expect_live: list[str] = field(default_factory=list)  # this machine's live deploys when planned
     pristine_version: str | None = None  # --from-pristine: the release whose pristine bytes are restored
     package_dir: str | None = None
+    records_dir: str | None = None  # the deploys undone are recorded beside a shared tree (fleetctl/trees.py)
+    tree: str | None = None  # the real path of the tree this host imports
+    tree_owner: str | None = None  # another selected host on the same tree undoes it, once
+    tree_members: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {"host": self.host, "status": self.status, "reason": self.reason, "deploy_ids": self.deploy_ids,
-                "files": self.files, "interrupted": self.interrupted}
+                "files": self.files, "interrupted": self.interrupted,
+                **({"shared_tree": {"owner": self.tree_owner or self.host, "hosts": self.tree_members,
+                                    "records_dir": self.records_dir}}
+                   if self.tree_members or self.records_dir else {})}
 
 
 def plan_rollback(fleet: Fleet, gathered: Gathered, to: str | None, force: bool, *, old_tree: bool = False,
@@ -78,6 +85,21 @@ def plan_rollback(fleet: Fleet, gathered: Gathered, to: str | None, force: bool,
         else:
             chosen = live[-1:]
         chosen = list(reversed(chosen))
+        where = {m.shared for m in chosen}
+        if len(where) > 1:
+            rp.status = "refused"
+            rp.reason = (f"{h.name}: the deploys to undo are recorded in two places (its state_dir and beside "
+                         f"its shared tree, {next(x for x in where if x)}); roll back with --to, one place at a time")
+            plans.append(rp)
+            continue
+        shared_dir = next(iter(where)) if where else None
+        if shared_dir is None and not chosen and any(m.shared for m in live):
+            shared_dir = next(m.shared for m in live if m.shared)
+        if shared_dir:
+            rp.records_dir = shared_dir
+            rp.tree = facts.state.tree.real if facts.state and facts.state.tree else None
+        rp.expect_live = [m.id for m in live if m.shared == shared_dir]
+        rp.interrupted = [m.id for m in hoststate.interrupted(facts) if m.shared == shared_dir]
         moved = [m for m in chosen if m.moved]
         if moved and not old_tree:
             mv = moved[0].moved
@@ -122,7 +144,38 @@ def plan_rollback(fleet: Fleet, gathered: Gathered, to: str | None, force: bool,
             rp.status = "change"
             rp.reason = "; ".join(notes)
         plans.append(rp)
+    _plan_shared_trees(plans, gathered, [h.name for h in fleet.hosts])
     return plans
+
+
+def _plan_shared_trees(plans: list[RollbackPlan], gathered: Gathered, order: list[str]) -> None:
+    """Hosts on one package tree (fleetctl/trees.py) roll it back once: the first that has something
+    to undo (else the first) does; the others report its transaction."""
+    from fleetctl.trees import group_trees
+
+    groups = group_trees(order, gathered.facts)
+    by_name = {rp.host: rp for rp in plans}
+    done: set[int] = set()
+    for g in groups.values():
+        if id(g) in done or len(g.members) < 2:
+            continue
+        done.add(id(g))
+        members = [by_name[m] for m in g.members]
+        if any(rp.pristine_version is not None for rp in members):
+            continue  # --from-pristine: each host's own plan (the files are checked under the lock)
+        ok = [rp for rp in members if rp.status in ("change", "noop")]
+        if not ok:
+            continue
+        owner = next((rp for rp in ok if rp.deploy_ids), ok[0])
+        for rp in members:
+            rp.tree_members = list(g.members)
+            if rp is owner or rp.status not in ("change", "noop"):
+                continue
+            rp.tree_owner = owner.host
+            rp.status, rp.deploy_ids, rp.files = owner.status, list(owner.deploy_ids), owner.files
+            rp.records_dir = owner.records_dir
+            said = f"shares its package tree {g.tree.real} with {owner.host}: rolled back once, by {owner.host}"
+            rp.reason = f"{said}; {owner.reason}" if owner.reason else said
 
 
 def _plan_from_pristine(rp: RollbackPlan, host: str, facts: HostFacts, loose: list[str],
@@ -171,19 +224,28 @@ def apply_rollback(fleet: Fleet, plans: list[RollbackPlan], op_id: str, force: b
                 if key not in pristine:
                     pristine[key] = wheels.verified_pristine(key[0], key[1], f.get("sha_stated"))
 
+    riders = {n: p for n, p in todo.items() if p.tree_owner is not None}
+    for n in riders:
+        del todo[n]
+
     def one(conn: Transport) -> dict[str, Any]:
         p = todo[conn.host.name]
         extra: dict[str, Any] = {"break_lock": True} if conn.host.name in break_lock else {}
+        if p.records_dir:  # undone where it was recorded: beside the shared tree (fleetctl/trees.py)
+            extra["shared_tree"] = p.tree or True
         extra["launch"] = host_launch_spec(conn.host, profile).to_agent()
         if p.pristine_version is not None:
             return _restore_pristine(conn, p, op_id, pristine, extra)
         disc = None
         if then_facts is not None and servers is not None and p.deploy_ids:
             extra["then_facts"], disc = then_facts(conn.host)
-        res: RollbackAnswer = conn.agent(names.ROLLBACK, {
-            "state_dir": conn.host.state_dir, "deploy_ids": p.deploy_ids, "force": force, "rollback_id": op_id,
-            "by": who(), "engine": engine().agent_facts(), "package_dir": conn.host.sglang_dir, "expect_live": p.expect_live, "old_tree": old_tree,
-            **extra})
+        from fleetctl.trees import lane
+
+        with lane(conn.host):  # (another inventory entry for this machine and state dir: one at a time)
+            res: RollbackAnswer = conn.agent(names.ROLLBACK, {
+                "state_dir": p.records_dir or conn.host.state_dir, "deploy_ids": p.deploy_ids, "force": force,
+                "rollback_id": op_id, "by": who(), "engine": engine().agent_facts(),
+                "package_dir": conn.host.sglang_dir, "expect_live": p.expect_live, "old_tree": old_tree, **extra})
         restored = [f for r in res.rollbacks for f in r.files if f.action in ("restored", "removed")]
         bad = [f for r in res.rollbacks for f in r.files if f.action == "refused"]
         msg = (f"{len(restored)} file(s) restored from {', '.join(p.deploy_ids)}" if p.deploy_ids else
@@ -199,6 +261,16 @@ def apply_rollback(fleet: Fleet, plans: list[RollbackPlan], op_id: str, force: b
 
     for o in fleet.run(one, [h for h in fleet.hosts if h.name in todo]):
         results[o.host] = o.data if o.ok else {"host": o.host, "status": o.status, "message": o.message}
+    for n, p in riders.items():
+        own = results.get(p.tree_owner or "")
+        if own is None:
+            results[n] = {"host": n, "status": "skipped", "message": f"its tree is rolled back by {p.tree_owner}"}
+            continue
+        said = f"the tree it shares with {p.tree_owner}"
+        results[n] = {"host": n, "status": own["status"] if own["status"] in ("changed", "unchanged") else
+                      ("refused" if own["status"] == "refused" else "failed"),
+                      "message": f"{said}: rolled back once, by {p.tree_owner}: {own.get('message', '')}",
+                      "notes": [*own.get("notes", []), f"shared package tree with {p.tree_owner}"]}
     return results
 
 

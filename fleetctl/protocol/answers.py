@@ -199,6 +199,27 @@ class Manifest:
     gone: str | None = None  # its patch is no longer on disk (why)
     moved: Moved | None = None  # this python now imports another tree than the one it patched
     pycache_prefixes: list[str] = field(default_factory=list)  # the launch's, when it was deployed
+    shared: str | None = None  # recorded beside a shared tree: that records dir (agent_deploy.tree_records_dir)
+    host: str | None = None  # the inventory entry whose deploy it was
+
+
+@dataclass
+class TreeIdentity:
+    """What tells the located package tree apart from every other (agent_deploy.tree_identity)."""
+
+    real: str
+    dev: int
+    ino: int
+    records_dir: str
+    fs: str | None = None
+    source: str | None = None
+    mount: str | None = None
+    network: bool = False
+    mount_root: bool = False  # the package dir is itself a mount point (its parent is not shared)
+    boot_id: str | None = None
+    machine_id: str | None = None
+    hostname: str | None = None
+    id: str | None = None  # the tree's id file in its records dir (written by its first shared deploy)
 
 
 @dataclass
@@ -211,6 +232,8 @@ class StateFacts:
     machine: str | None = None  # this host, as it describes itself in locks and manifests
     package_real: str | None = None
     unwritable: str | None = None  # why this user cannot write the state dir (None: it can)
+    tree: TreeIdentity | None = None  # the located package tree's identity (shared trees)
+    tree_lock: Lock | None = None  # the lock of the shared tree's records dir, if it has one
 
 
 @dataclass

@@ -618,6 +618,115 @@ def release_lock(state_dir):
         pass
 
 
+# ----------------------------------------------------------------------------- shared trees
+#
+# One package tree may be reached by several inventory entries: two entries for one machine, or
+# several machines mounting one tree (NFS, a shared venv). Such a tree is deployed and rolled back
+# once, and its records (lock, manifests, backups) then live next to it, where every host that
+# reaches the tree can read them: <dir of the package>/.fleetctl-tree-<name>/ (a dot-dir, never
+# importable). Every machine's manifests there are about that one tree, so none is "foreign" there.
+# Its `id` file (random, written by the first deploy that records there) names the tree: two
+# machines whose trees merely have equal inode numbers read different ids (or none).
+
+TREE_DIR_PREFIX = ".fleetctl-tree-"
+NETWORK_FS = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "ceph", "glusterfs", "lustre", "gpfs", "beegfs", "9p",
+              "virtiofs", "afs", "ocfs2", "gfs2", "panfs", "wekafs", "fuse")
+_SHARED_DIRS = {}  # real path of a shared tree's records dir -> that tree's real path as this host sees it
+
+
+TREE_DIR_INSIDE = ".fleetctl-tree"
+
+
+def tree_records_dir(pkg_dir):
+    """Beside the package dir: where a shared tree keeps its records when its parent is shared too."""
+    real = os.path.realpath(pkg_dir)
+    return os.path.join(os.path.dirname(real), TREE_DIR_PREFIX + os.path.basename(real))
+
+
+def tree_records_dirs(pkg_dir):
+    """Both places a shared tree's records may be: beside it, or inside it (when a host mounts the
+    package dir itself, its parent is not shared: the controller then chooses inside)."""
+    real = os.path.realpath(pkg_dir)
+    return [tree_records_dir(real), os.path.join(real, TREE_DIR_INSIDE)]
+
+
+def mark_shared(state_dir, tree_real):
+    _SHARED_DIRS[os.path.realpath(expand(state_dir))] = os.path.realpath(tree_real)
+
+
+def is_shared(state_dir):
+    return bool(_SHARED_DIRS) and os.path.realpath(expand(state_dir)) in _SHARED_DIRS
+
+
+def _as_seen_here(state_dir, m):
+    """A manifest of a shared tree's records dir is about that tree, wherever this host mounts it: its
+    package paths are this host's path of the tree (another host may reach it by another path)."""
+    tree = _SHARED_DIRS.get(os.path.realpath(expand(state_dir))) if _SHARED_DIRS else None
+    if tree and isinstance(m, dict):
+        m["package_dir"] = m["package_real"] = tree
+    return m
+
+
+def _unescape_mount(s):
+    return s.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
+
+
+def mount_of(path):
+    """(fstype, source, mount point) of the mount holding `path` (/proc/self/mountinfo; Nones if unknown)."""
+    best = (None, None, None)
+    try:
+        with open("/proc/self/mountinfo", "rb") as fh:
+            raw = fh.read(4 << 20)
+    except OSError:
+        return best
+    for line in raw.decode("utf-8", "replace").splitlines():
+        left, sep, right = line.partition(" - ")
+        a, b = left.split(), right.split()
+        if not sep or len(a) < 5 or len(b) < 2:
+            continue
+        mp = _unescape_mount(a[4])
+        if (path == mp or path.startswith(mp.rstrip("/") + "/")) and (best[2] is None or len(mp) >= len(best[2])):
+            best = (b[0], _unescape_mount(b[1]), mp)
+    return best
+
+
+def tree_identity(pkg_dir):
+    """What tells this package tree apart from every other, on this machine or another: its real path,
+    device and inode, the mount it is on (a network filesystem: its source), this machine (boot id:
+    new at every boot, never equal on two machines) and the tree's id if its records dir has one."""
+    real = os.path.realpath(pkg_dir)
+    try:
+        st = os.stat(real)
+    except OSError:
+        return None
+    fs, source, mp = mount_of(real)
+    me = machine_identity()
+    dirs = tree_records_dirs(real)
+    tid = None
+    for d in dirs:
+        tid = tid or _read_first_line(os.path.join(d, "id"))
+    out = {"real": real, "dev": st.st_dev, "ino": st.st_ino, "fs": fs, "source": source, "mount": mp,
+           "boot_id": me.get("boot_id"), "machine_id": me.get("machine_id"), "hostname": me.get("hostname"),
+           "records_dir": dirs[1] if mp == real else dirs[0], "mount_root": mp == real, "id": tid}
+    out["network"] = bool(fs) and (fs in NETWORK_FS or fs.split(".")[0] in NETWORK_FS)
+    return out
+
+
+def ensure_tree_id(state_dir):
+    """The shared tree's id file, created once (atomically) in its records dir."""
+    path = os.path.join(expand(state_dir), "id")
+    if _read_first_line(path):
+        return
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return
+    with os.fdopen(fd, "w") as fh:
+        fh.write(os.urandom(16).hex() + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
 # ----------------------------------------------------------------------------- manifests
 
 
@@ -643,7 +752,7 @@ def deploy_dir(state_dir, deploy_id):
         m = read_json_file(os.path.join(base, MANIFEST))
     except (OSError, ValueError):
         return base
-    return base if not isinstance(m, dict) or same_machine(_ident_of(m)) else mine
+    return base if not isinstance(m, dict) or is_shared(state_dir) or same_machine(_ident_of(m)) else mine
 
 
 def manifest_path(state_dir, deploy_id):
@@ -651,8 +760,8 @@ def manifest_path(state_dir, deploy_id):
 
 
 def load_manifest(state_dir, deploy_id):
-    m = read_json_file(manifest_path(state_dir, deploy_id))
-    if not same_machine(_ident_of(m)):  # (deploy_dir never names another machine's; belt and braces)
+    m = _as_seen_here(state_dir, read_json_file(manifest_path(state_dir, deploy_id)))
+    if not is_shared(state_dir) and not same_machine(_ident_of(m)):  # (deploy_dir never names another machine's; belt and braces)
         raise FileNotFoundError(deploy_id)
     return m
 
@@ -681,15 +790,16 @@ def list_manifests(state_dir, include_foreign=False):
     except OSError:
         return out
     me = machine_identity()
+    shared = is_shared(state_dir)
     for name in names:
         try:
-            m = read_json_file(os.path.join(deploys, name, MANIFEST))
+            m = _as_seen_here(state_dir, read_json_file(os.path.join(deploys, name, MANIFEST)))
         except (OSError, ValueError):
             continue
         if not isinstance(m, dict) or not isinstance(m.get("id"), str) or not isinstance(m.get("files"), list) \
                 or not all(isinstance(f, dict) and isinstance(f.get("path"), str) for f in m["files"]):
             continue  # not a manifest this agent wrote: never acted on
-        if not same_machine(_ident_of(m), me):
+        if not shared and not same_machine(_ident_of(m), me):
             if not include_foreign:
                 continue
             m["_foreign"] = describe_writer(_ident_of(m))
@@ -752,7 +862,7 @@ def manifest_summary(m, pkg_dir=None, cur_real=None, cur_version=None):
         files.append({"path": f["path"], "sha_before": f.get("sha_before"), "sha_after": f.get("sha_after"),
                       "status": f.get("status"), "sha_now": cur})
     out = dict((k, m.get(k)) for k in ("id", "state", "created", "updated", "package_dir", "version", "playbook",
-                                       "by", "rolled_back_at", "note", "package_real"))
+                                       "by", "rolled_back_at", "note", "package_real", "host"))
     out["kind"] = m.get("kind", "deploy")
     out["files"] = files  # (no dict `|`: the agent runs on Python >= 3.8)
     if m.get("_foreign"):
@@ -785,6 +895,16 @@ def state_facts(p, sg):
     why = unwritable(expand(sd), "it")
     if why:
         out["unwritable"] = why
+    if cur_real:
+        out["tree"] = tree_identity(cur_real)
+        for rdir in tree_records_dirs(cur_real):
+            if os.path.isdir(rdir) and os.path.realpath(rdir) != os.path.realpath(expand(sd)):
+                mark_shared(rdir, cur_real)
+                for m in list_manifests(rdir):
+                    ms = manifest_summary(m, cur_real=cur_real, cur_version=cur_version)
+                    ms["shared"] = rdir
+                    out["deploys"].append(ms)
+                out["tree_lock"] = out.get("tree_lock") or read_lock(rdir)
     return out
 
 
@@ -1044,6 +1164,13 @@ def _deployed(p, res):
     return res
 
 
+def _check_shared_dir(sd, pkg):
+    """A shared tree's records dir is the one beside that tree: nothing else is ever trusted so."""
+    if not pkg or os.path.realpath(expand(sd)) not in [os.path.realpath(d) for d in tree_records_dirs(pkg)]:
+        raise AgentError("%s is not the records dir of the tree %s" % (sd, pkg), "bad_input")
+    mark_shared(sd, pkg)
+
+
 def action_deploy(p):
     """Apply one host's planned files in one transaction: all intended, or all original."""
     sd = p["state_dir"]
@@ -1052,9 +1179,13 @@ def action_deploy(p):
     kind = p.get("kind") or "deploy"
     if kind not in ("deploy", "restore-pristine"):
         raise AgentError("bad kind %r" % kind, "bad_input")
+    if p.get("shared_tree"):
+        _check_shared_dir(sd, pkg)
     notes = acquire_lock(sd, "deploy" if kind == "deploy" else "rollback", did, p.get("by", "?"), p)
     try:
         fault_point(p, "locked")
+        if p.get("shared_tree"):
+            ensure_tree_id(sd)
         notes += close_superseded(sd, os.path.realpath(pkg), p.get("version"))
         notes += recover_interrupted(sd)
         # what the plan saw for the files it does not change must still hold, now, under the lock: a
@@ -1200,6 +1331,8 @@ def action_rollback(p):
     """Undo the named deploys, newest first, restoring their recorded original bytes."""
     sd = p["state_dir"]
     force = bool(p.get("force"))
+    if p.get("shared_tree"):
+        _check_shared_dir(sd, p["shared_tree"] if isinstance(p["shared_tree"], str) else p.get("package_dir"))
     notes = acquire_lock(sd, "rollback", p.get("rollback_id"), p.get("by", "?"), p)
     try:
         fault_point(p, "locked")

@@ -33,7 +33,9 @@ if __name__ != "fleetctl_agent":  # imported locally (tests, the sandbox simulat
         OPEN_STATES,
         acquire_lock,
         list_manifests,
+        mark_shared,
         release_lock,
+        tree_records_dirs,
         write_atomic,
     )
 
@@ -334,13 +336,25 @@ def _read_pipe(fd, timeout):
     return out.decode("utf-8", "replace")
 
 
-def list_instances(state_dir):
+def list_instances(state_dir, entry=None):
+    """The instances with a launch record; with `entry` (the asking inventory entry), only that entry's."""
     root = servers_root(state_dir)
     try:
         names = sorted(os.listdir(root))
     except OSError:
         return []
-    return [n for n in names if instance_name_ok(n) and os.path.isfile(os.path.join(root, n, "current.json"))]
+    names = [n for n in names if instance_name_ok(n) and os.path.isfile(os.path.join(root, n, "current.json"))]
+    if entry:
+        names = [n for n in names if owned_by(current_record(state_dir, n), entry)]
+    return names
+
+
+def owned_by(rec, entry):
+    """Is this launch record the inventory entry `entry`'s? Two inventory entries may name one machine
+    and one state dir (A/B servers on other GPUs and ports): each entry's servers are its own. A record
+    names the entry that launched it ("host"); one that names none (or is unreadable) is every entry's."""
+    owner = rec.get("host") if isinstance(rec, dict) else None
+    return not entry or not isinstance(owner, str) or not owner or owner == entry
 
 
 # ----------------------------------------------------------------------------- facts about files
@@ -356,9 +370,19 @@ def hash_files(pkg_dir, rels):
     return out
 
 
-def deploy_on_disk(state_dir):
-    """The newest complete deploy whose files all still hold its patched bytes (None: none does)."""
-    for m in reversed(list_manifests(state_dir)):
+def deploy_on_disk(state_dir, pkg_dir=None):
+    """The newest complete deploy whose files all still hold its patched bytes (None: none does).
+    With the package dir the server imports: only deploys of that tree, those recorded beside a
+    shared tree (agent_deploy.tree_records_dir) included."""
+    ms = list_manifests(state_dir)
+    real = os.path.realpath(pkg_dir) if pkg_dir else None
+    if real:
+        for rdir in tree_records_dirs(real):
+            if os.path.isdir(rdir) and os.path.realpath(rdir) != os.path.realpath(expand(state_dir)):
+                mark_shared(rdir, real)
+                ms = sorted(ms + list_manifests(rdir), key=lambda m: (m.get("created", 0), m.get("id", "")))
+        ms = [m for m in ms if os.path.realpath(m.get("package_real") or m.get("package_dir") or "") == real]
+    for m in reversed(ms):
         if m.get("state") != "complete" or not m.get("files"):
             continue
         pkg = m.get("package_dir") or ""
@@ -504,9 +528,9 @@ def instance_state(state_dir, name, deploy_now=None, with_hashes=True):
 def servers_facts(p, sg):
     """Extra facts hook ("servers"): every instance with a record, and which asked ports are free."""
     sd = p.get("state_dir") or "~/.fleetctl"
-    dep = deploy_on_disk(sd)
+    dep = deploy_on_disk(sd, sg.get("dir") if sg and sg.get("found") else None)
     out = {"state_dir": expand(sd), "deploy_now": dep,
-           "instances": [instance_state(sd, n, dep) for n in list_instances(sd)]}
+           "instances": [instance_state(sd, n, dep) for n in list_instances(sd, p.get("entry"))]}
     ports = p.get("server_ports") or []
     out["ports"] = dict((str(pt), port_free(pt)) for pt in ports)
     return out
@@ -770,7 +794,7 @@ def _start_locked(p, sd, name, lid, argv, env):
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o600)
     pkg = p.get("package_dir")
     hashes = hash_files(pkg, p.get("hash_files")) if pkg else {}
-    dep = deploy_on_disk(sd)
+    dep = deploy_on_disk(sd, pkg)
     cwd = launch_cwd(p.get("cwd"), env)
     rec = {"instance": name, "launch_id": lid, "launched_at": time.time(), "argv": p.get("public_argv") or argv,
            "env": p.get("public_env") or {}, "inherited_env": sorted(k for k in (p.get("inherit_env") or [])
@@ -960,7 +984,8 @@ def stop_record(rec, timeout, kill_after=5.0):
 def action_server_stop(p):
     sd = p["state_dir"]
     names = p.get("instances")
-    names = [check_name(n) for n in names] if names is not None else list_instances(sd)
+    # named instances are stopped whoever launched them (the operator named them); all: this entry's
+    names = [check_name(n) for n in names] if names is not None else list_instances(sd, p.get("entry"))
     timeout = float(p.get("timeout", 30))
     out = []
     for n in names:
@@ -978,7 +1003,9 @@ def action_server_stop(p):
 def action_server_grep(p):
     """For each instance: its state plus the lines of its CURRENT launch's log matching the patterns."""
     sd = p["state_dir"]
-    dep = deploy_on_disk(sd)
+    # the tree the servers import (their records name it): its deploys, those beside a shared tree too
+    pkgs = [(current_record(sd, check_name(x)) or {}).get("package_dir") for x in p["instances"]]
+    dep = deploy_on_disk(sd, next((x for x in pkgs if isinstance(x, str) and x), None))
     patterns = [str(x) for x in p.get("patterns") or []]
     cap = int(p.get("max_per_pattern", 256))
     # log timestamps are the host's local time: its UTC offset lets the controller compare them

@@ -1,0 +1,208 @@
+"""One machine, several inventory entries; one package tree, several hosts (issue 31 items 5 and 6),
+on real sshd sandbox hosts:
+
+  * two inventory entries (A/B servers on other GPUs and ports) for one sandbox host, its one state
+    dir and its one package tree: one deploy transaction (B reports A's as what it is), each entry's
+    servers its own (`status` lists each once, `stop --limit B` stops B only), one rollback;
+  * one tree shared by two sandbox hosts (h01's package dir bind-mounted onto h02's, each host its own
+    state dir; h02's sshd in its own UTS namespace with another hostname: another machine to the
+    agent): deployed and rolled back once, recorded inside the tree where both read it, h02 alone
+    plans it as deployed (not `no-record`), verify-logs passes on both, h02 alone rolls it back;
+  * the identity rule itself (fleetctl/trees.py): equal inode numbers on two machines are two trees.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from test_faults import run_json, sha, write_inventory
+
+from fleetctl import wheels
+from fleetctl.protocol.answers import TreeIdentity
+from fleetctl.sandbox import lifecycle as sbx
+from fleetctl.trees import same_tree
+
+pytestmark = [pytest.mark.usefixtures("ledger_dir"), pytest.mark.fleet,
+              pytest.mark.skipif(not Path("/usr/sbin/sshd").exists(), reason="OpenSSH sshd is not installed")]
+
+VERSION = "0.5.9"
+PLAYBOOK = Path(__file__).resolve().parents[1] / "playbooks" / "scheduler-log-line" / "playbook.yaml"
+REL = "srt/managers/scheduler.py"
+
+
+def _hash(pkg: Path) -> str:
+    return sha((pkg / REL).read_bytes())
+
+
+def _pristine() -> str:
+    return sha(wheels.pristine_bytes(VERSION, REL))
+
+
+def _rows(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {r["host"]: r for r in doc["hosts"]}
+
+
+# ------------------------------------------------------------------ 5: two entries for one machine
+
+
+def _two_entries(sb: sbx.Sandbox, path: Path) -> Path:
+    """A and B: the same sshd host (address, port, python, state dir), GPU 0 / GPU 1, two ports."""
+    base = write_inventory(sb, path, command_timeout=60)
+    doc = yaml.safe_load(base.read_text())
+    h = doc["hosts"].pop("h01")
+    port = int(h["flags"]["--port"])
+    doc["hosts"] = {"A": {**h, "gpus": [0], "flags": {"--port": port}},
+                    "B": {**h, "gpus": [1], "flags": {"--port": port + 1}}}
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def test_two_entries_one_machine(fresh_sandbox, tmp_path: Path,  # type: ignore[no-untyped-def]
+                                 capsys: pytest.CaptureFixture[str]) -> None:
+    sb = fresh_sandbox(hosts=1, versions=(VERSION,), gpus=2)
+    inv = _two_entries(sb, tmp_path / "inv.yaml")
+    i, pb = ("-i", str(inv)), str(PLAYBOOK)
+    pkg = sb.hosts["h01"].sglang_dir
+
+    # one tree, one transaction: A deploys it, B reports A's deploy (was: one of them failed 'locked')
+    code, dep = run_json(capsys, "deploy", *i, pb)
+    assert code == 0, dep
+    a, b = _rows(dep)["A"], _rows(dep)["B"]
+    assert a["status"] == b["status"] == "changed" and a["deploy_id"] == b["deploy_id"], dep
+    assert "deployed once, by A's transaction" in b["message"], b
+    manifests = list((sb.hosts["h01"].state_dir / "deploys").glob("*/manifest.json"))
+    assert len(manifests) == 1, manifests
+    assert _hash(pkg) != _pristine()
+    code, chk = run_json(capsys, "deploy", *i, pb, "--check", "--limit", "B")
+    assert code == 0 and chk["hosts"][0]["status"] == "noop", chk
+
+    # each entry's servers are its own
+    code, la = run_json(capsys, "launch", *i, pb)
+    assert code == 0, la
+    code, st = run_json(capsys, "status", *i)
+    assert code == 0, st
+    listed = {h: [s["instance"] for s in r["servers"]] for h, r in _rows(st).items()}
+    ports = {h: f"port-{p}" for h, p in (("A", _port(inv, "A")), ("B", _port(inv, "B")))}
+    assert listed == {"A": [ports["A"]], "B": [ports["B"]]}, listed
+    assert st["summary"]["servers_running"] == 2, st["summary"]
+    code, vl = run_json(capsys, "verify-logs", *i, pb)
+    assert code == 0, vl
+
+    code, stop = run_json(capsys, "stop", *i, "--limit", "B")
+    assert code == 0, stop
+    assert [(x["instance"], x["action"]) for x in stop["hosts"][0]["instances"]] == [(ports["B"], "stopped")], stop
+    code, srv = run_json(capsys, "servers", *i)
+    running = {h: [s["instance"] for s in r["servers"] if s["running"]] for h, r in _rows(srv).items()}
+    assert running == {"A": [ports["A"]], "B": []}, running  # A's server still runs (was: stopped too)
+    assert run_json(capsys, "stop", *i)[0] == 0
+
+    # one rollback of the one tree
+    code, rb = run_json(capsys, "rollback", *i)
+    assert code == 0, rb
+    assert _rows(rb)["A"]["status"] == "changed" and "rolled back once, by A" in _rows(rb)["B"]["message"], rb
+    assert _hash(pkg) == _pristine()
+    code, st = run_json(capsys, "status", *i)
+    assert code == 0 and all(not r["problems"] for r in st["hosts"]), st
+
+
+def _port(inv: Path, host: str) -> int:
+    return int(yaml.safe_load(inv.read_text())["hosts"][host]["flags"]["--port"])
+
+
+# ------------------------------------------------------------------ 6: one tree, two hosts
+
+
+@pytest.fixture
+def shared_tree(fresh_sandbox, tmp_path: Path) -> Iterator[tuple[sbx.Sandbox, Path]]:  # type: ignore[no-untyped-def]
+    """h01's package dir bind-mounted onto h02's (each host keeps its own path, python and state dir),
+    h02's sshd in its own UTS namespace (another hostname). Unmounted at the end, also on failure."""
+    from test_hoststate import _as_other_machine
+
+    sb = fresh_sandbox(hosts=2, versions=(VERSION,), gpus=1)
+    src, dst = sb.hosts["h01"].sglang_dir, sb.hosts["h02"].sglang_dir
+    got = subprocess.run(["mount", "--bind", str(src), str(dst)], capture_output=True, text=True)
+    if got.returncode != 0:
+        pytest.skip(f"cannot bind-mount here: {got.stderr.strip()}")
+    try:
+        _as_other_machine(sb, "h02", "other-machine")
+        yield sb, write_inventory(sb, tmp_path / "inv.yaml", command_timeout=60)
+    finally:
+        subprocess.run(["umount", str(dst)], check=True)
+
+
+def test_tree_shared_by_two_hosts(shared_tree: tuple[sbx.Sandbox, Path],
+                                  capsys: pytest.CaptureFixture[str]) -> None:
+    sb, inv = shared_tree
+    i, pb = ("-i", str(inv)), str(PLAYBOOK)
+    pkg1, pkg2 = sb.hosts["h01"].sglang_dir, sb.hosts["h02"].sglang_dir
+
+    code, plan = run_json(capsys, "deploy", *i, pb, "--check")
+    assert code == 0, plan
+    assert _rows(plan)["h02"]["shared_tree"]["owner"] == "h01", plan
+    assert "deployed once, by h01's transaction" in _rows(plan)["h02"]["reason"], plan
+
+    # one transaction (was: both wrote the files, or one failed 'changed since the plan')
+    code, dep = run_json(capsys, "deploy", *i, pb)
+    assert code == 0, dep
+    r1, r2 = _rows(dep)["h01"], _rows(dep)["h02"]
+    assert r1["status"] == r2["status"] == "changed" and r1["deploy_id"] == r2["deploy_id"], dep
+    assert "deployed once, by h01's transaction" in r2["message"], r2
+    records = pkg1 / ".fleetctl-tree"  # inside the tree: h02 mounts the package dir itself
+    assert len(list((records / "deploys").glob("*/manifest.json"))) == 1 and (records / "id").is_file()
+    assert not list((sb.hosts["h02"].state_dir / "deploys").glob("*/manifest.json"))
+    assert _hash(pkg1) == _hash(pkg2) != _pristine()
+
+    # h02 alone sees the deploy as what it is (was: refused as no-record)
+    code, chk = run_json(capsys, "deploy", *i, pb, "--check", "--limit", "h02")
+    assert code == 0 and chk["hosts"][0]["status"] == "noop", chk
+    code, st = run_json(capsys, "status", *i, "--limit", "h02")
+    assert code == 0 and not st["hosts"][0]["problems"], st
+    assert st["hosts"][0]["last_deploy"] == r1["deploy_id"], st
+
+    # every host's server verified against it (was: FAIL 'no deploy ... is on disk here' on h02)
+    code, la = run_json(capsys, "launch", *i, pb)
+    assert code == 0, la
+    code, vl = run_json(capsys, "verify-logs", *i, pb)
+    assert code == 0, vl
+    assert run_json(capsys, "stop", *i)[0] == 0
+
+    # h02 alone rolls the tree back, once, from the records both read
+    code, rb = run_json(capsys, "rollback", *i, "--limit", "h02")
+    assert code == 0 and rb["hosts"][0]["status"] == "changed", rb
+    assert _hash(pkg1) == _pristine()
+    code, rb = run_json(capsys, "rollback", *i)
+    assert code == 0 and {r["status"] for r in rb["hosts"]} == {"unchanged"}, rb
+    code, st = run_json(capsys, "status", *i)
+    assert code == 0 and all(not r["problems"] for r in st["hosts"]), st
+
+
+# ------------------------------------------------------------------ the identity rule
+
+
+def _tree(**kw: Any) -> TreeIdentity:
+    base: dict[str, Any] = {"real": "/opt/venv/lib/python3.12/site-packages/sglang", "dev": 2049, "ino": 131074,
+                            "records_dir": "/opt/venv/lib/python3.12/site-packages/.fleetctl-tree-sglang",
+                            "fs": "ext4", "source": "/dev/vda1", "mount": "/", "boot_id": "b-1"}
+    base.update(kw)
+    return TreeIdentity(**base)
+
+
+def test_tree_identity_rule() -> None:
+    # two machines whose local trees have equal device and inode numbers (a cloned image): two trees
+    assert not same_tree(_tree(), _tree(boot_id="b-2"))
+    # one machine (two entries, or two containers of it): one tree
+    assert same_tree(_tree(), _tree(real="/srv/other/view/sglang"))
+    # a network tree: the same export and inode, whatever machine and mount point
+    nfs = {"fs": "nfs4", "source": "nas:/export/venvs", "network": True}
+    assert same_tree(_tree(**nfs, mount="/opt", real="/opt/v/sglang"),
+                     _tree(**nfs, mount="/mnt/venvs", real="/mnt/venvs/v/sglang", boot_id="b-2", dev=77))
+    assert not same_tree(_tree(**nfs), _tree(**nfs, ino=5))
+    # the tree's id file: different ids (or one without) are two trees; equal ids join network trees
+    assert not same_tree(_tree(id="x"), _tree(id="y"))
+    assert not same_tree(_tree(id="x"), _tree())
+    assert same_tree(_tree(**{**nfs, "source": "10.0.0.5:/export/venvs"}, id="x"), _tree(**nfs, id="x"))
