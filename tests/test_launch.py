@@ -541,3 +541,66 @@ def test_status_rechecks_which_worker_will_run(sb: Any, tmp_path: Path, capsys: 
                for p in row["problems"]), row["problems"]
     code, doc = cli(capsys, "status", "-i", inv, FULL)
     assert code == 0 and not any(p.startswith("uncovered") for p in doc["hosts"][0]["problems"])
+
+
+# ----------------------------------------------------------------------------- a traceback survived (issue 35.3)
+
+# real SGLang 0.5.12 start-up lines (one H200, 2026-12-01; /work/shared/fixtures/sglang-logs/0.5.12):
+# a handled `Can not initialize OpenAIServingResponses ... Traceback` (openai_harmony absent), then ready
+REAL_0512 = Path(__file__).parent / "data" / "sglang" / "0.5.12_handled_traceback.log"
+
+
+def test_a_traceback_the_real_server_logs_and_survives_is_reported_not_failed(tmp_path: Path) -> None:
+    """The agent's wait, on the real 0.5.12 lines written by a live process: ready, the traceback
+    reported (before: status 'forbidden', and launch stopped the healthy server)."""
+    import sys
+
+    from fleetctl.config.playbook_model import CRASH_SIGNS
+
+    text = REAL_0512.read_text()
+    assert "Traceback (most recent call last)" in text and READY_LINE in text
+    sd = str(tmp_path / "state")
+    (tmp_path / "state").mkdir()
+    script = (f"import sys; sys.stderr.write(open({str(REAL_0512)!r}).read()); sys.stderr.flush(); "
+              "sys.stdin.read()")  # then serves: it lives until the test stops it
+    rec = srv.action_server_start({"state_dir": sd, "instance": "port-1", "env": {}, "public_env": {},
+                                   "package_dir": str(tmp_path), "hash_files": [], "launch_id": "l1",
+                                   "argv": [sys.executable, "-c", script]})
+    try:
+        w = srv.action_server_wait({"state_dir": sd, "instances": ["port-1"], "ready_line": READY_LINE,
+                                    "forbidden": [], "survivable": list(CRASH_SIGNS), "timeout": 120})
+        got = w["port-1"]
+        assert got["status"] == "ready" and got["running"], got
+        assert len(got["logged"]) == 1 and "Can not initialize OpenAIServingResponses" in got["logged"][0]
+        # a playbook's own forbidden line still fails the launch when seen
+        w = srv.action_server_wait({"state_dir": sd, "instances": ["port-1"], "ready_line": READY_LINE,
+                                    "forbidden": ["OpenAIServingResponses"], "timeout": 120})
+        assert w["port-1"]["status"] == "forbidden"
+    finally:
+        srv.action_server_stop({"state_dir": sd, "instances": ["port-1"], "timeout": 5})
+    assert rec["pid"]
+
+
+def test_launch_and_verify_logs_pass_a_server_that_survived_a_logged_traceback(
+        sb: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    inv = make_inventory(sb, tmp_path / "inv.yaml", hosts=["h01"],
+                         env={"h01": {"FLEETCTL_SIM_HANDLED_TRACEBACK": "1"}})
+    try:
+        assert cli(capsys, "deploy", "-i", inv, FULL)[0] == 0
+        code, doc = cli(capsys, "launch", "--drop-unknown-flags", "-i", inv, FULL, "--timeout", "60")
+        assert code == 0, json.dumps(doc)[:3000]
+        (it,) = doc["hosts"][0]["instances"]
+        assert it["status"] == "ready"
+        assert any("logged 1 error line(s) during start-up and is ready and healthy (reported, not a failure)" in n
+                   and "OpenAIServingResponses" in n for n in it["notes"]), it
+        code, doc = cli(capsys, "verify-logs", "-i", inv, FULL)
+        assert code == 0, json.dumps(doc)[:3000]
+        (iv,) = doc["hosts"][0]["instances"]
+        assert iv["ok"] and any("OpenAIServingResponses" in ln for ln in iv["forbidden"])
+        assert any("(reported, not a failure)" in e for e in iv["explanation"])
+        capsys.readouterr()
+        assert main(["verify-logs", "-i", str(inv), str(FULL)]) == 0
+        assert "(reported, not a failure)" in capsys.readouterr().out
+    finally:
+        main(["stop", "-i", str(inv)])
+        main(["rollback", "-i", str(inv)])

@@ -160,6 +160,10 @@ def render_verify(rows: list[HostVerify], markers: list[str]) -> None:
                 say(out, f"{r.host} {iv.instance}: {rep['count']} line(s) with {pat!r}, the latest:", indent=4)
                 for ln in rep["latest"]:
                     out.print(line(f"    | {ln}"))
+    survived = [(r.host, (iv.instance, e)) for r in rows for iv in r.instances if iv.ok
+                for e in iv.explanation if "(reported, not a failure)" in e]
+    for hosts, (inst, e) in group(survived):
+        say(out, "note: ", _instances_label(hosts, [inst]), ": ", e, indent=4)
     fails: list[tuple[str, tuple[object, ...]]] = []
     names: dict[tuple[object, ...], list[str]] = {}
     for r in rows:

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from fleetctl import statefiles
 from fleetctl.config.hosts import Host
-from fleetctl.config.playbook_model import Playbook
+from fleetctl.config.playbook_model import CRASH_SIGNS, Playbook
 from fleetctl.engine import engine
 from fleetctl.facts import HostFacts, read_facts
 from fleetctl.instances import Instance, plan_instances
@@ -454,7 +454,8 @@ def _wait_ready(conn: Transport, res: HostLaunch, pb: Playbook, insts: list[Inst
     h, items = conn.host, res.instances
     waited: ServerWaitAnswer = conn.agent(names.SERVER_WAIT, {
         "state_dir": h.state_dir, "instances": started, "launch_ids": dict.fromkeys(started, launch_id),
-        "ready_line": engine().ready_line, "forbidden": list(pb.verify.forbidden), "timeout": timeout, "tail": TAIL,
+        "ready_line": engine().ready_line, "forbidden": [f for f in pb.verify.forbidden if f not in CRASH_SIGNS],
+        "survivable": [f for f in pb.verify.forbidden if f in CRASH_SIGNS], "timeout": timeout, "tail": TAIL,
         "stamp_re": engine().log_stamp_re, "stamp_fmt": engine().log_stamp_fmt,
     }, timeout=timeout + 60)
     t = res.mark("wait ready", t)
@@ -478,6 +479,9 @@ def _wait_ready(conn: Transport, res: HostLaunch, pb: Playbook, insts: list[Inst
                 it.status = "failed"
                 it.message = f"ready line seen, but GET /health answered {code}"
                 to_stop.append(inst.name)
+            elif w.logged:  # judged by liveness, readiness and its exit: it survived what it logged
+                it.notes.append(f"the server logged {len(w.logged)} error line(s) during start-up and is ready "
+                                f"and healthy (reported, not a failure): {w.logged[0]}")
         else:
             it.status = "timeout" if w.status == "timeout" else "failed"
             it.message = w.why or w.status

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from fleetctl.config.playbook_model import Playbook
+from fleetctl.config.playbook_model import CRASH_SIGNS, Playbook
 from fleetctl.engine import engine
 from fleetctl.facts import bytecode_problem
 from fleetctl.instances import Instance
@@ -185,7 +185,11 @@ def _check_instance(iv: InstanceVerify, st: InstanceState, pb: Playbook, deploy_
         got = matches.get(f)
         if got is not None and got.count:
             iv.forbidden += got.lines[:MAX_SHOWN]
-            iv.problems.append(f"forbidden {f!r}: {got.count} line(s) in this launch's log")
+            if f in CRASH_SIGNS and iv.running and iv.ready:  # logged and survived: reported, not failed
+                iv.explanation.append(f"the server logged {got.count} {f!r} line(s) and is still running "
+                                      f"(reported, not a failure): {got.lines[0]}")
+            else:
+                iv.problems.append(f"forbidden {f!r}: {got.count} line(s) in this launch's log")
     missing = [(r, m) for r in iv.ranks for m, ok in r.markers.items() if not ok]
     if missing and iv.exited is None:  # a server that died before logging it says nothing of the patch
         by_marker: dict[str, list[str]] = {}

@@ -488,6 +488,7 @@ class WaitResult:
     exit: ExitInfo | None = None
     server_pid: int | None = None  # the server's own python, identified at ready
     wrapper_only: bool = False  # the server process is gone, a wrapper of its launch lives on
+    logged: list[str] = field(default_factory=list)  # crash-sign lines the server logged (it may survive them)
 
 
 ServerWaitAnswer = dict[str, WaitResult]  # instance -> result

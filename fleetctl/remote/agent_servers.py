@@ -840,6 +840,7 @@ def action_server_wait(p):
     names = [check_name(n) for n in p["instances"]]
     ready = p["ready_line"]
     forbidden = list(p.get("forbidden") or [])
+    survivable = list(p.get("survivable") or [])  # reported when seen; the server's fate decides
     deadline = time.time() + float(p.get("timeout", 900))
     poll = float(p.get("poll", 0.05))
     ntail = int(p.get("tail", 30))
@@ -858,7 +859,7 @@ def action_server_wait(p):
         if p.get("launch_ids") and rec.get("launch_id") != p["launch_ids"].get(n):
             st[n] = {"status": "failed", "why": "launch record is of another launch (%s)" % rec.get("launch_id")}
             continue
-        st[n] = {"status": None, "rec": rec, "offset": 0, "partial": b""}
+        st[n] = {"status": None, "rec": rec, "offset": 0, "partial": b"", "logged": []}
     while True:
         pending = [n for n in names if st[n]["status"] is None]
         for n in pending:
@@ -888,6 +889,10 @@ def action_server_wait(p):
                 for f in forbidden:
                     if f in line:
                         s.update(status="forbidden", why="forbidden pattern %r in the log" % f, line=line[:2000])
+                        break
+                for f in survivable:
+                    if f in line and len(s["logged"]) < 5:
+                        s["logged"].append(line[:2000])
                         break
                 if s["status"]:
                     break
@@ -920,7 +925,8 @@ def action_server_wait(p):
         running = alive and server_alive(rec)
         r = {"status": s["status"], "why": s.get("why"), "line": s.get("line"), "running": running,
              "server_pid": rec.get("server_pid"), "wrapper_only": alive and not running,
-             "seconds": round(now - rec["launched_at"], 3) if rec.get("launched_at") else None}
+             "seconds": round(now - rec["launched_at"], 3) if rec.get("launched_at") else None,
+             "logged": s.get("logged") or []}
         if rec and not alive:  # the supervisor writes the status just after the server ends
             end = time.time() + 2.0
             pg = rec.get("pgid")

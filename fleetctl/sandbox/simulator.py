@@ -34,6 +34,8 @@ Test knobs (environment):
   FLEETCTL_SIM_START_DELAY=<seconds>    sleep that long while "loading weights"
   FLEETCTL_SIM_CRASH=startup            print a traceback mid start-up and exit 1
   FLEETCTL_SIM_CRASH=after-ready:<s>    become ready, serve <s> seconds (default 3), then the same
+  FLEETCTL_SIM_HANDLED_TRACEBACK=1      log a handled traceback before ready and carry on (the shape
+                                        of 0.5.12's `Can not initialize OpenAIServingResponses`)
   FLEETCTL_SIM_DROP_MARKER_RANK=<n>     the n-th scheduler rank (0-based, TP rank for plain TP) omits the marker
   FLEETCTL_SIM_MARKER=<text>            the marker literal looked for (default below)
 See docs/simulator.md.
@@ -390,6 +392,11 @@ def main(argv: list[str] | None = None) -> int:
         if i == 0:  # logged on TP rank 0 only
             for text in adaptive:
                 info(line(r, text))
+    if env.get("FLEETCTL_SIM_HANDLED_TRACEBACK"):  # logged, survived: the server goes on to serve
+        log(line({}, "Can not initialize OpenAIServingResponses, error: Traceback (most recent call last):"))
+        log('  File "<fleetctl simulator>", line 1, in lifespan  (FLEETCTL_SIM_HANDLED_TRACEBACK)')
+        log("ModuleNotFoundError: No module named 'openai_harmony'")
+        log("")
     srv.ready = True
     info(line({}, READY_LINE))
     crash = env.get("FLEETCTL_SIM_CRASH") or ""
