@@ -91,8 +91,10 @@ class Engine(Protocol):
 
     # -- the launch's target model (model-specific routing reads its config.json on the host)
     not_certain: str  # how an answer that a model-specific override could change is qualified
-    def launch_model(self, flags: Mapping[str, Any], argv: list[str] | tuple[str, ...] = ()) -> dict[str, str] | None:
-        """{"path", "revision"} of the model a launch names (None: it names none)."""
+    def launch_model(self, flags: Mapping[str, Any], argv: list[str] | tuple[str, ...] = (), *,
+                     draft: bool = False) -> dict[str, str] | None:
+        """{"path", "revision"} of the model (`draft`: the speculative draft model) a launch names
+        (None: it names none)."""
         ...
     def model_from_answer(self, answer: object) -> ModelConfig | None:
         """What the agent read of the model config, validated (untrusted)."""

@@ -73,6 +73,8 @@ class HostFacts:
     model: ModelConfig | None = None
     # the host's container, as its runtime describes it (fleetctl/containers); None: not in one
     container: ContainerInfo | None = None
+    # the launch's speculative draft model config.json as read on the host (None: it names no draft path)
+    draft_model: ModelConfig | None = None
 
     def deploys(self) -> list[Manifest]:
         return self.state.deploys if self.state else []
@@ -235,6 +237,7 @@ def parse_facts(host: str, raw: FactsAnswer) -> HostFacts:
         bytecode=dict(sg.bytecode),
         pycache_prefix=sg.launch.pycache_prefix if sg.launch else None,
         model=engine().model_from_answer(raw.model),
+        draft_model=engine().model_from_answer(getattr(raw, "draft_model", None)),
     )
 
 
@@ -301,16 +304,17 @@ def facts_request(host: Host, *, extra_files: list[str] | None = None, gpus: boo
         "entry": host.name,
         # the target model's config.json, read under the launch's environment (model-specific routing)
         "model": _launch_model(host, prof),
+        "draft_model": _launch_model(host, prof, draft=True),
     }
 
 
-def _launch_model(host: Any, profile: LaunchProfile) -> dict[str, str] | None:
+def _launch_model(host: Any, profile: LaunchProfile, *, draft: bool = False) -> dict[str, str] | None:
     """{"path", "revision"} of the model the host's launch names (None: none, or a launch layout that
     does not plan: the command using it reports that)."""
     from fleetctl.errors import InputError
     from fleetctl.instances import command_argv, plan_instances
 
     try:
-        return engine().launch_model(plan_instances(host, profile)[0].flags, command_argv(host, profile))
+        return engine().launch_model(plan_instances(host, profile)[0].flags, command_argv(host, profile), draft=draft)
     except InputError:
         return None

@@ -309,7 +309,8 @@ def plan_launch(host: Host, pb: Playbook, insts: list[Instance], facts: HostFact
         problems[inst.name] += engine().log_visibility_problems(r.resolved_args, inst.effective_env)
         if r.startup_error:
             continue  # refused: which worker would run does not matter
-        cov = coverage(v, inst.flags, inst.effective_env, pb) if pb.files_for(v) is not None else None
+        cov = (coverage(v, inst.flags, inst.effective_env, pb, model=facts.model, draft=facts.draft_model)
+               if pb.files_for(v) is not None else None)
         if cov is not None and cov.refused and not allow_uncovered:
             # the origin mistake: the worker that will run is not the one patched
             problems[inst.name].append(f"{cov.refused} (--allow-uncovered to launch it anyway)")

@@ -388,6 +388,7 @@ class FactsAnswer:
     servers: ServersFacts | None = None
     discover: DiscoverFacts | None = None
     model: ModelConfigInfo | None = None  # asked with payload `model` (the launch's --model-path)
+    draft_model: ModelConfigInfo | None = None  # asked with payload `draft_model` (its draft model path)
 
 
 @dataclass

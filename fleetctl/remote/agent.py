@@ -1151,6 +1151,8 @@ def action_facts(p, reread=None):
         res["registered_flags"] = registered_flags(sg["dir"], p["check_flags"], p["engine"]["args_file"])
     if p.get("model"):
         res["model"] = read_model_config(p["model"], p.get("launch"))
+    if p.get("draft_model"):  # the speculative draft model's config.json, read the same way
+        res["draft_model"] = read_model_config(p["draft_model"], p.get("launch"))
     if p.get("gpus", True):
         res["gpus"] = gpu_queries()
     hooks = p.get("with", [])

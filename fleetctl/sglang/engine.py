@@ -105,8 +105,9 @@ class SGLangEngine:
 
     not_certain: str = routing.NOT_CERTAIN
 
-    def launch_model(self, flags: Mapping[str, Any], argv: list[str] | tuple[str, ...] = ()) -> dict[str, str] | None:
-        return model_config.launch_model(dict(flags), argv)
+    def launch_model(self, flags: Mapping[str, Any], argv: list[str] | tuple[str, ...] = (), *,
+                     draft: bool = False) -> dict[str, str] | None:
+        return model_config.launch_model(dict(flags), argv, draft=draft)
 
     def model_from_answer(self, answer: object) -> model_config.ModelConfig | None:
         return model_config.from_answer(answer)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import PurePosixPath
 from typing import Any
 
@@ -92,6 +93,7 @@ def _touched_lines(patch: bytes) -> tuple[set[int], set[int]]:
     return old, new
 
 
+@lru_cache(maxsize=64)
 def sampling_touched(version: str, patch: bytes) -> list[str]:
     """The sampling branches (by backend name) a patch of the sampler changes."""
     import ast
@@ -167,7 +169,8 @@ def _check_model(version: str, t: FT.Table, patched: list[str], flags: dict[str,
     unknown: list[str] = []
     roles = [("target", model, False)]
     if flags.get("speculative_algorithm") and str(flags["speculative_algorithm"]).upper() != "NGRAM":
-        roles.append(("draft", draft if flags.get("speculative_draft_model_path") else model, True))
+        named = flags.get("speculative_draft_model_path") or flags.get("speculative_draft_model")
+        roles.append(("draft", draft if named else model, True))
     for role, seen, is_draft in roles:
         if seen is None or seen.arch is None:
             why = seen.error if seen is not None and seen.error else "not read (checked on the host: explain, deploy)"
@@ -194,18 +197,25 @@ def _check_model(version: str, t: FT.Table, patched: list[str], flags: dict[str,
     return FamilyCheck(MODEL, patched, runs, False, "; ".join(said) + f"; your patch changes only {mine}")
 
 
-def _backends(flags: dict[str, Any]) -> dict[str, str | None]:
-    """phase -> the attention backend the launch names for it (None: the release's default)."""
+def _backends(flags: dict[str, Any]) -> dict[str, tuple[str | None, str]]:
+    """phase -> (the attention backend the launch names for it or None: the release's default, the flag
+    that names it). SGLang uses --prefill/--decode-attention-backend over --attention-backend."""
     base = flags.get("attention_backend")
-    pre, dec = flags.get("prefill_attention_backend"), flags.get("decode_attention_backend")
-    out = {"prefill": str(pre or base) if (pre or base) else None,
-           "decode": str(dec or base) if (dec or base) else None}
-    return {"": out["prefill"]} if out["prefill"] == out["decode"] else out
+    out: dict[str, tuple[str | None, str]] = {}
+    for phase in ("prefill", "decode"):
+        own = flags.get(f"{phase}_attention_backend")
+        out[phase] = ((str(own), f"--{phase}-attention-backend") if own else
+                      (str(base) if base else None, "--attention-backend"))
+    if out["prefill"][0] == out["decode"][0]:
+        return {"": out["prefill"] if out["prefill"][1] == out["decode"][1] else (out["prefill"][0],
+                                                                                 "--attention-backend")}
+    return out
 
 
 def _check_choice(family: str, version: str, patched: list[str], choices: dict[str, list[str]],
-                  defaults: list[str], picked: dict[str, str | None], flag: str) -> FamilyCheck:
-    """A family chosen by a flag with a per-release default: `picked` phase -> backend (None: default)."""
+                  defaults: list[str], picked: dict[str, tuple[str | None, str]]) -> FamilyCheck:
+    """A family chosen by a flag with a per-release default: `picked` phase -> (backend or None for the
+    default, the flag that chooses it)."""
     mine = _short(patched)
     title = TITLES[family]
     hit_by: dict[str, bool] = {name: bool(set(mods) & set(patched)) for name, mods in choices.items()}
@@ -213,7 +223,7 @@ def _check_choice(family: str, version: str, patched: list[str], choices: dict[s
     parts: list[str] = []
     uncertain = False
     any_hit = False
-    for phase, name in picked.items():
+    for phase, (name, flag) in picked.items():
         label = f"{phase} " if len(picked) > 1 else ""
         if name is None:
             cands = [d for d in defaults if d in choices] or defaults
@@ -240,7 +250,7 @@ def _check_choice(family: str, version: str, patched: list[str], choices: dict[s
         runs += mods
         if set(mods) & set(patched):
             any_hit = True
-            parts.append(f"with {flag} {name} the server runs {_short(mods)}")
+            parts.append(f"with {flag} {name} the {label}{title} runs {_short(mods)}")
         else:
             parts.append(f"with {flag} {name} the {label}{title} runs "
                          + (_short(mods) if mods else "no backend module"))
@@ -264,17 +274,18 @@ def check(version: str, flags: Mapping[str, Any], patched: Mapping[str, bytes], 
         out.append(_check_model(version, t, want[MODEL], fl, model, draft))
     if ATTENTION in want:
         out.append(_check_choice(ATTENTION, version, want[ATTENTION], t.attention, t.attention_defaults,
-                                 _backends(fl), "--attention-backend"))
+                                 _backends(fl)))
     if GRAMMAR in want:
         c = _check_choice(GRAMMAR, version, want[GRAMMAR], t.grammar, t.grammar_defaults,
-                          {"": str(fl["grammar_backend"]) if fl.get("grammar_backend") else None}, "--grammar-backend")
+                          {"": (str(fl["grammar_backend"]) if fl.get("grammar_backend") else None,
+                                "--grammar-backend")})
         c.notes.append("a grammar backend runs only for requests with a structured-output constraint")
         out.append(c)
     if SAMPLING in want:
         choices = {n: [f"{FT.SAMPLER}::{n}"] for b in t.sampling for n in b.names}
         out.append(_check_choice(SAMPLING, version, want[SAMPLING], choices, t.sampling_defaults,
-                                 {"": str(fl["sampling_backend"]) if fl.get("sampling_backend") else None},
-                                 "--sampling-backend"))
+                                 {"": (str(fl["sampling_backend"]) if fl.get("sampling_backend") else None,
+                                       "--sampling-backend")}))
     for c in out:
         c.notes += t.problems
     return out

@@ -92,17 +92,23 @@ def architecture(data: bytes) -> str | None:
 
 MODEL_FLAGS = ("--model-path", "--model")  # every spelling of ServerArgs.model_path (all releases)
 REVISION_FLAG = "--revision"
+# the speculative draft model: ServerArgs.speculative_draft_model_path / _revision
+DRAFT_FLAGS = ("--speculative-draft-model-path", "--speculative-draft-model")
+DRAFT_REVISION_FLAG = "--speculative-draft-model-revision"
 _MAX_SHOWN = 300
 
 
-def launch_model(flags: dict[str, object], argv: list[str] | tuple[str, ...] = ()) -> dict[str, str] | None:
-    """{"path", "revision"} of the launch's target model: the launch command's own words, then the
-    flags fleetctl appends (argparse keeps the last). None when the launch names no model."""
+def launch_model(flags: dict[str, object], argv: list[str] | tuple[str, ...] = (), *,
+                 draft: bool = False) -> dict[str, str] | None:
+    """{"path", "revision"} of the launch's target model (`draft`: its speculative draft model): the
+    launch command's own words, then the flags fleetctl appends (argparse keeps the last). None when
+    the launch names no such model."""
+    model_flags, revision_flag = (DRAFT_FLAGS, DRAFT_REVISION_FLAG) if draft else (MODEL_FLAGS, REVISION_FLAG)
     found: dict[str, str] = {}
     words = list(argv)
     for i, w in enumerate(words):
         name, eq, val = w.partition("=")
-        key = "path" if name in MODEL_FLAGS else "revision" if name == REVISION_FLAG else None
+        key = "path" if name in model_flags else "revision" if name == revision_flag else None
         if key is None:
             continue
         if eq:
@@ -111,7 +117,7 @@ def launch_model(flags: dict[str, object], argv: list[str] | tuple[str, ...] = (
             found[key] = words[i + 1]
     for k, v in flags.items():
         name = k if k.startswith("--") else "--" + k.replace("_", "-")
-        key = "path" if name in MODEL_FLAGS else "revision" if name == REVISION_FLAG else None
+        key = "path" if name in model_flags else "revision" if name == revision_flag else None
         if key is not None and v is not None and v is not False and v is not True:
             found[key] = str(v)
     return found if found.get("path") else None
