@@ -103,6 +103,9 @@ class Plan:
     playbook: str
     hosts: list[HostPlan]
     intended: dict[str, dict[str, Intended]]  # version -> path -> Intended
+    # what apply_plan did per host, kept across calls (a rolling deploy's batches): a host on a tree
+    # another host deployed in an earlier batch reports that transaction (fleetctl/trees.py)
+    applied: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {"playbook": self.playbook, "hosts": [h.to_json() for h in self.hosts]}

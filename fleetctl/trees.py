@@ -14,10 +14,11 @@ host in inventory order (the owner); the others report that transaction as their
     trees with different ids (or one with an id, one without) are never one, and network trees with
     the same id and inode are one even when their mounts are spelled differently.
 
-Records: when every member keeps its records in one state dir on one machine, they stay there; else
-(each host its own state dir) they live beside the tree, in its records dir
-(<dir of the package>/.fleetctl-tree-<name>/), which every host reaching the tree reads; once a tree
-has records there, every later deploy and rollback of it uses them.
+Records: when every member keeps its records in one state dir on one machine (and the tree is not on
+a network filesystem), they stay there; else they live with the tree, where every host reaching it
+reads them: beside it (<dir of the package>/.fleetctl-tree-<name>/), or inside it
+(<package dir>/.fleetctl-tree/) when a host mounts the package dir itself (its parent is then not
+shared). Once a tree has records there, every later deploy and rollback of it uses them.
 """
 
 from __future__ import annotations
@@ -100,8 +101,10 @@ def group_trees(order: list[str], facts: dict[str, HostFacts]) -> dict[str, Tree
         here = [m.shared for x in g.members for m in (facts[x].state.deploys if facts[x].state else []) if m.shared]
         if here:  # records kept beside (or inside) the tree already: from the owner's view of them
             g.records_dir = _owner_view(g.tree, here[-1])
-        elif len(places) > 1:
-            # inside the package dir when any member mounts that dir itself (its parent is not shared)
+        elif len(places) > 1 or g.tree.network:
+            # (a tree on a network filesystem is recorded with it even when one host is selected: the
+            # hosts that mount it too read the record later.) Inside the package dir when any member
+            # mounts that dir itself (its parent is not shared)
             inside = any(t.mount_root for x in g.members if (t := tree_of(facts[x])) is not None)
             g.records_dir = posixpath.join(g.tree.real, TREE_DIR_INSIDE) if inside else g.tree.records_dir
         for m in g.members:

@@ -23,9 +23,10 @@ import yaml
 from test_faults import run_json, sha, write_inventory
 
 from fleetctl import wheels
-from fleetctl.protocol.answers import TreeIdentity
+from fleetctl.facts import HostFacts, TorchCheck
+from fleetctl.protocol.answers import StateFacts, TreeIdentity
 from fleetctl.sandbox import lifecycle as sbx
-from fleetctl.trees import same_tree
+from fleetctl.trees import group_trees, same_tree
 
 pytestmark = [pytest.mark.usefixtures("ledger_dir"), pytest.mark.fleet,
               pytest.mark.skipif(not Path("/usr/sbin/sshd").exists(), reason="OpenSSH sshd is not installed")]
@@ -206,3 +207,29 @@ def test_tree_identity_rule() -> None:
     assert not same_tree(_tree(id="x"), _tree(id="y"))
     assert not same_tree(_tree(id="x"), _tree())
     assert same_tree(_tree(**{**nfs, "source": "10.0.0.5:/export/venvs"}, id="x"), _tree(**nfs, id="x"))
+
+
+def _facts(host: str, tree: TreeIdentity, state_dir: str) -> HostFacts:
+    return HostFacts(host, "Linux", "/usr/bin/python3", "3.12.3", "root", True, VERSION, tree.real, "wheel",
+                     TorchCheck(None, [], None), {}, None, "", 0.0,
+                     state=StateFacts(deploys=[], state_dir=state_dir, tree=tree))
+
+
+def test_where_a_shared_tree_is_recorded() -> None:
+    # two entries of one machine and one state dir: one transaction, records stay in that state dir
+    g = group_trees(["A", "B"], {"A": _facts("A", _tree(), "/root/.fleetctl"),
+                                 "B": _facts("B", _tree(), "/root/.fleetctl")})
+    assert g["A"] is g["B"] and g["A"].owner == "A" and g["A"].records_dir is None
+    # one machine, two state dirs: beside the tree (its parent is on the same filesystem)
+    g = group_trees(["A", "B"], {"A": _facts("A", _tree(), "/root/.fleetctl"),
+                                 "B": _facts("B", _tree(), "/home/b/.fleetctl")})
+    assert g["B"].records_dir == _tree().records_dir
+    # a host that mounts the package dir itself: inside it, at the owner's path
+    g = group_trees(["A", "B"], {"A": _facts("A", _tree(), "/root/.fleetctl"),
+                                 "B": _facts("B", _tree(real="/mnt/sglang", mount="/mnt/sglang", mount_root=True),
+                                             "/home/b/.fleetctl")})
+    assert g["B"].records_dir == _tree().real + "/.fleetctl-tree"
+    # a tree on NFS is recorded with it even when one host is selected (the others read it later)
+    nfs = _tree(fs="nfs4", source="nas:/export", network=True)
+    assert group_trees(["A"], {"A": _facts("A", nfs, "/root/.fleetctl")})["A"].records_dir == nfs.records_dir
+    assert group_trees(["A"], {"A": _facts("A", _tree(), "/root/.fleetctl")})["A"].records_dir is None

@@ -347,20 +347,22 @@ def apply_plan(fleet: Fleet, plan: Plan, playbook: Playbook, op_id: str, *, vali
             r = HostApply(o.host, o.status, o.message)
         r.elapsed = o.elapsed
         results[o.host] = r
+    plan.applied.update(results)
     for n, hp in riders.items():
-        results[n] = _rider_result(n, hp, results.get(hp.tree_owner or ""))
+        results[n] = plan.applied[n] = _rider_result(n, hp, plan.applied.get(hp.tree_owner or ""))
     return results
 
 
 def _rider_result(name: str, hp: HostPlan, owner: HostApply | None) -> HostApply:
     """A host whose tree another host's transaction deployed: that transaction, as what it is."""
     if owner is None:
-        return HostApply(name, "skipped", f"its tree is deployed by {hp.tree_owner}, which was not run")
+        return HostApply(name, "failed", f"its package tree is deployed by {hp.tree_owner}'s transaction, which "
+                                         f"was not run; deploy {hp.tree_owner} too")
     said = f"the tree it shares with {owner.host}" + (f" (records in {hp.records_dir})" if hp.records_dir else "")
     if owner.status in ("changed", "unchanged"):
         what = (f"deployed once, by {owner.host}'s transaction {owner.deploy_id}: {owner.message}"
                 if owner.status == "changed" else f"{owner.host} found it as intended: {owner.message}")
         return HostApply(name, owner.status, f"{said}: {what}", owner.deploy_id, list(owner.files),
-                         [*owner.notes, f"shared package tree with {owner.host}"], sealed=owner.sealed)
+                         list(owner.notes), sealed=owner.sealed)
     return HostApply(name, "failed" if owner.status != "refused" else "refused",
                      f"{said}: {owner.host}'s transaction {owner.status}: {owner.message}")

@@ -270,7 +270,7 @@ def apply_rollback(fleet: Fleet, plans: list[RollbackPlan], op_id: str, force: b
         results[n] = {"host": n, "status": own["status"] if own["status"] in ("changed", "unchanged") else
                       ("refused" if own["status"] == "refused" else "failed"),
                       "message": f"{said}: rolled back once, by {p.tree_owner}: {own.get('message', '')}",
-                      "notes": [*own.get("notes", []), f"shared package tree with {p.tree_owner}"]}
+                      "notes": list(own.get("notes", []))}
     return results
 
 
