@@ -64,7 +64,10 @@ class Engine(Protocol):
 
     # -- which code runs for given flags/env/model
     def resolve_worker(self, version: str, flags: dict[str, Any], env: dict[str, str], *,
-                       model_arch: str | None = None) -> Resolution: ...
+                       model_arch: str | None = None, files: Mapping[str, bytes | str] | None = None) -> Resolution: ...
+    def launch_files(self, flags: Mapping[str, Any]) -> list[str]:
+        """Host files the launch's flags name that the engine reads at start-up (facts reads them)."""
+        ...
     def overlap_cause(self, version: str, disable_overlap_schedule: bool, env: Mapping[str, str]) -> str | None:
         """Why the resolved routing turned the overlap schedule off, when the launch env decided it."""
         ...
@@ -90,6 +93,7 @@ class Engine(Protocol):
         ...
 
     # -- the launch's target model (model-specific routing reads its config.json on the host)
+    model_flag: str  # the launch flag naming the target model
     not_certain: str  # how an answer that a model-specific override could change is qualified
     def launch_model(self, flags: Mapping[str, Any], argv: list[str] | tuple[str, ...] = (), *,
                      draft: bool = False) -> dict[str, str] | None:
@@ -123,6 +127,11 @@ class Engine(Protocol):
         ...
     def state_file_check(self, pb: Any, version: str, name: str, data: bytes) -> tuple[bool, str] | None:
         """How this release's own loader reads a playbook state file the launch names (None: not one)."""
+        ...
+
+    # -- `patch init`: a new playbook's launch and marker from the files a patch changes
+    def scaffold(self, version: str, patched: dict[str, tuple[bytes, bytes]]) -> tuple[Any, list[Any]]:
+        """(the launch draft, the log lines the patch adds) for rel -> (pristine, patched) bytes."""
         ...
 
     # -- the host's own engine asked (`explain --probe`): run on the host's CPU, no GPU visible

@@ -75,6 +75,8 @@ class HostFacts:
     container: ContainerInfo | None = None
     # the launch's speculative draft model config.json as read on the host (None: it names no draft path)
     draft_model: ModelConfig | None = None
+    # files the launch's flags name, as read on the host: path -> bytes, or why not (None: not asked)
+    launch_files: dict[str, bytes | str] | None = None
 
     def deploys(self) -> list[Manifest]:
         return self.state.deploys if self.state else []
@@ -238,7 +240,32 @@ def parse_facts(host: str, raw: FactsAnswer) -> HostFacts:
         pycache_prefix=sg.launch.pycache_prefix if sg.launch else None,
         model=engine().model_from_answer(raw.model),
         draft_model=engine().model_from_answer(getattr(raw, "draft_model", None)),
+        launch_files=_launch_files(raw.launch_files),
     )
+
+
+MAX_LAUNCH_FILE = 1 << 20
+
+
+def _launch_files(answer: Any) -> dict[str, bytes | str] | None:
+    """What the agent read of the files the launch names (untrusted: bounded, decoded, or a short why)."""
+    import base64
+    import binascii
+
+    if answer is None:
+        return None
+    out: dict[str, bytes | str] = {}
+    for path, info in list(answer.items())[:8]:
+        if info.data is not None:
+            try:
+                data = base64.b64decode(info.data[: 2 * MAX_LAUNCH_FILE], validate=True)
+            except (binascii.Error, ValueError):
+                out[path] = "the host sent it malformed"
+                continue
+            out[path] = data[:MAX_LAUNCH_FILE]
+        else:
+            out[path] = (info.error or "not read")[:300]
+    return out
 
 
 def bytecode_files(extra_files: list[str] | None = None) -> list[str]:
@@ -305,7 +332,19 @@ def facts_request(host: Host, *, extra_files: list[str] | None = None, gpus: boo
         # the target model's config.json, read under the launch's environment (model-specific routing)
         "model": _launch_model(host, prof),
         "draft_model": _launch_model(host, prof, draft=True),
+        # files the launch's flags name that start-up reads (an adaptive config), read on the host
+        "launch_files": _named_files(host, prof),
     }
+
+
+def _named_files(host: Any, profile: LaunchProfile) -> list[str]:
+    from fleetctl.errors import InputError
+    from fleetctl.instances import plan_instances
+
+    try:
+        return engine().launch_files(plan_instances(host, profile)[0].flags)
+    except InputError:
+        return []
 
 
 def _launch_model(host: Any, profile: LaunchProfile, *, draft: bool = False) -> dict[str, str] | None:

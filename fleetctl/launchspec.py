@@ -77,6 +77,23 @@ class LaunchSpec:
             f"-m {self.target}" if self.target_kind == "module" else str(self.target))
 
 
+def env_overrides(wanted: dict[str, str], spec: LaunchSpec | None) -> list[str]:
+    """What the launch command's own `env` prefix does to the environment the playbook and inventory
+    set (`wanted`): one line per variable it clears, unsets or sets to another value."""
+    if spec is None:
+        return []
+    out = []
+    for k, v in wanted.items():
+        if spec.clear and k not in spec.command_env:
+            out.append(f"the launch command's 'env -i' drops {k}={v!r} that the playbook/inventory set")
+        elif k in spec.unset and k not in spec.command_env:
+            out.append(f"the launch command's 'env -u {k}' drops {k}={v!r} that the playbook/inventory set")
+        elif k in spec.command_env and spec.command_env[k] != v:
+            out.append(f"the launch command sets {k}={spec.command_env[k]!r}, overriding {k}={v!r} of the "
+                       "playbook/inventory: the server runs with the command's value")
+    return out
+
+
 def _parse_env(words: list[str], i: int) -> tuple[int, dict[str, str], list[str], bool, str | None]:
     """`env [-i] [-u NAME]... [NAME=value]... CMD`: (index of CMD, set, unset, clear, problem)."""
     sets: dict[str, str] = {}

@@ -38,8 +38,24 @@ def launch_env(host: Host, playbook: Playbook) -> dict[str, str]:
     return dict(instances(host, playbook)[0].effective_env)
 
 
+def named_files(facts: HostFacts | None, playbook: Playbook, flags: dict[str, Any]) -> dict[str, bytes | str] | None:
+    """The files the launch's flags name, as start-up will read them: a playbook state file
+    (`{file:NAME}`) from the playbook's own bytes (what deploy ships), others as read on the host
+    (None: not asked, e.g. offline)."""
+    from fleetctl.statefiles import refs
+
+    out: dict[str, bytes | str] = dict(facts.launch_files) if facts is not None and facts.launch_files else {}
+    shipped = {f.name: f.data for f in playbook.state_files}
+    for value in flags.values():
+        names = refs(value)
+        if len(names) == 1 and names[0] in shipped and value == "{file:" + names[0] + "}":
+            out[value] = shipped[names[0]]
+    return out if out or (facts is not None and facts.launch_files is not None) else None
+
+
 def coverage(version: str, flags: dict[str, Any], env: dict[str, str], playbook: Playbook, *,
-             model: ModelConfig | None = None, draft: ModelConfig | None = None, strict: bool = False) -> Coverage:
+             model: ModelConfig | None = None, draft: ModelConfig | None = None, strict: bool = False,
+             files: dict[str, bytes | str] | None = None) -> Coverage:
     """Whether the launch runs what the playbook patches, for every family of alternative files the
     launch chooses between (the speculative worker, the model implementation, the attention,
     grammar and sampling backends): a family is checked when the patch changes one of its members,
@@ -47,8 +63,9 @@ def coverage(version: str, flags: dict[str, Any], env: dict[str, str], playbook:
     plus the package files `covers.files` names. A playbook that patches no member of any family gets
     no coverage answer (covered None, nothing refused).
     `model` / `draft`: the target's / draft's config.json as read on the host (None: not read). An
-    answer that is not certain is a warning (`uncertain`), refused with `strict`."""
-    cov = _coverage(version, flags, env, playbook, model)
+    answer that is not certain is a warning (`uncertain`), refused with `strict`. `files`: the files
+    the launch's flags name, as start-up reads them (`named_files`)."""
+    cov = _coverage(version, flags, env, playbook, model, files)
     if engine().is_known(version) or playbook.covers.asked():
         _other_families(cov, version, flags, playbook, model, draft)
     if cov.uncertain and strict and not cov.refused:
@@ -109,8 +126,8 @@ def _join(a: str | None, b: str) -> str:
 
 
 def _coverage(version: str, flags: dict[str, Any], env: dict[str, str], playbook: Playbook,
-              model: ModelConfig | None) -> Coverage:
-    res = engine().resolve_worker(version, flags, env, model_arch=model.arch if model else None)
+              model: ModelConfig | None, files: dict[str, bytes | str] | None = None) -> Coverage:
+    res = engine().resolve_worker(version, flags, env, model_arch=model.arch if model else None, files=files)
     patched = {f.path for f in playbook.files_for(version) or []}
     members = _spec_members(version) if patched or playbook.covers.worker else {}
     mine = sorted(patched & set(members.values()))
@@ -183,8 +200,10 @@ def _coverage(version: str, flags: dict[str, Any], env: dict[str, str], playbook
 def host_coverage(host: Host, facts: HostFacts, playbook: Playbook, *, strict: bool = False) -> Coverage | None:
     if not facts.package_version:
         return None
-    cov = coverage(facts.package_version, launch_flags(host, playbook), launch_env(host, playbook), playbook,
-                   model=facts.model, draft=getattr(facts, "draft_model", None), strict=strict)
+    flags = launch_flags(host, playbook)
+    cov = coverage(facts.package_version, flags, launch_env(host, playbook), playbook,
+                   model=facts.model, draft=getattr(facts, "draft_model", None), strict=strict,
+                   files=named_files(facts, playbook, flags))
     # the code import loads for the worker must come from the source fleetctl patches: a compiled
     # extension module or sourceless bytecode in its place is never patched (a stale cached pyc is:
     # deploy removes it with the file)

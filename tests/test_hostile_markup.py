@@ -254,7 +254,7 @@ def _hostile_fleet(sb, d: Path) -> tuple[Path, Path]:  # type: ignore[no-untyped
     pdoc = yaml.safe_load(pb.read_text())
     pdoc["name"] = "hostile " + CORPUS[0] + " " + CORPUS[3] + CORPUS[7]
     pdoc["verify"] = {"markers": [CORPUS[1], CORPUS[3]], "forbidden": ["scratch"], "require_ready": False}
-    pdoc["launch"] = {"ready_timeout": 30, "stop_timeout": 5}
+    pdoc["launch"] = {"ready_timeout": 30, "stop_timeout": 5, "flags": {"--model-path": "m"}}
     pb.write_text(yaml.safe_dump(pdoc, sort_keys=False))
     return inv, pb
 

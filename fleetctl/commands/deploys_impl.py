@@ -364,9 +364,17 @@ def explain(*, playbook: Path, inventory: Path | None, limit: str | None, forks:
         accept_new_host_keys: bool, probe: bool = False) -> None:
     with playbook_fleet(playbook, inventory, limit, forks, command="explain", json=json_out, debug=debug,
                         accept_new_host_keys=accept_new_host_keys) as (pb, ctx):
+        from fleetctl.launchspec import env_overrides
         from fleetctl.ops.deploy import gather
         from fleetctl.ops.verify import never_fires
-        from fleetctl.patched_worker import coverage, host_coverage, instances, launch_env, launch_flags
+        from fleetctl.patched_worker import (
+            coverage,
+            host_coverage,
+            instances,
+            launch_env,
+            launch_flags,
+            named_files,
+        )
         gathered = _tick_run(ctx, "facts", lambda: gather(ctx.fleet, pb))
         rows: list[dict[str, Any]] = []
         for h in ctx.fleet.hosts:
@@ -394,10 +402,19 @@ def explain(*, playbook: Path, inventory: Path | None, limit: str | None, forks:
                 row["instances"] = []
                 for inst in instances(h, pb):
                     # the env the launch's python sees (an `env` prefix in the command included)
-                    ic = coverage(f.package_version, dict(inst.flags), dict(inst.effective_env), pb, model=f.model)
+                    named = named_files(f, pb, dict(inst.flags))
+                    ic = coverage(f.package_version, dict(inst.flags), dict(inst.effective_env), pb, model=f.model,
+                                  files=named)
                     args = (engine().resolve_worker(f.package_version, dict(inst.flags), dict(inst.effective_env),
-                                                    model_arch=f.model.arch if f.model else None).resolved_args
+                                                    model_arch=f.model.arch if f.model else None,
+                                                    files=named).resolved_args
                             if engine().is_known(f.package_version) else {})
+                    # what the launch itself does that verify-logs would only find afterwards: a log level
+                    # hiding INFO (launch refuses it), a launch command overriding the playbook's env
+                    hidden = engine().log_visibility_problems(dict(args), dict(inst.effective_env)) if args else []
+                    row["refused"] = row["refused"] or (hidden[0] if hidden else None)
+                    row["notes"] = [*row.get("notes", []), *(n for n in hidden[1:] + env_overrides(
+                        dict(inst.env), inst.launch) if n not in row.get("notes", []))]
                     row["instances"].append({"instance": inst.name, "gpus": list(inst.gpus), "port": inst.port,
                                              "worker_class": ic.worker_class, "worker_file": ic.worker_file,
                                              "disable_overlap_schedule": ic.disable_overlap_schedule,
@@ -406,7 +423,7 @@ def explain(*, playbook: Path, inventory: Path | None, limit: str | None, forks:
             # the code import would load for the worker file, not only its source (bytecode)
             bc = f.bytecode_problem(cov.worker_file) if cov and cov.worker_file else None
             row["bytecode"] = bc
-            row["notes"] = list(f.package_notes)
+            row["notes"] = [*f.package_notes, *row.get("notes", [])]
             row["model_architecture"] = f.model.arch if f.model else None
             if cov and cov.uncertain:
                 row["notes"].append(cov.uncertain)

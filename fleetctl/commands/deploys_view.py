@@ -141,12 +141,15 @@ def render_explain(rows: list[dict[str, Any]]) -> None:
         mark = styled("ok", "green") if not r.get("refused") else styled("REFUSED", "red")
         insts = r.get("instances") or []
         alike = len(insts) > 1 and all(i["reason"] == insts[0]["reason"] for i in insts)
+        # a refusal for another cause than the reason (e.g. a worker the playbook patches, but the
+        # server would refuse to start) gets its own line: never "patches it: yes" beside REFUSED
+        apart = bool(r.get("refused")) and r["refused"] != r["reason"]
         got: list[tuple[Any, ...]] = [((f"({len(insts)} instances each) " if alike else ""), r["reason"],
-                                       " [", mark, "]")]
+                                       *(() if apart else (" [", mark, "]")))]
         if len(insts) > 1 and not alike:
             got += [(f"  {i['instance']} (GPUs {','.join(map(str, i['gpus']))}): {i['reason']}",) for i in insts]
-        if r.get("refused") and r["refused"] != r["reason"]:
-            got.append((f"  {strip_host(r['host'], r['refused'])}",))
+        if apart:
+            got.append(("  [", mark, f"] {strip_host(r['host'], r['refused'])}"))
         got += [(f"  note: {n}",) for n in r.get("notes") or []]
         got += [(f"  warning: {n}",) for n in dict.fromkeys(n for i in insts for n in i.get("never_fires") or [])]
         return tuple(got)

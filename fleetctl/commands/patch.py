@@ -99,7 +99,12 @@ def check_cmd(
     warnings = [w for w in found if not w["refused"]]
     warnings += [{"version": None, "env": {}, "worker_class": None, "worker_file": None, "message": w}
                  for w in engine().playbook_warnings(pb, dict(pb.launch.flags))]
+    from fleetctl.config.launch_ready import unfilled
+
+    todo = unfilled(pb)
     verdict = _verdict(pb, versions, results, failed, shipped, failed_state, problems)
+    if todo:
+        verdict += f"; left to fill before launch: {', '.join(todo)}"
     ok = not failed and not failed_state and not problems
     if json_out:
         common.emit_json("patch check", ok=ok, message=verdict,
@@ -107,7 +112,8 @@ def check_cmd(
                                   "state_files_failed": len(failed_state), "warnings": len(warnings),
                                   "problems": len(problems)},
                          playbook=str(pb.path), name=pb.name, results=[r.as_dict() for r in results],
-                         state_files=[r.as_dict() for r in shipped], warnings=warnings, problems=problems)
+                         state_files=[r.as_dict() for r in shipped], warnings=warnings, problems=problems,
+                         to_fill=todo)
     else:
         from rich.text import Text
 
@@ -122,6 +128,9 @@ def check_cmd(
             common.err.print(f"warning: {w['message']}", markup=False, highlight=False)
         for w in problems:
             common.err.print(f"error: {w['message']}", markup=False, highlight=False)
+        for t in todo:
+            common.err.print(f"to fill: {t} in {pb.path} (a placeholder: launch refuses it)", markup=False,
+                             highlight=False)
         if ok:
             common.out.print(verdict, markup=False, highlight=False)
     if failed:
@@ -248,6 +257,50 @@ def new_cmd(
     common.err.print(f"# playbook entry (under versions:)\n{where}\n"
                      + playbook_snippet(sglang, rel, ref, wheels.sha256_bytes(pristine)).rstrip("\n"),
                      markup=False, highlight=False)
+
+
+@patch_app.command("init", help="Make a complete playbook directory NAME from your edits of release V: the "
+                               "uncommitted changes of an SGLang source checkout (--git), a git range of it "
+                               "(--git with --range) or a unified diff (--diff). Writes the patches, pins, a "
+                               "commented launch: section, the marker from the log line you added, and a README "
+                               "block; `patch check NAME` then names what is left to fill.")
+def init_cmd(
+    name: Annotated[str, typer.Argument(metavar="NAME", help="The playbook's name (and directory).", show_default=False)],
+    release: Annotated[str, typer.Option("--release", metavar="V", help="The exact release the edits were made on.",
+                                         show_default=False)],
+    repo: Annotated[Path | None, typer.Option("--git", metavar="REPO", help="A source checkout with your edits.",
+                                              show_default=False)] = None,
+    rev_range: Annotated[str | None, typer.Option("--range", metavar="A..B", help="With --git: committed edits.",
+                                                  show_default=False)] = None,
+    diff: Annotated[Path | None, typer.Option("--diff", metavar="FILE", help="A unified diff of your edits.",
+                                              show_default=False)] = None,
+    out_dir: Annotated[Path | None, typer.Option("--dir", metavar="DIR", help="Where to make it (default: ./NAME).",
+                                                 show_default=False)] = None,
+) -> None:
+    import re
+
+    from fleetctl.patching.scaffold import checkout_diff, edited_files, scaffold
+
+    release = validate.sglang_version(release, "--release")
+    if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}", name):
+        raise InputError(f"NAME {name!r}: use letters, digits and _ . - (it names a directory)")
+    if (repo is None) == (diff is None):
+        raise InputError("patch init needs one source of edits: --git REPO or --diff FILE")
+    if rev_range and repo is None:
+        raise InputError("--range needs --git REPO")
+    if repo is not None:
+        text = checkout_diff(repo, rev_range)
+        source = f"{repo} {rev_range}" if rev_range else f"the uncommitted edits in {repo}"
+    else:
+        assert diff is not None
+        text, source = _read(diff, "diff"), str(diff)
+    files = edited_files(text, release, name=source)
+    target, todo = scaffold(name, release, files, source, out_dir if out_dir is not None else Path(name))
+    common.out.print(f"made {target} ({len(files)} file(s) for {release}: "
+                     f"{', '.join(f.rel for f in files)})", markup=False, highlight=False)
+    for t in todo:
+        common.err.print(f"to fill: {t}", markup=False, highlight=False)
+    common.err.print(f"next: fleetctl patch check {target.parent}", markup=False, highlight=False)
 
 
 @patch_app.command("port", help="Carry a playbook's patches from release V1 to V2 (and more) by a three-way "

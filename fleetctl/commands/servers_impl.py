@@ -193,6 +193,11 @@ def launch(*, playbook: Path, inventory: Path | None, limit: str | None, forks: 
         accept_new_host_keys: bool, check: bool = False) -> None:
     with playbook_fleet(playbook, inventory, limit, forks, command="launch", json=json_out, debug=debug,
                         accept_new_host_keys=accept_new_host_keys) as (pb, ctx):
+        from fleetctl.config.launch_ready import launch_refusal
+
+        refusal = launch_refusal(pb)
+        if refusal:
+            raise InputError(refusal)
         if check:
             _launch_check(ctx, pb, replace=replace, drop_unknown_flags=drop_unknown_flags,
                           allow_uncovered=allow_uncovered)

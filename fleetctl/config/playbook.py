@@ -193,5 +193,6 @@ def load_playbook_from(path: Path) -> tuple[Playbook, dict[Path, str]]:
         raw_paths[src] = sf.source
     pb = Playbook(path=path, name=raw.name, description=raw.description, versions=versions,
                   unsupported_workers={v: dict(s.unsupported_workers) for v, s in raw.versions.items()},
-                  launch=raw.launch, verify=raw.verify, covers=raw.covers, state_files=shipped)
+                  launch=raw.launch, verify=raw.verify, covers=raw.covers, state_files=shipped,
+                  launch_declared=isinstance(doc.data, dict) and doc.data.get("launch") is not None)
     return pb, raw_paths

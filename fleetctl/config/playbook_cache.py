@@ -41,7 +41,7 @@ from fleetctl.config.playbook_model import (
 )
 from fleetctl.engine import engine
 
-VERSION = 1
+VERSION = 2
 
 
 def playbook_file(path: Path) -> Path:
@@ -70,7 +70,8 @@ def _doc(pb: Playbook, raw: dict[Path, str]) -> dict[str, Any]:
             "launch": dataclasses.asdict(pb.launch), "verify": dataclasses.asdict(pb.verify),
             "covers": dataclasses.asdict(pb.covers),
             "state_files": [{"name": s.name, "source": raw[s.source], "real": str(s.source), "mode": s.mode,
-                             "sha256": s.sha256} for s in pb.state_files]}
+                             "sha256": s.sha256} for s in pb.state_files],
+            "launch_declared": pb.launch_declared}
 
 
 def _playbook(doc: dict[str, Any], path: Path, read: Callable[[str, str, str], bytes]) -> Playbook:
@@ -89,7 +90,7 @@ def _playbook(doc: dict[str, Any], path: Path, read: Callable[[str, str, str], b
     return Playbook(path=path, name=doc["name"], description=doc["description"], versions=versions,
                     unsupported_workers={v: dict(w) for v, w in doc["unsupported_workers"].items()},
                     launch=LaunchProfile(**launch), verify=VerifySpec(**verify), covers=Covers(**covers),
-                    state_files=shipped)
+                    state_files=shipped, launch_declared=doc["launch_declared"])
 
 
 class _Changed(Exception):

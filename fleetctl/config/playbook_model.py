@@ -221,6 +221,7 @@ class Playbook:
     unsupported_workers: dict[str, dict[str, str]] = field(default_factory=dict)
     covers: Covers = field(default_factory=Covers)
     state_files: list[ShippedFile] = field(default_factory=list)
+    launch_declared: bool = True  # the file has a `launch:` section (launch refuses one that has none)
 
     def marker_site(self, text: str) -> MarkerSite:
         """Where the playbook says `text` is logged (undeclared: anywhere, per rank)."""

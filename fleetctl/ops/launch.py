@@ -302,8 +302,21 @@ def plan_launch(host: Host, pb: Playbook, insts: list[Instance], facts: HostFact
         for st, nt in zip(lp.instances, notes, strict=True):
             st.notes = nt
     problems: dict[str, list[str]] = {i.name: [] for i in insts}
+    # the files the flags name, as start-up reads them (an adaptive config): judged as the release's loader would
+    named: dict[str, bytes | str] | None = dict(facts.launch_files) if facts.launch_files is not None else None
+    if pb.state_files and facts.state:
+        named = dict(named or {})
+        named.update((statefiles.expand("{file:" + f.name + "}", pb, facts.state.state_dir), f.data)
+                     for f in pb.state_files)
     for inst, st in zip(insts, lp.instances, strict=True):
-        r = engine().resolve_worker(v, inst.flags, inst.effective_env)
+        if engine().launch_model({}, inst.argv) is None:  # (was: started with no model, failing later)
+            no_model = (f"the launch names no target model: set launch.flags.{engine().model_flag} in {pb.path} "
+                        "(or in the inventory's launch_command)")
+            if "-m" in inst.argv:  # the server's module run directly: it gets no model from elsewhere
+                problems[inst.name].append(no_model)
+            else:  # a script of the user's own (a wrapper) may name it itself
+                st.warnings.append(f"warning: {no_model}, unless {host.launch_command or pb.launch.command!r} does")
+        r = engine().resolve_worker(v, inst.flags, inst.effective_env, files=named)
         if r.startup_error:
             problems[inst.name].append(f"SGLang {v} would refuse to start: {r.startup_error}")
         problems[inst.name] += engine().log_visibility_problems(r.resolved_args, inst.effective_env)

@@ -372,6 +372,14 @@ class ModelConfigInfo:
 
 
 @dataclass
+class LaunchFileInfo:
+    """A file the launch's flags name, as the agent read it (base64, at most 1 MiB), or why it could not."""
+
+    data: str | None = None
+    error: str | None = None
+
+
+@dataclass
 class FactsAnswer:
     """`facts`: what the host is, plus the hooks asked for (state, servers, registered flags)."""
 
@@ -389,6 +397,7 @@ class FactsAnswer:
     discover: DiscoverFacts | None = None
     model: ModelConfigInfo | None = None  # asked with payload `model` (the launch's --model-path)
     draft_model: ModelConfigInfo | None = None  # asked with payload `draft_model` (its draft model path)
+    launch_files: dict[str, LaunchFileInfo] | None = None  # asked with payload `launch_files`
 
 
 @dataclass

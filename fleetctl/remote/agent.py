@@ -950,6 +950,30 @@ def read_model_config(model, launch):
             "model_type": mt if isinstance(mt, str) and _ident_ok(mt) else None}
 
 
+LAUNCH_FILE_MAX = 1 << 20  # bytes; a larger file named by a launch flag is not read
+
+
+def read_launch_files(paths, launch):
+    """Files the launch's flags name (an adaptive config), read as the launched server would open
+    them: a relative path from the launch's working directory. {path: {"data": base64} or {"error"}}."""
+    import base64
+
+    env = launch_environment(launch or {})
+    cwd = launch_cwd((launch or {}).get("cwd"), env)
+    out = {}
+    for path in list(paths or [])[:8]:
+        if not isinstance(path, str) or not path or "\x00" in path or len(path) > 4096:
+            continue
+        full = path if os.path.isabs(path) else os.path.join(cwd, path)
+        try:
+            out[path] = {"data": base64.b64encode(_read_bounded(full, LAUNCH_FILE_MAX)).decode("ascii")}
+        except OSError as e:
+            out[path] = {"error": "%s: %s" % (full, e.strerror or e.__class__.__name__)}
+        except ValueError as e:
+            out[path] = {"error": "%s: %s" % (full, e)}
+    return out
+
+
 def torch_version():
     """The version of the torch distribution this interpreter would see first on sys.path (what
     importlib.metadata.version('torch') answers, without importing importlib.metadata: ~15 ms)."""
@@ -1153,6 +1177,8 @@ def action_facts(p, reread=None):
         res["model"] = read_model_config(p["model"], p.get("launch"))
     if p.get("draft_model"):  # the speculative draft model's config.json, read the same way
         res["draft_model"] = read_model_config(p["draft_model"], p.get("launch"))
+    if p.get("launch_files"):
+        res["launch_files"] = read_launch_files(p["launch_files"], p.get("launch"))
     if p.get("gpus", True):
         res["gpus"] = gpu_queries()
     hooks = p.get("with", [])

@@ -268,6 +268,11 @@ def _seal_head(p, res):
         cfg = (res.get("model") or {}).get("path")
         if isinstance(cfg, str):
             add(cfg)
+    for named in p.get("launch_files") or []:  # files the launch's flags name (an adaptive config)
+        if isinstance(named, str) and named:
+            full = os.path.normpath(os.path.join(cwd, named))
+            add(os.path.dirname(full))
+            add(full)
     return (paths, files), None
 
 

@@ -89,6 +89,50 @@ def parse_config(version: str, data: bytes, initial_steps: int) -> AdaptiveStart
     return AdaptiveStart(first_steps, first, union)
 
 
+OPEN_ERROR = "FileNotFoundError: cannot open --speculative-adaptive-config"
+
+
+class LoaderError(ValueError):
+    """The release's own loader raises: the text is its exception, as the server's start-up shows it."""
+
+
+def loader_candidates(version: str, data: bytes) -> list[int]:
+    """The candidate steps `version`'s start-up reads from an adaptive config file's bytes, step for
+    step as its loader does (0.5.13+: `_load_adaptive_config` and `resolve_candidate_steps_from_config`
+    in srt/speculative/adaptive_spec_params.py: every integer-string key's candidate_steps, positive
+    ints on 0.5.13, non-negative from 0.5.14; their union, sorted). LoaderError: what it raises."""
+    fmt = config_format(version)
+    if fmt not in ("per_bs_positive", "per_bs"):
+        raise LoaderError(f"SGLang {version} reads no per-batch-size adaptive config at start-up")
+    try:
+        cfg = json.loads(data[:MAX_CONFIG].decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise LoaderError(f"UnicodeDecodeError: {e}") from None
+    except json.JSONDecodeError as e:
+        raise LoaderError(f"json.decoder.JSONDecodeError: {e}") from None
+    if not isinstance(cfg, dict):
+        raise LoaderError(f"AttributeError: '{type(cfg).__name__}' object has no attribute 'items'")
+    low = 1 if fmt == "per_bs_positive" else 0
+    kind = "positive" if fmt == "per_bs_positive" else "non-negative"
+    entries: dict[int, list[int]] = {}
+    for key, entry in cfg.items():
+        if not key.isdigit():
+            continue
+        if not isinstance(entry, dict):
+            raise LoaderError(f"AttributeError: '{type(entry).__name__}' object has no attribute 'get'")
+        steps = entry.get("candidate_steps")
+        if not isinstance(steps, list) or not steps or not all(isinstance(s, int) and s >= low for s in steps):
+            raise LoaderError(f"ValueError: BS {key}: candidate_steps must be a list of {kind} ints, got {steps!r}")
+        try:
+            entries[int(key)] = steps
+        except ValueError as e:  # (a non-ASCII digit str.isdigit() accepts)
+            raise LoaderError(f"ValueError: {e}") from None
+    if not entries:
+        raise LoaderError("ValueError: speculative_adaptive_config must contain at least one integer-string BS key, "
+                          f"e.g. {{\"1\": {{\"candidate_steps\": [1,3,7]}}}}. Got keys: {list(cfg.keys())}")
+    return sorted({s for steps in entries.values() for s in steps})
+
+
 def startup_lines(version: str, worker_class: str | None, start: AdaptiveStart) -> list[str]:
     """The release's adaptive start-up messages (without the log prefix), in order."""
     out = [INIT_LINE.format(steps=start.initial_steps, candidates=start.first_slot)]
@@ -134,6 +178,15 @@ def adaptive_configs(pb: Any) -> list[tuple[str, dict[str, Any]]]:
             if isinstance(cfg, dict):
                 out.append((f.name, cfg))
     return out
+
+
+def named_files(flags: dict[str, Any]) -> list[str]:
+    """The host files a launch's flags name that start-up reads: the adaptive config of an adaptive
+    launch (a playbook state file, `{file:NAME}`, is judged from the playbook's own bytes instead)."""
+    path = flags.get("--speculative-adaptive-config")
+    if not _truthy(flags.get("--speculative-adaptive")) or not isinstance(path, str) or not path or "{file:" in path:
+        return []
+    return [path]
 
 
 def zero_step_slots(cfg: dict[str, Any]) -> list[int]:

@@ -58,19 +58,26 @@ class SGLangEngine:
         return routing.worker_files(version)
 
     def resolve_worker(self, version: str, flags: dict[str, Any], env: dict[str, str], *,
-                       model_arch: str | None = None) -> routing.Resolution:
+                       model_arch: str | None = None, files: Mapping[str, bytes | str] | None = None
+                       ) -> routing.Resolution:
         """routing.resolve_worker: a pure function of its arguments, so one answer per distinct
         launch (the hosts of a fleet mostly share version, flags, env and model) within a command."""
+        named = {k: (v.hex() if isinstance(v, bytes) else ["why", v]) for k, v in (files or {}).items()}
         try:
-            key = (version, model_arch, json.dumps([flags, env], sort_keys=True))
+            key = (version, model_arch, json.dumps([flags, env, named if files is not None else None], sort_keys=True))
         except (TypeError, ValueError):  # a value JSON cannot hold: not memoized
-            return routing.resolve_worker(version, flags, env, model_arch=model_arch)
+            return routing.resolve_worker(version, flags, env, model_arch=model_arch, files=files)
         hit = _RESOLVED.get(key)
         if hit is None:
-            hit = routing.resolve_worker(version, flags, env, model_arch=model_arch)
+            hit = routing.resolve_worker(version, flags, env, model_arch=model_arch, files=files)
             if len(_RESOLVED) < _RESOLVED_MAX:
                 _RESOLVED[key] = hit
         return hit
+
+    def launch_files(self, flags: Mapping[str, Any]) -> list[str]:
+        from fleetctl.sglang import adaptive
+
+        return adaptive.named_files(dict(flags))
 
     def overlap_cause(self, version: str, disable_overlap_schedule: bool, env: Mapping[str, str]) -> str | None:
         rel = R.RELEASES.get(version)
@@ -103,6 +110,7 @@ class SGLangEngine:
     def shown_flags(self, flags: Mapping[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in flags.items() if "speculative" in k or "overlap" in k}
 
+    model_flag: str = "--model-path"
     not_certain: str = routing.NOT_CERTAIN
 
     def launch_model(self, flags: Mapping[str, Any], argv: list[str] | tuple[str, ...] = (), *,
@@ -152,6 +160,13 @@ class SGLangEngine:
         steps = pb.launch.flags.get("--speculative-num-steps", 3)
         initial = steps if isinstance(steps, int) and not isinstance(steps, bool) else 3
         return adaptive.config_check(version, data, initial)
+
+    def scaffold(self, version: str, patched: dict[str, tuple[bytes, bytes]]) -> tuple[Any, list[Any]]:
+        from fleetctl.sglang import scaffold
+
+        markers = [m for rel, (old, new) in patched.items() for m in scaffold.added_markers(version, rel, old, new)]
+        order = {"worker": 0, "file": 1, "anywhere": 2}  # a marker in the worker first: it proves the most
+        return scaffold.launch_draft(version, patched), sorted(markers, key=lambda m: order[m.where])
 
     probe_disagree: str = "fleetctl's table and this host's SGLang disagree"
 

@@ -12,9 +12,11 @@ marked `certain=False` and its reason starts with NOT_CERTAIN.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from fleetctl.sglang import adaptive
 from fleetctl.sglang import releases as R
 
 EAGLE_FAMILY = ("EAGLE", "EAGLE3", "STANDALONE")
@@ -200,20 +202,25 @@ class _State:
     warnings: list[str]
     causes: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # files the launch's flags name, as read on the host (path as the flag gives it -> bytes, or why
+    # not read); None: not asked (offline: a config file's content stays unknown)
+    files: Mapping[str, bytes | str] | None = None
 
 
 def resolve_worker(version: str, flags: dict[str, Any], env: dict[str, str], *,
-                   model_arch: str | None = None) -> Resolution:
+                   model_arch: str | None = None, files: Mapping[str, bytes | str] | None = None) -> Resolution:
     """Which worker class/file `version` runs for these launch flags and this launch environment.
 
     `env` is exactly the environment the launch passes (not os.environ). `model_arch` is the target's
     `architectures[0]` from its config.json; without it, auto-chosen speculative params stay None.
+    `files`: the files the flags name as read on the host (an adaptive config: judged as this
+    release's own loader reads it at start-up).
     """
     if not is_known(version):
         return _unknown(version)
     rel = R.RELEASES[version]
     warnings: list[str] = []
-    st = _State(rel, {}, _Env(rel.rules, env.get(R.SPEC_V2_ENV), warnings), warnings)
+    st = _State(rel, {}, _Env(rel.rules, env.get(R.SPEC_V2_ENV), warnings), warnings, files=files)
     adaptive_available = "speculative_adaptive" in {f.dest for f in R.flags_for(version)}
     algorithm: str | None = None
     raw_algorithm: Any = None
@@ -540,9 +547,18 @@ def _check_adaptive(st: _State, algorithm: str) -> None:
 
 
 def _candidates(st: _State) -> list[int] | None:
-    if st.args.get("speculative_adaptive_config"):
-        st.notes.append("adaptive candidate steps come from --speculative-adaptive-config (not read)")
-        return None
+    path = st.args.get("speculative_adaptive_config")
+    if path:
+        got = st.files.get(str(path)) if st.files is not None else None
+        if got is None:
+            st.notes.append("adaptive candidate steps come from --speculative-adaptive-config (not read)")
+            return None
+        if isinstance(got, str):  # the release opens it at start-up: the server refuses to start
+            raise LaunchError(f"{adaptive.OPEN_ERROR}: {path}: {got}")
+        try:
+            return adaptive.loader_candidates(st.rel.version, got)
+        except adaptive.LoaderError as e:
+            raise LaunchError(f"{e} (in {path})") from None
     assert st.rel.adaptive is not None
     return list(st.rel.adaptive.default_candidates)
 

@@ -1,0 +1,68 @@
+"""explain tells the whole truth before launch (issue 30.5): what it says on a sandbox host."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from fleetctl.cli import main
+
+pytestmark = [pytest.mark.fleet, pytest.mark.usefixtures("ledger_dir")]
+ROOT = Path(__file__).resolve().parent.parent
+PAYLOAD = str(ROOT / "playbooks" / "dynamic-spec-disable")
+
+
+def with_env(inv: Path, env: str) -> Path:
+    out = inv.parent / "inventory-env.yaml"
+    out.write_text(re.sub(r"env: \{PATH: ('[^']*')\}", rf"env: {{PATH: \1, {env}}}", inv.read_text()))
+    return out
+
+
+def test_no_line_says_patched_and_refused(fresh_sandbox, capsys: pytest.CaptureFixture[str]) -> None:
+    """0.5.9 with the v2 worker selected: the payload patches eagle_worker_v2.py but does not support
+    EAGLEWorkerV2 there. The refusal is its own line, not '... patches it: yes [REFUSED]'."""
+    sb = fresh_sandbox(hosts=1, versions=("0.5.9",), gpus=1)
+    inv = with_env(sb.inventory_path, "SGLANG_ENABLE_SPEC_V2: '1'")
+    code = main(["explain", "-i", str(inv), PAYLOAD])
+    out = capsys.readouterr().out
+    assert code == 1 and "REFUSED" in out and "patches it: yes" in out, out
+    assert not [ln for ln in out.splitlines() if "patches it: yes" in ln and "REFUSED" in ln], out
+
+
+def edited_inventory(inv: Path, host: dict) -> Path:
+    import yaml
+
+    doc = yaml.safe_load(inv.read_text())
+    for h in doc["hosts"].values():
+        for k, v in host.items():
+            h[k] = {**h.get(k, {}), **v} if isinstance(v, dict) else v.format(**h) if isinstance(v, str) else v
+    out = inv.parent / "inventory-edited.yaml"
+    out.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return out
+
+
+def test_explain_says_what_the_launch_itself_does(fresh_sandbox, capsys: pytest.CaptureFixture[str]) -> None:
+    """Before launch, not only in verify-logs: a --log-level that hides INFO (launch refuses it), a
+    launch command whose `env` prefix overrides the playbook/inventory env, a threshold that never fires."""
+    import json
+
+    sb = fresh_sandbox(hosts=1, versions=("0.5.9",), gpus=1)
+    quiet = edited_inventory(sb.inventory_path, {"flags": {"--log-level": "warning"}})
+    code = main(["explain", "-i", str(quiet), PAYLOAD, "--json"])
+    h = json.loads(capsys.readouterr().out)["hosts"][0]
+    assert code == 1 and "--log-level warning hides INFO lines" in (h.get("refused") or ""), h
+
+    over = edited_inventory(sb.inventory_path, {"env": {"SGLANG_ENABLE_SPEC_V2": "1"},
+                                                "launch_command": "env SGLANG_ENABLE_SPEC_V2=0 {launch_command}"})
+    code = main(["explain", "-i", str(over), PAYLOAD])
+    out = capsys.readouterr().out
+    assert "the launch command sets SGLANG_ENABLE_SPEC_V2='0', overriding SGLANG_ENABLE_SPEC_V2='1'" in out, out
+    assert "EAGLEWorker in" in out  # and the answer is the command's: overlap off, v1 worker
+
+    never = edited_inventory(sb.inventory_path, {"flags": {"--max-running-requests": 8,
+                                                           "--speculative-disable-batch-threshold": 8}})
+    code = main(["explain", "-i", str(never), PAYLOAD])
+    out = capsys.readouterr().out
+    assert "warning:" in out and "max_running_requests" in out, out
