@@ -13,6 +13,8 @@ from fleetctl.facts import read_facts
 from fleetctl.instances import flag_argv, plan_instances
 from fleetctl.runner import Fleet, HostOutcome
 
+COULD_NOT = "the host's SGLang could not be asked"  # (how the engine's probe_compare says so)
+
 
 def probe_host(conn: Any, pb: Playbook) -> list[dict[str, Any]]:
     """Per launch instance of this host: the host's SGLang's answer and the verdict against the table."""
@@ -23,7 +25,7 @@ def probe_host(conn: Any, pb: Playbook) -> list[dict[str, Any]]:
         try:
             hw = engine().probe_hardware(facts.gpus, inst.gpus)
         except ProbeInputError as e:
-            row.update(agrees=None, line=f"the host's SGLang could not be asked: {e}", probe=None)
+            row.update(agrees=None, line=f"{COULD_NOT}: {e}", probe=None)
             out.append(row)
             continue
         assert inst.launch is not None
@@ -35,7 +37,8 @@ def probe_host(conn: Any, pb: Playbook) -> list[dict[str, Any]]:
             "stage": ans.stage, "version": ans.package_version, "worker_class": ans.worker_class,
             "worker_file": ans.worker_file, "error": ans.error, "error_where": ans.error_where,
             "disable_overlap_schedule": ans.disable_overlap_schedule, "answered": ans.answered,
-            "standin": ans.standin, "elapsed": ans.elapsed, "failed": ans.stage in ("import_failed", "probe_failed")})
+            "standin": ans.standin, "elapsed": ans.elapsed,
+            "failed": ans.stage in ("import_failed", "probe_failed") or (agrees is None and said.startswith(COULD_NOT))})
         out.append(row)
     return out
 
@@ -52,7 +55,7 @@ def refusal(outcome: HostOutcome) -> str | None:
     the first disagreement with the table, or why the host's SGLang could not be asked; None if it
     agreed (or the table does not know the release and the probe answered)."""
     if not outcome.ok:
-        return f"the host's SGLang could not be asked: {outcome.message}"
+        return f"{COULD_NOT}: {outcome.message}"
     disagree = engine().probe_disagree
     for p in outcome.data:
         if p["agrees"] is False:

@@ -8,6 +8,7 @@ from the host's nvidia-smi facts, which this module turns into the probe's `hard
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -101,11 +102,48 @@ def _table_says(r: Resolution) -> str:
     return f"{r.algorithm}: worker not modelled"
 
 
-def compare(table: Resolution, p: EngineProbeAnswer) -> Verdict:
-    """Does the table's answer for this launch agree with what the host's SGLang did?"""
-    version = p.package_version or table.version
+COULD_NOT_ASK = "the host's SGLang could not be asked"
+_MODEL_ERRORS = ("config.json", "huggingface.co", "HF_HUB_OFFLINE", "offline mode", "not a valid model identifier",
+                 "LocalEntryNotFoundError", "RepositoryNotFoundError", "OfflineModeIsEnabled", "Can't load the configuration",
+                 "We couldn't connect")
+_MODEL_WHERE = ("/transformers/", "/huggingface_hub/", "hf_transformers_utils", "model_config")
+
+
+def could_not_ask(table: Resolution, p: EngineProbeAnswer) -> str | None:
+    """Why the probe's answer is not SGLang's answer about this launch but a reason it could not be
+    asked here (None: it is an answer to compare): the model config not readable (missing, the hub
+    offline), a flag the installed release does not know yet (the playbook's patch adds it and is not
+    deployed), a package the probe's interpreter lacks (numpy on a bare sandbox host)."""
+    err = p.error or ""
     if p.stage in ("import_failed", "probe_failed", "no_worker"):
-        return Verdict(None, f"the host's SGLang could not be asked: {p.error or p.stage}")
+        missing = re.search(r"No module named '([\w.]+)'", err)
+        if missing and missing.group(1).split(".")[0] in ("numpy", "torch"):
+            return (f"{COULD_NOT_ASK}: {err} (a host without SGLang's runtime requirements; on the sandbox, "
+                    "`fleetctl sandbox up --cpu-sglang` makes hosts the probe can ask)")
+        return f"{COULD_NOT_ASK}: {err or p.stage}"
+    if p.stage != "refused":
+        return None
+    unknown = re.match(r"argparse: unrecognized arguments: (.*)$", err)
+    if unknown:
+        named = [w.split("=", 1)[0] for w in unknown.group(1).split() if w.startswith("--")]
+        new = [f for f in named if f in table.unknown_flags]
+        if new and len(new) == len(named):
+            return (f"{COULD_NOT_ASK}: SGLang {p.package_version or table.version} as installed does not know "
+                    f"{', '.join(new)} yet (a flag the playbook's patch adds: deploy it, then probe again)")
+    where = p.error_where or ""
+    if any(s in err for s in _MODEL_ERRORS) or (err.startswith("OSError") and any(s in where for s in _MODEL_WHERE)):
+        return (f"{COULD_NOT_ASK}: the launch's model config is not readable on the host ({err}); the host's "
+                "SGLang reads it before it chooses a worker")
+    return None
+
+
+def compare(table: Resolution, p: EngineProbeAnswer) -> Verdict:
+    """Does the table's answer for this launch agree with what the host's SGLang did? A probe that
+    could not be asked (`could_not_ask`) is never a disagreement (agrees None)."""
+    version = p.package_version or table.version
+    why = could_not_ask(table, p)
+    if why is not None:
+        return Verdict(None, why)
     said = _probe_says(p)
     if not table.known:
         return Verdict(None, f"SGLang {version} is newer than fleetctl's table: the host's own SGLang is the "

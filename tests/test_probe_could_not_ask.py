@@ -1,0 +1,76 @@
+"""`explain --probe` tells "could not ask" from "disagree" (issue 30.5): a flag the installed release
+does not know yet because the playbook's patch is not deployed, a model config the host cannot read,
+a probe interpreter without numpy; none of them is a disagreement with fleetctl's table."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+from pathlib import Path
+
+import pytest
+
+from fleetctl.protocol.answers import EngineProbeAnswer
+from fleetctl.sglang import probe, routing
+
+FLAGS = {"--model-path": "m", "--speculative-algorithm": "EAGLE3", "--speculative-num-steps": 3,
+         "--speculative-eagle-topk": 1, "--speculative-num-draft-tokens": 4,
+         "--speculative-disable-batch-threshold": 16}
+
+
+def argparse_error(argv: list[str]) -> str:
+    """What the host probe reports for an argv its release's parser does not take (stdlib argparse's
+    own message, as host_probe.py passes it on: 'argparse: <message>')."""
+    parser = argparse.ArgumentParser(prog="launch_server")
+    for known in ("--model-path", "--speculative-algorithm", "--speculative-num-steps", "--speculative-eagle-topk",
+                  "--speculative-num-draft-tokens"):
+        parser.add_argument(known)
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), pytest.raises(SystemExit):
+        parser.parse_args(argv)
+    return "argparse: " + err.getvalue().strip().splitlines()[-1].split(": error: ", 1)[1]
+
+
+def test_a_flag_the_patch_adds_is_could_not_ask_not_disagree() -> None:
+    table = routing.resolve_worker("0.5.9", FLAGS, {})
+    assert "--speculative-disable-batch-threshold" in table.unknown_flags and table.startup_error is None
+    argv = [w for k, v in FLAGS.items() for w in (k, str(v))]
+    ans = EngineProbeAnswer(stage="refused", package_version="0.5.9", error=argparse_error(argv))
+    v = probe.compare(table, ans)
+    assert v.agrees is None and v.line.startswith(probe.COULD_NOT_ASK), v.line
+    assert "does not know --speculative-disable-batch-threshold yet" in v.line and "deploy" in v.line
+    # a flag no patch of this playbook adds, that the release does not have either: still a disagreement
+    # only when the table expected a start: an unknown *upstream* flag is the table's own refusal
+    other = EngineProbeAnswer(stage="refused", package_version="0.5.9", error="ValueError: something else")
+    assert probe.compare(table, other).agrees is False
+
+
+def test_model_config_unreadable_and_missing_numpy_are_could_not_ask() -> None:
+    table = routing.resolve_worker("0.5.9", {k: v for k, v in FLAGS.items() if "threshold" not in k}, {})
+    hub = EngineProbeAnswer(stage="refused", package_version="0.5.9",
+                            error="OSError: We couldn't connect to 'https://huggingface.co' to load this file",
+                            error_where="/x/site-packages/transformers/utils/hub.py:470")
+    missing = EngineProbeAnswer(stage="refused", package_version="0.5.9",
+                                error="OSError: m is not a local folder and is not a valid model identifier")
+    numpy = EngineProbeAnswer(stage="import_failed", package_version="0.5.9",
+                              error="ModuleNotFoundError: No module named 'numpy'")
+    for ans in (hub, missing, numpy):
+        v = probe.compare(table, ans)
+        assert v.agrees is None and v.line.startswith(probe.COULD_NOT_ASK) and probe.DISAGREE not in v.line
+    assert "--cpu-sglang" in probe.compare(table, numpy).line
+
+
+@pytest.mark.fleet
+@pytest.mark.usefixtures("ledger_dir")
+def test_probe_on_a_host_without_numpy_says_could_not_ask(fresh_sandbox, capsys) -> None:
+    """A sandbox host (the release's real tree, no numpy): the probe's own import fails, and explain
+    says it could not ask, with the --cpu-sglang hint, never 'disagree'."""
+    from fleetctl.cli import main
+
+    sb = fresh_sandbox(hosts=1, versions=("0.5.9",), gpus=1)
+    payload = Path(__file__).resolve().parent.parent / "playbooks" / "dynamic-spec-disable"
+    code = main(["explain", "-i", str(sb.inventory_path), str(payload), "--probe"])
+    out = capsys.readouterr().out
+    assert code == 1 and probe.COULD_NOT_ASK in out and "--cpu-sglang" in out, out
+    assert probe.DISAGREE not in out
