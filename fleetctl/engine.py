@@ -129,6 +129,10 @@ class Engine(Protocol):
         """How this release's own loader reads a playbook state file the launch names (None: not one)."""
         ...
 
+    def patched_refusal(self, version: str, intended: dict[str, bytes], resolved_args: dict[str, Any]) -> str | None:
+        """What a check the playbook's patch adds to the argument file raises for this launch (None: nothing)."""
+        ...
+
     # -- `patch init`: a new playbook's launch and marker from the files a patch changes
     def scaffold(self, version: str, patched: dict[str, tuple[bytes, bytes]]) -> tuple[Any, list[Any]]:
         """(the launch draft, the log lines the patch adds) for rel -> (pristine, patched) bytes."""

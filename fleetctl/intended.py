@@ -86,6 +86,18 @@ def _store(key: str, data: bytes, offsets: list[tuple[int, int]]) -> None:
         pass  # a cache that cannot be written is only slower
 
 
+def intended_data(playbook: Playbook, version: str) -> dict[str, bytes]:
+    """rel -> the bytes deploy would write for `version` ({} when the playbook has no patch set, or
+    a patch does not apply: patch check and deploy say why)."""
+    from fleetctl.errors import FleetctlError
+
+    try:
+        it = intended_for(playbook, version)
+    except FleetctlError:
+        return {}
+    return {rel: i.data for rel, i in (it or {}).items()}
+
+
 def intended_for(playbook: Playbook, version: str) -> dict[str, Intended] | None:
     files = playbook.files_for(version)
     if files is None:

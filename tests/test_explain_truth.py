@@ -66,3 +66,21 @@ def test_explain_says_what_the_launch_itself_does(fresh_sandbox, capsys: pytest.
     code = main(["explain", "-i", str(never), PAYLOAD])
     out = capsys.readouterr().out
     assert "warning:" in out and "max_running_requests" in out, out
+
+
+def test_explain_shows_a_value_the_patched_server_args_refuses(fresh_sandbox, capsys) -> None:
+    """0.5.14, topk 4: fleetctl's table lets EAGLEWorkerV2 start, but the payload's own check in the
+    patched server_args.py (replayed from the patched file, with the release's adaptive_unsupported_reason)
+    refuses --speculative-disable-batch-threshold with a topk other than 1: explain says so, before the crash."""
+    import json
+
+    sb = fresh_sandbox(hosts=1, versions=("0.5.14",), gpus=1)
+    inv = edited_inventory(sb.inventory_path, {"flags": {"--speculative-eagle-topk": 4,
+                                                         "--speculative-num-draft-tokens": 8}})
+    code = main(["explain", "-i", str(inv), PAYLOAD, "--json"])
+    h = json.loads(capsys.readouterr().out)["hosts"][0]
+    assert code == 1, h
+    assert "patched srt/server_args.py refuses this launch" in h["refused"] and "only topk=1" in h["refused"], h
+    code = main(["explain", "-i", str(sb.inventory_path), PAYLOAD, "--json"])  # topk 1: nothing refused
+    h = json.loads(capsys.readouterr().out)["hosts"][0]
+    assert code == 0 and not h.get("refused"), h

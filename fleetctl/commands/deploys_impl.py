@@ -364,6 +364,7 @@ def explain(*, playbook: Path, inventory: Path | None, limit: str | None, forks:
         accept_new_host_keys: bool, probe: bool = False) -> None:
     with playbook_fleet(playbook, inventory, limit, forks, command="explain", json=json_out, debug=debug,
                         accept_new_host_keys=accept_new_host_keys) as (pb, ctx):
+        from fleetctl.intended import intended_data
         from fleetctl.launchspec import env_overrides
         from fleetctl.ops.deploy import gather
         from fleetctl.ops.verify import never_fires
@@ -413,6 +414,12 @@ def explain(*, playbook: Path, inventory: Path | None, limit: str | None, forks:
                     # hiding INFO (launch refuses it), a launch command overriding the playbook's env
                     hidden = engine().log_visibility_problems(dict(args), dict(inst.effective_env)) if args else []
                     row["refused"] = row["refused"] or (hidden[0] if hidden else None)
+                    # a check the patch adds to the argument file that refuses this launch (the crash, before it)
+                    bad_value = (engine().patched_refusal(f.package_version, intended_data(pb, f.package_version), args)
+                                 if args and not ic.refused else None)
+                    if bad_value:
+                        row["refused"] = row["refused"] or (f"the playbook's patched {engine().args_file} refuses this "
+                                                            f"launch: {bad_value}")
                     row["notes"] = [*row.get("notes", []), *(n for n in hidden[1:] + env_overrides(
                         dict(inst.env), inst.launch) if n not in row.get("notes", []))]
                     row["instances"].append({"instance": inst.name, "gpus": list(inst.gpus), "port": inst.port,

@@ -161,6 +161,11 @@ class SGLangEngine:
         initial = steps if isinstance(steps, int) and not isinstance(steps, bool) else 3
         return adaptive.config_check(version, data, initial)
 
+    def patched_refusal(self, version: str, intended: dict[str, bytes], resolved_args: dict[str, Any]) -> str | None:
+        from fleetctl.sglang import server_args_replay
+
+        return server_args_replay.patched_refusal(version, intended, resolved_args)
+
     def scaffold(self, version: str, patched: dict[str, tuple[bytes, bytes]]) -> tuple[Any, list[Any]]:
         from fleetctl.sglang import scaffold
 
