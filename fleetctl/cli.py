@@ -24,7 +24,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "deploy": ("deploys", "Patch every host to the playbook's intended files: plan, backup, atomic swap, verify."),
     "rollback": ("deploys", "Restore each host's files to their bytes before its last (or a named) deploy."),
     "status": ("deploys", "Per host: deploy state of the playbook's files, interrupted deploys, lock, servers."),
-    "history": ("deploys", "The local ledger of deploys, rollbacks and launches; 'history ID' shows one."),
+    "history": ("deploys", "The local ledger of deploys, rollbacks and launches; 'history ID' shows one; "
+                "'history show ID' also its run log (plan, per-host start/end, result, timings)."),
     "explain": ("deploys", "Say per host which SGLang worker class and file will run, and whether the playbook "
                             "patches it."),
     "launch": ("servers", "Start the SGLang servers of the playbook's launch profile and wait until ready."),
@@ -194,6 +195,9 @@ def _clean(x: object) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    from fleetctl.commands import common
+
+    common.ARGV = list(args)
     debug = "--debug" in args
     try:
         try:

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from fleetctl import events
+from fleetctl import events, runlog
 from fleetctl.config.hosts import Host, Inventory
 from fleetctl.errors import FleetctlError
 from fleetctl.transport.base import RemoteError, Transport, Unreachable
@@ -85,6 +85,7 @@ class Fleet:
     at_interrupt: dict[str, str] = field(default_factory=dict)
     not_started: set[str] = field(default_factory=set)
     _warm: dict[str, _Warm] = field(default_factory=dict)  # Fleet.prefetch: per host
+    step: str = "run"  # what run() does now, for the run log (fleetctl/runlog.py)
     _closed: bool = False
 
     def prefetch(self, ahead: Callable[[Transport], None] | None = None) -> None:
@@ -228,7 +229,11 @@ class Fleet:
                     running[i] = (host, conn)
                     self.inflight[host.name] = conn
                 events.emit("host-start", host.name)
+                step = self.step
+                runlog.host_event(step, host.name, "start")
                 out = self._one(host, conn, fn)
+                runlog.host_event(step, host.name, "end", status=out.status, message=out.message,
+                                  elapsed=round(out.elapsed, 3))
                 with cond:
                     finish(i, out)
 

@@ -188,7 +188,8 @@ def test_the_shared_option_block_is_declared_once_in_the_same_place() -> None:
     for module in ("deploys", "servers", "facts"):
         loaded.update(cli.load_commands(module))
     head = ["inventory", "limit", "forks", "list_hosts"]
-    tail = ["json_out", "debug", "accept_new_host_keys", "become", "become_user", "become_method", "ask_become_pass"]
+    tail = ["json_out", "debug", "accept_new_host_keys", "become", "become_user", "become_method", "ask_become_pass",
+            "log_file"]
     fleet = [n for n in loaded if n != "history"]
     assert len(fleet) == 9
     for name in fleet:

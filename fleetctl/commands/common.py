@@ -54,6 +54,10 @@ BecomeMethodOpt = Annotated[str | None, typer.Option("--become-method", help="Ho
 AskBecomePassOpt = Annotated[bool, typer.Option("-K", "--ask-become-pass", help="Ask once for the sudo password "
                                                 "(never echoed or logged; sent only to sudo's stdin).")]
 
+LogFileOpt = Annotated[str | None, typer.Option("--log-file", help="Append this run's JSON-lines events (plan, "
+                                              "per-host start/end, result, timings) to this file instead of the "
+                                              "controller's run log.", show_default=False)]
+
 DEFAULT_FORKS = 32
 
 # The option block every command that acts on hosts takes, defined once: -i, --limit, -f after the
@@ -63,18 +67,20 @@ HEAD = (("inventory", InventoryOpt, None), ("limit", LimitOpt, None), ("forks", 
         ("list_hosts", ListHostsOpt, False))
 TAIL = (("json_out", JsonOpt, False), ("debug", DebugOpt, False), ("accept_new_host_keys", AcceptNewOpt, False),
         ("become", BecomeOpt, False), ("become_user", BecomeUserOpt, None), ("become_method", BecomeMethodOpt, None),
-        ("ask_become_pass", AskBecomePassOpt, False))
+        ("ask_become_pass", AskBecomePassOpt, False), ("log_file", LogFileOpt, None))
 BECOME_KEYS = ("become", "become_user", "become_method", "ask_become_pass")
 # options every fleet command takes that its own code never reads: fleet_context does (set per command)
 LIST_HOSTS = False
 BECOME: dict[str, Any] = {}  # -b/--become, --become-user, --become-method, -K (transport/become.py Cli)
+LOG_FILE: str | None = None  # --log-file (fleetctl/runlog.py)
+ARGV: list[str] = []  # the command line as given (cli.main): what a retry hint repeats
 
 
 def fleet_options(fn: Callable[..., None]) -> Callable[..., None]:
     """Give a command the shared option block: `def stop(playbook: ..., timeout: ..., **shared)` is
     declared (and shown in --help) as taking -i/--inventory, --limit, -f, --json, --debug and
     --accept-new-host-keys too; they reach it in `shared` under the names of HEAD and TAIL (but
-    --list-hosts and the become options, which fleet_context reads)."""
+    --list-hosts, the become options and --log-file, which fleet_context reads)."""
     sig = inspect.signature(fn, eval_str=True)
     own = [p for p in sig.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
 
@@ -91,9 +97,10 @@ def fleet_options(fn: Callable[..., None]) -> Callable[..., None]:
 
     @functools.wraps(fn)
     def command(**kwargs: Any) -> None:
-        global LIST_HOSTS, BECOME
+        global LIST_HOSTS, BECOME, LOG_FILE
         LIST_HOSTS = bool(kwargs.pop("list_hosts", False))
         BECOME = {k: kwargs.pop(k, None) for k in BECOME_KEYS}
+        LOG_FILE = kwargs.pop("log_file", None)
         fn(**kwargs)
 
     command.__signature__ = sig.replace(parameters=[*args, *made(HEAD), *rest, *made(TAIL)])  # type: ignore[attr-defined]

@@ -70,6 +70,9 @@ def fleet_context(inventory: Path | None, limit: str | None, forks: int, *, json
         list_hosts(command, hosts, json)
     if b.get("ask_become_pass") and any(h.becomes for h in hosts) and become.password() is None:
         become.ask_password()
+    from fleetctl import runlog
+
+    runlog.begin(command, log_file=common.LOG_FILE, argv=common.ARGV, inventory=inv.path, hosts=hosts)
     from fleetctl.runner import (  # the transport (paramiko, fabric): once the input is valid
         Fleet,
         raise_fd_limit,
@@ -85,8 +88,12 @@ def fleet_context(inventory: Path | None, limit: str | None, forks: int, *, json
     previous = handler.install()
     run = common.JsonRun(fleet.interrupt) if json else None
     common.JSON_RUN = run
+    exit_code = 0
     try:
         yield RunContext(inv, fleet, started, json, debug)
+    except BaseException as e:
+        exit_code = _exit_code(e)
+        raise
     finally:
         handler.uninstall(previous)
         common.JSON_RUN = None
@@ -102,6 +109,26 @@ def fleet_context(inventory: Path | None, limit: str | None, forks: int, *, json
         finally:
             _report_accepted_keys(fleet)
             fleet.close()
+            failed = [n for n, o in fleet.last.items() if not o.ok] + sorted(fleet.not_started)
+            say = runlog.end(130 if fleet.interrupt.is_set() else exit_code, fallback_failed=failed,
+                             argv=common.ARGV)
+            if say:
+                sys.stdout.flush()
+                sys.stderr.write(say + "\n")
+
+
+def _exit_code(e: BaseException) -> int:
+    """The exit status a command ends with when `e` leaves it (cli.main's mapping)."""
+    from fleetctl.errors import FleetctlError
+
+    code = getattr(e, "exit_code", None)  # typer.Exit, FleetctlError
+    if isinstance(code, int):
+        return code
+    if isinstance(e, SystemExit):
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+    if isinstance(e, KeyboardInterrupt):
+        return 130
+    return 2 if isinstance(e, FleetctlError) else 1
 
 
 @contextmanager
@@ -253,10 +280,12 @@ def run_with_progress(ctx: RunContext, what: str, fn: Callable[[], T]) -> T:
         raise Interrupted(f"interrupted before {what}")  # (fleet_context) says what each host did
     with host_progress(err, len(ctx.fleet.hosts), what, enabled=not ctx.json) as tick:
         ctx.fleet.progress = tick
+        ctx.fleet.step = what
         try:
             return fn()
         finally:
             ctx.fleet.progress = None
+            ctx.fleet.step = "run"
 
 
 def fmt_time(t: float | None) -> str:

@@ -75,14 +75,32 @@ def register(app: typer.Typer) -> None:
 
         deploys_impl.status(playbook=playbook, **shared)
 
-    @app.command("history", help="The local ledger of deploys, rollbacks and launches; 'history ID' shows one.")
+    @app.command("history", help="The local ledger of deploys, rollbacks and launches; 'history ID' shows one; "
+                 "'history show ID' also its run log (plan, per-host start/end, result, timings).")
     def history(
-        op_id: Annotated[str | None, typer.Argument(metavar="ID", help="An operation id to show in full.")] = None,
+        op_id: Annotated[str | None, typer.Argument(metavar="[show] ID", help="An operation id (or a run id) to "
+                                                    "show in full; after 'show', with its run log's events.")] = None,
+        run_id: Annotated[str | None, typer.Argument(metavar="", hidden=True)] = None,
         limit_rows: int = typer.Option(30, "--last", min=1, help="How many operations to list."),
+        log_file: str | None = typer.Option(None, "--log-file", help="The run log to read (a command's "
+                                            "--log-file); default: the controller's run log.", show_default=False),
         json_out: JsonOpt = False,
     ) -> None:
         from fleetctl.commands import deploys_impl
 
+        if op_id == "show":
+            if run_id is None:
+                from fleetctl.errors import InputError
+
+                raise InputError("history show: which run?", hint="give its id: 'fleetctl history show ID' "
+                                 "('fleetctl history' lists them)")
+            deploys_impl.history_show(ident=run_id, log_file=log_file, json_out=json_out)
+            return
+        if run_id is not None:
+            from fleetctl.errors import InputError
+
+            raise InputError(f"history: unexpected {run_id!r} after {op_id!r}",
+                             hint=f"'fleetctl history {op_id}' or 'fleetctl history show {op_id}'")
         deploys_impl.history(op_id=op_id, limit_rows=limit_rows, json_out=json_out)
 
     @app.command("explain", help="Say per host which SGLang worker class and file will run, and whether the playbook patches it.")

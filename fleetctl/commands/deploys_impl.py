@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from fleetctl import runlog
 from fleetctl.commands import validate
 from fleetctl.commands.common import emit_json, err, out
 from fleetctl.commands.context import RunContext, fleet_context, playbook_fleet
@@ -73,12 +74,14 @@ def deploy(*, playbook: Path, inventory: Path | None, limit: str | None, forks: 
         gathered = _tick_run(ctx, "facts", lambda: gather(ctx.fleet, pb, probe=True, use_seals=not recheck,
                                                           make_seals=not check and not restart))
         plan = build_plan(ctx.fleet, pb, gathered, force=force, allow_uncovered=allow_uncovered, strict=strict)
+        runlog.plan(plan.to_json())
         if not json_out:
             render_plan(plan)
             if diff:
                 print_diffs(ctx, plan)
         bad_plan = [hp for hp in plan.hosts if hp.status in ("refused", "unreachable", "failed")]
         if check:
+            runlog.result(plan_hosts(plan.to_json()["hosts"]))
             if json_out:
                 emit_json("deploy", ok=not bad_plan, hosts=plan_hosts(plan.to_json()["hosts"]), check=True,
                           plan=plan.to_json(), elapsed=round(ctx.elapsed(), 3),
@@ -120,6 +123,7 @@ def deploy(*, playbook: Path, inventory: Path | None, limit: str | None, forks: 
                    + f" in {elapsed:.2f}s")
         reminder = _restart_reminder(ctx, pb, [r.host for r in rows if r.status == "changed"],
                                      found={r.host: r.servers for r in rows if r.servers is not None})
+        runlog.result([host_row(r.to_json(), ok=r.status in ("changed", "unchanged")) for r in rows], op_id=op_id)
         if json_out:
             emit_json("deploy", op_id=op_id, ok=not failed, message=summary,
                       hosts=[host_row(r.to_json(), ok=r.status in ("changed", "unchanged")) for r in rows],
@@ -162,10 +166,12 @@ def rollback(*, inventory: Path | None, limit: str | None, forks: int, to: str |
         if to is not None and all(p.status == "skipped" for p in plans):
             raise InputError(f"deploy {to} is not on any of the {len(plans)} selected host(s)",
                              hint="pick an id from 'fleetctl status' or 'fleetctl history', or widen --limit")
+        runlog.plan([p.to_json() for p in plans])
         if not json_out:
             render_rollback_plan(plans)
         bad = [p for p in plans if p.status in ("refused", "unreachable", "failed")]
         if check:
+            runlog.result(plan_hosts([p.to_json() for p in plans]))
             if json_out:
                 emit_json("rollback", ok=not bad, hosts=plan_hosts([p.to_json() for p in plans]), check=True,
                           plan=[p.to_json() for p in plans], message="rollback --check: nothing was changed")
@@ -206,6 +212,7 @@ def rollback(*, inventory: Path | None, limit: str | None, forks: int, to: str |
                    f"{len(failed)} failed in {ctx.elapsed():.2f}s")
         reminder = _restart_reminder(ctx, None, [r["host"] for r in rows if r["status"] == "changed"], touched,
                                      found=found)
+        runlog.result([host_row(r, ok=r["status"] in ("changed", "unchanged", "skipped")) for r in rows], op_id=op_id)
         if json_out:
             emit_json("rollback", op_id=op_id, ok=not failed, message=summary,
                       hosts=[host_row(r, ok=r["status"] in ("changed", "unchanged", "skipped")) for r in rows],
@@ -274,11 +281,12 @@ def status(*, playbook: Path | None, inventory: Path | None, limit: str | None, 
                               if s["running"] and s["deploy_at_launch"] in r.get("gone", [])]
         problems = [r for r in rows if r["problems"]]
         reminder = restart_reminder(list(found.values()))
+        status_hosts = [host_row(r, ok=not r["problems"], message="; ".join(r["problems"]),
+                                 state=r["status"] if r["status"] != "ok" else ("problems" if r["problems"] else "ok"))
+                        for r in rows]
+        runlog.result(status_hosts)
         if json_out:
-            emit_json("status", ok=not problems, hosts=[
-                host_row(r, ok=not r["problems"], message="; ".join(r["problems"]),
-                         state=r["status"] if r["status"] != "ok" else ("problems" if r["problems"] else "ok"))
-                for r in rows], summary={"servers_running": sum(1 for sv in servers if sv["running"]),
+            emit_json("status", ok=not problems, hosts=status_hosts, summary={"servers_running": sum(1 for sv in servers if sv["running"]),
                                          "restart_needed": reminder.servers},
                       elapsed=round(ctx.elapsed(), 3), restart_needed=reminder.to_json())
         else:
@@ -304,6 +312,53 @@ def status(*, playbook: Path | None, inventory: Path | None, limit: str | None, 
                           markup=False, highlight=False)
         raise typer.Exit(EXIT_FAILED if problems else EXIT_OK)
 
+
+
+def history_show(*, ident: str, log_file: str | None, json_out: bool) -> None:
+    """`history show ID`: the ledger's entry (when ID is an operation there) and the run's events
+    from the run log (fleetctl/runlog.py), one line each: what happened, per host, in order."""
+    import json as _json
+
+    path = Path(log_file).expanduser() if log_file else runlog.default_path()
+    events = runlog.read_events(path, ident)
+    ledger = Ledger()
+    try:
+        op_ids = [e.get("op_id") for e in events if e.get("op_id")]
+        entry = ledger.get(ident) or (ledger.get(op_ids[0]) if op_ids else None)
+    finally:
+        ledger.close()
+    if not events and entry is None:
+        raise InputError(f"no run {ident} in {path} nor in the ledger",
+                         hint="'fleetctl history' lists the ledger's ids; a run's id is in its run log "
+                              "(--log-file FILE if the command was given one)")
+    if json_out:
+        emit_json("history", op_id=entry["id"] if entry else None, ok=True,
+                  hosts=[host_row(h, ok=h["status"] in HISTORY_OK) for h in entry["hosts"]] if entry else [],
+                  message=f"{len(events)} event(s) of run {ident} in {path}", run_log=str(path), events=events,
+                  operation={k: v for k, v in entry.items() if k != "hosts"} if entry else None)
+        raise typer.Exit(0)
+    if entry is not None:
+        out.print(line(f"{entry['kind']} {entry['id']} by {entry['user']}@{entry['controller']} at "
+                       f"{_ts(entry['started'])}: {entry['outcome'] or 'running'}"))
+    for e in events:
+        ev = e.get("event")
+        what = {k: v for k, v in e.items() if k not in ("run", "seq", "t", "event", "command")}
+        if ev == "host":
+            text = (f"{what.get('host')} {what.get('step')} {what.get('phase')}"
+                    + (f": {what.get('status')}{' ' + what['message'] if what.get('message') else ''} "
+                       f"({what.get('elapsed')}s)"
+                       if what.get("phase") == "end" else ""))
+        elif ev == "result":
+            text = "; ".join(f"{h['host']}: {h['state']}" + (f" ({h['message']})" if h["message"] and not h["ok"]
+                                                              else "") for h in what.get("hosts", []))
+        elif ev == "plan":
+            text = f"{len(_json.dumps(what.get('plan'), default=str))} bytes of plan (--json shows it)"
+        else:
+            text = ", ".join(f"{k}={v}" for k, v in what.items() if k not in ("hosts",) and v not in (None, [], ""))
+            if ev == "start":
+                text += f", hosts={','.join(h['host'] for h in what.get('hosts', []))}"
+        out.print(line(f"{_ts(e.get('t'))} {e.get('command')} {ev}: ", text))
+    err.print(line(f"history show {ident}: {len(events)} event(s) from {path}"))
 
 
 def history(*, op_id: str | None, limit_rows: int, json_out: bool) -> None:
@@ -454,11 +509,12 @@ def explain(*, playbook: Path, inventory: Path | None, limit: str | None, forks:
 
             add_probe_answers(ctx, pb, gathered, rows)
         bad = [r for r in rows if r["status"] != "ok" or r.get("refused")]
+        explained = [host_row(r, ok=r["status"] == "ok" and not r.get("refused"),
+                              state=r["status"] if r["status"] != "ok" else ("refused" if r.get("refused") else "ok"))
+                     for r in rows]
+        runlog.result(explained)
         if json_out:
-            emit_json("explain", ok=not bad, playbook=str(pb.path), hosts=[
-                host_row(r, ok=r["status"] == "ok" and not r.get("refused"),
-                         state=r["status"] if r["status"] != "ok" else ("refused" if r.get("refused") else "ok"))
-                for r in rows])
+            emit_json("explain", ok=not bad, playbook=str(pb.path), hosts=explained)
         else:
             render_explain(rows)
             err.print(line(f"explain: {len(rows)} hosts: "
@@ -488,6 +544,7 @@ def _fatal_refusal(command: str, plan: Any, bad: list[tuple[str, str, str]], jso
     """--any-errors-fatal: some host cannot take part, so no host is changed (exit 1)."""
     msg = (f"{command}: --any-errors-fatal: {len(bad)} selected host(s) unreachable or refused at plan time "
            f"({bad[0][0]}: {bad[0][1]}); nothing was changed on any host")
+    runlog.result(plan_hosts(plan["hosts"] if isinstance(plan, dict) else plan, {h for h, _, _ in bad}))
     if json_out:
         blocking = {h for h, _, _ in bad}
         emit_json(command, ok=False, message=msg,
@@ -523,6 +580,7 @@ def _rolling(ctx: RunContext, pb: Playbook, plan: Plan, serial: int | None, cana
                + (f"; stopped at batch {res.stopped_at} (over --max-fail {budget:g}%), that batch rolled back"
                   if res.stopped_at is not None else "")
                + f" in {ctx.elapsed():.2f}s")
+    runlog.result([host_row(h.to_json(), ok=h.status == "ok") for h in res.hosts], op_id=res.deploy_id)
     if ctx.json:
         emit_json("deploy", op_id=res.deploy_id, ok=res.ok, message=summary,
                   hosts=[host_row(h.to_json(), ok=h.status == "ok") for h in res.hosts],

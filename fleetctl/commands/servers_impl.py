@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from fleetctl import runlog
 from fleetctl.commands import validate
 from fleetctl.commands.common import (
     emit_json,
@@ -223,6 +224,7 @@ def launch(*, playbook: Path, inventory: Path | None, limit: str | None, forks: 
         ready = sum(1 for r in rows for i in r.instances if i.status == "ready")
         summary = (f"launch {lid}: {len(rows)} hosts, {n} instances: {ready} ready, {n - ready} not "
                    f"in {ctx.elapsed():.2f}s")
+        runlog.result([host_row(r.to_json(), ok=r.status == "ok") for r in rows], op_id=lid)
         if json_out:
             emit_json("launch", op_id=lid, ok=not bad, message=summary,
                       hosts=[host_row(r.to_json(), ok=r.status == "ok") for r in rows],
@@ -242,6 +244,8 @@ def _launch_check(ctx: RunContext, pb: Any, **kw: bool) -> None:
     bad = [p for p in plans if p.status != "start"]
     msg = (f"launch --check: {len(plans)} hosts: {len(plans) - len(bad)} would start, {len(bad)} would not; "
            f"nothing was started or stopped ({ctx.elapsed():.2f}s)")
+    runlog.plan([p.to_json() for p in plans])
+    runlog.result([host_row(p.to_json(), ok=p.status == "start") for p in plans])
     if ctx.json:
         emit_json("launch", ok=not bad, check=True, message=msg,
                   hosts=[host_row(p.to_json(), ok=p.status == "start") for p in plans],
@@ -264,6 +268,7 @@ def verify_logs(*, playbook: Path, inventory: Path | None, limit: str | None, fo
         summary = (f"verify-logs: {len(rows)} hosts, {n_inst} instances: {n_inst - n_bad} passed, "
                    f"{n_bad} failed, {sum(1 for r in rows if r.status not in ('ok', 'failed'))} unreachable "
                    f"in {ctx.elapsed():.2f}s")
+        runlog.result([host_row(r.to_json(), ok=r.ok) for r in rows])
         if json_out:
             emit_json("verify-logs", ok=not bad, message=summary,
                       hosts=[host_row(r.to_json(), ok=r.ok) for r in rows],
@@ -297,6 +302,7 @@ def stop(*, playbook: Path | None, inventory: Path | None, limit: str | None, fo
         bad = [r for r in rows if r.status != "ok"]
         summary = (f"stop: {len(rows)} hosts: {sum(1 for r in rows for s in r.instances if s.action == 'stopped')}"
                    f" servers stopped, {len(bad)} hosts failed in {ctx.elapsed():.2f}s")
+        runlog.result([host_row(r.to_json(), ok=r.status == "ok") for r in rows])
         if json_out:
             emit_json("stop", ok=not bad, message=summary,
                       hosts=[host_row(r.to_json(), ok=r.status == "ok") for r in rows],
