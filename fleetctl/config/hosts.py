@@ -49,6 +49,11 @@ class Host:
     become: bool | None = None
     become_user: str | None = None
     become_method: str | None = None
+    # launch.manager supervisor: the control command and the dir supervisord's [include] reads;
+    # systemd: the dir units are written to (defaults in fleetctl/managers.py)
+    supervisorctl: str | None = None
+    supervisor_conf_dir: str | None = None
+    systemd_unit_dir: str | None = None
 
     @property
     def becomes(self) -> bool:

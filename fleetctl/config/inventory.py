@@ -173,6 +173,11 @@ class HostFields(Strict):
     become_user: str | None = None
     become_method: str | None = None
     container: ContainerFields | None = None
+    # servers under a service manager (playbook launch.manager): supervisorctl's command line, the
+    # dir supervisord includes program sections from; the dir systemd units are written to
+    supervisorctl: str | None = None
+    supervisor_conf_dir: str | None = None
+    systemd_unit_dir: str | None = None
 
     _env = field_validator("env")(classmethod(lambda cls, v: check_env(v)))
     _flags = field_validator("flags")(classmethod(lambda cls, v: check_flags(v)))
@@ -353,6 +358,9 @@ def _resolve(path: Path, doc: YamlDoc, raw: InventoryFile, *, group_hosts: dict[
                 become_user=bec["become_user"],
                 become_method=bec["become_method"],
                 container=c.resolved() if (c := pick("container")) is not None else None,
+                supervisorctl=pick("supervisorctl"),
+                supervisor_conf_dir=pick("supervisor_conf_dir"),
+                systemd_unit_dir=pick("systemd_unit_dir"),
             )
         )
     if not hosts:

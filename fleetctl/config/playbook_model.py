@@ -40,6 +40,9 @@ def _at_least(owner: object, name: str, low: float, *, above: bool = False, high
                          + f" (got {v!r})")
 
 
+MANAGERS = ("fleetctl", "supervisor", "systemd")
+
+
 @dataclass
 class InstanceLayout:
     """How the host's GPUs are split into server instances."""
@@ -69,8 +72,13 @@ class LaunchProfile:
     layout: InstanceLayout = field(default_factory=InstanceLayout)
     ready_timeout: float = 900.0
     stop_timeout: float = 30.0
+    # who runs the servers: fleetctl itself (a detached process group), supervisord (a program
+    # section fleetctl writes, started/stopped through supervisorctl) or systemd (a unit, systemctl)
+    manager: str = "fleetctl"
 
     def __post_init__(self) -> None:
+        if self.manager not in MANAGERS:
+            raise ValueError(f"manager must be one of {', '.join(MANAGERS)} (got {self.manager!r})")
         _at_least(self, "port", 1, high=65535)
         _at_least(self, "ready_timeout", 0, above=True)
         _at_least(self, "stop_timeout", 0, above=True)

@@ -15,6 +15,7 @@ from fleetctl.engine import engine
 from fleetctl.facts import HostFacts, read_facts
 from fleetctl.instances import Instance, plan_instances
 from fleetctl.launchspec import INHERIT_FROM_HOST
+from fleetctl.managers import manager_request
 from fleetctl.ops.deploy import new_op_id, who
 from fleetctl.ops.exits import exited_line
 from fleetctl.patched_worker import coverage
@@ -440,6 +441,7 @@ def apply_launch(conn: Transport, lp: LaunchPlan, pb: Playbook, *, launch_id: st
                       # how the agent tells the server process from its wrappers (liveness)
                       "server_match": {"executable": facts.launch_python,
                                        "target": inst.launch.target if inst.launch else None}},
+            "manager": manager_request(h, pb.launch.manager, pb.launch.stop_timeout),
         }
         try:
             with lane(h):  # (another inventory entry for this machine and state dir: one at a time)

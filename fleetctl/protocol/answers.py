@@ -289,6 +289,8 @@ class LaunchRecord:
     deploy: DeployOnDisk | None = None
     argv: list[str] = field(default_factory=list)  # as launched (secret values masked)
     cwd: str | None = None
+    manager: str | None = None  # supervisor, systemd; None: fleetctl's own launch
+    program: str | None = None  # the manager's name for it (supervisor program, systemd unit)
     # what launch put in the record ("extra")
     version: str | None = None
     port: int | None = None

@@ -78,6 +78,31 @@ SUPERVISOR = (
 )
 
 
+# Under a service manager (launch.manager: supervisor, systemd) the manager starts this instead of
+# SUPERVISOR: the same job (wait for the server, write its exit status), plus what the manager cannot
+# hand over: the launch's exact environment (from a 0600 file, never on a command line or in the
+# manager's config), its cwd, and the server's pid (a file, as SUPERVISOR's pipe would). It ignores
+# TERM/INT/HUP: the manager stops the whole process group, the server ends, and so does this.
+MANAGED_LAUNCHER = (
+    "import os,sys,json,signal,subprocess,time\n"
+    "e,x,q,c,a=sys.argv[1],sys.argv[2],sys.argv[3],sys.argv[4],sys.argv[5:]\n"
+    "for s in (signal.SIGTERM,signal.SIGINT,signal.SIGHUP):\n"
+    " signal.signal(s,lambda *_:None)\n"
+    "f=open(e);env=json.load(f);f.close()\n"
+    "def put(path,data):\n"
+    " t=path+'.tmp';f=os.open(t,os.O_WRONLY|os.O_CREAT|os.O_TRUNC,0o600);os.write(f,data);os.fsync(f);os.close(f)\n"
+    " os.replace(t,path)\n"
+    "try:\n"
+    " p=subprocess.Popen(a,env=env,cwd=c)\n"
+    "except OSError as err:\n"
+    " put(q,('E%s'%err).encode());sys.exit(127)\n"
+    "put(q,str(p.pid).encode())\n"
+    "rc=p.wait()\n"
+    "put(x,json.dumps({'pid':p.pid,'returncode':rc,'ended_at':time.time()}).encode())\n"
+    "sys.exit(rc if rc>=0 else 128-rc)\n"
+)
+
+
 # ----------------------------------------------------------------------------- /proc
 
 
@@ -803,6 +828,10 @@ def _start_locked(p, sd, name, lid, argv, env):
            "deploy": dep, "cwd": cwd}
     rec.update(p.get("extra") or {})
     exit_file = exit_path(sd, name, lid)
+    mgr = p.get("manager") or {}
+    if mgr.get("kind") == "supervisor":
+        os.close(fd)
+        return _start_supervised(sd, d, name, lid, argv, env, cwd, rec, mgr)
     rfd, wfd = os.pipe()
     try:
         sup = subprocess.Popen([sys.executable, "-I", "-c", SUPERVISOR, exit_file, str(wfd), *argv],
@@ -829,6 +858,97 @@ def _start_locked(p, sd, name, lid, argv, env):
     pid = int(said)
     ticks, _ = proc_start_ticks(pid)
     rec.update(pid=pid, pgid=sup.pid, supervisor_pid=sup.pid, start_ticks=ticks,
+               process_started=ticks_to_epoch(ticks), state="started", exit_file=exit_file)
+    save_record(sd, rec)
+    return rec
+
+
+def _ctl(ctl, args, timeout):
+    """Run the manager's control command (supervisorctl ...) with `args`: (exit status, its output)."""
+    import subprocess
+
+    try:
+        r = subprocess.run([*ctl, *args], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, timeout=timeout)
+    except OSError as e:
+        return 127, "cannot run %s: %s" % (ctl[0] if ctl else "?", e)
+    except subprocess.TimeoutExpired:
+        return 124, "%s %s: no end within %gs" % (" ".join(ctl), " ".join(args), timeout)
+    return r.returncode, r.stdout[-4000:].decode("utf-8", "replace").strip()
+
+
+def supervisor_section(program, command, log, stop_timeout):
+    """The [program:...] section fleetctl writes for one instance: started and stopped only by fleetctl
+    (no autostart, no autorestart), stopped as a process group, output to this launch's log file."""
+    import shlex
+
+    for a in command:
+        if "\n" in a or "\r" in a or "\0" in a:
+            raise AgentError("an argument holds a newline: a supervisor program section cannot hold it", "bad_input")
+    line = " ".join(shlex.quote(a) for a in command).replace("%", "%%")
+    return "".join("%s\n" % x for x in (
+        "; written by fleetctl (launch.manager: supervisor); rewritten at each launch", "[program:%s]" % program,
+        "command=%s" % line, "autostart=false", "autorestart=false", "startsecs=0", "startretries=0",
+        "stopsignal=TERM", "stopwaitsecs=%d" % max(1, int(stop_timeout + 0.999)), "stopasgroup=true",
+        "killasgroup=true", "redirect_stderr=true", "stdout_logfile=%s" % log.replace("%", "%%"),
+        "stdout_logfile_maxbytes=0", "stdout_logfile_backups=0"))
+
+
+def _start_supervised(sd, d, name, lid, argv, env, cwd, rec, mgr):
+    """Start the instance as a supervisord program: its section written to the manager's include dir,
+    `supervisorctl update` and `start`; its process is MANAGED_LAUNCHER (the process group), whose
+    child is the server. The record is the same as for fleetctl's own launches, plus the manager's."""
+    ctl = [str(x) for x in mgr.get("ctl") or []]
+    conf_dir = mgr.get("conf_dir") or ""
+    if not ctl or not conf_dir:
+        raise AgentError("launch.manager supervisor: no supervisorctl or conf dir given", "bad_input")
+    if not os.path.isdir(conf_dir):
+        raise AgentError("supervisor conf dir %s does not exist (set supervisor_conf_dir: in the inventory to "
+                         "a directory supervisord's [include] reads)" % conf_dir, "bad_input")
+    prog = "fleetctl-" + name
+    launches = os.path.join(d, "launches")
+    envfile = os.path.join(launches, lid + ".env")
+    pidfile = os.path.join(launches, lid + ".pid")
+    exit_file = exit_path(sd, name, lid)
+    launcher = os.path.join(d, "launcher.py")
+    write_atomic(envfile, jdumps(env).encode())
+    write_atomic(launcher, MANAGED_LAUNCHER.encode(), 0o644)
+    conf = os.path.join(conf_dir, prog + ".conf")
+    section = supervisor_section(prog, [sys.executable, "-I", launcher, envfile, exit_file, pidfile, cwd, *argv],
+                                 rec["log"], float(mgr.get("stop_timeout") or 30))
+    write_atomic(conf, section.encode(), 0o644)
+    rec.update(manager="supervisor", program=prog, manager_conf=conf, ctl=ctl, pid=None)
+    t = float(mgr.get("timeout") or 60)
+    for args in (["reread"], ["update", prog], ["start", prog]):
+        rc, said = _ctl(ctl, args, t)
+        if rc != 0 or "ERROR" in said:
+            why = "supervisorctl %s: %s" % (" ".join(args), said.splitlines()[-1] if said else "exit %d" % rc)
+            rec.update(state="failed-to-start", error=why)
+            save_record(sd, rec)
+            raise AgentError("cannot start %s under supervisor: %s" % (name, why), "failed")
+    rc, said = _ctl(ctl, ["pid", prog], t)
+    launcher_pid = int(said) if rc == 0 and said.isdigit() and int(said) > 0 else None
+    server_pid = None
+    deadline = time.time() + 30.0
+    while launcher_pid and time.time() < deadline:  # the launcher writes the server's pid as it starts it
+        try:
+            with open(pidfile) as fh:
+                got = fh.read()
+        except OSError:
+            got = ""
+        if got.isdigit():
+            server_pid = int(got)
+            break
+        if got.startswith("E") or proc_start_ticks(launcher_pid)[0] is None:
+            break
+        time.sleep(0.02)
+    if not server_pid:
+        why = got[1:] if launcher_pid and got.startswith("E") else "the managed launcher did not start it"
+        rec.update(state="failed-to-start", error=why)
+        save_record(sd, rec)
+        raise AgentError("cannot start %s under supervisor: %s" % (argv[0], why), "failed")
+    ticks, _ = proc_start_ticks(server_pid)
+    rec.update(pid=server_pid, pgid=launcher_pid, supervisor_pid=launcher_pid, start_ticks=ticks,
                process_started=ticks_to_epoch(ticks), state="started", exit_file=exit_file)
     save_record(sd, rec)
     return rec
@@ -962,6 +1082,16 @@ def stop_record(rec, timeout, kill_after=5.0):
     import signal
 
     t0 = time.time()
+    if rec.get("manager") == "supervisor" and rec.get("program") and rec.get("ctl"):
+        _ctl(rec["ctl"], ["stop", rec["program"]], timeout + 30)
+        end = time.time() + kill_after
+        while time.time() < end and (record_alive(rec) or group_alive(pgid)):
+            time.sleep(0.05)
+        if not record_alive(rec) and not group_alive(pgid):
+            rec.update(state="stopped", stopped_at=time.time(), stopped_how="supervisorctl stop")
+            return {"instance": rec["instance"], "action": "stopped", "how": "supervisorctl stop", "pid": pid,
+                    "launch_id": rec.get("launch_id"), "seconds": round(time.time() - t0, 3)}
+        # supervisord did not stop it (or could not be asked): fleetctl's own way below
     try:
         os.killpg(pgid, signal.SIGTERM)
     except ProcessLookupError:
