@@ -76,7 +76,7 @@ SUPPORTED = {v: _supported(v) for v in VERSIONS}
 V1_RELEASES = tuple(v for v in VERSIONS if SUPPORTED[v] == {"EAGLEWorker"})
 V2_RELEASES = tuple(v for v in VERSIONS if SUPPORTED[v] == {"EAGLEWorkerV2"})
 # EAGLEWorker releases whose skipped steps replay DECODE-shaped CUDA graphs of the target (issue 35)
-DECODE_GRAPH_RELEASES = ("0.5.12",)
+DECODE_GRAPH_RELEASES = ("0.5.11", "0.5.12", "0.5.12.post1")
 NONE_RELEASES = tuple(v for v in VERSIONS if not SUPPORTED[v])
 
 
