@@ -10,10 +10,12 @@ finalizers by pid / container id. Skipped where no dockerd can run (tests/docker
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import shutil
 import subprocess
+import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +24,7 @@ import pytest
 import yaml
 
 from tests import dockerd
-from tests.jsoncli import ok
+from tests.jsoncli import cli, ok
 
 pytestmark = [pytest.mark.usefixtures("ledger_dir"), pytest.mark.fleet]
 
@@ -208,3 +210,129 @@ def test_the_loop_through_a_docker_container(engine: dockerd.Dockerd, sandbox: A
 
     ok(capsys, "rollback", "-i", inv)
     assert box.sha(TARGET) == pristine
+
+
+def test_a_re_created_container_is_said_by_status_and_verify_logs(
+        engine: dockerd.Dockerd, sandbox: Any, boxes: list[Box], tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The deploy records the container's id; a container re-created from its image (the patch gone,
+    the records kept on the state volume) is named as such by status and verify-logs, and a new
+    deploy patches the new one."""
+    box = Box(engine, sandbox, "fleetctl-test-c2", tmp_path / "state")
+    boxes.append(box)
+    old = box.run()
+    inv = inventory(tmp_path, sandbox, engine, box.name)
+    pristine = box.sha(TARGET)
+    assert ok(capsys, "deploy", PLAYBOOK, "-i", inv)["hosts"][0]["status"] == "changed"
+    manifest = json.loads(next((tmp_path / "state").glob("deploys/*/manifest.json")).read_text())
+    assert manifest["container"]["id"] == old and manifest["container"]["image"] == IMAGE, manifest["container"]
+    assert not ok(capsys, "status", "-i", inv)["hosts"][0].get("problems")
+
+    box.remove()  # re-created from its image, same name, same state volume
+    new = box.run()
+    assert new != old and box.sha(TARGET) == pristine
+    code, doc = cli(capsys, "status", "-i", inv)
+    problems = doc["hosts"][0]["problems"]
+    line = next((p for p in problems if "was re-created since deploy" in p), None)
+    assert line is not None and f"container {old[:12]} then, {new[:12]} now" in line, problems
+    assert code == 1, doc
+
+    # (launch refuses the playbook's flag: the new container's SGLang does not register it)
+    ok(capsys, "launch", PLAYBOOK, "-i", inv, "--drop-unknown-flags")
+    try:
+        code, v = cli(capsys, "verify-logs", PLAYBOOK, "-i", inv)
+        assert code == 1, v
+        said = json.dumps(v)
+        assert f"docker container {box.name} was re-created since deploy {manifest['id']}" in said, said[:3000]
+    finally:
+        ok(capsys, "stop", "-i", inv)
+
+    assert ok(capsys, "deploy", PLAYBOOK, "-i", inv)["hosts"][0]["status"] == "changed"
+    assert box.sha(TARGET) != pristine
+    doc = ok(capsys, "status", "-i", inv)
+    assert not any("re-created" in p for p in doc["hosts"][0].get("problems") or []), doc
+
+
+def test_read_only_container_is_refused_and_a_state_dir_off_volume_is_warned(
+        engine: dockerd.Dockerd, sandbox: Any, boxes: list[Box], tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    ro = Box(engine, sandbox, "fleetctl-test-ro", tmp_path / "state", read_only=True)
+    boxes.append(ro)
+    ro.run()
+    inv = inventory(tmp_path, sandbox, engine, ro.name)
+    pristine = ro.sha(TARGET)
+    for extra in (["--check"], []):
+        code, doc = cli(capsys, "deploy", PLAYBOOK, "-i", inv, *extra)
+        assert code == 1, doc
+        row = doc["plan"]["hosts"][0]
+        assert row["status"] == "refused", row
+        assert f"docker container {ro.name} has a read-only root filesystem (image {IMAGE})" in row["reason"], row
+        assert (f"'fleetctl patch dockerfile {PLAYBOOK}/playbook.yaml --sglang {VERSION} --package-dir {PKG} -o fleetctl-image'"
+                in row["reason"]), row
+    assert ro.sha(TARGET) == pristine
+    assert not list((tmp_path / "state").glob("deploys/*"))
+
+    eph = Box(engine, sandbox, "fleetctl-test-eph", None)  # no state volume
+    boxes.append(eph)
+    eph.run()
+    inv = inventory(tmp_path, sandbox, engine, eph.name, state_dir="/root/.fleetctl")
+    code, doc = cli(capsys, "deploy", PLAYBOOK, "-i", inv, "--check")
+    row = doc["plan"]["hosts"][0]
+    assert row["status"] == "change", row
+    assert (f"warning: state dir /root/.fleetctl is on docker container {eph.name}'s own filesystem: the deploy's "
+            f"records and backups die with the container") in row["reason"], row
+
+
+def test_patch_dockerfile_builds_the_patch_into_an_image(engine: dockerd.Dockerd, sandbox: Any, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """The printed lines, in a real `docker build` FROM an image holding the pristine release, give an
+    image whose files are the bytes deploy writes; FROM an image holding other bytes, the build fails."""
+    from fleetctl.cli import main
+    from fleetctl.config.playbook import load_playbook
+    from fleetctl.intended import intended_for
+
+    h = sandbox.hosts["h01"]
+    root = tmp_path / "base"
+    # a base with only what the lines need: sh (dash), sha256sum, rm and libc, and the release tree
+    for d in ("usr/bin", "usr/lib/x86_64-linux-gnu", "usr/lib64", "tmp"):
+        (root / d).mkdir(parents=True)
+    for link in ("bin", "lib", "lib64"):
+        (root / link).symlink_to(f"usr/{link}")
+    shutil.copy("/usr/bin/dash", root / "usr/bin/sh")
+    for tool in ("sha256sum", "rm"):
+        shutil.copy(f"/usr/bin/{tool}", root / "usr/bin" / tool)
+    for lib in ("lib/x86_64-linux-gnu/libc.so.6", "lib64/ld-linux-x86-64.so.2"):
+        shutil.copy(os.path.realpath(f"/{lib}"), root / "usr" / lib)
+    shutil.copytree(h.sglang_dir, root / PKG.lstrip("/"))
+    dockerd.import_rootfs(engine, root, "fleetctl-test/base:pristine")
+
+    ctx = tmp_path / "ctx"
+    capsys.readouterr()
+    assert main(["patch", "dockerfile", str(PLAYBOOK), "--sglang", VERSION, "-o", str(ctx)]) == 0
+    lines = capsys.readouterr().out
+    assert (ctx / "Dockerfile.fleetctl").read_text() == lines
+    (ctx / "Dockerfile").write_text("FROM fleetctl-test/base:pristine\n" + lines)
+    env = {**os.environ, "DOCKER_BUILDKIT": "0"}
+    build = subprocess.run([*engine.cli, "build", "--network", "host", "-q", "-t", "fleetctl-test/patched:1",
+                            str(ctx)], capture_output=True, text=True, env=env, timeout=300)
+    assert build.returncode == 0, build.stderr[-2000:]
+    made = engine.run("create", "fleetctl-test/patched:1", "/bin/sh").stdout.strip()
+    try:
+        it = intended_for(load_playbook(PLAYBOOK), VERSION)
+        assert it is not None
+        for rel, want in it.items():
+            got = subprocess.run([*engine.cli, "cp", f"{made}:{PKG}/{rel}", "-"], capture_output=True,
+                                 check=True).stdout
+            with tarfile.open(fileobj=io.BytesIO(got)) as tf:
+                member = tf.extractfile(tf.getmembers()[0])
+                assert member is not None
+                assert hashlib.sha256(member.read()).hexdigest() == want.sha_intended, rel
+    finally:
+        engine.run("rm", "-f", made, check=False)
+
+    # an image that does not hold the pristine release: the build stops at the first check
+    (ctx / "Dockerfile").write_text("FROM fleetctl-test/patched:1\n" + lines)
+    again = subprocess.run([*engine.cli, "build", "--network", "host", "-q", str(ctx)], capture_output=True,
+                           text=True, env=env, timeout=300)
+    assert again.returncode != 0 and f"fleetctl: the image does not hold pristine sglang {VERSION} files" in (
+        again.stdout + again.stderr), again.stderr[-2000:]

@@ -303,6 +303,45 @@ def init_cmd(
     common.err.print(f"next: fleetctl patch check {target.parent}", markup=False, highlight=False)
 
 
+@patch_app.command("dockerfile", help="Write a playbook's patched files for one SGLang release into a build "
+                                      "context dir and print the Dockerfile lines that apply them to an image "
+                                      "(for a read-only container, or a patch that must survive re-creation).")
+def dockerfile_cmd(
+    playbook: Annotated[Path, typer.Argument(metavar="PLAYBOOK", help="Playbook dir or YAML file.", show_default=False)],
+    sglang: Annotated[str, typer.Option("--sglang", metavar="V", help="The image's SGLang release (e.g. 0.5.9).",
+                                        show_default=False)],
+    out: Annotated[Path, typer.Option("-o", "--output", metavar="DIR", help="The build context dir to write "
+                                      "(its fleetctl-patch/ and Dockerfile.fleetctl).", show_default=False)],
+    package_dir: Annotated[str, typer.Option("--package-dir", metavar="PKG", help="The sglang package dir in the "
+                                             "image.")] = "/sgl-workspace/sglang/python/sglang",
+) -> None:
+    from fleetctl.config.playbook import load_playbook
+    from fleetctl.containers.dockerfile import build, write_context
+    from fleetctl.intended import intended_for
+
+    sglang = validate.sglang_version(sglang)
+    if not package_dir.startswith("/") or any(c in package_dir for c in "\n\r\0"):
+        raise InputError(f"--package-dir {package_dir!r}: an absolute path in the image is needed",
+                         hint="e.g. --package-dir /sgl-workspace/sglang/python/sglang")
+    pb = load_playbook(playbook)
+    it = intended_for(pb, sglang)
+    if it is None:
+        raise InputError(f"{pb.path}: the playbook has no patches for sglang {sglang}",
+                         hint=f"it has: {', '.join(pb.supported()) or 'none'}")
+    dp = build(pb, sglang, it, package_dir)
+    try:
+        snippet = write_context(out, dp)
+    except OSError as e:
+        raise InputError(f"-o {out}: cannot write the build context: {e.strerror}") from None
+    common.out.print("\n".join(dp.lines), markup=False, highlight=False)
+    common.err.print(f"# wrote {len(dp.files)} patched file(s) under {out}/fleetctl-patch/ and these lines as "
+                     f"{snippet}; put them in your Dockerfile after the FROM of the sglang {sglang} image and "
+                     f"build with {out} as the context"
+                     + (f" (the playbook's state files are not in the image: {', '.join(sf.name for sf in pb.state_files)}"
+                        f" are shipped by 'fleetctl deploy')" if pb.state_files else ""),
+                     markup=False, highlight=False)
+
+
 @patch_app.command("port", help="Carry a playbook's patches from release V1 to V2 (and more) by a three-way "
                                 "merge on the real release files (git merge-file semantics, no fuzz). Clean: "
                                 "writes patches/<V2>/ and V2's entry. Conflict: writes <file>.conflict for "

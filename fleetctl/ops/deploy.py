@@ -130,6 +130,7 @@ def build_plan(fleet: Fleet, playbook: Playbook, gathered: Gathered, *, force: b
         _plan_probe(hp, gathered.probes.get(h.name))
         _plan_stale_bytecode(hp, f)
         _plan_state_files(hp, f, playbook)
+        _plan_container(hp, f, playbook)
         if hp.status in ("change", "noop") and playbook.state_files:  # a steps=0 slot no batch reaches
             from fleetctl.patched_worker import instances
 
@@ -180,6 +181,22 @@ def _plan_probe(hp: HostPlan, probed: HostOutcome | None) -> None:
     elif hp.coverage is not None:  # the answers show with "(worker that will run)"
         said = "; ".join(f"probe {p['instance']}: {p['line']}" for p in probed.data)
         hp.coverage = dataclasses.replace(hp.coverage, reason=f"{hp.coverage.reason}; {said}")
+
+
+def _plan_container(hp: HostPlan, facts: HostFacts, playbook: Playbook) -> None:
+    """A host whose SGLang is in a container: a read-only root is refused (the patch belongs in the
+    image: `fleetctl patch dockerfile` prints how); a state dir on the container's own filesystem
+    is warned about (its records and backups die with the container)."""
+    from fleetctl.containers.advice import read_only_refusal, state_dir_warning
+
+    if facts.container is None:
+        return
+    if facts.container.read_only and hp.status in ("change", "refused"):  # (the root cause of 'unwritable')
+        hp.status, hp.reason = "refused", read_only_refusal(hp.host, facts, playbook)
+        return
+    warn = state_dir_warning(facts)
+    if warn and hp.status in ("change", "noop"):
+        hp.reason = "; ".join(x for x in (hp.reason, f"warning: {warn}") if x)
 
 
 def _plan_state_files(hp: HostPlan, facts: HostFacts, playbook: Playbook) -> None:
@@ -296,6 +313,9 @@ def apply_plan(fleet: Fleet, plan: Plan, playbook: Playbook, op_id: str, *, vali
             payload["shared_tree"] = True
         if conn.host.name in break_lock:
             payload["break_lock"] = True
+        box = inspect_container(conn)
+        if box is not None:  # the container it patches, recorded (status/verify-logs: re-created since?)
+            payload["container"] = box.record()
         sealing = ck is not None and ck.make
         if sealing and ck is not None:
             if ck.facts is not None and ck.request is not None:  # planned from a seal: the agent reads them now

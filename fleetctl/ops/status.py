@@ -37,6 +37,7 @@ def status_rows(hosts: Sequence[Host], gathered: Any, plan: Plan | None) -> list
         if lock:
             problems.append(hoststate.lock_problem(lock))
         problems += [hoststate.moved_msg(m) for m in hoststate.live(f) if m.moved]
+        problems += _container_problems(h.name, f)
         gone = hoststate.gone(f)
         problems += [hoststate.gone_msg(m) + "; 'fleetctl rollback' closes its record, 'fleetctl deploy' "
                      "patches again" for m in gone]
@@ -67,3 +68,17 @@ def status_rows(hosts: Sequence[Host], gathered: Any, plan: Plan | None) -> list
                      "notes": notes, "gone": [m.id for m in gone],
                      "deploys": [{"id": m.id, "state": m.state} for m in deploys]})
     return rows
+
+
+def _container_problems(host: str, f: Any) -> list[str]:
+    """The container was re-created since the newest deploy that recorded it (any writer's record: a
+    re-created container has another hostname, so its records read as another machine's)."""
+    if f.container is None:
+        return []
+    from fleetctl.containers.advice import recreated
+
+    for m in reversed(f.deploys()):
+        if m.kind == "deploy" and m.state == "complete" and m.container:
+            line = recreated(host, f.container, m.id, m.container)
+            return [line] if line else []
+    return []

@@ -372,19 +372,36 @@ def _site(pb: Playbook, marker: str, worker: dict[str, Any]) -> dict[str, Any] |
     return None
 
 
+def _recreated(conn: Transport, got: ServerGrepAnswer) -> str | None:
+    """For a container host: the line saying the container was re-created since the newest deploy
+    that recorded it (the patch went with the old container); None otherwise."""
+    if not conn.host.container or got.container_deploy is None:
+        return None
+    from fleetctl.containers.advice import recreated
+    from fleetctl.containers.host import inspect
+
+    now = inspect(conn)
+    assert now is not None
+    return recreated(conn.host.name, now, got.container_deploy.id, got.container_deploy.container)
+
+
 def verify_host(conn: Transport, pb: Playbook, plan: list[Instance]) -> list[InstanceVerify]:
     h = conn.host
     wanted = [i.name for i in plan]
     patterns = list(dict.fromkeys([*pb.verify.markers, *pb.verify.forbidden, *pb.verify.report, engine().ready_line,
                                    engine().dump_anchor]))
     got: ServerGrepAnswer = conn.agent(names.SERVER_GREP, {
-        "state_dir": h.state_dir, "instances": wanted, "patterns": patterns, "max_per_pattern": 512})
+        "state_dir": h.state_dir, "instances": wanted, "patterns": patterns, "max_per_pattern": 512,
+        "container": bool(h.container)})
+    gone_with = _recreated(conn, got)
     out = []
     records: dict[str, LaunchRecord] = {}
     for inst in plan:
         iv = InstanceVerify(h.name, inst.name, inst.port)
         st = got.instances.get(inst.name) or InstanceState(inst.name, running=False)
         _check_instance(iv, st, pb, got.deploy_now, got.tz_offset)
+        if gone_with:
+            iv.problems.append(gone_with)
         if st.record is not None:
             records[inst.name] = st.record
         if iv.running:  # alive is not enough: the server must answer on its port now

@@ -201,6 +201,7 @@ class Manifest:
     pycache_prefixes: list[str] = field(default_factory=list)  # the launch's, when it was deployed
     shared: str | None = None  # recorded beside a shared tree: that records dir (agent_deploy.tree_records_dir)
     host: str | None = None  # the inventory entry whose deploy it was
+    container: dict[str, str | None] | None = None  # the container it patched (fleetctl/containers)
 
 
 @dataclass
@@ -522,12 +523,21 @@ ServerStopAnswer = list[StopResult]
 
 
 @dataclass
+class ContainerDeploy:
+    """The newest complete deploy that recorded the container it patched."""
+
+    id: str
+    container: dict[str, str | None]
+
+
+@dataclass
 class ServerGrepAnswer:
     """`server_grep`: each instance's state with the matching lines of its current log."""
 
     instances: dict[str, InstanceState]
     deploy_now: DeployOnDisk | None = None
     tz_offset: int | None = None  # the host's UTC offset in seconds (log times are local)
+    container_deploy: ContainerDeploy | None = None  # asked for a container host: its newest record
 
 
 @dataclass

@@ -862,7 +862,8 @@ def manifest_summary(m, pkg_dir=None, cur_real=None, cur_version=None):
         files.append({"path": f["path"], "sha_before": f.get("sha_before"), "sha_after": f.get("sha_after"),
                       "status": f.get("status"), "sha_now": cur})
     out = dict((k, m.get(k)) for k in ("id", "state", "created", "updated", "package_dir", "version", "playbook",
-                                       "by", "rolled_back_at", "note", "package_real", "host"))
+                                       "by", "rolled_back_at", "note", "package_real", "host",
+                                       "container"))
     out["kind"] = m.get("kind", "deploy")
     out["files"] = files  # (no dict `|`: the agent runs on Python >= 3.8)
     if m.get("_foreign"):
@@ -1083,6 +1084,16 @@ def _undo_state_files(state_dir, m):
     return notes
 
 
+def last_container_deploy(state_dir):
+    """The newest complete deploy that recorded the container it patched, any writer's (a re-created
+    container is another hostname): {"id", "container"}; None if there is none."""
+    for m in reversed(list_manifests(state_dir, include_foreign=True)):
+        if m.get("state") == "complete" and m.get("kind", "deploy") == "deploy" \
+                and isinstance(m.get("container"), dict):
+            return {"id": m.get("id"), "container": m["container"]}
+    return None
+
+
 def live_deploys(state_dir):
     """Ids of this machine's complete deploys (what a rollback would undo), oldest first."""
     return [m["id"] for m in list_manifests(state_dir)
@@ -1236,6 +1247,8 @@ def action_deploy(p):
              "package_real": os.path.realpath(pkg), "package_located": pkg, "writer": writer_identity(),
              "version": p.get("version"), "playbook": p.get("playbook"), "by": p.get("by"),
              "host": p.get("host"), "files": [], "pycache_prefixes": _pycache_prefixes(p), "state_real": state_real}
+        if isinstance(p.get("container"), dict):  # the container it patched (its id: re-creation loses the patch)
+            m["container"] = p["container"]
         for f, path, st, _ in plan:
             m["files"].append({"path": f["path"], "sha_before": f["sha_before"], "sha_after": f["sha_after"],
                                "mode": stat.S_IMODE(st.st_mode), "uid": st.st_uid, "gid": st.st_gid,

@@ -32,6 +32,7 @@ if __name__ != "fleetctl_agent":  # imported locally (tests, the sandbox simulat
     from fleetctl.remote.agent_deploy import (
         OPEN_STATES,
         acquire_lock,
+        last_container_deploy,
         list_manifests,
         mark_shared,
         release_lock,
@@ -1146,6 +1147,8 @@ def action_server_grep(p):
     cap = int(p.get("max_per_pattern", 256))
     # log timestamps are the host's local time: its UTC offset lets the controller compare them
     out = {"deploy_now": dep, "instances": {}, "tz_offset": time.localtime().tm_gmtoff}
+    if p.get("container"):
+        out["container_deploy"] = last_container_deploy(sd)
     for n in [check_name(x) for x in p["instances"]]:
         st = instance_state(sd, n, dep)
         rec = st.get("record")
