@@ -67,6 +67,8 @@ class HostFacts:
     launch_python_version: str | None = None
     package_error: str | None = None
     package_notes: list[str] = field(default_factory=list)
+    # the inventory's package dir is not what the launch imports (why); `facts` fails such a host
+    package_dir_mismatch: str | None = None
     bytecode: dict[str, ImportView] = field(default_factory=dict)  # rel -> what import would load
     pycache_prefix: str | None = None
     # the launch's target model config.json as read on the host (None: the launch names no model)
@@ -236,6 +238,7 @@ def parse_facts(host: str, raw: FactsAnswer) -> HostFacts:
         launch_python_version=sg.launch.version if sg.launch else None,
         package_error=sg.error,
         package_notes=list(sg.notes),
+        package_dir_mismatch=sg.dir_mismatch,
         bytecode=dict(sg.bytecode),
         pycache_prefix=sg.launch.pycache_prefix if sg.launch else None,
         model=engine().model_from_answer(raw.model),

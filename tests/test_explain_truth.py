@@ -84,3 +84,22 @@ def test_explain_shows_a_value_the_patched_server_args_refuses(fresh_sandbox, ca
     code = main(["explain", "-i", str(sb.inventory_path), PAYLOAD, "--json"])  # topk 1: nothing refused
     h = json.loads(capsys.readouterr().out)["hosts"][0]
     assert code == 0 and not h.get("refused"), h
+
+
+def test_facts_fails_a_sglang_dir_the_launch_does_not_import(fresh_sandbox, capsys) -> None:
+    """facts checks an inventory sglang_dir against what the launch's python imports: another tree
+    (here the release's own pristine tree elsewhere) fails the host, naming both; the imported one is ok."""
+    import json
+
+    from fleetctl import wheels
+
+    sb = fresh_sandbox(hosts=1, versions=("0.5.9",), gpus=1)
+    other = wheels.package_dir("0.5.9")
+    code = main(["facts", "-i", str(edited_inventory(sb.inventory_path, {"sglang_dir": str(other)})), "--json"])
+    h = json.loads(capsys.readouterr().out)["hosts"][0]
+    assert code == 1 and h["state"] == "mismatch" and not h["ok"], h
+    imported = sb.hosts["h01"].host_dir / "site-packages" / "sglang"
+    assert str(other) in h["message"] and str(imported) in h["message"], h
+    code = main(["facts", "-i", str(edited_inventory(sb.inventory_path, {"sglang_dir": str(imported)})), "--json"])
+    h = json.loads(capsys.readouterr().out)["hosts"][0]
+    assert code == 0 and h["state"] == "ok", h

@@ -108,7 +108,9 @@ def render_facts(outcomes: list, all_files: bool) -> None:
     for hosts, (st, _) in group(keyed):
         if st != "ok":
             continue
-        say(out, styled(hosts_label(hosts), "bold"), ": ", status_cell("ok"))
+        data = next(o.data for o in outcomes if o.host == hosts[0])
+        say(out, styled(hosts_label(hosts), "bold"), ": ",
+            styled("MISMATCH", "red") if data.package_dir_mismatch else status_cell("ok"))
         for label, value in shown[hosts[0]]:
             say(out, f"  {label:<7} ", value, indent=10)
     for hosts, (st, what) in group(keyed):
@@ -125,13 +127,22 @@ def facts(*, inventory: Path | None, limit: str | None, forks: int, files: bool,
             outcomes = ctx.fleet.run(lambda c: read_facts(c))
         elapsed = ctx.elapsed()
         summary = summary_line("facts", outcomes, elapsed)
+        # a package dir the inventory pins that the launch does not import: deploy would patch files the
+        # server never loads (with a playbook, explain and deploy refuse it): the host fails here too
+        mismatch = [o for o in outcomes if o.ok and o.data.package_dir_mismatch]
+        if mismatch:
+            summary += f"; {len(mismatch)} host(s) whose {engine().dir_key} is not what the launch imports"
+        ok = all(o.ok for o in outcomes) and not mismatch
         if json_out:
-            emit_json("facts", ok=all(o.ok for o in outcomes), message=summary,
-                      hosts=[host_row({**o.to_json(), "facts": o.data.to_json() if o.ok else None}, ok=o.ok)
+            emit_json("facts", ok=ok, message=summary,
+                      hosts=[host_row({**o.to_json(), "facts": o.data.to_json() if o.ok else None,
+                                       **({"message": o.data.package_dir_mismatch} if o in mismatch else {})},
+                                      ok=o.ok and o not in mismatch,
+                                      **({"state": "mismatch"} if o in mismatch else {}))
                              for o in outcomes],
                       inventory=str(ctx.inventory.path), elapsed=round(elapsed, 3))
         else:
             render_facts(outcomes, files)
             err.print(summary, markup=False, highlight=False)
         print_debug_details(ctx, outcomes)
-        raise typer.Exit(EXIT_OK if all(o.ok for o in outcomes) else EXIT_FAILED)
+        raise typer.Exit(EXIT_OK if ok else EXIT_FAILED)

@@ -129,6 +129,7 @@ class PackageInfo:
     error: str | None = None  # why it is not found (or the launch's python cannot be asked)
     unresolved: bool = False  # the launch command's python cannot be told
     notes: list[str] = field(default_factory=list)  # e.g. an inventory package dir the default launch does not import
+    dir_mismatch: str | None = None  # the inventory package dir is not what the launch imports (why), when not refused
     launch: LaunchPython | None = None  # None: located by the agent's own python (no launch sent)
     bytecode: dict[str, ImportView] = field(default_factory=dict)  # rel -> what import would load
 

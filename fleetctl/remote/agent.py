@@ -739,6 +739,7 @@ def locate_package(engine, package_dir=None, launch=None, files=(), strict=True)
                 raise AgentError(why, "bad_input")
             if why:
                 notes.append(why + " (without a playbook fleetctl uses %s; with one it refuses)" % key)
+                res["dir_mismatch"] = why
                 pkg = given
         if not pkg:
             if pr.get("error"):
