@@ -143,7 +143,8 @@ class Engine(Protocol):
     def probe_hardware(self, gpus: list[Gpu] | None, use: tuple[int, ...]) -> dict[str, Any]:
         """The engine's hardware queries answered from nvidia-smi facts (ProbeInputError: cannot be)."""
         ...
-    def probe_host(self, conn: Any, launch: dict[str, Any], argv: list[str], hardware: dict[str, Any]) -> EngineProbeAnswer:
+    def probe_host(self, conn: Any, launch: dict[str, Any], argv: list[str], hardware: dict[str, Any],
+                   overlay: dict[str, bytes] | None = None) -> EngineProbeAnswer:
         """Run the engine's own argument processing and worker selection on the host (agent `engine_probe`)."""
         ...
     def probe_compare(self, table: Resolution, answer: EngineProbeAnswer) -> tuple[bool | None, str]:

@@ -74,3 +74,35 @@ def test_probe_on_a_host_without_numpy_says_could_not_ask(fresh_sandbox, capsys)
     out = capsys.readouterr().out
     assert code == 1 and probe.COULD_NOT_ASK in out and "--cpu-sglang" in out, out
     assert probe.DISAGREE not in out
+
+
+def test_probe_overlay_imports_the_intended_files(tmp_path: Path) -> None:
+    """Before a deploy the probe asks with the playbook's files: host_probe's import finder serves
+    the intended bytes at the installed file's path (in the probe's process only: nothing written,
+    no bytecode), so a flag the patch adds is the host's SGLang's own, not 'unknown'."""
+    import ast
+    import base64
+    import json
+    import subprocess
+    import sys
+
+    src = (Path(probe.__file__).parent / "host_probe.py").read_text()
+    fn = next(n for n in ast.parse(src).body if isinstance(n, ast.FunctionDef) and n.name == "install_overlay")
+    site = tmp_path / "site"
+    args_py = site / "sglang" / "srt" / "server_args.py"
+    args_py.parent.mkdir(parents=True)
+    (site / "sglang" / "__init__.py").write_text("")
+    (site / "sglang" / "srt" / "__init__.py").write_text("")
+    args_py.write_text('FLAGS = ["--model-path"]\n')
+    patched = 'FLAGS = ["--model-path", "--speculative-disable-batch-threshold"]\n'
+    overlay = {"srt/server_args.py": base64.b64encode(patched.encode()).decode()}
+    code = ("import sys\n" + ast.unparse(fn) + "\n"
+            f"print(install_overlay({overlay!r}, 'sglang'), file=sys.stderr)\n"
+            "import sglang.srt.server_args as m\n"
+            "import json; print(json.dumps([m.FLAGS, m.__file__]))\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=site, capture_output=True, text=True, timeout=60,
+                         env={"PYTHONDONTWRITEBYTECODE": "1", "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr
+    flags, where = json.loads(out.stdout)
+    assert "--speculative-disable-batch-threshold" in flags and Path(where) == args_py
+    assert args_py.read_text() == 'FLAGS = ["--model-path"]\n' and not list(site.rglob("*.pyc"))

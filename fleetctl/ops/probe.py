@@ -18,7 +18,12 @@ COULD_NOT = "the host's SGLang could not be asked"  # (how the engine's probe_co
 
 def probe_host(conn: Any, pb: Playbook) -> list[dict[str, Any]]:
     """Per launch instance of this host: the host's SGLang's answer and the verdict against the table."""
+    from fleetctl.intended import intended_data
+
     facts = read_facts(conn, extra_files=[], profile=pb.launch)
+    # asked with the playbook's files as deploy writes them (before a deploy too): a flag the patch
+    # adds is known, and the answer is about the code the launch will run
+    overlay = intended_data(pb, facts.package_version) if facts.package_version else {}
     out: list[dict[str, Any]] = []
     for inst in plan_instances(conn.host, pb.launch):
         row: dict[str, Any] = {"instance": inst.name}
@@ -29,10 +34,12 @@ def probe_host(conn: Any, pb: Playbook) -> list[dict[str, Any]]:
             out.append(row)
             continue
         assert inst.launch is not None
-        ans = engine().probe_host(conn, inst.launch.to_agent(), flag_argv(inst.flags), hw)
+        ans = engine().probe_host(conn, inst.launch.to_agent(), flag_argv(inst.flags), hw, overlay=overlay or None)
         version = ans.package_version or facts.package_version or "?"
         table = engine().resolve_worker(version, dict(inst.flags), dict(inst.launch.effective_env))
         agrees, said = engine().probe_compare(table, ans)
+        if overlay:
+            said += f" (asked with the playbook's {', '.join(sorted(overlay))} as deploy writes them)"
         row.update(agrees=agrees, line=said, probe={
             "stage": ans.stage, "version": ans.package_version, "worker_class": ans.worker_class,
             "worker_file": ans.worker_file, "error": ans.error, "error_where": ans.error_where,

@@ -50,7 +50,10 @@ def _probe_env(launch, hardware, tmp):
     return env
 
 
-def run_engine_probe(script, launch, argv, hardware, timeout=ENGINE_PROBE_TIMEOUT):
+ENGINE_PROBE_MAX_OVERLAY = 12 << 20  # base64 characters of the files the probe imports instead
+
+
+def run_engine_probe(script, launch, argv, hardware, timeout=ENGINE_PROBE_TIMEOUT, overlay=None):
     """The probe's answer, or {"stage": "probe_failed", "error": why}; bounded in time and output."""
     import shutil
     import subprocess
@@ -67,13 +70,21 @@ def run_engine_probe(script, launch, argv, hardware, timeout=ENGINE_PROBE_TIMEOU
     if not isinstance(argv, list) or len(argv) > ENGINE_PROBE_MAX_ARGV or \
             not all(isinstance(a, str) for a in argv):
         raise AgentError("argv must be a list of at most %d strings" % ENGINE_PROBE_MAX_ARGV, "bad_input")
+    if overlay is not None and (not isinstance(overlay, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in overlay.items())
+            or sum(len(v) for v in overlay.values()) > ENGINE_PROBE_MAX_OVERLAY):
+        raise AgentError("overlay must map package paths to base64 text, at most %d characters in all"
+                         % ENGINE_PROBE_MAX_OVERLAY, "bad_input")
     tmp = tempfile.mkdtemp(prefix="fleetctl-probe-")
     proc = None
     try:
         env = _probe_env(launch, hardware, tmp)
         cwd = launch_cwd(launch.get("cwd"), env)
         path0 = launch_path0(launch, cwd)
-        req = jdumps({"argv": argv, "hardware": hardware, "path0": path0}).encode()
+        ask = {"argv": argv, "hardware": hardware, "path0": path0}
+        if overlay:
+            ask["overlay"] = overlay
+        req = jdumps(ask).encode()
         cmd = [interp, *(launch.get("options") or []), "-c", script]
         try:
             proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -106,7 +117,7 @@ def run_engine_probe(script, launch, argv, hardware, timeout=ENGINE_PROBE_TIMEOU
 
 def action_engine_probe(p):
     return run_engine_probe(p.get("script"), p["launch"], p.get("argv") or [], p.get("hardware") or {},
-                            float(p.get("timeout") or ENGINE_PROBE_TIMEOUT))
+                            float(p.get("timeout") or ENGINE_PROBE_TIMEOUT), p.get("overlay"))
 
 
 ACTIONS.update({"engine_probe": action_engine_probe})

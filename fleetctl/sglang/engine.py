@@ -180,10 +180,11 @@ class SGLangEngine:
 
         return probe.hardware(gpus, use)
 
-    def probe_host(self, conn: Any, launch: dict[str, Any], argv: list[str], hardware: dict[str, Any]) -> Any:
+    def probe_host(self, conn: Any, launch: dict[str, Any], argv: list[str], hardware: dict[str, Any],
+                   overlay: dict[str, bytes] | None = None) -> Any:
         from fleetctl.sglang import probe
 
-        return probe.run_probe(conn, launch, argv, hardware)
+        return probe.run_probe(conn, launch, argv, hardware, overlay=overlay)
 
     def probe_compare(self, table: routing.Resolution, answer: Any) -> tuple[bool | None, str]:
         from fleetctl.sglang import probe

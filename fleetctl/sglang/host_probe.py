@@ -7,6 +7,7 @@ can touch one), PYTHONDONTWRITEBYTECODE=1 and a private TMPDIR it removes afterw
 process group that is killed when it answers or times out. It reads one JSON request on stdin:
 
     {"argv": [server flags...], "path0": dir or null,
+     "overlay": {"srt/server_args.py": base64 of the file's bytes, ...} or absent,
      "hardware": {"count": N, "name": "NVIDIA H200", "capability": [9, 0], "memory_mib": 143771,
                   "cuda": "12.8" or null}}
 
@@ -17,6 +18,10 @@ and answers one JSON document on the stdout it was given (everything SGLang prin
      "worker_class", "worker_module", "worker_file" (relative to the sglang dir),
      "error": "ExcType: message" (SGLang's own exception or argparse's error), "error_where": file:line,
      "warnings": [...], "answered": [hardware queries answered from the facts], "standin": label or null}
+
+`overlay`: package files to import from the given bytes instead of the installed ones (the playbook's
+files as deploy would write them: asked before a deploy, a flag the patch adds is known); served by
+an import finder in this process only, never written anywhere, no bytecode read or written for them.
 
 What runs is SGLang's own code: `prepare_server_args(argv)` (argparse with its own parser, the
 ServerArgs dataclass and its __post_init__), `resolve_once()` where the release has it (as its launcher does), `check_server_args()`, then the scheduler's own worker
@@ -34,7 +39,7 @@ import os
 import sys
 import time
 
-MAX_REQUEST = 1 << 20
+MAX_REQUEST = 16 << 20  # (an overlay of patched files included)
 MAX_TEXT = 2000
 MAX_WARNINGS = 60
 
@@ -264,6 +269,50 @@ def run(req, res):
         res["error_where"] = _where(sys.exc_info()[2], pkg_dir)
 
 
+def install_overlay(overlay, package):
+    """Import the package files of `overlay` (rel -> base64 bytes) from those bytes, each at the
+    installed file's path (its __file__ and tracebacks name it), in this process only."""
+    import base64
+    import importlib.abc
+    import importlib.machinery
+    import importlib.util
+
+    files = {}
+    for rel, b64 in (overlay or {}).items():
+        if isinstance(rel, str) and rel.endswith(".py") and not rel.endswith("__init__.py") and isinstance(b64, str):
+            files[rel] = base64.b64decode(b64)
+    if not files:
+        return []
+
+    class _Loader(importlib.abc.SourceLoader):
+        def __init__(self, path, data):
+            self.path, self.data = path, data
+
+        def get_filename(self, fullname):
+            return self.path
+
+        def get_data(self, path):  # (no path_stats: no bytecode is read or written for these)
+            if path == self.path:
+                return self.data
+            with open(path, "rb") as fh:
+                return fh.read()
+
+    class _Finder(importlib.abc.MetaPathFinder):
+        def find_spec(self, fullname, path, target=None):
+            if not fullname.startswith(package + "."):
+                return None
+            data = files.get("/".join(fullname.split(".")[1:]) + ".py")
+            if data is None:
+                return None
+            spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+            if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+                return None
+            return importlib.util.spec_from_file_location(fullname, spec.origin, loader=_Loader(spec.origin, data))
+
+    sys.meta_path.insert(0, _Finder())
+    return sorted(files)
+
+
 def main():
     started = time.time()
     out_fd = os.dup(1)
@@ -276,6 +325,7 @@ def main():
     if req.get("path0") is not None:
         sys.path[0] = req["path0"]
     res = {"stage": "import_failed", "python": sys.version.split()[0], "answered": [], "warnings": []}
+    install_overlay(req.get("overlay"), "sglang")
     run(req, res)
     res["elapsed"] = round(time.time() - started, 3)
     data = json.dumps(res, default=str).encode("utf-8")

@@ -69,10 +69,16 @@ def host_probe_source() -> str:
 
 
 def run_probe(conn: Any, launch: dict[str, Any], argv: list[str], hw: dict[str, Any],
-              timeout: float = PROBE_TIMEOUT) -> EngineProbeAnswer:
-    ans: EngineProbeAnswer = conn.agent(names.ENGINE_PROBE, {"script": host_probe_source(), "launch": launch,
-                                                             "argv": argv, "hardware": hw, "timeout": timeout},
-                                        timeout=timeout + 30)
+              timeout: float = PROBE_TIMEOUT, overlay: dict[str, bytes] | None = None) -> EngineProbeAnswer:
+    """`overlay`: package files (rel -> bytes) the host's SGLang imports instead of its own (the
+    playbook's files as deploy would write them)."""
+    import base64
+
+    req: dict[str, Any] = {"script": host_probe_source(), "launch": launch, "argv": argv, "hardware": hw,
+                           "timeout": timeout}
+    if overlay:
+        req["overlay"] = {rel: base64.b64encode(data).decode("ascii") for rel, data in overlay.items()}
+    ans: EngineProbeAnswer = conn.agent(names.ENGINE_PROBE, req, timeout=timeout + 30)
     return ans
 
 
