@@ -813,3 +813,40 @@ def test_intended_bytes_cache_is_used_and_checked(tmp_path, monkeypatch):
     assert {k: v.data for k, v in rebuilt.items()} == {k: v.data for k, v in first.items()}
     assert b"tampered" not in entries[0].read_bytes()
     intended._apply.cache_clear()
+
+
+@pytest.mark.parametrize("version", DECODE_GRAPH_RELEASES)
+def test_switch_lines_are_rate_limited(version):
+    """The shipped _dsd_note_switch, run with a clock the test moves: a line when speculation goes off
+    or on, none while it stays, at most one per interval; the state that changed meanwhile is logged
+    at the next step after the interval, with the switches it stands for."""
+    tree = patched_tree(version, V1)
+    cls = find_class(tree, "EAGLEWorker")
+    interval = next(n.value.value for n in tree.body if isinstance(n, ast.Assign)
+                    and ast.unparse(n.targets[0]) == "_DSD_SWITCH_LOG_INTERVAL_S")
+    now = [1000.0]
+    said: list[str] = []
+    ns = {"time": type("T", (), {"monotonic": staticmethod(lambda: now[0])}),
+          "logger": type("L", (), {"info": staticmethod(said.append)}),
+          "_DSD_SWITCH_LOG_INTERVAL_S": interval}
+    note = load_function(ast.Module(body=[find_def(cls, "_dsd_note_switch")], type_ignores=[]), "_dsd_note_switch", ns)
+    w = type("W", (), {})()
+    w._dsd_threshold, w._dsd_logged_on, w._dsd_logged_at, w._dsd_switches, w._dsd_last_on = 4, True, 0.0, 0, True
+    note(w, 3, True)
+    assert said == []  # on at start: nothing to say
+    note(w, 33, False)
+    assert said == ["Dynamic speculation disable: speculation off: 33 running > 4"]
+    note(w, 40, False)
+    now[0] += 1
+    note(w, 2, True)  # a switch inside the interval: not logged yet
+    note(w, 9, False)
+    note(w, 1, True)
+    assert len(said) == 1
+    now[0] += interval
+    note(w, 1, True)  # the interval is over and the state differs from the last line's
+    assert said[-1] == "Dynamic speculation disable: speculation on: 1 running <= 4 (3 switches since the last line)"
+    now[0] += interval
+    note(w, 2, True)
+    assert len(said) == 2  # no switch, no line
+    note(w, 5, False)
+    assert said[-1] == "Dynamic speculation disable: speculation off: 5 running > 4"
