@@ -9,7 +9,7 @@ set -eu
 VER=${1:-012}
 HERE=$(cd "$(dirname "$0")" && pwd)
 WHEELS=${WHEELS:-/tmp/gpuwh}
-MAIN=${MAIN:?set MAIN to the project checkout}
+MAIN=${MAIN:-$(cd "$HERE/.." && pwd)}   # the checkout whose playbook is carried
 STAGE=${STAGE:-/tmp/gpu-real-stage-$VER}
 PY=${PY:-/root/.pyenv/versions/3.12.1/bin/python3.12}   # a Python 3.12 with pip (the pyenv shim python3.12 is not on PATH here): the wheels are cp312 / abi3 for the device
 

@@ -1,6 +1,6 @@
 #!/bin/bash
 # Runs ON THE GPU MACHINE (device `run`), from the repository root:
-#   bash gpu/device_run.sh 012 [PLAN]    PLAN: 012 (default), 012k, 012f (see drive.py)
+#   bash gpu/device_run.sh 012 [PLAN]    PLAN: 012 (default), 012k, 012f, 012g, 014g, 014q (see drive.py)
 # Needs gpu/carry/site<VER>.tar.xz (see build_carry.sh), carried with
 # carry=["gpu/carry"]. Unpacks SGLang + trimmed sgl_kernel + deps into /tmp/w/site,
 # builds the tiny models, makes a patched copy of the SGLang tree (playbook diffs, sha256
