@@ -193,12 +193,75 @@ def _clean(x: object) -> str:
     return clean(x, multiline=False)
 
 
+class _Tee:
+    """stderr, with its last lines kept (--json: the error envelope names the error printed)."""
+
+    def __init__(self, real: Any) -> None:
+        self.real = real
+        self.kept = ""
+
+    def write(self, s: str) -> int:
+        self.kept = (self.kept + s)[-8192:]
+        return self.real.write(s)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+    def error_line(self) -> str:
+        lines = [ln.strip() for ln in self.kept.splitlines() if ln.strip()]
+        for ln in reversed(lines):
+            for prefix in ("error: ", "Error: ", "internal error: "):
+                if ln.startswith(prefix):
+                    return ln[len(prefix):] if prefix != "internal error: " else ln
+        return lines[-1] if lines else "failed"
+
+
+def _error_envelope(args: list[str], code: int, tee: _Tee) -> None:
+    """--json and the command printed no document (bad input, an error before any host): the
+    envelope saying so, so a script reading stdout always gets one (docs/json.md)."""
+    import json
+
+    from fleetctl.jsonout import envelope
+
+    words = [a for a in args if not a.startswith("-")]
+    command = " ".join(words[:2]) if words[:1] in (["patch"], ["sandbox"]) else (words[0] if words else "fleetctl")
+    doc = envelope(command, ok=False, message=tee.error_line(), hosts=[],
+                   error={"exit_code": code, "bad_input": code == 2})
+    sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     from fleetctl.commands import common
 
     common.ARGV = list(args)
+    want_json = "--json" in args
+    tee = None
+    if want_json:
+        import fleetctl.jsonout
+
+        fleetctl.jsonout.emitted = False
+        tee = _Tee(sys.stderr)
+        sys.stderr = tee  # type: ignore[assignment]
+    try:
+        code = _main(args)
+    finally:
+        if tee is not None:
+            sys.stderr = tee.real
+    if tee is not None and code != 0:
+        import fleetctl.jsonout
+
+        if not fleetctl.jsonout.emitted:
+            _error_envelope(args, code, tee)
+            sys.stdout.flush()
+    return code
+
+
+def _main(args: list[str]) -> int:
     debug = "--debug" in args
+    from fleetctl import suggest
+
+    suggest.set_from_argv(args)
     try:
         try:
             app(args=args, prog_name="fleetctl")

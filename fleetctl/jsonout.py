@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+emitted = False  # this process printed its JSON document (cli.main prints one for an error otherwise)
+
 
 def host_row(row: Mapping[str, Any], *, ok: bool, state: str | None = None, message: str | None = None,
              host: str | None = None) -> dict[str, Any]:
@@ -24,9 +26,9 @@ def host_row(row: Mapping[str, Any], *, ok: bool, state: str | None = None, mess
     extra = {k: v for k, v in row.items() if k not in ("host", "ok", "state", "message")}
     st = state if state is not None else row.get("status")
     msg = message if message is not None else row.get("message", row.get("reason"))
-    return {"host": str(host if host is not None else row["host"]), "ok": bool(ok),
-            "state": str(st if st is not None else ("ok" if ok else "failed")),
-            "message": "" if msg is None else str(msg), **extra}
+    state_ = str(st if st is not None else ("ok" if ok else "failed"))
+    return {"host": str(host if host is not None else row["host"]), "ok": bool(ok), "state": state_,
+            "message": str(msg) if msg else state_, **extra}  # never empty: at least the state
 
 
 def counts(hosts: Iterable[Mapping[str, Any]], **extra: int) -> dict[str, Any]:
@@ -49,5 +51,9 @@ def envelope(command: str, *, ok: bool, hosts: list[dict[str, Any]] | None = Non
     """The document: the envelope keys, then the command's own top-level keys. `summary` adds the
     command's own counts to the host counts."""
     rows = list(hosts or [])
-    return {"command": command, "op_id": op_id, "ok": bool(ok), "message": message or "",
-            "summary": counts(rows, **dict(summary or {})), "hosts": rows, **extra}
+    totals = counts(rows, **dict(summary or {}))
+    if not message:  # never empty: what the counts say
+        message = (f"{command}: {totals['hosts']} host(s): {totals['ok']} ok, {totals['failed']} not"
+                   if rows else f"{command}: {'ok' if ok else 'failed'}")
+    return {"command": command, "op_id": op_id, "ok": bool(ok), "message": message,
+            "summary": totals, "hosts": rows, **extra}

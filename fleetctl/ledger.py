@@ -170,11 +170,20 @@ class Ledger:
             "(SELECT COUNT(*) FROM host_results h WHERE h.op_id=o.id), "
             "(SELECT COUNT(*) FROM host_results h WHERE h.op_id=o.id AND h.status NOT IN ('ok','changed','unchanged',"
             "'skipped','pending','untouched','rolled-back')), "  # (a rollout's hosts kept out of a failed batch)
-            "(SELECT COUNT(*) FROM host_results h WHERE h.op_id=o.id AND h.status='pending'), o.controller, o.pid"
+            "(SELECT COUNT(*) FROM host_results h WHERE h.op_id=o.id AND h.status='pending'), o.controller, o.pid, "
+            "(SELECT COUNT(*) FROM host_results h WHERE h.op_id=o.id AND h.status NOT IN ('unchanged','skipped'))"
             " FROM operations o ORDER BY o.started DESC LIMIT ?", (limit,)).fetchall()
         keys = ["id", "kind", "started", "finished", "user", "outcome", "playbook", "hosts", "hosts_failed",
-                "hosts_pending", "controller", "pid"]
-        return [dict(zip(keys, r, strict=True)) for r in rows]
+                "hosts_pending", "controller", "pid", "hosts_acted"]
+        out = []
+        for r in rows:
+            d = dict(zip(keys, r, strict=True))
+            # a deploy or rollback that changed no host and failed none (every host unchanged/skipped)
+            d["noop"] = (d["kind"] in ("deploy", "rollback") and d["outcome"] == "ok" and d["hosts"] > 0
+                         and d.pop("hosts_acted") == 0)
+            d.pop("hosts_acted", None)
+            out.append(d)
+        return out
 
     def get(self, op_id: str) -> dict[str, Any] | None:
         row = self.db.execute("SELECT id, kind, started, finished, user, controller, inventory, inventory_sha256, "

@@ -74,6 +74,10 @@ def clean(value: Any, *, multiline: bool = True, limit: int | None = None) -> st
     """`value` as text safe for a terminal: unsafe characters escaped; with multiline=False also
     newlines and tabs (one line stays one line). `limit` cuts long values, saying how much was cut."""
     s = "" if value is None else value if isinstance(value, str) else str(value)
+    if "'fleetctl " in s:  # a suggested command: made runnable as printed (suggest.py)
+        from fleetctl.suggest import complete
+
+        s = complete(s)
     cut = ""
     if limit is not None and len(s) > limit:
         cut = f"... (+{len(s) - limit} characters)"

@@ -406,7 +406,8 @@ def test_servers_started_by_hand_are_discovered_and_named_after_deploy_and_rollb
         cap = capsys.readouterr()
         assert "2 servers on 2 hosts still run the old code" in cap.err, cap.err
         # the real command: the playbook the h02 launch used (from the ledger), never a placeholder
-        assert f"fleetctl launch --replace -i {inv} {FULL / 'playbook.yaml'} --limit h02" in cap.err, cap.err
+        assert (f"restart them: 'fleetctl launch --replace --drop-unknown-flags -i {inv} {FULL / 'playbook.yaml'} "
+                "--limit h02'") in cap.err, cap.err
         assert "PLAYBOOK" not in cap.err
         assert f"restart by hand (not started by fleetctl): h01 pid {pid}" in cap.err
     finally:
@@ -562,7 +563,7 @@ def test_a_traceback_the_real_server_logs_and_survives_is_reported_not_failed(tm
     sd = str(tmp_path / "state")
     (tmp_path / "state").mkdir()
     script = (f"import sys; sys.stderr.write(open({str(REAL_0512)!r}).read()); sys.stderr.flush(); "
-              "sys.stdin.read()")  # then serves: it lives until the test stops it
+              "import threading; threading.Event().wait()")  # then serves until the test stops it
     rec = srv.action_server_start({"state_dir": sd, "instance": "port-1", "env": {}, "public_env": {},
                                    "package_dir": str(tmp_path), "hash_files": [], "launch_id": "l1",
                                    "argv": [sys.executable, "-c", script]})

@@ -256,7 +256,7 @@ def test_adaptive_spec_deploy_launch_verify_rollback(fresh_sandbox: Any, capsys:
     inv = str(sb.inventory_path)
     try:
         code, doc = cli(capsys, "launch", "-i", inv, ADAPTIVE, "--timeout", "60")
-        assert code == 1 and all("is not on" in h["message"] and "run 'fleetctl deploy' first" in h["message"]
+        assert code == 1 and all("is not on" in h["message"] and "run 'fleetctl deploy -i " in h["message"]
                                  for h in doc["hosts"])
         code, check = cli(capsys, "deploy", "--check", "-i", inv, ADAPTIVE)
         assert code == 0 and "adaptive.json will be written" in json.dumps(check), json.dumps(check)[:2000]
@@ -292,6 +292,6 @@ def test_adaptive_spec_deploy_launch_verify_rollback(fresh_sandbox: Any, capsys:
         for h in sb.hosts.values():
             assert not (h.state_dir / "files" / "adaptive-spec" / "adaptive.json").exists()
         code, doc = cli(capsys, "launch", "-i", inv, ADAPTIVE, "--timeout", "60")  # rolled back: refused again
-        assert code == 1 and "run 'fleetctl deploy' first" in json.dumps(doc)
+        assert code == 1 and "run 'fleetctl deploy -i " in json.dumps(doc)
     finally:
         main(["stop", "-i", inv])

@@ -171,8 +171,10 @@ def emit_json(command: str, *, ok: bool, hosts: list[dict[str, Any]] | None = No
     """Print the command's one JSON document: the envelope of fleetctl/jsonout.py (docs/json.md).
     Every value stays raw: json.dumps escapes control characters (and, with ensure_ascii, everything
     outside ASCII) itself, so nothing is interpreted by a terminal."""
+    import fleetctl.jsonout
     from fleetctl.jsonout import envelope
 
+    fleetctl.jsonout.emitted = True
     run = JSON_RUN
     if run is not None:
         run.emitted = True
@@ -182,6 +184,8 @@ def emit_json(command: str, *, ok: bool, hosts: list[dict[str, Any]] | None = No
             message = f"interrupted (Ctrl-C): {message}" if message and not message.startswith("interrupted") \
                 else (message or "interrupted (Ctrl-C)")
 
-    doc = envelope(command, ok=ok, hosts=hosts, op_id=op_id, message=message, summary=summary, **extra)
+    from fleetctl.suggest import complete_doc
+
+    doc = complete_doc(envelope(command, ok=ok, hosts=hosts, op_id=op_id, message=message, summary=summary, **extra))
     sys.stdout.write(json.dumps(doc, indent=2, sort_keys=False, default=str) + "\n")
     sys.stdout.flush()

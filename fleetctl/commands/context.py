@@ -144,6 +144,9 @@ def playbook_fleet(playbook: Path, inventory: Path | None, limit: str | None, fo
         from fleetctl.config.playbook import load_playbook
 
         load_playbook(playbook)  # raises its one line
+    from fleetctl import suggest
+
+    suggest.playbook = str(playbook)
     with fleet_context(inventory, limit, forks, json=json, debug=debug, command=command,
                        accept_new_host_keys=accept_new_host_keys, ahead=ahead) as ctx:
         from fleetctl.config import playbook_cache

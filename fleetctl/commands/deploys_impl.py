@@ -41,11 +41,21 @@ if TYPE_CHECKING:
     from fleetctl.deploy_plan import Plan
 
 
+def _playbook_name(path: str | None) -> str:
+    """A playbook as the history table shows it: its directory's name (the full path: history ID)."""
+    if not path:
+        return "-"
+    p = Path(path)
+    return p.parent.name if p.name in ("playbook.yaml", "playbook.yml") else p.name
+
+
 def _load_playbook(path: Path) -> Playbook:
     """(pydantic and the playbook models are imported only by a command given a playbook, whose
     playbook was not loaded before from the same inputs: config/playbook_cache.py)"""
+    from fleetctl import suggest
     from fleetctl.config import playbook_cache
 
+    suggest.playbook = str(path)
     return playbook_cache.load(path)
 
 
@@ -308,7 +318,10 @@ def status(*, playbook: Path | None, inventory: Path | None, limit: str | None, 
                       + (f" (+{n_other} not started by fleetctl)" if n_other else "")
                       + f" ({ctx.elapsed():.2f}s)", markup=False)
             if reminder.servers:
-                err.print(reminder.line(str(ctx.inventory.path), str(playbook) if playbook else None),
+                from fleetctl.ops.record import launch_playbook
+
+                used = str(playbook) if playbook else launch_playbook(reminder.launch_ids)
+                err.print(reminder.line(str(ctx.inventory.path), used),
                           markup=False, highlight=False)
         raise typer.Exit(EXIT_FAILED if problems else EXIT_OK)
 
@@ -374,6 +387,8 @@ def history(*, op_id: str | None, limit_rows: int, json_out: bool) -> None:
                           message=f"{d['kind']} {d['id']}: {d['outcome'] or 'running'}",
                           operation={k: v for k, v in d.items() if k != "hosts"})
                 raise typer.Exit(0)
+            from fleetctl.suggest import quote
+
             out.print(line(f"{d['kind']} {d['id']} by {d['user']}@{d['controller']} at {_ts(d['started'])}: "
                            f"{d['outcome'] or 'running'}"))
             if d["outcome"] == "interrupted":
@@ -381,8 +396,9 @@ def history(*, op_id: str | None, limit_rows: int, json_out: bool) -> None:
                 out.print(line(f"interrupted: controller process {d['pid']} on {d['controller']} ended before it "
                                f"recorded a result (found gone at {_ts(d['interrupted_seen'])}); "
                                f"{len(pending)} host(s) without a result: {', '.join(pending) or '-'}. "
-                               "Run 'fleetctl status -i INV' to see them; the next deploy or rollback repairs "
-                               "an interrupted transaction."))
+                               + (f"Run 'fleetctl status -i {quote(d['inventory'])}' to see them; "
+                                  if d["inventory"] else "")
+                               + "the next deploy or rollback repairs an interrupted transaction."))
             out.print(line(f"inventory {d['inventory']} (sha256 {str(d['inventory_sha256'])[:12]})"))
             if d["playbook"]:
                 out.print(line(f"playbook  {d['playbook']} (sha256 {str(d['playbook_sha256'])[:12]})"))
@@ -399,17 +415,34 @@ def history(*, op_id: str | None, limit_rows: int, json_out: bool) -> None:
                 emit_json("history", ok=True, summary={"operations": len(rows)}, ledger=str(ledger.path),
                           operations=rows)
                 raise typer.Exit(0)
-            t = table("history", ["id", "kind", "started", "user", "hosts", "outcome"],
+            t = table("history", ["id", "kind", "playbook", "started", "user", "hosts", "outcome"],
                       whole=("id", "started"))
-            for r in rows:
-                t.add_row(r["id"], r["kind"], lines_cell(_ts(r["started"]).split(" ", 1)), r["user"],
-                          f"{r['hosts']}" + (f" ({r['hosts_failed']} failed)" if r["hosts_failed"] else ""),
-                          _s(r["outcome"] or "running"))
+            # a run of no-op operations (deploys/rollbacks that changed no host) is one row: what they
+            # were, how many, from when to when (--json lists each, with "noop": true)
+            k = 0
+            while k < len(rows):
+                r = rows[k]
+                j = k
+                while r["noop"] and j + 1 < len(rows) and rows[j + 1]["noop"] and \
+                        (rows[j + 1]["kind"], rows[j + 1]["playbook"]) == (r["kind"], r["playbook"]):
+                    j += 1
+                pb = _playbook_name(r["playbook"])
+                if j > k:
+                    last = rows[j]
+                    t.add_row(f"{last['id']}..{r['id'][-4:]}", r["kind"], pb,
+                              lines_cell([_ts(last["started"]), "to " + _ts(r["started"]).split(" ", 1)[1]]),
+                              r["user"], f"{r['hosts']}", _s(f"no-op x{j - k + 1}"))
+                else:
+                    t.add_row(r["id"], r["kind"], pb, lines_cell(_ts(r["started"]).split(" ", 1)), r["user"],
+                              f"{r['hosts']}" + (f" ({r['hosts_failed']} failed)" if r["hosts_failed"] else ""),
+                              _s("no-op" if r["noop"] else (r["outcome"] or "running")))
+                k = j + 1
             out.print(t)
             outcomes = [r["outcome"] or "running" for r in rows]
             err.print(line(f"history: {len(rows)} operation(s) shown (--last {limit_rows})"
                            + (": " + _counts(outcomes, {}) if rows else "")
-                           + f"; 'fleetctl history ID' shows one; ledger {ledger.path}"))
+                           + (f"; 'fleetctl history {rows[0]['id']}' shows one" if rows else "")
+                           + f"; ledger {ledger.path}"))
     finally:
         ledger.close()
 

@@ -388,9 +388,10 @@ def _discover(ctx: RunContext, json_out: bool) -> None:
                       for h in found if h.status != "ok" or not h.processes)
         for h in found:
             for p in h.processes:
-                who = f"fleetctl ({p.instance})" if p.instance else styled("not fleetctl", "yellow")
-                say(out, styled(f"{h.host} pid {p.pid}", "bold"), f" port {','.join(map(str, p.ports)) or '-'}: "
-                    "started by ", who, f", SGLang {p.version or '?'}, since {_ts(p.started) or '?'}", indent=4)
+                who = (f"started by fleetctl ({p.instance})" if p.instance
+                       else styled("not started by fleetctl", "yellow"))
+                say(out, styled(f"{h.host} pid {p.pid}", "bold"), f" port {','.join(map(str, p.ports)) or '-'}: ",
+                    who, f", SGLang {p.version or '?'}, since {_ts(p.started) or '?'}", indent=4)
                 code = (line(styled("OLDER than the files on disk", "red"), ": " + ", ".join(p.changed_files))
                         if p.stale else "current")
                 say(out, f"    worker {p.worker.get('class') or '-'}; code ", code, indent=8)

@@ -168,11 +168,14 @@ class RestartReminder:
     launch_ids: list[str] = field(default_factory=list)  # the launches that started the fleetctl servers
 
     def line(self, inventory: str, playbook: str | None) -> str:
+        from fleetctl.suggest import quote
+
         cut = ""
+        inv = quote(inventory)
         if self.unchecked:
             h, why = self.unchecked[0]
             cut = (f"; servers on {len(self.unchecked)} host(s) could not be checked ({h}: {why}): "
-                   f"run 'fleetctl servers --discover -i {inventory}'")
+                   f"run 'fleetctl servers --discover -i {inv}'")
         if not self.servers:
             return "no running server runs code older than the files on disk" + cut
         one = self.servers == 1
@@ -182,8 +185,15 @@ class RestartReminder:
         how = []
         if self.launched:
             hosts = sorted({h for h, _ in self.launched})
-            pb = playbook or "PLAYBOOK (the playbook they were launched with: not in this controller's ledger)"
-            how.append(f"fleetctl launch --replace -i {inventory} {pb} --limit {','.join(hosts)}")
+            # --drop-unknown-flags: after a rollback the release on disk does not know the payload's own
+            # flags (the launch would refuse them); after a deploy it drops nothing
+            if playbook:
+                how.append(f"restart {'it' if one else 'them'}: 'fleetctl launch --replace --drop-unknown-flags "
+                           f"-i {inv} {quote(playbook)} --limit {','.join(hosts)}'")
+            else:
+                how.append(f"restart {'it' if one else 'them'} with fleetctl launch --replace and the playbook "
+                           f"{'it was' if one else 'they were'} launched with (not in this controller's ledger), "
+                           f"--limit {','.join(hosts)}")
         if self.by_hand:
             pids = ", ".join(f"{h} pid {p}" for h, p in self.by_hand[:8])
             more = f" and {len(self.by_hand) - 8} more" if len(self.by_hand) > 8 else ""

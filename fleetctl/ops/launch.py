@@ -636,7 +636,7 @@ def server_status_facts(host: Host | str, facts: HostFacts | ServersFacts | None
         problems = []
         if s.wrapper_only:
             problems.append(f"server process {rec.server_pid or '?'} is gone; its launch wrapper (pid "
-                            f"{rec.pid}) still runs: 'fleetctl stop' it")
+                            f"{rec.pid}) still runs: 'fleetctl stop --limit {name} --instance {s.instance}' stops it")
         if s.restart_needed:
             problems.append(f"restart needed: {', '.join(s.changed_files)} changed on disk after "
                             f"the server started")
