@@ -232,3 +232,41 @@ def test_new_user_path_on_a_sandbox(sb: Any, origin_pb: Path, tmp_path: Path,
     why = " ".join(iv["explanation"])
     assert "why: this launch does not run what the playbook patches" in why
     _both_files(why)
+
+
+@pytest.mark.fleet
+def test_model_family_reads_target_and_draft_configs_on_the_host(sb: Any, tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """The model implementation is derived from config.json as read on the host (target and draft),
+    mapped through 0.5.9's own model registry; an unreadable draft config is said, not guessed."""
+    target, draft = tmp_path / "models" / "qwen", tmp_path / "models" / "draft"
+    target.mkdir(parents=True)
+    (target / "config.json").write_text(json.dumps({"architectures": ["Qwen2ForCausalLM"]}))
+    inv = make_inventory(sb, tmp_path / "inv.yaml", ["h01"])
+    flags = {"--model-path": str(target)}
+    src = wheels.pristine_bytes(V, "srt/models/llama.py").decode()
+    first = next(ln for ln in src.splitlines(keepends=True) if ln.startswith(("import ", "from ")))
+    pb = new_user_playbook(tmp_path / "pb", capsys, flags=flags, markers=[],
+                           edited={"srt/models/llama.py": src.replace(first, first + "# mine\n", 1).encode()})
+    code, doc = jcli(capsys, "explain", "-i", inv, pb)
+    (h,) = doc["hosts"]
+    assert code == 1 and h["state"] == "refused", json.dumps(h)
+    text = json.dumps(h)
+    assert "names Qwen2ForCausalLM" in text and "srt/models/qwen2.py" in text and "only llama.py" in text
+    # EAGLE3 with a draft whose config.json is not on the host: the draft's model is not known, said so
+    e3 = "srt/models/llama_eagle3.py"
+    src = wheels.pristine_bytes(V, e3).decode()
+    first = next(ln for ln in src.splitlines(keepends=True) if ln.startswith(("import ", "from ")))
+    spec = {**flags, "--speculative-algorithm": "EAGLE3", "--speculative-draft-model-path": str(draft),
+            "--speculative-num-steps": 3, "--speculative-eagle-topk": 1, "--speculative-num-draft-tokens": 4}
+    pb2 = new_user_playbook(tmp_path / "pb2", capsys, flags=spec, markers=[],
+                            edited={e3: src.replace(first, first + "# mine\n", 1).encode()})
+    code, doc = jcli(capsys, "explain", "-i", inv, pb2)
+    (h,) = doc["hosts"]
+    assert "the draft's config.json" in json.dumps(h) and str(draft) in json.dumps(h), json.dumps(h)
+    draft.mkdir(parents=True)
+    (draft / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLMEagle3"]}))
+    code, doc = jcli(capsys, "explain", "-i", inv, pb2)
+    (h,) = doc["hosts"]
+    fam = [f for f in h["families"] if f["family"] == "model"]
+    assert fam and fam[0]["covered"] is True and e3 in fam[0]["runs"], json.dumps(h)
