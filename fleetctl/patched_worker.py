@@ -68,6 +68,11 @@ def coverage(version: str, flags: dict[str, Any], env: dict[str, str], playbook:
     cov = _coverage(version, flags, env, playbook, model, files)
     if engine().is_known(version) or playbook.covers.asked():
         _other_families(cov, version, flags, playbook, model, draft)
+    if cov.covered is False and cov.refused and not playbook.launch.flags:
+        # a playbook that names no launch flags says nothing of how its servers are launched: what the
+        # bare default launch would run is a warning, not a refusal
+        cov.uncertain = _join(cov.uncertain, f"the playbook names no launch flags; launched with none: {cov.refused}")
+        cov.refused, cov.covered = None, None
     if cov.uncertain and strict and not cov.refused:
         cov.refused = f"{cov.uncertain} (--strict refuses an answer that is not certain)"
     return cov
@@ -162,7 +167,7 @@ def _coverage(version: str, flags: dict[str, Any], env: dict[str, str], playbook
         cands = engine().other_spec_worker(version, res.algorithm)
         if len(cands) == 1:
             worker_class, worker_file = cands[0]
-            reason = f"{version} with --speculative-algorithm {res.algorithm} -> {worker_class} in {worker_file}"
+            reason = f"{version} with speculative algorithm {res.algorithm} -> {worker_class} in {worker_file}"
         else:
             uncertain = _join(uncertain, f"speculative worker: {res.reason}: which worker runs is not modelled"
                                          + (f" (one of {', '.join(c for c, _ in cands)})" if cands else ""))

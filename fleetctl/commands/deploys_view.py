@@ -64,7 +64,7 @@ def render_plan(plan: Plan) -> None:
                 what, head = "", styled("covered, refused" if c.covered else "NOT covered, refused", "red")
             else:
                 what, head = "", styled("covered", "green") if c.covered else styled("NOT covered", "red")
-            say(out, "  what the launch runs: " if c.families and c.families[0].get("family") != "speculative_worker"
+            say(out, "  what the launch runs: " if c.families and c.families[0].get("family") != engine().family_names[0]
                 else "  worker that will run: ", head, ": ", c.reason, what, indent=4)
             if c.uncertain and not c.refused:  # --strict refuses it
                 say(out, "  ", styled("warning:", "yellow"), " ", c.uncertain, "; --strict refuses such hosts",

@@ -206,10 +206,11 @@ def marker_findings(pb: Playbook, versions: list[str]) -> list[dict[str, Any]]:
                  "to your patch and list its text under verify.markers"}]
     out: list[dict[str, Any]] = []
     for marker in pb.verify.markers:
-        absent = [v for v in versions if pb.files_for(v)
-                  and not any(marker_in_patch(marker, f.patch_text) for f in pb.files_for(v) or [])]
+        lacking = [v for v in pb.supported() if pb.files_for(v)
+                   and not any(marker_in_patch(marker, f.patch_text) for f in pb.files_for(v) or [])]
+        absent = [v for v in versions if v in lacking]
         if absent:  # on every release: a failure; on some (e.g. where the playbook refuses its feature): a warning
-            every = len(absent) == len([v for v in versions if pb.files_for(v)])
+            every = len(lacking) == len([v for v in pb.supported() if pb.files_for(v)])
             out.append({"version": absent[0], "versions": absent, "refused": every, "kind": "marker-not-in-patch",
                         "message": f"verify marker {marker!r} appears in no line the patch adds on "
                                    f"{', '.join(absent)}: the patched code cannot log it, so verify-logs will never "
