@@ -28,6 +28,6 @@ def manager_request(host: Host, kind: str, stop_timeout: float) -> dict[str, Any
         return {"kind": "supervisor", "ctl": shlex.split(host.supervisorctl or SUPERVISORCTL),
                 "conf_dir": host.supervisor_conf_dir or SUPERVISOR_CONF_DIR, "stop_timeout": stop_timeout}
     if kind == "systemd":
-        return {"kind": "systemd", "unit_dir": host.systemd_unit_dir or SYSTEMD_UNIT_DIR,
-                "stop_timeout": stop_timeout}
+        return {"kind": "systemd", "unit_dir": host.systemd_unit_dir or SYSTEMD_UNIT_DIR, "ctl": ["systemctl"],
+                "journalctl": ["journalctl"], "stop_timeout": stop_timeout}
     return None

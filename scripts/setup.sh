@@ -34,16 +34,22 @@ if [ ! -x /usr/sbin/sshd ]; then
 fi
 mkdir -p /run/sshd 2>/dev/null || true
 
-# sudo: become's tests run the real one (tests/test_become.py; skipped where it is missing)
-if ! command -v sudo >/dev/null 2>&1 || ! command -v visudo >/dev/null 2>&1; then
+# sudo: become's tests run the real one (tests/test_become.py); systemd-journal-remote: the systemd
+# manager's tests write a real journal file with it and read it back with journalctl
+# (tests/test_systemd.py). Each is skipped where it is missing.
+need=""
+{ command -v sudo && command -v visudo; } >/dev/null 2>&1 || need="$need sudo"
+[ -x /lib/systemd/systemd-journal-remote ] || need="$need systemd-journal-remote"
+if [ -n "$need" ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-        echo "setup: installing sudo (the become tests run the real one)"
+        echo "setup: installing$need (tests run the real ones)"
         export DEBIAN_FRONTEND=noninteractive
-        { apt-get install -y -qq --no-install-recommends sudo >/dev/null 2>&1; } \
-            || { apt-get update -qq && apt-get install -y -qq --no-install-recommends sudo >/dev/null; } \
-            || echo "setup: could not install sudo: the become tests will be skipped" >&2
+        # shellcheck disable=SC2086
+        { apt-get install -y -qq --no-install-recommends $need >/dev/null 2>&1; } \
+            || { apt-get update -qq && apt-get install -y -qq --no-install-recommends $need >/dev/null; } \
+            || echo "setup: could not install$need: their tests will be skipped" >&2
     else
-        echo "setup: sudo is missing (install it as root): the become tests will be skipped" >&2
+        echo "setup: missing$need (install as root): their tests will be skipped" >&2
     fi
 fi
 

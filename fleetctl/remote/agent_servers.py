@@ -833,6 +833,9 @@ def _start_locked(p, sd, name, lid, argv, env):
     if mgr.get("kind") == "supervisor":
         os.close(fd)
         return _start_supervised(sd, d, name, lid, argv, env, cwd, rec, mgr)
+    if mgr.get("kind") == "systemd":
+        os.close(fd)
+        return _start_systemd(sd, d, name, lid, argv, env, cwd, rec, mgr, p)
     rfd, wfd = os.pipe()
     try:
         sup = subprocess.Popen([sys.executable, "-I", "-c", SUPERVISOR, exit_file, str(wfd), *argv],
@@ -955,6 +958,182 @@ def _start_supervised(sd, d, name, lid, argv, env, cwd, rec, mgr):
     return rec
 
 
+# ----------------------------------------------------------------------------- systemd
+
+
+def _systemd_word(s, exec_line=False):
+    """One word of a unit file line, double-quoted: backslash and quote escaped, % as %% (specifiers),
+    and in ExecStart= $ as $$ (variable expansion)."""
+    if "\n" in s or "\r" in s or "\0" in s:
+        raise AgentError("a launch argument or env value holds a newline: a systemd unit cannot hold it",
+                         "bad_input")
+    s = s.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%")
+    if exec_line:
+        s = s.replace("$", "$$")
+    return '"%s"' % s
+
+
+def _systemd_path(path):
+    """A path setting (WorkingDirectory=, EnvironmentFile=): taken as written (no quotes), % as %%."""
+    if "\n" in path or "\r" in path or "\0" in path or not path.startswith("/"):
+        raise AgentError("%r: a systemd path setting must be an absolute path on one line" % path, "bad_input")
+    return path.replace("%", "%%")
+
+
+def systemd_unit(unit, name, lid, argv, env, secret_file, cwd, stop_timeout):
+    """The service unit fleetctl writes for one instance: the launch's exact argv (ExecStart=), its
+    environment (Environment=; secret values only in the 0600 EnvironmentFile=), its cwd; started
+    and stopped only by fleetctl (no Restart=, no [Install]), the whole cgroup stopped."""
+    lines = ["# written by fleetctl (launch.manager: systemd) for launch %s; rewritten at each launch" % lid,
+             "[Unit]", "Description=fleetctl server %s (launch %s)" % (name, lid), "", "[Service]", "Type=exec",
+             "ExecStart=" + " ".join(_systemd_word(a, True) for a in argv),
+             "WorkingDirectory=" + _systemd_path(cwd)]
+    for k in sorted(env):
+        lines.append("Environment=" + _systemd_word("%s=%s" % (k, env[k])))
+    if secret_file:
+        lines.append("EnvironmentFile=" + _systemd_path(secret_file))
+    lines += ["Restart=no", "KillMode=control-group", "TimeoutStopSec=%d" % max(1, int(stop_timeout + 0.999)),
+              "SyslogIdentifier=" + unit[:-len(".service")], "StandardOutput=journal", "StandardError=journal"]
+    return "".join(x + "\n" for x in lines)
+
+
+def env_file_text(env):
+    """systemd's EnvironmentFile= format: KEY="value" (backslash and quote escaped), one a line."""
+    out = []
+    for k in sorted(env):
+        v = env[k]
+        if "\n" in v or "\0" in v:
+            raise AgentError("env value of %s holds a newline: an EnvironmentFile cannot hold it" % k, "bad_input")
+        out.append('%s="%s"\n' % (k, v.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$")))
+    return "".join(out)
+
+
+def _show(ctl, unit, props, timeout):
+    rc, said = _ctl(ctl, ["show", unit] + ["-p" + x for x in props], timeout)
+    out = {}
+    for ln in said.splitlines() if rc == 0 else []:
+        k, _, v = ln.partition("=")
+        out[k] = v
+    return out
+
+
+def _start_systemd(sd, d, name, lid, argv, env, cwd, rec, mgr, p):
+    """Start the instance as a systemd service: its unit written to the manager's unit dir,
+    `systemctl daemon-reload` and `start`; the record names the unit and this start's InvocationID,
+    whose journal entries (and only those) are this launch's log (sync_journal)."""
+    ctl = [str(x) for x in mgr.get("ctl") or ["systemctl"]]
+    unit_dir = mgr.get("unit_dir") or ""
+    if not os.path.isdir(unit_dir):
+        raise AgentError("systemd unit dir %s does not exist (set systemd_unit_dir: in the inventory)" % unit_dir,
+                         "bad_input")
+    unit = "fleetctl-%s.service" % name
+    public = p.get("public_env") or {}
+    given = p.get("env") or {}
+    secret = dict((k, v) for k, v in env.items() if k in given and public.get(k) != v)
+    plain = dict((k, v) for k, v in env.items() if k not in secret)
+    secret_file = None
+    if secret:
+        secret_file = os.path.join(d, "launches", lid + ".env")
+        write_atomic(secret_file, env_file_text(secret).encode())
+    path = os.path.join(unit_dir, unit)
+    write_atomic(path, systemd_unit(unit, name, lid, argv, plain, secret_file, cwd,
+                                    float(mgr.get("stop_timeout") or 30)).encode(), 0o644)
+    rec.update(manager="systemd", program=unit, manager_conf=path, ctl=ctl,
+               journalctl=[str(x) for x in mgr.get("journalctl") or ["journalctl"]], pid=None)
+    t = float(mgr.get("timeout") or 90)
+    for args in (["daemon-reload"], ["start", unit]):
+        rc, said = _ctl(ctl, args, t)
+        if rc != 0:
+            why = "systemctl %s: %s" % (" ".join(args), said.splitlines()[-1] if said else "exit %d" % rc)
+            rec.update(state="failed-to-start", error=why)
+            save_record(sd, rec)
+            raise AgentError("cannot start %s under systemd: %s" % (name, why), "failed")
+    got = _show(ctl, unit, ["MainPID", "InvocationID"], t)
+    pid = int(got["MainPID"]) if got.get("MainPID", "").isdigit() and int(got["MainPID"]) > 0 else None
+    inv = got.get("InvocationID") or ""
+    if pid is None or len(inv) != 32 or inv.strip("0123456789abcdef"):
+        rec.update(state="failed-to-start", error="systemd reports no main process or invocation for %s" % unit)
+        save_record(sd, rec)
+        raise AgentError("cannot start %s under systemd: it has no main process (exited at once?)" % name, "failed")
+    ticks, _ = proc_start_ticks(pid)
+    rec.update(pid=pid, pgid=pid, start_ticks=ticks, process_started=ticks_to_epoch(ticks), state="started",
+               invocation_id=inv)
+    save_record(sd, rec)
+    return rec
+
+
+JOURNAL_MAX = 64 << 20  # bytes of journalctl output read at once for one launch
+JOURNAL_MSG_MAX = 1 << 20  # bytes of one message kept
+
+
+def parse_journal(raw, invocation_id):
+    """journalctl -o json output (one JSON object a line) -> ([message text, ...], last cursor). Only
+    entries of `invocation_id` count (journalctl was asked for those alone: checked again here);
+    MESSAGE may be a string, a list of byte values (not UTF-8) or null (skipped); anything else in
+    the output (a line that is not an object) is refused."""
+    import json
+
+    out = []
+    cursor = None
+    for ln in raw.split(b"\n"):
+        if not ln.strip():
+            continue
+        try:
+            e = json.loads(ln)
+        except ValueError:
+            raise AgentError("journalctl answered a line that is not JSON: %r" % ln[:80], "failed") from None
+        if not isinstance(e, dict):
+            raise AgentError("journalctl answered JSON that is not an entry", "failed")
+        if e.get("_SYSTEMD_INVOCATION_ID") != invocation_id:
+            continue
+        c = e.get("__CURSOR")
+        if isinstance(c, str):
+            cursor = c
+        m = e.get("MESSAGE")
+        if isinstance(m, str):
+            text = m
+        elif isinstance(m, list) and all(isinstance(b, int) and 0 <= b < 256 for b in m):
+            text = bytes(m).decode("utf-8", "replace")
+        else:
+            continue
+        out.append(text[:JOURNAL_MSG_MAX])
+    return out, cursor
+
+
+def sync_journal(rec):
+    """Append the journal entries of the record's invocation written since the last sync to its log
+    file (the cursor kept beside it), so the readiness wait, grep and tail read this launch's log as
+    for any launch. No-op for a launch not under systemd."""
+    if rec.get("manager") != "systemd" or not rec.get("invocation_id") or not rec.get("log"):
+        return
+    log = rec["log"]
+    cur_file = log + ".cursor"
+    try:
+        with open(cur_file) as fh:
+            cursor = fh.read().strip() or None
+    except OSError:
+        cursor = None
+    args = ["-o", "json", "--no-pager", "_SYSTEMD_INVOCATION_ID=" + rec["invocation_id"]]
+    if cursor:
+        args.append("--after-cursor=" + cursor)
+    import subprocess
+
+    try:
+        r = subprocess.run(list(rec.get("journalctl") or ["journalctl"]) + args, stdin=subprocess.DEVNULL,
+                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise AgentError("cannot read the journal of %s: %s" % (rec.get("program"), e), "failed") from None
+    raw = r.stdout[:JOURNAL_MAX]
+    if len(r.stdout) > JOURNAL_MAX:
+        raw = raw[:raw.rfind(b"\n") + 1]
+    lines, last = parse_journal(raw, rec["invocation_id"])
+    if lines:
+        with open(log, "ab") as fh:
+            fh.write("".join(x + "\n" for x in lines).encode("utf-8", "replace"))
+    if last and last != cursor:
+        write_atomic(cur_file, last.encode())
+
+
 def action_server_wait(p):
     """Wait until each named instance is ready, dead, shows a forbidden line, or time is up."""
     sd = p["state_dir"]
@@ -989,6 +1168,9 @@ def action_server_wait(p):
             if not rec.get("server_pid") and launch_alive(rec):
                 identify_server(rec)
             alive = launch_alive(rec) and server_alive(rec)
+            if rec.get("manager") == "systemd" and (not alive or time.time() >= s.get("synced", 0) + 0.25):
+                sync_journal(rec)  # (bounded: at most 4 journalctl runs a second)
+                s["synced"] = time.time()
             try:
                 with open(rec["log"], "rb") as fh:
                     fh.seek(s["offset"])
@@ -1056,6 +1238,7 @@ def action_server_wait(p):
                 time.sleep(0.05)
                 r["exit"] = read_exit(rec)
         if s["status"] != "ready" and rec.get("log"):
+            sync_journal(rec)
             r["tail"] = tail_lines(rec["log"], ntail)
         out[n] = r
     return out
@@ -1083,14 +1266,15 @@ def stop_record(rec, timeout, kill_after=5.0):
     import signal
 
     t0 = time.time()
-    if rec.get("manager") == "supervisor" and rec.get("program") and rec.get("ctl"):
+    if rec.get("manager") in ("supervisor", "systemd") and rec.get("program") and rec.get("ctl"):
         _ctl(rec["ctl"], ["stop", rec["program"]], timeout + 30)
         end = time.time() + kill_after
         while time.time() < end and (record_alive(rec) or group_alive(pgid)):
             time.sleep(0.05)
         if not record_alive(rec) and not group_alive(pgid):
-            rec.update(state="stopped", stopped_at=time.time(), stopped_how="supervisorctl stop")
-            return {"instance": rec["instance"], "action": "stopped", "how": "supervisorctl stop", "pid": pid,
+            how = "%s stop" % ("supervisorctl" if rec["manager"] == "supervisor" else "systemctl")
+            rec.update(state="stopped", stopped_at=time.time(), stopped_how=how)
+            return {"instance": rec["instance"], "action": "stopped", "how": how, "pid": pid,
                     "launch_id": rec.get("launch_id"), "seconds": round(time.time() - t0, 3)}
         # supervisord did not stop it (or could not be asked): fleetctl's own way below
     try:
@@ -1153,6 +1337,7 @@ def action_server_grep(p):
         st = instance_state(sd, n, dep)
         rec = st.get("record")
         if rec and st.get("log_exists"):
+            sync_journal(rec)
             st["matches"], st["log_size"] = grep_log(rec["log"], patterns, cap)
             if p.get("tail") or not st["running"]:  # a server that ended: its last words say why
                 st["tail"] = tail_lines(rec["log"], int(p.get("tail") or 30))
