@@ -125,6 +125,8 @@ def test_supervisor_launch_verify_status_stop_rolling(supervised: Any, tmp_path:
     assert code == 0, json.dumps(doc)[:4000]
     code, doc = cli(capsys, "servers", "-i", inv)
     assert code == 0 and all(s["running"] for h in doc["hosts"] for s in h["servers"]), doc
+    assert {(s["manager"], s["program"]) for h in doc["hosts"] for s in h["servers"]} == {
+        ("supervisor", f"fleetctl-{insts[h]['instance']}") for h in insts}
     code, doc = cli(capsys, "status", "-i", inv, pb)
     assert code == 0, json.dumps(doc)[:3000]
 

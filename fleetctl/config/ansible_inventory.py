@@ -8,7 +8,8 @@ hosts (their own vars), each host's variables combined with Ansible's precedence
 other groups by depth, `ansible_group_priority` and name, inventory vars before `group_vars/`
 files, then the host's own, then `host_vars/`). config/inventory.py turns that into fleetctl hosts:
 `ansible_host`, `ansible_port`, `ansible_user`, `ansible_python_interpreter`, the ssh key, the
-`ansible_become*` variables, and `fleetctl_<key>` for any key of fleetctl's own host entries.
+`ansible_become*` variables (fleetctl's become: transport/become.py), and `fleetctl_<key>` for any
+key of fleetctl's own host entries.
 
 The tests hold this parser to ansible-core's own parse of the same files (tests/test_ansible_inventory.py).
 """

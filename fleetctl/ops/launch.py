@@ -652,6 +652,7 @@ def server_status_facts(host: Host | str, facts: HostFacts | ServersFacts | None
             "deploy_at_launch": dep_launch, "deploy_now": dep_now.id if dep_now else None,
             "restart_needed": s.restart_needed, "changed_files": s.changed_files,
             "state": rec.state, "stopped_at": rec.stopped_at, "log": rec.log,
+            "manager": rec.manager or "fleetctl", "program": rec.program,
             "problems": problems,
         })
     return rows
