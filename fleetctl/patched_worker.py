@@ -90,7 +90,10 @@ def _spec_members(version: str) -> dict[str, str]:
     """Worker class -> file of the release's speculative workers ({} when its code cannot be read)."""
     from fleetctl.errors import FleetctlError
 
-    known = engine().worker_files(version) if engine().is_known(version) else {}
+    if not engine().is_known(version):  # no wheel is fetched for a release fleetctl does not know:
+        # a file that is a worker in any known release counts as one
+        return {c: f for v in engine().known_versions() for c, f in engine().worker_files(v).items()}
+    known = engine().worker_files(version)
     try:
         return {**known, **engine().spec_members(version)}
     except (FleetctlError, OSError):

@@ -270,3 +270,20 @@ def test_model_family_reads_target_and_draft_configs_on_the_host(sb: Any, tmp_pa
     (h,) = doc["hosts"]
     fam = [f for f in h["families"] if f["family"] == "model"]
     assert fam and fam[0]["covered"] is True and e3 in fam[0]["runs"], json.dumps(h)
+
+
+@pytest.mark.fleet
+def test_verify_logs_says_what_a_playbook_without_a_marker_proves(sb: Any, tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    rel = "srt/managers/scheduler.py"
+    src = wheels.pristine_bytes(V, rel).decode().replace("import logging\n", "import logging\n# mine\n", 1)
+    pb = new_user_playbook(tmp_path / "pb", capsys, edited={rel: src.encode()}, markers=[])
+    inv = make_inventory(sb, tmp_path / "inv.yaml", ["h01"])
+    code, doc = jcli(capsys, "deploy", "-i", inv, pb)
+    assert code == 0, json.dumps(doc)[:2000]
+    assert all(not (h.get("coverage") or {}).get("families") for h in doc.get("plan", {}).get("hosts", []))
+    code, doc = jcli(capsys, "launch", "-i", inv, pb, "--timeout", "60")
+    assert code == 0, json.dumps(doc)[:2000]
+    code, doc = jcli(capsys, "verify-logs", "-i", inv, pb)
+    iv = doc["hosts"][0]["instances"][0]
+    assert any(e.startswith("no verify.markers: this proves the server started") for e in iv["explanation"]), iv
