@@ -79,7 +79,21 @@ def _facts_lines(f: HostFacts, all_files: bool) -> tuple[tuple[str, Text], ...]:
         py.append(("launch", safe(f"{f.launch_python} ({f.launch_python_version})")))
     return (("OS", safe(f.os)), *py, (engine().display_name, sg), *[("note", line(styled("note:", "yellow"), " ", n)) for n in notes],
             ("torch", torch), ("files", Text("; ").join(_files_cell(f, all_files).split("\n"))),
-            ("GPUs", safe(_gpu_cell(f))), *_model_line(f))
+            ("GPUs", safe(_gpu_cell(f))), *_model_line(f), *_container_line(f))
+
+
+def _container_line(f: HostFacts) -> tuple[tuple[str, Text], ...]:
+    """The container SGLang runs in (absent: none): runtime, name, image, id, start; read-only root."""
+    from rich.text import Text
+
+    c = f.container
+    if c is None:
+        return ()
+    text = Text.assemble(safe(f"{c.runtime} {c.name}: image {c.image}, id {c.short_id}"),
+                         safe(f", started {c.started_at}" if c.started_at else ""))
+    if c.read_only:
+        text.append_text(Text.assemble(", ", styled("read-only root", "yellow")))
+    return (("in", text),)
 
 
 def _model_line(f: HostFacts) -> tuple[tuple[str, Text], ...]:
