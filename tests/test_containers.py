@@ -122,7 +122,7 @@ class Box:
         self.engine, self.sandbox, self.name, self.state, self.read_only = engine, sandbox, name, state, read_only
         self.id = ""
 
-    def run(self) -> str:
+    def run(self, *command: str) -> str:
         args = ["run", "-d", "--init", "--name", self.name, "--network", "host",
                 "-v", "/usr:/usr:ro", "-v", f"{REPO}:/opt/fleetctl-hostlib:ro",
                 # the sandbox host's nvidia-smi stand-in (it replays captures from the host's dir, with
@@ -136,8 +136,20 @@ class Box:
             args += ["-v", f"{self.state}:{STATE}"]
         if self.read_only:
             args.append("--read-only")
-        self.id = self.engine.run(*args, IMAGE, "sleep", "infinity").stdout.strip()
+        self.id = self.engine.run(*args, IMAGE, *(command or ("sleep", "infinity"))).stdout.strip()
         return self.id
+
+    def wait_log(self, line: str, count: int, timeout: float = 120.0) -> None:
+        """Until the container's output (its main process's) holds `line` `count` times."""
+        import time
+
+        end = time.monotonic() + timeout
+        while True:
+            got = self.engine.run("logs", self.name, check=False)
+            if (got.stdout + got.stderr).count(line) >= count:
+                return
+            assert time.monotonic() < end, f"{line!r} x{count} not in {self.name}'s output within {timeout}s"
+            time.sleep(0.1)
 
     def exec(self, *argv: str) -> str:
         return self.engine.run("exec", "-i", self.name, *argv).stdout
@@ -336,3 +348,50 @@ def test_patch_dockerfile_builds_the_patch_into_an_image(engine: dockerd.Dockerd
                            text=True, env=env, timeout=300)
     assert again.returncode != 0 and f"fleetctl: the image does not hold pristine sglang {VERSION} files" in (
         again.stdout + again.stderr), again.stderr[-2000:]
+
+
+def test_a_server_that_is_the_containers_main_process_is_restarted_by_restarting_it(
+        engine: dockerd.Dockerd, sandbox: Any, boxes: list[Box], tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The image's CMD is the server (as under docker compose): after a deploy, the reminder names the
+    container restart, and that printed command, run as printed, brings the server back on the patched
+    files (a restart keeps the container's files: same id, nothing re-created)."""
+    import shlex
+    import time
+
+    from fleetctl.cli import main
+    from fleetctl.sglang import READY_LINE
+    from tests.ports import free_ports
+
+    port = free_ports(1)[0]
+    flags = ("--model-path m --speculative-algorithm EAGLE3 --speculative-num-steps 3 --speculative-eagle-topk 1 "
+             f"--speculative-num-draft-tokens 4 --port {port}").split()
+    box = Box(engine, sandbox, "fleetctl-test-main", tmp_path / "state")
+    boxes.append(box)
+    cid = box.run(f"{VENV}/bin/python", "-m", "fleetctl.sandbox.simulator", *flags)
+    box.wait_log(READY_LINE, 1)
+    inv = inventory(tmp_path, sandbox, engine, box.name, main_process=True)
+    pristine = box.sha(TARGET)
+    time.sleep(1.1)  # a file changed in the same second as the server started is not called newer
+    code, doc = cli(capsys, "deploy", PLAYBOOK, "-i", inv)
+    assert code == 0, doc
+    rn = doc["restart_needed"]
+    assert rn["servers"] == 1 and [b["host"] for b in rn["by_hand"]] == ["h01"], rn
+    restart = shlex.join([*engine.cli, "restart", box.name])
+    capsys.readouterr()
+    assert main(["servers", "--discover", "-i", str(inv)]) == 0
+    err = capsys.readouterr().err
+    assert (f"h01: the server is its container's main process: restart the container ('{restart}' on h01)"
+            in err), err
+    assert "restart by hand" not in err
+
+    subprocess.run(shlex.split(restart), check=True, capture_output=True, timeout=120)
+    box.wait_log(READY_LINE, 2)
+    assert box.sha(TARGET) != pristine  # a restart keeps the container's files
+    doc = ok(capsys, "servers", "--discover", "-i", inv)
+    (srv,) = doc["hosts"][0]["servers"]
+    assert srv["stale"] is False and srv["instance"] is None, srv
+    doc = ok(capsys, "facts", "-i", inv)
+    assert doc["hosts"][0]["facts"]["container"]["id"] == cid  # restarted, not re-created
+    doc = ok(capsys, "status", "-i", inv)
+    assert not any("re-created" in p for p in doc["hosts"][0].get("problems") or []), doc

@@ -290,7 +290,7 @@ def status(*, playbook: Path | None, inventory: Path | None, limit: str | None, 
                               f"disk: a restart would lose the patch" for s in r["servers"]
                               if s["running"] and s["deploy_at_launch"] in r.get("gone", [])]
         problems = [r for r in rows if r["problems"]]
-        reminder = restart_reminder(list(found.values()))
+        reminder = restart_reminder(list(found.values()), ctx.fleet.hosts)
         status_hosts = [host_row(r, ok=not r["problems"], message="; ".join(r["problems"]),
                                  state=r["status"] if r["status"] != "ok" else ("problems" if r["problems"] else "ok"))
                         for r in rows]
@@ -570,7 +570,7 @@ def _restart_reminder(ctx: RunContext, pb: Playbook | None, changed: list[str],
     if hosts and ctx.fleet.interrupt.is_set():  # Ctrl-C: no new step on any host (its report says so)
         return None
     more = discover_fleet(ctx.fleet, pb, hosts, files) if hosts else []
-    return restart_reminder([found[h] for h in changed if h in found] + more)
+    return restart_reminder([found[h] for h in changed if h in found] + more, ctx.fleet.hosts)
 
 
 def _fatal_refusal(command: str, plan: Any, bad: list[tuple[str, str, str]], json_out: bool) -> None:

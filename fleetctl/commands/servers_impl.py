@@ -369,7 +369,7 @@ def _discover(ctx: RunContext, json_out: bool) -> None:
 
     found = _tick_run(ctx, "servers", lambda: discover_fleet(ctx.fleet))
     bad = [h for h in found if h.status != "ok"]
-    reminder = restart_reminder(found)
+    reminder = restart_reminder(found, ctx.fleet.hosts)
     n = sum(len(h.processes) for h in found)
     summary = (f"servers --discover: {len(found)} hosts: {n} server process(es), "
                f"{sum(1 for h in found for p in h.processes if not p.instance)} not started by fleetctl, "

@@ -48,6 +48,15 @@ def state_dir_warning(facts: HostFacts) -> str | None:
             f"(docker run -v fleetctl-state:{sd} ...) or set state_dir to a mounted path")
 
 
+def main_process_warning(spec: ContainerSpec | None) -> str | None:
+    """A pod whose main process is the server: a restart by Kubernetes starts its container from the
+    image, so a patch written into it never runs there."""
+    if spec is None or not spec.main_process or spec.restart_argv() is not None:
+        return None
+    return (f"the server is {spec.label}'s main process, and a restart of a pod's container starts it from its "
+            f"image: the patch would never run; build it into the image ('fleetctl patch dockerfile')")
+
+
 def recreated(host: str, now: ContainerInfo, deploy_id: str, record: dict[str, Any]) -> str | None:
     """The line saying the container is not the one deploy `deploy_id` patched (None: it is)."""
     was = str(record.get("id") or "")

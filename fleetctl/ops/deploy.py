@@ -130,7 +130,7 @@ def build_plan(fleet: Fleet, playbook: Playbook, gathered: Gathered, *, force: b
         _plan_probe(hp, gathered.probes.get(h.name))
         _plan_stale_bytecode(hp, f)
         _plan_state_files(hp, f, playbook)
-        _plan_container(hp, f, playbook)
+        _plan_container(hp, h, f, playbook)
         if hp.status in ("change", "noop") and playbook.state_files:  # a steps=0 slot no batch reaches
             from fleetctl.patched_worker import instances
 
@@ -183,7 +183,7 @@ def _plan_probe(hp: HostPlan, probed: HostOutcome | None) -> None:
         hp.coverage = dataclasses.replace(hp.coverage, reason=f"{hp.coverage.reason}; {said}")
 
 
-def _plan_container(hp: HostPlan, facts: HostFacts, playbook: Playbook) -> None:
+def _plan_container(hp: HostPlan, host: Host, facts: HostFacts, playbook: Playbook) -> None:
     """A host whose SGLang is in a container: a read-only root is refused (the patch belongs in the
     image: `fleetctl patch dockerfile` prints how); a state dir on the container's own filesystem
     is warned about (its records and backups die with the container)."""
@@ -194,9 +194,14 @@ def _plan_container(hp: HostPlan, facts: HostFacts, playbook: Playbook) -> None:
     if facts.container.read_only and hp.status in ("change", "refused"):  # (the root cause of 'unwritable')
         hp.status, hp.reason = "refused", read_only_refusal(hp.host, facts, playbook)
         return
-    warn = state_dir_warning(facts)
-    if warn and hp.status in ("change", "noop"):
-        hp.reason = "; ".join(x for x in (hp.reason, f"warning: {warn}") if x)
+    from fleetctl.containers.advice import main_process_warning
+    from fleetctl.containers.spec import ContainerSpec
+
+    if hp.status not in ("change", "noop"):
+        return
+    for warn in (state_dir_warning(facts), main_process_warning(ContainerSpec.of(host.container))):
+        if warn:
+            hp.reason = "; ".join(x for x in (hp.reason, f"warning: {warn}") if x)
 
 
 def _plan_state_files(hp: HostPlan, facts: HostFacts, playbook: Playbook) -> None:

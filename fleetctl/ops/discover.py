@@ -166,6 +166,8 @@ class RestartReminder:
     by_hand: list[tuple[str, int]]  # (host, pid) of stale servers fleetctl did not start
     unchecked: list[tuple[str, str]] = field(default_factory=list)  # (host, why) where servers could not be read
     launch_ids: list[str] = field(default_factory=list)  # the launches that started the fleetctl servers
+    # host -> the command that restarts its container, where the server is the container's main process
+    containers: dict[str, str] = field(default_factory=dict)
 
     def line(self, inventory: str, playbook: str | None) -> str:
         from fleetctl.suggest import quote
@@ -194,9 +196,14 @@ class RestartReminder:
                 how.append(f"restart {'it' if one else 'them'} with fleetctl launch --replace and the playbook "
                            f"{'it was' if one else 'they were'} launched with (not in this controller's ledger), "
                            f"--limit {','.join(hosts)}")
-        if self.by_hand:
-            pids = ", ".join(f"{h} pid {p}" for h, p in self.by_hand[:8])
-            more = f" and {len(self.by_hand) - 8} more" if len(self.by_hand) > 8 else ""
+        boxed = sorted({h for h, _ in self.by_hand if h in self.containers})
+        for h in boxed:  # (restarting keeps the container's files; re-creating it would not)
+            how.append(f"{h}: the server is its container's main process: restart the container "
+                       f"('{self.containers[h]}' on {h})")
+        by_hand = [(h, p) for h, p in self.by_hand if h not in self.containers]
+        if by_hand:
+            pids = ", ".join(f"{h} pid {p}" for h, p in by_hand[:8])
+            more = f" and {len(by_hand) - 8} more" if len(by_hand) > 8 else ""
             how.append(f"restart by hand (not started by fleetctl): {pids}{more}")
         return s + ": " + "; ".join(how) + cut
 
@@ -207,11 +214,26 @@ class RestartReminder:
                 "unchecked": [{"host": h, "why": w} for h, w in self.unchecked]}
 
 
-def restart_reminder(found: list[HostServers]) -> RestartReminder:
-    """Which servers run code older than the files on disk now, and how to restart them."""
+def restart_reminder(found: list[HostServers], hosts: list[Host] | None = None) -> RestartReminder:
+    """Which servers run code older than the files on disk now, and how to restart them (`hosts`:
+    the inventory's, for the container hosts whose server is the container's main process)."""
     stale = [p for h in found for p in h.processes if p.stale]
     return RestartReminder(len(stale), len({p.host for p in stale}),
                            [(p.host, p.instance) for p in stale if p.instance],
                            [(p.host, p.pid) for p in stale if not p.instance],
                            [(h.host, h.message) for h in found if h.status != "ok"],
-                           list(dict.fromkeys(p.launch_id for p in stale if p.instance and p.launch_id)))
+                           list(dict.fromkeys(p.launch_id for p in stale if p.instance and p.launch_id)),
+                           main_process_restarts(hosts or []))
+
+
+def main_process_restarts(hosts: list[Host]) -> dict[str, str]:
+    """host -> the command that restarts its container, for hosts marked `container.main_process`."""
+    from fleetctl.containers.spec import ContainerSpec
+
+    out = {}
+    for h in hosts:
+        spec = ContainerSpec.of(h.container)
+        argv = spec.restart_argv() if spec is not None and spec.main_process else None
+        if spec is not None and argv:  # (a pod's container has none that keeps its files: deploy warns)
+            out[h.name] = spec.shown(argv)
+    return out
