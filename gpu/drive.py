@@ -128,6 +128,15 @@ def plan_for(version):
         if version == "012g2":  # default launch (no SGLANG_ENABLE_SPEC_V2): EAGLEWorkerV2
             ph = [dict(p, name=p["name"].replace("v1", "v2"), env={}) for p in ph]
         return ph
+    if version == "014t":
+        # the least that says something in ~100 s: the payload on 0.5.14's default launch, then spec-off
+        bt = [(64, 128, 256), (5, 10, 256), (4, 8, 256), (32, 64, 256)]
+        return [
+            dict(name="k_v2_dsd4", tree="patched", env={}, target="target-bigram", draft="draft-kvmean",
+                 threshold=4, bench=bt, ready_max=200, need_s=30, nofb=True),
+            dict(name="g_nospec", tree="pristine", env={}, target="target-bigram", draft=None, bench=bt,
+                 ready_max=150, need_s=30, nofb=True),
+        ]
     if version == "014q":
         # short: what one device call with little time left can hold (payload first, then spec-off, spec-on)
         bq = [(1, 4, 256), (4, 8, 256), (5, 10, 256), (32, 64, 256), (64, 128, 256)]
