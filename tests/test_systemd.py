@@ -124,3 +124,52 @@ def test_journal_of_this_invocation_only_feeds_the_launch_log(journal_tools: Non
     got = a.action_server_grep({"state_dir": str(state), "instances": [name], "patterns": ["marker", "server args"]})
     m = got["instances"][name]["matches"]
     assert m["marker"]["count"] == 0 and m["server args"]["count"] == 1, json.dumps(got)[:2000]
+
+
+def _systemd_runs() -> bool:
+    try:
+        return Path("/proc/1/comm").read_text().strip() == "systemd" and os.getuid() == 0 \
+            and shutil.which("systemctl") is not None
+    except OSError:
+        return False
+
+
+@pytest.mark.fleet
+@pytest.mark.usefixtures("ledger_dir")
+@pytest.mark.skipif(not _systemd_runs(), reason="systemd is not PID 1 here (or not root): no unit can run")
+def test_live_systemd_launch_verify_replace_stop(fresh_sandbox: object, tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """Where systemd runs (not on the machine fleetctl was built on): the whole path through
+    systemctl and the journal, units in /run/systemd/system (gone at reboot), removed at the end."""
+    import yaml
+
+    from tests.jsoncli import cli
+    from tests.test_managers import PAYLOAD, playbook_with
+
+    sb = fresh_sandbox(hosts=1, versions=("0.5.9",), gpus=1)  # type: ignore[operator]
+    doc = yaml.safe_load(sb.inventory_path.read_text())
+    doc["hosts"]["h01"]["systemd_unit_dir"] = "/run/systemd/system"
+    inv = sb.dir / "systemd.yaml"
+    inv.write_text(yaml.safe_dump(doc, sort_keys=False))
+    pb = playbook_with(tmp_path, {"manager": "systemd"}, PAYLOAD)
+    units: list[Path] = []
+    try:
+        code, d = cli(capsys, "deploy", "-i", inv, pb)
+        assert code == 0, d
+        code, d = cli(capsys, "launch", "--drop-unknown-flags", "-i", inv, pb, "--timeout", "60")
+        assert code == 0, json.dumps(d)[:3000]
+        name = d["hosts"][0]["instances"][0]["instance"]
+        units.append(Path(f"/run/systemd/system/fleetctl-{name}.service"))
+        code, d = cli(capsys, "verify-logs", "-i", inv, pb)
+        assert code == 0, json.dumps(d)[:3000]
+        code, d = cli(capsys, "launch", "--replace", "--drop-unknown-flags", "-i", inv, pb, "--timeout", "60")
+        assert code == 0, json.dumps(d)[:3000]
+        code, d = cli(capsys, "verify-logs", "-i", inv, pb)  # the new invocation's journal only
+        assert code == 0, json.dumps(d)[:3000]
+        code, d = cli(capsys, "stop", "-i", inv)
+        assert code == 0 and d["hosts"][0]["instances"][0]["how"] == "systemctl stop", d
+    finally:
+        cli(capsys, "stop", "-i", inv)
+        for u in units:
+            u.unlink(missing_ok=True)
+        subprocess.run(["systemctl", "daemon-reload"], check=False)
