@@ -189,6 +189,16 @@ def plan_host(host: Host, facts: HostFacts, playbook: Playbook, intended: dict[s
             refusals.append(fp)
     if refusals:
         f = refusals[0]
+        if f.state == "unsafe" and facts.link_tree is not None:
+            lt = facts.link_tree
+            hp.status = "refused"
+            hp.reason = (f"{host.name}: {f.path}: the launch imports {lt.tree}, a strict editable install's link tree "
+                         f"(its files are links into the checkout {lt.checkout}), and fleetctl never writes through a "
+                         f"link. Keep the checkout: set 'sglang_dir: {lt.checkout}' for this host in the inventory "
+                         f"(fleetctl then patches the checkout's files, which the links lead to), or reinstall it "
+                         f"with '{facts.launch_python or host.python} -m pip install -e {lt.project} --config-settings "
+                         f"editable_mode=compat' (the launch then imports the checkout itself)")
+            return hp
         hint = {"drifted": "inspect with --diff, then --force to replace it (a backup is kept)",
                 "missing": "is this the right SGLang install?",
                 "unsafe": "fleetctl never writes through a symlink; replace it with a regular file",

@@ -13,11 +13,15 @@ from fleetctl.gpus import Gpu, combine
 from fleetctl.protocol import InvalidAnswer, names
 from fleetctl.protocol.answers import (
     DiscoverFacts,
+    EnvChange,
     FactsAnswer,
     FileFact,
     ImportView,
+    LinkTree,
     Manifest,
+    ModuleOrigin,
     ServersFacts,
+    Shadow,
     StateFacts,
 )
 from fleetctl.protocol.schema import shown
@@ -79,6 +83,63 @@ class HostFacts:
     draft_model: ModelConfig | None = None
     # files the launch's flags name, as read on the host: path -> bytes, or why not (None: not asked)
     launch_files: dict[str, bytes | str] | None = None
+    # per-module locate (probe.locate_module): files the launch would NOT import from package_dir by
+    # CPython's path finder (another file, a start-up hook's loader, preloaded), the namespace portions
+    # of the top-level package, the finders that served the files, and what the interpreter's start
+    # (sitecustomize, usercustomize, .pth lines, a python: shim) set in the environment
+    modules: dict[str, ModuleOrigin] = field(default_factory=dict)
+    namespace: list[str] | None = None
+    finders: list[str] = field(default_factory=list)
+    env_changes: dict[str, EnvChange] = field(default_factory=dict)
+    link_tree: LinkTree | None = None
+    via_link_tree: str | None = None
+    checkout: str | None = None
+    launch_cwd: str | None = None
+    shadow: Shadow | None = None
+
+    def startup_env(self) -> dict[str, str | None]:
+        """What the interpreter's start set (a value) or unset (None): applied on top of the env
+        fleetctl passes, it is the environment the server process runs with."""
+        return {k: c.value for k, c in self.env_changes.items()}
+
+    def judged_env(self, env: dict[str, str]) -> dict[str, str]:
+        """`env` (what the launch passes) as the server process will have it after its interpreter's
+        start-up hooks ran."""
+        out = dict(env)
+        for k, v in self.startup_env().items():
+            if v is None:
+                out.pop(k, None)
+            elif v != "***":
+                out[k] = v
+        return out
+
+    def hook_notes(self, names: list[str] | None = None) -> list[str]:
+        """'NAME=value set by FILE:LINE' for each variable the start changed (only `names` if given)."""
+        out = []
+        for k, c in sorted(self.env_changes.items()):
+            if names is not None and k not in names:
+                continue
+            by = c.by or "the interpreter's start-up (site)"
+            out.append(f"{k}={c.value} set by {by}" if c.value is not None else f"{k} unset by {by}")
+        return out
+
+    def module_problem(self, rel: str) -> str | None:
+        """Why import of package file `rel` would not run `package_dir/rel` (None: it would)."""
+        m = self.modules.get(rel)
+        if m is None:
+            return None
+        if m.error:
+            return f"{rel}: the launch's python finds no module {m.module} ({m.error})"
+        if m.preloaded:
+            return (f"{rel}: {m.module} is imported while the launch's python starts (a start-up hook), "
+                    f"from {m.file or 'no file'}")
+        if not m.standard:
+            by = f"{m.finder} ({m.finder_file})" if m.finder_file else (m.finder or "a start-up hook")
+            return (f"{rel}: {m.module} is served by the meta-path finder {by} with loader {m.loader}, not from "
+                    f"the file on disk: fleetctl cannot vouch for the code it runs")
+        if self.package_dir and m.file and m.file != f"{self.package_dir}/{rel}" and not self.via_link_tree:
+            return f"{rel}: the launch imports {m.module} from {m.file}, not from {self.package_dir}/{rel}"
+        return None
 
     def deploys(self) -> list[Manifest]:
         return self.state.deploys if self.state else []
@@ -107,6 +168,14 @@ class HostFacts:
             "launch_python": {"executable": self.launch_python, "version": self.launch_python_version,
                               "pycache_prefix": self.pycache_prefix},
             "bytecode": {p: b.to_json() for p, b in self.bytecode.items() if bytecode_problem(p, b)},
+            "locate": {"namespace": self.namespace, "finders": self.finders,
+                       "modules": {p: m.to_json() for p, m in self.modules.items()},
+                       "link_tree": ({"tree": self.link_tree.tree, "checkout": self.link_tree.checkout,
+                                      "project": self.link_tree.project} if self.link_tree else None),
+                       "via_link_tree": self.via_link_tree, "checkout": self.checkout, "cwd": self.launch_cwd,
+                       "shadow": ({"by": self.shadow.by, "regular": self.shadow.regular,
+                                   "installed": self.shadow.installed} if self.shadow else None),
+                       "startup_env": {k: {"value": c.value, "by": c.by} for k, c in self.env_changes.items()}},
             "torch": {"installed": self.torch.installed, "required": self.torch.required,
                       "satisfied": self.torch.satisfied, "note": self.torch.note},
             "files": {p: {"sha256": f.sha256, "exists": f.exists, "mode": f.mode, "size": f.size,
@@ -121,6 +190,35 @@ class HostFacts:
                              if self.model else None),
             "container": self.container.to_json() if self.container else None,
         }
+
+
+def locate_notes(f: HostFacts) -> list[str]:
+    """What explain says about where the launch's code comes from: a namespace portion or a package
+    in the launch's working directory (sys.path[0]) and what it shadows, the finder that serves the
+    files, a strict editable install."""
+    out: list[str] = []
+    name = engine().agent_facts()["package"]
+    sh = f.shadow
+    cwd = f.launch_cwd or "the launch's working directory"
+    if sh is not None:
+        if sh.regular and sh.installed and sh.installed != f.package_dir:
+            out.append(f"warning: the launch's working directory {cwd} holds {sh.by}, which shadows the installed "
+                       f"{name} at {sh.installed} (sys.path[0] comes first): the launch imports {f.package_dir}; "
+                       "set launch.cwd in the playbook to a directory without it")
+        elif not sh.regular:
+            served = f" (by {', '.join(x for x in f.finders if 'PathFinder' not in x)})" if any(
+                "PathFinder" not in x for x in f.finders) else ""
+            out.append(f"warning: the launch's working directory {cwd} holds {sh.by}, a directory without "
+                       f"__init__.py: `import {name}` takes it as a namespace package (sys.path[0]), so "
+                       f"{name}/__init__.py never runs; its modules still come from {f.package_dir}{served}. "
+                       "Set launch.cwd in the playbook to a directory without it to import the package whole")
+    elif f.namespace:
+        out.append(f"{name} is a namespace package for the launch (portions: {', '.join(f.namespace)}); "
+                   f"its modules come from {f.package_dir}")
+    if f.via_link_tree:
+        out.append(f"the launch imports {f.via_link_tree} (a strict editable install's link tree); fleetctl "
+                   f"patches the checkout {f.package_dir} its links lead to")
+    return out
 
 
 def bytecode_problem(rel: str, view: ImportView | None) -> str | None:
@@ -244,6 +342,15 @@ def parse_facts(host: str, raw: FactsAnswer) -> HostFacts:
         model=engine().model_from_answer(raw.model),
         draft_model=engine().model_from_answer(getattr(raw, "draft_model", None)),
         launch_files=_launch_files(raw.launch_files),
+        modules=dict(sg.modules),
+        namespace=list(sg.namespace) if sg.namespace is not None else None,
+        finders=[str(f[0]) for f in sg.finders if f and f[0]],
+        env_changes=dict(sg.env_changes),
+        link_tree=sg.link_tree,
+        shadow=sg.shadow,
+        via_link_tree=sg.via_link_tree,
+        checkout=sg.checkout,
+        launch_cwd=sg.launch.cwd if sg.launch else None,
     )
 
 

@@ -133,7 +133,7 @@ def host_launch_spec(host: Host, profile: LaunchProfile | None) -> LaunchSpec:
     profile = profile if profile is not None else LaunchProfile()
     env = _base_env(host, profile)
     secret_keys = frozenset(k for k in host.secret_env_keys if k in env)
-    return launch_spec(command_argv(host, profile), host.python, env, secret_keys)
+    return launch_spec(command_argv(host, profile), host.python, env, secret_keys, cwd=profile.cwd)
 
 
 def plan_instances(host: Host, profile: LaunchProfile) -> list[Instance]:
@@ -177,7 +177,7 @@ def plan_instances(host: Host, profile: LaunchProfile) -> list[Instance]:
         argv = cmd + flag_argv(f)
         out.append(Instance(host=host.name, name=f"port-{port}", index=i, gpus=g, port=port, argv=argv,
                             env=ienv, secret_keys=secret_keys, flags=f, public_argv=_mask_argv(argv, secrets),
-                            launch=launch_spec(cmd, host.python, ienv, secret_keys)))
+                            launch=launch_spec(cmd, host.python, ienv, secret_keys, cwd=profile.cwd)))
     ports = [x.port for x in out]
     if len(set(ports)) != len(ports):
         raise InputError(f"{host.name}: instances share a port", hint="set layout.port_stride >= 1")

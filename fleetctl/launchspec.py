@@ -48,6 +48,7 @@ class LaunchSpec:
     unset: tuple[str, ...] = ()  # `env -u NAME`
     clear: bool = False  # `env -i`
     problem: str | None = None  # why the interpreter cannot be told
+    cwd: str | None = None  # launch.cwd (None: the launch env's HOME, else the SSH user's home)
 
     @property
     def effective_env(self) -> dict[str, str]:
@@ -67,7 +68,7 @@ class LaunchSpec:
         return {"interpreter": self.interpreter, "options": list(self.options), "target_kind": self.target_kind,
                 "target": self.target, "env": dict(self.env), "inherit": list(self.inherit),
                 "command_env": dict(self.command_env), "unset": list(self.unset), "clear": self.clear,
-                "cwd": None, "problem": self.problem}
+                "cwd": self.cwd, "problem": self.problem}
 
     def describe(self) -> str:
         if self.problem:
@@ -136,9 +137,9 @@ def _is_python(word: str, host_python: str) -> bool:
 
 
 def launch_spec(words: list[str], host_python: str, env: dict[str, str],
-                secret_keys: frozenset[str] = frozenset()) -> LaunchSpec:
+                secret_keys: frozenset[str] = frozenset(), cwd: str | None = None) -> LaunchSpec:
     """Parse the launch command (already split into words, {python} filled in)."""
-    base = {"words": tuple(words), "env": dict(env), "secret_keys": secret_keys}
+    base: dict[str, Any] = {"words": tuple(words), "env": dict(env), "secret_keys": secret_keys, "cwd": cwd}
     command_env: dict[str, str] = {}
     unset: list[str] = []
     clear = False

@@ -209,9 +209,15 @@ def host_coverage(host: Host, facts: HostFacts, playbook: Playbook, *, strict: b
     if not facts.package_version:
         return None
     flags = launch_flags(host, playbook)
-    cov = coverage(facts.package_version, flags, launch_env(host, playbook), playbook,
+    # the env judged is the server process's after its interpreter's start-up hooks ran
+    cov = coverage(facts.package_version, flags, facts.judged_env(launch_env(host, playbook)), playbook,
                    model=facts.model, draft=getattr(facts, "draft_model", None), strict=strict,
                    files=named_files(facts, playbook, flags))
+    hooks = facts.hook_notes([k for k in facts.env_changes if k.startswith(engine().routing_env_prefixes)])
+    if hooks:
+        cov.reason = f"{cov.reason} ({'; '.join(hooks)})"
+        if cov.refused:
+            cov.refused = f"{cov.refused} ({'; '.join(hooks)})"
     # the code import loads for the worker must come from the source fleetctl patches: a compiled
     # extension module or sourceless bytecode in its place is never patched (a stale cached pyc is:
     # deploy removes it with the file)
@@ -221,4 +227,10 @@ def host_coverage(host: Host, facts: HostFacts, playbook: Playbook, *, strict: b
     for rel in covered:
         if facts.bytecode_loader(rel) in ("extension", "sourceless") and not cov.refused:
             cov.refused = facts.bytecode_problem(rel)
+    # every file the playbook patches must be what the launch imports for that module (a start-up
+    # hook's meta-path finder serving other code, a module preloaded at start, another file)
+    for pf in playbook.files_for(facts.package_version) or []:
+        why = facts.module_problem(pf.path)
+        if why and not cov.refused:
+            cov.refused = why
     return cov

@@ -29,6 +29,7 @@ from fleetctl.commands.deploys_view import (
 )
 from fleetctl.engine import engine
 from fleetctl.errors import EXIT_FAILED, EXIT_OK, InputError
+from fleetctl.facts import locate_notes
 from fleetctl.hostnames import group, strip_host
 from fleetctl.jsonout import host_row
 from fleetctl.ledger import Ledger
@@ -474,7 +475,7 @@ def explain(*, playbook: Path, inventory: Path | None, limit: str | None, forks:
                 continue
             f = gathered.facts[h.name]
             cov = host_coverage(h, f, pb)
-            env = launch_env(h, pb)
+            env = f.judged_env(launch_env(h, pb))  # after the interpreter's start-up hooks
             row: dict[str, Any] = {
                 "host": h.name, "status": "ok", "version": f.package_version,
                 **engine().shown_env(env),
@@ -492,9 +493,10 @@ def explain(*, playbook: Path, inventory: Path | None, limit: str | None, forks:
                 for inst in instances(h, pb):
                     # the env the launch's python sees (an `env` prefix in the command included)
                     named = named_files(f, pb, dict(inst.flags))
-                    ic = coverage(f.package_version, dict(inst.flags), dict(inst.effective_env), pb, model=f.model,
+                    ienv = f.judged_env(dict(inst.effective_env))  # after the interpreter's start-up hooks
+                    ic = coverage(f.package_version, dict(inst.flags), ienv, pb, model=f.model,
                                   files=named)
-                    args = (engine().resolve_worker(f.package_version, dict(inst.flags), dict(inst.effective_env),
+                    args = (engine().resolve_worker(f.package_version, dict(inst.flags), ienv,
                                                     model_arch=f.model.arch if f.model else None,
                                                     files=named).resolved_args
                             if engine().is_known(f.package_version) else {})
@@ -518,7 +520,8 @@ def explain(*, playbook: Path, inventory: Path | None, limit: str | None, forks:
             # the code import would load for the worker file, not only its source (bytecode)
             bc = f.bytecode_problem(cov.worker_file) if cov and cov.worker_file else None
             row["bytecode"] = bc
-            row["notes"] = [*f.package_notes, *row.get("notes", [])]
+            row["notes"] = [*f.package_notes, *locate_notes(f), *row.get("notes", [])]
+            row["startup_env"] = f.hook_notes()
             row["model_architecture"] = f.model.arch if f.model else None
             if cov and cov.uncertain:
                 row["notes"].append(cov.uncertain)

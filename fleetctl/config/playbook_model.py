@@ -75,10 +75,15 @@ class LaunchProfile:
     # who runs the servers: fleetctl itself (a detached process group), supervisord (a program
     # section fleetctl writes, started/stopped through supervisorctl) or systemd (a unit, systemctl)
     manager: str = "fleetctl"
+    # the server's working directory (its sys.path[0] under -m): absolute, or ~/... (the launch env's
+    # HOME); default (None): the launch env's HOME, else the SSH user's home
+    cwd: str | None = None
 
     def __post_init__(self) -> None:
         if self.manager not in MANAGERS:
             raise ValueError(f"manager must be one of {', '.join(MANAGERS)} (got {self.manager!r})")
+        if self.cwd is not None and not (self.cwd.startswith("/") or self.cwd == "~" or self.cwd.startswith("~/")):
+            raise ValueError(f"launch.cwd {self.cwd!r} must be an absolute path or start with ~/")
         _at_least(self, "port", 1, high=65535)
         _at_least(self, "ready_timeout", 0, above=True)
         _at_least(self, "stop_timeout", 0, above=True)

@@ -230,7 +230,8 @@ class LaunchPlan:
 def _starts(insts: list[Instance]) -> list[InstanceStart]:
     return [InstanceStart(i.name, i.port, list(i.gpus), list(i.public_argv),
                           i.launch.public_effective_env if i.launch else i.public_env,
-                          i.effective_env.get("HOME") or "~ (the SSH user's home)") for i in insts]
+                          (i.launch.cwd if i.launch and i.launch.cwd else None)
+                          or i.effective_env.get("HOME") or "~ (the SSH user's home)") for i in insts]
 
 
 def _plan_refused(lp: LaunchPlan, msg: str, status: PlanStatus = "refused") -> LaunchPlan:
@@ -309,6 +310,7 @@ def plan_launch(host: Host, pb: Playbook, insts: list[Instance], facts: HostFact
         named = dict(named or {})
         named.update((statefiles.expand("{file:" + f.name + "}", pb, facts.state.state_dir), f.data)
                      for f in pb.state_files)
+    hooks = facts.hook_notes([k for k in facts.env_changes if k.startswith(engine().routing_env_prefixes)])
     for inst, st in zip(insts, lp.instances, strict=True):
         if engine().launch_model({}, inst.argv) is None:  # (was: started with no model, failing later)
             no_model = (f"the launch names no target model: set launch.flags.{engine().model_flag} in {pb.path} "
@@ -317,14 +319,21 @@ def plan_launch(host: Host, pb: Playbook, insts: list[Instance], facts: HostFact
                 problems[inst.name].append(no_model)
             else:  # a script of the user's own (a wrapper) may name it itself
                 st.warnings.append(f"warning: {no_model}, unless {host.launch_command or pb.launch.command!r} does")
-        r = engine().resolve_worker(v, inst.flags, inst.effective_env, files=named)
+        env = facts.judged_env(inst.effective_env)  # after the interpreter's start-up hooks
+        r = engine().resolve_worker(v, inst.flags, env, files=named)
         if r.startup_error:
             problems[inst.name].append(f"SGLang {v} would refuse to start: {r.startup_error}")
-        problems[inst.name] += engine().log_visibility_problems(r.resolved_args, inst.effective_env)
+        problems[inst.name] += engine().log_visibility_problems(r.resolved_args, env)
         if r.startup_error:
             continue  # refused: which worker would run does not matter
-        cov = (coverage(v, inst.flags, inst.effective_env, pb, model=facts.model, draft=facts.draft_model)
+        cov = (coverage(v, inst.flags, env, pb, model=facts.model, draft=facts.draft_model)
                if pb.files_for(v) is not None else None)
+        if cov is not None and cov.refused and hooks:
+            cov.refused = f"{cov.refused} ({'; '.join(hooks)})"
+        for pf in pb.files_for(v) or []:
+            why = facts.module_problem(pf.path)
+            if why and cov is not None and not cov.refused:
+                cov.refused = why
         if cov is not None and cov.refused and not allow_uncovered:
             # the origin mistake: the worker that will run is not the one patched
             problems[inst.name].append(f"{cov.refused} (--allow-uncovered to launch it anyway)")
@@ -433,8 +442,9 @@ def apply_launch(conn: Transport, lp: LaunchPlan, pb: Playbook, *, launch_id: st
             "state_dir": h.state_dir, "instance": inst.name, "launch_id": launch_id, "argv": inst.argv, "by": who(),
             "public_argv": inst.public_argv, "env": inst.env,
             # recorded as the launch's env: what its python sees (verify-logs routes the worker with it)
-            "public_env": inst.launch.public_effective_env if inst.launch else inst.public_env,
+            "public_env": facts.judged_env(inst.launch.public_effective_env if inst.launch else inst.public_env),
             "inherit_env": list(INHERIT_FROM_HOST), "package_dir": facts.package_dir, "hash_files": lp.hash_files,
+            "cwd": inst.launch.cwd if inst.launch else None,
             "extra": {"version": v, "port": inst.port, "gpus": list(inst.gpus), "flags": _public_flags(inst),
                       "playbook": pb.name, "by": who(), "host": h.name, "worker": it.worker,
                       "ready_timeout": timeout,

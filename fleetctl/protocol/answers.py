@@ -116,6 +116,57 @@ class LaunchPython:
 
 
 @dataclass
+class ModuleOrigin:
+    """Where the launch's python would import one package file from, when that is not simply the
+    package dir's file by the path finder (probe.locate_module): another file, a start-up hook's
+    loader, a module a start-up hook already imported, or none."""
+
+    module: str
+    file: str | None = None
+    loader: str | None = None  # the loader's class name
+    finder: str | None = None  # module.Class of the meta-path finder that answered
+    finder_file: str | None = None
+    preloaded: bool = False  # already imported while the interpreter started (a start-up hook)
+    standard: bool = False  # a file loader of CPython's that runs `file` itself
+    error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"module": self.module, "file": self.file, "loader": self.loader, "finder": self.finder,
+                "finder_file": self.finder_file, "preloaded": self.preloaded, "standard": self.standard,
+                "error": self.error}
+
+
+@dataclass
+class EnvChange:
+    """A variable the launch's interpreter start set or unset (value None), and who: a
+    sitecustomize/usercustomize line, an executable .pth line, a `python:` shim script."""
+
+    value: str | None = None
+    by: str | None = None  # file:line (or the shim and what it sources); None: not known
+    when: str = "site"  # site | wrapper
+
+
+@dataclass
+class LinkTree:
+    """A setuptools strict editable install: the link tree the launch imports, the checkout its links
+    lead to, and the project dir `pip install -e` was given."""
+
+    tree: str
+    checkout: str
+    project: str
+
+
+@dataclass
+class Shadow:
+    """The launch's sys.path[0] (its cwd for -m, a script's dir) holds the package's top-level dir:
+    `by` (a regular package, or a namespace portion), and what the launch would import without it."""
+
+    by: str
+    regular: bool = False
+    installed: str | None = None
+
+
+@dataclass
 class PackageInfo:
     """Where the launch's interpreter imports the engine's package from (fleetctl/launchspec.py: its options, env
     and cwd), its version and install kind, and what import would load for the asked files."""
@@ -132,6 +183,16 @@ class PackageInfo:
     dir_mismatch: str | None = None  # the inventory package dir is not what the launch imports (why), when not refused
     launch: LaunchPython | None = None  # None: located by the agent's own python (no launch sent)
     bytecode: dict[str, ImportView] = field(default_factory=dict)  # rel -> what import would load
+    # rel -> where the launch imports it from, where that is not `dir/rel` by CPython's path finder
+    modules: dict[str, ModuleOrigin] = field(default_factory=dict)
+    namespace: list[str] | None = None  # the top-level package is a namespace package: its portions
+    finders: list[list[str | None]] = field(default_factory=list)  # [finder, its file] that served the files
+    env_changes: dict[str, EnvChange] = field(default_factory=dict)  # what the interpreter's start set
+    link_tree: LinkTree | None = None
+    shadow: Shadow | None = None
+    via_link_tree: str | None = None  # the link tree the launch imports (dir: its checkout, patched)
+    checkout: str | None = None  # the git checkout the package dir lies in
+    project: str | None = None  # an editable install's project dir (direct_url.json)
 
 
 @dataclass

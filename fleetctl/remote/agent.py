@@ -549,7 +549,10 @@ def launch_path0(launch, cwd):
 
 def launch_cwd(cwd, env):
     """The working directory a launch runs in: the one asked, else the launch env's HOME, else ~."""
-    cwd = cwd or env.get("HOME") or expand("~")
+    home = env.get("HOME") or expand("~")
+    if cwd and (cwd == "~" or cwd.startswith("~/")):  # launch.cwd: ~ is the launch env's HOME
+        cwd = home + cwd[1:]
+    cwd = cwd or home
     return cwd if os.path.isdir(cwd) else "/"
 
 
@@ -667,8 +670,13 @@ def run_probe(launch, files=(), checks=(), timeout=PROBE_TIMEOUT, package=None):
     import subprocess
     # marshal format 2 (every Python 3 reads it): the probe need not import json; the request holds
     # only what the controller's request held (str, list, dict, None)
-    req = marshal.dumps({"path0": path0, "files": list(files), "checks": list(checks), "package": package}, 2)
-    argv = [interp, *(launch.get("options") or []), "-c", PROBE_SOURCE]
+    opts = list(launch.get("options") or [])
+    # -S: the probe runs the start's site initialisation itself, watching what it sets in the env
+    # (sitecustomize, usercustomize, .pth lines); a launch that passes -S gets none
+    site = "-S" not in opts
+    req = marshal.dumps({"path0": path0, "files": list(files), "checks": list(checks), "package": package,
+                         "site": site, "env": env}, 2)
+    argv = [interp, *opts, *(["-S"] if site else []), "-c", PROBE_SOURCE]
     try:
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 env=env, cwd=cwd, close_fds=True)
@@ -691,9 +699,56 @@ def run_probe(launch, files=(), checks=(), timeout=PROBE_TIMEOUT, package=None):
     if not isinstance(res, dict):
         return {"error": "the launch's python %r answered something unexpected" % interp}
     res["launch_env_pythonpath"] = env.get("PYTHONPATH")
+    res["env_changes"] = _start_env_changes(res.get("env_changes"), interp, env)
     if package:
         LAST_PROBE.update(res, in_agent=False)
     return res
+
+
+def _script_sources(path):
+    """(is a script, the files it sources) of the launch's interpreter word: a `python:` shim that
+    is a shell script (`. FILE` / `source FILE` lines), else (False, [])."""
+    import shutil
+
+    exe = path if os.sep in path else (shutil.which(path) or path)
+    try:
+        with open(exe, "rb") as fh:
+            head = fh.read(65536)
+    except OSError:
+        return False, []
+    if not head.startswith(b"#!"):
+        return False, []
+    sources = []
+    for line in head.decode("utf-8", "replace").splitlines():
+        w = line.strip().split()
+        if len(w) >= 2 and w[0] in (".", "source"):
+            sources.append(w[1])
+    return True, sources
+
+
+def _start_env_changes(changes, interp, env):
+    """The probe's env changes, attributed: those made before python ran (by a `python:` shim that
+    is a script: its path and what it sources); python's own start-up (PEP 538 sets LC_CTYPE) is
+    not a hook. Values of names that look secret are not passed on."""
+    if not isinstance(changes, dict):
+        return {}
+    script = None
+    out = {}
+    for k, c in changes.items():
+        if not isinstance(c, dict):
+            continue
+        c = dict(c)
+        if c.get("when") == "wrapper":
+            if script is None:
+                script = _script_sources(interp)
+            if not script[0]:
+                continue
+            c["by"] = interp + ("" if not script[1] else " (sources %s)" % ", ".join(script[1]))
+        up = k.upper()
+        if any(w in up for w in ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "KEY", "CREDENTIAL")):
+            c["value"] = None if c.get("value") is None else "***"
+        out[k] = c
+    return out
 
 
 def locate_package(engine, package_dir=None, launch=None, files=(), strict=True):
@@ -723,13 +778,26 @@ def locate_package(engine, package_dir=None, launch=None, files=(), strict=True)
                          "(it gets PYTHONPATH=%s)" % (login_pp, pr.get("launch_env_pythonpath") or "unset"))
         res["notes"] = notes
         res["bytecode"] = pr.get("files") or {}
+        for k in ("modules", "namespace", "finders", "env_changes", "shadow"):
+            if pr.get(k):
+                res[k] = pr[k]
         pkg = pr.get("package_dir")
+        tree = link_tree(pkg) if pkg else None
+        if tree:
+            res["link_tree"] = tree
         if package_dir:
             given = expand(package_dir)
             if not os.path.isfile(os.path.join(given, "__init__.py")):
                 raise AgentError("%s %s holds no __init__.py" % (key, given), "bad_input")
             why = None
-            if not pkg:
+            if pkg and tree and os.path.realpath(given) == os.path.realpath(tree["checkout"]):
+                # a strict editable install: the launch imports links into this checkout; fleetctl
+                # patches the checkout's files in place of the links (the links then lead to them)
+                notes.append("the launch imports %s, a strict editable install's link tree into %s (%s): "
+                             "fleetctl patches the checkout's files" % (pkg, given, key))
+                res["via_link_tree"] = pkg
+                pkg = given
+            elif not pkg:
                 why = ("%s %s: the launch's python %s imports no %s with the launch's environment and "
                        "cwd" % (key, given, pr.get("executable"), name))
             elif os.path.realpath(given) != os.path.realpath(pkg):
@@ -776,6 +844,15 @@ def locate_package(engine, package_dir=None, launch=None, files=(), strict=True)
             break
     site_dir = os.path.dirname(pkg)
     dist = _find_dist_info(site_dir, name)
+    editable_finder = any(isinstance(f, list) and f and "__editable__" in str(f[0]) for f in res.get("finders") or [])
+    if dist is None and (editable_finder or res.get("namespace") or res.get("link_tree")):
+        # an editable install keeps its dist-info in site-packages, away from the files: the launch's
+        # sys.path entries are searched for it, in order
+        for entry in (res.get("launch") or {}).get("path") or []:
+            if isinstance(entry, str) and os.path.isabs(entry) and os.path.realpath(entry) != os.path.realpath(site_dir):
+                dist = _find_dist_info(entry, name)
+                if dist:
+                    break
     requires = []
     kind = "unknown"
     if dist:
@@ -786,8 +863,19 @@ def locate_package(engine, package_dir=None, launch=None, files=(), strict=True)
             du = read_json_file(os.path.join(dist, "direct_url.json"))
             if du.get("dir_info", {}).get("editable"):
                 kind = "editable"
+                url = du.get("url")
+                if isinstance(url, str) and url.startswith("file://"):
+                    res["project"] = url[7:]
         except (OSError, ValueError, AttributeError):
             pass
+        if kind == "wheel" and (editable_finder or res.get("link_tree")):
+            kind = "editable"
+        d = pkg
+        for _ in range(4):
+            d = os.path.dirname(d)
+            if os.path.exists(os.path.join(d, ".git")):
+                res["checkout"] = d
+                break
     else:
         # editable installs keep only a .pth/finder in site-packages; look for a git checkout
         d = pkg
@@ -808,6 +896,19 @@ def locate_package(engine, package_dir=None, launch=None, files=(), strict=True)
     res["install"] = kind
     res["torch_requires"] = [r for r in requires if _is_torch_requirement(r)]
     return res
+
+
+def link_tree(pkg):
+    """A setuptools strict editable install's link tree (`PROJECT/build/__editable__.NAME-.../PKG`,
+    whose files are links into the checkout): {"tree", "checkout", "project"}, else None."""
+    parent = os.path.dirname(pkg)
+    if not os.path.basename(parent).startswith("__editable__.") or os.path.basename(os.path.dirname(parent)) != "build":
+        return None
+    init = os.path.join(pkg, "__init__.py")
+    if not os.path.islink(init):
+        return None
+    checkout = os.path.dirname(os.path.realpath(init))
+    return {"tree": pkg, "checkout": checkout, "project": os.path.dirname(os.path.dirname(parent))}
 
 
 def _is_torch_requirement(r):

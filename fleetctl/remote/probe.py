@@ -210,6 +210,204 @@ def code_marker(code, class_name, marker, function="__init__"):
     return out
 
 
+# ----------------------------------------------------------------------------- per-module locate
+# The loaders whose code is the file they name (what import runs is `origin`, bytecode aside): the path
+# finder's, and what setuptools' PEP 660 finder hands back (spec_from_file_location: the same classes).
+_FILE_LOADERS = ("SourceFileLoader", "SourcelessFileLoader", "ExtensionFileLoader")
+
+
+def _plain_locations(locs):
+    """A spec's submodule_search_locations as a plain list: a _NamespacePath of a nested package
+    recomputes itself from sys.modules[parent] (not imported here), so its own list is read."""
+    if locs is None:
+        return None
+    try:
+        return [str(x) for x in list(locs)]
+    except Exception:
+        return [str(x) for x in (getattr(locs, "_path", None) or [])]
+
+
+def _finder_name(finder):
+    """Who answered a spec: the finder's class and the file it was defined in."""
+    cls = finder if isinstance(finder, type) else type(finder)
+    mod = sys.modules.get(getattr(cls, "__module__", "") or "")
+    f = getattr(mod, "__file__", None)
+    return f"{cls.__module__}.{cls.__qualname__}", (os.path.abspath(f) if isinstance(f, str) else None)
+
+
+def locate_module(fullname, with_spec=False):
+    """Which file `import fullname` would run in this interpreter, WITHOUT running any of its
+    packages' code: CPython's own search, level by level (each finder of sys.meta_path asked with
+    the parent's search locations: namespace portions, PEP 660 editable finders, .pth paths and any
+    meta-path hook a start-up file installed). A parent not imported yet stands in sys.modules, while
+    its children are searched, as an empty module with the locations its spec gives (what a
+    namespace path reads); a package whose __init__ rewrites its own __path__ is not seen. A name
+    already in sys.modules (imported by a start-up hook) is that module."""
+    import types
+
+    out = {"module": fullname, "file": None, "loader": None, "finder": None, "finder_file": None,
+           "namespace": [], "preloaded": False, "standard": False, "via": []}
+    parts = fullname.split(".")
+    path = None
+    spec = None
+    stubs = []
+    try:
+        for i in range(len(parts)):
+            name = ".".join(parts[:i + 1])
+            mod = sys.modules.get(name)
+            finder = None
+            if mod is not None and getattr(mod, "__spec__", None) is not None:
+                spec = mod.__spec__
+                if name == fullname:
+                    out["preloaded"] = True
+            else:
+                mod = None
+                spec = None
+                for f in list(sys.meta_path):
+                    fs = getattr(f, "find_spec", None)
+                    if fs is None:
+                        continue
+                    try:
+                        spec = fs(name, path, None)
+                    except (ImportError, ValueError, OSError, KeyError):
+                        spec = None
+                    if spec is not None:
+                        finder = f
+                        break
+            if spec is None:
+                out["error"] = f"No module named {name!r}"
+                return (out, None) if with_spec else out
+            locs = _plain_locations(getattr(mod, "__path__", None) if mod is not None
+                                    else spec.submodule_search_locations)
+            if spec.loader is None and locs is not None:  # a namespace package: its portions
+                out["namespace"].append({"module": name, "portions": locs})
+            if i < len(parts) - 1:
+                if locs is None:
+                    out["error"] = f"{name!r} is not a package"
+                    return (out, None) if with_spec else out
+                path = locs
+                if mod is None:
+                    stub = types.ModuleType(name)
+                    stub.__path__ = list(locs)
+                    stub.__spec__ = spec
+                    sys.modules[name] = stub
+                    stubs.append(name)
+            if finder is not None:
+                fname, ffile = _finder_name(finder)
+                if not out["via"] or out["via"][-1][0] != fname:
+                    out["via"].append([fname, ffile])
+                if i == len(parts) - 1:
+                    out["finder"], out["finder_file"] = fname, ffile
+    finally:
+        for name in stubs:
+            sys.modules.pop(name, None)
+    loader = spec.loader
+    lname = type(loader).__name__ if loader is not None else None
+    out["loader"] = lname
+    origin = spec.origin if spec.has_location else None
+    if lname in _FILE_LOADERS and type(loader).__module__ in ("importlib._bootstrap_external",
+                                                              "_frozen_importlib_external"):
+        lpath = getattr(loader, "path", None)
+        out["standard"] = bool(origin) and (lpath is None or os.path.abspath(lpath) == os.path.abspath(origin))
+    if origin:
+        out["file"] = os.path.abspath(origin)
+    return (out, spec) if with_spec else out
+
+
+def module_name(package, rel):
+    """The module name of package file `rel` (`srt/a/b.py` -> `package.srt.a.b`; `x/__init__.py` -> `package.x`)."""
+    stem = rel[:-3] if rel.endswith(".py") else rel
+    parts = [p for p in stem.split("/") if p]
+    if parts and parts[-1] == "__init__":
+        parts.pop()
+    return ".".join([package, *parts])
+
+
+def package_root(located):
+    """The one directory every located file lies in at its relative path (`root/rel` is the file
+    import runs), or None when they disagree (or none was located)."""
+    roots = set()
+    for rel, m in located.items():
+        f = m.get("file")
+        if not f:
+            continue
+        tail = os.sep + rel.replace("/", os.sep)
+        if not f.endswith(tail):
+            return None
+        roots.add(f[:-len(tail)])
+    return roots.pop() if len(roots) == 1 else None
+
+
+# ----------------------------------------------------------------------------- start-up hooks
+# What the interpreter's start changed in the environment, and who did it. The probe is started with
+# -S and runs site.main() itself (exactly what `import site` does at start), with os.environ's writes
+# watched: each change is attributed to the file and line that made it (a sitecustomize.py, a
+# usercustomize.py, an executable line of a .pth file).
+
+_ENV_LOG = {}
+
+
+def _caller_outside(skip):
+    f = sys._getframe(2)
+    while f is not None:
+        fn = f.f_code.co_filename
+        if not any(fn.endswith(s) for s in skip):
+            up = f.f_back
+            if fn == "<string>" and up is not None and up.f_code.co_name == "addpackage":
+                pth = up.f_locals.get("fullname")  # an executable line of a .pth file (site.addpackage)
+                n = up.f_locals.get("n")
+                if isinstance(pth, str):
+                    return f"{pth}:{n + 1}" if isinstance(n, int) else pth
+            return f"{fn}:{f.f_lineno}"
+        f = f.f_back
+    return None
+
+
+def run_site_watched():
+    """site.main() with writes to os.environ recorded: {name: where} ('' + how for unknown)."""
+    envcls = type(os.environ)
+    set0, del0 = envcls.__setitem__, envcls.__delitem__
+    skip = ("/os.py", "<frozen os>", "_collections_abc.py", "<frozen _collections_abc>")
+
+    def setitem(self, key, value):
+        set0(self, key, value)
+        if self is os.environ:
+            _ENV_LOG[key] = _caller_outside(skip)
+
+    def delitem(self, key):
+        del0(self, key)
+        if self is os.environ:
+            _ENV_LOG[key] = _caller_outside(skip)
+
+    envcls.__setitem__, envcls.__delitem__ = setitem, delitem
+    first = sys.path[0] if sys.path and sys.path[0] == "" else None
+    if first is not None:  # sys.path[0] is inserted after site runs at a normal start
+        del sys.path[0]
+    try:
+        import site
+
+        site.main()
+    finally:
+        envcls.__setitem__, envcls.__delitem__ = set0, del0
+        if first is not None:
+            sys.path.insert(0, first)
+
+
+def env_changes(passed, before, after):
+    """{name: {"value": new or None (unset), "by": where, "when": "wrapper" | "site"}}: what differs
+    between the env the agent passed, the env python started with (a wrapper script's doing) and the
+    env after site initialisation."""
+    out = {}
+    if passed is not None:
+        for k in set(passed) | set(before):
+            if passed.get(k) != before.get(k):
+                out[k] = {"value": before.get(k), "by": None, "when": "wrapper"}
+    for k in set(before) | set(after):
+        if before.get(k) != after.get(k):
+            out[k] = {"value": after.get(k), "by": _ENV_LOG.get(k), "when": "site"}
+    return out
+
+
 def probe(req):
     path0 = req.get("path0")
     if path0 and sys.path and sys.path[0] == "":
@@ -227,14 +425,58 @@ def probe(req):
         except Exception:
             pass
     spec = None
-    if req.get("package"):
+    pkg_name = req.get("package")
+    if pkg_name:
         try:
-            spec = find_spec(req["package"])
+            spec = find_spec(pkg_name)
         except (ImportError, ValueError) as e:
             res["error"] = f"{e.__class__.__name__}: {e}"
+    rels = list(req.get("files") or [])
+    for c in req.get("checks") or []:
+        if c["file"] not in rels:
+            rels.append(c["file"])
     pkg = None
     if spec is not None and spec.submodule_search_locations:
         pkg = os.path.abspath(next(iter(spec.submodule_search_locations)))
+    located = {}
+    if pkg_name and spec is not None:
+        # each file as `import package.x.y` would find it (the package's own dir is not assumed)
+        for rel in rels:
+            located[rel] = locate_module(module_name(pkg_name, rel))
+        portions = _plain_locations(spec.submodule_search_locations) if spec.loader is None else None
+        if portions is not None:
+            res["namespace"] = portions
+            root = package_root(located)
+            pkg = root  # None: the files come from different places (reported per module)
+            if root is None and not any(m.get("file") for m in located.values()):
+                res["error"] = ("{} is a namespace package here (portions: {}) and none of its modules "
+                                "asked for is importable".format(pkg_name, ", ".join(portions)))
+        elif pkg is not None:
+            res["top_file"] = spec.origin
+        here = [x for x in (_plain_locations(spec.submodule_search_locations) or [spec.origin or ""])
+                if path0 and x and os.path.dirname(os.path.abspath(x)) == os.path.abspath(path0)]
+        if here and sys.path and sys.path[0] == path0:
+            # the launch's sys.path[0] (its cwd for -m) holds the package: what it shadows
+            saved = sys.path[0]
+            del sys.path[0]
+            try:
+                alt = find_spec(pkg_name)
+            except (ImportError, ValueError):
+                alt = None
+            finally:
+                sys.path.insert(0, saved)
+            alt_dir = None
+            if alt is not None and alt.submodule_search_locations:
+                alt_dir = os.path.abspath(next(iter(alt.submodule_search_locations)))
+            res["shadow"] = {"by": here[0], "regular": spec.loader is not None, "installed": alt_dir}
+        res["modules"] = dict((rel, m) for rel, m in located.items()
+                              if not m["standard"] or m["preloaded"] or m.get("error")
+                              or m["file"] != (os.path.join(pkg, rel) if pkg else None))
+        served = {}
+        for m in located.values():
+            for fname, ffile in m.get("via") or []:
+                served[fname] = ffile
+        res["finders"] = [[k, served[k]] for k in sorted(served)]
     res["package_dir"] = pkg
     views = {}
     if pkg:
@@ -316,7 +558,15 @@ def dumps(o):
 def main():
     data = sys.stdin.buffer.read()
     req = marshal.loads(data) if data else {}
-    sys.stdout.write(dumps(probe(req)))
+    before = dict(os.environ)
+    if req.get("site"):  # started with -S: the start's site initialisation, watched
+        run_site_watched()
+    global STARTUP_FILES
+    STARTUP_FILES = sorted(set(f for f in (getattr(m, "__file__", None) for m in list(sys.modules.values()))
+                               if isinstance(f, str) and f))
+    res = probe(req)
+    res["env_changes"] = env_changes(req.get("env"), before, dict(os.environ))
+    sys.stdout.write(dumps(res))
     sys.stdout.flush()
 
 

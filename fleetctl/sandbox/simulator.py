@@ -106,10 +106,21 @@ def typed(value: Any) -> Any:
 
 
 def find_sglang() -> tuple[Path, str | None]:
+    """The directory this interpreter imports SGLang's modules from (no sglang code is run): the
+    package's own dir, or, where `sglang` is a namespace package here (a checkout dir in the cwd
+    while an editable finder serves the modules), the dir its modules come from."""
+    from fleetctl.remote.probe import locate_module, package_root
+
     spec = importlib.util.find_spec("sglang")
     if spec is None or not spec.submodule_search_locations:
         raise ModuleNotFoundError("No module named 'sglang'")
     pkg = Path(next(iter(spec.submodule_search_locations)))
+    if spec.loader is None:  # a namespace package: where its modules are imported from
+        rel = "srt/server_args.py"
+        root = package_root({rel: locate_module("sglang.srt.server_args")})
+        if root is None:
+            raise ModuleNotFoundError("No module named 'sglang.srt.server_args'")
+        pkg = Path(root)
     from fleetctl.remote.agent import _const_assign
 
     version = None
@@ -131,9 +142,14 @@ def worker_code(pkg: Path, rel: str) -> Any:
     would run it. None if the module cannot be loaded as code (missing, an extension module)."""
     import importlib.machinery
 
+    from fleetctl.remote.probe import locate_module
+
     name = "sglang." + rel[:-3].replace("/", ".")
     try:
-        spec = importlib.machinery.PathFinder.find_spec(name, [str((pkg / rel).parent)])
+        # the spec the import system hands out (meta-path hooks of the start-up included)
+        found, spec = locate_module(name, with_spec=True)
+        if spec is None or (found["standard"] and found["file"] != str(pkg / rel)):
+            spec = importlib.machinery.PathFinder.find_spec(name, [str((pkg / rel).parent)])
         get_code = getattr(spec.loader, "get_code", None) if spec is not None else None
         return get_code(name) if get_code is not None else None
     except (ImportError, OSError, SyntaxError, ValueError, EOFError):

@@ -1,0 +1,310 @@
+"""SGLang as users install it (issue 31 items 1, 4, 7): fleetctl locates each file as CPython would
+import it, on a sandbox host laid out that way for real.
+
+One private 1-host sandbox (0.5.9, 1 GPU) whose wheel install is removed: each test builds its own
+layout under the test's tmp dir (a real git checkout of the release wheel's files, a real
+`pip install -e` into the host's venv, real sitecustomize.py / .pth files), and takes it down again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from ports import free_port
+from test_launch import playbook_with, stop_all_local
+
+from fleetctl import wheels
+from fleetctl.cli import main
+from fleetctl.sandbox import lifecycle
+from fleetctl.sandbox.lifecycle import Sandbox
+
+pytestmark = [pytest.mark.fleet, pytest.mark.slow]
+ROOT = Path(__file__).resolve().parents[1]
+FULL = ROOT / "playbooks" / "dynamic-spec-disable"
+MARKER = "Dynamic speculation disable enabled"
+WORKER = "srt/speculative/eagle_worker.py"
+SIM = "{python} -m fleetctl.sandbox.simulator"
+PYPROJECT = """\
+[build-system]
+requires = ["setuptools>=64"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "sglang"
+version = "{version}"
+
+[tool.setuptools.packages.find]
+include = ["sglang*"]
+"""
+
+
+@pytest.fixture(scope="module")
+def one(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Sandbox:
+    from conftest import _down, require_sshd
+
+    require_sshd()
+    d = tmp_path_factory.mktemp("layouts") / "sb"
+    request.addfinalizer(lambda: _down(d))
+    sb = lifecycle.up(d, hosts=1, versions=["0.5.9"], gpus=1)
+    h = sb.hosts["h01"]
+    # no wheel install: each test installs SGLang its own way
+    shutil.rmtree(h.sglang_dir)
+    for info in h.site_packages.glob("sglang-*.dist-info"):
+        shutil.rmtree(info)
+    return sb
+
+
+def venv_site(sb: Sandbox) -> Path:
+    """The host venv's own site-packages (where pip installs and .pth files are read)."""
+    h = sb.hosts["h01"]
+    return next((h.host_dir / "lib").glob("python3*/site-packages"))
+
+
+@pytest.fixture
+def sb(one: Sandbox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Sandbox]:
+    monkeypatch.setenv("FLEETCTL_STATE_DIR", str(tmp_path / "ledger"))
+    site = venv_site(one)
+    before = set(os.listdir(site))
+    try:
+        yield one
+    finally:
+        stop_all_local(one)
+        h = one.hosts["h01"]
+        for n in set(os.listdir(site)) - before:  # what the test installed there
+            p = site / n
+            shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+        shutil.rmtree(h.state_dir / "deploys", ignore_errors=True)
+        (h.state_dir / "lock").unlink(missing_ok=True)
+
+
+def checkout(home: Path, version: str = "0.5.9") -> Path:
+    """A git checkout at home/sglang as SGLang's repo lays it out (python/sglang, python/pyproject.toml),
+    its files the release wheel's, committed. Returns the project dir (home/sglang/python)."""
+    repo = home / "sglang"
+    proj = repo / "python"
+    proj.mkdir(parents=True)
+    shutil.copytree(wheels.package_dir(version), proj / "sglang")
+    (proj / "pyproject.toml").write_text(PYPROJECT.format(version=version))
+    (repo / "README.md").write_text("checkout of the SGLang release files, for a fleetctl test\n")
+    git = ["git", "-C", str(repo), "-c", "user.email=t@example.invalid", "-c", "user.name=t"]
+    for cmd in (["init", "-q"], ["add", "-A"], ["commit", "-qm", f"sglang {version}"]):
+        subprocess.run([*git, *cmd], check=True, capture_output=True)
+    return proj
+
+
+def pip_install_editable(sb: Sandbox, proj: Path, *extra: str) -> None:
+    """A real `pip install -e PROJECT` into the host's venv (its python: pip --python)."""
+    h = sb.hosts["h01"]
+    p = subprocess.run([sys.executable, "-m", "pip", "--python", str(h.python), "install", "-q", "--no-deps",
+                        *extra, "-e", str(proj)], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+
+
+def inventory(sb: Sandbox, path: Path, **host: Any) -> Path:
+    doc = yaml.safe_load(sb.inventory_path.read_text())
+    base = sb.inventory_path.parent
+    doc["ssh_config"] = str(base / doc["ssh_config"])
+    for k in ("identity_file", "known_hosts"):
+        doc["defaults"][k] = str(base / doc["defaults"][k])
+    h = doc["hosts"]["h01"]
+    h["flags"] = {"--port": free_port()}
+    for k, v in host.items():
+        h[k] = {**h.get(k, {}), **v} if isinstance(v, dict) else v
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def cli(capsys: pytest.CaptureFixture[str], *args: Any) -> tuple[int, Any, str]:
+    capsys.readouterr()
+    code = main([*map(str, args), "--json"])
+    cap = capsys.readouterr()
+    return code, json.loads(cap.out) if cap.out.strip() else None, cap.err
+
+
+def seed_layout(sb: Sandbox, tmp_path: Path) -> tuple[Path, Path]:
+    """The seed's layout: ~/sglang a git checkout, `pip install -e ~/sglang/python`, launched from
+    ~ (the launch env's HOME). Returns (home, the checkout's package dir)."""
+    home = tmp_path / "home"
+    proj = checkout(home)
+    pip_install_editable(sb, proj)
+    return home, proj / "sglang"
+
+
+# ----------------------------------------------------------------------------- item 1: the seed's layout
+
+
+def test_seed_layout_facts_explain_deploy_launch_verify_rollback(sb: Sandbox, tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    home, pkg = seed_layout(sb, tmp_path)
+    inv = inventory(sb, tmp_path / "inv.yaml", env={"HOME": str(home)})
+    pb = playbook_with(tmp_path, {"command": SIM})
+
+    code, doc, err = cli(capsys, "facts", "-i", inv)
+    assert code == 0, (doc, err)
+    sg = doc["hosts"][0]["facts"]["sglang"]
+    assert sg["dir"] == str(pkg) and sg["version"] == "0.5.9" and sg["install"] == "editable", sg
+    loc = doc["hosts"][0]["facts"]["locate"]
+    assert loc["shadow"]["by"] == str(home / "sglang") and not loc["shadow"]["regular"]
+    assert any("_EditableFinder" in f for f in loc["finders"]), loc
+
+    code, doc, err = cli(capsys, "explain", "-i", inv, pb)
+    assert code == 0, (doc, err)
+    row = doc["hosts"][0]
+    assert row["worker_class"] == "EAGLEWorker" and row["covered"] is True
+    assert any("namespace package" in n and str(home / "sglang") in n for n in row["notes"]), row["notes"]
+
+    code, doc, err = cli(capsys, "deploy", "-i", inv, pb)
+    assert code == 0, (doc, err)
+    assert MARKER in (pkg / WORKER).read_text()  # the checkout's own file, which the launch imports
+    code, doc, err = cli(capsys, "launch", "-i", inv, pb, "--timeout", "60")
+    assert code == 0, (doc, err)
+    code, doc, err = cli(capsys, "verify-logs", "-i", inv, pb)
+    assert code == 0, (doc, err)
+    code, doc, err = cli(capsys, "stop", "-i", inv)
+    assert code == 0, (doc, err)
+    code, doc, err = cli(capsys, "rollback", "-i", inv)
+    assert code == 0, (doc, err)
+    assert (pkg / WORKER).read_bytes() == (wheels.package_dir("0.5.9") / WORKER).read_bytes()
+
+
+def test_seed_layout_with_sglang_dir_set_as_the_example_inventory_suggests(sb: Sandbox, tmp_path: Path,
+                                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    home, pkg = seed_layout(sb, tmp_path)
+    inv = inventory(sb, tmp_path / "inv.yaml", env={"HOME": str(home)}, sglang_dir="~/sglang/python/sglang"
+                    .replace("~", str(home)))
+    pb = playbook_with(tmp_path, {"command": SIM})
+    code, doc, err = cli(capsys, "deploy", "-i", inv, pb, "--check")
+    assert code == 0, (doc, err)
+    assert doc["plan"]["hosts"][0]["package_dir"] == str(pkg)
+
+
+def test_launch_cwd_elsewhere_imports_the_package_whole(sb: Sandbox, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    home, pkg = seed_layout(sb, tmp_path)
+    (tmp_path / "run").mkdir()
+    inv = inventory(sb, tmp_path / "inv.yaml", env={"HOME": str(home)})
+    pb = playbook_with(tmp_path, {"command": SIM, "cwd": str(tmp_path / "run")})
+    code, doc, err = cli(capsys, "explain", "-i", inv, pb)
+    assert code == 0, (doc, err)
+    row = doc["hosts"][0]
+    assert not any("namespace" in n for n in row["notes"]), row["notes"]
+    code, doc, err = cli(capsys, "deploy", "-i", inv, pb)
+    assert code == 0 and doc["plan"]["hosts"][0]["package_dir"] == str(pkg), (doc, err)
+    code, doc, err = cli(capsys, "launch", "-i", inv, pb, "--check")
+    assert code == 0, (doc, err)
+    assert f'"cwd": "{tmp_path / "run"}"' in json.dumps(doc), doc
+    code, doc, err = cli(capsys, "rollback", "-i", inv)
+    assert code == 0, (doc, err)
+
+
+def test_cwd_holding_a_package_shadows_the_installed_one(sb: Sandbox, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """An installed (editable) SGLang, and a full copy of the package in the launch's working dir:
+    sys.path[0] wins; explain says so and names the fix (launch.cwd)."""
+    home, pkg = seed_layout(sb, tmp_path)
+    work = tmp_path / "work"
+    shutil.copytree(wheels.package_dir("0.5.9"), work / "sglang")
+    inv = inventory(sb, tmp_path / "inv.yaml", env={"HOME": str(home)})
+    pb = playbook_with(tmp_path, {"command": SIM, "cwd": str(work)})
+    _, doc, _ = cli(capsys, "explain", "-i", inv, pb)
+    row = doc["hosts"][0]
+    shadow = [n for n in row["notes"] if "shadows the installed" in n]
+    assert shadow and str(pkg) in shadow[0] and "launch.cwd" in shadow[0], row["notes"]
+    _, doc, _ = cli(capsys, "deploy", "-i", inv, pb, "--check")
+    assert doc["plan"]["hosts"][0]["package_dir"] == str(work / "sglang")
+
+
+# ----------------------------------------------------------------------------- item 4: start-up hooks
+
+
+@pytest.mark.parametrize("hook", ["sitecustomize", "pth"])
+def test_a_start_up_hook_that_sets_spec_v2_is_judged_and_named(sb: Sandbox, tmp_path: Path, hook: str,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    home, pkg = seed_layout(sb, tmp_path)
+    site = venv_site(sb)
+    if hook == "sitecustomize":
+        f = site / "sitecustomize.py"
+        f.write_text("import os\nos.environ['SGLANG_ENABLE_SPEC_V2'] = '1'\n")
+        where = f"{f}:2"
+    else:
+        f = site / "zz_site_env.pth"
+        f.write_text("import os; os.environ.setdefault('SGLANG_ENABLE_SPEC_V2', '1')\n")
+        where = f"{f}:1"
+    inv = inventory(sb, tmp_path / "inv.yaml", env={"HOME": str(home)})
+    pb = playbook_with(tmp_path, {"command": SIM})
+    code, doc, err = cli(capsys, "explain", "-i", inv, pb)
+    assert code == 1, (doc, err)
+    row = doc["hosts"][0]
+    assert row["worker_class"] == "EAGLEWorkerV2", row
+    assert f"SGLANG_ENABLE_SPEC_V2=1 set by {where}" in row["refused"], row["refused"]
+    code, doc, err = cli(capsys, "deploy", "-i", inv, pb)
+    assert code != 0 and MARKER not in (pkg / WORKER).read_text()
+
+
+def test_a_meta_path_hook_serving_other_code_is_refused(sb: Sandbox, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """A sitecustomize installs a meta-path finder that serves eagle_worker from a stock copy: the
+    patched file on disk is not what runs. explain and deploy refuse, naming the finder."""
+    home, pkg = seed_layout(sb, tmp_path)
+    stock = tmp_path / "stock" / "eagle_worker.py"
+    stock.parent.mkdir()
+    stock.write_bytes((wheels.package_dir("0.5.9") / WORKER).read_bytes())
+    site = venv_site(sb)
+    (site / "sitecustomize.py").write_text(
+        "import importlib.abc, importlib.util, sys\n"
+        "class StockLoader(importlib.abc.SourceLoader):\n"
+        f"    def get_filename(self, name): return {str(stock)!r}\n"
+        "    def get_data(self, path):\n"
+        "        with open(path, 'rb') as f: return f.read()\n"
+        "class StockWorkers:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'sglang.srt.speculative.eagle_worker':\n"
+        f"            return importlib.util.spec_from_loader(name, StockLoader(), origin={str(stock)!r})\n"
+        "sys.meta_path.insert(0, StockWorkers())\n")
+    inv = inventory(sb, tmp_path / "inv.yaml", env={"HOME": str(home)})
+    pb = playbook_with(tmp_path, {"command": SIM})
+    code, doc, err = cli(capsys, "explain", "-i", inv, pb)
+    assert code == 1, (doc, err)
+    refused = doc["hosts"][0]["refused"]
+    assert "StockWorkers" in refused and "sitecustomize.py" in refused and "cannot vouch" in refused, refused
+    code, doc, err = cli(capsys, "deploy", "-i", inv, pb)
+    assert code != 0 and MARKER not in (pkg / WORKER).read_text()
+
+
+# ----------------------------------------------------------------------------- item 7: strict editable
+
+
+def test_strict_editable_install_names_the_fix_that_keeps_the_checkout(sb: Sandbox, tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    home = tmp_path / "home"
+    proj = checkout(home)
+    pip_install_editable(sb, proj, "--config-settings", "editable_mode=strict")
+    (tmp_path / "run").mkdir()
+    inv = inventory(sb, tmp_path / "inv.yaml", env={"HOME": str(home)})
+    pb = playbook_with(tmp_path, {"command": SIM, "cwd": str(tmp_path / "run")})
+    code, doc, err = cli(capsys, "deploy", "-i", inv, pb, "--check")
+    assert code != 0, (doc, err)
+    reason = doc["plan"]["hosts"][0]["reason"]
+    assert "editable_mode=compat" in reason and f"sglang_dir: {proj / 'sglang'}" in reason, reason
+    assert "replace it with a regular file" not in reason
+    # the fix that keeps the checkout, as printed: patch the checkout the links lead to
+    inv = inventory(sb, tmp_path / "inv2.yaml", env={"HOME": str(home)}, sglang_dir=str(proj / "sglang"))
+    code, doc, err = cli(capsys, "deploy", "-i", inv, pb)
+    assert code == 0, (doc, err)
+    assert MARKER in (proj / "sglang" / WORKER).read_text()
+    code, doc, err = cli(capsys, "launch", "-i", inv, pb, "--timeout", "60")
+    assert code == 0, (doc, err)
+    code, doc, err = cli(capsys, "verify-logs", "-i", inv, pb)
+    assert code == 0, (doc, err)
+    code, doc, err = cli(capsys, "stop", "-i", inv)
+    code, doc, err = cli(capsys, "rollback", "-i", inv)
+    assert code == 0, (doc, err)
