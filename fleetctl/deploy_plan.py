@@ -202,8 +202,8 @@ def plan_host(host: Host, facts: HostFacts, playbook: Playbook, intended: dict[s
         hint = {"drifted": "inspect with --diff, then --force to replace it (a backup is kept)",
                 "missing": "is this the right SGLang install?",
                 "unsafe": "fleetctl never writes through a symlink; replace it with a regular file",
-                "no-record": "'fleetctl rollback --from-pristine' restores the release's pristine bytes "
-                             "(verified, with backups), then deploy again",
+                "no-record": f"'fleetctl rollback --from-pristine -p {playbook.path}' restores the release's "
+                             "pristine bytes (verified, with backups), then deploy again",
                 "unwritable": "the files cannot be replaced there (remount it read-write, or build a new image)"
                               if "read-only file system" in f.note else
                               "deploy as a user who can write the package (its owner), or point 'python:' "

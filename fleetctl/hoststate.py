@@ -92,8 +92,9 @@ def unrecorded_msg(host: str, version: str | None, files: list[str]) -> str:
     shown = ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
     return (f"{host}: deployed without a record: {len(files)} file(s) differ from pristine sglang {version} and "
             f"no deploy record on this host explains them ({shown}); was the state dir deleted or moved, or "
-            f"state_dir changed in the inventory? 'fleetctl rollback --from-pristine' restores the release's "
-            f"pristine bytes (verified, with backups)")
+            f"state_dir changed in the inventory? 'fleetctl rollback --from-pristine -p PLAYBOOK' restores the "
+            f"release's pristine bytes (verified, with backups) into the files PLAYBOOK patches where they hold "
+            f"its patched bytes")
 
 
 def moved_msg(m: Manifest) -> str:

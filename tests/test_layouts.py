@@ -308,3 +308,41 @@ def test_strict_editable_install_names_the_fix_that_keeps_the_checkout(sb: Sandb
     code, doc, err = cli(capsys, "stop", "-i", inv)
     code, doc, err = cli(capsys, "rollback", "-i", inv)
     assert code == 0, (doc, err)
+
+
+# ----------------------------------------------------------------------------- item 3: a moved checkout
+
+
+def test_rollback_from_pristine_writes_only_the_playbooks_files_and_never_over_newer_ones(
+        sb: Sandbox, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A deploy whose record is lost, then the checkout moves on (a newer upstream commit changes a
+    sibling under srt/speculative): --from-pristine restores only the files the playbook patches, and
+    refuses a patched file that holds neither the release's bytes nor the playbook's patched bytes."""
+    home, pkg = seed_layout(sb, tmp_path)
+    h = sb.hosts["h01"]
+    inv = inventory(sb, tmp_path / "inv.yaml", env={"HOME": str(home)})
+    pb = playbook_with(tmp_path, {"command": SIM})
+    code, doc, err = cli(capsys, "deploy", "-i", inv, pb)
+    assert code == 0, (doc, err)
+    shutil.rmtree(h.state_dir / "deploys")  # the record is lost
+    sibling = pkg / "srt" / "speculative" / "spec_info.py"
+    newer = sibling.read_bytes() + b"\n# a newer upstream commit\n"
+    sibling.write_bytes(newer)
+    subprocess.run(["git", "-C", str(home / "sglang"), "-c", "user.email=t@example.invalid", "-c", "user.name=t",
+                    "commit", "-qam", "upstream: newer spec_info"], check=True, capture_output=True)
+
+    code, doc, err = cli(capsys, "rollback", "-i", inv, "--from-pristine")
+    assert code == 1 and "-p PLAYBOOK" in doc["hosts"][0]["message"], (doc, err)
+    assert MARKER in (pkg / WORKER).read_text() and sibling.read_bytes() == newer  # nothing written
+
+    code, doc, err = cli(capsys, "rollback", "-i", inv, "--from-pristine", "-p", pb)
+    assert code == 0, (doc, err)
+    stock = wheels.package_dir("0.5.9")
+    assert (pkg / WORKER).read_bytes() == (stock / WORKER).read_bytes()
+    assert sibling.read_bytes() == newer  # not a file the playbook patches: left alone
+
+    # a patched file that moved on upstream (not the release's bytes, not the patched ones): refused
+    (pkg / WORKER).write_bytes((stock / WORKER).read_bytes() + b"\n# newer upstream\n")
+    code, doc, err = cli(capsys, "rollback", "-i", inv, "--from-pristine", "-p", pb)
+    assert code == 1 and "not that release's" in doc["hosts"][0]["message"], (doc, err)
+    assert (pkg / WORKER).read_bytes().endswith(b"# newer upstream\n")

@@ -189,13 +189,42 @@ def _plan_from_pristine(rp: RollbackPlan, host: str, facts: HostFacts, loose: li
     rp.pristine_version = facts.package_version
     rp.package_dir = facts.package_dir
     stated = {f.path: f.sha256 for f in (playbook.files_for(facts.package_version or "") or [])} if playbook else {}
+    if loose and playbook is None:
+        rp.status = "refused"
+        rp.reason = (f"{host}: {len(loose)} file(s) differ from sglang {facts.package_version}'s pristine bytes with no "
+                     f"record ({', '.join(loose[:3])}{', ...' if len(loose) > 3 else ''}); --from-pristine writes only the "
+                     "files a playbook patches, where they hold its patched bytes: name it with -p PLAYBOOK")
+        return
+    others = [rel for rel in loose if rel not in stated]
+    loose = [rel for rel in loose if rel in stated]
+    intended = None
+    try:
+        from fleetctl.intended import intended_for
+
+        intended = intended_for(playbook, facts.package_version or "") if playbook else None
+    except Exception:  # a playbook whose pristine bytes are wrong is refused when they are checked
+        intended = None
+    if intended:
+        foreign = [rel for rel in loose if rel in intended and facts.files[rel].sha256 != intended[rel].sha_intended]
+        if foreign:
+            rp.status = "refused"
+            rp.reason = (f"{host}: {', '.join(foreign)} hold(s) neither sglang {facts.package_version}'s bytes nor "
+                         f"{playbook.name if playbook else 'the playbook'}'s patched bytes of them (a checkout that moved "
+                         "on, or an edit); fleetctl does not write that release's bytes over a file that is not that "
+                         "release's. Nothing was changed")
+            return
+    left = ""
+    if others:
+        left = ("; " + f"{len(others)} other file(s) differ from sglang {facts.package_version}'s pristine bytes with no "
+                    f"record and are left alone (not files the playbook patches): {', '.join(others[:5])}"
+                    f"{', ...' if len(others) > 5 else ''}")
     for rel in loose:
         ff = facts.files[rel]
         rp.files.append({"path": rel, "deploy": None, "state": "no-record", "action": "restore-pristine",
                          "sha_now": ff.sha256, "sha_before": pristine[rel], "sha_stated": stated.get(rel)})
     rp.status = "change" if loose else "noop"
     rp.reason = (f"{len(loose)} file(s) without a record will get sglang {facts.package_version}'s pristine bytes"
-                 if loose else "no file differs from pristine without a record")
+                 if loose else "no file the playbook patches differs from pristine without a record") + left
 
 
 def apply_rollback(fleet: Fleet, plans: list[RollbackPlan], op_id: str, force: bool, *, old_tree: bool = False,
