@@ -39,10 +39,14 @@ class FilePlan:
     sha_pristine: str
     sha_intended: str
     note: str = ""
+    # --port-onto-host: the release's patch merged onto the host's own bytes (what is written
+    # instead of the release's intended bytes; sha_intended is its hash)
+    ported: bytes | None = field(default=None, repr=False)
 
     def to_json(self) -> dict[str, Any]:
         return {"path": self.path, "state": self.state, "action": self.action, "sha_now": self.sha_now,
-                "sha_pristine": self.sha_pristine, "sha_intended": self.sha_intended, "note": self.note}
+                "sha_pristine": self.sha_pristine, "sha_intended": self.sha_intended, "note": self.note,
+                **({"ported": True} if self.ported is not None else {})}
 
 
 @dataclass
@@ -137,6 +141,33 @@ def effective_hashes(facts: HostFacts) -> dict[str, str | None]:
     return cur
 
 
+def between_releases(facts: HostFacts, version: str) -> tuple[str | None, list[str]]:
+    """(what the tree is, when it is not release `version` as the wheel ships it: a git checkout at a
+    commit after its tag, or files that differ from the release's; else None), and the files among
+    those facts hashed that differ from the release's pristine bytes."""
+    pristine, _ = hoststate.release_pristine(version)
+    differ = sorted(rel for rel, ff in facts.files.items()
+                    if pristine is not None and rel in pristine and ff.exists and ff.sha256 != pristine[rel])
+    g = facts.git
+    desc = None
+    if g is not None and g.describe:
+        head, _, rest = g.describe.rpartition("-g")
+        tag, _, dist = head.rpartition("-")
+        commit = (g.commit or rest)[:12]
+        if tag and dist.isdigit() and int(dist) > 0:
+            desc = f"a git checkout at {g.describe} (commit {commit}, {dist} commit(s) after {tag}), not release {version}"
+        elif differ:
+            desc = f"a git checkout at {g.describe} (commit {commit}) whose files are not release {version}'s"
+    elif differ and facts.checkout:
+        desc = f"a checkout at {facts.checkout} whose files are not release {version}'s"
+    if desc and differ:
+        shown = ", ".join(differ[:4]) + (f" and {len(differ) - 4} more" if len(differ) > 4 else "")
+        desc += f" (nearest release {version}; {len(differ)} file(s) differ from it: {shown})"
+    elif desc:
+        desc += f" (nearest release {version})"
+    return desc, differ
+
+
 def plan_host(host: Host, facts: HostFacts, playbook: Playbook, intended: dict[str, Intended] | None,
               *, force: bool, coverage: Coverage | None = None, allow_uncovered: bool = False) -> HostPlan:
     if not facts.package_found:
@@ -187,8 +218,18 @@ def plan_host(host: Host, facts: HostFacts, playbook: Playbook, intended: dict[s
         hp.files.append(fp)
         if fp.action == "refuse":
             refusals.append(fp)
+    tree, differ = between_releases(facts, v) if facts.checkout or facts.git else (None, [])
     if refusals:
         f = refusals[0]
+        if f.state == "drifted" and tree:
+            hp.status = "refused"
+            drifted = [x.path for x in refusals if x.state == "drifted"]
+            hp.reason = (f"{host.name}: {', '.join(drifted)} is not {v}'s: the host is {tree}, so {v}'s patch set "
+                         f"does not apply to its bytes. Port it onto the host's own bytes: rerun with --port-onto-host "
+                         f"(a three-way merge as 'fleetctl patch port' does, the host's files as the base; add --check "
+                         f"--diff to see the result first; the deploy is recorded against the tree's own hashes, so "
+                         f"rollback restores them exactly), or --force to write {v}'s patched bytes over them")
+            return hp
         if f.state == "unsafe" and facts.link_tree is not None:
             lt = facts.link_tree
             hp.status = "refused"
@@ -217,6 +258,14 @@ def plan_host(host: Host, facts: HostFacts, playbook: Playbook, intended: dict[s
         return hp
     stale = stale_lock(facts)
     hp.status = "change" if hp.to_patch or hp.interrupted or stale else "noop"
+    own = {fp.path for fp in hp.files}
+    siblings = [rel for rel in differ if rel not in own]
+    if tree and any(fp.action == "force" for fp in hp.files) and siblings:
+        hp.reason = (f"warning: --force builds a mixed tree: {v}'s patched files among {len(siblings)} sibling(s) that "
+                     f"are not {v}'s ({', '.join(siblings[:6])}{' ...' if len(siblings) > 6 else ''}); the host is {tree}")
+    elif tree and hp.files and all(fp.state in ("pristine", "as-intended") for fp in hp.files):
+        hp.reason = (f"the host is {tree}; the files the playbook patches are byte-equal to {v}'s, so {v}'s patch "
+                     "set applies")
     if hp.interrupted:
         hp.reason = f"interrupted deploy {', '.join(hp.interrupted)} will be repaired first"
     elif stale:

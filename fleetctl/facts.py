@@ -16,6 +16,7 @@ from fleetctl.protocol.answers import (
     EnvChange,
     FactsAnswer,
     FileFact,
+    GitInfo,
     ImportView,
     LinkTree,
     Manifest,
@@ -96,6 +97,7 @@ class HostFacts:
     checkout: str | None = None
     launch_cwd: str | None = None
     shadow: Shadow | None = None
+    git: GitInfo | None = None  # the checkout's HEAD (commit, git describe)
 
     def startup_env(self) -> dict[str, str | None]:
         """What the interpreter's start set (a value) or unset (None): applied on top of the env
@@ -173,6 +175,7 @@ class HostFacts:
                        "link_tree": ({"tree": self.link_tree.tree, "checkout": self.link_tree.checkout,
                                       "project": self.link_tree.project} if self.link_tree else None),
                        "via_link_tree": self.via_link_tree, "checkout": self.checkout, "cwd": self.launch_cwd,
+                       "git": ({"commit": self.git.commit, "describe": self.git.describe} if self.git else None),
                        "shadow": ({"by": self.shadow.by, "regular": self.shadow.regular,
                                    "installed": self.shadow.installed} if self.shadow else None),
                        "startup_env": {k: {"value": c.value, "by": c.by} for k, c in self.env_changes.items()}},
@@ -348,6 +351,7 @@ def parse_facts(host: str, raw: FactsAnswer) -> HostFacts:
         env_changes=dict(sg.env_changes),
         link_tree=sg.link_tree,
         shadow=sg.shadow,
+        git=sg.git,
         via_link_tree=sg.via_link_tree,
         checkout=sg.checkout,
         launch_cwd=sg.launch.cwd if sg.launch else None,

@@ -346,3 +346,70 @@ def test_rollback_from_pristine_writes_only_the_playbooks_files_and_never_over_n
     code, doc, err = cli(capsys, "rollback", "-i", inv, "--from-pristine", "-p", pb)
     assert code == 1 and "not that release's" in doc["hosts"][0]["message"], (doc, err)
     assert (pkg / WORKER).read_bytes().endswith(b"# newer upstream\n")
+
+
+# ----------------------------------------------------------------------------- item 2: between releases
+
+GIT_ID = ["-c", "user.email=t@example.invalid", "-c", "user.name=t"]
+
+
+def upstream_commit(home: Path, edits: dict[Path, bytes], message: str) -> str:
+    """Tag HEAD v0.5.9 (once), write `edits`, commit: the checkout is now between releases."""
+    repo = str(home / "sglang")
+    tags = subprocess.run(["git", "-C", repo, "tag"], capture_output=True, text=True, check=True).stdout
+    if "v0.5.9" not in tags.split():
+        subprocess.run(["git", "-C", repo, *GIT_ID, "tag", "v0.5.9"], check=True, capture_output=True)
+    for p, data in edits.items():
+        p.write_bytes(data)
+    subprocess.run(["git", "-C", repo, *GIT_ID, "commit", "-qam", message], check=True, capture_output=True)
+    return subprocess.run(["git", "-C", repo, "describe", "--tags", "--long"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def test_between_release_checkout_whose_patched_files_are_the_releases(sb: Sandbox, tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    home, pkg = seed_layout(sb, tmp_path)
+    sibling = pkg / "srt" / "speculative" / "spec_info.py"
+    desc = upstream_commit(home, {sibling: sibling.read_bytes() + b"\n# upstream, after v0.5.9\n"}, "upstream")
+    inv = inventory(sb, tmp_path / "inv.yaml", env={"HOME": str(home)})
+    pb = playbook_with(tmp_path, {"command": SIM})
+    code, doc, err = cli(capsys, "deploy", "-i", inv, pb, "--check")
+    assert code == 0, (doc, err)
+    reason = doc["plan"]["hosts"][0]["reason"]
+    assert desc in reason and "byte-equal to 0.5.9's, so 0.5.9's patch set applies" in reason, reason
+
+
+def test_between_release_checkout_ported_onto_the_hosts_bytes(sb: Sandbox, tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """The checkout is 1 commit after v0.5.9 and that commit changed the worker file the playbook
+    patches: refused, naming the commit and the way forward; --port-onto-host merges the 0.5.9 patch
+    onto the tree's own bytes, which launch and verify-logs then run; rollback restores them exactly."""
+    home, pkg = seed_layout(sb, tmp_path)
+    worker = pkg / WORKER
+    upstream = b"# upstream change after v0.5.9\n" + worker.read_bytes()
+    desc = upstream_commit(home, {worker: upstream}, "upstream: eagle_worker")
+    inv = inventory(sb, tmp_path / "inv.yaml", env={"HOME": str(home)})
+    pb = playbook_with(tmp_path, {"command": SIM})
+
+    code, doc, err = cli(capsys, "deploy", "-i", inv, pb, "--check")
+    assert code == 1, (doc, err)
+    reason = doc["plan"]["hosts"][0]["reason"]
+    assert desc in reason and "nearest release 0.5.9" in reason and "--port-onto-host" in reason, reason
+    assert worker.read_bytes() == upstream
+
+    code, doc, err = cli(capsys, "deploy", "-i", inv, pb, "--port-onto-host")
+    assert code == 0, (doc, err)
+    now = worker.read_bytes()
+    assert now.startswith(b"# upstream change after v0.5.9\n") and MARKER.encode() in now
+    (fp,) = [f for f in doc["plan"]["hosts"][0]["files"] if f["path"] == WORKER]
+    assert fp["ported"] and fp["sha_pristine"] == fp["sha_now"]  # recorded against the tree's own hash
+    code, doc, err = cli(capsys, "deploy", "-i", inv, pb, "--port-onto-host")
+    assert code == 0 and doc["hosts"][0]["status"] == "unchanged", (doc, err)
+    code, doc, err = cli(capsys, "launch", "-i", inv, pb, "--timeout", "60")
+    assert code == 0, (doc, err)
+    code, doc, err = cli(capsys, "verify-logs", "-i", inv, pb)
+    assert code == 0, (doc, err)
+    cli(capsys, "stop", "-i", inv)
+    code, doc, err = cli(capsys, "rollback", "-i", inv)
+    assert code == 0, (doc, err)
+    assert worker.read_bytes() == upstream

@@ -27,6 +27,7 @@ def register(app: typer.Typer) -> None:
         check: bool = typer.Option(False, "--check", help="Show the plan and change nothing."),
         diff: bool = typer.Option(False, "--diff", help="Print unified diffs (remote vs intended; drifted: also vs pristine)."),
         force: bool = typer.Option(False, "--force", help="Replace drifted files too (their bytes are backed up)."),
+        port_onto_host: bool = typer.Option(False, "--port-onto-host", help="Where files the playbook patches are not the release's (a between-release checkout): merge the release's patch onto the host's own bytes (three-way) and deploy that, recorded against the tree's own hashes."),
         allow_uncovered: bool = typer.Option(False, "--allow-uncovered", help="Deploy even where the worker that will run is not patched."),
         strict: bool = typer.Option(False, "--strict", help="Refuse hosts where the worker that will run is not certain (the model's config.json cannot be read there)."),
         restart: bool = typer.Option(False, "--restart", help="Rolling restart: per batch patch -> restart -> ready -> verify-logs."),
@@ -41,7 +42,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         from fleetctl.commands import deploys_impl
 
-        deploys_impl.deploy(playbook=playbook, check=check, diff=diff, force=force,
+        deploys_impl.deploy(playbook=playbook, check=check, diff=diff, force=force, port_onto_host=port_onto_host,
             allow_uncovered=allow_uncovered, strict=strict, restart=restart, serial=serial, canary=canary, max_fail=max_fail,
             any_errors_fatal=any_errors_fatal, ready_timeout=ready_timeout, break_lock=break_lock, recheck=recheck,
             **shared)

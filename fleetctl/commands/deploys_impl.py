@@ -71,7 +71,11 @@ def _seal_check_ahead(conn: Any) -> None:
 def deploy(*, playbook: Path, inventory: Path | None, limit: str | None, forks: int, check: bool, diff: bool,
         force: bool, allow_uncovered: bool, strict: bool = False, restart: bool, serial: str | None, canary: str | None,
         max_fail: str | None, any_errors_fatal: bool, ready_timeout: float | None, break_lock: str | None,
-        json_out: bool, debug: bool, accept_new_host_keys: bool, recheck: bool = False) -> None:
+        json_out: bool, debug: bool, accept_new_host_keys: bool, recheck: bool = False,
+        port_onto_host: bool = False) -> None:
+    if port_onto_host and (force or restart):
+        raise InputError("--port-onto-host goes with neither --force nor --restart",
+                         hint="port first (deploy --port-onto-host), then restart the servers")
     budget = validate.rolling(restart, serial=serial, canary=canary, max_fail=max_fail,
                               ready_timeout=ready_timeout)
     validate.exclusive(diff=diff, json=json_out)
@@ -82,9 +86,15 @@ def deploy(*, playbook: Path, inventory: Path | None, limit: str | None, forks: 
         from fleetctl.ops.deploy import apply_plan, build_plan, gather, new_op_id
         # seals (fleetctl/seal.py): a host unchanged since its last deploy is re-checked without Python;
         # a rolling restart visits every host with the agent (its batches re-plan)
+        # (--force, --port-onto-host: every hashed file is read, to name the siblings that are not the release's)
         gathered = _tick_run(ctx, "facts", lambda: gather(ctx.fleet, pb, probe=True, use_seals=not recheck,
-                                                          make_seals=not check and not restart))
+                                                          make_seals=not check and not restart,
+                                                          all_hashes=force or port_onto_host))
         plan = build_plan(ctx.fleet, pb, gathered, force=force, allow_uncovered=allow_uncovered, strict=strict)
+        if port_onto_host:
+            from fleetctl.ops.deploy import port_onto_hosts
+
+            port_onto_hosts(ctx.fleet, plan, pb, gathered, allow_uncovered=allow_uncovered)
         runlog.plan(plan.to_json())
         if not json_out:
             render_plan(plan)
@@ -115,7 +125,8 @@ def deploy(*, playbook: Path, inventory: Path | None, limit: str | None, forks: 
                      budget, ready_timeout, limit)
         op_id = new_op_id("d")
         record = Recorded(op_id, "deploy", inventory=ctx.inventory.path, playbook=pb.path,
-                          args={"limit": limit, "force": force, "allow_uncovered": allow_uncovered},
+                          args={"limit": limit, "force": force, "allow_uncovered": allow_uncovered,
+                                "port_onto_host": port_onto_host},
                           hosts=[h.name for h in ctx.fleet.hosts])
         breaking = _break_lock_hosts(ctx, break_lock)
         from fleetctl.ops.discover import discover_facts

@@ -196,7 +196,9 @@ def print_diffs(ctx: RunContext, plan: Plan) -> None:
                 now = remote.get(fp.path) or b""
             else:
                 continue
-            text = _udiff(now, it[fp.path].data, f"{fp.path} (on host)", f"{fp.path} (intended)")
+            target = fp.ported if fp.ported is not None else it[fp.path].data
+            text = _udiff(now, target, f"{fp.path} (on host)",
+                          f"{fp.path} ({'ported onto the host' if fp.ported is not None else 'intended'})")
             if fp.state == "drifted":
                 pristine = wheels.pristine_bytes(hp.version or "", fp.path)
                 text += _udiff(pristine, now, f"{fp.path} (pristine {hp.version})", f"{fp.path} (on host)")

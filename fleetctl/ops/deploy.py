@@ -16,7 +16,7 @@ from typing import Any, Literal
 from fleetctl import seal, statefiles
 from fleetctl.config.hosts import Host
 from fleetctl.config.playbook_model import Playbook
-from fleetctl.deploy_plan import Coverage, HostPlan, Intended, Plan, plan_host
+from fleetctl.deploy_plan import Coverage, HostPlan, Intended, Plan, plan_host, sha
 from fleetctl.engine import engine
 from fleetctl.errors import InputError
 from fleetctl.facts import HostFacts, facts_request, inspect_container, parse_facts, read_facts
@@ -139,6 +139,76 @@ def build_plan(fleet: Fleet, playbook: Playbook, gathered: Gathered, *, force: b
         hosts.append(hp)
     _plan_shared_trees(hosts, gathered, playbook, [h.name for h in fleet.hosts])
     return Plan(str(playbook.path), hosts, intended)
+
+
+def port_onto_hosts(fleet: Fleet, plan: Plan, playbook: Playbook, gathered: Gathered, *,
+                    allow_uncovered: bool = False) -> None:
+    """--port-onto-host: on each host refused only because files the playbook patches are not the
+    release's (a between-release checkout, a tree that moved on), merge the release's patch onto the
+    host's own bytes (three-way, as `patch port` does: base = the release's pristine file, ours = its
+    patched file, theirs = the host's), compile it, and plan writing that. The deploy's record keeps
+    the host's own bytes as the backup and their hash as the file's before-hash, so rollback restores
+    the tree exactly. A conflict refuses the host, naming the lines."""
+    import base64
+
+    from fleetctl import wheels
+    from fleetctl.patching.merge import merge3
+    from fleetctl.protocol.answers import ReadFilesAnswer
+
+    hosts = {h.name: h for h in fleet.hosts}
+    for hp in plan.hosts:
+        if hp.status != "refused" or hp.version not in plan.intended:
+            continue
+        facts = gathered.facts.get(hp.host)
+        drifted = [fp for fp in hp.files if fp.state == "drifted"]
+        others = [fp for fp in hp.files if fp.action == "refuse" and fp.state != "drifted"]
+        if not drifted or others or facts is None:
+            continue
+        got: ReadFilesAnswer = fleet.connection(hosts[hp.host]).agent(
+            names.READ_FILES, {"package_dir": hp.package_dir, "paths": [fp.path for fp in drifted]})
+        it = plan.intended[hp.version or ""]
+        problems = []
+        for fp in drifted:
+            raw = got.get(fp.path)
+            theirs = base64.b64decode(raw) if raw is not None else None
+            if theirs is None or sha(theirs) != fp.sha_now:
+                problems.append(f"{fp.path} could not be read as planned")
+                continue
+            base = wheels.pristine_bytes(hp.version or "", fp.path)
+            res = merge3(base, it[fp.path].data, theirs, ours_label=f"{playbook.name} {hp.version}",
+                         theirs_label=f"{hp.host}")
+            if not res.clean:
+                lines = ", ".join(str(c.base_start) for c in res.conflicts[:5])
+                problems.append(f"{fp.path}: the {hp.version} patch does not merge onto the host's bytes "
+                                f"({len(res.conflicts)} conflict(s), at line(s) {lines}); write a patch for this tree "
+                                "('fleetctl patch new' from the host's file)")
+                continue
+            try:
+                compile(res.output, fp.path, "exec", dont_inherit=True)
+            except (SyntaxError, ValueError) as e:
+                problems.append(f"{fp.path}: the merge onto the host's bytes does not compile: {e}")
+                continue
+            fp.sha_pristine = fp.sha_now or fp.sha_pristine  # recorded against the tree's own hashes
+            fp.sha_intended = sha(res.output)
+            if res.output == theirs:  # ported before: the host holds the merge already
+                fp.action, fp.state, fp.note = "none", "as-intended", "ported onto the host's bytes already"
+                continue
+            fp.ported = res.output
+            fp.action = "patch"
+            fp.note = (f"ported: {playbook.name}'s {hp.version} patch merged onto the host's own bytes "
+                       "(three-way, the host's file as the base)")
+        if problems:
+            hp.reason = f"{hp.host}: --port-onto-host: " + "; ".join(problems) + "; nothing was changed"
+            for fp in drifted:
+                fp.ported, fp.action = None, "refuse"
+            continue
+        if hp.coverage is not None and hp.coverage.refused and not allow_uncovered:
+            hp.reason = f"{hp.host}: {hp.coverage.refused}"
+            continue
+        ported = [fp.path for fp in drifted if fp.ported is not None]
+        hp.status = "change" if ported or hp.interrupted else "noop"
+        hp.reason = (f"{len(ported)} file(s) ported onto the host's own bytes ({', '.join(ported)})" if ported
+                     else "the host's files hold the port already")
 
 
 def _plan_shared_trees(hosts: list[HostPlan], gathered: Gathered, playbook: Playbook, order: list[str]) -> None:
@@ -301,7 +371,8 @@ def apply_plan(fleet: Fleet, plan: Plan, playbook: Playbook, op_id: str, *, vali
         files = []
         for fp in hp.to_patch:
             files.append({"path": fp.path, "sha_before": fp.sha_now, "sha_after": fp.sha_intended,
-                          "content": it[fp.path].data})  # raw bytes: marshal carries them
+                          # raw bytes: marshal carries them (--port-onto-host: the merge onto the host's bytes)
+                          "content": fp.ported if fp.ported is not None else it[fp.path].data})
         payload: dict[str, Any] = {
             "state_dir": hp.records_dir or conn.host.state_dir, "deploy_id": op_id, "package_dir": hp.package_dir,
             "version": hp.version, "playbook": playbook.name, "by": who(), "host": conn.host.name,

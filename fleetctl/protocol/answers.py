@@ -157,6 +157,14 @@ class LinkTree:
 
 
 @dataclass
+class GitInfo:
+    """The git checkout the package lies in: HEAD's commit and `git describe --tags --long`."""
+
+    commit: str | None = None
+    describe: str | None = None
+
+
+@dataclass
 class Shadow:
     """The launch's sys.path[0] (its cwd for -m, a script's dir) holds the package's top-level dir:
     `by` (a regular package, or a namespace portion), and what the launch would import without it."""
@@ -193,6 +201,7 @@ class PackageInfo:
     via_link_tree: str | None = None  # the link tree the launch imports (dir: its checkout, patched)
     checkout: str | None = None  # the git checkout the package dir lies in
     project: str | None = None  # an editable install's project dir (direct_url.json)
+    git: GitInfo | None = None  # the checkout's HEAD (None: not a git checkout, or git not there)
 
 
 @dataclass

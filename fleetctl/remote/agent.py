@@ -892,10 +892,33 @@ def locate_package(engine, package_dir=None, launch=None, files=(), strict=True)
                     requires.append(m.group(1))
             if kind == "unknown":
                 kind = "source tree"
+    if res.get("checkout"):
+        g = git_info(res["checkout"])
+        if g:
+            res["git"] = g
     res["version"] = version
     res["install"] = kind
     res["torch_requires"] = [r for r in requires if _is_torch_requirement(r)]
     return res
+
+
+def git_info(d, timeout=5.0):
+    """{"commit", "describe"} of the git checkout `d` (`git describe --tags --long --always`), or None
+    where git is not installed or does not answer in time. (subprocess only here: a checkout.)"""
+    import subprocess
+
+    out = {}
+    for key, args in (("commit", ["rev-parse", "HEAD"]), ("describe", ["describe", "--tags", "--long", "--always"])):
+        try:
+            p = subprocess.run(["git", "-C", d, *args], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                               stderr=subprocess.DEVNULL, timeout=timeout, close_fds=True)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        text = p.stdout[:200].decode("ascii", "replace").strip()
+        if p.returncode != 0 or not text or any(c.isspace() for c in text):
+            return out or None
+        out[key] = text
+    return out
 
 
 def link_tree(pkg):
