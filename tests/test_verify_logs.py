@@ -338,12 +338,17 @@ def test_report_lines_are_counted_and_shown_never_judged(sb: Any, tmp_path: Path
     inv = make_inventory(sb, tmp_path / "inv.yaml", hosts=["h01"])
     version = sb.hosts["h01"].version
     ok(capsys, "deploy", "-i", inv, FULL)
-    # a launch command that logs two switch lines (now, in the release's format), then runs the server
+    # a launch command that logs the payload's own lines as the real 0.5.12 server wrote them on the H200
+    # (tests/data/sglang/0.5.12_dsd_switch_lines.log: marker, graph capture, three switch lines, decode
+    # lines), re-stamped now in this release's format, then runs the server
+    real = (ROOT / "tests" / "data" / "sglang" / "0.5.12_dsd_switch_lines.log").read_text().splitlines()
+    messages = [ln.split("] ", 1)[1] for ln in real if "Dynamic speculation disable:" in ln]
+    assert len(messages) == 4 and "speculation off: 33 running > 4" in messages[1]
     wrap = tmp_path / "switch_then_serve.py"
     wrap.write_text(
         "import os, sys\nfrom datetime import datetime\nfrom fleetctl.sglang.logs import format_line\n"
-        f"for m in ('speculation off: 33 running > 4', 'speculation on: 2 running <= 4 (3 switches since the last line)'):\n"
-        f"    sys.stderr.write(format_line({version!r}, {{}}, 'Dynamic speculation disable: ' + m, datetime.now()) + '\\n')\n"
+        f"for m in {messages!r}:\n"
+        f"    sys.stderr.write(format_line({version!r}, {{}}, m, datetime.now()) + '\\n')\n"
         "sys.stderr.flush()\n"
         "os.execv(sys.executable, [sys.executable, '-m', 'fleetctl.sandbox.simulator', *sys.argv[1:]])\n")
     doc = yaml.safe_load(inv.read_text())
@@ -354,11 +359,12 @@ def test_report_lines_are_counted_and_shown_never_judged(sb: Any, tmp_path: Path
     iv = instances(ok(capsys, "verify-logs", "-i", inv, FULL))["h01"]
     assert iv["ok"], text(iv)
     (rep,) = iv["reports"].values()
-    assert rep["count"] == 2 and rep["latest"][-1].endswith("speculation on: 2 running <= 4 (3 switches since the last line)")
+    assert rep["count"] == 3  # the capture line is not a switch line
+    assert rep["latest"][-1].endswith("speculation off: 5 running > 4 (3 switches since the last line)")
     capsys.readouterr()
     assert main(["verify-logs", "-i", str(inv), str(FULL)]) == 0
     human = capsys.readouterr().out
-    assert "2 line(s) with 'Dynamic speculation disable: speculation o'" in human and "33 running > 4" in human
+    assert "3 line(s) with 'Dynamic speculation disable: speculation o'" in human and "1 running <= 4" in human
     # a launch without such lines reports nothing
     if plain is None:
         doc["hosts"]["h01"].pop("launch_command")
