@@ -22,8 +22,14 @@ if TYPE_CHECKING:
 
 
 def own(facts: HostFacts) -> list[Manifest]:
-    """This machine's deploy records, oldest first."""
-    return [m for m in facts.deploys() if not m.foreign]
+    """This machine's deploy records, oldest first; not those another inventory entry made of another
+    tree (two entries for one machine and one state dir, each with its own SGLang: each entry's
+    deploys are its own; a deploy of this entry's tree is its own whoever made it)."""
+    return [m for m in facts.deploys() if not m.foreign and not _other_entrys(facts, m)]
+
+
+def _other_entrys(facts: HostFacts, m: Manifest) -> bool:
+    return bool(m.host) and m.host != facts.host and m.moved is not None
 
 
 def foreign(facts: HostFacts) -> list[Manifest]:

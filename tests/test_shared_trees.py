@@ -111,6 +111,34 @@ def test_two_entries_one_machine(fresh_sandbox, tmp_path: Path,  # type: ignore[
     assert code == 0 and all(not r["problems"] for r in st["hosts"]), st
 
 
+def test_two_entries_one_machine_two_trees(fresh_sandbox, tmp_path: Path,  # type: ignore[no-untyped-def]
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """A and B reach one machine and share its state dir, each with its own SGLang (B runs h02's
+    python over h01's sshd): each entry's deploys are its own (was: B failed 'locked' or 'deploy ...
+    already exists', and A's status called B's deploy a tree that moved)."""
+    sb = fresh_sandbox(hosts=2, versions=(VERSION,), gpus=2)
+    inv = _two_entries(sb, tmp_path / "inv.yaml")
+    doc = yaml.safe_load(inv.read_text())
+    h2 = sb.hosts["h02"]
+    doc["hosts"]["B"].update(python=str(h2.python), env={"PATH": h2.path_env()})
+    inv.write_text(yaml.safe_dump(doc, sort_keys=False))
+    i, pb = ("-i", str(inv)), str(PLAYBOOK)
+    pkg_a, pkg_b = sb.hosts["h01"].sglang_dir, h2.sglang_dir
+
+    code, dep = run_json(capsys, "deploy", *i, pb)
+    assert code == 0 and {r["status"] for r in dep["hosts"]} == {"changed"}, dep
+    assert _hash(pkg_a) == _hash(pkg_b) != _pristine()
+    assert len(list((sb.hosts["h01"].state_dir / "deploys").glob("*/manifest.json"))) == 2
+    code, st = run_json(capsys, "status", *i)
+    assert code == 0 and all(not r["problems"] for r in st["hosts"]), st
+    code, rb = run_json(capsys, "rollback", *i, "--limit", "B")
+    assert code == 0 and rb["hosts"][0]["status"] == "changed", rb
+    assert _hash(pkg_b) == _pristine() != _hash(pkg_a)
+    code, rb = run_json(capsys, "rollback", *i)
+    assert code == 0 and [r["status"] for r in rb["hosts"]] == ["changed", "unchanged"], rb
+    assert _hash(pkg_a) == _pristine()
+
+
 def _port(inv: Path, host: str) -> int:
     return int(yaml.safe_load(inv.read_text())["hosts"][host]["flags"]["--port"])
 

@@ -274,7 +274,8 @@ def apply_rollback(fleet: Fleet, plans: list[RollbackPlan], op_id: str, force: b
             res: RollbackAnswer = conn.agent(names.ROLLBACK, {
                 "state_dir": p.records_dir or conn.host.state_dir, "deploy_ids": p.deploy_ids, "force": force,
                 "rollback_id": op_id, "by": who(), "engine": engine().agent_facts(),
-                "package_dir": conn.host.sglang_dir, "expect_live": p.expect_live, "old_tree": old_tree, **extra})
+                "package_dir": conn.host.sglang_dir, "expect_live": p.expect_live, "old_tree": old_tree,
+                "entry": conn.host.name, **extra})
         restored = [f for r in res.rollbacks for f in r.files if f.action in ("restored", "removed")]
         bad = [f for r in res.rollbacks for f in r.files if f.action == "refused"]
         msg = (f"{len(restored)} file(s) restored from {', '.join(p.deploy_ids)}" if p.deploy_ids else

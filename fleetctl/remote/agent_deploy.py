@@ -739,28 +739,39 @@ def _host_tag():
     return "".join(c if c in _NAME_CHARS else "_" for c in machine_identity()["hostname"] or "unknown")
 
 
-def deploy_dir(state_dir, deploy_id):
+def deploy_dir(state_dir, deploy_id, entry=None):
     """This machine's directory for `deploy_id`: deploys/<id>, or deploys/<id>@<hostname> when a
-    state dir shared with another machine already holds that machine's deploys/<id>."""
+    state dir shared with another machine already holds that machine's deploys/<id>, or
+    deploys/<id>%<entry> when another inventory entry of this machine (one state dir, another
+    tree) already holds deploys/<id> from the same command."""
     _check_id(deploy_id)
     _, deploys, _ = state_paths(state_dir)
     base = os.path.join(deploys, deploy_id)
     mine = "%s@%s" % (base, _host_tag())
     if os.path.isdir(mine):
         return mine
+    ent = "%s%%%s" % (base, "".join(c if c in _NAME_CHARS else "_" for c in entry)) if entry else None
+    if ent and os.path.isdir(ent):
+        return ent
     try:
         m = read_json_file(os.path.join(base, MANIFEST))
     except (OSError, ValueError):
         return base
-    return base if not isinstance(m, dict) or is_shared(state_dir) or same_machine(_ident_of(m)) else mine
+    if not isinstance(m, dict):
+        return base
+    if not is_shared(state_dir) and not same_machine(_ident_of(m)):
+        return mine
+    if ent and m.get("host") and m.get("host") != entry and not is_shared(state_dir):
+        return ent
+    return base
 
 
-def manifest_path(state_dir, deploy_id):
-    return os.path.join(deploy_dir(state_dir, deploy_id), MANIFEST)
+def manifest_path(state_dir, deploy_id, entry=None):
+    return os.path.join(deploy_dir(state_dir, deploy_id, entry), MANIFEST)
 
 
-def load_manifest(state_dir, deploy_id):
-    m = _as_seen_here(state_dir, read_json_file(manifest_path(state_dir, deploy_id)))
+def load_manifest(state_dir, deploy_id, entry=None):
+    m = _as_seen_here(state_dir, read_json_file(manifest_path(state_dir, deploy_id, entry)))
     if not is_shared(state_dir) and not same_machine(_ident_of(m)):  # (deploy_dir never names another machine's; belt and braces)
         raise FileNotFoundError(deploy_id)
     return m
@@ -774,7 +785,7 @@ def save_manifest(state_dir, m):
     # a manifest's dir is fixed for its life: found once (deploy_dir reads the manifest there), then
     # kept for the deploy's later saves
     key = (state_dir, m.get("id"), m.get("created"))
-    path = _SAVED_AT.get(key) or manifest_path(state_dir, m["id"])
+    path = _SAVED_AT.get(key) or manifest_path(state_dir, m["id"], m.get("host"))
     # compact (json's C encoder): a deploy saves its manifest six times, under the lock
     write_atomic(path, jdumps(m, sort_keys=True).encode())
     _SAVED_AT[key] = path
@@ -918,7 +929,7 @@ EXTRA_FACTS["state"] = state_facts
 def _restore_files(state_dir, m, entries, force=False, forced_dir=None, p=None):
     """Put each entry's backup back (atomically) and verify sha_before. Returns per-file results."""
     results = []
-    bdir = os.path.join(os.path.dirname(manifest_path(state_dir, m["id"])), "backup")
+    bdir = os.path.join(os.path.dirname(manifest_path(state_dir, m["id"], m.get("host"))), "backup")
     for i, f in enumerate(entries):
         if i:
             fault_point(p, "between_restores", i)
@@ -1070,7 +1081,7 @@ def _undo_state_files(state_dir, m):
     """A superseded deploy's state files live in the state dir, not in the reinstalled tree: their
     backups still hold, so they are put back as before the deploy (removed if it created them) while
     they still hold what it wrote; never left behind untracked. Returns notes."""
-    bdir = os.path.join(os.path.dirname(manifest_path(state_dir, m["id"])), "backup")
+    bdir = os.path.join(os.path.dirname(manifest_path(state_dir, m["id"], m.get("host"))), "backup")
     notes = []
     for f in m.get("files", []):
         if not is_state(f) or f.get("status") != "applied":
@@ -1094,10 +1105,13 @@ def last_container_deploy(state_dir):
     return None
 
 
-def live_deploys(state_dir):
-    """Ids of this machine's complete deploys (what a rollback would undo), oldest first."""
+def live_deploys(state_dir, entry=None, cur_real=None):
+    """Ids of this machine's complete deploys (what a rollback would undo), oldest first; with the
+    asking inventory entry and its tree, not another entry's deploys of another tree."""
     return [m["id"] for m in list_manifests(state_dir)
-            if m.get("state") == "complete" and m.get("kind", "deploy") == "deploy"]
+            if m.get("state") == "complete" and m.get("kind", "deploy") == "deploy"
+            and not (entry and cur_real and m.get("host") and m.get("host") != entry
+                     and manifest_tree(m) and os.path.realpath(manifest_tree(m)) != cur_real)]
 
 
 def _final(pkg, p, state_real=None):
@@ -1239,7 +1253,7 @@ def action_deploy(p):
         if not plan and not splan:
             notes += _drop_stale(pkg, p.get("drop_bytecode"), _pycache_prefixes(p) if p.get("drop_bytecode") else [])
             return _deployed(p, {"deploy_id": None, "files": [], "notes": notes, "final": _final(pkg, p)})
-        ddir = os.path.dirname(manifest_path(sd, did))
+        ddir = os.path.dirname(manifest_path(sd, did, p.get("host")))
         if os.path.exists(ddir):
             raise AgentError("deploy %s already exists on this host" % did, "bad_input")
         makedirs_private(os.path.join(ddir, "backup"))
@@ -1357,15 +1371,16 @@ def action_rollback(p):
             notes += close_superseded(sd, cur_real, cur_version)
         notes += recover_interrupted(sd)
         expect = p.get("expect_live")
-        if expect is not None and live_deploys(sd) != list(expect):
+        live_now = live_deploys(sd, p.get("entry"), cur_real)
+        if expect is not None and live_now != list(expect):
             # the plan was made from facts read without the lock: what it would undo is not what is here now
             raise AgentError("the deploys on this host changed since the plan (planned against %s, now %s; a "
                              "concurrent deploy?); nothing was changed; run rollback again"
-                             % (", ".join(expect) or "none", ", ".join(live_deploys(sd)) or "none"), "changed")
+                             % (", ".join(expect) or "none", ", ".join(live_now) or "none"), "changed")
         done = []
         for did in p["deploy_ids"]:
             try:
-                m = load_manifest(sd, did)
+                m = load_manifest(sd, did, p.get("entry"))
             except FileNotFoundError:
                 raise AgentError("no deploy %s on this host" % did, "bad_input") from None
             if m.get("state") not in ("complete",):
@@ -1392,7 +1407,8 @@ def action_rollback(p):
             m["state"] = "rolling-back"
             save_manifest(sd, m)
             fault_point(p, "before_restore")
-            forced_dir = os.path.join(os.path.dirname(manifest_path(sd, did)), "forced-%d" % int(time.time()))
+            forced_dir = os.path.join(os.path.dirname(manifest_path(sd, did, m.get("host"))),
+                                      "forced-%d" % int(time.time()))
             res = _restore_files(sd, m, entries, force=force, forced_dir=forced_dir, p=p)
             fault_point(p, "before_complete")
             m["state"] = "rolled-back"
