@@ -115,6 +115,8 @@ def _other_families(cov: Coverage, version: str, flags: dict[str, Any], playbook
         cov.uncertain = _join(cov.uncertain, f"the families of SGLang {version} could not be read from its code "
                                              f"({e}): only the speculative worker is checked")
         return
+    if checks and not cov.families:  # the speculative worker is not checked: its routing is not the story
+        cov.reason = ""
     for c in checks:
         cov.families.append(c.to_json())
         title = c.to_json()["title"]

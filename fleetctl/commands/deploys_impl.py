@@ -506,7 +506,7 @@ def explain(*, playbook: Path, inventory: Path | None, limit: str | None, forks:
                     named = named_files(f, pb, dict(inst.flags))
                     ienv = f.judged_env(dict(inst.effective_env))  # after the interpreter's start-up hooks
                     ic = coverage(f.package_version, dict(inst.flags), ienv, pb, model=f.model,
-                                  files=named)
+                                  draft=f.draft_model, files=named)
                     args = (engine().resolve_worker(f.package_version, dict(inst.flags), ienv,
                                                     model_arch=f.model.arch if f.model else None,
                                                     files=named).resolved_args

@@ -49,6 +49,11 @@ def _short(paths: list[str] | set[str]) -> str:
     return ", ".join(names)
 
 
+def _full(paths: list[str]) -> str:
+    """Files as the package names them (a branch of one file: 'file (name branch)')."""
+    return ", ".join(p.replace("::", " (") + " branch)" if "::" in p else p for p in dict.fromkeys(paths))
+
+
 def _norm(name: str) -> str:
     return name.lstrip("-").replace("-", "_")
 
@@ -253,7 +258,7 @@ def _check_choice(family: str, version: str, patched: list[str], choices: dict[s
             parts.append(f"with {flag} {name} the {label}{title} runs {_short(mods)}")
         else:
             parts.append(f"with {flag} {name} the {label}{title} runs "
-                         + (_short(mods) if mods else "no backend module"))
+                         + ((("one of " if len(mods) > 1 else "") + _full(mods)) if mods else "no backend module"))
     runs = list(dict.fromkeys(runs))
     if any_hit and not uncertain:
         return FamilyCheck(family, patched, runs, True, "; ".join(parts) + f"; your patch changes {mine}")
