@@ -166,6 +166,17 @@ def test_become_root_end_to_end_deploy_launch_verify_rollback(accounts: Any, sb:
     assert code == 0 and doc["hosts"][0]["status"] == "changed", doc
     assert tree(sb) == before
 
+    # the same through an Ansible INI inventory: become from the group's vars
+    d = yaml.safe_load(inv.read_text())
+    hv = d["hosts"]["h01"]
+    ini = tmp_path / "hosts.ini"
+    ini.write_text(f"[gpu]\nh01 ansible_host=127.0.0.1 ansible_port={hv['port']} ansible_user={LOGIN} "
+                   f"ansible_ssh_private_key_file={d['defaults']['identity_file']} "
+                   f"ansible_python_interpreter={hv['python']} fleetctl_known_hosts={d['defaults']['known_hosts']} "
+                   f"fleetctl_state_dir={hv['state_dir']}\n\n[gpu:vars]\nansible_become=true\n")
+    code, facts = cli(capsys, "facts", "-i", ini)
+    assert code == 0 and facts["hosts"][0]["facts"]["user"] == "root", facts["hosts"]
+
 
 def test_become_another_user_owns_state_backups_and_lock(accounts: Any, sb: Any, tmp_path: Path,
                                                         capsys: pytest.CaptureFixture[str]) -> None:
