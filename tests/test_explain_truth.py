@@ -103,3 +103,20 @@ def test_facts_fails_a_sglang_dir_the_launch_does_not_import(fresh_sandbox, caps
     code = main(["facts", "-i", str(edited_inventory(sb.inventory_path, {"sglang_dir": str(imported)})), "--json"])
     h = json.loads(capsys.readouterr().out)["hosts"][0]
     assert code == 0 and h["state"] == "ok", h
+
+
+def test_launch_refuses_what_the_patched_server_args_refuses(fresh_sandbox, capsys) -> None:
+    """Deployed on 0.5.14, launched with topk 4: launch refuses the host before starting anything,
+    with the payload's own refusal (the real server would crash on it at start-up)."""
+    import json
+
+    sb = fresh_sandbox(hosts=1, versions=("0.5.14",), gpus=1)
+    assert main(["deploy", "-i", str(sb.inventory_path), PAYLOAD]) == 0
+    capsys.readouterr()
+    inv = edited_inventory(sb.inventory_path, {"flags": {"--speculative-eagle-topk": 4,
+                                                         "--speculative-num-draft-tokens": 8}})
+    code = main(["launch", "-i", str(inv), PAYLOAD, "--json", "--timeout", "60"])
+    h = json.loads(capsys.readouterr().out)["hosts"][0]
+    assert code == 1 and h["status"] == "refused", h
+    assert "patched srt/server_args.py refuses this launch" in json.dumps(h) and "only topk=1" in json.dumps(h), h
+    assert main(["rollback", "-i", str(sb.inventory_path)]) == 0

@@ -326,6 +326,13 @@ def plan_launch(host: Host, pb: Playbook, insts: list[Instance], facts: HostFact
         problems[inst.name] += engine().log_visibility_problems(r.resolved_args, env)
         if r.startup_error:
             continue  # refused: which worker would run does not matter
+        # a check the playbook's patch adds to the argument file refuses this launch (explain says the same)
+        from fleetctl.intended import intended_data
+
+        bad_value = engine().patched_refusal(v, intended_data(pb, v), r.resolved_args) if pb.files_for(v) else None
+        if bad_value:
+            problems[inst.name].append(f"the playbook's patched {engine().args_file} refuses this launch: {bad_value}")
+            continue
         cov = (coverage(v, inst.flags, env, pb, model=facts.model, draft=facts.draft_model)
                if pb.files_for(v) is not None else None)
         if cov is not None and cov.refused and hooks:
