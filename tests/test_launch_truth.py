@@ -160,10 +160,11 @@ def test_sglang_dir_not_imported_by_the_launch_is_refused(sb: Sandbox, tmp_path:
                                                           capsys: pytest.CaptureFixture[str]) -> None:
     site = other_tree(tmp_path)
     inv = inventory(sb, tmp_path / "inv.yaml", sglang_dir=str(site / "sglang"))
-    # without a playbook (facts, rollback, status): a note naming both, sglang_dir used
+    # without a playbook: facts fails the host (issue 30.5: was exit 0 with a note), naming both
     code, doc, _ = cli(capsys, "facts", "-i", inv)
     notes = " ".join(doc["hosts"][0]["facts"]["sglang"]["notes"])
-    assert code == 0 and str(site / "sglang") in notes and str(sb.hosts["h01"].sglang_dir) in notes
+    assert code == 1 and doc["hosts"][0]["state"] == "mismatch"
+    assert str(site / "sglang") in notes and str(sb.hosts["h01"].sglang_dir) in notes
     # with the playbook's launch: refused, naming both
     code, doc, _ = cli(capsys, "explain", "-i", inv, playbook(tmp_path))
     msg = doc["hosts"][0]["reason"]
