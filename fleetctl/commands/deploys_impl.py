@@ -513,7 +513,7 @@ def explain(*, playbook: Path, inventory: Path | None, limit: str | None, forks:
                             if engine().is_known(f.package_version) else {})
                     # what the launch itself does that verify-logs would only find afterwards: a log level
                     # hiding INFO (launch refuses it), a launch command overriding the playbook's env
-                    hidden = engine().log_visibility_problems(dict(args), dict(inst.effective_env)) if args else []
+                    hidden = engine().log_visibility_problems(dict(args), ienv) if args else []
                     row["refused"] = row["refused"] or (hidden[0] if hidden else None)
                     # a check the patch adds to the argument file that refuses this launch (the crash, before it)
                     bad_value = (engine().patched_refusal(f.package_version, intended_data(pb, f.package_version), args)
