@@ -13,6 +13,7 @@ import hashlib
 import io
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import tarfile
@@ -25,6 +26,7 @@ import yaml
 
 from tests import dockerd
 from tests.jsoncli import cli, ok
+from tests.test_become import LOGIN, accounts, sudoers  # noqa: F401  (accounts: the become tests' fixture)
 
 pytestmark = [pytest.mark.usefixtures("ledger_dir"), pytest.mark.fleet]
 
@@ -212,6 +214,9 @@ def test_the_loop_through_a_docker_container(engine: dockerd.Dockerd, sandbox: A
     assert box.sha(TARGET) != pristine  # the container's file is patched ...
     assert hashlib.sha256((host_tree / TARGET).read_bytes()).hexdigest() == host_before  # ... the host's is not
     assert list((tmp_path / "state").glob("deploys/*/manifest.json"))  # records on the volume
+    again = ok(capsys, "deploy", PLAYBOOK, "-i", inv)["hosts"][0]
+    # the no-op is re-checked by the seal's one command, run inside the container like the agent
+    assert (again["status"], again["sealed"]) == ("unchanged", True), again
 
     ok(capsys, "launch", PLAYBOOK, "-i", inv)
     try:
@@ -395,3 +400,75 @@ def test_a_server_that_is_the_containers_main_process_is_restarted_by_restarting
     assert doc["hosts"][0]["facts"]["container"]["id"] == cid  # restarted, not re-created
     doc = ok(capsys, "status", "-i", inv)
     assert not any("re-created" in p for p in doc["hosts"][0].get("problems") or []), doc
+
+
+@pytest.fixture
+def open_sandbox(request: pytest.FixtureRequest) -> Any:
+    """A 1-host sandbox in a directory every user may enter (for a non-root login)."""
+    import tempfile
+
+    from fleetctl.sandbox import lifecycle
+
+    d = Path(tempfile.mkdtemp(prefix="fleetctl-nr-ctr-", dir="/tmp"))
+    d.chmod(0o755)
+
+    def down() -> None:
+        report = lifecycle.down(d / "sb", missing_ok=True)
+        shutil.rmtree(d, ignore_errors=True)
+        assert not report.survivors, report.survivors
+
+    request.addfinalizer(down)
+    return lifecycle.up(d / "sb", hosts=1, versions=[VERSION], gpus=1, bare_shell=True, host_python=SYSTEM_PYTHON)
+
+
+@pytest.mark.usefixtures("accounts")
+def test_become_and_container_compose(engine: dockerd.Dockerd, image: str, open_sandbox: Any, tmp_path: Path,
+                                      capsys: pytest.CaptureFixture[str], request: pytest.FixtureRequest) -> None:
+    """A login that may not use docker, `become: true`: sudo runs the runtime's client, the agent runs
+    in the container (ssh -> sudo -n -u root -- docker exec -i NAME -> python). Without the sudoers
+    rule, one line naming the rule for the client."""
+    box = Box(engine, open_sandbox, "fleetctl-test-become", tmp_path / "state")
+    request.addfinalizer(box.remove)
+    box.run()
+    inv = inventory(tmp_path, open_sandbox, engine, box.name)
+    doc = yaml.safe_load(inv.read_text())
+    doc["defaults"]["user"] = LOGIN
+    doc["hosts"]["h01"]["become"] = True
+    inv.write_text(yaml.safe_dump(doc, sort_keys=False))
+    client = engine.cli[0]
+
+    code, doc = cli(capsys, "facts", "-i", inv)
+    assert code == 1, doc
+    msg = doc["hosts"][0]["message"]
+    assert "h01: sudo asks for a password to become root" in msg and f"NOPASSWD: {client}" in msg, msg
+
+    sudoers(f"{LOGIN} ALL=(root) NOPASSWD: {client}\n")
+    pristine = box.sha(TARGET)
+    facts = ok(capsys, "facts", "-i", inv)["hosts"][0]["facts"]
+    assert facts["user"] == "root" and facts["container"]["name"] == box.name, facts["user"]
+    assert ok(capsys, "deploy", PLAYBOOK, "-i", inv)["hosts"][0]["status"] == "changed"
+    assert box.sha(TARGET) != pristine
+    ok(capsys, "rollback", "-i", inv)
+    assert box.sha(TARGET) == pristine
+
+
+def test_a_missing_or_stopped_container_is_one_line(engine: dockerd.Dockerd, sandbox: Any, boxes: list[Box],
+                                                    tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, doc = cli(capsys, "facts", "-i", inventory(tmp_path, sandbox, engine, "fleetctl-test-nosuch"))
+    assert code == 1, doc
+    msg = doc["hosts"][0]["message"]
+    assert msg.startswith("h01: docker container fleetctl-test-nosuch: the runtime answered nothing (exit code 1): "
+                          ) and "No such container: fleetctl-test-nosuch" in msg, msg  # (the runtime's own words)
+    box = Box(engine, sandbox, "fleetctl-test-stopped", tmp_path / "state")
+    boxes.append(box)
+    box.run()
+    engine.run("stop", "-t", "0", box.name)
+    capsys.readouterr()
+    from fleetctl.cli import main
+
+    assert main(["deploy", "-i", str(inventory(tmp_path, sandbox, engine, box.name)), str(PLAYBOOK)]) == 1
+    err = capsys.readouterr()
+    said = err.out + err.err
+    assert f"h01: docker container {box.name} is not running (id {box.id[:12]}, image {IMAGE})" in said, said
+    assert f"(start it ('{shlex.join([*engine.cli, 'start', box.name])}' on the host))" in said.replace("\n    ", " "), said
+    assert "Traceback" not in said

@@ -150,3 +150,17 @@ def test_a_hostile_inspect_answer_is_one_line(answer: bytes, why: str) -> None:
     with pytest.raises(ContainerError, match=why) as e:
         parse("h1", ContainerSpec("docker", "sglang", ("docker",)), answer)
     assert str(e.value).startswith("h1: docker container sglang: ") and "\n" not in str(e.value)
+
+
+def test_ansible_inventories_name_the_container_too(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    p = tmp_path / "hosts.yml"
+    p.write_text("all:\n  hosts:\n    gpu-c:\n      ansible_host: 127.0.0.1\n"
+                 "      fleetctl_container: {runtime: docker, name: sglang}\n")
+    (h,) = load_inventory(p).hosts
+    assert h.container == {"runtime": "docker", "name": "sglang", "main_process": False}, h.container
+    ini = tmp_path / "hosts.ini"
+    ini.write_text("gpu-d ansible_connection=community.docker.docker\n")
+    assert main(["facts", "-i", str(ini)]) == 2
+    err = capsys.readouterr().err
+    assert ("ansible_connection=community.docker.docker: fleetctl reaches a container through SSH to the machine "
+            "that runs it") in err and "fleetctl_container={runtime: docker, name: CONTAINER}" in err, err

@@ -385,6 +385,11 @@ ANSIBLE_VARS: dict[str, tuple[str, ...]] = {
 PASSWORD_VARS = ("ansible_password", "ansible_ssh_pass", "ansible_ssh_password", "ansible_become_password",
                  "ansible_become_pass", "ansible_sudo_pass", "ansible_su_pass")
 SSH_CONNECTIONS = ("ssh", "smart", "paramiko", "paramiko_ssh", "ansible.builtin.ssh", "ansible.builtin.paramiko_ssh")
+# Ansible's container connections -> the runtime fleetctl's `container:` names
+CONTAINER_CONNECTIONS = {"docker": "docker", "community.docker.docker": "docker",
+                         "community.docker.docker_api": "docker", "podman": "podman",
+                         "containers.podman.podman": "podman", "kubectl": "kubectl",
+                         "kubernetes.core.kubectl": "kubectl", "community.kubernetes.kubectl": "kubectl"}
 _TRUE = ("true", "yes", "on", "1", "y", "t")
 _FALSE = ("false", "no", "off", "0", "n", "f", "")
 
@@ -404,8 +409,14 @@ def ansible_host_fields(name: str, hv: dict[str, Any], where: str) -> dict[str, 
     out: dict[str, Any] = {}
     conn = hv.get("ansible_connection")
     if conn is not None and str(conn) not in SSH_CONNECTIONS:
+        runtime = CONTAINER_CONNECTIONS.get(str(conn))
+        if runtime is not None:  # a container: fleetctl reaches it through the machine it runs on
+            raise InputError(f"{where}: host {name}: ansible_connection={conn}: fleetctl reaches a container "
+                             "through SSH to the machine that runs it",
+                             hint="set ansible_host to that machine (SSH) and fleetctl_container="
+                                  f"{{runtime: {runtime}, name: CONTAINER}} (see docs/user-guide.md)")
         raise InputError(f"{where}: host {name}: ansible_connection={conn}: fleetctl reaches hosts over SSH only",
-                         hint="remove ansible_connection for this host, or leave it out with --limit '!NAME'")
+                         hint=f"remove ansible_connection for this host, or leave it out with --limit '!{name}'")
     for var in PASSWORD_VARS:
         if hv.get(var) not in (None, ""):
             raise InputError(f"{where}: host {name}: {var}: fleetctl never takes a password from an inventory",

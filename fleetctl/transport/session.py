@@ -639,11 +639,12 @@ class AgentTransport(Steps):
             return output
 
     def run_command(self, argv: list[str], why: str, cap: int, timeout: float | None = None, *,
-                    inside: bool = True) -> bytes | None:
+                    inside: bool = True, failed: list[tuple[int | None, bytes]] | None = None) -> bytes | None:
         """Run `argv` on the host (not the agent; through the login shell over SSH) to its end and
         return its stdout, or None if that exceeds `cap` bytes (the process is then closed). Bounded by
         `timeout` (else command_timeout) like every step. inside: in the host's container when it
-        names one (transport/layers.py); False: on the host itself (the runtime's own commands)."""
+        names one (transport/layers.py); False: on the host itself (the runtime's own commands).
+        failed: a list the command's (exit status, stderr tail) is appended to when it ends."""
         limit = timeout if timeout is not None else self.host.command_timeout
         pipe = self._start_pipe(remote_argv(self.host, argv, inside=inside), limit)
         deadline = self._begin(why, limit, f"{self.host.name}: {why}: no end within {limit:g}s")
@@ -655,6 +656,9 @@ class AgentTransport(Steps):
                     raise RemoteError(self.step_stalled, kind="timeout")
                 data = pipe.recv(CHUNK, min(POLL, left))
                 if data == b"":
+                    if failed is not None:  # the caller wants to know why it printed what it did
+                        failed.append((pipe.exit_status(min(5.0, max(0.1, deadline - time.monotonic()))),
+                                       pipe.stderr()[-STDERR_TAIL:]))
                     return bytes(out)
                 if data:
                     out += data
