@@ -185,6 +185,21 @@ class Ledger:
             out.append(d)
         return out
 
+    def last_change(self, host: str) -> tuple[str, str, Any] | None:
+        """The newest deploy or rollback that changed `host` (by its inventory name): (op id, kind,
+        its recorded detail), or None."""
+        row = self.db.execute(
+            "SELECT o.id, o.kind, h.detail FROM host_results h JOIN operations o ON o.id = h.op_id "
+            "WHERE h.host=? AND h.status='changed' AND o.kind IN ('deploy', 'rollback') "
+            "ORDER BY o.started DESC LIMIT 1", (_storable(host),)).fetchone()
+        if row is None:
+            return None
+        try:
+            detail = json.loads(row[2]) if row[2] else None
+        except ValueError:
+            detail = None
+        return row[0], row[1], detail
+
     def get(self, op_id: str) -> dict[str, Any] | None:
         row = self.db.execute("SELECT id, kind, started, finished, user, controller, inventory, inventory_sha256, "
                               "playbook, playbook_sha256, args, outcome, pid, boot_id, proc_start, interrupted_seen "

@@ -472,3 +472,31 @@ def test_a_missing_or_stopped_container_is_one_line(engine: dockerd.Dockerd, san
     assert f"h01: docker container {box.name} is not running (id {box.id[:12]}, image {IMAGE})" in said, said
     assert f"(start it ('{shlex.join([*engine.cli, 'start', box.name])}' on the host))" in said.replace("\n    ", " "), said
     assert "Traceback" not in said
+
+
+def test_a_re_created_container_whose_records_died_with_it_is_said_from_the_ledger(
+        engine: dockerd.Dockerd, sandbox: Any, boxes: list[Box], tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The state dir on the container's own filesystem (warned at deploy): re-creating the container
+    takes the records too; status and verify-logs still say it, from this controller's ledger."""
+    box = Box(engine, sandbox, "fleetctl-test-eph2", None)
+    boxes.append(box)
+    old = box.run()
+    inv = inventory(tmp_path, sandbox, engine, box.name, state_dir="/root/.fleetctl")
+    doc = ok(capsys, "deploy", PLAYBOOK, "-i", inv)
+    assert doc["hosts"][0]["status"] == "changed", doc["hosts"][0]
+    box.remove()
+    new = box.run()
+    code, doc = cli(capsys, "status", "-i", inv)
+    assert code == 1, doc
+    line = next((p for p in doc["hosts"][0]["problems"] if "re-created" in p), "")
+    assert f"container {old[:12]} then, {new[:12]} now" in line and "this controller's ledger says so" in line, doc
+    ok(capsys, "launch", PLAYBOOK, "-i", inv, "--drop-unknown-flags")
+    try:
+        code, v = cli(capsys, "verify-logs", PLAYBOOK, "-i", inv)
+        assert code == 1 and "this controller's ledger says so" in json.dumps(v), v
+    finally:
+        ok(capsys, "stop", "-i", inv)
+    ok(capsys, "deploy", PLAYBOOK, "-i", inv)  # the new container patched: nothing to say any more
+    code, doc = cli(capsys, "status", "-i", inv)
+    assert not any("re-created" in p for p in doc["hosts"][0].get("problems") or []), doc

@@ -136,7 +136,8 @@ def deploy(*, playbook: Path, inventory: Path | None, limit: str | None, forks: 
                                                               then_facts=lambda h: discover_facts(h, pb)))
         rows = [results[h.name] for h in ctx.fleet.hosts if h.name in results]
         failed = [r for r in rows if r.status not in ("changed", "unchanged")]
-        record.finish(not failed, [r.to_json() for r in rows])
+        record.finish(not failed, [{**r.to_json(), **({"detail": {"container": r.container}} if r.container else {})}
+                                   for r in rows])
         elapsed = ctx.elapsed()
         counts = {st: sum(1 for r in rows if r.status == st)
                   for st in ("changed", "unchanged", "refused", "unreachable", "failed")}

@@ -71,3 +71,28 @@ def recreated(host: str, now: ContainerInfo, deploy_id: str, record: dict[str, A
 
 def _label(box: ContainerInfo) -> str:
     return ContainerSpec(box.runtime, box.name, (box.runtime,)).label
+
+
+def recreated_per_ledger(host: str, now: ContainerInfo) -> str | None:
+    """When the host's records say nothing (its state dir died with the old container): this
+    controller's ledger, if its newest change of `host` was a deploy that recorded another container."""
+    try:
+        from fleetctl.ledger import Ledger
+
+        led = Ledger()
+        try:
+            got = led.last_change(host)
+        finally:
+            led.close()
+    except Exception:  # (no ledger, or one of another layout: nothing to say)
+        return None
+    if got is None or got[1] != "deploy" or not isinstance(got[2], dict):
+        return None
+    rec = got[2].get("container")
+    if not isinstance(rec, dict):
+        return None
+    line = recreated(host, now, got[0], rec)
+    if line is None:
+        return None
+    return line + ("; that deploy's records and backups were on the old container's own filesystem and went with "
+                   "it (this controller's ledger says so): put state_dir on a mounted volume")

@@ -323,6 +323,7 @@ class HostApply:
     elapsed: float = 0.0
     sealed: bool = False  # re-checked from its seal (fleetctl/seal.py): no agent, no Python started
     servers: Any = None  # HostServers read right after a change (the restart reminder), if asked
+    container: dict[str, Any] | None = None  # the container it patched (recorded in the ledger too)
 
     def to_json(self) -> dict[str, Any]:
         return {"host": self.host, "status": self.status, "message": self.message, "deploy_id": self.deploy_id,
@@ -422,6 +423,8 @@ def apply_plan(fleet: Fleet, plan: Plan, playbook: Playbook, op_id: str, *, vali
         if bad:
             r.status = "failed"
             r.message = "verification failed after deploy: " + "; ".join(bad)
+        if box is not None and res.deploy_id:
+            r.container = box.record()
         if disc is not None and res.deploy_id:
             from fleetctl.ops.discover import servers_after
 

@@ -75,10 +75,11 @@ def _container_problems(host: str, f: Any) -> list[str]:
     re-created container has another hostname, so its records read as another machine's)."""
     if f.container is None:
         return []
-    from fleetctl.containers.advice import recreated
+    from fleetctl.containers.advice import recreated, recreated_per_ledger
 
     for m in reversed(f.deploys()):
         if m.kind == "deploy" and m.state == "complete" and m.container:
             line = recreated(host, f.container, m.id, m.container)
             return [line] if line else []
-    return []
+    line = recreated_per_ledger(host, f.container)  # (no record on the host: it may have died with it)
+    return [line] if line else []

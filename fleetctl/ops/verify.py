@@ -375,13 +375,15 @@ def _site(pb: Playbook, marker: str, worker: dict[str, Any]) -> dict[str, Any] |
 def _recreated(conn: Transport, got: ServerGrepAnswer) -> str | None:
     """For a container host: the line saying the container was re-created since the newest deploy
     that recorded it (the patch went with the old container); None otherwise."""
-    if not conn.host.container or got.container_deploy is None:
+    if not conn.host.container:
         return None
-    from fleetctl.containers.advice import recreated
+    from fleetctl.containers.advice import recreated, recreated_per_ledger
     from fleetctl.containers.host import inspect
 
     now = inspect(conn)
     assert now is not None
+    if got.container_deploy is None:  # (no record on the host: it may have died with the old container)
+        return recreated_per_ledger(conn.host.name, now)
     return recreated(conn.host.name, now, got.container_deploy.id, got.container_deploy.container)
 
 
