@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
-import socket
 import sys
 import threading
 import time
@@ -108,6 +106,7 @@ def begin(command: str, *, log_file: str | None, argv: Sequence[str], inventory:
     path = Path(log_file).expanduser() if log_file else default_path()
     log = RunLog(path, command)
     import getpass
+    import socket
 
     log.event("start", argv=list(argv), inventory=str(inventory), cwd=os.getcwd(), user=getpass.getuser(),
               controller=socket.gethostname(), pid=os.getpid(),
@@ -185,6 +184,8 @@ _DROP = ("--json",)
 
 def rerun_command(argv: Sequence[str], retry: Path) -> str:
     """The command as it was run, with `--limit @RETRY` in place of its --limit (quoted for a shell)."""
+    import shlex
+
     args: list[str] = []
     skip = False
     for a in argv:
