@@ -13,6 +13,7 @@ on real sshd sandbox hosts:
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -146,27 +147,39 @@ def _port(inv: Path, host: str) -> int:
 # ------------------------------------------------------------------ 6: one tree, two hosts
 
 
-@pytest.fixture
-def shared_tree(fresh_sandbox, tmp_path: Path) -> Iterator[tuple[sbx.Sandbox, Path]]:  # type: ignore[no-untyped-def]
-    """h01's package dir bind-mounted onto h02's (each host keeps its own path, python and state dir),
-    h02's sshd in its own UTS namespace (another hostname). Unmounted at the end, also on failure."""
+@pytest.fixture(params=["bind-mount", "symlink"])
+def shared_tree(fresh_sandbox, tmp_path: Path,  # type: ignore[no-untyped-def]
+                request: pytest.FixtureRequest) -> Iterator[tuple[sbx.Sandbox, Path, Path]]:
+    """h02 reaches h01's package tree and keeps its own python and state dir: h01's package dir
+    bind-mounted onto h02's (h02 keeps its own path: as an NFS client would), or h02's package dir a
+    symlink to h01's (a shared dir linked in); h02's sshd runs in its own UTS namespace (another
+    hostname). Yields the sandbox, its inventory and where the tree's records go. Unmounted at the
+    end, also on failure."""
     from test_hoststate import _as_other_machine
 
     sb = fresh_sandbox(hosts=2, versions=(VERSION,), gpus=1)
     src, dst = sb.hosts["h01"].sglang_dir, sb.hosts["h02"].sglang_dir
-    got = subprocess.run(["mount", "--bind", str(src), str(dst)], capture_output=True, text=True)
-    if got.returncode != 0:
-        pytest.skip(f"cannot bind-mount here: {got.stderr.strip()}")
+    mounted = request.param == "bind-mount"
+    if mounted:
+        got = subprocess.run(["mount", "--bind", str(src), str(dst)], capture_output=True, text=True)
+        if got.returncode != 0:
+            pytest.skip(f"cannot bind-mount here: {got.stderr.strip()}")
+        records = src / ".fleetctl-tree"  # inside the tree: h02 mounts the package dir itself
+    else:
+        shutil.rmtree(dst)
+        dst.symlink_to(src)
+        records = src.parent / ".fleetctl-tree-sglang"  # beside it: the parent is reached too
     try:
         _as_other_machine(sb, "h02", "other-machine")
-        yield sb, write_inventory(sb, tmp_path / "inv.yaml", command_timeout=60)
+        yield sb, write_inventory(sb, tmp_path / "inv.yaml", command_timeout=60), records
     finally:
-        subprocess.run(["umount", str(dst)], check=True)
+        if mounted:
+            subprocess.run(["umount", str(dst)], check=True)
 
 
-def test_tree_shared_by_two_hosts(shared_tree: tuple[sbx.Sandbox, Path],
+def test_tree_shared_by_two_hosts(shared_tree: tuple[sbx.Sandbox, Path, Path],
                                   capsys: pytest.CaptureFixture[str]) -> None:
-    sb, inv = shared_tree
+    sb, inv, records = shared_tree
     i, pb = ("-i", str(inv)), str(PLAYBOOK)
     pkg1, pkg2 = sb.hosts["h01"].sglang_dir, sb.hosts["h02"].sglang_dir
 
@@ -181,7 +194,6 @@ def test_tree_shared_by_two_hosts(shared_tree: tuple[sbx.Sandbox, Path],
     r1, r2 = _rows(dep)["h01"], _rows(dep)["h02"]
     assert r1["status"] == r2["status"] == "changed" and r1["deploy_id"] == r2["deploy_id"], dep
     assert "deployed once, by h01's transaction" in r2["message"], r2
-    records = pkg1 / ".fleetctl-tree"  # inside the tree: h02 mounts the package dir itself
     assert len(list((records / "deploys").glob("*/manifest.json"))) == 1 and (records / "id").is_file()
     assert not list((sb.hosts["h02"].state_dir / "deploys").glob("*/manifest.json"))
     assert _hash(pkg1) == _hash(pkg2) != _pristine()

@@ -396,6 +396,19 @@ def hash_files(pkg_dir, rels):
     return out
 
 
+def _tree_manifests(state_dir, pkg_dir):
+    """The manifests recorded with a shared package tree (agent_deploy.tree_records_dirs)."""
+    out = []
+    if not pkg_dir:
+        return out
+    real = os.path.realpath(pkg_dir)
+    for rdir in tree_records_dirs(real):
+        if os.path.isdir(rdir) and os.path.realpath(rdir) != os.path.realpath(expand(state_dir)):
+            mark_shared(rdir, real)
+            out += list_manifests(rdir)
+    return out
+
+
 def deploy_on_disk(state_dir, pkg_dir=None):
     """The newest complete deploy whose files all still hold its patched bytes (None: none does).
     With the package dir the server imports: only deploys of that tree, those recorded beside a
@@ -403,10 +416,7 @@ def deploy_on_disk(state_dir, pkg_dir=None):
     ms = list_manifests(state_dir)
     real = os.path.realpath(pkg_dir) if pkg_dir else None
     if real:
-        for rdir in tree_records_dirs(real):
-            if os.path.isdir(rdir) and os.path.realpath(rdir) != os.path.realpath(expand(state_dir)):
-                mark_shared(rdir, real)
-                ms = sorted(ms + list_manifests(rdir), key=lambda m: (m.get("created", 0), m.get("id", "")))
+        ms = sorted(ms + _tree_manifests(state_dir, real), key=lambda m: (m.get("created", 0), m.get("id", "")))
         ms = [m for m in ms if os.path.realpath(m.get("package_real") or m.get("package_dir") or "") == real]
     for m in reversed(ms):
         if m.get("state") != "complete" or not m.get("files"):
@@ -808,7 +818,8 @@ def _start_locked(p, sd, name, lid, argv, env):
     if prev is not None and launch_alive(prev):
         raise AgentError("%s is already running (pid %s, launch %s); stop it first or use --replace"
                          % (name, prev.get("pid"), prev.get("launch_id")), "running")
-    for m in list_manifests(sd):
+    pkg = p.get("package_dir")
+    for m in list_manifests(sd) + _tree_manifests(sd, pkg):
         if m.get("state") in OPEN_STATES:
             raise AgentError("deploy %s was interrupted (%s): the files are mixed; run 'fleetctl rollback' or "
                              "'fleetctl deploy' to repair before launching" % (m.get("id"), m.get("state")),
@@ -818,7 +829,6 @@ def _start_locked(p, sd, name, lid, argv, env):
         mkdirs(os.path.join(d, sub))
     log = os.path.join(d, "logs", lid + ".log")
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o600)
-    pkg = p.get("package_dir")
     hashes = hash_files(pkg, p.get("hash_files")) if pkg else {}
     dep = deploy_on_disk(sd, pkg)
     cwd = launch_cwd(p.get("cwd"), env)
