@@ -29,5 +29,5 @@ def manager_request(host: Host, kind: str, stop_timeout: float) -> dict[str, Any
                 "conf_dir": host.supervisor_conf_dir or SUPERVISOR_CONF_DIR, "stop_timeout": stop_timeout}
     if kind == "systemd":
         return {"kind": "systemd", "unit_dir": host.systemd_unit_dir or SYSTEMD_UNIT_DIR, "ctl": ["systemctl"],
-                "journalctl": ["journalctl"], "stop_timeout": stop_timeout}
+                "journalctl": ["journalctl"], "stop_timeout": stop_timeout, "unit": host.systemd_unit}
     return None

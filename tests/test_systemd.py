@@ -53,6 +53,32 @@ def test_unit_has_the_launch_argv_env_and_passes_systemd_analyze_verify(tmp_path
         a.systemd_unit("u.service", "u", "l1", ["/bin/x", "a\nb"], {}, None, "/", 5)
 
 
+def test_dropin_for_an_operators_template_unit_passes_systemd_analyze_verify(tmp_path: Path) -> None:
+    """`systemd_unit: sglang@.service` in the inventory: fleetctl writes a drop-in for the instance
+    of the operator's template (its ExecStart= cleared, then the launch's), checked by systemd with
+    the operator's unit it overrides."""
+    unit = a.operator_unit("sglang@.service", "port-30000")
+    assert unit == "sglang@port-30000.service" and a.operator_unit("sglang.service", "x") == "sglang.service"
+    with pytest.raises(a.AgentError, match="name a service unit"):
+        a.operator_unit("../evil.service", "x")
+    drop = a.systemd_dropin(unit, "l1", [sys.executable, "-c", "print(1)"], {"NCCL_DEBUG": "WARN"}, None, "/tmp", 20)
+    lines = drop.splitlines()
+    assert lines[1:4] == ["[Service]", "ExecStart=", f'ExecStart="{sys.executable}" "-c" "print(1)"'], lines
+    assert 'Environment="NCCL_DEBUG=WARN"' in lines and "TimeoutStopSec=20" in lines
+    (tmp_path / "sglang@.service").write_text("[Unit]\nDescription=the operator's SGLang\n\n[Service]\n"
+                                              "ExecStart=/usr/bin/false\nUser=root\n")
+    d = tmp_path / f"{unit}.d"
+    d.mkdir()
+    (d / "50-fleetctl.conf").write_text(drop)
+    if shutil.which("systemd-analyze") is None:
+        pytest.skip("systemd-analyze is not installed")
+    r = subprocess.run(["systemd-analyze", "verify", "--man=no", str(tmp_path / unit)], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    (d / "50-fleetctl.conf").write_text(drop.replace("KillMode=control-group", "KillMode=bogus"))
+    r = subprocess.run(["systemd-analyze", "verify", "--man=no", str(tmp_path / unit)], capture_output=True, text=True)
+    assert "50-fleetctl.conf" in r.stderr  # the drop-in is read with the unit (the check above is not vacuous)
+
+
 def _export(entries: list[dict[str, bytes | str]]) -> bytes:
     """systemd's journal export format (binary-safe fields length-prefixed)."""
     out = b""

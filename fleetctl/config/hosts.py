@@ -54,6 +54,7 @@ class Host:
     supervisorctl: str | None = None
     supervisor_conf_dir: str | None = None
     systemd_unit_dir: str | None = None
+    systemd_unit: str | None = None  # an operator's own unit (or template) to run through a drop-in
 
     @property
     def becomes(self) -> bool:

@@ -178,6 +178,7 @@ class HostFields(Strict):
     supervisorctl: str | None = None
     supervisor_conf_dir: str | None = None
     systemd_unit_dir: str | None = None
+    systemd_unit: str | None = None  # the operator's own unit: fleetctl writes a drop-in for it
 
     _env = field_validator("env")(classmethod(lambda cls, v: check_env(v)))
     _flags = field_validator("flags")(classmethod(lambda cls, v: check_flags(v)))
@@ -361,6 +362,7 @@ def _resolve(path: Path, doc: YamlDoc, raw: InventoryFile, *, group_hosts: dict[
                 supervisorctl=pick("supervisorctl"),
                 supervisor_conf_dir=pick("supervisor_conf_dir"),
                 systemd_unit_dir=pick("systemd_unit_dir"),
+                systemd_unit=pick("systemd_unit"),
             )
         )
     if not hosts:

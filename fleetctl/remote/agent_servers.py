@@ -990,21 +990,40 @@ def _systemd_path(path):
     return path.replace("%", "%%")
 
 
-def systemd_unit(unit, name, lid, argv, env, secret_file, cwd, stop_timeout):
-    """The service unit fleetctl writes for one instance: the launch's exact argv (ExecStart=), its
-    environment (Environment=; secret values only in the 0600 EnvironmentFile=), its cwd; started
-    and stopped only by fleetctl (no Restart=, no [Install]), the whole cgroup stopped."""
-    lines = ["# written by fleetctl (launch.manager: systemd) for launch %s; rewritten at each launch" % lid,
-             "[Unit]", "Description=fleetctl server %s (launch %s)" % (name, lid), "", "[Service]", "Type=exec",
-             "ExecStart=" + " ".join(_systemd_word(a, True) for a in argv),
-             "WorkingDirectory=" + _systemd_path(cwd)]
+def _service_lines(unit, argv, env, secret_file, cwd, stop_timeout):
+    lines = ["ExecStart=" + " ".join(_systemd_word(a, True) for a in argv), "WorkingDirectory=" + _systemd_path(cwd)]
     for k in sorted(env):
         lines.append("Environment=" + _systemd_word("%s=%s" % (k, env[k])))
     if secret_file:
         lines.append("EnvironmentFile=" + _systemd_path(secret_file))
     lines += ["Restart=no", "KillMode=control-group", "TimeoutStopSec=%d" % max(1, int(stop_timeout + 0.999)),
               "SyslogIdentifier=" + unit[:-len(".service")], "StandardOutput=journal", "StandardError=journal"]
-    return "".join(x + "\n" for x in lines)
+    return lines
+
+
+def systemd_unit(unit, name, lid, argv, env, secret_file, cwd, stop_timeout):
+    """The service unit fleetctl writes for one instance: the launch's exact argv (ExecStart=), its
+    environment (Environment=; secret values only in the 0600 EnvironmentFile=), its cwd; started
+    and stopped only by fleetctl (no Restart=, no [Install]), the whole cgroup stopped."""
+    lines = ["# written by fleetctl (launch.manager: systemd) for launch %s; rewritten at each launch" % lid,
+             "[Unit]", "Description=fleetctl server %s (launch %s)" % (name, lid), "", "[Service]", "Type=exec"]
+    return "".join(x + "\n" for x in lines + _service_lines(unit, argv, env, secret_file, cwd, stop_timeout))
+
+
+def systemd_dropin(unit, lid, argv, env, secret_file, cwd, stop_timeout):
+    """A drop-in for an operator's own unit (inventory `systemd_unit:`): its ExecStart= cleared and
+    replaced by the launch's, with the launch's env and cwd; the rest of the operator's unit holds."""
+    lines = ["# written by fleetctl (launch.manager: systemd) for launch %s; rewritten at each launch" % lid,
+             "[Service]", "ExecStart="]
+    return "".join(x + "\n" for x in lines + _service_lines(unit, argv, env, secret_file, cwd, stop_timeout))
+
+
+def operator_unit(given, name):
+    """The unit an inventory's `systemd_unit:` names for instance `name` (a template's instance)."""
+    if not given.endswith(".service") or "/" in given or given.startswith("."):
+        raise AgentError("systemd_unit %r: name a service unit (NAME.service or a template NAME@.service)" % given,
+                         "bad_input")
+    return given[:-len("@.service")] + "@" + name + ".service" if given.endswith("@.service") else given
 
 
 def env_file_text(env):
@@ -1036,7 +1055,7 @@ def _start_systemd(sd, d, name, lid, argv, env, cwd, rec, mgr, p):
     if not os.path.isdir(unit_dir):
         raise AgentError("systemd unit dir %s does not exist (set systemd_unit_dir: in the inventory)" % unit_dir,
                          "bad_input")
-    unit = "fleetctl-%s.service" % name
+    unit = operator_unit(mgr["unit"], name) if mgr.get("unit") else "fleetctl-%s.service" % name
     public = p.get("public_env") or {}
     given = p.get("env") or {}
     secret = dict((k, v) for k, v in env.items() if k in given and public.get(k) != v)
@@ -1045,9 +1064,15 @@ def _start_systemd(sd, d, name, lid, argv, env, cwd, rec, mgr, p):
     if secret:
         secret_file = os.path.join(d, "launches", lid + ".env")
         write_atomic(secret_file, env_file_text(secret).encode())
-    path = os.path.join(unit_dir, unit)
-    write_atomic(path, systemd_unit(unit, name, lid, argv, plain, secret_file, cwd,
-                                    float(mgr.get("stop_timeout") or 30)).encode(), 0o644)
+    stop_t = float(mgr.get("stop_timeout") or 30)
+    if mgr.get("unit"):  # the operator's unit: a drop-in in its .d directory
+        mkdirs(os.path.join(unit_dir, unit + ".d"))
+        path = os.path.join(unit_dir, unit + ".d", "50-fleetctl.conf")
+        text = systemd_dropin(unit, lid, argv, plain, secret_file, cwd, stop_t)
+    else:
+        path = os.path.join(unit_dir, unit)
+        text = systemd_unit(unit, name, lid, argv, plain, secret_file, cwd, stop_t)
+    write_atomic(path, text.encode(), 0o644)
     rec.update(manager="systemd", program=unit, manager_conf=path, ctl=ctl,
                journalctl=[str(x) for x in mgr.get("journalctl") or ["journalctl"]], pid=None)
     t = float(mgr.get("timeout") or 90)
