@@ -65,6 +65,9 @@ class Engine(Protocol):
     # -- which code runs for given flags/env/model
     def resolve_worker(self, version: str, flags: dict[str, Any], env: dict[str, str], *,
                        model_arch: str | None = None, files: Mapping[str, bytes | str] | None = None) -> Resolution: ...
+    def launch_file_note(self, version: str, flags: Mapping[str, Any], files: Mapping[str, bytes | str] | None) -> str | None:
+        """What the engine makes of the files the launch names, as read (explain's note; None: nothing read)."""
+        ...
     def launch_files(self, flags: Mapping[str, Any]) -> list[str]:
         """Host files the launch's flags name that the engine reads at start-up (facts reads them)."""
         ...

@@ -129,6 +129,7 @@ def test_explain_reads_the_adaptive_config_on_the_host(tmp_path: Path, fresh_san
     cfg.write_text('{"1": {"candidate_steps": [1, 3]}, "33": {"candidate_steps": [0]}}')
     code, h = explain()
     assert code == 0 and not h.get("refused") and "not read" not in json.dumps(h), h
+    assert f"adaptive config {cfg} (read," in json.dumps(h) and "candidate steps [0, 1, 3]" in json.dumps(h), h
     cfg.unlink()
     code, h = explain()
     assert code == 1 and str(cfg) in (h.get("refused") or "") and "cannot open" in h["refused"], h

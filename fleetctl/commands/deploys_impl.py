@@ -522,8 +522,9 @@ def explain(*, playbook: Path, inventory: Path | None, limit: str | None, forks:
                     if bad_value:
                         row["refused"] = row["refused"] or (f"the playbook's patched {engine().args_file} refuses this "
                                                             f"launch: {bad_value}")
+                    read = engine().launch_file_note(f.package_version, dict(inst.flags), named)
                     row["notes"] = [*row.get("notes", []), *(n for n in hidden[1:] + env_overrides(
-                        dict(inst.env), inst.launch) if n not in row.get("notes", []))]
+                        dict(inst.env), inst.launch) + ([read] if read else []) if n not in row.get("notes", []))]
                     row["instances"].append({"instance": inst.name, "gpus": list(inst.gpus), "port": inst.port,
                                              "worker_class": ic.worker_class, "worker_file": ic.worker_file,
                                              "disable_overlap_schedule": ic.disable_overlap_schedule,

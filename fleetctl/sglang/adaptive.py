@@ -189,6 +189,25 @@ def named_files(flags: dict[str, Any]) -> list[str]:
     return [path]
 
 
+def read_note(version: str, flags: dict[str, Any], files: dict[str, bytes | str] | None) -> str | None:
+    """What explain says of the adaptive config an adaptive launch names, as read (None: nothing read)."""
+    path = flags.get("--speculative-adaptive-config")
+    if not _truthy(flags.get("--speculative-adaptive")) or not isinstance(path, str) or files is None:
+        return None
+    got = files.get(path)
+    if got is None or isinstance(got, str):
+        return None if got is None else f"adaptive config {path}: not readable on the host: {got}"
+    if config_format(version) in ("per_bs_positive", "per_bs"):
+        try:
+            cands = loader_candidates(version, got)
+        except LoaderError as e:
+            return f"adaptive config {path}: SGLang {version}'s loader refuses it: {e}"
+        zero = [k for k in zero_step_slots(json.loads(got.decode("utf-8")))]
+        return (f"adaptive config {path} (read, {len(got)} bytes): SGLang {version}'s loader takes it: candidate steps "
+                f"{cands}" + (f"; steps=0 from batch size {zero[0]}" if zero else ""))
+    return f"adaptive config {path} (read, {len(got)} bytes): SGLang {version} reads it in the worker, not at start-up"
+
+
 def zero_step_slots(cfg: dict[str, Any]) -> list[int]:
     """The batch-size keys of the slots whose candidate_steps include 0."""
     return sorted(int(k) for k, e in cfg.items() if k.isdigit() and isinstance(e, dict)

@@ -74,6 +74,11 @@ class SGLangEngine:
                 _RESOLVED[key] = hit
         return hit
 
+    def launch_file_note(self, version: str, flags: Mapping[str, Any], files: Mapping[str, bytes | str] | None) -> str | None:
+        from fleetctl.sglang import adaptive
+
+        return adaptive.read_note(version, dict(flags), dict(files) if files is not None else None)
+
     def launch_files(self, flags: Mapping[str, Any]) -> list[str]:
         from fleetctl.sglang import adaptive
 
