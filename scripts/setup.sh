@@ -53,14 +53,16 @@ if [ -n "$need" ]; then
     fi
 fi
 
-# A real Docker engine for the container tests (tests/test_containers.py starts its own dockerd on a
-# private socket and stops it; they are skipped where none can run). Debian's docker.io; a failure
-# here only skips those tests. FLEETCTL_NO_DOCKER=1 leaves it out.
-if [ "${FLEETCTL_NO_DOCKER:-0}" != 1 ] && ! command -v dockerd >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
-    echo "setup: installing docker.io (a local Docker engine for the container tests)"
+# Real container runtimes for the container tests (tests/test_containers.py starts its own dockerd on
+# a private socket, and podman on storage of its own, and stops them; they are skipped where none can
+# run). Debian's docker.io and podman; a failure here only skips those tests. FLEETCTL_NO_DOCKER=1
+# leaves them out.
+if [ "${FLEETCTL_NO_DOCKER:-0}" != 1 ] && [ "$(id -u)" = 0 ] \
+   && { ! command -v dockerd >/dev/null 2>&1 || ! command -v podman >/dev/null 2>&1; }; then
+    echo "setup: installing docker.io and podman (local container runtimes for the container tests)"
     export DEBIAN_FRONTEND=noninteractive
-    { apt-get update -qq && apt-get install -y -qq --no-install-recommends docker.io >/dev/null; } \
-        || echo "setup: docker.io did not install: the container tests will be skipped" >&2
+    { apt-get update -qq && apt-get install -y -qq --no-install-recommends docker.io podman >/dev/null; } \
+        || echo "setup: docker.io/podman did not install: the container tests will be skipped" >&2
 fi
 
 # The cached CPU SGLang venv of `explain --probe`'s tests and `sandbox up --cpu-sglang` (torch CPU

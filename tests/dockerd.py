@@ -127,11 +127,56 @@ def mounts_under(root: Path) -> list[str]:
     return out
 
 
-def import_rootfs(d: Dockerd, rootfs: Path, tag: str) -> None:
-    """`docker import` the directory `rootfs` as image `tag`."""
+def make_tar(rootfs: Path) -> Path:
     tar = rootfs.with_suffix(".tar")
     with tarfile.open(tar, "w") as tf:
         for p in sorted(rootfs.iterdir()):
             tf.add(p, arcname=p.name)
+    return tar
+
+
+def import_rootfs(d: Dockerd | Podman, rootfs: Path, tag: str) -> None:
+    """`docker import` (or podman's) the directory `rootfs` as image `tag`."""
+    tar = make_tar(rootfs)
     d.run("import", str(tar), tag)
     tar.unlink()
+
+
+@dataclass
+class Podman:
+    """podman with storage of its own under `root` (no daemon): the same `cli`/`run` as Dockerd.
+    This machine's hard limits are below podman's default rlimits for a container (nofile, nproc:
+    runc's setrlimit then fails), so containers get `RUN_ARGS`."""
+
+    root: Path
+    RUN_ARGS = ("--ulimit", "nofile=4096:4096", "--ulimit", "nproc=4096:4096", "--init-path", "/usr/bin/docker-init")
+
+    @property
+    def cli(self) -> list[str]:
+        return [shutil.which("podman") or "podman", "--root", str(self.root / "storage"), "--runroot",
+                str(self.root / "run"), "--tmpdir", str(self.root / "tmp"), "--cgroup-manager", "cgroupfs",
+                "--events-backend", "file"]
+
+    def run(self, *args: str, check: bool = True, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
+        p = subprocess.run([*self.cli, *args], capture_output=True, text=True, timeout=timeout)
+        if check and p.returncode != 0:
+            raise RuntimeError(f"podman {' '.join(args)}: exit {p.returncode}: {p.stderr.strip()}")
+        return p
+
+
+def podman_why_not() -> str | None:
+    if os.getuid() != 0:
+        return "rootful podman needs root"
+    if not shutil.which("podman") or not os.access("/usr/bin/docker-init", os.X_OK):
+        return "no podman (Debian's podman package) or no /usr/bin/docker-init (docker.io's tini) here"
+    return None
+
+
+def podman_stop(p: Podman) -> None:
+    """Remove every container and image of this storage, then unmount what it left mounted."""
+    ids = p.run("ps", "-aq", check=False).stdout.split()
+    if ids:
+        p.run("rm", "-f", "-t", "0", *ids, check=False)
+    p.run("rmi", "-a", "-f", check=False)
+    for m in reversed(mounts_under(p.root)):
+        subprocess.run(["umount", m], capture_output=True)

@@ -77,8 +77,14 @@ def _pyver() -> str:
 
 
 @pytest.fixture(scope="module")
-def image(engine: dockerd.Dockerd, sandbox: Any, tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The image: the sandbox host's SGLang release tree in the lmsysorg/sglang layout."""
+def image(engine: dockerd.Dockerd, rootfs: Path) -> str:
+    engine.run("import", str(rootfs), IMAGE)
+    return IMAGE
+
+
+@pytest.fixture(scope="module")
+def rootfs(sandbox: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The image's root filesystem (a tar): the sandbox host's SGLang release tree in the lmsysorg/sglang layout."""
     h = sandbox.hosts["h01"]
     root = Path(str(tmp_path_factory.mktemp("rootfs"))) / "rootfs"
     for d in ("etc", "tmp", "proc", "sys", "dev", "root", "run", "var/lib"):
@@ -114,16 +120,17 @@ def image(engine: dockerd.Dockerd, sandbox: Any, tmp_path_factory: pytest.TempPa
     shutil.copytree(torch, sp / torch.name)
     # the sandbox's server simulator (fleetctl's host-side package), mounted read-only at run time
     (sp / "fleetctl_hostlib.pth").write_text("/opt/fleetctl-hostlib\n")
-    dockerd.import_rootfs(engine, root, IMAGE)
+    tar = dockerd.make_tar(root)
     shutil.rmtree(root)
-    return IMAGE
+    return tar
 
 
 class Box:
     """One container of the image, made by the test and removed in its finalizer."""
 
-    def __init__(self, engine: dockerd.Dockerd, sandbox: Any, name: str, state: Path | None,
-                 read_only: bool = False) -> None:
+    def __init__(self, engine: dockerd.Dockerd | dockerd.Podman, sandbox: Any, name: str, state: Path | None,
+                 read_only: bool = False, image: str = IMAGE) -> None:
+        self.image = image
         self.engine, self.sandbox, self.name, self.state, self.read_only = engine, sandbox, name, state, read_only
         self.id = ""
 
@@ -141,7 +148,8 @@ class Box:
             args += ["-v", f"{self.state}:{STATE}"]
         if self.read_only:
             args.append("--read-only")
-        self.id = self.engine.run(*args, IMAGE, *(command or ("sleep", "infinity"))).stdout.strip()
+        args += getattr(self.engine, "RUN_ARGS", ())
+        self.id = self.engine.run(*args, self.image, *(command or ("sleep", "infinity"))).stdout.strip()
         return self.id
 
     def wait_log(self, line: str, count: int, timeout: float = 120.0) -> None:
@@ -177,8 +185,8 @@ def boxes(engine: dockerd.Dockerd, sandbox: Any, image: str) -> Iterator[list[Bo
             b.remove()
 
 
-def inventory(tmp_path: Path, sandbox: Any, engine: dockerd.Dockerd, name: str, *,
-              state_dir: str = STATE, **container: Any) -> Path:
+def inventory(tmp_path: Path, sandbox: Any, engine: dockerd.Dockerd | dockerd.Podman, name: str, *,
+              state_dir: str = STATE, runtime: str = "docker", **container: Any) -> Path:
     doc = yaml.safe_load(sandbox.inventory_path.read_text())
     for k in ("identity_file", "known_hosts"):
         doc["defaults"][k] = str(sandbox.dir / doc["defaults"][k])
@@ -186,7 +194,7 @@ def inventory(tmp_path: Path, sandbox: Any, engine: dockerd.Dockerd, name: str, 
     h = doc["hosts"]["h01"]
     h["python"] = f"{VENV}/bin/python"
     h["state_dir"] = state_dir
-    h["container"] = {"runtime": "docker", "name": name, "command": engine.cli, **container}
+    h["container"] = {"runtime": runtime, "name": name, "command": engine.cli, **container}
     inv = tmp_path / "inventory.yaml"
     inv.write_text(yaml.safe_dump(doc, sort_keys=False))
     return inv
@@ -503,3 +511,40 @@ def test_a_re_created_container_whose_records_died_with_it_is_said_from_the_ledg
     ok(capsys, "deploy", PLAYBOOK, "-i", inv)  # the new container patched: nothing to say any more
     code, doc = cli(capsys, "status", "-i", inv)
     assert not any("re-created" in p for p in doc["hosts"][0].get("problems") or []), doc
+
+
+@pytest.fixture(scope="module")
+def podman(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dockerd.Podman]:
+    why = dockerd.podman_why_not()
+    if why:
+        pytest.skip(why)
+    p = dockerd.Podman(Path(str(tmp_path_factory.mktemp("podman"))))
+    try:
+        yield p
+    finally:
+        dockerd.podman_stop(p)
+
+
+def test_the_loop_through_a_podman_container(podman: dockerd.Podman, rootfs: Path, sandbox: Any, tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """The same loop with podman (rootful, storage of the test's own, no daemon)."""
+    podman.run("import", str(rootfs), IMAGE)
+    box = Box(podman, sandbox, "fleetctl-test-p1", tmp_path / "state")
+    try:
+        cid = box.run()
+        inv = inventory(tmp_path, sandbox, podman, box.name, runtime="podman")
+        pristine = box.sha(TARGET)
+        c = ok(capsys, "facts", "-i", inv)["hosts"][0]["facts"]["container"]
+        assert (c["runtime"], c["id"], c["running"]) == ("podman", cid, True) and IMAGE in c["image"], c
+        assert any(m["destination"] == STATE for m in c["mounts"]), c
+        assert ok(capsys, "deploy", PLAYBOOK, "-i", inv)["hosts"][0]["status"] == "changed"
+        assert box.sha(TARGET) != pristine
+        ok(capsys, "launch", PLAYBOOK, "-i", inv)
+        try:
+            assert ok(capsys, "verify-logs", PLAYBOOK, "-i", inv)["ok"] is True
+        finally:
+            ok(capsys, "stop", "-i", inv)
+        ok(capsys, "rollback", "-i", inv)
+        assert box.sha(TARGET) == pristine
+    finally:
+        box.remove()
