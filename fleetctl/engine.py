@@ -137,8 +137,10 @@ class Engine(Protocol):
         ...
 
     # -- `patch init`: a new playbook's launch and marker from the files a patch changes
-    def scaffold(self, version: str, patched: dict[str, tuple[bytes, bytes]]) -> tuple[Any, list[Any]]:
-        """(the launch draft, the log lines the patch adds) for rel -> (pristine, patched) bytes."""
+    def scaffold(self, version: str, patched: dict[str, tuple[bytes, bytes]],
+                 command: str | None = None) -> tuple[Any, list[Any]]:
+        """(the launch draft, the log lines the patch adds) for rel -> (pristine, patched) bytes;
+        `command`: the user's own launch command line (kept as the launch)."""
         ...
 
     # -- the host's own engine asked (`explain --probe`): run on the host's CPU, no GPU visible

@@ -162,3 +162,24 @@ def test_launch_refuses_no_launch_section_and_placeholders(tmp_path: Path, fresh
     (pb_dir / "playbook.yaml").write_text(base + "launch:\n  port: 30000\n")
     proc = fleetctl("launch", "-i", sb.inventory_path, pb_dir)
     assert proc.returncode == 1 and "names no target model" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+
+
+def test_init_with_the_users_launch_keeps_it_and_names_the_origin_mistake(tmp_path: Path) -> None:
+    """--launch: the user's own command line is the launch: section; when it runs a worker the edits
+    do not change (the origin story: v2 edited, SGLANG_ENABLE_SPEC_V2 unset on 0.5.9), init says so."""
+    repo = checkout(tmp_path, {EW2: "eagle_worker_v2.py.diff", SA: "server_args.py.diff"})
+    cmd = ("python -m sglang.launch_server --model-path meta-llama/Llama-3.1-8B-Instruct --speculative-algorithm "
+           "EAGLE3 --speculative-draft-model-path d --speculative-num-steps 3 --speculative-eagle-topk 1 "
+           "--speculative-num-draft-tokens 4 --port 30000")
+    proc = fleetctl("patch", "init", "mine", "--release", V, "--git", repo, "--launch", cmd, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert f"runs EAGLEWorker from {EW}, which your edits do not change" in proc.stderr, proc.stderr
+    pb = load_playbook(tmp_path / "mine")
+    assert pb.launch.flags["--model-path"] == "meta-llama/Llama-3.1-8B-Instruct" and "--port" not in pb.launch.flags
+    text = (tmp_path / "mine" / "playbook.yaml").read_text()
+    assert "# Note: WARNING: with your launch SGLang 0.5.9 runs EAGLEWorker" in text
+    # the same launch with the env that selects the v2 worker: kept, and no warning
+    proc = fleetctl("patch", "init", "mine2", "--release", V, "--git", repo, "--launch",
+                    "SGLANG_ENABLE_SPEC_V2=1 " + cmd, cwd=tmp_path)
+    assert proc.returncode == 0 and "warning" not in proc.stderr.lower(), proc.stderr
+    assert load_playbook(tmp_path / "mine2").launch.env == {"SGLANG_ENABLE_SPEC_V2": "1"}

@@ -277,6 +277,10 @@ def init_cmd(
                                               show_default=False)] = None,
     out_dir: Annotated[Path | None, typer.Option("--dir", metavar="DIR", help="Where to make it (default: ./NAME).",
                                                  show_default=False)] = None,
+    launch_cmd: Annotated[str | None, typer.Option("--launch", metavar="CMD", help="The launch command line you "
+                                                   "run (NAME=value words first for its env): kept as launch:, "
+                                                   "and checked against the files you edited.",
+                                                   show_default=False)] = None,
 ) -> None:
     import re
 
@@ -296,9 +300,19 @@ def init_cmd(
         assert diff is not None
         text, source = _read(diff, "diff"), str(diff)
     files = edited_files(text, release, name=source)
-    target, todo = scaffold(name, release, files, source, out_dir if out_dir is not None else Path(name))
+    if launch_cmd is not None:
+        import shlex
+
+        try:
+            shlex.split(launch_cmd)
+        except ValueError as e:
+            raise InputError(f"--launch: {e}") from None
+    target, todo, warnings = scaffold(name, release, files, source, out_dir if out_dir is not None else Path(name),
+                            command=launch_cmd)
     common.out.print(f"made {target} ({len(files)} file(s) for {release}: "
                      f"{', '.join(f.rel for f in files)})", markup=False, highlight=False)
+    for w in warnings:
+        common.err.print(w.replace("WARNING: ", "warning: ", 1), markup=False, highlight=False)
     for t in todo:
         common.err.print(f"to fill: {t}", markup=False, highlight=False)
     common.err.print(f"next: fleetctl patch check {target.parent}", markup=False, highlight=False)

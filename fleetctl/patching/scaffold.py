@@ -108,12 +108,12 @@ def _comment(text: str) -> str:
 
 
 def render(name: str, version: str, source: str, files: list[EditedFile], refs: list[str], *,
-           where: str | None = None) -> tuple[str, list[str]]:
+           where: str | None = None, command: str | None = None) -> tuple[str, list[str], list[str]]:
     """playbook.yaml's text and what is left to fill (`where`: the directory as the commands name it)."""
     import shlex
 
     d = shlex.quote(where or name)
-    draft, markers = engine().scaffold(version, {f.rel: (f.pristine, f.patched) for f in files})
+    draft, markers = engine().scaffold(version, {f.rel: (f.pristine, f.patched) for f in files}, command)
     todo = [f"launch.flags.{s.name}" for s in draft.flags if isinstance(s.value, str) and PLACEHOLDER in s.value]
     todo += [f"launch.env.{s.name}" for s in draft.env if isinstance(s.value, str) and PLACEHOLDER in s.value]
     marker = markers[0] if markers else None
@@ -126,8 +126,8 @@ def render(name: str, version: str, source: str, files: list[EditedFile], refs: 
         f"# Patches: {', '.join(f.rel for f in files)} (pinned to the pristine files' sha256 below).",
     ]
     if draft.worker_class:
-        head.append(f"# launch: is pre-filled so that {version} runs {draft.worker_class}, the worker the patch "
-                    "changes; each value is commented.")
+        head.append(f"# launch: is {'your launch command' if command else 'pre-filled'}: {version} runs "
+                    f"{draft.worker_class} with it, the worker the patch changes; each value is commented.")
     head += [f"# Note: {n}" for n in draft.notes]
     if marker is not None:
         site = f"{marker.cls}.{marker.function}" if marker.cls else (marker.function or "module level")
@@ -171,11 +171,12 @@ def render(name: str, version: str, source: str, files: list[EditedFile], refs: 
         covers.append(f"      per_rank: {'true' if marker.per_rank else 'false'}")
     if covers:
         body += ["", "covers:", *covers]
-    return "\n".join(head + body) + "\n", todo
+    return "\n".join(head + body) + "\n", todo, [n for n in draft.notes if n.startswith("WARNING")]
 
 
-def scaffold(name: str, version: str, files: list[EditedFile], source: str, out_dir: Path) -> tuple[Path, list[str]]:
-    """Write the playbook directory; returns its playbook.yaml and what is left to fill."""
+def scaffold(name: str, version: str, files: list[EditedFile], source: str, out_dir: Path,
+             command: str | None = None) -> tuple[Path, list[str], list[str]]:
+    """Write the playbook directory; returns its playbook.yaml, what is left to fill, the warnings."""
     from fleetctl.patching.port import patch_ref
 
     target = out_dir / "playbook.yaml"
@@ -183,7 +184,7 @@ def scaffold(name: str, version: str, files: list[EditedFile], source: str, out_
         raise InputError(f"{target} already exists", hint="choose another --dir, or remove it to make it again")
     rels = [f.rel for f in files]
     refs = [patch_ref(version, f.rel, rels) for f in files]
-    text, todo = render(name, version, source, files, refs, where=str(out_dir))
+    text, todo, warnings = render(name, version, source, files, refs, where=str(out_dir), command=command)
     try:
         for f, ref in zip(files, refs, strict=True):
             (out_dir / ref).parent.mkdir(parents=True, exist_ok=True)
@@ -191,4 +192,4 @@ def scaffold(name: str, version: str, files: list[EditedFile], source: str, out_
         target.write_text(text, encoding="utf-8")
     except OSError as e:
         raise InputError(f"cannot write {out_dir}: {e.strerror}") from None
-    return target, todo
+    return target, todo, warnings

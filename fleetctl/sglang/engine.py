@@ -171,12 +171,13 @@ class SGLangEngine:
 
         return server_args_replay.patched_refusal(version, intended, resolved_args)
 
-    def scaffold(self, version: str, patched: dict[str, tuple[bytes, bytes]]) -> tuple[Any, list[Any]]:
+    def scaffold(self, version: str, patched: dict[str, tuple[bytes, bytes]],
+                 command: str | None = None) -> tuple[Any, list[Any]]:
         from fleetctl.sglang import scaffold
 
         markers = [m for rel, (old, new) in patched.items() for m in scaffold.added_markers(version, rel, old, new)]
         order = {"worker": 0, "file": 1, "anywhere": 2}  # a marker in the worker first: it proves the most
-        return scaffold.launch_draft(version, patched), sorted(markers, key=lambda m: order[m.where])
+        return scaffold.launch_draft(version, patched, command), sorted(markers, key=lambda m: order[m.where])
 
     probe_disagree: str = "fleetctl's table and this host's SGLang disagree"
 

@@ -106,9 +106,56 @@ def added_flags(patched_args_file: bytes, pristine_args_file: bytes) -> list[Set
     return out
 
 
-def launch_draft(version: str, patched: dict[str, tuple[bytes, bytes]]) -> LaunchDraft:
-    """The `launch:` section for a patch of `version` changing `patched` (rel -> (pristine, patched))."""
+def parse_launch(command: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """(flags, env) of a launch command line the user runs: leading NAME=value words (or an `env`
+    prefix) are its environment; the flags are what follows the server's entry point."""
+    import re
+    import shlex
+
+    from fleetctl.sglang import processes
+
+    words = shlex.split(command)
+    env: dict[str, str] = {}
+    while words and (words[0] == "env" or re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", words[0])):
+        w = words.pop(0)
+        if w != "env":
+            k, _, v = w.partition("=")
+            env[k] = v
+    return processes.server_flags(words), env
+
+
+def _own_launch(version: str, patched: dict[str, tuple[bytes, bytes]], command: str, draft: LaunchDraft) -> None:
+    """The user's own launch, kept as given (commented), and what it runs on `version`."""
+    flags, env = parse_launch(command)
+    model = flags.get(MODEL_FLAG)
+    draft.flags.append(Setting(MODEL_FLAG, model if isinstance(model, str) and model else placeholder(
+        "the target model: a directory on the host or a hub id"), "from your launch command" if model else
+        "the target model (its config.json is read on each host by explain)"))
+    draft.flags += [Setting(k, v, "from your launch command") for k, v in flags.items()
+                    if k not in (MODEL_FLAG, "--port", "--host")]
+    draft.env += [Setting(k, v, "from your launch command") for k, v in env.items()]
+    res = routing.resolve_worker(version, flags, env, model_arch=None)
+    if res.startup_error:
+        draft.notes.append(f"WARNING: with your launch SGLang {version} refuses to start: {res.startup_error}")
+    elif res.worker_file:
+        draft.worker_class = res.worker_class
+        if res.worker_file not in patched:
+            draft.notes.append(f"WARNING: with your launch SGLang {version} runs {res.worker_class} from "
+                               f"{res.worker_file}, which your edits do not change ({res.reason}): patch that "
+                               "file too, or change the launch (the origin mistake)")
+            draft.worker_class = None
+
+
+def launch_draft(version: str, patched: dict[str, tuple[bytes, bytes]], command: str | None = None) -> LaunchDraft:
+    """The `launch:` section for a patch of `version` changing `patched` (rel -> (pristine, patched));
+    `command`: the user's own launch command line, kept as the launch (else one is found)."""
     draft = LaunchDraft()
+    if command:
+        _own_launch(version, patched, command, draft)
+        if ARGS_FILE in patched:
+            pristine, new = patched[ARGS_FILE]
+            draft.flags += [s for s in added_flags(new, pristine) if s.name not in {f.name for f in draft.flags}]
+        return draft
     draft.flags.append(Setting(MODEL_FLAG, placeholder("the target model: a directory on the host or a hub id"),
                                "the target model (its config.json is read on each host by explain)"))
     workers = [rel for rel in patched if rel in set(routing.worker_files(version).values())]
