@@ -191,6 +191,8 @@ class HostFacts:
             "gpu_note": self.gpu_note,
             "model_config": ({"architecture": self.model.arch, "path": self.model.path, "error": self.model.error}
                              if self.model else None),
+            "draft_model_config": ({"architecture": self.draft_model.arch, "path": self.draft_model.path,
+                                    "error": self.draft_model.error} if self.draft_model else None),
             "container": self.container.to_json() if self.container else None,
         }
 

@@ -100,12 +100,16 @@ def _model_line(f: HostFacts) -> tuple[tuple[str, Text], ...]:
     """The launch's target model config.json as read on the host (absent: the launch names no model)."""
     from rich.text import Text
 
-    if f.model is None:
-        return ()
-    if f.model.arch:
-        return (("model", Text.assemble(safe(f.model.arch), " (", safe(f.model.path or "?"), ")")),)
-    return (("model", Text.assemble(styled("config.json not readable", "yellow"), ": ",
-                                    safe(f.model.error or "?"))),)
+    out: list[tuple[str, Text]] = []
+    for label, m in (("model", f.model), ("draft model", f.draft_model)):
+        if m is None:
+            continue
+        if m.arch:
+            out.append((label, Text.assemble(safe(m.arch), " (", safe(m.path or "?"), ")")))
+        else:
+            out.append((label, Text.assemble(styled("config.json not readable", "yellow"), ": ",
+                                             safe(m.error or "?"))))
+    return tuple(out)
 
 
 def render_facts(outcomes: list, all_files: bool) -> None:
