@@ -85,6 +85,7 @@ class Fleet:
     at_interrupt: dict[str, str] = field(default_factory=dict)
     not_started: set[str] = field(default_factory=set)
     _warm: dict[str, _Warm] = field(default_factory=dict)  # Fleet.prefetch: per host
+    wait_lock: float = 0.0  # --wait-lock: seconds an agent waits for a host lock another controller holds
     step: str = "run"  # what run() does now, for the run log (fleetctl/runlog.py)
     _closed: bool = False
 

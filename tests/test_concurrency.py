@@ -144,6 +144,26 @@ def test_rollback_holding_the_lock_refuses_a_deploy(clean: tuple, ledger_dir: Pa
         assert (h1.sglang_dir / rel).read_bytes() == wheels.pristine_bytes(VERSION, rel)
 
 
+@pytest.mark.fleet
+def test_wait_lock_waits_for_the_holder_then_deploys(clean: tuple, ledger_dir: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """A second controller with --wait-lock SECONDS waits for the lock instead of failing at once
+    (issue 30.7; before: no such option), then deploys; without it the refusal names the option."""
+    sb, inv, pa, pb = clean
+    h1 = sb.hosts["h01"]
+    assert run_json(capsys, "deploy", "-i", str(inv), "--limit", "h01", str(pa),
+                    "--allow-uncovered")[0] == 0  # (coverage is not what this test is about)
+    first, _ = hold(sb, "h01", ledger_dir, "rollback", "-i", str(inv), "--limit", "h01")
+    code, doc = run_json(capsys, "deploy", "-i", str(inv), "--limit", "h01", str(pb), "--allow-uncovered")
+    assert code == 1 and "--wait-lock SECONDS" in doc["hosts"][0]["message"], doc["hosts"][0]
+    code, doc = run_json(capsys, "deploy", "-i", str(inv), "--limit", "h01", str(pb), "--allow-uncovered",
+                         "--wait-lock", "600")
+    code1, doc1 = finish(first)  # (its hold ended; the waiting deploy took the lock after it)
+    assert code1 == 0, doc1
+    assert code == 0 and doc["hosts"][0]["state"] == "changed", doc
+    assert (h1.sglang_dir / EW).read_bytes() == intended_bytes(pb)[EW]
+
+
 # ------------------------------------------------------------------ the stale-lock take-over race (local)
 
 

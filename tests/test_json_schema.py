@@ -25,7 +25,7 @@ SCHEMAS = ROOT / "docs" / "schemas"
 SCHEMA_OF = {"facts": "facts", "explain": "explain", "deploy": "deploy", "rollback": "rollback",
              "status": "status", "history": "history", "launch": "launch", "verify-logs": "verify-logs",
              "stop": "stop", "servers": "servers", "patch check": "patch-check", "sandbox up": "sandbox-up",
-             "sandbox status": "sandbox-status", "sandbox down": "sandbox-down"}
+             "sandbox status": "sandbox-status", "sandbox down": "sandbox-down", "sandbox restart": "sandbox-restart"}
 
 
 def _registry() -> Registry:

@@ -86,3 +86,73 @@ def test_history_collapses_no_op_runs_and_names_the_playbook(ledger_dir: Path,
     ops_json = json.loads(out)["operations"]  # nothing collapsed in --json
     assert [o["noop"] for o in ops_json] == [False, True, True, True, False]
     assert all(o["playbook"] == str(pb) for o in ops_json)
+
+
+# ---------------------------------------------------------------------------- the docs of stop
+
+
+def test_the_stop_docs_say_what_stop_does() -> None:
+    """docs/user-guide.md's stop section names every result the agent's stop can return, each way
+    it stops (the code's own words), the process group and the default timeout of the command's
+    own help (before: SIGTERM/SIGKILL of "the servers" only; no supervisorctl, no results, no group)."""
+    import inspect
+    import typing
+
+    from fleetctl.commands import servers
+    from fleetctl.protocol.names import StopAction
+    from fleetctl.remote import agent_servers
+
+    text = (ROOT / "docs" / "user-guide.md").read_text()
+    sec = text[text.index("\n## stop\n"):]
+    sec = sec[:sec.index("\n## ", 1)]
+    for action in typing.get_args(StopAction):
+        assert f"`{action}`" in sec, action
+    code = inspect.getsource(agent_servers.stop_record)
+    for how in ("supervisorctl stop", "SIGTERM", "SIGKILL after"):
+        assert how in code and how in sec, how
+    assert "killpg" in code and "process group" in sec
+    assert "else 30" in sec and "launch.stop_timeout, 30" in inspect.getsource(servers)
+    assert "nothing launched" in sec and "nothing launched" in inspect.getsource(
+        __import__("fleetctl.commands.servers_impl", fromlist=["x"]))
+
+
+# ---------------------------------------------------------------------------- verify-logs: noise once
+
+
+def test_a_line_every_rank_logged_is_shown_once() -> None:
+    """The real 0.5.9 TP=2 log's own line format (tests/data/sglang/launch_0.5.9_tp2_eagle3.log):
+    the same warning on TP0..TP3 reads as one line naming the other ranks; lines that differ stay."""
+    from fleetctl.ops.verify import collapse_ranks
+
+    lines = [f"[2026-12-01 10:00:0{i} TP{i}] CUDA out of memory. Tried to allocate 2.00 GiB" for i in range(4)]
+    lines.insert(2, "[2026-12-01 10:00:01 TP1] Address already in use")
+    lines.append("Traceback (most recent call last):")
+    got = collapse_ranks(lines)
+    assert got == ["[2026-12-01 10:00:00 TP0] CUDA out of memory. Tried to allocate 2.00 GiB  (also TP1, TP2, TP3)",
+                   "[2026-12-01 10:00:01 TP1] Address already in use",
+                   "Traceback (most recent call last):"], got
+
+
+# ---------------------------------------------------------------------------- sandbox status / restart
+
+
+@pytest.mark.fleet
+def test_sandbox_status_fails_on_a_dead_host_and_its_restart_runs(fresh_sandbox: Any,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: `sandbox status` exited 0 with a host down and had no way to start one host again."""
+    import shlex
+
+    sb = fresh_sandbox(hosts=2)
+    assert run(capsys, "sandbox", "status", "--dir", sb.dir)[0] == 0
+    sb.stop_host("h02")
+    code, out, _ = run(capsys, "sandbox", "status", "--dir", sb.dir)
+    assert code == 1 and "2/3 sshd running; down: h02" in out, out
+    hint = out[out.index("'fleetctl sandbox restart"):].split("'")[1]
+    code, out, _ = run(capsys, "sandbox", "status", "--dir", sb.dir, "--json")
+    doc = json.loads(out)
+    assert code == 1 and doc["ok"] is False
+    assert {h["host"]: h["state"] for h in doc["hosts"]}["h02"] == "stopped"
+    code, out, err = run(capsys, *shlex.split(hint)[1:])  # the printed command, as printed
+    assert code == 0 and "h02 (pid " in out, (out, err)
+    assert run(capsys, "sandbox", "status", "--dir", sb.dir)[0] == 0
+    assert run(capsys, "sandbox", "restart", "--dir", sb.dir, "h09")[0] == 2

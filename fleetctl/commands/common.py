@@ -58,6 +58,11 @@ LogFileOpt = Annotated[str | None, typer.Option("--log-file", help="Append this 
                                               "per-host start/end, result, timings) to this file instead of the "
                                               "controller's run log.", show_default=False)]
 
+WaitLockOpt = Annotated[float, typer.Option(
+    "--wait-lock", min=0, max=86400, metavar="SECONDS",
+    help="When another controller holds a host's lock (deploy, rollback, launch), wait up to this long "
+         "for it to be released instead of failing that host at once (default 0).")]
+
 DEFAULT_FORKS = 32
 
 # The option block every command that acts on hosts takes, defined once: -i, --limit, -f after the
@@ -67,12 +72,14 @@ HEAD = (("inventory", InventoryOpt, None), ("limit", LimitOpt, None), ("forks", 
         ("list_hosts", ListHostsOpt, False))
 TAIL = (("json_out", JsonOpt, False), ("debug", DebugOpt, False), ("accept_new_host_keys", AcceptNewOpt, False),
         ("become", BecomeOpt, False), ("become_user", BecomeUserOpt, None), ("become_method", BecomeMethodOpt, None),
-        ("ask_become_pass", AskBecomePassOpt, False), ("log_file", LogFileOpt, None))
+        ("ask_become_pass", AskBecomePassOpt, False), ("log_file", LogFileOpt, None),
+        ("wait_lock", WaitLockOpt, 0.0))
 BECOME_KEYS = ("become", "become_user", "become_method", "ask_become_pass")
 # options every fleet command takes that its own code never reads: fleet_context does (set per command)
 LIST_HOSTS = False
 BECOME: dict[str, Any] = {}  # -b/--become, --become-user, --become-method, -K (transport/become.py Cli)
 LOG_FILE: str | None = None  # --log-file (fleetctl/runlog.py)
+WAIT_LOCK = 0.0  # --wait-lock: seconds a host's agent waits for a lock another controller holds
 ARGV: list[str] = []  # the command line as given (cli.main): what a retry hint repeats
 
 
@@ -97,8 +104,9 @@ def fleet_options(fn: Callable[..., None]) -> Callable[..., None]:
 
     @functools.wraps(fn)
     def command(**kwargs: Any) -> None:
-        global LIST_HOSTS, BECOME, LOG_FILE
+        global LIST_HOSTS, BECOME, LOG_FILE, WAIT_LOCK
         LIST_HOSTS = bool(kwargs.pop("list_hosts", False))
+        WAIT_LOCK = float(kwargs.pop("wait_lock", 0.0) or 0.0)
         BECOME = {k: kwargs.pop(k, None) for k in BECOME_KEYS}
         LOG_FILE = kwargs.pop("log_file", None)
         fn(**kwargs)
@@ -115,8 +123,9 @@ def _console(stderr: bool) -> SafeConsole:
 
     c = SafeConsole(stderr=stderr, highlight=False, soft_wrap=True)
     if not c.is_terminal and not os.environ.get("COLUMNS", "").isdigit():
-        # pipes and CI logs: wide enough for the tables, lines never wrapped
-        c = SafeConsole(stderr=stderr, highlight=False, soft_wrap=True, width=160)
+        # pipes and CI logs: tables fitted to 80 columns (cells fold: nothing is cut; --json has every
+        # field whole), prose lines never wrapped (a line stays greppable)
+        c = SafeConsole(stderr=stderr, highlight=False, soft_wrap=True, width=80)
         c.wrap_prose = False
     return c
 

@@ -81,7 +81,7 @@ def fleet_context(inventory: Path | None, limit: str | None, forks: int, *, json
     note = raise_fd_limit(len(hosts))
     if note:
         sys.stderr.write(note + "\n")
-    fleet = Fleet(inv, hosts, forks=forks, accept_new_host_keys=accept_new_host_keys)
+    fleet = Fleet(inv, hosts, forks=forks, accept_new_host_keys=accept_new_host_keys, wait_lock=common.WAIT_LOCK)
     if not accept_new_host_keys:
         fleet.prefetch(ahead)
     handler = _CtrlC(fleet, inv.path)

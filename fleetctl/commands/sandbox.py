@@ -87,27 +87,73 @@ def up(
         markup=False, highlight=False)
 
 
-@sandbox_app.command("status", help="Per host: version, port, sshd pid, alive (and answering on its port).")
+def _restart_hint(dir: Path, names: list[str]) -> str:
+    from fleetctl.suggest import quote
+
+    return f"'fleetctl sandbox restart --dir {quote(str(dir))} {' '.join(names)}' starts {'it' if len(names) == 1 else 'them'} again"
+
+
+@sandbox_app.command("status", help=(
+    "Per host: version, port, sshd pid, alive (and answering on its port). Exit 1 if a host is down "
+    "(the line names the restart command)."))
 def status(dir: DirOpt, json_out: common.JsonOpt = False) -> None:
     from fleetctl.sandbox import lifecycle
 
     rows = lifecycle.status(dir)
+    down = [r.name for r in rows if not (r.alive and r.listening)]
+    up_n = len(rows) - len(down)
+    msg = f"{up_n}/{len(rows)} sshd running" + (f"; down: {', '.join(down)}: {_restart_hint(dir, down)}"
+                                                if down else "")
     if json_out:
         from fleetctl.jsonout import host_row
 
-        hosts = [host_row(r.to_json(), ok=bool(r.alive and r.listening), host=r.name, message="",
+        hosts = [host_row(r.to_json(), ok=bool(r.alive and r.listening), host=r.name,
+                          message="running" if r.alive and r.listening else _restart_hint(dir, [r.name]),
                           state="running" if r.alive and r.listening else ("not answering" if r.alive else "stopped"))
                  for r in rows]
-        common.emit_json("sandbox status", ok=True, hosts=hosts, dir=str(Path(dir).resolve()),
-                         message=f"{sum(1 for r in rows if r.alive)}/{len(rows)} sshd running")
-        return
-    t = _table("HOST", "VERSION", "PORT", "PID", "ALIVE", "GPUS")
-    for r in rows:
-        alive = "yes" if r.alive and r.listening else ("not answering" if r.alive else "no")
-        t.add_row(r.name, r.version or "(jump host)", str(r.port), str(r.pid or "-"), alive, r.gpu_state or "")
-    common.out.print(t)
-    up_n = sum(1 for r in rows if r.alive)
-    common.out.print(f"{up_n}/{len(rows)} sshd running", markup=False, highlight=False)
+        common.emit_json("sandbox status", ok=not down, hosts=hosts, dir=str(Path(dir).resolve()), message=msg)
+    else:
+        t = _table("HOST", "VERSION", "PORT", "PID", "ALIVE", "GPUS")
+        for r in rows:
+            alive = "yes" if r.alive and r.listening else ("not answering" if r.alive else "no")
+            t.add_row(r.name, r.version or "(jump host)", str(r.port), str(r.pid or "-"), alive, r.gpu_state or "")
+        common.out.print(t)
+        common.out.print(msg, markup=False, highlight=False)
+    if down:
+        raise typer.Exit(1)
+
+
+@sandbox_app.command("restart", help=(
+    "Start the sshd of the named hosts again (default: every host that is down), on the same port; "
+    "a host whose sshd runs but does not answer is stopped first."))
+def restart(
+    dir: DirOpt,
+    hosts: Annotated[list[str] | None, typer.Argument(metavar="[HOST]...", help="Hosts (default: those down).")] = None,
+    json_out: common.JsonOpt = False,
+) -> None:
+    from fleetctl.sandbox import lifecycle
+
+    sb = lifecycle.load(dir)
+    rows = {r.name: r for r in lifecycle.status(dir)}
+    names = list(hosts) if hosts else [n for n, r in rows.items() if not (r.alive and r.listening)]
+    for n in names:
+        sb.host(n)  # an unknown name: one line naming the hosts (exit 2)
+    done = []
+    for n in names:
+        r = rows.get(n)
+        if r is not None and r.alive and not r.listening:
+            sb.stop_host(n)
+        done.append((n, sb.start_host(n)))
+    msg = (f"sandbox restart: {', '.join(f'{n} (pid {p})' for n, p in done)}" if done
+           else "sandbox restart: every host is running")
+    if json_out:
+        from fleetctl.jsonout import host_row
+
+        common.emit_json("sandbox restart", ok=True, message=msg, dir=str(Path(dir).resolve()),
+                         hosts=[host_row({"pid": p}, ok=True, state="running", message=f"sshd pid {p}", host=n)
+                                for n, p in done])
+    else:
+        common.out.print(msg, markup=False, highlight=False)
 
 
 @sandbox_app.command("down", help=(

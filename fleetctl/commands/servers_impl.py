@@ -120,7 +120,7 @@ def _instances_label(hosts: list[str], names: list[str]) -> str:
 def render_verify(rows: list[HostVerify], markers: list[str]) -> None:
     """Rows alike (same instance, rank results, launch) share one row whatever their host; the launch
     and its arguments, and each distinct failure, are said once under the table with their hosts."""
-    from fleetctl.ops.verify import rank_label
+    from fleetctl.ops.verify import collapse_ranks, rank_label
 
     t = table("verify-logs", ["host", "instance", "rank", *markers, "result"])
     plain: list[tuple[str, tuple[object, ...]]] = []
@@ -181,7 +181,7 @@ def render_verify(rows: list[HostVerify], markers: list[str]) -> None:
             say(out, f"  - {p}", indent=4)
         for e in explanation:
             say(out, f"    why: {e}", indent=8)
-        for ln in forbidden:
+        for ln in collapse_ranks(list(forbidden)):  # a line each rank logged: once
             out.print(line(f"    | {ln}"))
         if tail:
             say(out, f"    last {len(tail)} lines of {log}:", indent=8)

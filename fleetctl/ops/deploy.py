@@ -330,6 +330,12 @@ class HostApply:
                 "files": self.files, "notes": self.notes, "elapsed": round(self.elapsed, 3), "sealed": self.sealed}
 
 
+def lock_bound(conn: Transport, wait_lock: float) -> float | None:
+    """The bound of a request that may wait for the host lock: the host's command_timeout plus the
+    wait (--wait-lock); None (the usual bound) without one."""
+    return conn.host.command_timeout + wait_lock if wait_lock else None
+
+
 def apply_plan(fleet: Fleet, plan: Plan, playbook: Playbook, op_id: str, *, validate: bool = True,
                fault_after_files: dict[str, int] | None = None,
                hosts: list[str] | None = None, break_lock: set[str] | frozenset[str] = frozenset(),
@@ -390,6 +396,8 @@ def apply_plan(fleet: Fleet, plan: Plan, playbook: Playbook, op_id: str, *, vali
             payload["shared_tree"] = True
         if conn.host.name in break_lock:
             payload["break_lock"] = True
+        if fleet.wait_lock:
+            payload["wait_lock"] = fleet.wait_lock
         box = inspect_container(conn)
         if box is not None:  # the container it patches, recorded (status/verify-logs: re-created since?)
             payload["container"] = box.record()
@@ -406,7 +414,7 @@ def apply_plan(fleet: Fleet, plan: Plan, playbook: Playbook, op_id: str, *, vali
         from fleetctl.trees import lane
 
         with lane(conn.host):  # (another inventory entry for this machine and state dir: one at a time)
-            res: DeployAnswer = conn.agent(names.DEPLOY, payload)
+            res: DeployAnswer = conn.agent(names.DEPLOY, payload, timeout=lock_bound(conn, fleet.wait_lock))
         shipped = [f.path for f in res.files if f.path.startswith("{state_dir}/")]
         r = HostApply(conn.host.name, "changed" if res.deploy_id else "unchanged",
                       f"{len(files)} file(s) patched" + (f", {len(shipped)} state file(s) written" if shipped else "")

@@ -384,13 +384,14 @@ def check_host(conn: Transport, pb: Playbook, insts: list[Instance], *, replace:
 
 
 def launch_host(conn: Transport, pb: Playbook, insts: list[Instance], *, launch_id: str, replace: bool,
-                timeout: float, drop_unknown_flags: bool = False, allow_uncovered: bool = False) -> HostLaunch:
+                timeout: float, drop_unknown_flags: bool = False, allow_uncovered: bool = False,
+                wait_lock: float = 0.0) -> HostLaunch:
     """Facts -> plan_launch (pure) -> apply_launch: the launch on one host."""
     t = time.monotonic()
     facts = read_launch_facts(conn, pb, insts)
     lp = plan_launch(conn.host, pb, insts, facts, replace=replace, drop_unknown_flags=drop_unknown_flags,
                      allow_uncovered=allow_uncovered)
-    return apply_launch(conn, lp, pb, launch_id=launch_id, timeout=timeout, started=t)
+    return apply_launch(conn, lp, pb, launch_id=launch_id, timeout=timeout, started=t, wait_lock=wait_lock)
 
 
 def _result(lp: LaunchPlan) -> HostLaunch:
@@ -410,7 +411,7 @@ def _result(lp: LaunchPlan) -> HostLaunch:
 
 
 def apply_launch(conn: Transport, lp: LaunchPlan, pb: Playbook, *, launch_id: str, timeout: float,
-                 started: float | None = None) -> HostLaunch:
+                 started: float | None = None, wait_lock: float = 0.0) -> HostLaunch:
     """Carry out a launch plan: stop what it replaces (then check ports and GPUs again), start every
     instance, wait for all of them in one bounded agent call, GET /health, stop the ones that failed."""
     h = conn.host
@@ -460,9 +461,12 @@ def apply_launch(conn: Transport, lp: LaunchPlan, pb: Playbook, *, launch_id: st
                                        "target": inst.launch.target if inst.launch else None}},
             "manager": manager_request(h, pb.launch.manager, pb.launch.stop_timeout),
         }
+        if wait_lock:
+            request["wait_lock"] = wait_lock
         try:
             with lane(h):  # (another inventory entry for this machine and state dir: one at a time)
-                rec: LaunchRecord = conn.agent(names.SERVER_START, request)
+                rec: LaunchRecord = conn.agent(names.SERVER_START, request,
+                                               timeout=h.command_timeout + wait_lock if wait_lock else None)
         except RemoteError as e:
             it.status, it.message = "failed", e.message
             continue
@@ -579,7 +583,8 @@ def launch_fleet(fleet: Fleet, pb: Playbook, *, replace: bool = False, timeout: 
     lid = launch_id or new_op_id("l")
     t = float(timeout if timeout is not None else pb.launch.ready_timeout)
     outs = fleet.run(lambda c: launch_host(c, pb, insts_by_host[c.host.name], launch_id=lid, replace=replace, timeout=t,
-                                           drop_unknown_flags=drop_unknown_flags, allow_uncovered=allow_uncovered),
+                                           drop_unknown_flags=drop_unknown_flags, allow_uncovered=allow_uncovered,
+                                           wait_lock=fleet.wait_lock),
                      targets)
     results = []
     for o, h in zip(outs, targets, strict=True):

@@ -13,7 +13,7 @@ from fleetctl.config.playbook_model import LaunchProfile, Playbook
 from fleetctl.engine import engine
 from fleetctl.facts import HostFacts
 from fleetctl.instances import host_launch_spec
-from fleetctl.ops.deploy import Gathered, who
+from fleetctl.ops.deploy import Gathered, lock_bound, who
 from fleetctl.protocol import names
 from fleetctl.protocol.answers import DeployAnswer, RollbackAnswer
 from fleetctl.protocol.schema import to_json
@@ -260,6 +260,8 @@ def apply_rollback(fleet: Fleet, plans: list[RollbackPlan], op_id: str, force: b
     def one(conn: Transport) -> dict[str, Any]:
         p = todo[conn.host.name]
         extra: dict[str, Any] = {"break_lock": True} if conn.host.name in break_lock else {}
+        if fleet.wait_lock:
+            extra["wait_lock"] = fleet.wait_lock
         if p.records_dir:  # undone where it was recorded: beside the shared tree (fleetctl/trees.py)
             extra["shared_tree"] = p.tree or True
         extra["launch"] = host_launch_spec(conn.host, profile).to_agent()
@@ -275,7 +277,8 @@ def apply_rollback(fleet: Fleet, plans: list[RollbackPlan], op_id: str, force: b
                 "state_dir": p.records_dir or conn.host.state_dir, "deploy_ids": p.deploy_ids, "force": force,
                 "rollback_id": op_id, "by": who(), "engine": engine().agent_facts(),
                 "package_dir": conn.host.sglang_dir, "expect_live": p.expect_live, "old_tree": old_tree,
-                "entry": conn.host.name, **extra})
+                "entry": conn.host.name, **extra},
+                timeout=lock_bound(conn, float(extra.get("wait_lock") or 0)))
         restored = [f for r in res.rollbacks for f in r.files if f.action in ("restored", "removed")]
         bad = [f for r in res.rollbacks for f in r.files if f.action == "refused"]
         msg = (f"{len(restored)} file(s) restored from {', '.join(p.deploy_ids)}" if p.deploy_ids else
@@ -314,7 +317,8 @@ def _restore_pristine(conn: Transport, p: RollbackPlan, op_id: str, pristine: di
     res: DeployAnswer = conn.agent(names.DEPLOY, {
         "state_dir": conn.host.state_dir, "deploy_id": op_id, "kind": "restore-pristine",
         "package_dir": p.package_dir, "version": p.pristine_version, "by": who(), "host": conn.host.name,
-        "files": files, "verify_paths": [f["path"] for f in files], **extra})
+        "files": files, "verify_paths": [f["path"] for f in files], **extra},
+        timeout=lock_bound(conn, float(extra.get("wait_lock") or 0)))
     final = res.final
     bad = [f"{f['path']} hashes {(final.get(f['path']) or 'missing')[:12]}, expected {f['sha_after'][:12]}"
            for f in files if final.get(f["path"]) != f["sha_after"]]

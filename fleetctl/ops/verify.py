@@ -220,6 +220,23 @@ def _check_instance(iv: InstanceVerify, st: InstanceState, pb: Playbook, deploy_
                            f"deploy {deploy_now.id} ({_hms(deploy_now.at)}) of the files on disk")
 
 
+def collapse_ranks(lines: list[str]) -> list[str]:
+    """Log lines as a person reads them: a message every rank logged (the same words, only the
+    time and the rank prefix differ) is one line, the first, followed by the other ranks that logged
+    it ("(also TP1, TP2, TP3)"). The order of first appearance is kept. (--json keeps every line.)"""
+    firsts: dict[str, str] = {}
+    others: dict[str, list[str]] = {}
+    for raw in lines:
+        ln = engine().parse_line(raw)
+        key = ln.message if ln.ranks else raw
+        if key not in firsts:
+            firsts[key] = raw
+            others[key] = []
+        elif ln.ranks:
+            others[key].append(rank_label(ln.ranks))
+    return [firsts[k] + (f"  (also {', '.join(dict.fromkeys(others[k]))})" if others[k] else "") for k in firsts]
+
+
 def never_fires(pb: Playbook, args: dict[str, Any]) -> list[str]:
     """The playbook's never_fires_when rules that hold for these server arguments."""
     out = []

@@ -554,6 +554,31 @@ def _locked_error(held):
 
 
 def acquire_lock(state_dir, op, deploy_id, who, p=None):
+    """_acquire_lock, waiting up to the payload's `wait_lock` seconds (the operator's --wait-lock)
+    while another live controller of this machine holds the lock; without it, a held lock fails at
+    once. Another machine's lock and an unreadable one are never waited for (they need a person)."""
+    wait = 0.0
+    if isinstance(p, dict):
+        try:
+            wait = max(0.0, min(float(p.get("wait_lock") or 0), 86400.0))
+        except (TypeError, ValueError):
+            wait = 0.0
+    deadline = time.time() + wait
+    while True:
+        try:
+            return _acquire_lock(state_dir, op, deploy_id, who, p)
+        except AgentError as e:
+            held = read_lock(state_dir) if e.kind == "locked" else None
+            if held is None or held.get("foreign") or held.get("unreadable"):
+                raise
+            if time.time() >= deadline:
+                if wait:
+                    raise AgentError("%s (waited %gs: --wait-lock)" % (e, wait), "locked") from None
+                raise AgentError("%s (or rerun with --wait-lock SECONDS to wait for it)" % e, "locked") from None
+            time.sleep(0.2)
+
+
+def _acquire_lock(state_dir, op, deploy_id, who, p=None):
     """Take the host lock (created atomically with its content). A lock whose holder process is
     gone is reported and taken over, under a flock'ed guard so that only one of several agents that
     found it stale removes it (none ever removes the fresh lock another has just taken). Another

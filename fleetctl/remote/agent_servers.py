@@ -805,7 +805,7 @@ def action_server_start(p):
     # computation the probe that located sglang for this launch used (an `env` prefix in argv does the rest)
     env = launch_environment({"env": p.get("env") or {}, "inherit": p.get("inherit_env") or []})
     # the host lock: no launch while a deploy or rollback is changing files (and vice versa)
-    acquire_lock(sd, "launch", lid, p.get("by", "?"))
+    acquire_lock(sd, "launch", lid, p.get("by", "?"), {"wait_lock": p.get("wait_lock")})
     try:
         return _start_locked(p, sd, name, lid, argv, env)
     finally:
