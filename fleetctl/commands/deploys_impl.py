@@ -428,8 +428,13 @@ def history(*, op_id: str | None, limit_rows: int, json_out: bool) -> None:
                 emit_json("history", ok=True, summary={"operations": len(rows)}, ledger=str(ledger.path),
                           operations=rows)
                 raise typer.Exit(0)
-            t = table("history", ["id", "kind", "playbook", "started", "user", "hosts", "outcome"],
-                      whole=("id", "started"))
+            # id, kind and playbook in one cell (fits 80 columns: every column whole but the user)
+            t = table("history", ["operation / playbook", "started", "user", "hosts", "outcome"],
+                      whole=("operation / playbook", "started", "hosts", "outcome"))
+
+            def hosts_of(r: dict[str, Any]) -> Any:
+                return lines_cell([str(r["hosts"]), *([f"{r['hosts_failed']} failed"] if r["hosts_failed"] else [])])
+
             # a run of no-op operations (deploys/rollbacks that changed no host) is one row: what they
             # were, how many, from when to when (--json lists each, with "noop": true)
             k = 0
@@ -439,16 +444,15 @@ def history(*, op_id: str | None, limit_rows: int, json_out: bool) -> None:
                 while r["noop"] and j + 1 < len(rows) and rows[j + 1]["noop"] and \
                         (rows[j + 1]["kind"], rows[j + 1]["playbook"]) == (r["kind"], r["playbook"]):
                     j += 1
-                pb = _playbook_name(r["playbook"])
+                what = f"{r['kind']} {_playbook_name(r['playbook'])}"
                 if j > k:
                     last = rows[j]
-                    t.add_row(f"{last['id']}..{r['id'][-4:]}", r["kind"], pb,
+                    t.add_row(lines_cell([f"{last['id']}..{r['id'][-4:]}", what]),
                               lines_cell([_ts(last["started"]), "to " + _ts(r["started"]).split(" ", 1)[1]]),
-                              r["user"], f"{r['hosts']}", _s(f"no-op x{j - k + 1}"))
+                              r["user"], hosts_of(r), _s(f"no-op x{j - k + 1}"))
                 else:
-                    t.add_row(r["id"], r["kind"], pb, lines_cell(_ts(r["started"]).split(" ", 1)), r["user"],
-                              f"{r['hosts']}" + (f" ({r['hosts_failed']} failed)" if r["hosts_failed"] else ""),
-                              _s("no-op" if r["noop"] else (r["outcome"] or "running")))
+                    t.add_row(lines_cell([r["id"], what]), lines_cell(_ts(r["started"]).split(" ", 1)), r["user"],
+                              hosts_of(r), _s("no-op" if r["noop"] else (r["outcome"] or "running")))
                 k = j + 1
             out.print(t)
             outcomes = [r["outcome"] or "running" for r in rows]
