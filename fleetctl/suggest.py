@@ -55,6 +55,13 @@ def _complete_one(m: re.Match[str]) -> str:
                   and not (k > 0 and args[k - 1] in ("-i", "--inventory", "--limit", "-l", "--instance", "--to",
                                                      "-f", "--forks", "--timeout"))]
     missing = []
+    for k, a in enumerate(args):  # a placeholder (PLAYBOOK, INVENTORY, ID): the command's own value, or missing
+        if re.fullmatch(r"[A-Z][A-Z_]+", a):
+            value = playbook if a == "PLAYBOOK" else inventory if a in ("INV", "INVENTORY") else None
+            if value is None:
+                missing.append(a)
+            else:
+                args[k] = value
     if not has_inv:
         if inventory is None:
             missing.append("-i INVENTORY")

@@ -108,7 +108,7 @@ def test_the_stop_docs_say_what_stop_does() -> None:
     for action in typing.get_args(StopAction):
         assert f"`{action}`" in sec, action
     code = inspect.getsource(agent_servers.stop_record)
-    for how in ("supervisorctl stop", "SIGTERM", "SIGKILL after"):
+    for how in ("supervisorctl", "systemctl", "SIGTERM", "SIGKILL after"):
         assert how in code and how in sec, how
     assert "killpg" in code and "process group" in sec
     assert "else 30" in sec and "launch.stop_timeout, 30" in inspect.getsource(servers)

@@ -83,6 +83,7 @@ def test_every_suggested_command_runs_as_printed(sb: Any, tmp_path: Path,  # noq
     inv2 = tmp_path / "inv-moved.yaml"
     inv2.write_text(yaml.safe_dump(moved))
     s.run("status", "-i", inv2, "--limit", "h01")
+    s.run("status", "-i", inv2, FULL, "--limit", "h01")
     s.run("deploy", "-i", inv2, FULL, "--limit", "h01", "--json")
     s.run("launch", "-i", inv2, FULL, "--limit", "h01", "--json")
     said = list(dict.fromkeys(cmd for _, cmd in s.said))
