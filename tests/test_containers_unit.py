@@ -164,3 +164,18 @@ def test_ansible_inventories_name_the_container_too(tmp_path: Path, capsys: pyte
     err = capsys.readouterr().err
     assert ("ansible_connection=community.docker.docker: fleetctl reaches a container through SSH to the machine "
             "that runs it") in err and "fleetctl_container={runtime: docker, name: CONTAINER}" in err, err
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    (["playbooks/dynamic-spec-disable", "--sglang", "0.4.0"], "the playbook has no patches for sglang 0.4.0"),
+    (["playbooks/dynamic-spec-disable", "--sglang", "0.5.9", "--package-dir", "rel"], "an absolute path in the image"),
+    (["playbooks/adaptive-spec", "--sglang", "0.5.14"], "patches no file of sglang 0.5.14: nothing to build"),
+])
+def test_patch_dockerfile_refusals(args: list[str], said: str, tmp_path: Path,
+                                   capsys: pytest.CaptureFixture[str]) -> None:
+    root = Path(__file__).resolve().parent.parent
+    args = [str(root / args[0]), *args[1:]]
+    assert main(["patch", "dockerfile", *args, "-o", str(tmp_path / "ctx")]) == 2
+    err = capsys.readouterr().err
+    assert said in err and "Traceback" not in err, err
+    assert not (tmp_path / "ctx").exists()

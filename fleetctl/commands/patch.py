@@ -343,6 +343,9 @@ def dockerfile_cmd(
     if it is None:
         raise InputError(f"{pb.path}: the playbook has no patches for sglang {sglang}",
                          hint=f"it has: {', '.join(pb.supported()) or 'none'}")
+    if not it:
+        raise InputError(f"{pb.path}: the playbook patches no file of sglang {sglang}: nothing to build into an image",
+                         hint="its state files are shipped to the host's state dir by 'fleetctl deploy'")
     dp = build(pb, sglang, it, package_dir)
     try:
         snippet = write_context(out, dp)
