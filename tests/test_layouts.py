@@ -413,3 +413,53 @@ def test_between_release_checkout_ported_onto_the_hosts_bytes(sb: Sandbox, tmp_p
     code, doc, err = cli(capsys, "rollback", "-i", inv)
     assert code == 0, (doc, err)
     assert worker.read_bytes() == upstream
+
+
+def test_a_python_shim_that_sources_an_env_file_is_named(sb: Sandbox, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """`python:` is a shell script that sources a file setting SGLANG_ENABLE_SPEC_V2=1, then execs the
+    interpreter: the server runs EAGLEWorkerV2, and explain says which file set it."""
+    home, pkg = seed_layout(sb, tmp_path)
+    h = sb.hosts["h01"]
+    envfile = tmp_path / "sglang.env"
+    envfile.write_text("SGLANG_ENABLE_SPEC_V2=1\nexport SGLANG_ENABLE_SPEC_V2\n")
+    shim = tmp_path / "bin" / "python3"
+    shim.parent.mkdir()
+    shim.write_text(f"#!/bin/sh\n. {envfile}\nexec {h.python} \"$@\"\n")
+    shim.chmod(0o755)
+    inv = inventory(sb, tmp_path / "inv.yaml", env={"HOME": str(home)}, python=str(shim))
+    pb = playbook_with(tmp_path, {"command": SIM})
+    code, doc, err = cli(capsys, "explain", "-i", inv, pb)
+    assert code == 1, (doc, err)
+    row = doc["hosts"][0]
+    assert row["worker_class"] == "EAGLEWorkerV2", row
+    assert f"SGLANG_ENABLE_SPEC_V2=1 set by {shim} (sources {envfile})" in row["refused"], row["refused"]
+    assert MARKER not in (pkg / WORKER).read_text()
+
+
+def test_checkout_moved_on_after_a_deploy_rollback_and_force(sb: Sandbox, tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """Deployed, then the checkout moved on without a reinstall (a newer commit changes a sibling of
+    the patched files): rollback undoes fleetctl's own deploy from its backups and leaves the sibling
+    (named); --force onto a worker that moved on names the siblings that are not the release's."""
+    home, pkg = seed_layout(sb, tmp_path)
+    inv = inventory(sb, tmp_path / "inv.yaml", env={"HOME": str(home)})
+    pb = playbook_with(tmp_path, {"command": SIM})
+    code, doc, err = cli(capsys, "deploy", "-i", inv, pb)
+    assert code == 0, (doc, err)
+    sibling = pkg / "srt" / "speculative" / "spec_info.py"
+    newer = sibling.read_bytes() + b"\n# upstream, after v0.5.9\n"
+    subprocess.run(["git", "-C", str(home / "sglang"), *GIT_ID, "tag", "v0.5.9", "HEAD"], check=True,
+                   capture_output=True)
+    sibling.write_bytes(newer)
+    code, doc, err = cli(capsys, "rollback", "-i", inv)
+    assert code == 0, (doc, err)
+    stock = wheels.package_dir("0.5.9")
+    assert (pkg / WORKER).read_bytes() == (stock / WORKER).read_bytes() and sibling.read_bytes() == newer
+    assert "spec_info.py" in json.dumps(doc), doc
+
+    desc = upstream_commit(home, {pkg / WORKER: b"# newer\n" + (stock / WORKER).read_bytes()}, "upstream")
+    code, doc, err = cli(capsys, "deploy", "-i", inv, pb, "--force", "--check")
+    assert code == 0, (doc, err)
+    reason = doc["plan"]["hosts"][0]["reason"]
+    assert "mixed tree" in reason and "spec_info.py" in reason and desc in reason, reason

@@ -67,11 +67,16 @@ def plan_rollback(fleet: Fleet, gathered: Gathered, to: str | None, force: bool,
             _plan_from_pristine(rp, h.name, facts, loose, pristine, why_not, playbook)
             plans.append(rp)
             continue
-        if loose:
+        if loose and not hoststate.live(facts):
             rp.status = "refused"
             rp.reason = hoststate.unrecorded_msg(h.name, facts.package_version, loose)
             plans.append(rp)
             continue
+        # fleetctl's own recorded deploys are undone from their backups whatever else differs from the
+        # release (a checkout that moved on): those files are left as they are, and named
+        loose_note = ([f"{len(loose)} other file(s) differ from sglang {facts.package_version} with no deploy record "
+                       f"and are left as they are ({', '.join(loose[:4])}{' ...' if len(loose) > 4 else ''})"]
+                      if loose else [])
         live = hoststate.live(facts)
         if to is not None:
             ids = [m.id for m in manifests]
@@ -142,7 +147,7 @@ def plan_rollback(fleet: Fleet, gathered: Gathered, to: str | None, force: bool,
             rp.reason = f"{h.name}: {refused[0]}; rerun with --force to overwrite it (a copy is kept)"
         else:
             rp.status = "change"
-            rp.reason = "; ".join(notes)
+            rp.reason = "; ".join(notes + loose_note)
         plans.append(rp)
     _plan_shared_trees(plans, gathered, [h.name for h in fleet.hosts])
     return plans

@@ -857,7 +857,12 @@ def locate_package(engine, package_dir=None, launch=None, files=(), strict=True)
     kind = "unknown"
     if dist:
         fields, requires = _metadata(dist)
-        version = version or fields.get("Version")
+        meta = fields.get("Version")
+        if version and meta and meta != version and isinstance(res.get("notes"), list):
+            # a checkout that moved on (or was rebuilt) without a reinstall: the files decide
+            res["notes"].append("the installed metadata %s says %s %s, the files say %s (a checkout that moved "
+                                "without a reinstall?): fleetctl goes by the files" % (dist, name, meta, version))
+        version = version or meta
         kind = "wheel"
         try:
             du = read_json_file(os.path.join(dist, "direct_url.json"))
