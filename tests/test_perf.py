@@ -171,7 +171,7 @@ def _count_pythons(sb, home_rc: str | None, tmp_path: Path) -> tuple[list[str], 
     if not real.exists():
         h.python.rename(real)
     h.python.write_text(f"""#!/bin/sh
-case "$2" in *fleetctl_agent*) w=agent ;; *"Run ON the host"*) w=probe ;; *) w=other ;; esac
+case "$*" in *fleetctl_agent*) w=agent ;; *"Run ON the host"*) w=probe ;; *) w=other ;; esac
 echo "$w" >> {log}
 exec {real} "$@"
 """)

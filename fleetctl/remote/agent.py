@@ -738,6 +738,8 @@ def _start_env_changes(changes, interp, env):
         if not isinstance(c, dict):
             continue
         c = dict(c)
+        if k == "LC_CTYPE" and c.get("when") == "wrapper" and c.get("value") in ("C.UTF-8", "C.utf8", "UTF-8"):
+            continue  # python's own locale coercion (PEP 538), not a hook
         if c.get("when") == "wrapper":
             if script is None:
                 script = _script_sources(interp)
