@@ -287,3 +287,28 @@ def test_verify_logs_says_what_a_playbook_without_a_marker_proves(sb: Any, tmp_p
     code, doc = jcli(capsys, "verify-logs", "-i", inv, pb)
     iv = doc["hosts"][0]["instances"][0]
     assert any(e.startswith("no verify.markers: this proves the server started") for e in iv["explanation"]), iv
+
+
+@pytest.mark.fleet
+def test_verify_logs_explains_a_model_the_patch_does_not_change(sb: Any, tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """verify-logs reads the target's config.json on the host to say why the marker is missing."""
+    target = tmp_path / "models" / "qwen"
+    target.mkdir(parents=True)
+    (target / "config.json").write_text(json.dumps({"architectures": ["Qwen2ForCausalLM"]}))
+    rel = "srt/models/llama.py"
+    src = wheels.pristine_bytes(V, rel).decode()
+    first = next(ln for ln in src.splitlines(keepends=True) if ln.startswith(("import ", "from ")))
+    pb = new_user_playbook(tmp_path / "pb", capsys, flags={"--model-path": str(target)}, markers=["llama patched"],
+                           edited={rel: src.replace(first, first + '_MARK = "llama patched"\n', 1).encode()})
+    inv = make_inventory(sb, tmp_path / "inv.yaml", ["h01"])
+    code, doc = jcli(capsys, "deploy", "-i", inv, pb)
+    assert code == 1 and "srt/models/qwen2.py" in json.dumps(doc)
+    assert jcli(capsys, "deploy", "-i", inv, pb, "--allow-uncovered")[0] == 0
+    code, doc = jcli(capsys, "launch", "-i", inv, pb, "--allow-uncovered", "--timeout", "60")
+    assert code == 0, json.dumps(doc)[:2000]
+    code, doc = jcli(capsys, "verify-logs", "-i", inv, pb)
+    iv = doc["hosts"][0]["instances"][0]
+    why = " ".join(iv["explanation"])
+    assert code == 1 and "why: this launch does not run what the playbook patches" in why, iv
+    assert "names Qwen2ForCausalLM" in why and "srt/models/qwen2.py" in why and "only llama.py" in why

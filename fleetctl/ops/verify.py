@@ -107,7 +107,7 @@ class HostVerify:
 
 
 def _check_instance(iv: InstanceVerify, st: InstanceState, pb: Playbook, deploy_now: DeployOnDisk | None,
-                    tz_offset: int | None = None) -> None:
+                    tz_offset: int | None = None, models: Any = None) -> None:
     """Fill iv from the agent's state + matches for one instance (no host access)."""
     rec = st.record
     markers = list(pb.verify.markers)
@@ -204,6 +204,11 @@ def _check_instance(iv: InstanceVerify, st: InstanceState, pb: Playbook, deploy_
             from fleetctl.patched_worker import coverage
 
             cov = coverage(version, dict(rec.flags), dict(rec.env), pb)
+            if models is not None and any(f.get("family") == engine().family_names[1] and f.get("covered") is None
+                                          for f in cov.families):
+                # the model implementation depends on config.json: read it on the host, as explain does
+                model, draft = models()
+                cov = coverage(version, dict(rec.flags), dict(rec.env), pb, model=model, draft=draft)
             if cov.refused:
                 iv.explanation.append(f"why: this launch does not run what the playbook patches: {cov.refused}")
             elif cov.uncertain:
@@ -415,10 +420,25 @@ def verify_host(conn: Transport, pb: Playbook, plan: list[Instance]) -> list[Ins
     gone_with = _recreated(conn, got)
     out = []
     records: dict[str, LaunchRecord] = {}
+    seen: list[Any] = []
+
+    def read_models() -> tuple[Any, Any]:
+        """The target's and draft's config.json as the launch reads them on this host (asked once,
+        only to explain a missing marker)."""
+        if not seen:
+            from fleetctl.facts import read_facts
+
+            try:
+                f = read_facts(conn, gpus=False, all_hashes=False, profile=pb.launch)
+                seen.append((f.model, f.draft_model))
+            except RemoteError:
+                seen.append((None, None))
+        return seen[0]
+
     for inst in plan:
         iv = InstanceVerify(h.name, inst.name, inst.port)
         st = got.instances.get(inst.name) or InstanceState(inst.name, running=False)
-        _check_instance(iv, st, pb, got.deploy_now, got.tz_offset)
+        _check_instance(iv, st, pb, got.deploy_now, got.tz_offset, models=read_models)
         if gone_with:
             iv.problems.append(gone_with)
         if st.record is not None:
