@@ -83,7 +83,8 @@ def make_playbook(d: Path, files: tuple[str, ...] = FILES, versions: tuple[str, 
             pf.parent.mkdir(parents=True, exist_ok=True)
             pf.write_bytes(make_patch(old, new, rel))
             lines += [f"      - path: {rel}", f"        patch: patches/{v}/{pf.name}", f"        sha256: {sha(old)}"]
-    lines += ["launch:", "  flags: {--model-path: m}"]  # (launch refuses a playbook with no launch: section)
+    lines += ["launch:", "  flags: {--model-path: m}",  # (launch refuses a playbook with no launch: section)
+              "covers: {worker: false}"]  # these tests are about faults: the launch runs no speculative worker
     (d / "playbook.yaml").write_text("\n".join(lines) + "\n")
     return d / "playbook.yaml"
 
