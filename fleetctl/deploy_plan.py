@@ -87,6 +87,7 @@ class HostPlan:
     tree_owner: str | None = None  # the host whose transaction deploys this host's tree (None: this one)
     tree_members: list[str] = field(default_factory=list)  # every selected host on the tree (if several)
     records_dir: str | None = None  # the tree's records live beside it (its records dir), not in state_dir
+    lane: tuple[Any, ...] = ()  # the machine and state dir its transaction locks (fleetctl/trees.py lane_key)
 
     @property
     def to_patch(self) -> list[FilePlan]:

@@ -116,10 +116,18 @@ _LANES: dict[tuple[object, ...], threading.Lock] = {}
 _LANES_GUARD = threading.Lock()
 
 
-def lane(host: Host) -> threading.Lock:
-    """One lock per (address, port, user, state_dir): inventory entries for one machine and one state
-    dir (A/B servers) take the host lock there one after the other, instead of one finding it held
-    ("locked") when both start servers, deploy or roll back at once."""
-    key = (host.address, host.port, host.user, host.state_dir)
+def lane_key(host: Host, facts: HostFacts | None) -> tuple[object, ...]:
+    """Which machine and state dir a host's transactions lock: as its facts say (the machine as the
+    agent describes itself, the state dir expanded there), else as the inventory names them."""
+    st = facts.state if facts is not None else None
+    if st is not None and st.machine and st.state_dir:
+        return ("machine", st.machine, st.state_dir)
+    return ("inventory", host.address, host.port, host.user, host.state_dir)
+
+
+def lane(key: tuple[object, ...]) -> threading.Lock:
+    """One lock per machine and state dir (lane_key): inventory entries for one machine and one state
+    dir (A/B servers, even through two sshd ports) take the host lock there one after the other,
+    instead of one finding it held ("locked") when both start servers, deploy or roll back at once."""
     with _LANES_GUARD:
         return _LANES.setdefault(key, threading.Lock())

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -52,22 +53,63 @@ def _rows(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
 # ------------------------------------------------------------------ 5: two entries for one machine
 
 
-def _two_entries(sb: sbx.Sandbox, path: Path) -> Path:
-    """A and B: the same sshd host (address, port, python, state dir), GPU 0 / GPU 1, two ports."""
+def _two_entries(sb: sbx.Sandbox, path: Path, b_ssh_port: int | None = None) -> Path:
+    """A and B: one sandbox host (python, state dir, home), GPU 0 / GPU 1, two server ports; B through
+    the same sshd, or through another sshd of that host (`b_ssh_port`)."""
     base = write_inventory(sb, path, command_timeout=60)
     doc = yaml.safe_load(base.read_text())
     h = doc["hosts"].pop("h01")
     port = int(h["flags"]["--port"])
     doc["hosts"] = {"A": {**h, "gpus": [0], "flags": {"--port": port}},
                     "B": {**h, "gpus": [1], "flags": {"--port": port + 1}}}
+    if b_ssh_port is not None:
+        doc["hosts"]["B"]["port"] = b_ssh_port
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
 
 
-def test_two_entries_one_machine(fresh_sandbox, tmp_path: Path,  # type: ignore[no-untyped-def]
-                                 capsys: pytest.CaptureFixture[str]) -> None:
+def _second_sshd(sb: sbx.Sandbox, name: str, request: pytest.FixtureRequest) -> int:
+    """Another real sshd for host `name` (its host key, home, environment) on another port; stopped by
+    its pid when the test ends. Returns its port (added to the sandbox's known_hosts)."""
+    import os
+    import signal
+
+    from ports import free_port
+
+    from fleetctl.sandbox import sshd
+
+    h = sb.hosts[name]
+    port = free_port()
+    cfg = h.host_dir / "sshd_config.second"
+    cfg.write_text(h.sshd_config.read_text()
+                   .replace(f"{sshd.LOOPBACK}:{h.port}", f"{sshd.LOOPBACK}:{port}")
+                   .replace(f"PidFile {h.pid_file}", f"PidFile {h.host_dir / 'sshd.second.pid'}"))
+    proc = subprocess.Popen([sshd.sshd_binary(), "-D", "-e", "-f", str(cfg)], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                            close_fds=True, env=sbx._sshd_env(sb.dir))
+
+    def stop() -> None:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=30)
+
+    request.addfinalizer(stop)
+    ok, deadline = False, time.monotonic() + 60  # (a bound, not a synchronisation: it listens or exits)
+    while proc.poll() is None and not ok and time.monotonic() < deadline:
+        ok = sshd.banner_ok(port)
+    assert ok, f"the second sshd exited with {proc.returncode}"
+    line = next(x for x in sb.known_hosts_path.read_text().splitlines() if x.startswith(f"[127.0.0.1]:{h.port} "))
+    with open(sb.known_hosts_path, "a") as fh:
+        fh.write(line.replace(f":{h.port} ", f":{port} ", 1) + "\n")
+    return port
+
+
+@pytest.mark.parametrize("ssh", ["one sshd", "two sshds"])
+def test_two_entries_one_machine(fresh_sandbox, tmp_path: Path, ssh: str,  # type: ignore[no-untyped-def]
+                                 capsys: pytest.CaptureFixture[str], request: pytest.FixtureRequest) -> None:
     sb = fresh_sandbox(hosts=1, versions=(VERSION,), gpus=2)
-    inv = _two_entries(sb, tmp_path / "inv.yaml")
+    inv = _two_entries(sb, tmp_path / "inv.yaml",
+                       _second_sshd(sb, "h01", request) if ssh == "two sshds" else None)
     i, pb = ("-i", str(inv)), str(PLAYBOOK)
     pkg = sb.hosts["h01"].sglang_dir
 

@@ -137,7 +137,7 @@ def build_plan(fleet: Fleet, playbook: Playbook, gathered: Gathered, *, force: b
             idle = dict.fromkeys(w for i in instances(h, playbook) for w in engine().playbook_warnings(playbook, dict(i.flags)))
             hp.reason = "; ".join(x for x in (hp.reason, *(f"warning: {w}" for w in idle)) if x)
         hosts.append(hp)
-    _plan_shared_trees(hosts, gathered, playbook, [h.name for h in fleet.hosts])
+    _plan_shared_trees(hosts, gathered, playbook, list(fleet.hosts))
     return Plan(str(playbook.path), hosts, intended)
 
 
@@ -211,13 +211,18 @@ def port_onto_hosts(fleet: Fleet, plan: Plan, playbook: Playbook, gathered: Gath
                      else "the host's files hold the port already")
 
 
-def _plan_shared_trees(hosts: list[HostPlan], gathered: Gathered, playbook: Playbook, order: list[str]) -> None:
+def _plan_shared_trees(hosts: list[HostPlan], gathered: Gathered, playbook: Playbook,
+                       fleet_hosts: list[Host]) -> None:
     """Hosts that reach one package tree (fleetctl/trees.py): the first (the owner) deploys it, once;
     the others take the owner's plan and report its transaction as theirs."""
-    from fleetctl.trees import group_trees
+    from fleetctl.trees import group_trees, lane_key
 
-    groups = group_trees(order, gathered.facts)
+    groups = group_trees([h.name for h in fleet_hosts], gathered.facts)
     by_name = {hp.host: hp for hp in hosts}
+    inv = {h.name: h for h in fleet_hosts}
+    for hp in hosts:
+        if hp.host in inv:
+            hp.lane = lane_key(inv[hp.host], gathered.facts.get(hp.host))
     for name, g in groups.items():
         hp = by_name[name]
         if len(g.members) > 1:
@@ -411,9 +416,9 @@ def apply_plan(fleet: Fleet, plan: Plan, playbook: Playbook, op_id: str, *, vali
         disc = None
         if then_facts is not None and hp.status == "change":
             payload["then_facts"], disc = then_facts(conn.host)
-        from fleetctl.trees import lane
+        from fleetctl.trees import lane, lane_key
 
-        with lane(conn.host):  # (another inventory entry for this machine and state dir: one at a time)
+        with lane(hp.lane or lane_key(conn.host, None)):  # (another entry for this machine and state dir: one at a time)
             res: DeployAnswer = conn.agent(names.DEPLOY, payload, timeout=lock_bound(conn, fleet.wait_lock))
         shipped = [f.path for f in res.files if f.path.startswith("{state_dir}/")]
         r = HostApply(conn.host.name, "changed" if res.deploy_id else "unchanged",

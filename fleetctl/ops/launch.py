@@ -32,7 +32,7 @@ from fleetctl.protocol.answers import (
 from fleetctl.protocol.schema import to_json
 from fleetctl.runner import Fleet
 from fleetctl.transport.base import RemoteError, Transport
-from fleetctl.trees import lane
+from fleetctl.trees import lane, lane_key
 
 TAIL = 30
 
@@ -464,7 +464,7 @@ def apply_launch(conn: Transport, lp: LaunchPlan, pb: Playbook, *, launch_id: st
         if wait_lock:
             request["wait_lock"] = wait_lock
         try:
-            with lane(h):  # (another inventory entry for this machine and state dir: one at a time)
+            with lane(lane_key(h, lp.facts)):  # (another entry for this machine and state dir: one at a time)
                 rec: LaunchRecord = conn.agent(names.SERVER_START, request,
                                                timeout=h.command_timeout + wait_lock if wait_lock else None)
         except RemoteError as e:

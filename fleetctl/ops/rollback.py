@@ -38,6 +38,7 @@ class RollbackPlan:
     tree: str | None = None  # the real path of the tree this host imports
     tree_owner: str | None = None  # another selected host on the same tree undoes it, once
     tree_members: list[str] = field(default_factory=list)
+    lane: tuple[Any, ...] = ()  # the machine and state dir its transaction locks (fleetctl/trees.py lane_key)
 
     def to_json(self) -> dict[str, Any]:
         return {"host": self.host, "status": self.status, "reason": self.reason, "deploy_ids": self.deploy_ids,
@@ -150,6 +151,11 @@ def plan_rollback(fleet: Fleet, gathered: Gathered, to: str | None, force: bool,
             rp.reason = "; ".join(notes + loose_note)
         plans.append(rp)
     _plan_shared_trees(plans, gathered, [h.name for h in fleet.hosts])
+    from fleetctl.trees import lane_key
+
+    inv = {h.name: h for h in fleet.hosts}
+    for rp in plans:
+        rp.lane = lane_key(inv[rp.host], gathered.facts.get(rp.host))
     return plans
 
 
@@ -275,9 +281,9 @@ def apply_rollback(fleet: Fleet, plans: list[RollbackPlan], op_id: str, force: b
         disc = None
         if then_facts is not None and servers is not None and p.deploy_ids:
             extra["then_facts"], disc = then_facts(conn.host)
-        from fleetctl.trees import lane
+        from fleetctl.trees import lane, lane_key
 
-        with lane(conn.host):  # (another inventory entry for this machine and state dir: one at a time)
+        with lane(p.lane or lane_key(conn.host, None)):  # (another inventory entry for this machine and state dir: one at a time)
             res: RollbackAnswer = conn.agent(names.ROLLBACK, {
                 "state_dir": p.records_dir or conn.host.state_dir, "deploy_ids": p.deploy_ids, "force": force,
                 "rollback_id": op_id, "by": who(), "engine": engine().agent_facts(),
