@@ -11,7 +11,6 @@ opened. Events (docs/reliability.md lists them):
     step HOST WHAT         a bounded step on the host begins (spaces in WHAT written as _)
     interrupt              the first Ctrl-C was taken: no host starts anything new
     launch-waiting HOST    launch started the host's servers and waits for them to be ready
-    lock-waiting HOST      another controller holds the host's lock; this one waits (--wait-lock)
 """
 
 from __future__ import annotations

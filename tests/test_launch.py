@@ -605,3 +605,45 @@ def test_launch_and_verify_logs_pass_a_server_that_survived_a_logged_traceback(
     finally:
         main(["stop", "-i", str(inv)])
         main(["rollback", "-i", str(inv)])
+
+
+# ----------------------------------------------------------------------------- Ctrl-C while a model loads (issue 30.7)
+
+
+def test_ctrl_c_during_launch_stops_waiting_at_once_and_says_what_runs(sb: Any, tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """The server takes 10 minutes to "load" (FLEETCTL_SIM_START_DELAY=600). One Ctrl-C while launch
+    waits for it: launch stops waiting at once (before: it waited for the model), exits 130, and says
+    the server was left starting and the command that stops it; that command, run as printed, stops it."""
+    import shlex
+    import signal
+
+    from eventpipe import EventPipe
+
+    inv = make_inventory(sb, tmp_path / "inv.yaml", hosts=["h01"], env={"h01": {"FLEETCTL_SIM_START_DELAY": "600"}})
+    assert cli(capsys, "deploy", "-i", inv, FULL)[0] == 0
+    pipe = EventPipe()
+    proc = pipe.popen(["launch", "--drop-unknown-flags", "-i", str(inv), str(FULL), "--timeout", "900", "--json"],
+                      dict(os.environ))
+    try:
+        pipe.wait("launch-waiting h01")
+        proc.send_signal(signal.SIGINT)  # the CLI subprocess this test started
+        out, err = proc.communicate(timeout=120)  # a hang bound: the model would take 600 s
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+        pipe.close()
+    assert proc.returncode == 130, (out, err)
+    doc = json.loads(out)
+    assert doc["ok"] is False and doc["interrupted"] is True
+    (it,) = doc["hosts"][0]["instances"]
+    assert it["status"] == "interrupted", it
+    assert it["message"].startswith("interrupted (Ctrl-C) while it was starting: left running"), it
+    name = it["instance"]
+    rec = srv.current_record(str(sb.hosts["h01"].state_dir), name)
+    assert srv.record_alive(rec)  # left running, as said
+    cmd = it["message"][it["message"].index("'fleetctl stop"):].split("'")[1]
+    assert cmd == f"fleetctl stop -i {inv} --limit h01 --instance {name}", cmd
+    assert main(shlex.split(cmd)[1:]) == 0
+    assert not srv.record_alive(srv.current_record(str(sb.hosts["h01"].state_dir), name))

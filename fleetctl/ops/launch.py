@@ -4,11 +4,12 @@ on THIS launch's log, and status of what fleetctl launched. Results are data; th
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from fleetctl import statefiles
+from fleetctl import events, statefiles
 from fleetctl.config.hosts import Host
 from fleetctl.config.playbook_model import CRASH_SIGNS, Playbook
 from fleetctl.engine import engine
@@ -36,7 +37,7 @@ from fleetctl.trees import lane, lane_key
 
 TAIL = 30
 
-InstanceStatus = Literal["ready", "refused", "failed", "timeout", "skipped"]
+InstanceStatus = Literal["ready", "refused", "failed", "timeout", "skipped", "interrupted"]
 HostStatus = Literal["ok", "refused", "failed", "unreachable", "skipped"]
 PlanStatus = Literal["start", "refused", "failed", "unreachable"]
 
@@ -385,13 +386,14 @@ def check_host(conn: Transport, pb: Playbook, insts: list[Instance], *, replace:
 
 def launch_host(conn: Transport, pb: Playbook, insts: list[Instance], *, launch_id: str, replace: bool,
                 timeout: float, drop_unknown_flags: bool = False, allow_uncovered: bool = False,
-                wait_lock: float = 0.0) -> HostLaunch:
+                wait_lock: float = 0.0, interrupt: threading.Event | None = None) -> HostLaunch:
     """Facts -> plan_launch (pure) -> apply_launch: the launch on one host."""
     t = time.monotonic()
     facts = read_launch_facts(conn, pb, insts)
     lp = plan_launch(conn.host, pb, insts, facts, replace=replace, drop_unknown_flags=drop_unknown_flags,
                      allow_uncovered=allow_uncovered)
-    return apply_launch(conn, lp, pb, launch_id=launch_id, timeout=timeout, started=t, wait_lock=wait_lock)
+    return apply_launch(conn, lp, pb, launch_id=launch_id, timeout=timeout, started=t, wait_lock=wait_lock,
+                        interrupt=interrupt)
 
 
 def _result(lp: LaunchPlan) -> HostLaunch:
@@ -411,7 +413,8 @@ def _result(lp: LaunchPlan) -> HostLaunch:
 
 
 def apply_launch(conn: Transport, lp: LaunchPlan, pb: Playbook, *, launch_id: str, timeout: float,
-                 started: float | None = None, wait_lock: float = 0.0) -> HostLaunch:
+                 started: float | None = None, wait_lock: float = 0.0,
+                 interrupt: threading.Event | None = None) -> HostLaunch:
     """Carry out a launch plan: stop what it replaces (then check ports and GPUs again), start every
     instance, wait for all of them in one bounded agent call, GET /health, stop the ones that failed."""
     h = conn.host
@@ -474,7 +477,7 @@ def apply_launch(conn: Transport, lp: LaunchPlan, pb: Playbook, *, launch_id: st
         started_ok.append(inst.name)
     t = res.mark("start", t)
     if started_ok:
-        _wait_ready(conn, res, pb, insts, started_ok, launch_id=launch_id, timeout=timeout, t=t)
+        _wait_ready(conn, res, pb, insts, started_ok, launch_id=launch_id, timeout=timeout, t=t, interrupt=interrupt)
     bad = [it for it in items if it.status != "ready"]
     if bad:
         res.status = "failed"
@@ -484,18 +487,51 @@ def apply_launch(conn: Transport, lp: LaunchPlan, pb: Playbook, *, launch_id: st
     return res
 
 
+WAIT_SLICE = 1.0  # seconds of one ready-wait request: a Ctrl-C is seen within it
+
+
 def _wait_ready(conn: Transport, res: HostLaunch, pb: Playbook, insts: list[Instance], started: list[str], *,
-                launch_id: str, timeout: float, t: float) -> None:
+                launch_id: str, timeout: float, t: float, interrupt: threading.Event | None = None) -> None:
     """Wait for the started instances (one bounded agent call), GET /health of the ready ones, and
     stop those that failed (a wrapper that outlived its server too)."""
     h, items = conn.host, res.instances
-    waited: ServerWaitAnswer = conn.agent(names.SERVER_WAIT, {
-        "state_dir": h.state_dir, "instances": started, "launch_ids": dict.fromkeys(started, launch_id),
+    request = {
+        "state_dir": h.state_dir, "launch_ids": dict.fromkeys(started, launch_id),
         "ready_line": engine().ready_line, "forbidden": [f for f in pb.verify.forbidden if f not in CRASH_SIGNS],
-        "survivable": [f for f in pb.verify.forbidden if f in CRASH_SIGNS], "timeout": timeout, "tail": TAIL,
+        "survivable": [f for f in pb.verify.forbidden if f in CRASH_SIGNS], "tail": TAIL,
         "stamp_re": engine().log_stamp_re, "stamp_fmt": engine().log_stamp_fmt,
-    }, timeout=timeout + 60)
+    }
+    events.emit("launch-waiting", h.name)
+    # waited for in slices, so that a Ctrl-C (the fleet's interrupt) stops the wait at once instead of
+    # after the model has loaded; the servers are left starting, and said so (below)
+    waited: ServerWaitAnswer = {}
+    pending = list(started)
+    deadline = time.monotonic() + timeout
+    cut = False
+    while pending:
+        left = max(0.0, deadline - time.monotonic())
+        last = interrupt is None or left <= WAIT_SLICE
+        part = left if last else WAIT_SLICE
+        got: ServerWaitAnswer = conn.agent(names.SERVER_WAIT, {**request, "instances": pending, "timeout": part},
+                                           timeout=part + 60)
+        for n in pending:
+            w = got.get(n)
+            if w is not None and (w.status != "timeout" or last):
+                if w.status == "timeout":
+                    w.why = f"not ready after {timeout:g}s"
+                waited[n] = w
+        pending = [n for n in pending if n not in waited]
+        if pending and interrupt is not None and interrupt.is_set():
+            cut = True
+            break
     t = res.mark("wait ready", t)
+    if cut:
+        for inst, it in zip(insts, items, strict=True):
+            if inst.name in pending:
+                it.status = "interrupted"
+                it.message = (f"interrupted (Ctrl-C) while it was starting: left running (pid {it.pid}, still "
+                              f"loading); 'fleetctl stop --limit {h.name} --instance {inst.name}' stops it, "
+                              f"'fleetctl status' shows it once ready")
     to_stop = []
     for inst, it in zip(insts, items, strict=True):
         w = waited.get(inst.name)
@@ -584,7 +620,7 @@ def launch_fleet(fleet: Fleet, pb: Playbook, *, replace: bool = False, timeout: 
     t = float(timeout if timeout is not None else pb.launch.ready_timeout)
     outs = fleet.run(lambda c: launch_host(c, pb, insts_by_host[c.host.name], launch_id=lid, replace=replace, timeout=t,
                                            drop_unknown_flags=drop_unknown_flags, allow_uncovered=allow_uncovered,
-                                           wait_lock=fleet.wait_lock),
+                                           wait_lock=fleet.wait_lock, interrupt=fleet.interrupt),
                      targets)
     results = []
     for o, h in zip(outs, targets, strict=True):
