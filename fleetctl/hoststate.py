@@ -5,8 +5,8 @@ Every manifest the agent reports is marked when another machine wrote it into a 
 (`foreign`: ignored here, never acted on), when this python now imports another tree than the one
 it patched (`moved`), or when its patch is no longer on disk (`gone`: the package was reinstalled
 or upgraded under it). Files that differ from the release's pristine bytes (the wheel's RECORD) and
-that no record explains are "deployed without a record" (a deleted or moved state dir, a changed
-`state_dir` in the inventory, or a hand edit).
+that no record explains are "changed without a record" (a hand edit, a deleted or moved state dir, or a changed
+`state_dir` in the inventory).
 """
 
 from __future__ import annotations
@@ -57,6 +57,25 @@ def on_disk(facts: HostFacts) -> list[Manifest]:
     return [m for m in live(facts) if not m.moved]
 
 
+def edited(facts: HostFacts) -> list[tuple[str, str, str | None, str | None]]:
+    """Deployed files that no longer hold what their deploy wrote: (path, deploy id, sha now, sha the
+    deploy wrote), from the records' own hashes (no playbook needed). Per path, the newest live deploy
+    in the tree imported now is the one that counts."""
+    last: dict[str, tuple[str, str | None, str | None]] = {}
+    for m in on_disk(facts):
+        for f in m.files:
+            if f.sha_after is not None:
+                last[f.path] = (m.id, f.sha_now, f.sha_after)
+    return [(p, mid, now, after) for p, (mid, now, after) in sorted(last.items()) if now != after]
+
+
+def edited_msg(path: str, deploy_id: str, now: str | None, after: str | None) -> str:
+    held = "is missing" if now is None else f"hashes {now[:12]}"
+    return (f"{path} was changed after deploy {deploy_id} wrote it (not by fleetctl: edited by hand or by "
+            f"another tool): it {held}, the deploy wrote {(after or '?')[:12]}; a deploy or rollback of it "
+            f"refuses until you keep what you need and rerun it with --force")
+
+
 def explained(facts: HostFacts, rel: str, sha: str | None) -> bool:
     """Does a record of this machine, for the tree imported now, account for `rel` (holding `sha`)? A
     live or open deploy of that file does (its own checks say whether the file drifted since)."""
@@ -96,9 +115,10 @@ def release_pristine(version: str | None) -> tuple[dict[str, str] | None, str]:
 
 def unrecorded_msg(host: str, version: str | None, files: list[str]) -> str:
     shown = ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
-    return (f"{host}: deployed without a record: {len(files)} file(s) differ from pristine sglang {version} and "
-            f"no deploy record on this host explains them ({shown}); was the state dir deleted or moved, or "
-            f"state_dir changed in the inventory? 'fleetctl rollback --from-pristine -p PLAYBOOK' restores the "
+    return (f"{host}: changed without a record: {len(files)} file(s) differ from pristine sglang {version} and "
+            f"no deploy record on this host explains them ({shown}); edited by hand or by another tool, or "
+            f"(if fleetctl deployed them) was the state dir deleted or moved, or state_dir changed in the "
+            f"inventory? 'fleetctl rollback --from-pristine -p PLAYBOOK' restores the "
             f"release's pristine bytes (verified, with backups) into the files PLAYBOOK patches where they hold "
             f"its patched bytes")
 

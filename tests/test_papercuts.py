@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_launch import sb  # noqa: F401  (the fixture: the session sandbox, left as found)
 
 from fleetctl.cli import main
 
@@ -142,17 +143,46 @@ def test_sandbox_status_fails_on_a_dead_host_and_its_restart_runs(fresh_sandbox:
     """Before: `sandbox status` exited 0 with a host down and had no way to start one host again."""
     import shlex
 
-    sb = fresh_sandbox(hosts=2)
-    assert run(capsys, "sandbox", "status", "--dir", sb.dir)[0] == 0
-    sb.stop_host("h02")
-    code, out, _ = run(capsys, "sandbox", "status", "--dir", sb.dir)
+    box = fresh_sandbox(hosts=2)
+    assert run(capsys, "sandbox", "status", "--dir", box.dir)[0] == 0
+    box.stop_host("h02")
+    code, out, _ = run(capsys, "sandbox", "status", "--dir", box.dir)
     assert code == 1 and "2/3 sshd running; down: h02" in out, out
     hint = out[out.index("'fleetctl sandbox restart"):].split("'")[1]
-    code, out, _ = run(capsys, "sandbox", "status", "--dir", sb.dir, "--json")
+    code, out, _ = run(capsys, "sandbox", "status", "--dir", box.dir, "--json")
     doc = json.loads(out)
     assert code == 1 and doc["ok"] is False
     assert {h["host"]: h["state"] for h in doc["hosts"]}["h02"] == "stopped"
     code, out, err = run(capsys, *shlex.split(hint)[1:])  # the printed command, as printed
     assert code == 0 and "h02 (pid " in out, (out, err)
-    assert run(capsys, "sandbox", "status", "--dir", sb.dir)[0] == 0
-    assert run(capsys, "sandbox", "restart", "--dir", sb.dir, "h09")[0] == 2
+    assert run(capsys, "sandbox", "status", "--dir", box.dir)[0] == 0
+    assert run(capsys, "sandbox", "restart", "--dir", box.dir, "h09")[0] == 2
+
+
+# ---------------------------------------------------------------------------- status: the records' own hashes
+
+
+@pytest.mark.fleet
+def test_status_without_a_playbook_sees_a_deployed_file_edited_by_hand(sb: Any, tmp_path: Path,  # noqa: F811
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: `status` without a playbook said ok after a deployed file was edited by hand (a live
+    record 'explained' the path whatever it held), and the wording guessed a state-dir problem."""
+    from test_launch import make_inventory
+
+    inv = make_inventory(sb, tmp_path / "inv.yaml", hosts=["h01"])
+    try:
+        code, out, err = run(capsys, "deploy", "-i", inv, FULL, "--json")
+        assert code == 0, err
+        did = json.loads(out)["op_id"]
+        assert run(capsys, "status", "-i", inv)[0] == 0
+        rel = "srt/speculative/eagle_worker.py"
+        f = sb.hosts["h01"].sglang_dir / rel
+        f.write_bytes(f.read_bytes() + b"# a hand edit\n")
+        code, out, err = run(capsys, "status", "-i", inv, "--json")
+        assert code == 1, out
+        (h,) = json.loads(out)["hosts"]
+        said = " ".join(h["problems"])
+        assert f"{rel} was changed after deploy {did} wrote it (not by fleetctl" in said, said
+        assert "state dir" not in said and "state_dir" not in said, said
+    finally:
+        main(["rollback", "-i", str(inv), "--force"])

@@ -38,6 +38,7 @@ def status_rows(hosts: Sequence[Host], gathered: Any, plan: Plan | None) -> list
             problems.append(hoststate.lock_problem(lock))
         problems += [hoststate.moved_msg(m) for m in hoststate.live(f) if m.moved]
         problems += _container_problems(h.name, f)
+        problems += [hoststate.edited_msg(*e) for e in hoststate.edited(f)]
         gone = hoststate.gone(f)
         problems += [hoststate.gone_msg(m) + "; 'fleetctl rollback' closes its record, 'fleetctl deploy' "
                      "patches again" for m in gone]
