@@ -109,6 +109,10 @@ def test_attention_family() -> None:
     assert c.covered is True and "--prefill-attention-backend triton" in c.message
     (c,) = F.check(V, {"--attention-backend": "flashinfer", "--decode-attention-backend": "triton"}, p, {})
     assert c.covered is True and "--decode-attention-backend triton" in c.message
+    # the draft worker's own backend runs the patched module too
+    (c,) = F.check(V, {"--attention-backend": "flashinfer", "--speculative-algorithm": "EAGLE3",
+                       "--speculative-draft-attention-backend": "triton"}, p, {})
+    assert c.covered is True and "--speculative-draft-attention-backend triton" in c.message
     wave = {"srt/layers/attention/wave_backend.py": comment_patch(V, "srt/layers/attention/wave_backend.py")}
     (c,) = F.check(V, {}, wave, {})  # never a default: certain
     assert c.covered is False and "none of which runs wave_backend.py" in c.message

@@ -212,8 +212,11 @@ def _backends(flags: dict[str, Any]) -> dict[str, tuple[str | None, str]]:
         out[phase] = ((str(own), f"--{phase}-attention-backend") if own else
                       (str(base) if base else None, "--attention-backend"))
     if out["prefill"][0] == out["decode"][0]:
-        return {"": out["prefill"] if out["prefill"][1] == out["decode"][1] else (out["prefill"][0],
-                                                                                 "--attention-backend")}
+        out = {"": out["prefill"] if out["prefill"][1] == out["decode"][1] else (out["prefill"][0],
+                                                                                "--attention-backend")}
+    draft = flags.get("speculative_draft_attention_backend")
+    if draft and flags.get("speculative_algorithm") and str(draft) not in {n for n, _ in out.values()}:
+        out["draft"] = (str(draft), "--speculative-draft-attention-backend")  # the draft worker's own
     return out
 
 
@@ -229,7 +232,7 @@ def _check_choice(family: str, version: str, patched: list[str], choices: dict[s
     uncertain = False
     any_hit = False
     for phase, (name, flag) in picked.items():
-        label = f"{phase} " if len(picked) > 1 else ""
+        label = f"{phase} " if phase else ""
         if name is None:
             cands = [d for d in defaults if d in choices] or defaults
             hits = [d for d in cands if hit_by.get(d)]
