@@ -66,9 +66,11 @@ def coverage(version: str, flags: dict[str, Any], env: dict[str, str], playbook:
     answer that is not certain is a warning (`uncertain`), refused with `strict`. `files`: the files
     the launch's flags name, as start-up reads them (`named_files`)."""
     cov = _coverage(version, flags, env, playbook, model, files)
-    if engine().is_known(version) or playbook.covers.asked():
+    if engine().is_known(version):  # (an unknown release: no wheel is fetched to guess its families)
         _other_families(cov, version, flags, playbook, model, draft)
-    if cov.covered is False and cov.refused and not playbook.launch.flags:
+    layout = {engine().port_flag, *engine().tp_spellings}  # what fleetctl itself adds to every launch
+    described = bool(playbook.launch.flags) or any(("--" + k.lstrip("-")) not in layout for k in flags)
+    if cov.covered is False and cov.refused and not described:
         # a playbook that names no launch flags says nothing of how its servers are launched: what the
         # bare default launch would run is a warning, not a refusal
         cov.uncertain = _join(cov.uncertain, f"the playbook names no launch flags; launched with none: {cov.refused}")
