@@ -463,3 +463,20 @@ def test_checkout_moved_on_after_a_deploy_rollback_and_force(sb: Sandbox, tmp_pa
     assert code == 0, (doc, err)
     reason = doc["plan"]["hosts"][0]["reason"]
     assert "mixed tree" in reason and "spec_info.py" in reason and desc in reason, reason
+
+
+def test_a_checkout_never_installed_names_the_install_that_fixes_it(sb: Sandbox, tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """~/sglang cloned but never `pip install -e`'d, launched from ~: `import sglang` finds only the
+    checkout's root (a namespace portion) and no module; the message names the install that works."""
+    home = tmp_path / "home"
+    proj = checkout(home)
+    inv = inventory(sb, tmp_path / "inv.yaml", env={"HOME": str(home)})
+    code, doc, err = cli(capsys, "facts", "-i", inv)
+    sg = doc["hosts"][0]["facts"]["sglang"]
+    assert not sg["found"] and "namespace package" in sg["error"], (doc, err)
+    assert f"-m pip install -e {proj}" in sg["error"], sg["error"]
+    # that install (made here by pip --python: the sandbox venv has no pip of its own) fixes it
+    pip_install_editable(sb, proj)
+    code, doc, err = cli(capsys, "facts", "-i", inv)
+    assert code == 0 and doc["hosts"][0]["facts"]["sglang"]["dir"] == str(proj / "sglang"), (doc, err)

@@ -62,7 +62,12 @@ def _facts_lines(f: HostFacts, all_files: bool) -> tuple[tuple[str, Text], ...]:
           if f.package_found else Text.assemble(styled("not found", "red"), " by the launch's python"))
     if not f.package_found and f.package_error:
         sg.append_text(Text.assemble(": ", safe(f.package_error)))
-    notes = [*f.package_notes, *[p for p in map(f.bytecode_problem, f.bytecode) if p]]
+    from fleetctl.facts import locate_notes
+
+    notes = [*f.package_notes, *locate_notes(f), *f.hook_notes(),
+             *[p for p in map(f.bytecode_problem, f.bytecode) if p]]
+    if f.git is not None and f.git.describe:
+        notes.append(f"a git checkout ({f.checkout}) at {f.git.describe}")
     unwritable = [ff for ff in f.files.values() if ff.unwritable]
     if unwritable:
         notes.append(f"{len(unwritable)} of the {len(f.files)} hashed files cannot be replaced by {f.user}: "

@@ -449,8 +449,19 @@ def probe(req):
             root = package_root(located)
             pkg = root  # None: the files come from different places (reported per module)
             if root is None and not any(m.get("file") for m in located.values()):
-                res["error"] = ("{} is a namespace package here (portions: {}) and none of its modules "
-                                "asked for is importable".format(pkg_name, ", ".join(portions)))
+                fix = ""
+                for portion in portions:  # a checkout's root: its package is one level down
+                    for sub in ("python", "src", "."):
+                        d = os.path.normpath(os.path.join(portion, sub))
+                        if os.path.isfile(os.path.join(d, pkg_name, "__init__.py")):
+                            fix = (f": install it for this python ({sys.executable} -m pip install -e {d}), "
+                                   f"or put {d} on its PYTHONPATH")
+                            break
+                    if fix:
+                        break
+                res["error"] = (f"{pkg_name} is only a namespace package here (portions: {', '.join(portions)}, "
+                                f"directories without __init__.py on its sys.path) and none of its modules is "
+                                f"importable{fix}")
         elif pkg is not None:
             res["top_file"] = spec.origin
         here = [x for x in (_plain_locations(spec.submodule_search_locations) or [spec.origin or ""])
