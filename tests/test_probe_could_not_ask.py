@@ -106,3 +106,43 @@ def test_probe_overlay_imports_the_intended_files(tmp_path: Path) -> None:
     flags, where = json.loads(out.stdout)
     assert "--speculative-disable-batch-threshold" in flags and Path(where) == args_py
     assert args_py.read_text() == 'FLAGS = ["--model-path"]\n' and not list(site.rglob("*.pyc"))
+
+
+@pytest.mark.slow
+@pytest.mark.fleet
+@pytest.mark.usefixtures("ledger_dir")
+def test_probe_before_deploy_asks_with_the_intended_files(fresh_sandbox, tmp_path_factory, capsys) -> None:
+    """A --cpu-sglang host running SGLang 0.5.9's real code, the payload NOT deployed: the probe asks
+    with the payload's files, so its flag is known and the host's SGLang agrees with the table (was:
+    'unrecognized arguments: --speculative-disable-batch-threshold', a disagreement)."""
+    from fleetctl.cli import main
+    from fleetctl.sandbox import lifecycle
+
+    d = tmp_path_factory.mktemp("cpu-probe")
+    try:
+        sb = lifecycle.up(d / "sb", hosts=1, versions=["0.5.9"], gpus=1, cpu_sglang=True)
+        import json
+
+        import yaml
+
+        payload = Path(__file__).resolve().parent.parent / "playbooks" / "dynamic-spec-disable"
+        model = d / "model"
+        model.mkdir()
+        (model / "config.json").write_text(json.dumps({
+            "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
+            "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8, "vocab_size": 128256,
+            "intermediate_size": 14336, "max_position_embeddings": 8192, "torch_dtype": "bfloat16"}))
+        doc = yaml.safe_load((payload / "playbook.yaml").read_text())
+        doc["versions"] = {"0.5.9": doc["versions"]["0.5.9"]}
+        for f in doc["versions"]["0.5.9"]["files"]:
+            f["patch"] = str((payload / f["patch"]).resolve())
+        doc["launch"]["flags"].update({"--model-path": str(model), "--speculative-draft-model-path": str(model)})
+        doc["launch"]["env"] = {"HF_HUB_OFFLINE": "1"}  # (the model is a local config.json)
+        assert "--speculative-disable-batch-threshold" in doc["launch"]["flags"]  # the flag the patch adds
+        (d / "pb").mkdir()
+        (d / "pb" / "playbook.yaml").write_text(yaml.safe_dump(doc))
+        code = main(["explain", "-i", str(sb.inventory_path), str(d / "pb"), "--probe"])
+        out = capsys.readouterr().out
+        assert code == 0 and "SGLang 0.5.9 agrees: EAGLEWorker" in out and "as deploy writes them" in out, out
+    finally:
+        lifecycle.down(d / "sb", missing_ok=True)

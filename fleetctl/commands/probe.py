@@ -21,5 +21,7 @@ def add_probe_answers(ctx: Any, pb: Playbook, gathered: Any, rows: list[dict[str
         if o.ok:
             r["probe"] = o.data
             notes = r.setdefault("notes", [])
-            notes.extend(f"probe {p['instance']}: {p['line']}" for p in o.data)
+            notes.extend(f"probe {p['instance']}: {p['line']}" + (
+                f" (asked with the playbook's {', '.join(p['overlay'])} as deploy writes them)" if p.get("overlay")
+                else "") for p in o.data)
         r["refused"] = r.get("refused") or refusal(o)

@@ -38,8 +38,7 @@ def probe_host(conn: Any, pb: Playbook) -> list[dict[str, Any]]:
         version = ans.package_version or facts.package_version or "?"
         table = engine().resolve_worker(version, dict(inst.flags), dict(inst.launch.effective_env))
         agrees, said = engine().probe_compare(table, ans)
-        if overlay:
-            said += f" (asked with the playbook's {', '.join(sorted(overlay))} as deploy writes them)"
+        row["overlay"] = sorted(overlay)  # the playbook's files the host's SGLang was asked with
         row.update(agrees=agrees, line=said, probe={
             "stage": ans.stage, "version": ans.package_version, "worker_class": ans.worker_class,
             "worker_file": ans.worker_file, "error": ans.error, "error_where": ans.error_where,
