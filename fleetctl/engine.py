@@ -30,6 +30,7 @@ class Engine(Protocol):
     display_name: str  # how messages name the engine
     dir_key: str  # the inventory key that pins the package directory
     source_prefix: str  # where the package lives in a source checkout (patch import)
+    image_package_dir: str  # the package dir in the engine's published container images (patch dockerfile)
 
     # -- files: what facts hash, what `facts` shows, where server flags are registered
     hash_dirs: tuple[str, ...]

@@ -183,13 +183,13 @@ def test_a_playbook_given_to_a_command_that_takes_none_is_named(capsys: pytest.C
 def test_the_shared_option_block_is_declared_once_in_the_same_place() -> None:
     """Issue 12.5: every command that acts on hosts takes the block of common.fleet_options: after its
     arguments -i/--limit/-f, after its own options --json/--debug/--accept-new-host-keys and the
-    become options (-b, --become-user, --become-method, -K)."""
+    become options (-b, --become-user, --become-method, -K), --log-file and --wait-lock."""
     loaded: dict[str, Any] = {}
     for module in ("deploys", "servers", "facts"):
         loaded.update(cli.load_commands(module))
     head = ["inventory", "limit", "forks", "list_hosts"]
     tail = ["json_out", "debug", "accept_new_host_keys", "become", "become_user", "become_method", "ask_become_pass",
-            "log_file"]
+            "log_file", "wait_lock"]
     fleet = [n for n in loaded if n != "history"]
     assert len(fleet) == 9
     for name in fleet:

@@ -29,7 +29,6 @@ from fleetctl.commands.deploys_view import (
 )
 from fleetctl.engine import engine
 from fleetctl.errors import EXIT_FAILED, EXIT_OK, InputError
-from fleetctl.facts import locate_notes
 from fleetctl.hostnames import group, strip_host
 from fleetctl.jsonout import host_row
 from fleetctl.ledger import Ledger
@@ -537,6 +536,8 @@ def explain(*, playbook: Path, inventory: Path | None, limit: str | None, forks:
             # the code import would load for the worker file, not only its source (bytecode)
             bc = f.bytecode_problem(cov.worker_file) if cov and cov.worker_file else None
             row["bytecode"] = bc
+            from fleetctl.facts import locate_notes  # here: facts is heavy, status/rollback load this module
+
             row["notes"] = [*f.package_notes, *locate_notes(f), *row.get("notes", [])]
             row["startup_env"] = f.hook_notes()
             row["model_architecture"] = f.model.arch if f.model else None

@@ -327,17 +327,22 @@ def dockerfile_cmd(
                                         show_default=False)],
     out: Annotated[Path, typer.Option("-o", "--output", metavar="DIR", help="The build context dir to write "
                                       "(its fleetctl-patch/ and Dockerfile.fleetctl).", show_default=False)],
-    package_dir: Annotated[str, typer.Option("--package-dir", metavar="PKG", help="The sglang package dir in the "
-                                             "image.")] = "/sgl-workspace/sglang/python/sglang",
+    package_dir: Annotated[str | None, typer.Option("--package-dir", metavar="PKG", help="The sglang package dir "
+                                                    "in the image (default: where the lmsysorg/sglang images "
+                                                    "install it).", show_default=False)] = None,
 ) -> None:
     from fleetctl.config.playbook import load_playbook
     from fleetctl.containers.dockerfile import build, write_context
+    from fleetctl.engine import engine
     from fleetctl.intended import intended_for
 
     sglang = validate.sglang_version(sglang)
+    image_dir = engine().image_package_dir
+    if package_dir is None:
+        package_dir = image_dir
     if not package_dir.startswith("/") or any(c in package_dir for c in "\n\r\0"):
         raise InputError(f"--package-dir {package_dir!r}: an absolute path in the image is needed",
-                         hint="e.g. --package-dir /sgl-workspace/sglang/python/sglang")
+                         hint=f"e.g. --package-dir {image_dir}")
     pb = load_playbook(playbook)
     it = intended_for(pb, sglang)
     if it is None:

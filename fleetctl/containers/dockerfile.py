@@ -19,7 +19,6 @@ if TYPE_CHECKING:
     from fleetctl.deploy_plan import Intended
 
 CONTEXT_SUBDIR = "fleetctl-patch"  # under the build context: the patched files, by their package paths
-DEFAULT_PACKAGE_DIR = "/sgl-workspace/sglang/python/sglang"  # the lmsysorg/sglang images' editable checkout
 
 
 @dataclass

@@ -23,6 +23,7 @@ class SGLangEngine:
     display_name: str = "SGLang"
     dir_key: str = "sglang_dir"
     source_prefix: str = "python/sglang/"
+    image_package_dir: str = "/sgl-workspace/sglang/python/sglang"  # the lmsysorg/sglang images' editable checkout
 
     hash_dirs: tuple[str, ...] = (R.SPEC_DIR,)
     hash_files: tuple[str, ...] = ("srt/server_args.py",)
