@@ -186,3 +186,38 @@ def test_status_without_a_playbook_sees_a_deployed_file_edited_by_hand(sb: Any, 
         assert "state dir" not in said and "state_dir" not in said, said
     finally:
         main(["rollback", "-i", str(inv), "--force"])
+
+
+# ---------------------------------------------------------------------------- tables off a terminal
+
+
+def test_tables_off_a_terminal_fit_80_columns_and_json_keeps_everything(
+        ledger_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Piped (not a tty, no COLUMNS): tables are fitted to 80 columns (before: 160, and the user saw
+    170-column lines); ids stay whole on their line; --json has every field whole."""
+    from fleetctl.commands import common
+    from fleetctl.ledger import Ledger
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    for c in (common.out, common.err):
+        monkeypatch.setattr(c, "_console", None)  # made again, for this (non-tty) stdout
+    lg = Ledger(ledger_dir / "ledger.sqlite")
+    pb = ROOT / "playbooks" / "a-playbook-with-a-rather-long-name-for-its-directory" / "playbook.yaml"
+    ids = [f"d20260101-00000{i}-000{i}" for i in range(1, 4)]
+    for i, op_id in enumerate(ids):
+        lg.start(op_id, "deploy", inventory=None, playbook=pb, args={}, hosts=[f"gpu-node-{n:03d}" for n in range(40)])
+        lg.finish(op_id, "failed" if i == 1 else "ok",
+                  [{"host": f"gpu-node-{n:03d}", "status": "failed" if i == 1 and n < 7 else "changed"}
+                   for n in range(40)])
+        time.sleep(0.01)  # (distinct start times order the list; not synchronisation)
+    lg.close()
+    code, out, _ = run(capsys, "history")
+    assert code == 0
+    assert common.out.resolved().width == 80
+    assert max(len(ln) for ln in out.splitlines()) <= 80, out
+    for op_id in ids:
+        assert op_id in out, out  # whole on one line
+    code, out, _ = run(capsys, "history", "--json")
+    rows = json.loads(out)["operations"]
+    assert {r["id"] for r in rows} == set(ids) and all(r["playbook"] == str(pb) for r in rows)
+    assert [r["hosts_failed"] for r in rows] == [0, 7, 0]
