@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from test_faults import (
@@ -35,8 +36,6 @@ from fleetctl.remote import agent_source
 from fleetctl.sandbox import lifecycle as sbx
 from fleetctl.transport.session import HELLO, HELLO_SIZE
 from fleetctl.transport.ssh import BOOTSTRAP
-
-HOLD = 3.0
 
 pytestmark = [pytest.mark.usefixtures("ledger_dir")]
 
@@ -63,11 +62,15 @@ def clean(cfleet: tuple) -> tuple:
 
 
 def hold(sb: sbx.Sandbox, host: str, ledger: Path, *args: str) -> tuple[subprocess.Popen[str], Path]:
-    """Start `fleetctl ARGS --json` whose agent on `host` sits on the lock for HOLD seconds."""
+    """Start `fleetctl ARGS --json` whose agent on `host` sits on the lock until `finish` releases it
+    (the test says when: no hold time races the second command on a loaded machine)."""
     marker = sb.hosts[host].state_dir.parent / "lock-held"
     marker.unlink(missing_ok=True)
-    proc = spawn_faulted({host: {"at": "locked", "how": "wait", "hold": HOLD, "marker": str(marker)}},
-                         *args, "--json", ledger=ledger)
+    release = marker.with_name("lock-release")
+    release.unlink(missing_ok=True)
+    proc = spawn_faulted({host: {"at": "locked", "how": "until", "release": str(release), "hold": 600,
+                                 "marker": str(marker)}}, *args, "--json", ledger=ledger)
+    proc.release = release  # type: ignore[attr-defined]
     try:
         wait_file(marker)
     except BaseException:
@@ -78,7 +81,10 @@ def hold(sb: sbx.Sandbox, host: str, ledger: Path, *args: str) -> tuple[subproce
 
 
 def finish(proc: subprocess.Popen[str]) -> tuple[int, dict]:
-    out, _err = proc.communicate(timeout=60)
+    release = getattr(proc, "release", None)
+    if release is not None:
+        release.write_text("go")
+    out, _err = proc.communicate(timeout=600)  # a hang bound
     return proc.returncode, json.loads(out)
 
 
@@ -148,7 +154,8 @@ def test_rollback_holding_the_lock_refuses_a_deploy(clean: tuple, ledger_dir: Pa
 def test_wait_lock_waits_for_the_holder_then_deploys(clean: tuple, ledger_dir: Path,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
     """A second controller with --wait-lock SECONDS waits for the lock instead of failing at once
-    (issue 30.7; before: no such option), then deploys; without it the refusal names the option."""
+    (issue 30.7; before: no such option), then deploys; without it the refusal names the option. The
+    holder lets go only once the waiting agent says it waits (fault point lock_wait): no timing."""
     sb, inv, pa, pb = clean
     h1 = sb.hosts["h01"]
     assert run_json(capsys, "deploy", "-i", str(inv), "--limit", "h01", str(pa),
@@ -156,11 +163,19 @@ def test_wait_lock_waits_for_the_holder_then_deploys(clean: tuple, ledger_dir: P
     first, _ = hold(sb, "h01", ledger_dir, "rollback", "-i", str(inv), "--limit", "h01")
     code, doc = run_json(capsys, "deploy", "-i", str(inv), "--limit", "h01", str(pb), "--allow-uncovered")
     assert code == 1 and "--wait-lock SECONDS" in doc["hosts"][0]["message"], doc["hosts"][0]
-    code, doc = run_json(capsys, "deploy", "-i", str(inv), "--limit", "h01", str(pb), "--allow-uncovered",
-                         "--wait-lock", "600")
-    code1, doc1 = finish(first)  # (its hold ended; the waiting deploy took the lock after it)
+    waiting = h1.state_dir.parent / "lock-waiting"
+    waiting.unlink(missing_ok=True)
+    second = spawn_faulted({"h01": {"at": "lock_wait", "how": "mark", "marker": str(waiting)}},
+                           "deploy", "-i", str(inv), "--limit", "h01", str(pb), "--allow-uncovered",
+                           "--wait-lock", "600", "--json", ledger=ledger_dir)
+    try:
+        wait_file(waiting)  # the second agent waits for the lock the first holds
+    finally:
+        code1, doc1 = finish(first)
+        out2, err2 = second.communicate(timeout=600)  # a hang bound
     assert code1 == 0, doc1
-    assert code == 0 and doc["hosts"][0]["state"] == "changed", doc
+    doc2 = json.loads(out2)
+    assert second.returncode == 0 and doc2["hosts"][0]["state"] == "changed", (doc2, err2)
     assert (h1.sglang_dir / EW).read_bytes() == intended_bytes(pb)[EW]
 
 
@@ -198,17 +213,30 @@ def test_stale_lock_taken_over_by_exactly_one_of_two_agents(tmp_path: Path) -> N
     (sd / "lock").write_text(json.dumps({"pid": int(dead.stdout), "op": "deploy", "id": "dOLD", "by": "x",
                                          "since": 0}))
 
-    def payload(did: str, fault: dict) -> dict:
+    def payload(did: str, fault: Any) -> dict:
         return {"action": "deploy", "state_dir": str(sd), "deploy_id": did, "package_dir": str(pkg), "by": did,
                 "files": [{"path": "srt/a.py", "sha_before": sha(b"A = 1\n"), "sha_after": sha(b"A = 2\n"),
                            "content": b"A = 2\n"}],
                 "verify_paths": ["srt/a.py"], "_fault": fault}
 
-    ma, mb = tmp_path / "a-saw-stale", tmp_path / "b-locked"
-    a = _agent(payload("dA", {"at": "stale_lock_seen", "how": "wait", "hold": 1.5, "marker": str(ma)}))
+    # Each step is held until the test says (fault points "until" a release file): A inside the
+    # take-over's guard; B found the stale lock too and waits for that guard; then A takes over and
+    # holds its fresh lock until B has had its answer. Before: 1.5 s holds, which a loaded machine
+    # outran (A finished its whole deploy before B looked, and both "won", one after the other).
+    ma, mb0, mb = tmp_path / "a-saw-stale", tmp_path / "b-at-guard", tmp_path / "b-locked"
+    go_a, done_b = tmp_path / "go-a", tmp_path / "done-b"
+    a = _agent(payload("dA", [
+        {"at": "stale_lock_seen", "how": "until", "release": str(go_a), "hold": 600, "marker": str(ma)},
+        {"at": "locked", "how": "until", "release": str(done_b), "hold": 600}]))
     wait_file(ma)
-    b = _agent(payload("dB", {"at": "locked", "how": "wait", "hold": 1.5, "marker": str(mb)}))
-    ra, rb = _result(a), _result(b)
+    b = _agent(payload("dB", [
+        {"at": "guard_wait", "how": "mark", "marker": str(mb0)},
+        {"at": "locked", "how": "mark", "marker": str(mb)}]))
+    wait_file(mb0)
+    go_a.write_text("go")
+    rb = _result(b)
+    done_b.write_text("go")
+    ra = _result(a)
     a_won = ra.get("ok") or "locked" not in ra.get("error", "")
     b_won = mb.exists()
     assert a_won != b_won, (ra, rb, b_won)

@@ -551,10 +551,11 @@ def test_second_ctrl_c_exits_at_once_and_points_at_status(fleet3: Sandbox, freez
 
 
 def test_ctrl_c_during_deploy_lets_the_transaction_in_flight_finish(fleet3: Sandbox, tmp_path: Path,
-                                                                   ledger_dir: Path) -> None:
-    """forks=1; h01's deploy transaction is held for 3 s between its renames (the agent's test-only
-    fault point). One SIGINT then: h01's transaction completes (all files intended, no mixed state),
-    h02 and h03 are not started (still pristine), exit 130, and status is clean afterwards."""
+                                                                   ledger_dir: Path, event_pipe: EventPipe) -> None:
+    """forks=1; h01's deploy transaction is held between its renames (the agent's test-only fault
+    point) until the CLI has taken the Ctrl-C (its "interrupt" event; before: a 3 s hold raced the
+    SIGINT on a loaded machine). Then h01's transaction completes (all files intended, no mixed
+    state), h02 and h03 are not started (still pristine), exit 130, and status is clean afterwards."""
     import json
 
     from test_faults import DRIVER, FILES, intended_bytes, make_playbook
@@ -564,15 +565,20 @@ def test_ctrl_c_during_deploy_lets_the_transaction_in_flight_finish(fleet3: Sand
     pb = make_playbook(tmp_path / "pb", tag="ctrlc")
     want = intended_bytes(pb)
     inv = write_inventory(fleet3, tmp_path / "inv.yaml", command_timeout=60)
-    marker = tmp_path / "at-fault"
-    fault = {"h01": {"at": "between_renames", "n": 1, "how": "wait", "hold": 3, "marker": str(marker)}}
-    env = {**os.environ, "FLEETCTL_STATE_DIR": str(ledger_dir)}
+    marker, release = tmp_path / "at-fault", tmp_path / "release"
+    fault = {"h01": {"at": "between_renames", "n": 1, "how": "until", "release": str(release), "hold": 600,
+                     "marker": str(marker)}}
+    env = {**os.environ, "FLEETCTL_STATE_DIR": str(ledger_dir), "FLEETCTL_EVENT_FD": str(event_pipe.w)}
     proc = subprocess.Popen([sys.executable, "-c", DRIVER, json.dumps(fault), "deploy", "-i", str(inv), "-f", "1",
                              str(pb), "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
+                            start_new_session=True, pass_fds=(event_pipe.w,))
+    os.close(event_pipe.w)
+    event_pipe.w = -1
     try:
-        _wait_until(marker.exists, 120, "h01's deploy to reach its fault point")
+        _wait_until(marker.exists, 600, "h01's deploy to reach its fault point")  # (a hang bound)
         proc.send_signal(signal.SIGINT)
+        event_pipe.wait("interrupt")
+        release.write_text("go")  # h01's transaction goes on only now
         code, out, err, _ = _finish(proc, BOUND)
     finally:
         if proc.poll() is None:

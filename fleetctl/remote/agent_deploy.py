@@ -48,18 +48,25 @@ OPEN_STATES = ("preparing", "applying", "rolling-back")
 def fault_point(p, at, n=None):
     """TEST-ONLY fault injection. Inert unless the payload carries `_fault` naming this very point.
 
-    `_fault` = {"at": point, "n": k, "how": "exit" | "wait" | "stop", "marker": path, "hold": seconds}
+    `_fault` = {"at": point, "n": k, "how": "exit" | "wait" | "until" | "mark" | "stop", "marker": path,
+                "hold": seconds, "release": path}
       at:     deploy:   locked, before_backup, after_backup, mid_write, between_renames, before_complete,
                         after_complete
               rollback: locked, before_restore, mid_write, between_restores, before_complete, after_complete
-              any:      stale_lock_seen (inside the stale-lock take-over)
+              any:      stale_lock_seen (inside the stale-lock take-over), guard_wait (just before the
+                        take-over's guard is locked), lock_wait (--wait-lock: the first time this
+                        agent waits for a lock another controller holds)
       n:      for per-file points (mid_write, between_*), the k-th file (1-based; default 1)
       marker: a file written with this process's pid when the point is reached (tests wait for it)
       how:    exit = die on the spot (os._exit(99), no cleanup: a killed agent);
               wait = sleep `hold` seconds (a test kills/freezes the session meanwhile, or holds the lock);
+              until = wait until the file `release` exists (the test says when; `hold`: a hang bound only);
+              mark = only write the marker and go on;
               stop = SIGSTOP itself (frozen until someone sends SIGCONT/SIGKILL)
     """
     f = p.get("_fault") if isinstance(p, dict) else None
+    if isinstance(f, list):  # several points, each its own fault
+        f = next((x for x in f if isinstance(x, dict) and x.get("at") == at), None)
     if not f or f.get("at") != at:
         return
     if n is not None and int(f.get("n", 1)) != n:
@@ -79,6 +86,10 @@ def fault_point(p, at, n=None):
         os.kill(os.getpid(), signal.SIGSTOP)
     elif how == "wait":
         time.sleep(float(f.get("hold", 3600)))
+    elif how == "until":
+        end = time.time() + float(f.get("hold", 3600))
+        while not os.path.exists(f.get("release") or "") and time.time() < end:
+            time.sleep(0.02)
 
 
 # ----------------------------------------------------------------------------- fs primitives
@@ -564,6 +575,7 @@ def acquire_lock(state_dir, op, deploy_id, who, p=None):
         except (TypeError, ValueError):
             wait = 0.0
     deadline = time.time() + wait
+    waiting = False
     while True:
         try:
             return _acquire_lock(state_dir, op, deploy_id, who, p)
@@ -571,6 +583,9 @@ def acquire_lock(state_dir, op, deploy_id, who, p=None):
             held = read_lock(state_dir) if e.kind == "locked" else None
             if held is None or held.get("foreign") or held.get("unreadable"):
                 raise
+            if time.time() < deadline and not waiting:
+                waiting = True
+                fault_point(p, "lock_wait")
             if time.time() >= deadline:
                 if wait:
                     raise AgentError("%s (waited %gs: --wait-lock)" % (e, wait), "locked") from None
@@ -608,6 +623,7 @@ def _acquire_lock(state_dir, op, deploy_id, who, p=None):
             raise _locked_error(held)
         gfd = os.open(os.path.join(root, "lock.guard"), os.O_RDWR | os.O_CREAT, 0o600)
         try:
+            fault_point(p, "guard_wait")
             fcntl.flock(gfd, fcntl.LOCK_EX)
             held = read_lock(state_dir)  # again, now that no one else can take over
             if held is None:
