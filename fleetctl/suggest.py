@@ -73,8 +73,10 @@ def _complete_one(m: re.Match[str]) -> str:
         else:
             args = [*args, playbook]
     cmd = " ".join(["fleetctl", sub, *(quote(a) for a in args)])
-    if missing:  # cannot run as printed: not written as a suggestion
-        return f"fleetctl {sub} (with {' and '.join(missing)})" if not args else f"{cmd} (with {' and '.join(missing)})"
+    if missing:  # cannot run as printed: not written as a suggestion (no quotes), the words as they were
+        inv = f" -i {quote(inventory)}" if inventory is not None and not has_inv else ""
+        pb = " PLAYBOOK" if "its playbook" in missing else ""
+        return f"fleetctl {sub}{rest}{inv}{pb}"
     return f"'{cmd}'"
 
 
