@@ -6,6 +6,7 @@ import hashlib
 import json
 import marshal
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -303,44 +304,43 @@ def test_bootstrap_caches_the_compiled_agent_privately(tmp_path: Path) -> None:
     assert hello[len(HELLO):len(HELLO) + 1] == b"N" and json.loads(out)["ok"], err
 
 
-def test_bootstrap_loads_the_controllers_compiled_agent_or_compiles_the_source(tmp_path: Path) -> None:
-    """A host whose python has the controller's bytecode magic gets the compiled code (no compile
-    there); any other gets the source; what it caches runs the same either way."""
-    from fleetctl.transport.session import compiled_agent
+def test_bootstrap_keeps_a_verified_cache_and_a_tampered_one_is_sent_again(tmp_path: Path) -> None:
+    """The stripped, compressed source is what is sent; a host whose python compiles it to the
+    controller's bytes (same magic, marshal format 2) keeps that compiled form, else the source, each
+    named by its hash and run only if its bytes still hash to the key: a cache changed on the host
+    (same owner, same mode) is not run, the code is sent again."""
+    from fleetctl.remote import packed
+    from fleetctl.transport.session import code_key, compiled_agent
 
     magic, code = compiled_agent()
     cache = tmp_path / "cache"
-    argv = [sys.executable, "-c", BOOTSTRAP, str(cache), sys.executable, agent_key()]
     data = marshal.dumps({"action": "ping"}, 4)
-    hello, out, err, _rc = boot(argv, data)
-    assert hello[len(HELLO) + 1:].decode() == magic and json.loads(out)["ok"], err
-    (f,) = list(cache.iterdir())
-    assert f.read_bytes() == code  # the controller's code objects, kept as sent: the agent's and the probe's
-    assert [c.co_filename for c in marshal.loads(code)] == ["fleetctl-agent", "fleetctl-probe"]
-    f.unlink()
-    src = agent_source()  # the magic is ignored: the source is sent as to another interpreter
-    hello, out, err, _rc = boot(argv, data, code=b"P%010d" % len(src) + src)
-    assert json.loads(out)["ok"], err
-    assert marshal.loads(f.read_bytes()).co_filename == "fleetctl-agent"
-    # the in-process launch probe (agent.py _probe_code) takes the code that came with the agent's;
-    # from the source it compiles its own once and keeps it beside (0600). (tests/test_perf.py sees
-    # the first on a real host: one cache file holding both)
-    agent_code, probe_code = marshal.loads(code)
-    for given in (probe_code, None):
-        g = {"__name__": "fleetctl_agent", **({"PROBE_CODE": given} if given else {})}
-        argv_was = sys.argv
-        sys.argv = ["-c", str(cache), sys.executable]
-        try:
-            exec(agent_code, g)
-            got = g["_probe_code"]()
-        finally:
-            sys.argv = argv_was
-        if given is not None:
-            assert got is given and not list(cache.glob("probe-*"))
-        else:
-            assert got.co_filename == "fleetctl-probe"
-            (probe,) = list(cache.glob("probe-*"))
-            assert probe.stat().st_mode & 0o777 == 0o600
+    for extra, name in (([magic, code_key(code)], f"agent-{code_key(code)}.{sys.implementation.cache_tag}"),
+                        (["00000000", code_key(code)], f"agent-{agent_key()}.src"), ([], f"agent-{agent_key()}.src")):
+        shutil.rmtree(cache, ignore_errors=True)
+        argv = [sys.executable, "-c", BOOTSTRAP, str(cache), sys.executable, agent_key(), *extra]
+        hello, out, err, _rc = boot(argv, data)
+        assert hello[len(HELLO):len(HELLO) + 1] == b"N" and json.loads(out)["ok"], err
+        (f,) = list(cache.iterdir())
+        assert f.name == name and f.stat().st_mode & 0o777 == 0o600
+        assert f.read_bytes() == (code if extra and extra[0] == magic else agent_source())
+        hello, out, err, _rc = boot(argv, data, code=b"")
+        assert hello[len(HELLO):len(HELLO) + 1] == b"C" and json.loads(out)["ok"], err
+        # tampered: a planted agent that writes a file; its bytes do not hash to the key: not run
+        planted = tmp_path / "planted"
+        evil = compile(f"open({str(planted)!r}, 'w').write('ran')", "x", "exec")
+        f.write_bytes(marshal.dumps((evil, evil, ""), 2) if f.name.endswith(sys.implementation.cache_tag)
+                      else f"open({str(planted)!r}, 'w').write('ran')\0".encode())
+        hello, out, err, _rc = boot(argv, data)
+        assert hello[len(HELLO):len(HELLO) + 1] == b"N" and json.loads(out)["ok"], err
+        assert not planted.exists()
+        assert f.read_bytes() == (code if extra and extra[0] == magic else agent_source())  # rewritten
+    # what goes on the wire: lzma of the stripped source (zlib where the host has no lzma)
+    import lzma
+    import zlib
+
+    assert lzma.decompress(packed("L")) == zlib.decompress(packed("Z")) == agent_source()
+    assert len(packed("L")) < 40_000 and b"\n    \"\"\"" not in agent_source()
 
 
 def test_controller_keeps_its_compiled_agent_privately(tmp_path: Path) -> None:
@@ -426,3 +426,43 @@ def test_a_process_listening_on_many_ports_has_them_all_found() -> None:
     finally:
         for s in socks:
             s.close()
+
+
+def test_an_on_demand_part_comes_with_its_first_request_and_its_cache_is_verified(tmp_path: Path) -> None:
+    """The servers part is not in the first code sent; a request that needs it carries it (compressed,
+    keyed by its hash) and the host keeps it; a later agent loads it from the cache by key alone,
+    and a cache file changed there is not run: the answer asks for the part (kind need_part)."""
+    from fleetctl.remote import part_key, part_packed
+    from fleetctl.transport.session import code_key, compiled_agent, encode_request, part_code_key
+
+    magic, code = compiled_agent()
+    cache = tmp_path / "cache"
+    argv = [sys.executable, "-c", BOOTSTRAP, str(cache), sys.executable, agent_key(), magic, code_key(code)]
+    facts = {"gpus": False, "with": ["servers"], "state_dir": str(tmp_path / "state")}
+
+    def session(*reqs: bytes) -> list[dict]:
+        _hello, out, err, _rc = boot(argv, b"S" + b"".join(b"%010d" % len(r) + r for r in reqs))
+        answers = []
+        while out:
+            n = int(out[:10])
+            answers.append(json.loads(out[10:10 + n]))
+            out = out[10 + n:]
+        assert len(answers) == len(reqs), err
+        return answers
+
+    key, ck = part_key("servers"), part_code_key("servers")
+    sent = [{"key": key, "code": ck, "blob": b"L" + part_packed("servers", "L")}]
+    only_key = [{"key": key, "code": ck, "blob": None}]
+    a = session(encode_request("facts", facts), encode_request("facts", {**facts, "_load": sent}))
+    assert "servers" not in a[0]["result"] and "servers" in a[1]["result"], a  # the hook came with the part
+    (f,) = cache.glob("part-*")
+    assert f.name == f"part-{ck}.{sys.implementation.cache_tag}" and f.stat().st_mode & 0o777 == 0o600
+    (b,) = session(encode_request("facts", {**facts, "_load": only_key}))
+    assert b["ok"] and "servers" in b["result"], b
+    planted = tmp_path / "planted"
+    f.write_bytes(marshal.dumps(compile(f"open({str(planted)!r}, 'w').write('ran')", "x", "exec"), 2))
+    (c,) = session(encode_request("facts", {**facts, "_load": only_key}))
+    assert c == {"ok": False, "error": f"part {key} is not cached here", "kind": "need_part"} and not planted.exists()
+    bad = [{"key": key, "code": ck, "blob": b"L" + part_packed("servers", "L")[:-1] + b"!"}]
+    (d,) = session(encode_request("ping", {"_load": bad}))
+    assert not d["ok"] and not planted.exists(), d

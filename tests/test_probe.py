@@ -137,8 +137,11 @@ def test_a_hanging_sglang_is_killed_with_its_children_and_leaves_no_file(tmp_pat
 def test_the_probe_action_ships_with_the_agent_and_both_keep_python_38_grammar() -> None:
     import ast
 
-    src = agent_source().decode()
-    assert '"engine_probe": action_engine_probe' in src
+    from fleetctl.remote import actions_of, part_text
+
+    # an on-demand part of the agent (the servers part), sent the first time a request needs it
+    assert "engine_probe" in actions_of("servers") and b"action_engine_probe" in part_text("servers")
+    assert b"action_engine_probe" not in agent_source()
     for path in (Path(agent_probe.__file__).parent.parent / "sglang" / "host_probe.py", Path(agent_probe.__file__)):
         text = path.read_text()
         ast.parse(text, feature_version=(3, 8))

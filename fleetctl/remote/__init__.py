@@ -1,10 +1,14 @@
 """Code that runs ON the hosts, with the host's own Python (stdlib only, Python >= 3.8).
 
-The agent is sent over the SSH channel's stdin (its source, or the controller's compiled code where
-the host's python has the same bytecode magic) and executed by the interpreter the inventory names;
-the code is cached in the host's state dir, keyed by the source's hash, and then not sent again (the
-bootstrap's hello says so: transport/session.py). One agent process per host answers
-every call of a command (session mode: framed marshal requests, JSON answers, see agent.py).
+The agent is sent over the SSH channel's stdin, shipped small: its source stripped of docstrings and
+comments (`stripped`, with the stdlib's ast), the launch probe's after a NUL byte, compressed (lzma,
+zlib where the host's python lacks lzma), and executed by the interpreter the inventory names. The
+host keeps it in its state dir keyed by the hash of what was sent (`agent_key`), or, where its
+python compiles it to exactly the controller's code (same bytecode magic; marshal format 2 has no
+refcount-dependent back-references, so the bytes are reproducible), that compiled form keyed by its
+hash (transport/session.py compiled_agent); either is verified by its hash before use, so a cache
+someone changed is never run: the code is sent again. One agent process per host answers every
+call of a command (session mode: framed marshal requests, JSON answers, see agent.py).
 Nothing is installed on hosts. It is the concatenation of `agent.py` (core, protocol, facts)
 and the `agent_*.py` parts, each of which registers its actions in ACTIONS. Locally every part
 imports as a normal module for tests.
@@ -18,28 +22,110 @@ from pathlib import Path
 _HERE = Path(__file__).parent
 
 PARTS = ("agent.py", "agent_deploy.py", "agent_servers.py", "agent_probe.py", "agent_seal.py")
+# what the first contact ships: the core (serve loop, facts, deploy, seal, launch locating)...
+CORE = ("agent.py", "agent_deploy.py", "agent_seal.py")
+# ... and what a request brings along the first time this agent process needs it (transport/session.py):
+# its actions and facts hooks are read from its source (actions_of). Nothing in the core names these.
+ON_DEMAND = {"servers": ("agent_servers.py", "agent_probe.py")}
 PROBE = "probe.py"  # run by the agent as `-c` under the launch's interpreter: shipped as a string
+
+
+def stripped(text: str) -> str:
+    """`text` (Python 3.8 grammar) without docstrings and comments: parsed and written back by the
+    stdlib's ast (what runs is the same tree; line numbers in tracebacks are the stripped text's)."""
+    import ast
+
+    tree = ast.parse(text)
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+                    and isinstance(body[0].value.value, str):
+                node.body = body[1:] or [ast.Pass()]
+    return ast.unparse(tree) + "\n"
+
+
+@cache
+def agent_text() -> bytes:
+    """The agent's core, stripped and concatenated: the code the host compiles first."""
+    return _text(CORE)
+
+
+def _text(names: tuple[str, ...]) -> bytes:
+    return b"\n".join(stripped((_HERE / name).read_text(encoding="utf-8")).encode("utf-8")
+                      for name in names if (_HERE / name).is_file())
+
+
+@cache
+def part_text(part: str) -> bytes:
+    """An on-demand part (ON_DEMAND), stripped: what the host compiles into the agent's namespace."""
+    return _text(ON_DEMAND[part])
+
+
+@cache
+def part_key(part: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(part_text(part)).hexdigest()[:32]
+
+
+@cache
+def part_packed(part: str, kind: str) -> bytes:
+    """part_text compressed: 'L' lzma, 'Z' zlib."""
+    return _pack(part_text(part), kind)
+
+
+@cache
+def actions_of(part: str) -> frozenset[str]:
+    """The agent actions and facts hooks (a facts request's "with") a part registers: the keys of
+    its `ACTIONS.update({...})` and `EXTRA_FACTS[...] =`, read from its source."""
+    import ast
+
+    names: set[str] = set()
+    for name in ON_DEMAND[part]:
+        for node in ast.walk(ast.parse((_HERE / name).read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "update" \
+                    and isinstance(node.func.value, ast.Name) and node.func.value.id == "ACTIONS":
+                names.update(k.value for k in node.args[0].keys if isinstance(k, ast.Constant))  # type: ignore[attr-defined]
+            if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id == "EXTRA_FACTS" \
+                    and isinstance(node.slice, ast.Constant) and isinstance(node.ctx, ast.Store):
+                names.add(node.slice.value)
+    return frozenset(names)
 
 
 @cache
 def agent_source() -> bytes:
-    chunks = []
-    for name in PARTS:
-        f = _HERE / name
-        if f.is_file():
-            chunks.append(f.read_bytes())
-    chunks.append(f"PROBE_SOURCE = {probe_source()!r}\n".encode())
-    return b"\n\n".join(chunks)
+    """What is shipped (before compression): the agent's code, NUL, the launch probe's code (NUL
+    never occurs in Python source: the bootstrap splits there)."""
+    return agent_text() + b"\0" + probe_source().encode("utf-8")
 
 
 @cache
 def probe_source() -> str:
-    return (_HERE / PROBE).read_text(encoding="utf-8")
+    return stripped((_HERE / PROBE).read_text(encoding="utf-8"))
+
+
+@cache
+def packed(kind: str) -> bytes:
+    """agent_source() compressed as the host asked: 'L' lzma (an xz stream), 'Z' zlib."""
+    return _pack(agent_source(), kind)
+
+
+def _pack(data: bytes, kind: str) -> bytes:
+    if kind == "L":
+        import lzma
+
+        # (pb=0: text has no 4-byte alignment; ~110 bytes fewer; the filter is in the xz header)
+        return lzma.compress(data, filters=[{"id": lzma.FILTER_LZMA2, "preset": 9 | lzma.PRESET_EXTREME,
+                                                       "pb": 0}])
+    import zlib
+
+    return zlib.compress(data, 9)
 
 
 @cache
 def agent_key() -> str:
-    """The compiled agent's cache key on hosts (BOOTSTRAP): sha256 of the source, 32 hex digits."""
+    """The shipped agent's cache key on hosts (BOOTSTRAP): sha256 of agent_source(), 32 hex digits."""
     import hashlib
 
     return hashlib.sha256(agent_source()).hexdigest()[:32]

@@ -1,9 +1,10 @@
 """fleetctl's remote agent: stdlib-only, runs on the host under the host's SGLang interpreter.
 
-Protocol: the controller runs `PYTHON -c BOOTSTRAP CACHE_DIR PYTHON KEY`; the bootstrap writes a
-hello (transport/session.py: is this agent's code cached here, this interpreter's bytecode magic);
-unless it is cached the controller sends a code block (its own compiled code where the magic is its
-own, else this file's source, which the bootstrap compiles), then (session mode, what the controller
+Protocol: the controller runs `PYTHON -c BOOTSTRAP CACHE_DIR PYTHON KEY MAGIC CODEKEY`; the bootstrap
+writes a hello (transport/session.py: is this agent's code cached here, verified by its hash; this
+interpreter's bytecode magic); unless it is cached the controller sends the core's stripped source,
+compressed (fleetctl/remote/__init__.py), which the bootstrap compiles and keeps; a part outside the
+core (ON_DEMAND) comes with the first request that needs it (load_part), then (session mode, what the controller
 uses) b"S" and requests framed as a 10-digit
 length + marshal data (format 4: dict/list/str/int/float/bool/None only; the controller is trusted
 in this direction) {"action": ..., ...}, each answered on stdout as a 10-digit length + JSON (the
@@ -589,41 +590,13 @@ _PROBE_NS = {}
 
 
 def _probe_code():
-    """probe.py compiled, cached as BOOTSTRAP caches the agent: in the private cache dir (the
-    bootstrap's first argument), keyed by the probe's hash and this interpreter, and trusted only as
-    a regular file of ours, mode 0600, in a dir of ours nobody else can write; else compiled afresh.
-    The controller's compiled form of the agent brings it along (PROBE_CODE, set by the bootstrap)."""
+    """probe.py compiled: the bootstrap brings it (PROBE_CODE: from the host's verified compiled
+    cache, or compiled beside the agent); else compiled here, once per process (nothing is cached
+    that the controller could not verify)."""
     pc = globals().get("PROBE_CODE")
-    if pc is not None:
-        return pc
-    q = None
-    try:
-        r = sys.argv[1] if __name__ == "fleetctl_agent" and len(sys.argv) > 1 else ""
-        if r:
-            r = os.path.expanduser(r)
-            t = os.stat(r)
-            if t.st_uid == os.getuid() and not t.st_mode & 0o022:
-                q = os.path.join(r, "probe-%s.%s" % (sha256_new(PROBE_SOURCE.encode("utf-8")).hexdigest()[:32],
-                                                     sys.implementation.cache_tag))
-                t = os.lstat(q)
-                if t.st_uid == os.getuid() and not t.st_mode & 0o077 and stat.S_ISREG(t.st_mode):
-                    with open(q, "rb") as fh:
-                        return marshal.loads(fh.read())
-    except Exception:
-        pass
-    c = compile(PROBE_SOURCE, "fleetctl-probe", "exec")
-    if q:
-        try:
-            w = "%s.%d" % (q, os.getpid())
-            fd = os.open(w, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            try:
-                os.write(fd, marshal.dumps(c))
-            finally:
-                os.close(fd)
-            os.replace(w, q)
-        except Exception:
-            pass
-    return c
+    if pc is None:
+        pc = globals()["PROBE_CODE"] = compile(PROBE_SOURCE, "fleetctl-probe", "exec")
+    return pc
 
 
 def probe_here(req, cwd):
@@ -1361,6 +1334,101 @@ _REREAD = [None]  # (request, answer): facts a deploy re-read at its end in this
 DEPLOY_HOOKS = []  # fn(request, answer) run at the end of a deploy, still under the host lock
 
 
+PARTS_LOADED = {}  # on-demand parts exec'd into this namespace, by key
+
+
+def _hex32(k):
+    return isinstance(k, str) and len(k) == 32 and not k.strip("0123456789abcdef")
+
+
+def cache_dir():
+    """The host's agent cache (the bootstrap's first argument), only if it is a dir of ours nobody
+    else can write (as the bootstrap trusts it); else None."""
+    try:
+        r = sys.argv[1] if __name__ == "fleetctl_agent" and len(sys.argv) > 1 else ""
+        if r:
+            r = os.path.expanduser(r)
+            t = os.stat(r)
+            if stat.S_ISDIR(t.st_mode) and t.st_uid == os.getuid() and not t.st_mode & 0o022:
+                return r
+    except OSError:
+        pass
+    return None
+
+
+def _cached(d, name):
+    """A cache file's bytes, only from a regular 0600 file of ours; else None."""
+    try:
+        f = os.path.join(d, name)
+        t = os.lstat(f)
+        if t.st_uid == os.getuid() and not t.st_mode & 0o077 and stat.S_ISREG(t.st_mode):
+            with open(f, "rb") as fh:
+                return fh.read()
+    except OSError:
+        pass
+    return None
+
+
+def load_part(ld):
+    """An on-demand part of the agent (fleetctl/remote ON_DEMAND) exec'd into this namespace, once:
+    {"key": sha256 of its stripped source, "code": sha256 of that compiled here as the controller
+    compiles it ("" unless the controller's bytecode magic is ours), "blob": b"L"/b"Z" + the
+    compressed source, or None}. Without a blob it comes from the host's cache, and only if the
+    cached bytes hash to the key; else the answer is kind "need_part" and the controller sends it."""
+    key, ck, blob = ld.get("key"), ld.get("code") or "", ld.get("blob")
+    if not _hex32(key) or (ck and not _hex32(ck)):
+        raise AgentError("a part's key must be 32 hex digits", "bad_input")
+    if key in PARTS_LOADED:
+        return
+    tag = sys.implementation.cache_tag
+    d = cache_dir()
+    names = ([ck + "." + tag] if ck and tag else []) + [key + ".src"]
+    code = None
+    if blob is None:
+        for n in names:
+            b = _cached(d, "part-" + n) if d else None
+            if b is not None and sha256_new(b).hexdigest()[:32] == n[:32]:
+                try:
+                    code = compile(b, "fleetctl-part", "exec") if n.endswith(".src") else marshal.loads(b)
+                    break
+                except Exception:
+                    code = None
+        if code is None:
+            raise AgentError("part %s is not cached here" % key, "need_part")
+    else:
+        if not isinstance(blob, bytes) or blob[:1] not in (b"L", b"Z"):
+            raise AgentError("a part's blob must be b'L' or b'Z' + its compressed source", "bad_input")
+        if blob[:1] == b"L":
+            import lzma
+
+            src = lzma.decompress(blob[1:])
+        else:
+            import zlib
+
+            src = zlib.decompress(blob[1:])
+        if sha256_new(src).hexdigest()[:32] != key:
+            raise AgentError("a part's source does not hash to its key", "bad_input")
+        code = compile(src, "fleetctl-part", "exec")
+        if d:
+            n, data = names[-1], src
+            if ck and tag:
+                e = marshal.dumps(code, 2)
+                if sha256_new(e).hexdigest()[:32] == ck:
+                    n, data = names[0], e
+            try:
+                w = os.path.join(d, "part-%s.%d" % (n, os.getpid()))
+                fd = os.open(w, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                try:
+                    os.write(fd, data)
+                finally:
+                    os.close(fd)
+                os.replace(w, os.path.join(d, "part-" + n))
+            except OSError:
+                pass
+    exec(code, globals())
+    PARTS_LOADED[key] = True
+
+
 def _content_bytes(payload):
     """How many bytes of file contents a request carries to write."""
     files = payload.get("files")
@@ -1377,6 +1445,8 @@ def _handle(data):
             raise AgentError("a request must be a dict", "bad_input")
         _SHA_MEMO[0] = {}
         _REREAD[0] = None
+        for ld in payload.pop("_load", None) or ():
+            load_part(ld)
         fn = ACTIONS.get(payload.get("action"))
         if fn is None:
             raise AgentError("unknown action %r" % payload.get("action"), "bad_input")

@@ -6,6 +6,7 @@ its stdin (agent source, secret env, session mode), and the framing of requests 
 
 from __future__ import annotations
 
+import functools
 import marshal
 import os
 import shlex
@@ -19,67 +20,81 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from fleetctl.config.hosts import Host
-from fleetctl.remote import agent_key, agent_source
+from fleetctl.remote import agent_key, agent_text, packed
 from fleetctl.transport.base import RemoteError, Steps, Unreachable
 from fleetctl.transport.layers import remote_argv
 
 BOOTSTRAP = (
-    "import sys,os,marshal\n"
-    "i=sys.stdin.buffer\n"
-    "g={'__name__':'fleetctl_agent'}\n"
-    # compiling the agent costs far more than running it (~60 ms of CPU against ~1 to load): keep the
-    # code object per agent hash (argv[3], the controller's) and interpreter in the host's private
-    # state dir (only a regular file owned by us, in a dir owned by us that nobody else can write,
-    # is trusted; anything odd: no cache)
-    "c=None;q=None\n"
-    "try:\n"
-    " r=os.path.expanduser(sys.argv[1]) if len(sys.argv)>1 and sys.argv[1] else None\n"
-    " d=sys.argv[3] if len(sys.argv)>3 else ''\n"
-    " if r and len(d)==32 and not d.strip('0123456789abcdef'):\n"
-    "  os.makedirs(r,0o700,exist_ok=True);t=os.stat(r)\n"
-    "  if t.st_uid==os.getuid() and not t.st_mode&0o022:\n"
-    "   q=os.path.join(r,'agent-%s.%s'%(d,sys.implementation.cache_tag))\n"
-    "   t=os.lstat(q)\n"
-    "   if t.st_uid==os.getuid() and not t.st_mode&0o077 and t.st_mode&0o170000==0o100000:\n"
-    "    f=open(q,'rb');c=marshal.loads(f.read());f.close()\n"
-    "except Exception:\n"
-    " c=None\n"
-    # the hello (HELLO_SIZE bytes): whether the code is cached here, and this interpreter's bytecode
-    # magic, so the controller sends nothing, its own compiled code (same magic), or the source
+    "import sys,os,marshal as M\n"
+    "i=sys.stdin.buffer;a=sys.argv+['']*5;g={'__name__':'fleetctl_agent'};P=os.path.join\n"
+    # the interpreter's builtin sha256 (hashlib.py adds ~1 ms to load)
+    "try:from _sha256 import sha256 as H\n"
+    "except ImportError:\n"
+    " try:from _sha2 import sha256 as H\n"
+    " except ImportError:from hashlib import sha256 as H\n"
+    "h=lambda b:H(b).hexdigest()[:32]\n"
+    "v=lambda d:len(d)==32 and not d.strip('0123456789abcdef')\n"
     "m=getattr(sys.modules.get('_frozen_importlib_external'),'MAGIC_NUMBER',b'')\n"
-    "m=m.hex() if len(m)==4 else '00000000'\n"
-    "o=sys.stdout.buffer;o.write(('FLAGENT'+('C' if c else 'N')+m).encode());o.flush()\n"
+    "m=m.hex() if len(m)==4 else '00000000';T=sys.implementation.cache_tag\n"
+    # argv: CACHE_DIR PYTHON KEY [MAGIC CODEKEY]: KEY the hash of what the controller ships (its
+    # source), CODEKEY the hash of that source compiled by an interpreter of bytecode MAGIC (marshal
+    # format 2 of (agent code, probe code, probe source)). The host's state dir keeps one of the two,
+    # and it runs only if its bytes hash to the key (a regular 0600 file of ours, in a dir of ours
+    # nobody else can write): anything else, the code is sent again
+    "s=a[3]*v(a[3]);x=a[5]*(a[4]==m and v(a[5]) and bool(T));c=q=y=None;u=os.getuid()\n"
+    "try:\n"
+    " r=os.path.expanduser(a[1])\n"
+    " if a[1] and s:\n"
+    "  os.makedirs(r,0o700,exist_ok=True);t=os.stat(r)\n"
+    "  if t.st_uid==u and not t.st_mode&0o022:\n"
+    "   q=r\n"
+    "   for n in [x+'.'+T]*bool(x)+[s+'.src']:\n"
+    "    f=P(r,'agent-'+n);t=os.lstat(f) if os.path.lexists(f) else None\n"
+    "    if t and t.st_uid==u and not t.st_mode&0o077 and t.st_mode&0o170000==0o100000:\n"
+    "     e=open(f,'rb');b=e.read();e.close()\n"
+    "     if h(b)==n[:32]:c=b if n[33:]=='src' else M.loads(b);break\n"
+    "except Exception:c=None\n"
+    # the hello (HELLO_SIZE bytes): 'C' the code is cached here, else which compression this python
+    # reads ('N' lzma, 'Z' zlib only), and this interpreter's bytecode magic
+    "z='C'\n"
     "if c is None:\n"
-    " k=i.read(1);n=int(i.read(10));s=i.read(n)\n"
-    " c=marshal.loads(s) if k==b'M' else compile(s,'fleetctl-agent','exec')\n"
-    " if q:\n"
+    " z='N'\n"
+    " try:import lzma\n"
+    " except ImportError:z='Z'\n"
+    "o=sys.stdout.buffer;o.write(('FLAGENT'+z+m).encode());o.flush()\n"
+    "if c is None:\n"
+    " k=i.read(1);y=i.read(int(i.read(10)))\n"
+    " c=y=lzma.decompress(y) if k==b'L' else __import__('zlib').decompress(y) if k==b'Z' else y\n"
+    # the shipped source: the agent's code, NUL, the launch probe's
+    "if type(c) is bytes:\n"
+    " A,_,B=c.partition(b'\\0');B=B.decode()\n"
+    " c=(compile(A,'fleetctl-agent','exec'),compile(B,'fleetctl-probe','exec'),B)\n"
+    " if y and q and h(y)==s:\n"
     "  try:\n"
-    "   w=q+'.%d'%os.getpid();fd=os.open(w,os.O_WRONLY|os.O_CREAT|os.O_EXCL,0o600)\n"
-    "   os.write(fd,s if k==b'M' else marshal.dumps(c));os.close(fd);os.replace(w,q)\n"
-    "  except Exception:\n"
-    "   pass\n"
-    # the controller's compiled form also holds the launch probe's code (agent.py _probe_code)
-    "if type(c) is tuple:\n"
-    " c,g['PROBE_CODE']=c\n"
+    "   n,d=s+'.src',y;e=M.dumps(c,2)\n"
+    "   if x and h(e)==x:n,d=x+'.'+T,e\n"
+    "   w=P(q,'agent-%s.%d'%(n,os.getpid()));f=os.open(w,os.O_WRONLY|os.O_CREAT|os.O_EXCL,0o600)\n"
+    "   os.write(f,d);os.close(f);os.replace(w,P(q,'agent-'+n))\n"
+    "  except Exception:pass\n"
+    "c,g['PROBE_CODE'],g['PROBE_SOURCE']=c\n"
     "exec(c,g)\n"
     "k=i.read(1)\n"
     # optional secret-env block (b'E' + 10-digit length + marshalled dict): set in the agent's own
     # environment, so secret values never appear on a command line (ps, /proc/*/cmdline, audit logs)
-    "if k==b'E':\n"
-    " m=int(i.read(10));os.environ.update(marshal.loads(i.read(m)));k=i.read(1)\n"
+    "if k==b'E':os.environ.update(M.loads(i.read(int(i.read(10)))));k=i.read(1)\n"
     # b'S': a session: framed requests (10-digit length + marshal data) answered one by one until stdin
     # ends, so one process serves every step of a command on this host; else one request to EOF
     "if k==b'S':\n"
     " r=g['_serve'](i)\n"
     # every answer is flushed and every file the agent wrote is closed (with-blocks, fsync'd):
-    # skip the interpreter's teardown of ~250 KB of code and its modules (~2 ms per host)
+    # skip the interpreter's teardown of the code and its modules (~2 ms per host)
     " sys.stdout.flush();sys.stderr.flush();os._exit(r)\n"
     "sys.exit(g['_main'](k+i.read()))\n"
 )
 # what check_then_agent's script ends with: one line from stdin, "go" execs the agent ("$@")
 GATE = '; IFS= read -r fleetctl_go || exit 0; [ "$fleetctl_go" = go ] || exit 0; exec "$@"'
 HELLO = b"FLAGENT"
-HELLO_SIZE = len(HELLO) + 1 + 8  # + 'C' (cached there) or 'N' (send code) + its bytecode magic, hex
+HELLO_SIZE = len(HELLO) + 1 + 8  # + 'C' (cached there), 'N' (send code, lzma) or 'Z' (zlib) + its bytecode magic, hex
 # what a login script (a banner in ~/.bashrc, a module system's notice) may print on stdout before the
 # command runs: skipped up to this many bytes, as the seal check skips what comes before its first mark
 LOGIN_NOISE_MAX = 64 << 10
@@ -89,7 +104,7 @@ def find_hello(buf: bytes | bytearray) -> int:
     """Where the first whole, well-formed hello starts in `buf`; -1 if none is there (yet)."""
     j = buf.find(HELLO)
     while 0 <= j <= len(buf) - HELLO_SIZE:
-        if buf[j + len(HELLO):j + len(HELLO) + 1] in (b"C", b"N") \
+        if buf[j + len(HELLO):j + len(HELLO) + 1] in (b"C", b"N", b"Z") \
                 and not bytes(buf[j + len(HELLO) + 1:j + HELLO_SIZE]).strip(b"0123456789abcdef"):
             return j
         j = buf.find(HELLO, j + 1)
@@ -151,7 +166,8 @@ def agent_argv(host: Host) -> tuple[list[str], list[str]]:
     cache = host.state_dir.rstrip("/") + "/cache"
     # the python word again: the agent compares it with the launch's (an in-process probe, agent.py);
     # the source's cache key, so the host need not hash it
-    argv = [host.python, "-c", BOOTSTRAP, cache, host.python, agent_key()]
+    magic, code = compiled_agent()
+    argv = [host.python, "-c", BOOTSTRAP, cache, host.python, agent_key(), magic, code_key(code)]
     if host.becomes:  # (in a container, become wraps the runtime's exec instead: transport/layers.py)
         return [], argv if host.container else become.wrap(host, argv)
     return env_prefix(command_line_env(host)), argv
@@ -186,9 +202,11 @@ def compiled_agent() -> tuple[str, bytes]:
             if data is None:
                 from fleetctl.remote import probe_source
 
-                code = compile(agent_source(), "fleetctl-agent", "exec", dont_inherit=True, optimize=0)
+                code = compile(agent_text(), "fleetctl-agent", "exec", dont_inherit=True, optimize=0)
                 probe = compile(probe_source(), "fleetctl-probe", "exec", dont_inherit=True, optimize=0)
-                data = marshal.dumps((code, probe))
+                # format 2: no back-references, whose use depends on this process's refcounts; so
+                # a host's python of the same magic compiling the shipped source writes these bytes
+                data = marshal.dumps((code, probe, probe_source()), 2)
                 if f is not None:
                     _write_compiled(f, data)
             _compiled.append((magic, data))
@@ -234,7 +252,8 @@ def _read_compiled(f: Path) -> bytes | None:
     finally:
         if fd >= 0:
             os.close(fd)
-    ok = type(got) is tuple and len(got) == 2 and all(type(c).__name__ == "code" for c in got)
+    ok = type(got) is tuple and len(got) == 3 and all(type(c).__name__ == "code" for c in got[:2]) \
+        and type(got[2]) is str
     return data if ok else None
 
 
@@ -253,17 +272,23 @@ def _write_compiled(f: Path, data: bytes) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def code_key(code: bytes) -> str:
+    """The host's cache key of the compiled agent (BOOTSTRAP's CODEKEY): sha256 of its bytes, 32 hex."""
+    import hashlib
+
+    return hashlib.sha256(code).hexdigest()[:32]
+
+
 def code_block(hello: bytes) -> bytes:
     """What follows the host's hello on the agent's stdin: nothing if it has the code cached; else
-    b'M' + 10-digit length + this interpreter's compiled code when the host's bytecode magic is
-    ours, or b'P' + 10-digit length + the source."""
-    if hello[len(HELLO):len(HELLO) + 1] == b"C":
+    the shipped source (agent_source: stripped) compressed as the hello asks, b'L' (lzma) or b'Z'
+    (zlib) + 10-digit length + the compressed bytes."""
+    kind = hello[len(HELLO):len(HELLO) + 1]
+    if kind == b"C":
         return b""
-    magic, code = compiled_agent()
-    if hello[len(HELLO) + 1:].decode("ascii", "replace") == magic:
-        return b"M%010d" % len(code) + code
-    src = agent_source()
-    return b"P%010d" % len(src) + src
+    k = "L" if kind == b"N" else "Z"
+    blob = packed(k)
+    return k.encode() + b"%010d" % len(blob) + blob
 
 
 def _plain(o: Any) -> Any:
@@ -302,6 +327,45 @@ def encode_request(action: str, request: Mapping[str, Any] | None = None) -> byt
     """One request as the agent reads it: marshal format 4 (Python 3.4+ reads it; no json import on
     the host) of plain dict/list/str/int/float/bool/None."""
     return marshal.dumps(_plain({"action": action, **(request or {})}), 4)
+
+
+def parts_for(action: str, request: Mapping[str, Any], loaded: set[str]) -> list[str]:
+    """The on-demand parts of the agent (fleetctl/remote ON_DEMAND) a request needs that the agent
+    has not loaded: the part registers its action, or a facts hook it asks for (its "with", or its
+    "then_facts"' "with")."""
+    from fleetctl.remote import ON_DEMAND, actions_of
+
+    want = {action, *(request.get("with") or ())}
+    after = request.get("then_facts")
+    if isinstance(after, Mapping):
+        want.update(after.get("with") or ())
+    return [p for p in ON_DEMAND if p not in loaded and want & actions_of(p)]
+
+
+@functools.cache
+def part_code_key(part: str) -> str:
+    """What a host whose python has this interpreter's bytecode magic keeps of a part: the hash of
+    its compiled code (marshal format 2, reproducible; see compiled_agent)."""
+    from fleetctl.remote import part_text
+
+    code = compile(part_text(part), "fleetctl-part", "exec", dont_inherit=True, optimize=0)
+    return code_key(marshal.dumps(code, 2))
+
+
+def with_parts(request: Mapping[str, Any] | None, parts: list[str], hello: bytes, send: bool) -> dict[str, Any]:
+    """`request` with the agent's "_load" entries for `parts` (agent.py load_part): keys, and the
+    compressed code when `send`."""
+    out = dict(request or {})
+    if not parts:
+        return out
+    from fleetctl.remote import part_key, part_packed
+
+    magic, _ = compiled_agent()
+    same = hello[len(HELLO) + 1:HELLO_SIZE].decode("ascii", "replace") == magic
+    kind = "Z" if hello[len(HELLO):len(HELLO) + 1] == b"Z" else "L"
+    out["_load"] = [{"key": part_key(p), "code": part_code_key(p) if same else "",
+                     "blob": kind.encode() + part_packed(p, kind) if send else None} for p in parts]
+    return out
 
 
 class PipeLost(Exception):
@@ -361,6 +425,8 @@ class AgentTransport(Steps):
         self._no_hello = False  # the agent's process ended before its hello (_agent_ended says so)
         self._agent_err = bytearray()
         self._ahead: _Ahead | None = None  # a check run ahead (check_ahead)
+        self._hello_got = b""  # the running agent's hello (what it had cached, its bytecode magic)
+        self._parts_in: set[str] = set()  # on-demand parts the running agent has loaded
 
     def _start_pipe(self, argv: list[str], limit: float) -> Pipe:
         raise NotImplementedError
@@ -391,6 +457,7 @@ class AgentTransport(Steps):
         with self._step_on(pipe, "sending the agent"):
             hello = self._hello(pipe, deadline)
             # if the process already ended (no such python), the first call says why
+            self._hello_got, self._parts_in = hello or b"", set()
             if hello is not None:
                 pipe.send(code_block(hello) + data, deadline)
             else:
@@ -693,38 +760,54 @@ class AgentTransport(Steps):
               timeout: float | None = None) -> Any:
         """Run one agent action with the host's python; return its result, checked and typed as
         fleetctl.protocol.ANSWERS[action] says, or raise RemoteError (InvalidAnswer if it does not fit)."""
-        body = encode_request(action, request)
         limit = timeout if timeout is not None else self.host.command_timeout
         h = self.host.name
         with self._agent_lock:
-            pipe = self._agent_pipe
-            if pipe is None or pipe.ended():  # none yet, or it ended between requests
-                ahead, self._ahead = self._ahead, None
-                self._agent_drop()
-                pipe = self._agent_pipe = self._agent_from(ahead) or self._agent_start()
-            deadline = self._begin(f"the '{action}' request", limit,
-                                   f"{h}: '{action}' timed out: no answer within {limit:g}s")
-            try:
-                sent = pipe.send(b"%010d" % len(body) + body, deadline)
-                answer = self._agent_answer(pipe, deadline, action) if sent else None
-            except TimeoutError:
-                self._agent_drop()
-                raise RemoteError(self.step_stalled, kind="timeout",
-                                  hint="raise command_timeout in the inventory if the host is just slow") from None
-            except RemoteError:
-                self._agent_drop()
-                raise
-            except PipeLost as e:
-                self._agent_drop()
-                raise self._lost(f"while running {action}", e) from None
-            finally:
-                self._end()
-            if answer is None:  # the agent ended without answering: its exit status and stderr say why
-                raise self._agent_ended(pipe, action)
+            answer, parts = self._agent_call(action, request, limit, h, send_parts=False)
         from fleetctl.protocol import parse_reply  # (not before the first answer: ~20 ms of imports)
 
         reply = parse_reply(h, action, answer)  # the one check of what the host sent (fleetctl/protocol)
+        if reply.error is not None and reply.kind == "need_part" and parts:
+            # the host had no verified copy of a part (new, or its cache changed): sent with the request
+            with self._agent_lock:
+                answer, parts = self._agent_call(action, request, limit, h, send_parts=True)
+            reply = parse_reply(h, action, answer)
         if reply.error is not None:
             raise RemoteError(f"{h}: {reply.error}", kind=reply.kind, detail=reply.traceback)
+        self._parts_in.update(parts)
         self.done.append(action)
         return reply.result
+
+    def _agent_call(self, action: str, request: Mapping[str, Any] | None, limit: float, h: str, *,
+                    send_parts: bool) -> tuple[bytes, list[str]]:
+        """One request and its framed answer (under _agent_lock), with the on-demand parts of the
+        agent it needs and the running agent has not loaded (`parts_for`): their code when
+        `send_parts` or the agent was just sent (nothing was cached there), else their keys only."""
+        pipe = self._agent_pipe
+        if pipe is None or pipe.ended():  # none yet, or it ended between requests
+            ahead, self._ahead = self._ahead, None
+            self._agent_drop()
+            pipe = self._agent_pipe = self._agent_from(ahead) or self._agent_start()
+        parts = parts_for(action, request or {}, self._parts_in)
+        fresh = send_parts or self._hello_got[len(HELLO):len(HELLO) + 1] != b"C"
+        body = encode_request(action, with_parts(request, parts, self._hello_got, fresh))
+        deadline = self._begin(f"the '{action}' request", limit,
+                               f"{h}: '{action}' timed out: no answer within {limit:g}s")
+        try:
+            sent = pipe.send(b"%010d" % len(body) + body, deadline)
+            answer = self._agent_answer(pipe, deadline, action) if sent else None
+        except TimeoutError:
+            self._agent_drop()
+            raise RemoteError(self.step_stalled, kind="timeout",
+                              hint="raise command_timeout in the inventory if the host is just slow") from None
+        except RemoteError:
+            self._agent_drop()
+            raise
+        except PipeLost as e:
+            self._agent_drop()
+            raise self._lost(f"while running {action}", e) from None
+        finally:
+            self._end()
+        if answer is None:  # the agent ended without answering: its exit status and stderr say why
+            raise self._agent_ended(pipe, action)
+        return answer, parts
