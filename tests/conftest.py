@@ -105,6 +105,18 @@ def fresh_sandbox(tmp_path_factory: pytest.TempPathFactory,
     return make
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _no_real_controller_state(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """No test writes the real user's controller state (ledger, run log, retry files, inventory
+    cache under ~/.local/state/fleetctl): every test, and every fleetctl it starts as a process,
+    gets this session's own state dir unless it sets its own (ledger_dir, monkeypatch.setenv)."""
+    d = tmp_path_factory.mktemp("controller-state")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FLEETCTL_STATE_DIR", str(d / "fleetctl"))
+        mp.setenv("XDG_STATE_HOME", str(d / "xdg"))  # for a test that unsets FLEETCTL_STATE_DIR
+        yield
+
+
 @pytest.fixture
 def ledger_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A private local ledger (FLEETCTL_STATE_DIR) per test; the fleet test modules use it for every
