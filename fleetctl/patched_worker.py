@@ -195,6 +195,12 @@ def _coverage(version: str, flags: dict[str, Any], env: dict[str, str], playbook
     reason = f"{reason}; the playbook patches it: {'yes' if worker_file in patched else 'no'}"
     if worker_file not in patched and mine:
         reason = f"{reason}; your patch changes only {_short(mine)}"
+        from fleetctl.intended import intended_data
+
+        fixes = engine().worker_fixes(version, flags, env, set(mine), model_arch=model.arch if model else None,
+                                      intended=intended_data(playbook, version))
+        fixes.append(f"patch {worker_file} too (fleetctl patch new / patch port)")
+        reason = f"{reason}; fix: {' or '.join(fixes)}"
     if named:
         reason += f"; {files_reason}"
     refused = None

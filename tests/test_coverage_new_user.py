@@ -90,6 +90,9 @@ def test_patch_check_refuses_the_origin_mistake_without_covers(origin_pb: Path,
     flat = " ".join(err.split())
     assert (f"{V} with SGLANG_ENABLE_SPEC_V2 unset -> disable_overlap_schedule=True -> EAGLEWorker in {V1}; "
             "the playbook patches it: no; your patch changes only eagle_worker_v2.py") in flat
+    # the refusal names the fixes that work, each as the release's own routing decides
+    assert ("fix: set SGLANG_ENABLE_SPEC_V2=1 in the playbook's launch.env (then EAGLEWorkerV2 in "
+            "srt/speculative/eagle_worker_v2.py runs) or patch srt/speculative/eagle_worker.py too") in flat
     code, out, _ = run(capsys, "patch", "check", origin_pb, "--json")
     doc = json.loads(out)
     assert code == 1 and doc["ok"] is False

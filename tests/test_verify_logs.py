@@ -99,7 +99,8 @@ def test_origin_story_wrong_file_then_full_playbook(sb: Any, tmp_path: Path,
     ok(capsys, "deploy", "-i", inv, WRONG, "--limit", "h01", "--allow-uncovered")
     code, refused = cli(capsys, "launch", "--drop-unknown-flags", "-i", inv, WRONG, "--limit", "h01", "--timeout", "30")
     assert code == 1 and refused["hosts"][0]["status"] == "refused"
-    assert "the playbook patches it: no; your patch changes only eagle_worker_v2.py (--allow-uncovered to launch " \
+    assert "the playbook patches it: no; your patch changes only eagle_worker_v2.py; fix: patch " \
+        "srt/speculative/eagle_worker.py too (fleetctl patch new / patch port) (--allow-uncovered to launch " \
         "it anyway)" in refused["hosts"][0]["instances"][0]["message"]
     launched = ok(capsys, "launch", "--drop-unknown-flags", "--allow-uncovered", "-i", inv, WRONG, "--limit", "h01",
                   "--timeout", "30")

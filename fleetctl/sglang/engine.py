@@ -92,6 +92,27 @@ class SGLangEngine:
             return f"disable_overlap_schedule=True because {R.SPEC_V2_ENV} was not in the launch env"
         return None
 
+    def worker_fixes(self, version: str, flags: Mapping[str, Any], env: Mapping[str, str],
+                     patched: set[str], *, model_arch: str | None = None,
+                     intended: dict[str, bytes] | None = None) -> list[str]:
+        """The smallest changes of the launch's routing env under which `version` runs a worker file
+        in `patched` (as the release's own routing decides), each as a sentence for a refusal."""
+        out: list[str] = []
+        if version not in R.RELEASES:
+            return out
+        current = env.get(R.SPEC_V2_ENV)
+        for value in ("1", "0"):
+            if current is not None and current.strip().lower() in ((value, "true") if value == "1" else (value, "false")):
+                continue
+            res = self.resolve_worker(version, dict(flags), {**env, R.SPEC_V2_ENV: value}, model_arch=model_arch)
+            if res.worker_file not in patched or res.startup_error:
+                continue
+            if intended and self.patched_refusal(version, intended, res.resolved_args):
+                continue  # the playbook's own server_args refuses that launch: no fix
+            out.append(f"set {R.SPEC_V2_ENV}={value} in the playbook's launch.env (then {res.worker_class} "
+                       f"in {res.worker_file} runs)")
+        return out
+
     def log_visibility_problems(self, resolved_args: dict[str, Any], env: dict[str, str]) -> list[str]:
         return processes.log_visibility_problems(resolved_args, env)
 
