@@ -548,3 +548,77 @@ def test_the_loop_through_a_podman_container(podman: dockerd.Podman, rootfs: Pat
         assert box.sha(TARGET) == pristine
     finally:
         box.remove()
+
+
+def test_rolling_restart_restarts_a_main_process_container_and_verify_reads_its_log(
+        engine: dockerd.Dockerd, sandbox: Any, boxes: list[Box], tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """`deploy --restart` on a host whose server is its container's main process restarts the
+    container through the runtime (same id, a new start), waits for its ready line, and verify-logs
+    proves the marker from the container's own log of this start. After a rollback and a restart by
+    hand, the earlier start's marker lines (still in `docker logs`) and a replayed marker line with an
+    older time of its own do not count: the marker is missing."""
+    import time
+
+    from fleetctl.sglang import READY_LINE
+    from tests.ports import free_ports
+
+    port = free_ports(1)[0]
+    flags = ("--model-path m --speculative-algorithm EAGLE3 --speculative-num-steps 3 --speculative-eagle-topk 1 "
+             f"--speculative-num-draft-tokens 4 --port {port}").split()
+    state = tmp_path / "state"
+    state.mkdir()
+    replay = state / "replay.log"
+    replay.write_text("")
+    (state / "flags").write_text("")
+    box = Box(engine, sandbox, "fleetctl-test-main2", state)
+    boxes.append(box)
+    # the main process first replays a file (empty until the end), then execs the server with the flags
+    # of a file on the volume (as an operator edits a compose file's command): the patch's own flag
+    # only once it is deployed
+    cid = box.run("sh", "-c", f'cat {STATE}/replay.log >&2; exec "$@" $(cat {STATE}/flags)', "sh",
+                  f"{VENV}/bin/python", "-m", "fleetctl.sandbox.simulator", *flags)
+    box.wait_log(READY_LINE, 1)
+    inv = inventory(tmp_path, sandbox, engine, box.name, main_process=True)
+    marker = "Dynamic speculation disable enabled"
+    (state / "flags").write_text("--speculative-disable-batch-threshold 16\n")
+
+    def started() -> str:
+        return json.loads(engine.run("inspect", box.name).stdout)[0]["State"]["StartedAt"]
+
+    first = started()
+    time.sleep(1.1)  # a file changed in the same second as the server started is not called newer
+    code, doc = cli(capsys, "deploy", PLAYBOOK, "-i", inv, "--restart")
+    assert code == 0, doc
+    (row,) = doc["rollout"]["hosts"]
+    assert (row["status"], row["steps"].get("launch"), row["steps"].get("verify-logs")) == ("ok", "ok", "pass"), row
+    second = started()
+    assert second != first  # restarted ...
+    assert json.loads(engine.run("inspect", box.name).stdout)[0]["Id"] == cid  # ... not re-created
+
+    v = ok(capsys, "verify-logs", PLAYBOOK, "-i", inv)
+    (iv,) = v["hosts"][0]["instances"]
+    assert v["ok"] is True and iv["instance"] == box.name and iv["ready"] is True, iv
+    assert all(r["markers"][marker] for r in iv["ranks"]), iv
+    st = ok(capsys, "status", "-i", inv)["hosts"][0]["main_process"]  # the server's health, from the runtime
+    assert (st["healthy"], st["running"], st["ready"], st["port"], st["health"], st["started_at"]) == (
+        True, True, True, port, 200, second), st
+
+    # rollback (files only), a replayed marker line with an older time of its own, a restart by hand
+    ok(capsys, "rollback", "-i", inv)
+    (state / "flags").write_text("")
+    old = next(ln for ln in (engine.run("logs", box.name).stderr.splitlines()) if marker in ln)
+    stamp = old[1:20]  # "[YYYY-MM-DD HH:MM:SS..."
+    older = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(time.mktime(time.strptime(stamp, "%Y-%m-%d %H:%M:%S"))
+                                                              - 3600))
+    replay.write_text(old.replace(stamp, older, 1) + "\n")
+    engine.run("restart", box.name)
+    box.wait_log(READY_LINE, 3)
+    third = started()
+    since = engine.run("logs", "--since", third, box.name)
+    assert marker in since.stdout + since.stderr  # the replayed line is in the runtime's log of this start
+    code, v = cli(capsys, "verify-logs", PLAYBOOK, "-i", inv)
+    assert code == 1, v
+    (iv,) = v["hosts"][0]["instances"]
+    assert any(f"marker {marker!r} missing" in p for p in iv["problems"]), iv
+    assert any("replayed" in e for e in iv["explanation"]), iv

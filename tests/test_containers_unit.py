@@ -179,3 +179,16 @@ def test_patch_dockerfile_refusals(args: list[str], said: str, tmp_path: Path,
     err = capsys.readouterr().err
     assert said in err and "Traceback" not in err, err
     assert not (tmp_path / "ctx").exists()
+
+
+def test_main_process_log_times() -> None:
+    """The runtimes' RFC 3339 times (inspect's StartedAt, `logs --timestamps`) as epoch seconds; anything
+    else is no time (its line is not counted)."""
+    from fleetctl.containers.mainproc import epoch
+
+    assert epoch("2026-12-02T13:01:01.46346526Z") == pytest.approx(1796216461.46346526)
+    assert epoch("2026-12-02T14:01:01.5+01:00") == pytest.approx(1796216461.5)  # podman: the local offset
+    assert epoch("2026-12-02T13:01:01Z") == 1796216461
+    for bad in ("", None, "1796216461", "2026-12-02 13:01:01", "2026-12-02T13:01:01.1234567890Z", "x" * 50,
+                "2026-13-02T13:01:01Z"):
+        assert epoch(bad) is None, bad

@@ -290,6 +290,21 @@ def status(*, playbook: Path | None, inventory: Path | None, limit: str | None, 
                 cov = host_coverage(by_name[r["host"]], f, pb) if f else None
                 if cov is not None and cov.refused and pb.files_for(f.package_version or "") is not None:
                     r["problems"].append(f"uncovered: {cov.refused}")
+        mains = [h for h in ctx.fleet.hosts if h.container and h.container.get("main_process")
+                 and gathered.outcomes[h.name].ok]
+        if mains:  # a server that is its container's main process: healthy? (its container's log, /health)
+            from fleetctl.ops.verify import main_process_health
+
+            for o in ctx.fleet.run(main_process_health, mains):
+                r = next(x for x in rows if x["host"] == o.host)
+                r["main_process"] = o.data if o.ok else {"healthy": False, "problems": [o.message]}
+                r["problems"] += r["main_process"]["problems"]
+                mp = r["main_process"]
+                if mp["healthy"]:
+                    r.setdefault("notes", []).append(
+                        f"the server is container {mp['container']}'s main process: healthy (ready line since its "
+                        f"start {mp['started_at']}" + (f", GET /health 200 on port {mp['port']}" if mp["port"] else "")
+                        + ")")
         for r in rows:
             r["servers"] = [s for s in servers if s["host"] == r["host"]]
             r["problems"] += [f"{s['instance']}: {p}" for s in r["servers"] for p in s["problems"]]

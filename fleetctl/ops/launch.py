@@ -620,7 +620,9 @@ def launch_fleet(fleet: Fleet, pb: Playbook, *, replace: bool = False, timeout: 
     t = float(timeout if timeout is not None else pb.launch.ready_timeout)
     outs = fleet.run(lambda c: launch_host(c, pb, insts_by_host[c.host.name], launch_id=lid, replace=replace, timeout=t,
                                            drop_unknown_flags=drop_unknown_flags, allow_uncovered=allow_uncovered,
-                                           wait_lock=fleet.wait_lock, interrupt=fleet.interrupt),
+                                           wait_lock=fleet.wait_lock, interrupt=fleet.interrupt)
+                     if not (c.host.container and c.host.container.get("main_process"))
+                     else restart_main_process(c, insts_by_host[c.host.name], t),
                      targets)
     results = []
     for o, h in zip(outs, targets, strict=True):
@@ -633,6 +635,31 @@ def launch_fleet(fleet: Fleet, pb: Playbook, *, replace: bool = False, timeout: 
         r.elapsed = o.elapsed
         results.append(r)
     return lid, results
+
+
+def restart_main_process(conn: Transport, insts: list[Instance], timeout: float) -> HostLaunch:
+    """A host whose server is its container's main process: (re)start the server by restarting the
+    container through its runtime (containers/mainproc.py), then wait for its ready line in the
+    container's log of this start. A pod's is refused with the reason."""
+    from fleetctl.containers.inspect import ContainerError
+    from fleetctl.containers.mainproc import restart, spec_main
+
+    spec = spec_main(conn)
+    assert spec is not None
+    h = conn.host.name
+    port = insts[0].port if insts else 0
+    row = InstanceLaunch(h, spec.name, port, [], "ready", log=f"{spec.shown([*spec.command, 'logs', spec.name])}")
+    t0 = time.monotonic()
+    try:
+        _, took = restart(conn, spec, engine().ready_line, timeout)
+    except ContainerError as e:
+        row.status = "refused" if "a pod's container" in str(e) else "failed"
+        row.message = str(e)
+        row.seconds = round(time.monotonic() - t0, 3)
+        return HostLaunch(h, "refused" if row.status == "refused" else "failed", row.message, instances=[row])
+    row.seconds = round(took, 3)
+    row.message = f"restarted {spec.label} (its main process is the server); ready in {took:.1f}s"
+    return HostLaunch(h, "ok", row.message, instances=[row])
 
 
 @dataclass

@@ -409,8 +409,102 @@ def _recreated(conn: Transport, got: ServerGrepAnswer) -> str | None:
     return recreated(conn.host.name, now, got.container_deploy.id, got.container_deploy.container)
 
 
+def verify_main_process(conn: Transport, pb: Playbook, plan: list[Instance]) -> list[InstanceVerify]:
+    """A server that is its container's main process: the proof is read from the container's own log
+    of its current start (containers/mainproc.py: bounded, untrusted, each line's runtime time at or
+    after this start, so an older start's or a replayed line does not count)."""
+    from fleetctl.containers.host import inspect
+    from fleetctl.containers.mainproc import read_log, refusal, spec_main
+
+    spec = spec_main(conn)
+    assert spec is not None
+    iv = InstanceVerify(conn.host.name, spec.name, plan[0].port if plan else 0,
+                        log=spec.shown([*spec.command, "logs", spec.name]))
+    why = refusal(spec)
+    if why is not None:
+        iv.problems.append(f"not verified: {why} (and fleetctl does not read a pod's log)")
+        return [iv]
+    got: ServerGrepAnswer = conn.agent(names.SERVER_GREP, {
+        "state_dir": conn.host.state_dir, "instances": [], "patterns": [], "max_per_pattern": 1, "container": True})
+    gone_with = _recreated(conn, got)
+    info = inspect(conn, need_running=False)
+    assert info is not None
+    iv.running = info.running
+    log = read_log(conn, spec, info)
+    iv.since = log.since
+    iv.launch_id = f"container start {info.started_at}"
+    if not info.running:
+        iv.problems.append(f"server not running: {spec.label} is stopped")
+    if log.since is None:
+        iv.problems.append(f"{spec.label} has no start time the runtime says: nothing in its log can be counted")
+    if log.over_cap:
+        from fleetctl.containers.mainproc import LOG_CAP
+
+        iv.problems.append(f"{spec.label}'s log since its start is over {LOG_CAP >> 20} MiB: not read")
+    if log.older or log.unstamped:
+        iv.explanation.append(f"{log.older + log.unstamped} line(s) the runtime sent carry no time at or after this "
+                              f"start of the container ({info.started_at}): replayed or from an earlier start, they "
+                              "are not counted")
+    kept, replayed = [], 0
+    for x in log.lines:  # the line's own time (the host's local time) before this start: replayed
+        t = _epoch(engine().parse_line(x).timestamp, got.tz_offset) if isinstance(got.tz_offset, int) else None
+        if t is not None and log.since is not None and t < log.since - 2.0:
+            replayed += 1
+        else:
+            kept.append(x)
+    if replayed:
+        iv.explanation.append(f"{replayed} line(s) written since this start of the container carry a time of their "
+                              f"own before it ({info.started_at}): replayed from an earlier run? they are not counted")
+    lines = {p: [engine().parse_line(x) for x in kept if p in x]
+             for p in dict.fromkeys([*pb.verify.markers, *pb.verify.forbidden, engine().ready_line,
+                                     engine().dump_anchor])}
+    iv.ready = bool(lines.get(engine().ready_line))
+    if not iv.ready:
+        iv.problems.append("no ready line in the container's log since its start")
+    dump = None
+    for ln in reversed(lines.get(engine().dump_anchor, [])):
+        dump = engine().parse_server_args_dump(ln.message)
+        if dump is not None:
+            break
+    if dump is None:
+        iv.problems.append(f"no {engine().dump_anchor} dump in the container's log since its start")
+    args = dump or {}
+    iv.args = {k: args.get(k) for k in dict.fromkeys([*REPORT_ARGS, *pb.covers.report_args])}
+    iv.problems += never_fires(pb, args)
+    now = got.deploy_now
+    if now is None:
+        iv.problems.append(f"no deploy of {pb.name!r} is on disk in {spec.label}: no log line can prove a patch runs")
+    elif now.playbook not in (None, pb.name):
+        iv.problems.append(f"the deploy on disk ({now.id}) is of playbook {now.playbook!r}, not {pb.name!r}")
+    elif now.at is not None and log.since is not None and log.since < now.at:
+        iv.problems.append(f"restart needed: {spec.label} started ({info.started_at}) before deploy {now.id} wrote "
+                           f"its files; 'fleetctl deploy --restart' or '{spec.shown(spec.restart_argv() or [])}' "
+                           f"on {conn.host.name}")
+    markers = list(pb.verify.markers)
+    once = {m for m in markers if not pb.marker_site(m).per_rank}
+    ranks_seen = [ln.ranks for m in markers for ln in lines.get(m, [])]
+    exp = [r for r in dict.fromkeys(tuple(sorted(r.items())) for r in ranks_seen)] or [()]
+    for ranks in exp:  # (without the launch's flags: the ranks the log shows; none: one check)
+        rd = dict(ranks)
+        iv.ranks.append(RankCheck(rd, {m: bool(lines.get(m)) if m in once or not rd else
+                                       any(ln.ranks == rd for ln in lines.get(m, [])) for m in markers}))
+    for m in markers:
+        if not lines.get(m):
+            iv.problems.append(f"marker {m!r} missing from {spec.label}'s log since its start ({info.started_at})")
+    for f in pb.verify.forbidden:
+        if lines.get(f):
+            iv.forbidden += [ln.raw for ln in lines[f][:MAX_SHOWN]]
+            iv.problems.append(f"forbidden {f!r}: {len(lines[f])} line(s) in the container's log since its start")
+    if gone_with:
+        iv.problems.append(gone_with)
+    iv.ok = not iv.problems
+    return [iv]
+
+
 def verify_host(conn: Transport, pb: Playbook, plan: list[Instance]) -> list[InstanceVerify]:
     h = conn.host
+    if h.container and h.container.get("main_process"):
+        return verify_main_process(conn, pb, plan)
     wanted = [i.name for i in plan]
     patterns = list(dict.fromkeys([*pb.verify.markers, *pb.verify.forbidden, *pb.verify.report, engine().ready_line,
                                    engine().dump_anchor]))
@@ -502,3 +596,47 @@ def verify_fleet(fleet: Fleet, pb: Playbook) -> list[HostVerify]:
         hv.elapsed = o.elapsed
         res.append(hv)
     return res
+
+
+def main_process_health(conn: Transport) -> dict[str, Any]:
+    """For `status`: whether a server that is its container's main process is healthy: the container
+    runs, its log of this start holds the ready line, and (when that start's logged arguments name a
+    port) GET /health answers 200 there. `problems` says what is not."""
+    from fleetctl.containers.host import inspect
+    from fleetctl.containers.mainproc import read_log, refusal, spec_main
+
+    spec = spec_main(conn)
+    assert spec is not None
+    out: dict[str, Any] = {"container": spec.name, "running": False, "started_at": None, "ready": False,
+                           "port": None, "health": None, "healthy": False, "problems": []}
+    why = refusal(spec)
+    if why is not None:
+        out["problems"].append(f"main process not checked: {why}")
+        return out
+    info = inspect(conn, need_running=False)
+    assert info is not None
+    out["running"], out["started_at"] = info.running, info.started_at
+    if not info.running:
+        out["problems"].append(f"{spec.label} is stopped: its main process (the server) does not run")
+        return out
+    log = read_log(conn, spec, info)
+    out["ready"] = any(engine().ready_line in ln for ln in log.lines)
+    for ln in reversed([x for x in log.lines if engine().dump_anchor in x]):
+        dump = engine().parse_server_args_dump(engine().parse_line(ln).message)
+        if dump is not None and isinstance(dump.get("port"), int) and 0 < dump["port"] < 65536:
+            out["port"] = dump["port"]
+            break
+    if not out["ready"]:
+        out["problems"].append(f"{spec.label}'s main process logged no ready line since its start "
+                               f"({info.started_at})")
+    if out["port"] is not None:
+        try:
+            code, _ = http_get(conn, int(out["port"]), "/health", timeout=15.0)
+        except (RemoteError, OSError, ValueError) as e:
+            code = None
+            out["problems"].append(f"{spec.label}'s server: GET /health on port {out['port']} failed: {e}")
+        out["health"] = code
+        if code is not None and code != 200:
+            out["problems"].append(f"{spec.label}'s server: GET /health on port {out['port']} answered {code}")
+    out["healthy"] = not out["problems"]
+    return out

@@ -706,14 +706,20 @@ class AgentTransport(Steps):
             return output
 
     def run_command(self, argv: list[str], why: str, cap: int, timeout: float | None = None, *,
-                    inside: bool = True, failed: list[tuple[int | None, bytes]] | None = None) -> bytes | None:
+                    inside: bool = True, failed: list[tuple[int | None, bytes]] | None = None,
+                    merge_stderr: bool = False) -> bytes | None:
         """Run `argv` on the host (not the agent; through the login shell over SSH) to its end and
         return its stdout, or None if that exceeds `cap` bytes (the process is then closed). Bounded by
         `timeout` (else command_timeout) like every step. inside: in the host's container when it
         names one (transport/layers.py); False: on the host itself (the runtime's own commands).
-        failed: a list the command's (exit status, stderr tail) is appended to when it ends."""
+        failed: a list the command's (exit status, stderr tail) is appended to when it ends.
+        merge_stderr: its stderr comes in the stdout too (a POSIX sh on the host, outside every layer,
+        joins them: a container's log is both streams)."""
         limit = timeout if timeout is not None else self.host.command_timeout
-        pipe = self._start_pipe(remote_argv(self.host, argv, inside=inside), limit)
+        full = remote_argv(self.host, argv, inside=inside)
+        if merge_stderr:
+            full = ["sh", "-c", 'exec "$@" 2>&1', "sh", *full]
+        pipe = self._start_pipe(full, limit)
         deadline = self._begin(why, limit, f"{self.host.name}: {why}: no end within {limit:g}s")
         out = bytearray()
         try:
