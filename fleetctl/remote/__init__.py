@@ -9,8 +9,10 @@ refcount-dependent back-references, so the bytes are reproducible), that compile
 hash (transport/session.py compiled_agent); either is verified by its hash before use, so a cache
 someone changed is never run: the code is sent again. One agent process per host answers every
 call of a command (session mode: framed marshal requests, JSON answers, see agent.py).
-Nothing is installed on hosts. It is the concatenation of `agent.py` (core, protocol, facts)
-and the `agent_*.py` parts, each of which registers its actions in ACTIONS. Locally every part
+Nothing is installed on hosts. The core is the concatenation of `agent.py` (protocol, facts),
+`agent_deploy.py` and `agent_seal.py` (CORE); the servers part (`agent_servers.py`,
+`agent_probe.py`: ON_DEMAND) comes with the first request that needs it (agent.py load_part),
+cached and verified the same way. Each part registers its actions in ACTIONS. Locally every part
 imports as a normal module for tests.
 """
 

@@ -166,8 +166,8 @@ def agent_argv(host: Host) -> tuple[list[str], list[str]]:
     cache = host.state_dir.rstrip("/") + "/cache"
     # the python word again: the agent compares it with the launch's (an in-process probe, agent.py);
     # the source's cache key, so the host need not hash it
-    magic, code = compiled_agent()
-    argv = [host.python, "-c", BOOTSTRAP, cache, host.python, agent_key(), magic, code_key(code)]
+    magic, ckey = compiled_agent_key()
+    argv = [host.python, "-c", BOOTSTRAP, cache, host.python, agent_key(), magic, ckey]
     if host.becomes:  # (in a container, become wraps the runtime's exec instead: transport/layers.py)
         return [], argv if host.container else become.wrap(host, argv)
     return env_prefix(command_line_env(host)), argv
@@ -211,6 +211,14 @@ def compiled_agent() -> tuple[str, bytes]:
                     _write_compiled(f, data)
             _compiled.append((magic, data))
         return _compiled[0]
+
+
+@functools.cache
+def compiled_agent_key() -> tuple[str, str]:
+    """This interpreter's bytecode magic and the hash of its compiled agent (once per process, not
+    per host)."""
+    magic, code = compiled_agent()
+    return magic, code_key(code)
 
 
 def compiled_cache_file() -> Path | None:
