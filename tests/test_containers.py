@@ -463,6 +463,44 @@ def test_become_and_container_compose(engine: dockerd.Dockerd, image: str, open_
     assert box.sha(TARGET) == pristine
 
 
+@pytest.mark.usefixtures("accounts")
+def test_become_restarts_a_main_process_container(engine: dockerd.Dockerd, image: str, open_sandbox: Any,
+                                                  tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                  request: pytest.FixtureRequest) -> None:
+    """A login that may not use docker, `become: true`, the server the container's main process: launch
+    restarts the container through sudo (only the client's rule in sudoers: the shell that joins the
+    log's two streams runs outside sudo) and status reads its log through sudo too: healthy."""
+    from fleetctl.sglang import READY_LINE
+    from tests.ports import free_ports
+
+    port = free_ports(1)[0]
+    flags = ("--model-path m --speculative-algorithm EAGLE3 --speculative-num-steps 3 --speculative-eagle-topk 1 "
+             f"--speculative-num-draft-tokens 4 --port {port}").split()
+    box = Box(engine, open_sandbox, "fleetctl-test-become-main", tmp_path / "state")
+    request.addfinalizer(box.remove)
+    cid = box.run(f"{VENV}/bin/python", "-m", "fleetctl.sandbox.simulator", *flags)
+    box.wait_log(READY_LINE, 1)
+    inv = inventory(tmp_path, open_sandbox, engine, box.name, main_process=True)
+    doc = yaml.safe_load(inv.read_text())
+    doc["defaults"]["user"] = LOGIN
+    doc["hosts"]["h01"]["become"] = True
+    inv.write_text(yaml.safe_dump(doc, sort_keys=False))
+    sudoers(f"{LOGIN} ALL=(root) NOPASSWD: {engine.cli[0]}\n")
+
+    def state() -> dict[str, Any]:
+        got: dict[str, Any] = json.loads(engine.run("inspect", box.name).stdout)[0]
+        return got
+
+    first = state()["State"]["StartedAt"]
+    doc = ok(capsys, "launch", PLAYBOOK, "-i", inv)
+    (inst,) = doc["hosts"][0]["instances"]
+    assert (inst["instance"], inst["status"]) == (box.name, "ready"), inst
+    now = state()
+    assert now["Id"] == cid and now["State"]["StartedAt"] != first, now["State"]
+    st = ok(capsys, "status", "-i", inv)["hosts"][0]["main_process"]
+    assert (st["healthy"], st["health"], st["port"], st["started_at"]) == (True, 200, port, now["State"]["StartedAt"]), st
+
+
 def test_a_missing_or_stopped_container_is_one_line(engine: dockerd.Dockerd, sandbox: Any, boxes: list[Box],
                                                     tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, doc = cli(capsys, "facts", "-i", inventory(tmp_path, sandbox, engine, "fleetctl-test-nosuch"))
@@ -558,6 +596,25 @@ def test_rolling_restart_restarts_a_main_process_container_and_verify_reads_its_
     proves the marker from the container's own log of this start. After a rollback and a restart by
     hand, the earlier start's marker lines (still in `docker logs`) and a replayed marker line with an
     older time of its own do not count: the marker is missing."""
+    _main_process_rolling(engine, "docker", sandbox, boxes, "fleetctl-test-main2", tmp_path, capsys)
+
+
+def test_rolling_restart_of_a_main_process_container_with_podman(
+        podman: dockerd.Podman, rootfs: Path, sandbox: Any, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The same with real podman: `podman restart`, `podman logs --timestamps --since` (its times
+    carry the host's offset)."""
+    podman.run("import", str(rootfs), IMAGE)
+    made: list[Box] = []
+    try:
+        _main_process_rolling(podman, "podman", sandbox, made, "fleetctl-test-pmain", tmp_path, capsys)
+    finally:
+        for b in made:
+            b.remove()
+
+
+def _main_process_rolling(engine: dockerd.Dockerd | dockerd.Podman, runtime: str, sandbox: Any, boxes: list[Box],
+                          name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import time
 
     from fleetctl.sglang import READY_LINE
@@ -571,15 +628,19 @@ def test_rolling_restart_restarts_a_main_process_container_and_verify_reads_its_
     replay = state / "replay.log"
     replay.write_text("")
     (state / "flags").write_text("")
-    box = Box(engine, sandbox, "fleetctl-test-main2", state)
+    box = Box(engine, sandbox, name, state)
     boxes.append(box)
     # the main process first replays a file (empty until the end), then execs the server with the flags
     # of a file on the volume (as an operator edits a compose file's command): the patch's own flag
     # only once it is deployed
-    cid = box.run("sh", "-c", f'cat {STATE}/replay.log >&2; exec "$@" $(cat {STATE}/flags)', "sh",
+    # (and waits for a file 'go', which the test removes before the last restart and writes once that
+    # restart is done: the replay then comes after the runtime noted the start, as a replayed log does)
+    (state / "go").write_text("")
+    cid = box.run("sh", "-c", f'while [ ! -e {STATE}/go ]; do sleep 0.05; done; cat {STATE}/replay.log >&2; '
+                  f'exec "$@" $(cat {STATE}/flags)', "sh",
                   f"{VENV}/bin/python", "-m", "fleetctl.sandbox.simulator", *flags)
     box.wait_log(READY_LINE, 1)
-    inv = inventory(tmp_path, sandbox, engine, box.name, main_process=True)
+    inv = inventory(tmp_path, sandbox, engine, box.name, runtime=runtime, main_process=True)
     marker = "Dynamic speculation disable enabled"
     (state / "flags").write_text("--speculative-disable-batch-threshold 16\n")
 
@@ -607,12 +668,15 @@ def test_rolling_restart_restarts_a_main_process_container_and_verify_reads_its_
     # rollback (files only), a replayed marker line with an older time of its own, a restart by hand
     ok(capsys, "rollback", "-i", inv)
     (state / "flags").write_text("")
-    old = next(ln for ln in (engine.run("logs", box.name).stderr.splitlines()) if marker in ln)
+    said = engine.run("logs", box.name)
+    old = next(ln for ln in (said.stdout + said.stderr).splitlines() if marker in ln)
     stamp = old[1:20]  # "[YYYY-MM-DD HH:MM:SS..."
     older = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(time.mktime(time.strptime(stamp, "%Y-%m-%d %H:%M:%S"))
                                                               - 3600))
     replay.write_text(old.replace(stamp, older, 1) + "\n")
+    (state / "go").unlink()
     engine.run("restart", box.name)
+    (state / "go").write_text("")
     box.wait_log(READY_LINE, 3)
     third = started()
     since = engine.run("logs", "--since", third, box.name)
