@@ -648,6 +648,10 @@ def _main_process_rolling(engine: dockerd.Dockerd | dockerd.Podman, runtime: str
         return json.loads(engine.run("inspect", box.name).stdout)[0]["State"]["StartedAt"]
 
     first = started()
+    chk = ok(capsys, "launch", PLAYBOOK, "-i", inv, "--check")["hosts"][0]  # says the restart, runs nothing
+    assert (chk["status"], f"'{shlex.join([*engine.cli, 'restart', name])}' on h01") == ("start", chk["message"][
+        chk["message"].index("'"):chk["message"].index(", then")]), chk
+    assert started() == first
     time.sleep(1.1)  # a file changed in the same second as the server started is not called newer
     code, doc = cli(capsys, "deploy", PLAYBOOK, "-i", inv, "--restart")
     assert code == 0, doc

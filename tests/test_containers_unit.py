@@ -192,3 +192,15 @@ def test_main_process_log_times() -> None:
     for bad in ("", None, "1796216461", "2026-12-02 13:01:01", "2026-12-02T13:01:01.1234567890Z", "x" * 50,
                 "2026-13-02T13:01:01Z"):
         assert epoch(bad) is None, bad
+
+
+def test_a_pods_main_process_is_not_restarted() -> None:
+    """A pod's container restarted by Kubernetes starts from its image: fleetctl refuses to restart it
+    (launch, deploy --restart) with that reason; docker and podman restart the container."""
+    from fleetctl.containers.mainproc import refusal
+
+    pod = ContainerSpec("kubectl", "sglang-0", ("kubectl",), container="server", main_process=True)
+    why = refusal(pod)
+    assert why is not None and "starts it from its image" in why and "fleetctl patch dockerfile" in why, why
+    for rt in ("docker", "podman"):
+        assert refusal(ContainerSpec(rt, "sglang", (rt,), main_process=True)) is None

@@ -380,8 +380,27 @@ def read_launch_facts(conn: Transport, pb: Playbook, insts: list[Instance]) -> H
 def check_host(conn: Transport, pb: Playbook, insts: list[Instance], *, replace: bool,
                drop_unknown_flags: bool = False, allow_uncovered: bool = False) -> LaunchPlan:
     """`launch --check` on one host: its facts and its launch plan, nothing started or stopped."""
+    if conn.host.container and conn.host.container.get("main_process"):
+        return _main_process_plan(conn)
     return plan_launch(conn.host, pb, insts, read_launch_facts(conn, pb, insts), replace=replace,
                        drop_unknown_flags=drop_unknown_flags, allow_uncovered=allow_uncovered)
+
+
+def _main_process_plan(conn: Transport) -> LaunchPlan:
+    """`launch --check` for a server that is its container's main process: the container restart a
+    launch would run (the container inspected, so a missing or stopped one says so), or the refusal."""
+    from fleetctl.containers.host import inspect
+    from fleetctl.containers.mainproc import refusal, spec_main
+
+    spec = spec_main(conn)
+    assert spec is not None
+    why = refusal(spec)
+    if why is not None:
+        return LaunchPlan(conn.host.name, "refused", f"{conn.host.name}: {why}")
+    inspect(conn, need_running=False)
+    argv = spec.restart_argv() or []
+    return LaunchPlan(conn.host.name, "start", f"would restart {spec.label} (its main process is the server): "
+                      f"'{spec.shown(argv)}' on {conn.host.name}, then wait for its ready line")
 
 
 def launch_host(conn: Transport, pb: Playbook, insts: list[Instance], *, launch_id: str, replace: bool,
