@@ -16,8 +16,10 @@ cached and verified the same way. Each part registers its actions in ACTIONS. Lo
 imports as a normal module for tests.
 """
 
+import threading
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 # the parts are read from this package's own directory (importlib.resources would add ~20 ms of
 # imports to every command; fleetctl is never run from a zip)
@@ -30,6 +32,16 @@ CORE = ("agent.py", "agent_deploy.py", "agent_seal.py")
 # its actions and facts hooks are read from its source (actions_of). Nothing in the core names these.
 ON_DEMAND = {"servers": ("agent_servers.py", "agent_probe.py")}
 PROBE = "probe.py"  # run by the agent as `-c` under the launch's interpreter: shipped as a string
+# one parse at a time: ast.parse from several host threads at once fails in CPython 3.11/3.12
+# ("SystemError: AST constructor recursion depth mismatch"), seen in a 4-host deploy
+_AST_LOCK = threading.Lock()
+
+
+def _parse(text: str) -> Any:
+    import ast
+
+    with _AST_LOCK:
+        return ast.parse(text)
 
 
 def stripped(text: str) -> str:
@@ -37,14 +49,15 @@ def stripped(text: str) -> str:
     stdlib's ast (what runs is the same tree; line numbers in tracebacks are the stripped text's)."""
     import ast
 
-    tree = ast.parse(text)
+    tree = _parse(text)
     for node in ast.walk(tree):
         if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             body = node.body
             if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
                     and isinstance(body[0].value.value, str):
                 node.body = body[1:] or [ast.Pass()]
-    return ast.unparse(tree) + "\n"
+    with _AST_LOCK:
+        return ast.unparse(tree) + "\n"
 
 
 @cache
@@ -62,6 +75,12 @@ def _text(names: tuple[str, ...]) -> bytes:
 def part_text(part: str) -> bytes:
     """An on-demand part (ON_DEMAND), stripped: what the host compiles into the agent's namespace."""
     return _text(ON_DEMAND[part])
+
+
+def compile_locked(text: bytes | str, name: str) -> Any:
+    """compile() under the same lock (it parses too)."""
+    with _AST_LOCK:
+        return compile(text, name, "exec", dont_inherit=True, optimize=0)
 
 
 @cache
@@ -85,7 +104,7 @@ def actions_of(part: str) -> frozenset[str]:
 
     names: set[str] = set()
     for name in ON_DEMAND[part]:
-        for node in ast.walk(ast.parse((_HERE / name).read_text(encoding="utf-8"))):
+        for node in ast.walk(_parse((_HERE / name).read_text(encoding="utf-8"))):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "update" \
                     and isinstance(node.func.value, ast.Name) and node.func.value.id == "ACTIONS":
                 names.update(k.value for k in node.args[0].keys if isinstance(k, ast.Constant))  # type: ignore[attr-defined]

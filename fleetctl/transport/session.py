@@ -200,10 +200,10 @@ def compiled_agent() -> tuple[str, bytes]:
             f = compiled_cache_file()
             data = _read_compiled(f) if f is not None else None
             if data is None:
-                from fleetctl.remote import probe_source
+                from fleetctl.remote import compile_locked, probe_source
 
-                code = compile(agent_text(), "fleetctl-agent", "exec", dont_inherit=True, optimize=0)
-                probe = compile(probe_source(), "fleetctl-probe", "exec", dont_inherit=True, optimize=0)
+                code = compile_locked(agent_text(), "fleetctl-agent")
+                probe = compile_locked(probe_source(), "fleetctl-probe")
                 # format 2: no back-references, whose use depends on this process's refcounts; so
                 # a host's python of the same magic compiling the shipped source writes these bytes
                 data = marshal.dumps((code, probe, probe_source()), 2)
@@ -354,9 +354,9 @@ def parts_for(action: str, request: Mapping[str, Any], loaded: set[str]) -> list
 def part_code_key(part: str) -> str:
     """What a host whose python has this interpreter's bytecode magic keeps of a part: the hash of
     its compiled code (marshal format 2, reproducible; see compiled_agent)."""
-    from fleetctl.remote import part_text
+    from fleetctl.remote import compile_locked, part_text
 
-    code = compile(part_text(part), "fleetctl-part", "exec", dont_inherit=True, optimize=0)
+    code = compile_locked(part_text(part), "fleetctl-part")
     return code_key(marshal.dumps(code, 2))
 
 
