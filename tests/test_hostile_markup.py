@@ -328,7 +328,9 @@ def test_every_command_shows_hostile_host_text_escaped(fresh_sandbox, tmp_path: 
     op = json.loads(out)["operations"][0]["id"]
     cli("history ID", "history", op)
     code, text = cli("patch check", "patch", "check", str(pb))
-    assert code == 0 and "hostile [/x] \\x1b[31mred" in text
+    # exit 1: the corpus markers are in no line the patch adds (patch check says so, escaped)
+    assert code == 1 and "hostile [/x] \\x1b[31mred" in text
+    assert "verify marker '[bold red]x' appears in no line the patch adds" in text, text
 
     if os.environ.get("MARKUP_DUMP"):
         Path(os.environ["MARKUP_DUMP"]).write_text(json.dumps(seen, indent=1))

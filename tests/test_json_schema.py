@@ -103,6 +103,9 @@ def test_every_command_json_validates_against_its_schema(tmp_path: Path, request
     request.addfinalizer(lambda: stop_all_local(sb))
     st = run("sandbox", "status", "--dir", d)
     assert all(h["ok"] and h["state"] == "running" for h in st["hosts"])
+    sb.stop_host("h02")
+    rs = run("sandbox", "restart", "--dir", d)  # the host that is down, on its port again
+    assert [(h["host"], h["state"]) for h in rs["hosts"]] == [("h02", "running")]
 
     inv = make_inventory(sb, tmp_path / "inv.yaml")
     facts = run("facts", "-i", inv)

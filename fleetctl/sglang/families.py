@@ -152,7 +152,7 @@ def wanted(version: str, patched: Mapping[str, bytes], asked: Mapping[str, bool 
     return out
 
 
-def _models_run(t: FT.Table, arch: str) -> list[str]:
+def _models_run(t: FT.FamilyTable, arch: str) -> list[str]:
     """The srt/models files that run for `arch`: its registry module and the models modules it builds on."""
     first = t.models.get(arch)
     if first is None:
@@ -166,7 +166,7 @@ def _models_run(t: FT.Table, arch: str) -> list[str]:
     return seen
 
 
-def _check_model(version: str, t: FT.Table, patched: list[str], flags: dict[str, Any], model: ModelSeen | None,
+def _check_model(version: str, t: FT.FamilyTable, patched: list[str], flags: dict[str, Any], model: ModelSeen | None,
                  draft: ModelSeen | None) -> FamilyCheck:
     mine = _short(patched)
     runs: list[str] = []

@@ -54,7 +54,7 @@ class Branch:
 
 
 @dataclass
-class Table:
+class FamilyTable:
     version: str
     spec_workers: dict[str, str] = field(default_factory=dict)  # worker class -> file
     models: dict[str, str] = field(default_factory=dict)  # architecture -> srt/models module file
@@ -141,7 +141,7 @@ def _entry_classes(tree: ast.Module) -> list[str]:
     return []
 
 
-def _models(root: Path, t: Table) -> None:
+def _models(root: Path, t: FamilyTable) -> None:
     mdir = root / MODELS_DIR
     if not mdir.is_dir():
         t.problems.append(f"{MODELS_DIR} not found")
@@ -187,7 +187,7 @@ def _backend_module(root: Path, mod: str, under: str) -> str | None:
     return rel if "backend" in mod.rsplit(".", 2)[-1] or any("backend" in x for x in mod.split(".")[2:]) else None
 
 
-def _attention(root: Path, t: Table) -> None:
+def _attention(root: Path, t: FamilyTable) -> None:
     tree = _parse(root, ATTN_REGISTRY)
     if tree is None:
         t.problems.append(f"{ATTN_REGISTRY} not found: the attention backends are not checked")
@@ -214,7 +214,7 @@ def _compared_names(test: ast.AST, var_hint: str) -> list[str]:
     return out
 
 
-def _grammar(root: Path, t: Table) -> None:
+def _grammar(root: Path, t: FamilyTable) -> None:
     for rel in GRAMMAR_FILES:
         tree = _parse(root, rel)
         if tree is None:
@@ -264,7 +264,7 @@ def sampling_branches(tree: ast.Module) -> list[Branch]:
     return out
 
 
-def _sampling(root: Path, t: Table) -> None:
+def _sampling(root: Path, t: FamilyTable) -> None:
     tree = _parse(root, SAMPLER)
     if tree is None:
         t.problems.append(f"{SAMPLER} not found: the sampling backends are not checked")
@@ -312,9 +312,9 @@ def _defaults(root: Path, dest: str) -> list[str]:
     return sorted(dict.fromkeys(out))
 
 
-def derive(version: str, root: Path, known_workers: dict[str, str]) -> Table:
+def derive(version: str, root: Path, known_workers: dict[str, str]) -> FamilyTable:
     """The table of `version` read from its package tree `root` (the `sglang` dir)."""
-    t = Table(version)
+    t = FamilyTable(version)
     t.spec_workers = _spec_workers(root, known_workers)
     _models(root, t)
     _attention(root, t)
@@ -326,14 +326,14 @@ def derive(version: str, root: Path, known_workers: dict[str, str]) -> Table:
     return t
 
 
-def _from_json(doc: dict[str, Any]) -> Table:
+def _from_json(doc: dict[str, Any]) -> FamilyTable:
     doc = dict(doc)
     doc["sampling"] = [Branch(b["names"], [tuple(s) for s in b["spans"]], b["functions"]) for b in doc["sampling"]]
-    return Table(**doc)
+    return FamilyTable(**doc)
 
 
 @cache
-def table(version: str) -> Table:
+def table(version: str) -> FamilyTable:
     """The release's table: from the cache, else derived from its wheel (fetched on first use)."""
     from fleetctl import wheels
     from fleetctl.sglang import routing
