@@ -93,9 +93,12 @@ def test_sandbox_servers_refuse_what_the_patched_server_args_refuses_and_old_lay
                                                                        "--speculative-num-draft-tokens": 8}})
         code, doc = cli(capsys, "launch", "--replace", "-i", inv2, PAYLOAD, "--limit", "h02", "--timeout", "30")
         assert code == 1
-        msg = doc["hosts"][0]["instances"][0]["message"]
-        assert msg.startswith("the server exited (status 1) before ready: ValueError: "
-                              "--speculative-disable-batch-threshold cannot run in this setup: "
-                              "speculative_eagle_topk=2 (only topk=1 is supported)"), msg
+        # launch replays the patched checks itself (f1d445a) and refuses before starting the server
+        # that would crash: the same replay the simulator runs at its start-up (server_args_replay)
+        h = doc["hosts"][0]
+        assert h["status"] == "refused", h
+        assert ("the playbook's patched srt/server_args.py refuses this launch: ValueError: "
+                "--speculative-disable-batch-threshold cannot run in this setup: "
+                "speculative_eagle_topk=2 (only topk=1 is supported)") in str(doc), doc
     finally:
         main(["stop", "-i", str(inv)])
