@@ -56,6 +56,21 @@ def test_every_suggested_command_runs_as_printed(sb: Any, tmp_path: Path,  # noq
     inv = make_inventory(sb, tmp_path / "inv.yaml", hosts=["h01", "h02"],
                          env={"h02": {"FLEETCTL_SIM_CRASH": "after-ready:0.5"}})
     s = Story(capsys)
+    inv2 = tmp_path / "inv-moved.yaml"
+    try:
+        _story(sb, s, inv, inv2, tmp_path)
+    finally:  # every server the story or a suggestion started, under either state dir
+        for i in (inv2, inv):
+            if i.exists():
+                main(["stop", "-i", str(i)])
+        main(["rollback", "-i", str(inv)])
+    elsewhere = tmp_path / "elsewhere"  # (the moved state dir: a suggested launch started a server there)
+    for name in srv.list_instances(str(elsewhere)) if elsewhere.exists() else []:
+        rec = srv.current_record(str(elsewhere), name)
+        assert rec is None or not srv.record_alive(rec), f"left running: {rec}"
+
+
+def _story(sb: Any, s: Story, inv: Path, inv2: Path, tmp_path: Path) -> None:  # noqa: F811
     # failure paths first: a launch before any deploy, a host the inventory does not have, bad input
     assert s.run("launch", "-i", inv, FULL, "--limit", "h01")[0] == 1
     assert s.run("facts", "-i", inv, "--limit", "nosuchhost")[0] == 2
@@ -80,7 +95,6 @@ def test_every_suggested_command_runs_as_printed(sb: Any, tmp_path: Path,  # noq
     assert s.run("deploy", "-i", inv, FULL, "--limit", "h01")[0] == 0
     moved = yaml.safe_load(inv.read_text())
     moved["hosts"]["h01"]["state_dir"] = str(tmp_path / "elsewhere")
-    inv2 = tmp_path / "inv-moved.yaml"
     inv2.write_text(yaml.safe_dump(moved))
     s.run("status", "-i", inv2, "--limit", "h01")
     s.run("status", "-i", inv2, FULL, "--limit", "h01")
@@ -97,8 +111,6 @@ def test_every_suggested_command_runs_as_printed(sb: Any, tmp_path: Path,  # noq
         if code == 2 or "Usage:" in text or "no inventory given" in text:
             step = next(st for st, c in s.said if c == cmd)
             bad.append(f"{cmd!r} (suggested by 'fleetctl {step}'): exit {code}: {text.strip()[-300:]}")
-    main(["stop", "-i", str(inv)])
-    main(["rollback", "-i", str(inv)])
     print(f"{len(said)} suggested commands run:", *said, sep="\n  ")
     assert not bad, "\n".join(bad)
 
