@@ -192,7 +192,8 @@ def adaptive_copy(tmp_path: Path, versions: tuple[str, ...], flags: dict[str, An
     return tmp_path
 
 
-def test_patch_check_shows_the_state_files_per_release(capsys: pytest.CaptureFixture[str]) -> None:
+def test_patch_check_shows_the_state_files_per_release(capsys: pytest.CaptureFixture[str],
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     pb = load_playbook(ADAPTIVE)
     data = (ADAPTIVE / "files" / "adaptive.json").read_bytes()
     code, doc = cli(capsys, "patch", "check", ADAPTIVE)
@@ -205,7 +206,9 @@ def test_patch_check_shows_the_state_files_per_release(capsys: pytest.CaptureFix
     assert doc["message"] == (f"patch check: adaptive-spec passes on {len(pb.versions)} release(s): 0 of 0 package "
                               f"file(s) ok; {len(pb.versions)} of {len(pb.versions)} state file check(s) ok "
                               "(1 file(s) shipped as-is on every release)")
-    # the table a person reads: one row per release, and the verdict
+    # the table a person reads: one row per release, and the verdict (on a terminal wide enough that
+    # no cell is folded: off a terminal tables fit 80 columns)
+    monkeypatch.setenv("COLUMNS", "250")
     capsys.readouterr()
     assert main(["patch", "check", str(ADAPTIVE), "--sglang", "0.5.23"]) == 0
     out = capsys.readouterr().out
