@@ -179,8 +179,8 @@ def render_verify(rows: list[HostVerify], markers: list[str]) -> None:
         say(out, styled("FAIL", "red"), " ", _instances_label(hosts, names[key]), ":", indent=4)
         for p in problems:
             say(out, f"  - {p}", indent=4)
-        for e in explanation:
-            say(out, f"    why: {e}", indent=8)
+        for e in explanation:  # (an entry that names its own kind, 'why: ...' / 'maybe: ...', keeps it)
+            say(out, f"    {e}" if e.startswith(("why: ", "maybe: ")) else f"    why: {e}", indent=8)
         for ln in collapse_ranks(list(forbidden)):  # a line each rank logged: once
             out.print(line(f"    | {ln}"))
         if tail:
