@@ -7,7 +7,7 @@
 
 `ok` at the top is true exactly when the command exits 0. `summary` holds counts only (integers,
 and the per-state counts under "states"); the human sentence is `message`. Stdlib only: the CLI's
-start-up stays light.
+start-up stays light. The host rows come from fleetctl/model/result.py (HostResult.row).
 """
 
 from __future__ import annotations
@@ -15,20 +15,16 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from fleetctl.model.result import HostResult, host_row
+
+__all__ = ["HostResult", "counts", "envelope", "host_row", "rows"]
+
 emitted = False  # this process printed its JSON document (cli.main prints one for an error otherwise)
 
 
-def host_row(row: Mapping[str, Any], *, ok: bool, state: str | None = None, message: str | None = None,
-             host: str | None = None) -> dict[str, Any]:
-    """One host's entry: host, ok, state, message first, then the row's own fields (kept as they are).
-
-    state defaults to the row's "status"; message to its "message", else its "reason"."""
-    extra = {k: v for k, v in row.items() if k not in ("host", "ok", "state", "message")}
-    st = state if state is not None else row.get("status")
-    msg = message if message is not None else row.get("message", row.get("reason"))
-    state_ = str(st if st is not None else ("ok" if ok else "failed"))
-    return {"host": str(host if host is not None else row["host"]), "ok": bool(ok), "state": state_,
-            "message": str(msg) if msg else state_, **extra}  # never empty: at least the state
+def rows(results: Iterable[HostResult[Any]]) -> list[dict[str, Any]]:
+    """The host rows of results (HostResult.row: ok is the status's)."""
+    return [r.row() for r in results]
 
 
 def counts(hosts: Iterable[Mapping[str, Any]], **extra: int) -> dict[str, Any]:

@@ -18,7 +18,7 @@ if TYPE_CHECKING:  # rich: imported by the first call that renders (a --json run
     from fleetctl.runner import HostOutcome
     from fleetctl.safeconsole import SafeTable
 
-STATUS_STYLE = {"ok": "green", "failed": "red", "unreachable": "red", "skipped": "yellow"}
+STATUS_STYLE = {"ok": "green", "failed": "red", "unreachable": "red", "skipped": "yellow", "not-started": "yellow"}
 
 
 @contextmanager
@@ -60,7 +60,7 @@ def resolved(console: Console) -> Console:
 def summary_line(what: str, outcomes: Sequence[HostOutcome], elapsed: float) -> str:
     n = len(outcomes)
     parts = []
-    for st in ("ok", "failed", "unreachable", "skipped"):
+    for st in ("ok", "failed", "unreachable", "not-started"):
         c = sum(1 for o in outcomes if o.status == st)
         if c or st == "ok":
             parts.append(f"{c} {st}")
@@ -92,7 +92,7 @@ def status_cell(status: str) -> Text:
 def print_failures(console: Console, outcomes: Sequence[HostOutcome]) -> None:
     """One line per failed host, under the table: host, status, what, the fix."""
     for o in outcomes:
-        if not o.ok and o.status != "skipped":
+        if not o.ok and o.status != "not-started":
             console.print(line(styled(o.status, "red"), " ", o.message))
 
 

@@ -8,33 +8,16 @@ import time
 import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from fleetctl import events, runlog
 from fleetctl.config.hosts import Host, Inventory
 from fleetctl.errors import FleetctlError
+from fleetctl.model.result import HostResult
 from fleetctl.transport.base import RemoteError, Transport, Unreachable
 from fleetctl.transport.hostkeys import HostKeyError
 
-Status = Literal["ok", "failed", "unreachable", "skipped"]
-
-
-@dataclass
-class HostOutcome:
-    host: str
-    status: Status
-    message: str = ""
-    data: Any = None
-    elapsed: float = 0.0
-    detail: str | None = None  # traceback or remote stderr, shown with --debug
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "ok"
-
-    def to_json(self) -> dict[str, Any]:
-        return {"host": self.host, "status": self.status, "message": self.message,
-                "elapsed": round(self.elapsed, 3)}
+HostOutcome = HostResult[Any]  # what fn answered on a host (detail), or why it did not
 
 
 ProgressFn = Callable[[HostOutcome], None]
@@ -169,17 +152,17 @@ class Fleet:
         try:
             self._connect(host, conn)
             data = fn(conn)
-            out = HostOutcome(host.name, "ok", data=data)
+            out = HostOutcome(host.name, "ok", detail=data)
         except (Unreachable, HostKeyError) as e:
             out = HostOutcome(host.name, "unreachable", conn.aborted or e.line())
         except RemoteError as e:
             out = HostOutcome(host.name, "unreachable" if e.kind == "timeout" else "failed",
-                              conn.aborted or e.line(), detail=e.detail)
+                              conn.aborted or e.line(), debug=e.detail)
         except FleetctlError as e:
             out = HostOutcome(host.name, "failed", conn.aborted or e.line())
         except Exception as e:  # a bug: report it on this host, keep going with the others
             out = HostOutcome(host.name, "failed", conn.aborted or f"internal error: {e.__class__.__name__}: {e}",
-                              detail=traceback.format_exc())
+                              debug=traceback.format_exc())
         if conn.aborted and out.ok:  # cut off just as it finished: it did finish
             conn.aborted = None
         elif conn.aborted:
@@ -263,7 +246,7 @@ class Fleet:
             for i, host in enumerate(targets):
                 if i not in results:
                     self.not_started.add(host.name)
-                    finish(i, HostOutcome(host.name, "skipped", NOT_STARTED))
+                    finish(i, HostOutcome(host.name, "not-started", NOT_STARTED))
         return [results[i] for i in range(len(targets))]
 
     def accepted_keys(self) -> list[str]:

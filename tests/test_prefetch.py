@@ -86,7 +86,7 @@ def test_the_run_uses_the_prefetched_connection(sandbox: Sandbox) -> None:
         opened = {name: c._conn for name, c in fleet._conns.items()}  # type: ignore[attr-defined]
         assert set(opened) == set(sandbox.hosts) and all(c is not None for c in opened.values())
         outs = fleet.run(_echo)
-        assert [o.status for o in outs] == ["ok"] * len(sandbox.hosts) and outs[0].data == b"hi\n"
+        assert [o.status for o in outs] == ["ok"] * len(sandbox.hosts) and outs[0].detail == b"hi\n"
         assert {name: c._conn for name, c in fleet._conns.items()} == opened  # type: ignore[attr-defined]
 
 

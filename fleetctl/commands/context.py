@@ -267,9 +267,9 @@ def print_debug_details(ctx: RunContext, outcomes: list) -> None:
     if not ctx.debug:
         return
     for o in outcomes:
-        if getattr(o, "detail", None):
+        if getattr(o, "debug", None):
             err.print(line(f"--- {o.host} detail ---"))
-            err.print(safe(o.detail, multiline=True, limit=DETAIL_LIMIT))
+            err.print(safe(o.debug, multiline=True, limit=DETAIL_LIMIT))
 
 
 T = TypeVar("T")

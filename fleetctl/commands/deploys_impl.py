@@ -276,11 +276,11 @@ def status(*, playbook: Path | None, inventory: Path | None, limit: str | None, 
         outs = _tick_run(ctx, "facts", lambda: ctx.fleet.run(
             lambda c: read_facts(c, extra_files=extra, with_=[WITH_STATE, WITH_SERVERS, WITH_DISCOVER], gpus=False,
                                  payload=reqs[c.host.name], profile=pb.launch if pb else None)))
-        gathered = Gathered({o.host: o.data for o in outs if o.ok}, {o.host: o for o in outs})
+        gathered = Gathered({o.host: o.detail for o in outs if o.ok}, {o.host: o for o in outs})
         plan = build_plan(ctx.fleet, pb, gathered, allow_uncovered=True) if pb else None
         rows = status_rows(ctx.fleet.hosts, gathered, plan)
-        servers = [s for o in outs if o.ok for s in server_status_facts(o.host, o.data)]
-        found = {o.host: servers_from_facts(o.host, o.data, reqs[o.host]) for o in outs if o.ok}
+        servers = [s for o in outs if o.ok for s in server_status_facts(o.host, o.detail)]
+        found = {o.host: servers_from_facts(o.host, o.detail, reqs[o.host]) for o in outs if o.ok}
         if pb is not None:  # which worker the launch will run vs what the playbook patches
             from fleetctl.patched_worker import host_coverage
 
@@ -297,7 +297,7 @@ def status(*, playbook: Path | None, inventory: Path | None, limit: str | None, 
 
             for o in ctx.fleet.run(main_process_health, mains):
                 r = next(x for x in rows if x["host"] == o.host)
-                r["main_process"] = o.data if o.ok else {"healthy": False, "problems": [o.message]}
+                r["main_process"] = o.detail if o.ok else {"healthy": False, "problems": [o.message]}
                 r["problems"] += r["main_process"]["problems"]
                 mp = r["main_process"]
                 if mp["healthy"]:

@@ -122,16 +122,16 @@ def render_facts(outcomes: list, all_files: bool) -> None:
     keyed: list[tuple[str, tuple[object, ...]]] = []
     for o in outcomes:
         if o.ok:
-            lines = _facts_lines(o.data, all_files)
+            lines = _facts_lines(o.detail, all_files)
             keyed.append((o.host, ("ok", tuple((k, v.plain) for k, v in lines))))
         else:
             keyed.append((o.host, (o.status, strip_host(o.host, o.message))))
-    shown: dict[str, tuple[tuple[str, Text], ...]] = {o.host: _facts_lines(o.data, all_files)
+    shown: dict[str, tuple[tuple[str, Text], ...]] = {o.host: _facts_lines(o.detail, all_files)
                                                        for o in outcomes if o.ok}
     for hosts, (st, _) in group(keyed):
         if st != "ok":
             continue
-        data = next(o.data for o in outcomes if o.host == hosts[0])
+        data = next(o.detail for o in outcomes if o.host == hosts[0])
         say(out, styled(hosts_label(hosts), "bold"), ": ",
             styled("MISMATCH", "red") if data.package_dir_mismatch else status_cell("ok"))
         for label, value in shown[hosts[0]]:
@@ -152,14 +152,14 @@ def facts(*, inventory: Path | None, limit: str | None, forks: int, files: bool,
         summary = summary_line("facts", outcomes, elapsed)
         # a package dir the inventory pins that the launch does not import: deploy would patch files the
         # server never loads (with a playbook, explain and deploy refuse it): the host fails here too
-        mismatch = [o for o in outcomes if o.ok and o.data.package_dir_mismatch]
+        mismatch = [o for o in outcomes if o.ok and o.detail.package_dir_mismatch]
         if mismatch:
             summary += f"; {len(mismatch)} host(s) whose {engine().dir_key} is not what the launch imports"
         ok = all(o.ok for o in outcomes) and not mismatch
         if json_out:
             emit_json("facts", ok=ok, message=summary,
-                      hosts=[host_row({**o.to_json(), "facts": o.data.to_json() if o.ok else None,
-                                       **({"message": o.data.package_dir_mismatch} if o in mismatch else {})},
+                      hosts=[host_row({**o.head(), "facts": o.detail.to_json() if o.ok else None,
+                                       **({"message": o.detail.package_dir_mismatch} if o in mismatch else {})},
                                       ok=o.ok and o not in mismatch,
                                       **({"state": "mismatch"} if o in mismatch else {}))
                              for o in outcomes],

@@ -19,9 +19,9 @@ def add_probe_answers(ctx: Any, pb: Playbook, gathered: Any, rows: list[dict[str
         if o is None:
             continue
         if o.ok:
-            r["probe"] = o.data
+            r["probe"] = o.detail
             notes = r.setdefault("notes", [])
             notes.extend(f"probe {p['instance']}: {p['line']}" + (
                 f" (asked with the playbook's {', '.join(p['overlay'])} as deploy writes them)" if p.get("overlay")
-                else "") for p in o.data)
+                else "") for p in o.detail)
         r["refused"] = r.get("refused") or refusal(o)

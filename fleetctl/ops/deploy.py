@@ -74,7 +74,7 @@ def gather(fleet: Fleet, playbook: Playbook | None, *, all_hashes: bool = False,
         return read_facts(c, **kw)
 
     outs = fleet.run(one)
-    g = Gathered({o.host: o.data for o in outs if o.ok}, {o.host: o for o in outs}, seals=checks)
+    g = Gathered({o.host: o.detail for o in outs if o.ok}, {o.host: o for o in outs}, seals=checks)
     if probe and playbook is not None:
         from fleetctl.ops.probe import ask_hosts
 
@@ -254,7 +254,7 @@ def _plan_probe(hp: HostPlan, probed: HostOutcome | None) -> None:
     if why:
         hp.status, hp.reason = "refused", why
     elif hp.coverage is not None:  # the answers show with "(worker that will run)"
-        said = "; ".join(f"probe {p['instance']}: {p['line']}" for p in probed.data)
+        said = "; ".join(f"probe {p['instance']}: {p['line']}" for p in probed.detail)
         hp.coverage = dataclasses.replace(hp.coverage, reason=f"{hp.coverage.reason}; {said}")
 
 
@@ -454,7 +454,7 @@ def apply_plan(fleet: Fleet, plan: Plan, playbook: Playbook, op_id: str, *, vali
     targets = [h for h in fleet.hosts if h.name in todo]
     for o in fleet.run(one, targets):
         if o.ok:
-            r = o.data
+            r = o.detail
         else:
             r = HostApply(o.host, o.status, o.message)
         r.elapsed = o.elapsed

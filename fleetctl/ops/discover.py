@@ -155,7 +155,7 @@ def discover_fleet(fleet: Fleet, playbook: Playbook | None = None, hosts: list[H
         return servers_from_facts(conn.host.name, read_facts(conn, request=full), req)
 
     outs = fleet.run(one, hosts)
-    return [o.data if o.ok else HostServers(o.host, o.status, o.message) for o in outs]
+    return [o.detail if o.ok else HostServers(o.host, o.status, o.message) for o in outs]
 
 
 @dataclass

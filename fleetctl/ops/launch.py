@@ -621,7 +621,7 @@ def check_fleet(fleet: Fleet, pb: Playbook, *, replace: bool = False, drop_unkno
     res = []
     for o in outs:
         if o.ok:
-            res.append(o.data)
+            res.append(o.detail)
         else:
             lp = LaunchPlan(o.host, "unreachable" if o.status == "unreachable" else "failed", o.message,
                             instances=_starts(insts_by_host[o.host]))
@@ -646,7 +646,7 @@ def launch_fleet(fleet: Fleet, pb: Playbook, *, replace: bool = False, timeout: 
     results = []
     for o, h in zip(outs, targets, strict=True):
         if o.ok:
-            r: HostLaunch = o.data
+            r: HostLaunch = o.detail
         else:
             r = HostLaunch(o.host, o.status, o.message,
                            instances=[InstanceLaunch(h.name, i.name, i.port, list(i.gpus), "failed", o.message)
@@ -700,7 +700,7 @@ def stop_fleet(fleet: Fleet, *, names: list[str] | None = None, timeout: float =
         if not o.ok:
             res.append(HostStop(o.host, o.status, o.message))
             continue
-        stopped: ServerStopAnswer = o.data
+        stopped: ServerStopAnswer = o.detail
         bad = [s for s in stopped if s.action == "still running"]
         n = sum(1 for s in stopped if s.action == "stopped")
         res.append(HostStop(o.host, "failed" if bad else "ok",
@@ -765,4 +765,4 @@ def server_status_facts(host: Host | str, facts: HostFacts | ServersFacts | None
 def status_fleet(fleet: Fleet) -> list[tuple[str, str, str, list[dict[str, Any]]]]:
     """(host, status, message, rows) per host, for a `servers` listing."""
     outs = fleet.run(lambda c: read_facts(c, gpus=False, with_=[names.WITH_SERVERS]))
-    return [(o.host, o.status, o.message, server_status_facts(o.host, o.data) if o.ok else []) for o in outs]
+    return [(o.host, o.status, o.message, server_status_facts(o.host, o.detail) if o.ok else []) for o in outs]

@@ -63,7 +63,7 @@ def refusal(outcome: HostOutcome) -> str | None:
     if not outcome.ok:
         return f"{COULD_NOT}: {outcome.message}"
     disagree = engine().probe_disagree
-    for p in outcome.data:
+    for p in outcome.detail:
         if p["agrees"] is False:
             return p["line"] if p["line"].startswith(disagree) else f"{disagree}: {p['line']}"
         if p["agrees"] is None and (p["probe"] is None or p["probe"]["failed"]):

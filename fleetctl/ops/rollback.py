@@ -304,7 +304,7 @@ def apply_rollback(fleet: Fleet, plans: list[RollbackPlan], op_id: str, force: b
                 "notes": res.notes, "detail": to_json(res.rollbacks)}
 
     for o in fleet.run(one, [h for h in fleet.hosts if h.name in todo]):
-        results[o.host] = o.data if o.ok else {"host": o.host, "status": o.status, "message": o.message}
+        results[o.host] = o.detail if o.ok else {"host": o.host, "status": o.status, "message": o.message}
     for n, p in riders.items():
         own = results.get(p.tree_owner or "")
         if own is None:

@@ -585,10 +585,10 @@ def verify_fleet(fleet: Fleet, pb: Playbook) -> list[HostVerify]:
     res = []
     for o in outs:
         if o.ok:
-            hv = HostVerify(o.host, "ok", instances=o.data)
-            bad = [i for i in o.data if not i.ok]
-            hv.message = (f"{len(bad)} of {len(o.data)} instance(s) failed" if bad
-                          else f"{len(o.data)} instance(s) verified")
+            hv = HostVerify(o.host, "ok", instances=o.detail)
+            bad = [i for i in o.detail if not i.ok]
+            hv.message = (f"{len(bad)} of {len(o.detail)} instance(s) failed" if bad
+                          else f"{len(o.detail)} instance(s) verified")
             if bad:
                 hv.status = "failed"
         else:

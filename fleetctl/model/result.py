@@ -1,0 +1,88 @@
+"""One host's result, for every operation: `HostResult[T]`.
+
+The words a host's status can be are spelled here once (`Status`), with which of them count as ok
+(`OK_STATES`); each operation keeps only its own typed detail `T` (a deploy's files and id, a launch's
+instances, ...). The --json host row (docs/json.md) is made here too, from the result, so every
+command's rows have the same head: host, ok, state, message, status, then the detail's own fields.
+Stdlib only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Generic, Literal, TypeVar, get_args
+
+Status = Literal[
+    # a host that did what was asked
+    "ok",  # a read or a check answered; a launch ready; a batch that went through
+    "changed",  # files (or servers) were changed
+    "unchanged",  # already as asked: nothing to change
+    "skipped",  # nothing asked of this host (not selected by --to, its tree handled by another host)
+    # a plan's decision for a host that can go ahead (--check shows it)
+    "change", "noop", "start",
+    # a host that did not
+    "refused",  # decided against before anything changed (drift, a lock, an uncovered worker, ...)
+    "failed",  # an error on the host
+    "unreachable",  # no connection
+    "not-started",  # interrupted (Ctrl-C) before its turn
+    "rolled-back",  # --restart: its batch broke the budget and was rolled back
+    "untouched",  # --restart: a later batch, not started after one broke the budget
+    "problems",  # status: reachable, with problems
+]
+STATES: tuple[str, ...] = get_args(Status)
+OK_STATES = frozenset({"ok", "changed", "unchanged", "skipped", "change", "noop", "start"})
+# a host that answered nothing useful: no detail from it
+NO_ANSWER = frozenset({"failed", "unreachable", "not-started"})
+
+
+T = TypeVar("T")
+
+
+@dataclass
+class HostResult(Generic[T]):
+    """What one operation did, or decided, on one host: the host, its status, one human line, the
+    operation's own detail, seconds spent."""
+
+    host: str
+    status: Status
+    message: str = ""
+    detail: T = None  # type: ignore[assignment]  # the operation's own; None where the host gave none
+    elapsed: float = 0.0
+    debug: str | None = field(default=None, repr=False)  # traceback or remote stderr, shown with --debug
+
+    @property
+    def ok(self) -> bool:
+        return self.status in OK_STATES
+
+    def head(self) -> dict[str, Any]:
+        """host, status, message, elapsed: what every result says, whatever its detail."""
+        return {"host": self.host, "status": self.status, "message": self.message, "elapsed": round(self.elapsed, 3)}
+
+    def fields(self) -> dict[str, Any]:
+        """The detail's own JSON fields: its to_json() ({} for a detail without one: a raw answer)."""
+        to_json = getattr(self.detail, "to_json", None)
+        return dict(to_json()) if to_json is not None else {}
+
+    def to_json(self) -> dict[str, Any]:
+        """host, status, message, the detail's fields, elapsed: the row recorded in the ledger and run log."""
+        head = self.head()
+        elapsed = head.pop("elapsed")
+        return {**head, **self.fields(), "elapsed": elapsed}
+
+    def row(self, *, ok: bool | None = None, message: str | None = None) -> dict[str, Any]:
+        """The --json host row (docs/json.md): host, ok, state, message, then status and the rest."""
+        return host_row(self.to_json(), ok=self.ok if ok is None else ok, state=self.status, message=message)
+
+
+def host_row(row: Mapping[str, Any], *, ok: bool, state: str | None = None, message: str | None = None,
+             host: str | None = None) -> dict[str, Any]:
+    """One host's --json entry from a plain row: host, ok, state, message first, then the row's own
+    fields (kept as they are). state defaults to the row's "status"; message to its "message", else
+    its "reason"; never empty: at least the state."""
+    extra = {k: v for k, v in row.items() if k not in ("host", "ok", "state", "message")}
+    st = state if state is not None else row.get("status")
+    msg = message if message is not None else row.get("message", row.get("reason"))
+    state_ = str(st if st is not None else ("ok" if ok else "failed"))
+    return {"host": str(host if host is not None else row["host"]), "ok": bool(ok), "state": state_,
+            "message": str(msg) if msg else state_, **extra}
