@@ -182,13 +182,13 @@ def _root(
 def _print_traceback() -> None:
     import traceback
 
-    from fleetctl.safetext import DETAIL_LIMIT, clean
+    from fleetctl.ui.safetext import DETAIL_LIMIT, clean
 
     sys.stderr.write(clean(traceback.format_exc(), limit=DETAIL_LIMIT) + "\n")
 
 
 def _clean(x: object) -> str:
-    from fleetctl.safetext import clean
+    from fleetctl.ui.safetext import clean
 
     return clean(x, multiline=False)
 
@@ -221,7 +221,7 @@ def _error_envelope(args: list[str], code: int, tee: _Tee) -> None:
     envelope saying so, so a script reading stdout always gets one (docs/json.md)."""
     import json
 
-    from fleetctl.jsonout import envelope
+    from fleetctl.ui.jsonout import envelope
 
     words = [a for a in args if not a.startswith("-")]
     command = " ".join(words[:2]) if words[:1] in (["patch"], ["sandbox"]) else (words[0] if words else "fleetctl")
@@ -238,9 +238,9 @@ def main(argv: list[str] | None = None) -> int:
     want_json = "--json" in args
     tee = None
     if want_json:
-        import fleetctl.jsonout
+        import fleetctl.ui.jsonout
 
-        fleetctl.jsonout.emitted = False
+        fleetctl.ui.jsonout.emitted = False
         tee = _Tee(sys.stderr)
         sys.stderr = tee  # type: ignore[assignment]
     try:
@@ -249,9 +249,9 @@ def main(argv: list[str] | None = None) -> int:
         if tee is not None:
             sys.stderr = tee.real
     if tee is not None and code != 0:
-        import fleetctl.jsonout
+        import fleetctl.ui.jsonout
 
-        if not fleetctl.jsonout.emitted:
+        if not fleetctl.ui.jsonout.emitted:
             _error_envelope(args, code, tee)
             sys.stdout.flush()
     return code
@@ -259,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(args: list[str]) -> int:
     debug = "--debug" in args
-    from fleetctl import suggest
+    from fleetctl.ui import suggest
 
     suggest.set_from_argv(args)
     try:

@@ -1,7 +1,7 @@
 """Issue 11, defect 2: no text from a host (or an inventory/playbook value) is ever parsed as rich
 markup or emoji codes, and control characters reach the terminal only escaped.
 
-Unit part: the helper (fleetctl/safetext.py) on every corpus item, the SafeConsole/SafeTable, the
+Unit part: the helper (fleetctl/ui/safetext.py) on every corpus item, the SafeConsole/SafeTable, the
 CLI's error lines and `history` (local ledger). Fleet part: a real sshd sandbox whose hosts print
 the corpus (a login-script line on stdout, one on stderr), hold a lock written with the corpus,
 run a launch command that logs it, with a playbook whose name and markers are corpus strings;
@@ -21,7 +21,7 @@ import pytest
 from rich.text import Text
 
 from fleetctl.cli import main
-from fleetctl.safetext import CELL_LIMIT, SafeConsole, clean, line, safe, styled, table, unsafe_char
+from fleetctl.ui.safetext import CELL_LIMIT, SafeConsole, clean, line, safe, styled, table, unsafe_char
 
 ESC = "\x1b"
 LONG = "L" * 20000 + "[/x]" + ESC + "[31m"
@@ -130,7 +130,7 @@ def test_safe_console_on_a_terminal_writes_only_its_own_styles() -> None:
 
 
 def test_table_cells_keep_one_value_on_one_line() -> None:
-    from fleetctl.safetext import lines_cell
+    from fleetctl.ui.safetext import lines_cell
 
     t = table(None, ["a", "b", "c"])
     t.add_row("host\nforged row", lines_cell(["one\ntwo", "three"]), Text("ours\nmeant"))
@@ -149,7 +149,7 @@ def test_markup_passed_explicitly_is_still_literal() -> None:
 
 
 def test_progress_bar_with_hostile_description() -> None:
-    from fleetctl.render import host_progress
+    from fleetctl.ui.render import host_progress
 
     buf = io.StringIO()
     c = SafeConsole(file=buf, width=100, force_terminal=True)
@@ -343,14 +343,14 @@ def test_every_command_shows_hostile_host_text_escaped(fresh_sandbox, tmp_path: 
 
 def test_sources_print_only_through_the_safe_console() -> None:
     """A guard for new code: no rich markup in string literals (it would now print literally), and
-    no Console/Table/Progress text column built outside fleetctl/safetext.py and render.py."""
+    no Console/Table/Progress text column built outside fleetctl/ui/safetext.py and ui/render.py."""
     root = Path(__file__).resolve().parent.parent / "fleetctl"
     markup = re.compile(r"\[/?(bold|red|green|yellow|cyan|white|dim|italic|link)[^\]\n]*\]|\[/\]")
     raw = re.compile(r"\b(Console|Table|Progress)\(")
     bad = []
     for p in sorted(root.rglob("*.py")):
         rel = p.relative_to(root).as_posix()
-        if rel.startswith("remote/") or rel in ("safetext.py", "render.py"):
+        if rel.startswith("remote/") or rel in ("ui/safetext.py", "ui/render.py"):
             continue
         for n, ln in enumerate(p.read_text().splitlines(), 1):
             if markup.search(ln) or raw.search(ln):

@@ -1,4 +1,4 @@
-"""Issue 16.8: every command's --json document is the one envelope (fleetctl/jsonout.py) and validates
+"""Issue 16.8: every command's --json document is the one envelope (fleetctl/ui/jsonout.py) and validates
 against its JSON Schema in docs/schemas/ (draft 2020-12), run on a real sshd sandbox."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from referencing.jsonschema import DRAFT202012
 from test_launch import FULL, make_inventory, stop_all_local
 
 from fleetctl.cli import main
-from fleetctl.jsonout import counts, envelope, host_row
+from fleetctl.ui.jsonout import counts, envelope, host_row
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMAS = ROOT / "docs" / "schemas"

@@ -51,7 +51,7 @@ def test_json_with_bad_input_prints_the_error_envelope(args: list[str], capsys: 
 
 
 def test_no_envelope_message_is_empty() -> None:
-    from fleetctl.jsonout import envelope, host_row
+    from fleetctl.ui.jsonout import envelope, host_row
 
     rows = [host_row({"host": "h01", "status": "unchanged", "message": ""}, ok=True),
             host_row({"host": "h02", "status": "changed"}, ok=True)]

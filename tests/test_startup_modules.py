@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PB = str(ROOT / "playbooks" / "dynamic-spec-disable")
 
 # never imported by a --json run that reaches its hosts directly
-NOT_WITH_JSON = ("rich", "fabric", "invoke", "unittest", "asyncio", "fleetctl.safeconsole")
+NOT_WITH_JSON = ("rich", "fabric", "invoke", "unittest", "asyncio", "fleetctl.ui.safeconsole")
 # never imported by --version either
 NOT_WITH_VERSION = (*NOT_WITH_JSON, "paramiko", "pydantic", "yaml", "packaging", "cryptography",
                     "fleetctl.config", "fleetctl.transport", "fleetctl.commands.deploys")

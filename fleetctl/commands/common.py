@@ -16,7 +16,7 @@ import typer
 from fleetctl.errors import InputError
 
 if TYPE_CHECKING:  # rich is imported when a command first prints (issue 16.10)
-    from fleetctl.safetext import SafeConsole
+    from fleetctl.ui.safetext import SafeConsole
 
     out: SafeConsole
     err: SafeConsole
@@ -116,10 +116,10 @@ def fleet_options(fn: Callable[..., None]) -> Callable[..., None]:
 
 # stdout carries results (tables or the JSON document); stderr carries progress and errors.
 # SafeConsole: strings are never parsed as markup or emoji codes and control characters are shown
-# escaped (fleetctl/safetext.py); our own styling is passed as rich Text.
+# escaped (fleetctl/ui/safetext.py); our own styling is passed as rich Text.
 # A terminal (or COLUMNS set) gets tables fitted to its width and prose wrapped at spaces (issue 16.7).
 def _console(stderr: bool) -> SafeConsole:
-    from fleetctl.safetext import SafeConsole
+    from fleetctl.ui.safetext import SafeConsole
 
     c = SafeConsole(stderr=stderr, highlight=False, soft_wrap=True)
     if not c.is_terminal and not os.environ.get("COLUMNS", "").isdigit():
@@ -177,13 +177,13 @@ JSON_RUN: JsonRun | None = None
 
 def emit_json(command: str, *, ok: bool, hosts: list[dict[str, Any]] | None = None, op_id: str | None = None,
               message: str | None = None, summary: dict[str, int] | None = None, **extra: Any) -> None:
-    """Print the command's one JSON document: the envelope of fleetctl/jsonout.py (docs/json.md).
+    """Print the command's one JSON document: the envelope of fleetctl/ui/jsonout.py (docs/json.md).
     Every value stays raw: json.dumps escapes control characters (and, with ensure_ascii, everything
     outside ASCII) itself, so nothing is interpreted by a terminal."""
-    import fleetctl.jsonout
-    from fleetctl.jsonout import envelope
+    import fleetctl.ui.jsonout
+    from fleetctl.ui.jsonout import envelope
 
-    fleetctl.jsonout.emitted = True
+    fleetctl.ui.jsonout.emitted = True
     run = JSON_RUN
     if run is not None:
         run.emitted = True
@@ -193,7 +193,7 @@ def emit_json(command: str, *, ok: bool, hosts: list[dict[str, Any]] | None = No
             message = f"interrupted (Ctrl-C): {message}" if message and not message.startswith("interrupted") \
                 else (message or "interrupted (Ctrl-C)")
 
-    from fleetctl.suggest import complete_doc
+    from fleetctl.ui.suggest import complete_doc
 
     doc = complete_doc(envelope(command, ok=ok, hosts=hosts, op_id=op_id, message=message, summary=summary, **extra))
     sys.stdout.write(json.dumps(doc, indent=2, sort_keys=False, default=str) + "\n")

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from fleetctl.commands import common
 from fleetctl.commands.common import err, require_inventory
 from fleetctl.errors import EXIT_INTERRUPTED, Interrupted
-from fleetctl.safetext import DETAIL_LIMIT, line, safe
+from fleetctl.ui.safetext import DETAIL_LIMIT, line, safe
 
 if TYPE_CHECKING:  # imported when a command reaches its hosts (issue 16.10)
     from fleetctl.config.hosts import Inventory
@@ -144,7 +144,7 @@ def playbook_fleet(playbook: Path, inventory: Path | None, limit: str | None, fo
         from fleetctl.config.playbook import load_playbook
 
         load_playbook(playbook)  # raises its one line
-    from fleetctl import suggest
+    from fleetctl.ui import suggest
 
     suggest.playbook = str(playbook)
     with fleet_context(inventory, limit, forks, json=json, debug=debug, command=command,
@@ -277,7 +277,7 @@ T = TypeVar("T")
 
 def run_with_progress(ctx: RunContext, what: str, fn: Callable[[], T]) -> T:
     """Run fn with a live 'hosts done / failed' bar on stderr (not with --json, not off a terminal)."""
-    from fleetctl.render import host_progress
+    from fleetctl.ui.render import host_progress
 
     if ctx.fleet.interrupt.is_set():  # after a Ctrl-C no later step starts on any host: the report
         raise Interrupted(f"interrupted before {what}")  # (fleet_context) says what each host did

@@ -29,12 +29,12 @@ from fleetctl.commands.deploys_view import (
 )
 from fleetctl.engine import engine
 from fleetctl.errors import EXIT_FAILED, EXIT_OK, InputError
-from fleetctl.hostnames import group, strip_host
-from fleetctl.jsonout import host_row
 from fleetctl.ledger import Ledger
 from fleetctl.ops.record import Recorded
-from fleetctl.render import hosts_cell, table
-from fleetctl.safetext import line, lines_cell, styled
+from fleetctl.ui.hostnames import group, strip_host
+from fleetctl.ui.jsonout import host_row
+from fleetctl.ui.render import hosts_cell, table
+from fleetctl.ui.safetext import line, lines_cell, styled
 
 if TYPE_CHECKING:
     from fleetctl.config.playbook_model import Playbook
@@ -52,8 +52,8 @@ def _playbook_name(path: str | None) -> str:
 def _load_playbook(path: Path) -> Playbook:
     """(pydantic and the playbook models are imported only by a command given a playbook, whose
     playbook was not loaded before from the same inputs: config/playbook_cache.py)"""
-    from fleetctl import suggest
     from fleetctl.config import playbook_cache
+    from fleetctl.ui import suggest
 
     suggest.playbook = str(path)
     return playbook_cache.load(path)
@@ -414,7 +414,7 @@ def history(*, op_id: str | None, limit_rows: int, json_out: bool) -> None:
                           message=f"{d['kind']} {d['id']}: {d['outcome'] or 'running'}",
                           operation={k: v for k, v in d.items() if k != "hosts"})
                 raise typer.Exit(0)
-            from fleetctl.suggest import quote
+            from fleetctl.ui.suggest import quote
 
             out.print(line(f"{d['kind']} {d['id']} by {d['user']}@{d['controller']} at {_ts(d['started'])}: "
                            f"{d['outcome'] or 'running'}"))

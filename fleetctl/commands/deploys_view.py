@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING, Any
 
 from fleetctl.commands.common import out
 from fleetctl.engine import engine
-from fleetctl.hostnames import group, hosts_label, strip_host
-from fleetctl.jsonout import host_row
-from fleetctl.render import hosts_cell, say, status_cell, table
-from fleetctl.safetext import line, styled
+from fleetctl.ui.hostnames import group, hosts_label, strip_host
+from fleetctl.ui.jsonout import host_row
+from fleetctl.ui.render import hosts_cell, say, status_cell, table
+from fleetctl.ui.safetext import line, styled
 
 if TYPE_CHECKING:
     from rich.text import Text

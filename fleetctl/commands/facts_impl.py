@@ -16,10 +16,10 @@ from fleetctl.commands.context import fleet_context, print_debug_details
 from fleetctl.engine import engine
 from fleetctl.errors import EXIT_FAILED, EXIT_OK
 from fleetctl.facts import HostFacts, read_facts
-from fleetctl.hostnames import group, hosts_label, strip_host
-from fleetctl.jsonout import host_row
-from fleetctl.render import host_progress, say, status_cell, summary_line
-from fleetctl.safetext import line, lines_cell, safe, styled
+from fleetctl.ui.hostnames import group, hosts_label, strip_host
+from fleetctl.ui.jsonout import host_row
+from fleetctl.ui.render import host_progress, say, status_cell, summary_line
+from fleetctl.ui.safetext import line, lines_cell, safe, styled
 
 if TYPE_CHECKING:  # rich: imported when the table is rendered (a --json run never does)
     from rich.text import Text

@@ -117,7 +117,7 @@ def check_cmd(
     else:
         from rich.text import Text
 
-        from fleetctl.safetext import table as safe_table
+        from fleetctl.ui.safetext import table as safe_table
 
         table = safe_table(f"patch check: {pb.name}", ("version", "file", "status", "detail"))
         for r in sorted([*results, *shipped], key=lambda r: versions.index(r.version)):

@@ -11,7 +11,7 @@ from fleetctl.commands import common
 from fleetctl.errors import FleetctlError
 
 if TYPE_CHECKING:  # rich: imported when a table is shown (issue 16.10)
-    from fleetctl.safetext import SafeTable
+    from fleetctl.ui.safetext import SafeTable
 
 sandbox_app = typer.Typer(help="A local fleet of real OpenSSH hosts on loopback: up, down, status.", no_args_is_help=True)
 
@@ -23,7 +23,7 @@ DirOpt = Annotated[
 
 
 def _table(*cols: str) -> SafeTable:
-    from fleetctl.safetext import SafeTable
+    from fleetctl.ui.safetext import SafeTable
 
     t = SafeTable(box=None, pad_edge=False, show_edge=False, header_style="bold")
     for c in cols:
@@ -63,7 +63,7 @@ def up(
                       busy_gpus=[b for b in busy_gpus.split(",") if b.strip()], progress=progress,
                       cpu_sglang=cpu_sglang, bare_shell=bare_shell, host_python=host_python)
     if json_out:
-        from fleetctl.jsonout import host_row
+        from fleetctl.ui.jsonout import host_row
 
         doc = sb.to_json()
         rows = [host_row({**j, "pid": h.pid}, ok=True, state="running", message="", host=h.name)
@@ -88,7 +88,7 @@ def up(
 
 
 def _restart_hint(dir: Path, names: list[str]) -> str:
-    from fleetctl.suggest import quote
+    from fleetctl.ui.suggest import quote
 
     return f"'fleetctl sandbox restart --dir {quote(str(dir))} {' '.join(names)}' starts {'it' if len(names) == 1 else 'them'} again"
 
@@ -105,7 +105,7 @@ def status(dir: DirOpt, json_out: common.JsonOpt = False) -> None:
     msg = f"{up_n}/{len(rows)} sshd running" + (f"; down: {', '.join(down)}: {_restart_hint(dir, down)}"
                                                 if down else "")
     if json_out:
-        from fleetctl.jsonout import host_row
+        from fleetctl.ui.jsonout import host_row
 
         hosts = [host_row(r.to_json(), ok=bool(r.alive and r.listening), host=r.name,
                           message="running" if r.alive and r.listening else _restart_hint(dir, [r.name]),
@@ -147,7 +147,7 @@ def restart(
     msg = (f"sandbox restart: {', '.join(f'{n} (pid {p})' for n, p in done)}" if done
            else "sandbox restart: every host is running")
     if json_out:
-        from fleetctl.jsonout import host_row
+        from fleetctl.ui.jsonout import host_row
 
         common.emit_json("sandbox restart", ok=True, message=msg, dir=str(Path(dir).resolve()),
                          hosts=[host_row({"pid": p}, ok=True, state="running", message=f"sshd pid {p}", host=n)

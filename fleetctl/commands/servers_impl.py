@@ -20,10 +20,10 @@ from fleetctl.commands.context import RunContext, fleet_context, playbook_fleet
 from fleetctl.commands.context import fmt_time as _ts
 from fleetctl.commands.context import run_with_progress as _tick_run
 from fleetctl.errors import EXIT_FAILED, EXIT_OK, InputError
-from fleetctl.hostnames import group, hosts_label, strip_host
-from fleetctl.jsonout import host_row
-from fleetctl.render import hosts_cell, say, status_cell, table
-from fleetctl.safetext import line, lines_cell, safe, styled
+from fleetctl.ui.hostnames import group, hosts_label, strip_host
+from fleetctl.ui.jsonout import host_row
+from fleetctl.ui.render import hosts_cell, say, status_cell, table
+from fleetctl.ui.safetext import line, lines_cell, safe, styled
 
 if TYPE_CHECKING:  # the playbook, the fleet and the transport: imported by the command that runs
     from rich.text import Text

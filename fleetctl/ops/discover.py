@@ -170,7 +170,7 @@ class RestartReminder:
     containers: dict[str, str] = field(default_factory=dict)
 
     def line(self, inventory: str, playbook: str | None) -> str:
-        from fleetctl.suggest import quote
+        from fleetctl.ui.suggest import quote
 
         cut = ""
         inv = quote(inventory)

@@ -7,16 +7,16 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from fleetctl.hostnames import host_ranges
-from fleetctl.safetext import clean, line, lines_cell, safe, styled
-from fleetctl.safetext import table as _safe_table
+from fleetctl.ui.hostnames import host_ranges
+from fleetctl.ui.safetext import clean, line, lines_cell, safe, styled
+from fleetctl.ui.safetext import table as _safe_table
 
 if TYPE_CHECKING:  # rich: imported by the first call that renders (a --json run never does)
     from rich.console import Console
     from rich.text import Text
 
     from fleetctl.runner import HostOutcome
-    from fleetctl.safeconsole import SafeTable
+    from fleetctl.ui.safeconsole import SafeTable
 
 STATUS_STYLE = {"ok": "green", "failed": "red", "unreachable": "red", "skipped": "yellow", "not-started": "yellow"}
 

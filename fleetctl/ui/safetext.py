@@ -14,7 +14,7 @@ every segment it writes, so a `Text` built by mistake from raw host bytes cannot
 terminal raw either. Our own styling is written as `Text` objects (`styled`, `line`).
 
 rich itself is imported on first use (a --json run never does): SafeConsole and SafeTable live in
-fleetctl/safeconsole.py and are handed out from here.
+fleetctl/ui/safeconsole.py and are handed out from here.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # rich is imported on the first call that builds output for a
     from rich.style import Style
     from rich.text import Text
 
-    from fleetctl.safeconsole import SafeConsole, SafeTable  # noqa: F401  (handed out by __getattr__)
+    from fleetctl.ui.safeconsole import SafeConsole, SafeTable  # noqa: F401  (handed out by __getattr__)
 
 CELL_LIMIT = 4096  # characters of one untrusted value shown in a table cell or line
 DETAIL_LIMIT = 1 << 16  # --debug details (remote tracebacks, stderr)
@@ -75,7 +75,7 @@ def clean(value: Any, *, multiline: bool = True, limit: int | None = None) -> st
     newlines and tabs (one line stays one line). `limit` cuts long values, saying how much was cut."""
     s = "" if value is None else value if isinstance(value, str) else str(value)
     if "'fleetctl " in s:  # a suggested command: made runnable as printed (suggest.py)
-        from fleetctl.suggest import complete
+        from fleetctl.ui.suggest import complete
 
         s = complete(s)
     cut = ""
@@ -137,7 +137,7 @@ def lines_cell(values: Iterable[Any]) -> Text:
 
 
 def table(title: Any, columns: Iterable[str], **kw: Any) -> SafeTable:
-    from fleetctl.safeconsole import SafeTable
+    from fleetctl.ui.safeconsole import SafeTable
 
     kw.setdefault("show_lines", False)
     kw.setdefault("header_style", "bold")
@@ -149,9 +149,9 @@ def table(title: Any, columns: Iterable[str], **kw: Any) -> SafeTable:
 
 
 def __getattr__(name: str) -> Any:
-    """SafeConsole and SafeTable (fleetctl/safeconsole.py), imported with rich on first use."""
+    """SafeConsole and SafeTable (fleetctl/ui/safeconsole.py), imported with rich on first use."""
     if name in ("SafeConsole", "SafeTable"):
-        from fleetctl import safeconsole
+        from fleetctl.ui import safeconsole
 
         return getattr(safeconsole, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

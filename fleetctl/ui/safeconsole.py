@@ -1,7 +1,7 @@
-"""The rich side of fleetctl/safetext.py: the console and table every command prints with.
+"""The rich side of fleetctl/ui/safetext.py: the console and table every command prints with.
 
 Imported only when output is rendered for a terminal or a log (a --json run never imports rich);
-fleetctl.safetext hands these out by name. See safetext.py for what they guarantee.
+fleetctl.ui.safetext hands these out by name. See safetext.py for what they guarantee.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 
-from fleetctl.safetext import as_text, clean, needs_cleaning
+from fleetctl.ui.safetext import as_text, clean, needs_cleaning
 
 
 class SafeTable(Table):
