@@ -53,11 +53,37 @@ def sha256(b: bytes) -> str:
 
 # ---- measuring one tool process ------------------------------------------------------------
 
-def measure(argv: list[str], *, env: dict[str, str], cwd: Path, log: Path) -> dict[str, Any]:
+def listener_cpu(pids: list[int]) -> float:
+    """CPU seconds the hosts' sshd listeners and every descendant they reaped have used (utime, stime,
+    cutime, cstime of /proc/PID/stat): a connection's sshd, its login shell and what that ran are
+    all reaped under the listener once they end. The difference over a run is the hosts' CPU."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as fh:
+                f = fh.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(f[11]) + int(f[12]) + int(f[13]) + int(f[14])
+    return total / tick
+
+
+def measure(argv: list[str], *, env: dict[str, str], cwd: Path, log: Path, phases: bool = False,
+            host_pids: list[int] | None = None) -> dict[str, Any]:
     """Run argv under bench/launch.py: wall seconds, CPU seconds (user+sys of the tool and its
-    reaped descendants, including processes it left behind), peak RSS of the tool's processes."""
+    reaped descendants, including processes it left behind), peak RSS of the tool's processes.
+    phases: argv is `PYTHON TOOL...`, run as `PYTHON bench/phases.py OUT TOOL...` (the per-host
+    timeline and the bytes each way; kept under "phases"). host_pids: the hosts' sshd listeners
+    (their CPU over the run: "host_cpu")."""
     fd, res = tempfile.mkstemp(prefix="bench-rusage-", suffix=".json")
     os.close(fd)
+    ph = None
+    if phases:
+        fd, ph = tempfile.mkstemp(prefix="bench-phases-", suffix=".json")
+        os.close(fd)
+        argv = [argv[0], str(BENCH / "phases.py"), ph, *argv[1:]]
+    hcpu = listener_cpu(host_pids) if host_pids else None
     try:
         with open(log, "ab") as fh:
             fh.write(("\n$ " + " ".join(argv) + "\n").encode())
@@ -66,10 +92,25 @@ def measure(argv: list[str], *, env: dict[str, str], cwd: Path, log: Path) -> di
             subprocess.run([sys.executable, "-S", str(BENCH / "launch.py"), res, "--", *argv], stdout=fh,
                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=cwd, check=True)
         r = json.loads(Path(res).read_text())
+        if hcpu is not None and host_pids:
+            hcpu = round(listener_cpu(host_pids) - hcpu, 2)
+        timeline = None
+        if ph is not None:
+            try:
+                timeline = json.loads(Path(ph).read_text())
+            except (OSError, ValueError):
+                timeline = None
     finally:
         os.unlink(res)
+        if ph is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(ph)
     m = {"wall": round(r["wall"], 3), "cpu": round(r["cpu"], 3), "maxrss_mb": round(r["maxrss_kb"] / 1024, 1),
          "rc": r["rc"]}
+    if hcpu is not None:
+        m["host_cpu"] = hcpu
+    if timeline is not None:
+        m["phases"] = phase_summary(timeline)
     if r["orphans_reaped"]:
         m["orphans_reaped"] = r["orphans_reaped"]
     if r["rc"] != 0:
@@ -94,6 +135,49 @@ def failure_lines(output: str, limit: int = 5) -> list[str]:
     if not lines:
         lines = [ln for ln in output.strip().splitlines() if ln.strip()][-limit:]
     return lines[:limit]
+
+
+def _pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else 0.0
+
+
+def phase_summary(doc: dict[str, Any]) -> dict[str, Any]:
+    """bench/phases.py's timeline, per phase: hosts that had it, calls per host, wall ms per host
+    (median, p90, max: the sum of a host's calls), controller CPU ms per host (the calling thread and
+    the host's transport thread, summed over hosts / hosts); the global steps (wall, process CPU ms);
+    bytes controller -> host and back per host (median, max)."""
+    per: dict[str, dict[str, list[float]]] = {}
+    for host, phase, s, e, cpu in doc.get("records", []):
+        d = per.setdefault(phase, {})
+        w = d.setdefault(host, [0.0, 0.0, 0])
+        w[0] += e - s
+        w[1] += cpu
+        w[2] += 1
+    phases: dict[str, Any] = {}
+    for phase, hosts in per.items():
+        walls = [v[0] * 1000 for v in hosts.values()]
+        phases[phase] = {"hosts": len(hosts), "calls_per_host": round(sum(v[2] for v in hosts.values()) / len(hosts), 2),
+                         "wall_ms_median": round(statistics.median(walls), 2), "wall_ms_p90": round(_pct(walls, 0.9), 2),
+                         "wall_ms_max": round(max(walls), 2),
+                         "cpu_ms_per_host": round(1000 * sum(v[1] for v in hosts.values()) / len(hosts), 3)}
+    glob: dict[str, Any] = {}
+    for phase, s, e, cpu in doc.get("globals", []):
+        g = glob.setdefault(phase, {"calls": 0, "wall_ms": 0.0, "cpu_ms": 0.0, "first_start_ms": round(1000 * s, 1)})
+        g["calls"] += 1
+        g["wall_ms"] = round(g["wall_ms"] + 1000 * (e - s), 2)
+        g["cpu_ms"] = round(g["cpu_ms"] + 1000 * cpu, 2)
+    starts = [s for _, phase, s, _, _ in doc.get("records", []) if phase in ("connect", "ssh-connect")]
+    sent = list(doc.get("sent", {}).values())
+    recv = list(doc.get("recv", {}).values())
+    out: dict[str, Any] = {"phases": phases, "globals": glob, "wrapped": len(doc.get("wrapped", [])),
+                           "wall_s": doc.get("wall"), "process_cpu_s": doc.get("process_cpu")}
+    if starts:
+        out["first_connect_ms"] = round(1000 * min(starts), 1)
+    if sent:
+        out["bytes_to_host"] = {"median": int(statistics.median(sent)), "max": max(sent), "hosts": len(sent)}
+        out["bytes_from_host"] = {"median": int(statistics.median(recv)) if recv else 0, "max": max(recv, default=0)}
+    return out
 
 
 # ---- the job ---------------------------------------------------------------------------------
@@ -201,7 +285,7 @@ def free_ports(n: int) -> list[int]:
 class Inputs:
     """Inventories and job files for size N (the sandbox's first N hosts)."""
 
-    def __init__(self, sb: Any, job: Job, hosts: list[Any], d: Path, ctl_dir: Path) -> None:
+    def __init__(self, sb: Any, job: Job, hosts: list[Any], d: Path, ctl_dir: Path, lean_workers: int = 0) -> None:
         d.mkdir(parents=True, exist_ok=True)
         self.dir = d
         n = len(hosts)
@@ -226,7 +310,7 @@ class Inputs:
         # lean paramiko push
         self.lean_job = d / "lean-job.json"
         self.lean_job.write_text(json.dumps({
-            "workers": n, "key": key, "known_hosts": kh, "user": user,
+            "workers": lean_workers or n, "key": key, "known_hosts": kh, "user": user,
             "hosts": [{"name": h.name, "port": h.port,
                        "files": [{"src": f["src"], "dest": str(h.sglang_dir / f["rel"]), "sha256": f["sha256"]}
                                  for f in job.files[h.version]]} for h in hosts]}, indent=1))
@@ -298,6 +382,10 @@ class Runner:
             say(f"  ! {len(bad)} host(s) not {want}: {bad[0]}")
         return m
 
+    def _measure(self, argv: list[str], cwd: Path, phases: bool) -> dict[str, Any]:
+        return measure(argv, env=self.env, cwd=cwd, log=self.log, phases=phases and self.args.phases,
+                       host_pids=self.host_pids)
+
     def fleetctl(self, inp: Inputs, hosts: list[Any], first_run: bool) -> dict[str, Any]:
         n = len(hosts)
         base = [sys.executable, "-m", "fleetctl"]
@@ -306,7 +394,7 @@ class Runner:
         out: dict[str, Any] = {}
 
         def run(op: str, argv: list[str], want: str | None, backup: str | None = None) -> None:
-            m = measure(argv, env=self.env, cwd=self.work, log=self.log)
+            m = self._measure(argv, self.work, True)
             if want:
                 self._ok(m, hosts, want, backup)
             out[op] = m
@@ -329,7 +417,7 @@ class Runner:
         argv = [self.args.lean_python, str(BENCH / "lean_push.py"), str(inp.lean_job)]
         out = {}
         for op in ("deploy", "noop"):
-            out[op] = self._ok(measure(argv, env=self.env, cwd=self.work, log=self.log), hosts, "intended", "bak")
+            out[op] = self._ok(self._measure(argv, self.work, True), hosts, "intended", "bak")
         return out
 
     def pyinfra(self, inp: Inputs, hosts: list[Any], first_run: bool) -> dict[str, Any]:
@@ -337,7 +425,7 @@ class Runner:
                 "-y", "--parallel", str(len(hosts))]
         out = {}
         for op in ("deploy", "noop"):
-            out[op] = self._ok(measure(argv, env=self.env, cwd=inp.dir, log=self.log), hosts, "intended", "bak")
+            out[op] = self._ok(self._measure(argv, inp.dir, False), hosts, "intended", "bak")
         return out
 
     def ansible(self, inp: Inputs, hosts: list[Any], first_run: bool, variant: str = "ansible") -> dict[str, Any]:
@@ -349,7 +437,7 @@ class Runner:
                 str(BENCH / "ansible" / "deploy.yml"), "-e", f"@{inp.ansible_vars}"]
         out = {}
         for op in ("deploy", "noop"):
-            m = measure(argv, env=env, cwd=inp.dir, log=self.log)
+            m = measure(argv, env=env, cwd=inp.dir, log=self.log, host_pids=self.host_pids)
             out[op] = self._ok(m, hosts, "intended", "ansible")
         return out
 
@@ -370,7 +458,8 @@ class Runner:
         """Size n: the sandbox's first n hosts, their inputs, empty run lists."""
         self.n = n
         self.hosts = list(self.sb.hosts.values())[:n]
-        self.inp = Inputs(self.sb, self.job, self.hosts, self.work / f"n{n}", self.ctl_dir)
+        self.host_pids = [p for p in (h.pid for h in self.hosts) if p]
+        self.inp = Inputs(self.sb, self.job, self.hosts, self.work / f"n{n}", self.ctl_dir, self.args.lean_workers)
         self.tools = [t for t in self.args.tools if self.runs_for(t, n) > 0]
         self.runs: dict[str, list[dict[str, Any]]] = {t: [] for t in self.tools}
         self.loads: list[float] = []
@@ -398,6 +487,9 @@ class Runner:
             for m in res.values():
                 m["load1"] = round(load, 2)
             say("  " + ", ".join(f"{op} {m['wall']:.2f}s/{m['cpu']:.2f}cpu"
+                                 + (f"/host {m['host_cpu']:.2f}cpu" if "host_cpu" in m else "")
+                                 + (f" {m['phases']['bytes_to_host']['median']}B->host"
+                                    if "bytes_to_host" in m.get("phases", {}) else "")
                                  + (f" {m.get('hosts_correct')}/{n} ok" if "hosts_correct" in m else "")
                                  + (f" rc={m['rc']}" if m["rc"] else "") for op, m in res.items()))
             self.runs[tool].append(res)
@@ -425,6 +517,12 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     for d in ops.values():
         rs = d["runs"]
         d["median"] = {k: round(statistics.median(r[k] for r in rs), 3) for k in ("wall", "cpu", "maxrss_mb")}
+        for k in ("host_cpu",):
+            if all(k in r for r in rs):
+                d["median"][k] = round(statistics.median(r[k] for r in rs), 3)
+        sent = [r["phases"]["bytes_to_host"]["median"] for r in rs if "bytes_to_host" in r.get("phases", {})]
+        if sent:
+            d["bytes_to_host_median"] = int(statistics.median(sent))
         d["peak_rss_mb"] = max(r["maxrss_mb"] for r in rs)
         d["all_rc0"] = all(r["rc"] == 0 for r in rs)
         if any("hosts_correct" in r for r in rs):
@@ -501,8 +599,9 @@ def targets(sizes: dict[str, Any], shell: str = "rc") -> list[str]:
 
 
 def size_rows(sizes: dict[str, Any]) -> list[str]:
-    out = ["| N | tool | op | runs | wall s | CPU s | CPU ms/host | max RSS MB | hosts correct | load1 |",
-           "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    out = ["| N | tool | op | runs | wall s | CPU s | CPU ms/host | max RSS MB | hosts' CPU s | bytes -> host | "
+           "hosts correct | load1 |",
+           "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for n in sorted(sizes, key=int):
         sz = sizes[n]
         for tool, ops in sz["tools"].items():
@@ -511,9 +610,11 @@ def size_rows(sizes: dict[str, Any]) -> list[str]:
                 hc = d.get("hosts_correct_min")
                 loads = [r["load1"] for r in d["runs"] if "load1" in r]
                 load = f"{statistics.median(loads):.1f}" if loads else ""
+                host_cpu = f"{md['host_cpu']:.2f}" if "host_cpu" in md else ""
+                sent = f"{d['bytes_to_host_median']:,}" if "bytes_to_host_median" in d else ""
                 out.append(f"| {n} | {LABELS.get(tool, tool)} | {op} | {len(d['runs'])} | {md['wall']:.2f} | "
                            f"{md['cpu']:.2f} | {1000 * md['cpu'] / int(n):.1f} | "
-                           f"{d.get('peak_rss_mb', md['maxrss_mb']):.0f} | "
+                           f"{d.get('peak_rss_mb', md['maxrss_mb']):.0f} | {host_cpu} | {sent} | "
                            f"{'' if hc is None else f'{hc}/{n}'}{'' if d['all_rc0'] else ' (rc!=0)'} | {load} |")
     for n in sorted(sizes, key=int):
         kept = sizes[n].get("kept_from_earlier_run")
@@ -682,6 +783,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(BENCH / "results"))
     ap.add_argument("--work", default=None, help="scratch dir (default: a new temp dir, removed after)")
     ap.add_argument("--fresh", action="store_true", help="do not merge into an existing results.json")
+    ap.add_argument("--no-phases", dest="phases", action="store_false",
+                    help="run fleetctl and the lean push bare, not under bench/phases.py (no per-phase timeline, "
+                         "no bytes per host)")
+    ap.add_argument("--lean-workers", type=int, default=0,
+                    help="threads of the lean push (default: N, a thread per host)")
     ap.add_argument("--note", default="", help="a line for the report (e.g. what else ran on the machine)")
     ap.add_argument("--report-only", action="store_true",
                     help="recompute the ratios and rewrite results.md from --out's results.json; run nothing")

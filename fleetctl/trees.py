@@ -85,14 +85,25 @@ def _state_place(facts: HostFacts) -> tuple[str | None, str | None]:
 def group_trees(order: list[str], facts: dict[str, HostFacts]) -> dict[str, TreeGroup]:
     """host -> its tree's group, for every host of `order` whose facts name its tree."""
     groups: list[TreeGroup] = []
+    # the first group whose tree is same_tree as t, found through same_tree's two ways to be equal
+    # (an index each) instead of comparing t with every group so far: N distinct trees were ~N^2/2
+    # comparisons (tests/test_runner_scaling.py counts them)
+    by_key: dict[tuple[object, ...], int] = {}  # (id, _key): ids equal (or both absent) and _key equal
+    by_net: dict[tuple[object, ...], int] = {}  # (id, ino): both network, the same id, the same inode
     for name in order:
         t = tree_of(facts.get(name))
         if t is None:
             continue
-        g = next((g for g in groups if same_tree(g.tree, t)), None)
-        if g is None:
+        k = (t.id or "", _key(t))
+        nk = (t.id, t.ino) if t.network and t.id else None
+        found = [i for i in (by_key.get(k), by_net.get(nk) if nk is not None else None) if i is not None]
+        if not found:
+            by_key.setdefault(k, len(groups))
+            if nk is not None:
+                by_net.setdefault(nk, len(groups))
             groups.append(TreeGroup(name, [name], t))
         else:
+            g = groups[min(found)]
             g.members.append(name)
             g.riders.append(name)
     out: dict[str, TreeGroup] = {}
