@@ -71,7 +71,7 @@ def test_hosts_ending_together_do_not_make_the_watchdog_scan_per_host(monkeypatc
 
     with Fleet(inv, hosts, forks=n, transport=CountingTransport) as fleet:
         outs = fleet.run(step)
-    assert [o.data for o in outs] == [h.name for h in hosts]
+    assert [o.detail for o in outs] == [h.name for h in hosts]
     # before: each end woke the watchdog, which checked every host still running (~n^2/2 = 45,000)
     assert CountingTransport.checks <= n, CountingTransport.checks
 
