@@ -33,6 +33,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "stop": ("servers", "Stop the servers fleetctl launched (SIGTERM, then SIGKILL after a timeout)."),
     "servers": ("servers", "List the servers fleetctl launched (--discover: every SGLang server process)."),
     "facts": ("facts", "Per host: reachable, OS, python, SGLang version and dir, torch, file hashes, GPUs."),
+    "gpu-check": ("gpucheck", "On each host's own GPU and SGLang install: a tiny model fleetctl makes there, throwaway "
+                  "servers (speculation on, off, the patch's dynamic mode): marker, greedy outputs, tokens/s; then "
+                  "removes it all."),
     "patch": ("patch", "Local tools for patch authors: apply, check, new, port, import."),
     "sandbox": ("sandbox", "A local fleet of real OpenSSH hosts on loopback: up, down, status."),
 }

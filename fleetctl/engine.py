@@ -157,6 +157,12 @@ class Engine(Protocol):
         """Does the table agree with the host's engine? (None: no comparison) and one sentence."""
         ...
 
+    # -- `gpu-check`: throwaway servers of a tiny model fleetctl makes on the host (fleetctl/ops/gpu_check.py)
+    def gpu_check(self) -> Any:
+        """The engine's part of gpu-check: `phases()`, `threshold()`, `model_script()`,
+        `bench_script()`, `PHASES`, `PHASE_HELP` (fleetctl/sglang/gpu_check.py)."""
+        ...
+
 
 _ENGINE: Engine | None = None
 

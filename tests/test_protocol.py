@@ -21,7 +21,7 @@ from fleetctl.engine import engine
 from fleetctl.protocol import ANSWERS, InvalidAnswer, names, parse_reply
 from fleetctl.protocol import answers as a
 from fleetctl.protocol.schema import Invalid, parse
-from fleetctl.remote import agent, agent_deploy, agent_probe, agent_servers
+from fleetctl.remote import agent, agent_deploy, agent_gpucheck, agent_probe, agent_servers
 from fleetctl.sglang.probe import host_probe_source
 
 
@@ -82,7 +82,15 @@ def answers_of(h: dict[str, Any]) -> dict[str, Any]:
 
 def _answers(h: dict[str, Any]) -> dict[str, Any]:
     sd, pkg = h["sd"], h["pkg"]
+    # gpu-check's work dir, its model script under a launch's python (this one: no torch here), its cleanup
+    prep = real(names.GPUCHECK_PREPARE, {"by": "test"})
+    launch = {"interpreter": sys.executable, "options": [], "target_kind": "module", "target": "x", "env": {},
+              "inherit": ["PATH"], "command_env": {}, "unset": [], "clear": False, "cwd": None, "problem": None}
+    script = real(names.GPUCHECK_SCRIPT, {"script": engine().gpu_check().model_script(), "launch": launch,
+                                          "dir": prep["dir"], "request": {"make": False}, "timeout": 120})
+    cleanup = real(names.GPUCHECK_CLEANUP, {"dir": prep["dir"]})
     return {
+        names.GPUCHECK_PREPARE: prep, names.GPUCHECK_SCRIPT: script, names.GPUCHECK_CLEANUP: cleanup,
         names.FACTS: real(names.FACTS, {"engine": engine().agent_facts(), "package_dir": pkg, "hash_dirs": ["srt"], "hash_files": [], "gpus": False,
                                         "with": [names.WITH_STATE, names.WITH_SERVERS], "state_dir": sd,
                                         "check_flags": ["--port"], "server_ports": [1]}),
@@ -134,12 +142,16 @@ def test_every_real_answer_parses_into_its_type(host: dict[str, Any]) -> None:
     wc = got[names.WORKER_CHECK]
     assert wc[0].check is not None and wc[0].check.marker and not wc[1].exists
     assert got[names.PING].pong
+    assert got[names.GPUCHECK_PREPARE].port > 0 and got[names.GPUCHECK_CLEANUP].removed
+    assert got[names.GPUCHECK_SCRIPT].ok and "torch_error" in got[names.GPUCHECK_SCRIPT].answer
+    assert not Path(got[names.GPUCHECK_PREPARE].dir).exists()
     loc: a.LocateAnswer = got[names.LOCATE]
     assert loc.package_dir == host["pkg"] and loc.files["srt/a.py"].loader == "source"
     assert loc.checks[0].view.loader == "source" and loc.checks[0].check is not None and loc.checks[0].check.marker
     sp: a.EngineProbeAnswer = got[names.ENGINE_PROBE]
     assert sp.stage == "import_failed" and sp.error and sp.worker_class is None, sp
     assert agent_probe.action_engine_probe is agent.ACTIONS[names.ENGINE_PROBE]
+    assert agent_gpucheck.action_gpucheck_script is agent.ACTIONS[names.GPUCHECK_SCRIPT]
 
 
 # one broken variant per action: (action, how to break the real answer, where, problem)

@@ -35,6 +35,9 @@ ANSWERS: dict[str, Any] = {
     n.WORKER_CHECK: a.WorkerCheckAnswer,
     n.LOCATE: a.LocateAnswer,
     n.ENGINE_PROBE: a.EngineProbeAnswer,
+    n.GPUCHECK_PREPARE: a.GpuCheckPrepareAnswer,
+    n.GPUCHECK_SCRIPT: a.GpuCheckScriptAnswer,
+    n.GPUCHECK_CLEANUP: a.GpuCheckCleanupAnswer,
 }
 
 MAX_LINE = 300  # characters of an invalid-answer line

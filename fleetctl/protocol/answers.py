@@ -697,3 +697,41 @@ class EngineProbeAnswer:
     standin: str | None = None
     timed_out: bool = False
     elapsed: float | None = None
+
+
+@dataclass
+class GpuCheckPrepareAnswer:
+    """`gpucheck_prepare`: gpu-check's work dir on the host, a free port, and the work dirs of
+    earlier checks whose agent was gone (their servers stopped, removed)."""
+
+    dir: str
+    port: int
+    swept: list[str] = field(default_factory=list)
+
+
+@dataclass
+class GpuCheckScriptAnswer:
+    """`gpucheck_script`: the engine script's JSON answer (checked again by the engine's reader), or
+    why it did not answer."""
+
+    ok: bool
+    answer: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+    timed_out: bool = False
+
+
+@dataclass
+class GpuCheckStopped:
+    instance: str
+    action: StopAction | None = None
+    pid: int | None = None
+    how: str | None = None
+
+
+@dataclass
+class GpuCheckCleanupAnswer:
+    """`gpucheck_cleanup`: the servers under the work dir stopped, and whether the dir is gone."""
+
+    dir: str
+    removed: bool
+    stopped: list[GpuCheckStopped] = field(default_factory=list)

@@ -19,6 +19,10 @@ SERVER_GREP: Final = "server_grep"
 WORKER_CHECK: Final = "worker_check"
 LOCATE: Final = "locate"  # the probe under the launch's python (fleetctl/remote/probe.py)
 ENGINE_PROBE: Final = "engine_probe"  # the host's own engine asked (fleetctl/remote/agent_probe.py)
+# gpu-check's work dir, scripts and cleanup (fleetctl/remote/agent_gpucheck.py)
+GPUCHECK_PREPARE: Final = "gpucheck_prepare"
+GPUCHECK_SCRIPT: Final = "gpucheck_script"
+GPUCHECK_CLEANUP: Final = "gpucheck_cleanup"
 
 # what the host's engine did with a launch's argv (the engine's host probe script)
 ProbeStage = Literal["selected", "no_speculation", "no_worker", "refused", "import_failed", "probe_failed"]

@@ -11,7 +11,7 @@ someone changed is never run: the code is sent again. One agent process per host
 call of a command (session mode: framed marshal requests, JSON answers, see agent.py).
 Nothing is installed on hosts. The core is the concatenation of `agent.py` (protocol, facts),
 `agent_deploy.py` and `agent_seal.py` (CORE); the servers part (`agent_servers.py`,
-`agent_probe.py`: ON_DEMAND) comes with the first request that needs it (agent.py load_part),
+`agent_probe.py`, `agent_gpucheck.py`: ON_DEMAND) comes with the first request that needs it (agent.py load_part),
 cached and verified the same way. Each part registers its actions in ACTIONS. Locally every part
 imports as a normal module for tests.
 """
@@ -25,12 +25,12 @@ from typing import Any
 # imports to every command; fleetctl is never run from a zip)
 _HERE = Path(__file__).parent
 
-PARTS = ("agent.py", "agent_deploy.py", "agent_servers.py", "agent_probe.py", "agent_seal.py")
+PARTS = ("agent.py", "agent_deploy.py", "agent_servers.py", "agent_probe.py", "agent_gpucheck.py", "agent_seal.py")
 # what the first contact ships: the core (serve loop, facts, deploy, seal, launch locating)...
 CORE = ("agent.py", "agent_deploy.py", "agent_seal.py")
 # ... and what a request brings along the first time this agent process needs it (transport/session.py):
 # its actions and facts hooks are read from its source (actions_of). Nothing in the core names these.
-ON_DEMAND = {"servers": ("agent_servers.py", "agent_probe.py")}
+ON_DEMAND = {"servers": ("agent_servers.py", "agent_probe.py", "agent_gpucheck.py")}
 PROBE = "probe.py"  # run by the agent as `-c` under the launch's interpreter: shipped as a string
 # one parse at a time: ast.parse from several host threads at once fails in CPython 3.11/3.12
 # ("SystemError: AST constructor recursion depth mismatch"), seen in a 4-host deploy

@@ -27,8 +27,9 @@ What it does, in order (all logs on stderr, in the installed release's format):
   6c. with --speculative-adaptive on a release that has it, the release's own adaptive start-up lines
      (`fleetctl.sglang.adaptive`) computed from the --speculative-adaptive-config file the launch names
      (read, as the release's loader would; a file it refuses is a traceback, exit 1), TP rank 0 only;
-  7. prints the ready line, serves `GET /health` (200; 503 before ready) and `GET /get_server_info`
-     (JSON of the resolved args) until SIGTERM, then exits 0.
+  7. prints the ready line, serves `GET /health` (200; 503 before ready), `GET /get_server_info`
+     (JSON of the resolved args) and `POST /generate` (a made-up text that depends only on the
+     prompt and max_new_tokens: no model, no token computed) until SIGTERM, then exits 0.
 
 Test knobs (environment):
   FLEETCTL_SIM_START_DELAY=<seconds>    sleep that long while "loading weights"
@@ -38,6 +39,7 @@ Test knobs (environment):
                                         of 0.5.12's `Can not initialize OpenAIServingResponses`)
   FLEETCTL_SIM_DROP_MARKER_RANK=<n>     the n-th scheduler rank (0-based, TP rank for plain TP) omits the marker
   FLEETCTL_SIM_MARKER=<text>            the marker literal looked for (default below)
+  FLEETCTL_SIM_DIVERGE=1                /generate answers another text when the threshold flag is given
 See docs/simulator.md.
 """
 
@@ -234,6 +236,7 @@ def traceback_exit(error: str, where: str = "launch_server") -> None:
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = 256  # bursts of concurrent requests (gpu-check's loads) are queued, not reset
     ready = False
     info: dict[str, Any] = {}  # noqa: RUF012 (set once before serving)
 
@@ -256,6 +259,32 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, json.dumps(self.server.info, default=str).encode())
         else:
             self._send(404, b'{"detail":"Not Found"}')
+
+    def do_POST(self) -> None:
+        """`POST /generate`: a made-up greedy text, a function of the prompt and max_new_tokens only
+        (what identical outputs across servers look like; FLEETCTL_SIM_DIVERGE=1 changes it when the
+        patch's threshold is given). Not a model: no token is computed."""
+        if self.path.split("?", 1)[0] != "/generate" or not self.server.ready:
+            self._send(404 if self.server.ready else 503, b'{"detail":"Not Found"}')
+            return
+        try:
+            n = min(int(self.headers.get("Content-Length") or 0), 1 << 20)
+            req = json.loads(self.rfile.read(n) or b"{}")
+            text = str(req.get("text", ""))
+            max_new = max(0, min(int((req.get("sampling_params") or {}).get("max_new_tokens", 16)), 4096))
+        except (ValueError, TypeError, AttributeError):
+            self._send(400, b'{"error":"bad request"}')
+            return
+        info = self.server.info
+        salt = "diverged" if os.environ.get("FLEETCTL_SIM_DIVERGE") and info.get(THRESHOLD_ARG) else ""
+        import hashlib
+
+        words = [hashlib.sha256(f"{salt}{text}:{i}".encode()).hexdigest()[:4] for i in range(max_new)]
+        spec = info.get("speculative_algorithm")
+        body = {"text": "[simulator] " + " ".join(words),
+                "meta_info": {"completion_tokens": max_new, "spec_verify_ct": (max_new + 1) // 2 if spec else 0,
+                              "simulator": True}}
+        self._send(200, json.dumps(body).encode())
 
     def log_message(self, format: str, *args: Any) -> None:  # access lines go to stdout, like uvicorn
         stamp = datetime.now().strftime("%Y-%m-%d %H:%M:%S")

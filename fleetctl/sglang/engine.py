@@ -42,6 +42,11 @@ class SGLangEngine:
     routing_env_prefixes: tuple[str, ...] = processes.ROUTING_ENV_PREFIXES
     report_args: tuple[str, ...] = ("speculative_algorithm", "disable_overlap_schedule", "speculative_eagle_topk")
 
+    def gpu_check(self) -> Any:
+        from fleetctl.sglang import gpu_check
+
+        return gpu_check
+
     def agent_facts(self) -> dict[str, str]:
         return {"package": self.package, "args_file": self.args_file, "dir_key": self.dir_key}
 
