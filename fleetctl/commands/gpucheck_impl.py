@@ -14,9 +14,9 @@ from fleetctl.commands.common import emit_json, err, out
 from fleetctl.commands.context import playbook_fleet
 from fleetctl.commands.context import run_with_progress as _tick_run
 from fleetctl.errors import EXIT_FAILED, EXIT_OK
-from fleetctl.jsonout import host_row
-from fleetctl.render import say, table
-from fleetctl.safetext import line, styled
+from fleetctl.ui.jsonout import host_row
+from fleetctl.ui.render import say, table
+from fleetctl.ui.safetext import line, styled
 
 if TYPE_CHECKING:
     from rich.text import Text

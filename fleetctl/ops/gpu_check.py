@@ -473,7 +473,7 @@ def _host_fn(pb: Playbook, *, run: bool, timeout: float, interrupt: threading.Ev
 def plan_fleet(fleet: Fleet, pb: Playbook) -> list[CheckPlan]:
     """`gpu-check --check`: every host's plan from its facts and preflight; nothing is made or started."""
     outs = fleet.run(_host_fn(pb, run=False, timeout=0.0, interrupt=None))
-    return [o.data if o.ok else CheckPlan(o.host, "unreachable" if o.status == "unreachable" else "failed", o.message)
+    return [o.detail if o.ok else CheckPlan(o.host, "unreachable" if o.status == "unreachable" else "failed", o.message)
             for o in outs]
 
 
@@ -483,9 +483,9 @@ def check_fleet(fleet: Fleet, pb: Playbook, *, timeout: float | None = None) -> 
     out = []
     for o in outs:
         if o.ok:
-            out.append(o.data)
+            out.append(o.detail)
         else:
             st: CheckStatus = "unreachable" if o.status == "unreachable" else (
-                "interrupted" if o.status == "skipped" else "failed")
+                "interrupted" if o.status == "not-started" else "failed")
             out.append(CheckResult(o.host, st, o.message, elapsed=o.elapsed))
     return out
