@@ -179,7 +179,7 @@ def plan_host(host: Host, facts: HostFacts, playbook: Playbook, intended: dict[s
     hp = HostPlan(host.name, "noop", version=v, package_dir=facts.package_dir, coverage=coverage)
     if v is None or intended is None:
         hp.status = "refused"
-        from fleetctl.engine import engine
+        from fleetctl.engines import engine
 
         why = engine().playbook_refusal(playbook, v) if v else None
         hp.reason = f"{host.name}: " + (why or f"SGLang {v or '(unknown version)'} has no patch set in "

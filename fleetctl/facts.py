@@ -8,8 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from fleetctl.config.playbook_model import LaunchProfile
-from fleetctl.engine import engine
-from fleetctl.gpus import Gpu, combine
+from fleetctl.engines import engine
 from fleetctl.protocol import InvalidAnswer, names
 from fleetctl.protocol.answers import (
     DiscoverFacts,
@@ -25,12 +24,13 @@ from fleetctl.protocol.answers import (
     Shadow,
     StateFacts,
 )
+from fleetctl.protocol.gpus import Gpu, combine
 from fleetctl.protocol.schema import shown
 
 if TYPE_CHECKING:  # the transport (paramiko, fabric) is imported on first connect
     from fleetctl.config.hosts import Host
     from fleetctl.containers.inspect import ContainerInfo
-    from fleetctl.engine import ModelConfig
+    from fleetctl.engines.base import ModelConfig
     from fleetctl.transport.base import Transport
 
 __all__ = ["FileFact", "HostFacts", "TorchCheck", "check_torch", "facts_request", "parse_facts", "read_facts"]

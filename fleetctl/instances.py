@@ -17,11 +17,11 @@ from typing import Any
 
 from fleetctl.config.hosts import FLAG_RE, Host
 from fleetctl.config.playbook_model import LaunchProfile
-from fleetctl.engine import engine
+from fleetctl.engines import engine
 from fleetctl.errors import InputError
 from fleetctl.launchspec import LaunchSpec, launch_spec
 
-# The tensor-parallel flag, every spelling the engine accepts, and its port flag (fleetctl/engine.py).
+# The tensor-parallel flag, every spelling the engine accepts, and its port flag (fleetctl/engines/base.py).
 TP_FLAG = engine().tp_flag
 TP_SPELLINGS = engine().tp_spellings
 PORT_FLAG = engine().port_flag

@@ -3,7 +3,7 @@ actually run (the origin story's question)?
 
 The launch environment considered is exactly what `fleetctl launch` will pass: the playbook's
 launch env plus the inventory's env for the host — never the controller's own environment.
-All SGLang knowledge comes from the engine (fleetctl/engine.py).
+All SGLang knowledge comes from the engine (fleetctl/engines/base.py).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from fleetctl.deploy_plan import Coverage
 from fleetctl.facts import HostFacts
 
 if TYPE_CHECKING:
-    from fleetctl.engine import ModelConfig
-from fleetctl.engine import engine
+    from fleetctl.engines.base import ModelConfig
+from fleetctl.engines import engine
 
 
 def instances(host: Host, playbook: Playbook) -> list[Any]:

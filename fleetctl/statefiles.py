@@ -78,7 +78,7 @@ def not_deployed(pb: Playbook, facts: Any) -> list[str]:
 def check_rows(pb: Playbook, versions: list[str]) -> list[Any]:
     """`fleetctl patch check` rows for the playbook's state files, per release: shipped as-is (sha256),
     and, for the config an adaptive launch names, whether that release's own loader takes it."""
-    from fleetctl.engine import engine
+    from fleetctl.engines import engine
     from fleetctl.patching.authoring import OK, FileCheck
 
     rows = []

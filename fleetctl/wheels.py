@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from fleetctl.engine import engine
+from fleetctl.engines import engine
 from fleetctl.errors import FleetctlError, InputError
 
 PACKAGE = engine().package  # the wheel distribution and its top-level package

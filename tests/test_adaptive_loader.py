@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from fleetctl import wheels
-from fleetctl.sglang import adaptive, routing
-from fleetctl.sglang import releases as R
+from fleetctl.engines.sglang import adaptive, routing
+from fleetctl.engines.sglang import releases as R
 
 RELEASES = [v for v in R.KNOWN_VERSIONS if adaptive.release_key(v) >= adaptive.release_key("0.5.13")]
 ADAPTIVE_FILE = "srt/speculative/adaptive_spec_params.py"

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from agentpipe import boot, completed
 
-from fleetctl.engine import engine
+from fleetctl.engines import engine
 from fleetctl.remote import agent_deploy as ad
 from fleetctl.remote import agent_key, agent_source
 from fleetctl.remote.agent import AgentError

@@ -376,7 +376,7 @@ def test_a_server_that_is_the_containers_main_process_is_restarted_by_restarting
     import time
 
     from fleetctl.cli import main
-    from fleetctl.sglang import READY_LINE
+    from fleetctl.engines.sglang import READY_LINE
     from tests.ports import free_ports
 
     port = free_ports(1)[0]
@@ -470,7 +470,7 @@ def test_become_restarts_a_main_process_container(engine: dockerd.Dockerd, image
     """A login that may not use docker, `become: true`, the server the container's main process: launch
     restarts the container through sudo (only the client's rule in sudoers: the shell that joins the
     log's two streams runs outside sudo) and status reads its log through sudo too: healthy."""
-    from fleetctl.sglang import READY_LINE
+    from fleetctl.engines.sglang import READY_LINE
     from tests.ports import free_ports
 
     port = free_ports(1)[0]
@@ -617,7 +617,7 @@ def _main_process_rolling(engine: dockerd.Dockerd | dockerd.Podman, runtime: str
                           name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import time
 
-    from fleetctl.sglang import READY_LINE
+    from fleetctl.engines.sglang import READY_LINE
     from tests.ports import free_ports
 
     port = free_ports(1)[0]

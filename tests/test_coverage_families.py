@@ -12,12 +12,12 @@ import yaml
 
 from fleetctl import wheels
 from fleetctl.config.playbook import load_playbook
+from fleetctl.engines.sglang import KNOWN_VERSIONS
+from fleetctl.engines.sglang import families as F
+from fleetctl.engines.sglang import family_tables as FT
+from fleetctl.engines.sglang.model_config import ModelConfig
 from fleetctl.patched_worker import coverage
 from fleetctl.patching import make_patch
-from fleetctl.sglang import KNOWN_VERSIONS
-from fleetctl.sglang import families as F
-from fleetctl.sglang import family_tables as FT
-from fleetctl.sglang.model_config import ModelConfig
 
 V = "0.5.9"
 LLAMA = "srt/models/llama.py"

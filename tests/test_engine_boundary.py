@@ -1,6 +1,6 @@
 """The engine boundary (issue 12.1): no SGLang path, env name, flag, module or log literal outside
-the engine package (fleetctl/sglang/) and the sandbox (which simulates SGLang). Everything else asks
-`fleetctl.engine.engine()`. Prose may say "SGLang"; docstrings and comments are not scanned."""
+the engine package (fleetctl/engines/sglang/) and the sandbox (which simulates SGLang). Everything else asks
+`fleetctl.engines.engine()`. Prose may say "SGLang"; docstrings and comments are not scanned."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import fleetctl
 
 ROOT = Path(fleetctl.__file__).parent
-ENGINE_HOMES = ("sglang", "sandbox")
+ENGINE_HOMES = ("engines", "sandbox")
 
 # A string constant is a leak when it holds a package path, an env name, a server flag or a
 # module path of the engine, or (spelled without whitespace, i.e. as a name, not in prose) names
@@ -46,7 +46,7 @@ def _log_literals() -> set[str]:
     """The log lines the engine package knows (ready line, warnings, errors): spelled only there."""
     out: set[str] = set()
     for name in ("releases.py", "logs.py"):
-        tree = ast.parse((ROOT / "sglang" / name).read_text(encoding="utf-8"))
+        tree = ast.parse((ROOT / "engines" / "sglang" / name).read_text(encoding="utf-8"))
         for n in ast.walk(tree):
             if isinstance(n, ast.Constant) and isinstance(n.value, str) and len(n.value) >= 20 and " " in n.value:
                 out.add(n.value.split("{")[0].strip())
@@ -93,31 +93,31 @@ def test_no_engine_literal_outside_the_engine_package() -> None:
                 used.update(hit)
             else:
                 bad.append(f"fleetctl/{rel}:{line}: {s[:80]!r}")
-    assert not bad, "engine literals outside fleetctl/sglang/ (ask fleetctl.engine.engine()):\n" + "\n".join(bad)
+    assert not bad, "engine literals outside fleetctl/engines/sglang/ (ask fleetctl.engines.engine()):\n" + "\n".join(bad)
     assert not set(ALLOWED) - used, f"stale allow-list entries: {sorted(set(ALLOWED) - used)}"
 
 
 def engine_imports(source: str) -> list[int]:
-    """Lines that import the engine package directly (instead of asking fleetctl.engine)."""
+    """Lines that import the engine package directly (instead of asking fleetctl.engines.engine())."""
     out = []
     for n in ast.walk(ast.parse(source)):
         if isinstance(n, ast.ImportFrom) and n.module and (
-                n.module == "fleetctl.sglang" or n.module.startswith("fleetctl.sglang.")
-                or (n.module == "fleetctl" and any(a.name == "sglang" for a in n.names))):
+                n.module == "fleetctl.engines.sglang" or n.module.startswith("fleetctl.engines.sglang.")
+                or (n.module == "fleetctl.engines" and any(a.name == "sglang" for a in n.names))):
             out.append(n.lineno)
-        elif isinstance(n, ast.Import) and any(a.name.startswith("fleetctl.sglang") for a in n.names):
+        elif isinstance(n, ast.Import) and any(a.name.startswith("fleetctl.engines.sglang") for a in n.names):
             out.append(n.lineno)
     return out
 
 
 def test_only_the_engine_interface_imports_the_engine_package() -> None:
     bad = [f"fleetctl/{p.relative_to(ROOT).as_posix()}:{line}"
-           for p in _scanned() if p.relative_to(ROOT).as_posix() != "engine.py"
+           for p in _scanned() if p.relative_to(ROOT).as_posix() != "engines/__init__.py"
            for line in engine_imports(p.read_text(encoding="utf-8"))]
-    assert not bad, "import fleetctl.sglang here: go through fleetctl.engine.engine() instead:\n" + "\n".join(bad)
-    assert engine_imports("from fleetctl.sglang import releases as R\nimport fleetctl.sglang.logs\n"
-                          "from fleetctl import sglang\n") == [1, 2, 3]
-    assert engine_imports("from fleetctl.engine import engine\nfrom fleetctl import wheels\n") == []
+    assert not bad, "import fleetctl.engines.sglang here: go through fleetctl.engines.engine() instead:\n" + "\n".join(bad)
+    assert engine_imports("from fleetctl.engines.sglang import releases as R\nimport fleetctl.engines.sglang.logs\n"
+                          "from fleetctl.engines import sglang\n") == [1, 2, 3]
+    assert engine_imports("from fleetctl.engines import engine\nfrom fleetctl import wheels\n") == []
 
 
 def test_the_scan_catches_each_kind_of_literal() -> None:
@@ -135,7 +135,8 @@ def test_the_scan_catches_each_kind_of_literal() -> None:
 
 
 def test_the_engine_implements_the_interface() -> None:
-    from fleetctl.engine import Engine, engine
+    from fleetctl.engines import engine
+    from fleetctl.engines.base import Engine
 
     e = engine()
     assert isinstance(e.package, str) and e.package

@@ -108,14 +108,14 @@ def test_origin_wrong_file_covered_with_env_topk1(three: Sandbox, capsys: pytest
 
 
 def test_unknown_version_never_guessed(three: Sandbox) -> None:
-    from fleetctl.sglang import resolve_worker
+    from fleetctl.engines.sglang import resolve_worker
 
     r = resolve_worker("0.6.99", {"--speculative-algorithm": "EAGLE3"}, {})
     assert not r.known and r.worker_class is None
 
 
 def test_explain_names_adaptive_availability() -> None:
-    from fleetctl.sglang import resolve_worker
+    from fleetctl.engines.sglang import resolve_worker
 
     assert not resolve_worker("0.5.10.post1", {"--speculative-algorithm": "EAGLE3"}, {}).adaptive_available
     assert resolve_worker("0.5.11", {"--speculative-algorithm": "EAGLE3"}, {}).adaptive_available

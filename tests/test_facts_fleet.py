@@ -167,7 +167,7 @@ def test_one_agent_process_serves_every_call_of_a_command(sandbox: Sandbox) -> N
     import time
 
     from fleetctl.config.inventory import load_inventory
-    from fleetctl.engine import engine
+    from fleetctl.engines import engine
     from fleetctl.transport.ssh import HostConnection, RemoteError
 
     inv = load_inventory(sandbox.inventory_path)

@@ -16,8 +16,8 @@ import yaml
 from jsoncli import cli
 from test_launch import FULL, make_inventory
 
-from fleetctl.sglang import gpu_check, tiny_models
-from fleetctl.sglang import releases as R
+from fleetctl.engines.sglang import gpu_check, tiny_models
+from fleetctl.engines.sglang import releases as R
 
 STANDIN_TORCH = '''"""TEST STAND-IN for torch (tests/test_gpu_check.py): no tensor code. It answers gpu-check's
 preflight as a CUDA build of torch on one GPU would; the server it checks is the simulator."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fleetctl.gpus import combine, parse_query_apps, parse_query_gpu
+from fleetctl.protocol.gpus import combine, parse_query_apps, parse_query_gpu
 
 CAP = Path(__file__).parent.parent / "fleetctl" / "sandbox" / "captures" / "h200-1gpu"
 

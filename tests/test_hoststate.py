@@ -40,7 +40,7 @@ from test_faults import (
 )
 
 from fleetctl import wheels
-from fleetctl.engine import engine
+from fleetctl.engines import engine
 from fleetctl.sandbox import lifecycle as sbx
 from fleetctl.sandbox import sshd
 

@@ -20,6 +20,7 @@ from fleetctl.cli import main
 from fleetctl.config.inventory import load_inventory
 from fleetctl.config.playbook import LaunchProfile, load_playbook
 from fleetctl.config.playbook_model import InstanceLayout
+from fleetctl.engines.sglang import READY_LINE
 from fleetctl.errors import InputError
 from fleetctl.facts import read_facts
 from fleetctl.instances import plan_instances
@@ -27,7 +28,6 @@ from fleetctl.ops.launch import server_status_facts
 from fleetctl.remote import agent_servers as srv
 from fleetctl.runner import Fleet
 from fleetctl.sandbox.lifecycle import Sandbox
-from fleetctl.sglang import READY_LINE
 
 ROOT = Path(__file__).resolve().parents[1]
 FULL = ROOT / "playbooks" / "dynamic-spec-disable"
@@ -418,8 +418,8 @@ def test_servers_started_by_hand_are_discovered_and_named_after_deploy_and_rollb
 
 
 def test_discovery_reads_flags_and_entry_points() -> None:
+    from fleetctl.engines.sglang.processes import match_rules, server_flags
     from fleetctl.remote.agent_servers import server_argv_matches
-    from fleetctl.sglang.processes import match_rules, server_flags
 
     rules = match_rules("{python} -m my.wrapper --x")
     assert "my.wrapper" in rules["modules"] and "sglang.launch_server" in rules["modules"]
@@ -443,8 +443,8 @@ def test_discovery_skips_only_command_lines_no_rule_can_match() -> None:
     UTF-8; a rule word that cannot be searched for as bytes turns the shortcut off."""
     import itertools
 
+    from fleetctl.engines.sglang.processes import match_rules
     from fleetctl.remote.agent_servers import MAX_ARG, argv_needles, server_argv_matches
-    from fleetctl.sglang.processes import match_rules
 
     rules = match_rules("{python} -m my.wrapper --x")
     needles = argv_needles(rules)

@@ -14,7 +14,7 @@ import yaml
 
 from fleetctl import wheels
 from fleetctl.config.playbook import load_playbook
-from fleetctl.engine import engine
+from fleetctl.engines import engine
 from fleetctl.patching import apply_patch
 
 ROOT = Path(__file__).resolve().parent.parent

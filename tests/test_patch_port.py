@@ -359,7 +359,7 @@ def test_port_keeps_only_worker_classes_the_target_release_has(tmp_path: Path, p
     """0.5.9 lists StandaloneWorkerV2 and MultiLayerEagleWorker; 0.5.7 has MultiLayerEagleWorker but
     no StandaloneWorkerV2 (asked of the engine): only the class 0.5.7 has is carried, the other is
     named as dropped. 0.5.8 has both: both are carried, nothing is dropped."""
-    from fleetctl.engine import engine
+    from fleetctl.engines import engine
 
     assert "StandaloneWorkerV2" not in engine().worker_files("0.5.7")
     assert {"StandaloneWorkerV2", "MultiLayerEagleWorker"} <= set(engine().worker_files("0.5.8"))

@@ -27,10 +27,10 @@ import pytest
 
 from fleetctl import wheels
 from fleetctl.config.playbook import PatchFile, Playbook, load_playbook
+from fleetctl.engines.sglang import routing
+from fleetctl.engines.sglang.releases import KNOWN_VERSIONS
 from fleetctl.patched_worker import coverage
 from fleetctl.patching import apply_patch, parse_patch
-from fleetctl.sglang import routing
-from fleetctl.sglang.releases import KNOWN_VERSIONS
 
 ROOT = Path(__file__).resolve().parents[1]
 PLAYBOOK = ROOT / "playbooks" / "dynamic-spec-disable"

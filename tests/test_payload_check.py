@@ -9,7 +9,7 @@ import pytest
 from fleetctl import wheels
 from fleetctl.cli import main
 from fleetctl.config.playbook import load_playbook
-from fleetctl.sglang.releases import KNOWN_VERSIONS
+from fleetctl.engines.sglang.releases import KNOWN_VERSIONS
 
 ROOT = Path(__file__).parent.parent
 

@@ -14,13 +14,13 @@ from jsoncli import cli, ok
 from fleetctl import wheels
 from fleetctl.cli import main
 from fleetctl.config.playbook import load_playbook
+from fleetctl.engines.sglang import worker_files
 from fleetctl.errors import InputError
 from fleetctl.ops.launch import hash_set
 from fleetctl.ops.verify import REPORT_ARGS
 from fleetctl.patched_worker import coverage
 from fleetctl.patching.engine import apply_patch
 from fleetctl.sandbox.simulator import logged_literals
-from fleetctl.sglang import worker_files
 
 ROOT = Path(__file__).resolve().parents[1]
 FULL = ROOT / "playbooks" / "dynamic-spec-disable"
@@ -136,7 +136,7 @@ def test_coverage_names_the_unmodelled_override_not_an_unreadable_config() -> No
     """A model config that WAS read, whose architecture has an override fleetctl does not model
     exactly, is uncertain because of that override: the warning says so (not "not readable")."""
     from fleetctl.config.playbook import load_playbook
-    from fleetctl.sglang.model_config import ModelConfig
+    from fleetctl.engines.sglang.model_config import ModelConfig
 
     pb = load_playbook(Path(__file__).resolve().parent.parent / "playbooks" / "dynamic-spec-disable")
     flags = {"--speculative-algorithm": "EAGLE3", "--speculative-num-steps": 3, "--speculative-eagle-topk": 1}

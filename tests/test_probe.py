@@ -17,12 +17,12 @@ from typing import Any
 
 import pytest
 
+from fleetctl.engines.sglang import resolve_worker
+from fleetctl.engines.sglang.probe import DISAGREE, capability, compare, hardware, host_probe_source
 from fleetctl.errors import ProbeInputError
-from fleetctl.gpus import Gpu
 from fleetctl.protocol.answers import EngineProbeAnswer
+from fleetctl.protocol.gpus import Gpu
 from fleetctl.remote import agent_probe, agent_source
-from fleetctl.sglang import resolve_worker
-from fleetctl.sglang.probe import DISAGREE, capability, compare, hardware, host_probe_source
 
 
 def _gpu(i: int, name: str = "NVIDIA H200", mem: int | None = 143771) -> Gpu:
@@ -142,7 +142,7 @@ def test_the_probe_action_ships_with_the_agent_and_both_keep_python_38_grammar()
     # an on-demand part of the agent (the servers part), sent the first time a request needs it
     assert "engine_probe" in actions_of("servers") and b"action_engine_probe" in part_text("servers")
     assert b"action_engine_probe" not in agent_source()
-    for path in (Path(agent_probe.__file__).parent.parent / "sglang" / "host_probe.py", Path(agent_probe.__file__)):
+    for path in (Path(agent_probe.__file__).parent.parent / "engines" / "sglang" / "host_probe.py", Path(agent_probe.__file__)):
         text = path.read_text()
         ast.parse(text, feature_version=(3, 8))
         assert "\nfrom __future__" not in text  # run as -c / appended to the agent: no future imports

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from fleetctl.engines.sglang import probe, routing
 from fleetctl.protocol.answers import EngineProbeAnswer
-from fleetctl.sglang import probe, routing
 
 FLAGS = {"--model-path": "m", "--speculative-algorithm": "EAGLE3", "--speculative-num-steps": 3,
          "--speculative-eagle-topk": 1, "--speculative-num-draft-tokens": 4,

@@ -5,7 +5,7 @@ GPU stand-in), through the agent's own `engine_probe` action. The first run on a
 builds the venv (minutes; then cached under ~/.cache/fleetctl).
 
 Each probe is SGLang's own argument processing and worker selection; the answer is held to the
-table (fleetctl.sglang.resolve_worker) with the same comparison `explain --probe` makes.
+table (fleetctl.engines.sglang.resolve_worker) with the same comparison `explain --probe` makes.
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ from typing import Any
 import pytest
 
 from fleetctl import wheels
+from fleetctl.engines.sglang import resolve_worker
+from fleetctl.engines.sglang.probe import compare, host_probe_source
 from fleetctl.instances import flag_argv
 from fleetctl.protocol import names, parse_reply
 from fleetctl.remote import agent_probe
-from fleetctl.sglang import resolve_worker
-from fleetctl.sglang.probe import compare, host_probe_source
 
 HW = {"count": 2, "name": "NVIDIA H200", "capability": [9, 0], "memory_mib": 143771}
 LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,

@@ -17,12 +17,12 @@ from typing import Any, Literal
 
 import pytest
 
-from fleetctl.engine import engine
+from fleetctl.engines import engine
+from fleetctl.engines.sglang.probe import host_probe_source
 from fleetctl.protocol import ANSWERS, InvalidAnswer, names, parse_reply
 from fleetctl.protocol import answers as a
 from fleetctl.protocol.schema import Invalid, parse
 from fleetctl.remote import agent, agent_deploy, agent_gpucheck, agent_probe, agent_servers
-from fleetctl.sglang.probe import host_probe_source
 
 
 def sha(b: bytes) -> str:

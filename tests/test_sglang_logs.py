@@ -1,4 +1,4 @@
-"""fleetctl.sglang.logs: log line format per release, held to the real wheels, plus parser units."""
+"""fleetctl.engines.sglang.logs: log line format per release, held to the real wheels, plus parser units."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 
-from fleetctl import sglang, wheels
-from fleetctl.sglang import releases as R
+from fleetctl import wheels
+from fleetctl.engines import sglang
+from fleetctl.engines.sglang import releases as R
 
 DATA = Path(__file__).parent / "data" / "sglang"
 VERSIONS = R.KNOWN_VERSIONS

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from fleetctl.engines.sglang import model_config as mc
 from fleetctl.protocol.answers import ModelConfigInfo
 from fleetctl.remote import agent
-from fleetctl.sglang import model_config as mc
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 

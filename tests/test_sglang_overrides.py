@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 from test_sglang_rules import VERSIONS, Wheel, _compare, _flags, _params, pkg, strings, tree
 
-from fleetctl import sglang
-from fleetctl.sglang import releases as R
-from fleetctl.sglang import routing
+from fleetctl.engines import sglang
+from fleetctl.engines.sglang import releases as R
+from fleetctl.engines.sglang import routing
 
 OVERRIDE_DIRS = ("srt/server_args.py", "srt/arg_groups")
 # registered overrides that read speculative_* only to pick the target's attention backend / page size

@@ -1,4 +1,4 @@
-"""fleetctl.sglang's rules table held to the real SGLang wheels.
+"""fleetctl.engines.sglang's rules table held to the real SGLang wheels.
 
 Two kinds of checks, for every release fleetctl knows:
   * structure, by AST over the wheel's sources: worker files/classes, the worker factory's branches,
@@ -33,8 +33,9 @@ from typing import Any
 
 import pytest
 
-from fleetctl import sglang, wheels
-from fleetctl.sglang import releases as R
+from fleetctl import wheels
+from fleetctl.engines import sglang
+from fleetctl.engines.sglang import releases as R
 
 DATA = Path(__file__).parent / "data" / "sglang"
 VERSIONS = R.KNOWN_VERSIONS
@@ -420,7 +421,7 @@ def all_options(version: str) -> set[str]:
 
 @pytest.mark.parametrize("version", _params())
 def test_cli_options_match_parser(version: str) -> None:
-    """The release's full option list (fleetctl/sglang/cli_options.json, stored as changes from the
+    """The release's full option list (fleetctl/engines/sglang/cli_options.json, stored as changes from the
     previous release) is what its parser registers: it decides unknown flags and ambiguous prefixes."""
     real = all_options(version)
     mine = set(R.cli_options(version))
@@ -1011,7 +1012,7 @@ def test_origin_story() -> None:
 def test_the_engines_memo_keys_every_input() -> None:
     """engine().resolve_worker answers each distinct launch once per command (most hosts share one):
     the same answer for equal inputs, and never another input's answer (env, flags, version, model)."""
-    from fleetctl.engine import engine
+    from fleetctl.engines import engine
 
     flags = {"--speculative-algorithm": "EAGLE3", "--speculative-eagle-topk": 1, "--speculative-num-steps": 3}
     unset = engine().resolve_worker("0.5.9", dict(flags), {})
@@ -1193,7 +1194,7 @@ def test_release_options_decide_unknown_and_ambiguous_flags() -> None:
 
 def _read_arch(model_path: str, env: dict[str, str], home: str, cwd: str) -> str | None:
     """What the host side does with the locations: the first readable config.json gives the answer."""
-    from fleetctl.sglang import model_config as mc
+    from fleetctl.engines.sglang import model_config as mc
 
     for loc in mc.config_locations(model_path, env, home, cwd=cwd):
         path = loc.path
@@ -1208,7 +1209,7 @@ def _read_arch(model_path: str, env: dict[str, str], home: str, cwd: str) -> str
 
 
 def test_model_config_located_like_the_launch_would(tmp_path: Path) -> None:
-    from fleetctl.sglang import model_config as mc
+    from fleetctl.engines.sglang import model_config as mc
 
     home, commit = tmp_path / "home", "0123456789abcdef0123456789abcdef01234567"
     repo = home / ".cache/huggingface/hub/models--XiaomiMiMo--MiMo-V2-Flash"

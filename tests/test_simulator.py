@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from ports import free_port
 
+from fleetctl.engines.sglang import READY_LINE, parse_line
 from fleetctl.remote.agent_servers import marker_in_init
-from fleetctl.sglang import READY_LINE, parse_line
 
 MARKER = "Dynamic speculation disable enabled"
 EAGLE_FLAGS = ["--model-path", "m", "--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3",
@@ -239,7 +239,7 @@ def test_unregistered_flag_is_refused_like_argparse(tmp_path: Path, sims: list[S
 def test_new_release_dict_dump_and_silent_env(tmp_path: Path, sims: list[Sim]) -> None:
     """0.5.23: the startup dump is `server_args={...}` (a dict, from 0.5.19) and SGLANG_ENABLE_SPEC_V2 is
     ignored without a word (from 0.5.21); the worker is EAGLEWorkerV2 with TP ranks in the prefix."""
-    from fleetctl.sglang import parse_server_args_dump
+    from fleetctl.engines.sglang import parse_server_args_dump
 
     site = fake_tree(tmp_path, "0.5.23", {"eagle_worker_v2.py": WORKER_WITH.format(cls="EAGLEWorkerV2")})
     s = run(sims, site, [*EAGLE_FLAGS, "--tp-size", "2", "--speculative-disable-batch-threshold", "8"],
@@ -326,8 +326,8 @@ def test_simulator_log_of_every_release_parses(tmp_path: Path, sims: list[Sim]) 
     warnings, milliseconds where SGLANG_LOG_MS exists, rank prefixes in the release's order (DP
     attention: the DP rank of every TP rank; 0.5.22+: from attn_dp_size in the dump), the marker on
     every rank and the ready line."""
-    from fleetctl.sglang import KNOWN_VERSIONS, expected_ranks, parse_server_args_dump, resolve_worker
-    from fleetctl.sglang import releases as R
+    from fleetctl.engines.sglang import KNOWN_VERSIONS, expected_ranks, parse_server_args_dump, resolve_worker
+    from fleetctl.engines.sglang import releases as R
 
     flags = [*EAGLE_FLAGS, "--tp-size", "4", "--dp-size", "2", "--enable-dp-attention", "--ep-size", "2",
              "--speculative-disable-batch-threshold", "8"]
@@ -349,7 +349,7 @@ def test_simulator_log_of_every_release_parses(tmp_path: Path, sims: list[Sim]) 
 
 def _check_release_log(version: str, rel: object, lines: list[str], expected_ranks: object,
                        parse_dump: object) -> None:
-    from fleetctl.sglang import releases as R
+    from fleetctl.engines.sglang import releases as R
 
     assert isinstance(rel, R.Release)
     parsed = [parse_line(x) for x in lines]

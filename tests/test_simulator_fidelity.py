@@ -13,11 +13,11 @@ from test_launch import cli, make_inventory
 from fleetctl import wheels
 from fleetctl.cli import main
 from fleetctl.config.playbook import load_playbook
+from fleetctl.engines.sglang import resolve_worker
+from fleetctl.engines.sglang.releases import KNOWN_VERSIONS
 from fleetctl.patching.engine import apply_patch
 from fleetctl.sandbox.lifecycle import Sandbox
 from fleetctl.sandbox.server_args_checks import replayable_checks, run_checks
-from fleetctl.sglang import resolve_worker
-from fleetctl.sglang.releases import KNOWN_VERSIONS
 
 ROOT = Path(__file__).resolve().parents[1]
 PAYLOAD = ROOT / "playbooks" / "dynamic-spec-disable"

@@ -18,11 +18,11 @@ from jsoncli import cli, ok
 from fleetctl import statefiles, wheels
 from fleetctl.cli import main
 from fleetctl.config.playbook import load_playbook
+from fleetctl.engines.sglang import adaptive
 from fleetctl.errors import InputError
 from fleetctl.remote import agent_deploy as ad
 from fleetctl.remote.agent import AgentError
 from fleetctl.sandbox.simulator import adaptive_lines
-from fleetctl.sglang import adaptive
 
 ROOT = Path(__file__).resolve().parents[1]
 ADAPTIVE = ROOT / "playbooks" / "adaptive-spec"
@@ -145,7 +145,7 @@ def test_adaptive_playbook_loads_and_refs_are_checked(tmp_path: Path) -> None:
 
 
 def test_config_format_change_points_are_the_wheels() -> None:
-    """What fleetctl.sglang.adaptive says about each release, checked against its real code."""
+    """What fleetctl.engines.sglang.adaptive says about each release, checked against its real code."""
     pb = load_playbook(ADAPTIVE)
     for v in ("0.5.11", "0.5.12", "0.5.13", *pb.versions):
         params = wheels.pristine_bytes(v, "srt/speculative/adaptive_spec_params.py").decode()
@@ -159,7 +159,7 @@ def test_config_format_change_points_are_the_wheels() -> None:
 
 
 def wheels_known() -> list[str]:
-    from fleetctl.sglang.releases import KNOWN_VERSIONS
+    from fleetctl.engines.sglang.releases import KNOWN_VERSIONS
 
     return list(KNOWN_VERSIONS)
 

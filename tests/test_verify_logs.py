@@ -315,8 +315,8 @@ def test_a_launch_command_that_replays_an_old_log_cannot_pass(sb: Any, tmp_path:
 
 
 def test_provenance_helpers() -> None:
+    from fleetctl.engines.sglang import parse_line
     from fleetctl.ops.verify import _dump_mismatches, _written_since
-    from fleetctl.sglang import parse_line
 
     lines = {"m": [parse_line("[2026-11-30 10:00:00 TP0] m"), parse_line("[2026-11-30 10:00:09 TP0] m"),
                    parse_line("m without a time")]}
@@ -347,7 +347,7 @@ def test_report_lines_are_counted_and_shown_never_judged(sb: Any, tmp_path: Path
     assert len(messages) == 4 and "speculation off: 33 running > 4" in messages[1]
     wrap = tmp_path / "switch_then_serve.py"
     wrap.write_text(
-        "import os, sys\nfrom datetime import datetime\nfrom fleetctl.sglang.logs import format_line\n"
+        "import os, sys\nfrom datetime import datetime\nfrom fleetctl.engines.sglang.logs import format_line\n"
         f"for m in {messages!r}:\n"
         f"    sys.stderr.write(format_line({version!r}, {{}}, m, datetime.now()) + '\\n')\n"
         "sys.stderr.flush()\n"

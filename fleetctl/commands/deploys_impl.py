@@ -27,7 +27,7 @@ from fleetctl.commands.deploys_view import (
     render_rollback_plan,
     render_status,
 )
-from fleetctl.engine import engine
+from fleetctl.engines import engine
 from fleetctl.errors import EXIT_FAILED, EXIT_OK, InputError
 from fleetctl.ledger import Ledger
 from fleetctl.ops.record import Recorded

@@ -7,7 +7,7 @@ import difflib
 from typing import TYPE_CHECKING, Any
 
 from fleetctl.commands.common import out
-from fleetctl.engine import engine
+from fleetctl.engines import engine
 from fleetctl.ui.hostnames import group, hosts_label, strip_host
 from fleetctl.ui.jsonout import host_row
 from fleetctl.ui.render import hosts_cell, say, status_cell, table

@@ -13,7 +13,7 @@ from fleetctl.commands.common import (
     out,
 )
 from fleetctl.commands.context import fleet_context, print_debug_details
-from fleetctl.engine import engine
+from fleetctl.engines import engine
 from fleetctl.errors import EXIT_FAILED, EXIT_OK
 from fleetctl.facts import HostFacts, read_facts
 from fleetctl.ui.hostnames import group, hosts_label, strip_host

@@ -84,7 +84,7 @@ def check_cmd(
 ) -> None:
     from fleetctl import statefiles
     from fleetctl.config.playbook import load_playbook
-    from fleetctl.engine import engine
+    from fleetctl.engines import engine
     from fleetctl.patching.authoring import check_playbook
 
     pb = load_playbook(playbook)
@@ -333,7 +333,7 @@ def dockerfile_cmd(
 ) -> None:
     from fleetctl.config.playbook import load_playbook
     from fleetctl.containers.dockerfile import build, write_context
-    from fleetctl.engine import engine
+    from fleetctl.engines import engine
     from fleetctl.intended import intended_for
 
     sglang = validate.sglang_version(sglang)

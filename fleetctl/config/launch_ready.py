@@ -23,7 +23,7 @@ def unfilled(pb: Any) -> list[str]:
 
 def launch_refusal(pb: Any) -> str | None:
     """One line: why `launch` cannot start this playbook's servers at all (None: it can try)."""
-    from fleetctl.engine import engine
+    from fleetctl.engines import engine
 
     if not pb.launch_declared:
         return (f"{pb.path}: the playbook has no launch: section, so launch has no model to serve: add launch: "

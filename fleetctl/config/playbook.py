@@ -41,7 +41,7 @@ from fleetctl.config.playbook_model import (  # (the classes a loaded playbook i
     check_relpath,
 )
 from fleetctl.config.yamlpos import load_yaml, validate
-from fleetctl.engine import engine
+from fleetctl.engines import engine
 from fleetctl.errors import InputError
 
 SHA256_RE = r"^[0-9a-f]{64}$"

@@ -39,7 +39,7 @@ from fleetctl.config.playbook_model import (
     ShippedFile,
     VerifySpec,
 )
-from fleetctl.engine import engine
+from fleetctl.engines import engine
 
 VERSION = 2
 

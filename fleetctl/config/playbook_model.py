@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
-from fleetctl.engine import engine
+from fleetctl.engines import engine
 
 MAX_STATE_FILE = 1 << 20  # a state file is configuration, not a payload
 _FORBID = {"extra": "forbid"}  # (a pydantic ConfigDict is a plain dict: an unknown key is an error)

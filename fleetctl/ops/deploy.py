@@ -17,7 +17,7 @@ from fleetctl import seal, statefiles
 from fleetctl.config.hosts import Host
 from fleetctl.config.playbook_model import Playbook
 from fleetctl.deploy_plan import Coverage, HostPlan, Intended, Plan, plan_host, sha
-from fleetctl.engine import engine
+from fleetctl.engines import engine
 from fleetctl.errors import InputError
 from fleetctl.facts import HostFacts, facts_request, inspect_container, parse_facts, read_facts
 from fleetctl.instances import host_launch_spec

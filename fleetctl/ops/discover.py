@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from fleetctl.config.hosts import Host
 from fleetctl.config.playbook_model import Playbook
-from fleetctl.engine import engine
+from fleetctl.engines import engine
 from fleetctl.errors import FleetctlError
 from fleetctl.facts import HASH_FILES, HostFacts, facts_request, parse_facts, read_facts
 from fleetctl.protocol import names

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from fleetctl import events
 from fleetctl.config.playbook_model import CRASH_SIGNS, Playbook
-from fleetctl.engine import engine
+from fleetctl.engines import engine
 from fleetctl.facts import HostFacts, read_facts
 from fleetctl.instances import Instance, command_argv, flag_argv, plan_instances
 from fleetctl.launchspec import INHERIT_FROM_HOST

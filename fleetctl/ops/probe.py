@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from fleetctl.config.playbook_model import Playbook
-from fleetctl.engine import engine
+from fleetctl.engines import engine
 from fleetctl.errors import ProbeInputError
 from fleetctl.facts import read_facts
 from fleetctl.instances import flag_argv, plan_instances

@@ -10,7 +10,7 @@ from typing import Any, Literal
 from fleetctl import hoststate, wheels
 from fleetctl.config.hosts import Host
 from fleetctl.config.playbook_model import LaunchProfile, Playbook
-from fleetctl.engine import engine
+from fleetctl.engines import engine
 from fleetctl.facts import HostFacts
 from fleetctl.instances import host_launch_spec
 from fleetctl.ops.deploy import Gathered, lock_bound, who

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from fleetctl.engine import engine
+from fleetctl.engines import engine
 from fleetctl.errors import InputError
 
 if TYPE_CHECKING:  # parse_count/parse_percent check options before any host: no transport imported

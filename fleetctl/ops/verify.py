@@ -2,7 +2,7 @@
 patched code runs; when it does not, say why (worker routing, file on disk, restart, timing).
 
 The grep runs on the host (agent `server_grep`): only matching lines come back, bounded. Every
-SGLang fact (ranks, line format, dump, worker routing) comes from the engine (`fleetctl.engine`).
+SGLang fact (ranks, line format, dump, worker routing) comes from the engine (`fleetctl.engines.base`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from fleetctl.config.playbook_model import CRASH_SIGNS, Playbook
-from fleetctl.engine import engine
+from fleetctl.engines import engine
 from fleetctl.facts import bytecode_problem
 from fleetctl.instances import Instance
 from fleetctl.ops.exits import exited_line

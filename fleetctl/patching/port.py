@@ -13,7 +13,7 @@ from pathlib import Path
 
 from fleetctl import wheels
 from fleetctl.config.playbook_model import Playbook, check_relpath
-from fleetctl.engine import engine
+from fleetctl.engines import engine
 from fleetctl.errors import EXIT_FAILED, FleetctlError, InputError
 from fleetctl.patching.authoring import compile_error, make_patch
 from fleetctl.patching.engine import PatchError, apply_patch, parse_patch

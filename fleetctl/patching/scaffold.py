@@ -21,7 +21,7 @@ from typing import Any
 
 from fleetctl import wheels
 from fleetctl.config.launch_ready import PLACEHOLDER
-from fleetctl.engine import engine
+from fleetctl.engines import engine
 from fleetctl.errors import InputError
 from fleetctl.patching.authoring import compile_error, make_patch
 from fleetctl.patching.engine import PatchError, apply_patch, parse_patch

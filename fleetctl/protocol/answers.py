@@ -437,7 +437,7 @@ class DiscoverFacts:
 @dataclass
 class ModelConfigInfo:
     """The launch's target model config.json as the agent read it (validated again on arrival:
-    fleetctl/sglang/model_config.py `from_answer`), or why it could not."""
+    fleetctl/engines/sglang/model_config.py `from_answer`), or why it could not."""
 
     path: str | None = None
     architectures: list[str] = field(default_factory=list)

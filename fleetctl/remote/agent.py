@@ -15,7 +15,7 @@ module (jdumps/jloads below).
 Every action is a function here taking the payload dict; they are unit-testable locally.
 
 The agent knows no engine: which package to locate, the file that registers server flags and the
-inventory key that pins the package dir come in each request as `engine` (fleetctl/engine.py,
+inventory key that pins the package dir come in each request as `engine` (fleetctl/engines/base.py,
 `Engine.agent_facts()`).
 """
 
@@ -965,7 +965,7 @@ def _home_of(env):
 
 def hub_cache_dir(env, home):
     """The HF hub cache the launch's environment selects (huggingface_hub's precedence; mirrors
-    fleetctl/sglang/model_config.py, held to it by tests)."""
+    fleetctl/engines/sglang/model_config.py, held to it by tests)."""
     def exp(p):
         return home + p[1:] if p == "~" or p.startswith("~/") else p
     if env.get("HF_HUB_CACHE"):

@@ -1,7 +1,7 @@
 """Agent part: `engine_probe`, ask the host's own engine which worker a launch selects.
 
 Runs the engine's host probe script (sent by the controller in the request: the agent is
-engine-blind; for SGLang it is fleetctl/sglang/host_probe.py) under the launch's interpreter,
+engine-blind; for SGLang it is fleetctl/engines/sglang/host_probe.py) under the launch's interpreter,
 options, environment and cwd, with three changes that keep the host untouched:
 CUDA_VISIBLE_DEVICES="" (no GPU is visible), PYTHONDONTWRITEBYTECODE=1 (no .pyc written into
 the package) and TMPDIR set to a private directory removed afterwards. The process runs in its own

@@ -4,14 +4,14 @@
 
 It exists so that `fleetctl launch`, `stop` and `verify-logs` can be exercised end to end on the
 sandbox fleet. Nothing it prints is evidence about GPUs or about SGLang's real behaviour: every
-decision it takes comes from fleetctl's own SGLang knowledge module (`fleetctl.sglang`), so what it
+decision it takes comes from fleetctl's own SGLang knowledge module (`fleetctl.engines.sglang`), so what it
 can prove is only that fleetctl's tooling reads what that module says SGLang would print.
 
 What it does, in order (all logs on stderr, in the installed release's format):
   1. prints a line saying it is the fleetctl sandbox simulator;
   2. finds the SGLang this interpreter would import (importlib find_spec, no import of sglang) and
      its version (`sglang/_version.py`);
-  3. decides the worker with `fleetctl.sglang.resolve_worker(version, flags, os.environ)`; a
+  3. decides the worker with `fleetctl.engines.sglang.resolve_worker(version, flags, os.environ)`; a
      `startup_error` is printed like a Python traceback ending in that error, exit 1 (a command-line
      error of the release's argparse -- unknown flag, ambiguous abbreviation -- as usage + error, exit 2);
   4. prints the startup warnings (bare before 0.5.11), the `server_args=` dump of the resolved args;
@@ -25,7 +25,7 @@ What it does, in order (all logs on stderr, in the installed release's format):
      import loads it) passes straight to `logger.info(...)`: what a patched scheduler logs at start
      (the pristine releases log none there), e.g. the scheduler-log-line example playbook's marker;
   6c. with --speculative-adaptive on a release that has it, the release's own adaptive start-up lines
-     (`fleetctl.sglang.adaptive`) computed from the --speculative-adaptive-config file the launch names
+     (`fleetctl.engines.sglang.adaptive`) computed from the --speculative-adaptive-config file the launch names
      (read, as the release's loader would; a file it refuses is a traceback, exit 1), TP rank 0 only;
   7. prints the ready line, serves `GET /health` (200; 503 before ready), `GET /get_server_info`
      (JSON of the resolved args) and `POST /generate` (a made-up text that depends only on the
@@ -204,7 +204,7 @@ def startup_literals(pkg: Path) -> list[str]:
 def adaptive_lines(version: str, worker_class: str | None, args: dict[str, Any]) -> list[str]:
     """The release's adaptive start-up lines for this launch ([] without --speculative-adaptive);
     raises ValueError/OSError as the release's loader would on a config it cannot use."""
-    from fleetctl.sglang import adaptive
+    from fleetctl.engines.sglang import adaptive
 
     if not args.get("speculative_adaptive") or adaptive.config_format(version) is None:
         return []
@@ -213,8 +213,8 @@ def adaptive_lines(version: str, worker_class: str | None, args: dict[str, Any])
     if path:
         with open(str(path), "rb") as fh:
             data = fh.read(adaptive.MAX_CONFIG + 1)
-    else:  # the release's default config: its candidates (fleetctl.sglang) in one slot
-        from fleetctl.sglang import releases
+    else:  # the release's default config: its candidates (fleetctl.engines.sglang) in one slot
+        from fleetctl.engines.sglang import releases
 
         rel = releases.RELEASES.get(version)
         cands = list(rel.adaptive.default_candidates) if rel and rel.adaptive else [1, 3, 7]
@@ -294,8 +294,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from fleetctl.remote.probe import code_marker
-    from fleetctl.sglang import (
+    from fleetctl.engines.sglang import (
         READY_LINE,
         expected_ranks,
         format_line,
@@ -303,6 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         resolve_worker,
         server_args_dump,
     )
+    from fleetctl.remote.probe import code_marker
 
     argv = list(sys.argv[1:] if argv is None else argv)
     log(BANNER)
@@ -364,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # --log-level above INFO: the root logger drops INFO records (the dump, "Load weight", the marker,
     # the ready line); warnings and tracebacks still show
-    from fleetctl.sglang.processes import QUIET_LEVELS
+    from fleetctl.engines.sglang.processes import QUIET_LEVELS
 
     quiet = str(res.resolved_args.get("log_level") or "info").lower() in QUIET_LEVELS
 

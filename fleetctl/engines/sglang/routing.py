@@ -16,30 +16,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from fleetctl.sglang import adaptive
-from fleetctl.sglang import releases as R
+from fleetctl.engines.base import Resolution
+from fleetctl.engines.sglang import adaptive
+from fleetctl.engines.sglang import releases as R
 
 EAGLE_FAMILY = ("EAGLE", "EAGLE3", "STANDALONE")
-
-
-@dataclass(frozen=True)
-class Resolution:
-    version: str
-    known: bool
-    algorithm: str | None  # normalized, e.g. "EAGLE3"; None when no speculation
-    worker_class: str | None
-    worker_file: str | None  # relative to the sglang package dir
-    disable_overlap_schedule: bool | None
-    spec_v2_env: str  # e.g. "unset", "set to '1' (on)"
-    reason: str  # one sentence
-    startup_error: str | None  # the real server refuses to start with this
-    warnings: tuple[str, ...]  # startup warnings SGLang prints for this case, in order
-    adaptive_available: bool  # upstream --speculative-adaptive exists
-    resolved_args: dict[str, Any] = field(default_factory=dict)
-    unknown_flags: tuple[str, ...] = ()  # flags the upstream parser of this release does not have
-    # False when the answer depends on the target model's config.json `architectures`, which was not
-    # given (not readable): model-specific overrides of this release could change the worker
-    certain: bool = True
 
 
 def is_known(version: str) -> bool:

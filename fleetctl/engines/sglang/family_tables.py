@@ -336,7 +336,7 @@ def _from_json(doc: dict[str, Any]) -> FamilyTable:
 def table(version: str) -> FamilyTable:
     """The release's table: from the cache, else derived from its wheel (fetched on first use)."""
     from fleetctl import wheels
-    from fleetctl.sglang import routing
+    from fleetctl.engines.sglang import routing
 
     known = routing.worker_files(version) if routing.is_known(version) else {}
     path = wheels.cache_dir() / "families" / f"{version}-v{FORMAT}.json"

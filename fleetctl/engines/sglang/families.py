@@ -17,7 +17,7 @@ from functools import lru_cache
 from pathlib import PurePosixPath
 from typing import Any
 
-from fleetctl.sglang import family_tables as FT
+from fleetctl.engines.sglang import family_tables as FT
 
 SPEC = "speculative_worker"
 MODEL = "model"

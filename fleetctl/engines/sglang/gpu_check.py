@@ -13,7 +13,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from fleetctl.sglang import releases as R
+from fleetctl.engines.sglang import releases as R
 
 _HERE = Path(__file__).parent
 MODEL_SCRIPT = "tiny_models.py"
@@ -70,7 +70,7 @@ def bench_script() -> str:
 
 
 def _tp(flag: str) -> bool:
-    from fleetctl.engine import engine
+    from fleetctl.engines import engine
 
     return flag in engine().tp_spellings
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleetctl.config.launch_ready import PLACEHOLDER
-from fleetctl.sglang import releases as R
-from fleetctl.sglang import routing
+from fleetctl.engines.sglang import releases as R
+from fleetctl.engines.sglang import routing
 
 MODEL_FLAG = "--model-path"
 DRAFT_FLAG = "--speculative-draft-model-path"
@@ -112,7 +112,7 @@ def parse_launch(command: str) -> tuple[dict[str, Any], dict[str, str]]:
     import re
     import shlex
 
-    from fleetctl.sglang import processes
+    from fleetctl.engines.sglang import processes
 
     words = shlex.split(command)
     env: dict[str, str] = {}

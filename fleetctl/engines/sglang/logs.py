@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import ast
 import re
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from fleetctl.sglang import releases as R
+from fleetctl.engines.base import LogLine
+from fleetctl.engines.sglang import releases as R
 
 READY_LINE = R.READY_LINE
 DUMP_ANCHOR = R.DUMP_ANCHOR
@@ -21,14 +21,6 @@ RANK_KEYS = ("DP", "PP", "ATTN_CP", "MOE_DP", "TP", "EP")
 
 _LINE = re.compile(r"^\[(\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}(?:\.\d{3})?)((?: [^\]\s]+)*)\] ?(.*)$", re.S)
 _RANK = re.compile(r"^(DP|PP|ATTN_CP|MOE_DP|TP|EP)(\d+)$")
-
-
-@dataclass(frozen=True)
-class LogLine:
-    raw: str
-    timestamp: str | None  # "YYYY-MM-DD HH:MM:SS" or with ".mmm"; None for bare lines
-    ranks: dict[str, int]  # e.g. {"TP": 1}; {} for the main process, detokenizer, bare lines
-    message: str
 
 
 def parse_line(line: str) -> LogLine:

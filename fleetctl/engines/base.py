@@ -1,25 +1,59 @@
-"""The inference engine behind one small interface: everything engine-specific goes through here.
+"""The engine interface: `Engine` (a Protocol) and the plain types its answers are made of.
 
-Core modules (config, facts, plan, ops, commands) name no engine path, env name, flag or log line:
-they ask `engine()` (tests/test_engine_boundary.py enforces it). The one implementation today is
-SGLang, in fleetctl/sglang/engine.py; a second engine is a second implementation of `Engine`.
-
-The host agent (fleetctl/remote/, stdlib only) holds no engine knowledge either: the controller
-passes the facts it needs in each request (`Engine.agent_facts()`: package name, the file that
-registers server flags, the inventory key naming the package dir).
+An engine package (fleetctl/engines/<name>/) implements `Engine` and imports only this module, the
+protocol's types and errors; `fleetctl.engines.engine()` returns the one instance.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from fleetctl.gpus import Gpu
     from fleetctl.protocol.answers import EngineProbeAnswer
-    from fleetctl.sglang.logs import LogLine
-    from fleetctl.sglang.model_config import ModelConfig
-    from fleetctl.sglang.routing import Resolution
+    from fleetctl.protocol.gpus import Gpu
+
+
+@dataclass(frozen=True)
+class LogLine:
+    raw: str
+    timestamp: str | None  # "YYYY-MM-DD HH:MM:SS" or with ".mmm"; None for bare lines
+    ranks: dict[str, int]  # e.g. {"TP": 1}; {} for the main process, detokenizer, bare lines
+    message: str
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The target model config.json as read on the host: `arch` (architectures[0]) or `error`."""
+
+    arch: str | None
+    path: str | None
+    error: str | None
+
+    @property
+    def readable(self) -> bool:
+        return self.arch is not None
+
+
+@dataclass(frozen=True)
+class Resolution:
+    version: str
+    known: bool
+    algorithm: str | None  # normalized, e.g. "EAGLE3"; None when no speculation
+    worker_class: str | None
+    worker_file: str | None  # relative to the sglang package dir
+    disable_overlap_schedule: bool | None
+    spec_v2_env: str  # e.g. "unset", "set to '1' (on)"
+    reason: str  # one sentence
+    startup_error: str | None  # the real server refuses to start with this
+    warnings: tuple[str, ...]  # startup warnings SGLang prints for this case, in order
+    adaptive_available: bool  # upstream --speculative-adaptive exists
+    resolved_args: dict[str, Any] = field(default_factory=dict)
+    unknown_flags: tuple[str, ...] = ()  # flags the upstream parser of this release does not have
+    # False when the answer depends on the target model's config.json `architectures`, which was not
+    # given (not readable): model-specific overrides of this release could change the worker
+    certain: bool = True
 
 
 class Engine(Protocol):
@@ -160,18 +194,5 @@ class Engine(Protocol):
     # -- `gpu-check`: throwaway servers of a tiny model fleetctl makes on the host (fleetctl/ops/gpu_check.py)
     def gpu_check(self) -> Any:
         """The engine's part of gpu-check: `phases()`, `threshold()`, `model_script()`,
-        `bench_script()`, `PHASES`, `PHASE_HELP` (fleetctl/sglang/gpu_check.py)."""
+        `bench_script()`, `PHASES`, `PHASE_HELP` (fleetctl/engines/sglang/gpu_check.py)."""
         ...
-
-
-_ENGINE: Engine | None = None
-
-
-def engine() -> Engine:
-    """The engine fleetctl drives (SGLang). Imported on first use: start-up stays light."""
-    global _ENGINE
-    if _ENGINE is None:
-        from fleetctl.sglang.engine import SGLANG
-
-        _ENGINE = SGLANG
-    return _ENGINE

@@ -1,7 +1,7 @@
 """`explain --probe`: ask each host's own SGLang which worker a launch selects, and hold fleetctl's
-table (fleetctl.sglang.resolve_worker) to that answer.
+table (fleetctl.engines.sglang.resolve_worker) to that answer.
 
-The host runs fleetctl/sglang/host_probe.py under the launch's interpreter, options, environment
+The host runs fleetctl/engines/sglang/host_probe.py under the launch's interpreter, options, environment
 and cwd (agent action `engine_probe`, which is sent the script), with no GPU visible; SGLang's hardware queries are answered
 from the host's nvidia-smi facts, which this module turns into the probe's `hardware` request.
 """
@@ -14,11 +14,11 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
+from fleetctl.engines.sglang.routing import Resolution
 from fleetctl.errors import ProbeInputError
-from fleetctl.gpus import Gpu
 from fleetctl.protocol import names
 from fleetctl.protocol.answers import EngineProbeAnswer
-from fleetctl.sglang.routing import Resolution
+from fleetctl.protocol.gpus import Gpu
 
 PROBE_TIMEOUT = 240.0
 DISAGREE = "fleetctl's table and this host's SGLang disagree"  # (SGLangEngine.probe_disagree)
@@ -65,7 +65,7 @@ def hardware(gpus: list[Gpu] | None, use: tuple[int, ...]) -> dict[str, Any]:
 @cache
 def host_probe_source() -> str:
     """The script the host runs under the launch's python (sent in each request: the agent is engine-blind)."""
-    return resources.files("fleetctl.sglang").joinpath("host_probe.py").read_text(encoding="utf-8")
+    return resources.files("fleetctl.engines.sglang").joinpath("host_probe.py").read_text(encoding="utf-8")
 
 
 def run_probe(conn: Any, launch: dict[str, Any], argv: list[str], hw: dict[str, Any],

@@ -1,6 +1,6 @@
 """Everything fleetctl knows about SGLang internals, per release (see releases.py for the table)."""
 
-from fleetctl.sglang.logs import (
+from fleetctl.engines.sglang.logs import (
     DUMP_ANCHOR,
     READY_LINE,
     LogLine,
@@ -12,8 +12,8 @@ from fleetctl.sglang.logs import (
     rank_prefix,
     server_args_dump,
 )
-from fleetctl.sglang.releases import KNOWN_VERSIONS, PORT_FLAG
-from fleetctl.sglang.routing import (
+from fleetctl.engines.sglang.releases import KNOWN_VERSIONS, PORT_FLAG
+from fleetctl.engines.sglang.routing import (
     Resolution,
     eagle_worker_classes,
     is_known,

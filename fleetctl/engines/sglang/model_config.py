@@ -21,6 +21,8 @@ import posixpath
 import re
 from dataclasses import dataclass
 
+from fleetctl.engines.base import ModelConfig
+
 MAX_CONFIG_BYTES = 4 * 1024 * 1024
 _ARCH = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?$")
@@ -121,19 +123,6 @@ def launch_model(flags: dict[str, object], argv: list[str] | tuple[str, ...] = (
         if key is not None and v is not None and v is not False and v is not True:
             found[key] = str(v)
     return found if found.get("path") else None
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """The target model config.json as read on the host: `arch` (architectures[0]) or `error`."""
-
-    arch: str | None
-    path: str | None
-    error: str | None
-
-    @property
-    def readable(self) -> bool:
-        return self.arch is not None
 
 
 def from_answer(answer: object) -> ModelConfig | None:

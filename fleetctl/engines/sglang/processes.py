@@ -11,7 +11,7 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from fleetctl.sglang import releases as R
+from fleetctl.engines.sglang import releases as R
 
 SERVER_MODULES = ("sglang.launch_server", "sglang.cli.main serve")
 SERVER_SCRIPTS = ("sglang serve",)

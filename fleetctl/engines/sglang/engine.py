@@ -1,4 +1,4 @@
-"""SGLang as a fleetctl engine (fleetctl/engine.py: the interface). Every SGLang path, env name,
+"""SGLang as a fleetctl engine (fleetctl/engines/base.py: the interface). Every SGLang path, env name,
 flag and log line that code outside this package needs is reached through `SGLANG`."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from fleetctl.engine import Engine
-from fleetctl.sglang import logs, model_config, processes, routing
-from fleetctl.sglang import releases as R
+from fleetctl.engines.base import Engine
+from fleetctl.engines.sglang import logs, model_config, processes, routing
+from fleetctl.engines.sglang import releases as R
 
 _TP = next(f for f in R.FLAGS if f.dest == "tp_size")
 _RESOLVED: dict[tuple[str, str | None, str], routing.Resolution] = {}  # SGLangEngine.resolve_worker
@@ -43,7 +43,7 @@ class SGLangEngine:
     report_args: tuple[str, ...] = ("speculative_algorithm", "disable_overlap_schedule", "speculative_eagle_topk")
 
     def gpu_check(self) -> Any:
-        from fleetctl.sglang import gpu_check
+        from fleetctl.engines.sglang import gpu_check
 
         return gpu_check
 
@@ -81,12 +81,12 @@ class SGLangEngine:
         return hit
 
     def launch_file_note(self, version: str, flags: Mapping[str, Any], files: Mapping[str, bytes | str] | None) -> str | None:
-        from fleetctl.sglang import adaptive
+        from fleetctl.engines.sglang import adaptive
 
         return adaptive.read_note(version, dict(flags), dict(files) if files is not None else None)
 
     def launch_files(self, flags: Mapping[str, Any]) -> list[str]:
-        from fleetctl.sglang import adaptive
+        from fleetctl.engines.sglang import adaptive
 
         return adaptive.named_files(dict(flags))
 
@@ -156,18 +156,18 @@ class SGLangEngine:
                                      "sampling_backend")
 
     def spec_members(self, version: str) -> dict[str, str]:
-        from fleetctl.sglang import families
+        from fleetctl.engines.sglang import families
 
         return families.spec_members(version)
 
     def other_spec_worker(self, version: str, algorithm: str) -> list[tuple[str, str]]:
-        from fleetctl.sglang import families
+        from fleetctl.engines.sglang import families
 
         return families.other_spec_worker(version, algorithm)
 
     def family_checks(self, version: str, flags: Mapping[str, Any], patched: Mapping[str, bytes],
                       asked: Mapping[str, bool | None], *, model: Any = None, draft: Any = None) -> list[Any]:
-        from fleetctl.sglang import families
+        from fleetctl.engines.sglang import families
 
         def seen(m: Any) -> families.ModelSeen | None:
             return None if m is None else families.ModelSeen(m.arch, m.error)
@@ -175,17 +175,17 @@ class SGLangEngine:
         return families.check(version, flags, patched, asked, model=seen(model), draft=seen(draft))
 
     def playbook_refusal(self, pb: Any, version: str) -> str | None:
-        from fleetctl.sglang import adaptive
+        from fleetctl.engines.sglang import adaptive
 
         return adaptive.release_refusal(pb, version)
 
     def playbook_warnings(self, pb: Any, flags: dict[str, Any]) -> list[str]:
-        from fleetctl.sglang import adaptive
+        from fleetctl.engines.sglang import adaptive
 
         return adaptive.idle_slot_warnings(pb, flags)
 
     def state_file_check(self, pb: Any, version: str, name: str, data: bytes) -> tuple[bool, str] | None:
-        from fleetctl.sglang import adaptive
+        from fleetctl.engines.sglang import adaptive
 
         if name not in {n for n, _ in adaptive.adaptive_configs(pb)}:
             return None
@@ -194,13 +194,13 @@ class SGLangEngine:
         return adaptive.config_check(version, data, initial)
 
     def patched_refusal(self, version: str, intended: dict[str, bytes], resolved_args: dict[str, Any]) -> str | None:
-        from fleetctl.sglang import server_args_replay
+        from fleetctl.engines.sglang import server_args_replay
 
         return server_args_replay.patched_refusal(version, intended, resolved_args)
 
     def scaffold(self, version: str, patched: dict[str, tuple[bytes, bytes]],
                  command: str | None = None) -> tuple[Any, list[Any]]:
-        from fleetctl.sglang import scaffold
+        from fleetctl.engines.sglang import scaffold
 
         markers = [m for rel, (old, new) in patched.items() for m in scaffold.added_markers(version, rel, old, new)]
         order = {"worker": 0, "file": 1, "anywhere": 2}  # a marker in the worker first: it proves the most
@@ -209,18 +209,18 @@ class SGLangEngine:
     probe_disagree: str = "fleetctl's table and this host's SGLang disagree"
 
     def probe_hardware(self, gpus: Any, use: tuple[int, ...]) -> dict[str, Any]:
-        from fleetctl.sglang import probe
+        from fleetctl.engines.sglang import probe
 
         return probe.hardware(gpus, use)
 
     def probe_host(self, conn: Any, launch: dict[str, Any], argv: list[str], hardware: dict[str, Any],
                    overlay: dict[str, bytes] | None = None) -> Any:
-        from fleetctl.sglang import probe
+        from fleetctl.engines.sglang import probe
 
         return probe.run_probe(conn, launch, argv, hardware, overlay=overlay)
 
     def probe_compare(self, table: routing.Resolution, answer: Any) -> tuple[bool | None, str]:
-        from fleetctl.sglang import probe
+        from fleetctl.engines.sglang import probe
 
         v = probe.compare(table, answer)
         return v.agrees, v.line
