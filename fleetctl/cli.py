@@ -219,6 +219,10 @@ class _Tee:
         return lines[-1] if lines else "failed"
 
 
+# the reference of the error this run ended with (docs/errors.md): the error envelope says it
+last_reference: str | None = None
+
+
 def _error_envelope(args: list[str], code: int, tee: _Tee) -> None:
     """--json and the command printed no document (bad input, an error before any host): the
     envelope saying so, so a script reading stdout always gets one (docs/json.md)."""
@@ -229,7 +233,8 @@ def _error_envelope(args: list[str], code: int, tee: _Tee) -> None:
     words = [a for a in args if not a.startswith("-")]
     command = " ".join(words[:2]) if words[:1] in (["patch"], ["sandbox"]) else (words[0] if words else "fleetctl")
     doc = envelope(command, ok=False, message=tee.error_line(), hosts=[],
-                   error={"exit_code": code, "bad_input": code == 2})
+                   error={"exit_code": code, "bad_input": code == 2,
+                          "reference": last_reference or ("usage-error" if code == 2 else "failed")})
     sys.stdout.write(json.dumps(doc, indent=2) + "\n")
 
 
@@ -261,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(args: list[str]) -> int:
+    global last_reference
+    last_reference = None
     debug = "--debug" in args
     from fleetctl.ui import suggest
 
@@ -273,27 +280,31 @@ def _main(args: list[str]) -> int:
             code = c if isinstance(c, int) else (0 if c is None else EXIT_BAD_INPUT)
             if code == 130:  # typer turns a Ctrl-C outside a fleet step into a silent exit 130
                 sys.stderr.write("interrupted (Ctrl-C)\n")
+                last_reference = "interrupted"
+            elif code == EXIT_BAD_INPUT:  # click's usage errors: an unknown option, a missing argument
+                last_reference = "usage-error"
         else:
             code = 0
     # Error lines carry host and inventory text: control characters (newlines too) are escaped,
     # so the line stays one line and nothing reaches the terminal raw.
     except Interrupted as e:  # the per-host report is already on stderr
         sys.stderr.write(f"{_clean(e.line())}\n")
-        code = e.exit_code
+        code, last_reference = e.exit_code, e.reference
     except FleetctlError as e:
+        last_reference = e.reference
         if debug:
             _print_traceback()
         sys.stderr.write(f"error: {_clean(e.line())}\n")  # one line, never wrapped
         code = e.exit_code
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
-        code = 130
+        code, last_reference = 130, "interrupted"
     except Exception as e:  # an internal error: one line unless --debug
         if debug:
             _print_traceback()
         sys.stderr.write(f"internal error: {e.__class__.__name__}: {_clean(e)} "
                          "(rerun with --debug for the traceback)\n")
-        code = EXIT_FAILED
+        code, last_reference = EXIT_FAILED, "internal-error"
     sys.stdout.flush()
     return code
 

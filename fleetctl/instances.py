@@ -68,9 +68,10 @@ def _norm_flags(flags: dict[str, Any], where: str) -> dict[str, Any]:
     for k, v in flags.items():
         key = k if k.startswith("--") else "--" + k.replace("_", "-")
         if not FLAG_RE.match(key):
-            raise InputError(f"{where}: flag {k!r} must look like --some-flag")
+            raise InputError(f"{where}: flag {k!r} must look like --some-flag", reference="launch-profile-invalid")
         if isinstance(v, (dict, list)):
-            raise InputError(f"{where}: flag {key} must have a scalar value (string, number, true/false)")
+            raise InputError(f"{where}: flag {key} must have a scalar value (string, number, true/false)",
+                             reference="launch-profile-invalid")
         out[key] = v
     return out
 
@@ -96,9 +97,11 @@ def command_argv(host: Host, profile: LaunchProfile) -> list[str]:
         words = _split(template)
     except ValueError as e:
         raise InputError(f"launch command {template!r} does not split into words: {e}",
-                         hint="fix launch.command in the playbook or launch_command in the inventory") from None
+                         hint="fix launch.command in the playbook or launch_command in the inventory",
+                         reference="launch-profile-invalid") from None
     if not words:
-        raise InputError("the launch command is empty", hint="set launch.command in the playbook")
+        raise InputError("the launch command is empty", hint="set launch.command in the playbook",
+                         reference="launch-profile-invalid")
     return [w.replace("{python}", host.python) for w in words]
 
 
@@ -145,7 +148,8 @@ def plan_instances(host: Host, profile: LaunchProfile) -> list[Instance]:
         try:
             base_port = int(flags.pop(PORT_FLAG))
         except (TypeError, ValueError):
-            raise InputError(f"{host.name}: flag {PORT_FLAG} must be a port number") from None
+            raise InputError(f"{host.name}: flag {PORT_FLAG} must be a port number",
+                             reference="launch-profile-invalid") from None
     env = _base_env(host, profile)
     secret_keys = frozenset(k for k in host.secret_env_keys if k in env)
     secrets = [env[k] for k in secret_keys]
@@ -158,7 +162,8 @@ def plan_instances(host: Host, profile: LaunchProfile) -> list[Instance]:
     else:
         if len(gpus) % per:
             raise InputError(f"{host.name}: {len(gpus)} GPUs do not split into instances of {per}",
-                             hint="change layout.gpus_per_instance or the host's gpus")
+                             hint="change layout.gpus_per_instance or the host's gpus",
+                             reference="launch-profile-invalid")
         groups = [tuple(gpus[i:i + per]) for i in range(0, len(gpus), per)]
     cmd = command_argv(host, profile)
     user_tp = any(k in TP_SPELLINGS for k in flags)
@@ -166,7 +171,8 @@ def plan_instances(host: Host, profile: LaunchProfile) -> list[Instance]:
     for i, g in enumerate(groups):
         port = base_port + i * profile.layout.port_stride
         if not 1 <= port <= 65535:
-            raise InputError(f"{host.name}: instance {i} would use port {port}", hint="lower launch.port")
+            raise InputError(f"{host.name}: instance {i} would use port {port}", hint="lower launch.port",
+                             reference="launch-profile-invalid")
         f = dict(flags)
         if g and not user_tp:
             f[TP_FLAG] = len(g)
@@ -180,5 +186,6 @@ def plan_instances(host: Host, profile: LaunchProfile) -> list[Instance]:
                             launch=launch_spec(cmd, host.python, ienv, secret_keys, cwd=profile.cwd)))
     ports = [x.port for x in out]
     if len(set(ports)) != len(ports):
-        raise InputError(f"{host.name}: instances share a port", hint="set layout.port_stride >= 1")
+        raise InputError(f"{host.name}: instances share a port", hint="set layout.port_stride >= 1",
+                         reference="launch-profile-invalid")
     return out

@@ -158,19 +158,20 @@ class Fleet:
             data = fn(conn)
             out = HostOutcome(host.name, "ok", detail=data)
         except (Unreachable, HostKeyError) as e:
-            out = HostOutcome(host.name, "unreachable", conn.aborted or e.line())
+            out = HostOutcome(host.name, "unreachable", conn.aborted or e.line(), reference=e.reference)
         except RemoteError as e:
             out = HostOutcome(host.name, "unreachable" if e.kind == "timeout" else "failed",
-                              conn.aborted or e.line(), debug=e.detail)
+                              conn.aborted or e.line(), debug=e.detail, reference=e.reference)
         except FleetctlError as e:
-            out = HostOutcome(host.name, "failed", conn.aborted or e.line())
+            out = HostOutcome(host.name, "failed", conn.aborted or e.line(), reference=e.reference)
         except Exception as e:  # a bug: report it on this host, keep going with the others
             out = HostOutcome(host.name, "failed", conn.aborted or f"internal error: {e.__class__.__name__}: {e}",
-                              debug=traceback.format_exc())
+                              debug=traceback.format_exc(), reference="internal-error")
         if conn.aborted and out.ok:  # cut off just as it finished: it did finish
             conn.aborted = None
         elif conn.aborted:
             out.status = "unreachable"
+            out.reference = "host-timeout"
         out.elapsed = time.monotonic() - t0
         return out
 
@@ -246,12 +247,12 @@ class Fleet:
                             cut_at[i] = now
                     elif now - cut_at[i] > ABANDON_AFTER:  # its thread did not come back: report it anyway
                         finish(i, HostOutcome(host.name, "unreachable", conn.aborted or "cut off",
-                                              elapsed=now - cut_at[i]))
+                                              elapsed=now - cut_at[i], reference="host-timeout"))
                         start_worker()  # in place of the one left behind
             for i, host in enumerate(targets):
                 if i not in results:
                     self.not_started.add(host.name)
-                    finish(i, HostOutcome(host.name, "not-started", NOT_STARTED))
+                    finish(i, HostOutcome(host.name, "not-started", NOT_STARTED, reference="interrupted"))
         return [results[i] for i in range(len(targets))]
 
     def accepted_keys(self) -> list[str]:

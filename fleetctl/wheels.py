@@ -74,7 +74,8 @@ def ensure_wheel(version: str) -> Path:
             tail = (proc.stderr or proc.stdout).strip().splitlines()
             why = tail[-1] if tail else "no wheel downloaded"
             raise InputError(f"cannot fetch {PACKAGE}=={version}: {why}",
-                             hint="check the version exists and the package registry is reachable")
+                             hint="check the version exists and the package registry is reachable",
+                             reference="release-unavailable")
         final = wdir / got.name
         os.replace(got, final)
         shutil.rmtree(tmp, ignore_errors=True)
@@ -101,7 +102,7 @@ def extracted(version: str) -> Path:
             for info in zf.infolist():
                 name = info.filename
                 if name.startswith("/") or ".." in Path(name).parts:
-                    raise FleetctlError(f"{wheel}: unsafe path in wheel: {name}")
+                    raise FleetctlError(f"{wheel}: unsafe path in wheel: {name}", reference="wheel-cache-invalid")
             zf.extractall(tmp)
         # files are read-only in the cache: copies made from it must never share inodes
         shutil.rmtree(root, ignore_errors=True)
@@ -120,7 +121,8 @@ def pristine_bytes(version: str, rel: str) -> bytes:
     try:
         return p.read_bytes()
     except FileNotFoundError:
-        raise InputError(f"{PACKAGE} {version} has no file {rel}", hint="check the path in the playbook") from None
+        raise InputError(f"{PACKAGE} {version} has no file {rel}", hint="check the path in the playbook",
+                         reference="release-file-missing") from None
 
 
 def pristine_hashes(version: str) -> dict[str, str]:
@@ -135,7 +137,7 @@ def pristine_hashes(version: str) -> dict[str, str]:
         with zipfile.ZipFile(wheel) as zf:
             name = next((n for n in zf.namelist() if n.endswith(".dist-info/RECORD") and n.count("/") == 1), None)
             if name is None:
-                raise FleetctlError(f"{wheel}: no RECORD in the wheel")
+                raise FleetctlError(f"{wheel}: no RECORD in the wheel", reference="wheel-cache-invalid")
             text = zf.read(name).decode("utf-8")
         out: dict[str, str] = {}
         prefix = PACKAGE + "/"
@@ -159,10 +161,12 @@ def verified_pristine(version: str, rel: str, expect_sha: str | None = None) -> 
     rec = pristine_hashes(version).get(rel)
     if rec is None or got != rec:
         raise FleetctlError(f"{PACKAGE} {version}: cached {rel} hashes {got[:12]}, the wheel's RECORD says "
-                            f"{(rec or 'nothing')[:12]}", hint=f"remove {cache_dir() / 'trees' / version} to re-extract")
+                            f"{(rec or 'nothing')[:12]}", hint=f"remove {cache_dir() / 'trees' / version} to re-extract",
+                            reference="wheel-cache-invalid")
     if expect_sha is not None and got != expect_sha:
         raise InputError(f"{PACKAGE} {version}: pristine {rel} hashes {got[:12]}, the playbook says {expect_sha[:12]}",
-                         hint="check the playbook's sha256 for this file and version")
+                         hint="check the playbook's sha256 for this file and version",
+                         reference="pristine-hash-mismatch")
     return data
 
 

@@ -250,8 +250,9 @@ def test_changed_host_answers_its_servers_in_the_deploy_request(pristine: sbx.Sa
     answers two agent requests (facts, deploy), not three; an unchanged host is not asked at all."""
     from fleetctl.commands.context import fleet_context
     from fleetctl.config.playbook import load_playbook
+    from fleetctl.model.result import HostResult
     from fleetctl.ops.deploy import apply_plan, build_plan, gather, new_op_id
-    from fleetctl.ops.discover import HostServers, discover_facts
+    from fleetctl.ops.discover import Servers, discover_facts
 
     pb = load_playbook(make_playbook(tmp_path / "pb", "servers", {EW2: "s"}))
     with fleet_context(pristine.inventory_path, "h01,h02", 4, json=True, debug=False) as ctx:
@@ -259,12 +260,12 @@ def test_changed_host_answers_its_servers_in_the_deploy_request(pristine: sbx.Sa
         res = apply_plan(ctx.fleet, plan, pb, new_op_id(), then_facts=lambda h: discover_facts(h, pb))
         assert {n: r.status for n, r in res.items()} == {"h01": "changed", "h02": "changed"}
         for name in ("h01", "h02"):
-            got = res[name].servers
-            assert isinstance(got, HostServers) and got.status == "ok" and got.processes == [], got
+            got = res[name].detail.servers
+            assert isinstance(got, HostResult) and got.status == "ok" and got.detail == Servers(), got
             assert ctx.fleet.connection(next(h for h in ctx.fleet.hosts if h.name == name)).done == ["facts", "deploy"]
         plan = build_plan(ctx.fleet, pb, gather(ctx.fleet, pb))
         res = apply_plan(ctx.fleet, plan, pb, new_op_id(), then_facts=lambda h: discover_facts(h, pb))
-        assert {n: (r.status, r.servers) for n, r in res.items()} == {"h01": ("unchanged", None),
+        assert {n: (r.status, r.detail.servers) for n, r in res.items()} == {"h01": ("unchanged", None),
                                                                      "h02": ("unchanged", None)}
 
 

@@ -44,7 +44,9 @@ def test_json_with_bad_input_prints_the_error_envelope(args: list[str], capsys: 
     code, out, err = run(capsys, *args)
     assert code == 2, (out, err)
     doc = json.loads(out)  # before: stdout was empty
-    assert doc["ok"] is False and doc["error"] == {"exit_code": 2, "bad_input": True}
+    assert doc["ok"] is False and doc["error"] == {"exit_code": 2, "bad_input": True,
+                                                  "reference": doc["error"]["reference"]}
+    assert doc["error"]["reference"] not in ("bad-input", "failed")  # a narrower one (docs/errors.md)
     assert doc["command"] == " ".join(a for a in args if not a.startswith("-"))[:len(doc["command"])]
     assert doc["message"] and doc["message"] in err, (doc["message"], err)
     assert doc["hosts"] == [] and doc["summary"]["hosts"] == 0

@@ -102,7 +102,7 @@ def test_deploy_status_rollback_on_a_temporary_host(tmp_path: Path, pb: Playbook
         g2 = gather(fleet, pb)
         facts = g2.facts["t01"]
         assert [m.state for m in hoststate.own(facts)] == ["complete"]
-        assert [m.id for m in hoststate.on_disk(facts)] == [res["t01"].deploy_id]
+        assert [m.id for m in hoststate.on_disk(facts)] == [res["t01"].detail.deploy_id]
         assert not hoststate.interrupted(facts) and facts.state and facts.state.lock is None
         pristine, _ = hoststate.release_pristine(VERSION)
         assert pristine is not None and hoststate.unrecorded(facts, pristine) == []

@@ -159,7 +159,8 @@ err = LazyConsole(stderr=True)  # type: ignore[assignment]
 
 def require_inventory(path: Path | None) -> Path:
     if path is None:
-        raise InputError("no inventory given", hint="pass -i INVENTORY.yaml (e.g. the sandbox's DIR/inventory.yaml)")
+        raise InputError("no inventory given", hint="pass -i INVENTORY.yaml (e.g. the sandbox's DIR/inventory.yaml)",
+                         reference="inventory-missing")
     return path
 
 

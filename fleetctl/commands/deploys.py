@@ -94,14 +94,15 @@ def register(app: typer.Typer) -> None:
                 from fleetctl.errors import InputError
 
                 raise InputError("history show: which run?", hint="give its id: 'fleetctl history show ID' "
-                                 "('fleetctl history' lists them)")
+                                 "('fleetctl history' lists them)", reference="usage-error")
             deploys_impl.history_show(ident=run_id, log_file=log_file, json_out=json_out)
             return
         if run_id is not None:
             from fleetctl.errors import InputError
 
             raise InputError(f"history: unexpected {run_id!r} after {op_id!r}",
-                             hint=f"'fleetctl history {op_id}' or 'fleetctl history show {op_id}'")
+                             hint=f"'fleetctl history {op_id}' or 'fleetctl history show {op_id}'",
+                             reference="usage-error")
         deploys_impl.history(op_id=op_id, limit_rows=limit_rows, json_out=json_out)
 
     @app.command("explain", help="Say per host which SGLang worker class and file will run, and whether the playbook patches it.")

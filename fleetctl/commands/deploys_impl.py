@@ -33,6 +33,7 @@ from fleetctl.ledger import Ledger
 from fleetctl.ops.record import Recorded
 from fleetctl.ui.hostnames import group, strip_host
 from fleetctl.ui.jsonout import host_row
+from fleetctl.ui.jsonout import rows as rows_json
 from fleetctl.ui.render import hosts_cell, table
 from fleetctl.ui.safetext import line, lines_cell, styled
 
@@ -74,7 +75,8 @@ def deploy(*, playbook: Path, inventory: Path | None, limit: str | None, forks: 
         port_onto_host: bool = False) -> None:
     if port_onto_host and (force or restart):
         raise InputError("--port-onto-host goes with neither --force nor --restart",
-                         hint="port first (deploy --port-onto-host), then restart the servers")
+                         hint="port first (deploy --port-onto-host), then restart the servers",
+                         reference="option-invalid")
     budget = validate.rolling(restart, serial=serial, canary=canary, max_fail=max_fail,
                               ready_timeout=ready_timeout)
     validate.exclusive(diff=diff, json=json_out)
@@ -134,8 +136,9 @@ def deploy(*, playbook: Path, inventory: Path | None, limit: str | None, forks: 
                                                               seals=gathered.seals,
                                                               then_facts=lambda h: discover_facts(h, pb)))
         rows = [results[h.name] for h in ctx.fleet.hosts if h.name in results]
-        failed = [r for r in rows if r.status not in ("changed", "unchanged")]
-        record.finish(not failed, [{**r.to_json(), **({"detail": {"container": r.container}} if r.container else {})}
+        failed = [r for r in rows if not r.ok]
+        record.finish(not failed, [{**r.to_json(), **({"detail": {"container": r.detail.container}}
+                                                      if r.detail.container else {})}
                                    for r in rows])
         elapsed = ctx.elapsed()
         counts = {st: sum(1 for r in rows if r.status == st)
@@ -144,17 +147,17 @@ def deploy(*, playbook: Path, inventory: Path | None, limit: str | None, forks: 
                    + ", ".join(f"{n} {st}" for st, n in counts.items() if n or st in ("changed", "failed"))
                    + f" in {elapsed:.2f}s")
         reminder = _restart_reminder(ctx, pb, [r.host for r in rows if r.status == "changed"],
-                                     found={r.host: r.servers for r in rows if r.servers is not None})
-        runlog.result([host_row(r.to_json(), ok=r.status in ("changed", "unchanged")) for r in rows], op_id=op_id)
+                                     found={r.host: r.detail.servers for r in rows if r.detail.servers is not None})
+        runlog.result(rows_json(rows), op_id=op_id)
         if json_out:
             emit_json("deploy", op_id=op_id, ok=not failed, message=summary,
-                      hosts=[host_row(r.to_json(), ok=r.status in ("changed", "unchanged")) for r in rows],
+                      hosts=rows_json(rows),
                       plan=plan.to_json(), elapsed=round(elapsed, 3),
                       restart_needed=reminder.to_json() if reminder else None)
         else:
             t = table("result", ["host", "status", "deploy id", "what"])
             for hosts, (st, did, what) in group(
-                    (r.host, (r.status, r.deploy_id or "", tuple(strip_host(r.host, m) for m in [r.message, *r.notes])))
+                    (r.host, (r.status, r.detail.deploy_id or "", tuple(strip_host(r.host, m) for m in [r.message, *r.detail.notes])))
                     for r in rows):
                 t.add_row(hosts_cell(hosts), _s(st), did, lines_cell(what))
             out.print(t)
@@ -172,10 +175,11 @@ def rollback(*, inventory: Path | None, limit: str | None, forks: int, to: str |
         json_out: bool, debug: bool, accept_new_host_keys: bool) -> None:
     to = validate.deploy_id(to)
     if playbook is not None and not from_pristine:
-        raise InputError("--playbook goes with --from-pristine", hint="add --from-pristine, or drop --playbook")
+        raise InputError("--playbook goes with --from-pristine", hint="add --from-pristine, or drop --playbook",
+                         reference="option-invalid")
     if from_pristine and (to or force or old_tree):
         raise InputError("--from-pristine restores files no deploy record explains; it takes no --to, --force "
-                         "or --old-tree", hint="run the plain rollback separately")
+                         "or --old-tree", hint="run the plain rollback separately", reference="option-invalid")
     rpb = _load_playbook(playbook) if playbook else None
     with fleet_context(inventory, limit, forks, command="rollback", json=json_out, debug=debug,
                        accept_new_host_keys=accept_new_host_keys) as ctx:
@@ -187,7 +191,8 @@ def rollback(*, inventory: Path | None, limit: str | None, forks: int, to: str |
                               playbook=rpb)
         if to is not None and all(p.status == "skipped" for p in plans):
             raise InputError(f"deploy {to} is not on any of the {len(plans)} selected host(s)",
-                             hint="pick an id from 'fleetctl status' or 'fleetctl history', or widen --limit")
+                             hint="pick an id from 'fleetctl status' or 'fleetctl history', or widen --limit",
+                             reference="deploy-id-unknown")
         runlog.plan([p.to_json() for p in plans])
         if not json_out:
             render_rollback_plan(plans)
@@ -309,7 +314,7 @@ def status(*, playbook: Path | None, inventory: Path | None, limit: str | None, 
             r["servers"] = [s for s in servers if s["host"] == r["host"]]
             r["problems"] += [f"{s['instance']}: {p}" for s in r["servers"] for p in s["problems"]]
             hs = found.get(r["host"])
-            r["discovered"] = [p.to_json() for p in hs.processes if not p.instance] if hs else []
+            r["discovered"] = [p.to_json() for p in hs.detail.processes if not p.instance] if hs else []
             r["problems"] += [f"pid {p['pid']} (not started by fleetctl) runs code older than the files on disk: "
                               f"{', '.join(p['changed_files'])} changed after it started"
                               for p in r["discovered"] if p["stale"]]
@@ -370,7 +375,7 @@ def history_show(*, ident: str, log_file: str | None, json_out: bool) -> None:
     if not events and entry is None:
         raise InputError(f"no run {ident} in {path} nor in the ledger",
                          hint="'fleetctl history' lists the ledger's ids; a run's id is in its run log "
-                              "(--log-file FILE if the command was given one)")
+                              "(--log-file FILE if the command was given one)", reference="run-id-unknown")
     if json_out:
         emit_json("history", op_id=entry["id"] if entry else None, ok=True,
                   hosts=[host_row(h, ok=h["status"] in HISTORY_OK) for h in entry["hosts"]] if entry else [],
@@ -407,7 +412,8 @@ def history(*, op_id: str | None, limit_rows: int, json_out: bool) -> None:
         if op_id:
             d = ledger.get(op_id)
             if d is None:
-                raise InputError(f"no operation {op_id} in {ledger.path}", hint="run 'fleetctl history' to list ids")
+                raise InputError(f"no operation {op_id} in {ledger.path}", hint="run 'fleetctl history' to list ids",
+                                 reference="op-id-unknown")
             if json_out:
                 emit_json("history", op_id=d["id"], ok=True,
                           hosts=[host_row(h, ok=h["status"] in HISTORY_OK) for h in d["hosts"]],
@@ -649,15 +655,15 @@ def _rolling(ctx: RunContext, pb: Playbook, plan: Plan, serial: int | None, cana
                + (f"; stopped at batch {res.stopped_at} (over --max-fail {budget:g}%), that batch rolled back"
                   if res.stopped_at is not None else "")
                + f" in {ctx.elapsed():.2f}s")
-    runlog.result([host_row(h.to_json(), ok=h.status == "ok") for h in res.hosts], op_id=res.deploy_id)
+    runlog.result(rows_json(res.hosts), op_id=res.deploy_id)
     if ctx.json:
         emit_json("deploy", op_id=res.deploy_id, ok=res.ok, message=summary,
-                  hosts=[host_row(h.to_json(), ok=h.status == "ok") for h in res.hosts],
+                  hosts=rows_json(res.hosts),
                   summary={"batches": len(res.batches)}, restart=True, plan=plan.to_json(), rollout=res.to_json())
     else:
         t = table("rollout", ["batch", "host", "status", "steps", "what"])
         for hosts, (batch, st, steps, what) in group(
-                (h.host, (h.batch, h.status, ", ".join(f"{k}: {v}" for k, v in h.steps.items()),
+                (h.host, (h.detail.batch, h.status, ", ".join(f"{k}: {v}" for k, v in h.detail.steps.items()),
                           strip_host(h.host, h.message))) for h in res.hosts):
             t.add_row(str(batch) + (" (canary)" if batch == 0 else ""), hosts_cell(hosts), _s(st), steps, what)
         out.print(t)
@@ -676,6 +682,6 @@ def _break_lock_hosts(ctx: RunContext, value: str | None) -> set[str]:
     unknown = sorted(names - selected)
     if unknown:
         raise InputError(f"--break-lock names {', '.join(unknown)}, not a selected host",
-                         hint=f"name hosts of this command: {', '.join(sorted(selected))}")
+                         hint=f"name hosts of this command: {', '.join(sorted(selected))}", reference="option-invalid")
     return names
 

@@ -28,7 +28,7 @@ def _read(path: Path, what: str) -> bytes:
     try:
         return path.read_bytes()
     except OSError as e:
-        raise InputError(f"cannot read {what} {path}: {e.strerror}") from None
+        raise InputError(f"cannot read {what} {path}: {e.strerror}", reference="file-not-found") from None
 
 
 def _write_atomic(path: Path, data: bytes, *, like: Path | None = None) -> None:
@@ -37,7 +37,7 @@ def _write_atomic(path: Path, data: bytes, *, like: Path | None = None) -> None:
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=parent)
     except OSError as e:
-        raise InputError(f"cannot write {path}: {e.strerror}") from None
+        raise InputError(f"cannot write {path}: {e.strerror}", reference="file-unwritable") from None
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
@@ -135,9 +135,10 @@ def check_cmd(
             common.out.print(verdict, markup=False, highlight=False)
     if failed:
         raise FleetctlError(f"patch check: {len(failed)} of {len(results)} file(s) failed"
-                            + (f"; {len(failed_state)} state file check(s) failed" if failed_state else ""))
+                            + (f"; {len(failed_state)} state file check(s) failed" if failed_state else ""),
+                            reference="patch-check-failed")
     if failed_state or problems:
-        raise FleetctlError(verdict)
+        raise FleetctlError(verdict, reference="patch-check-failed")
 
 
 def _verdict(pb: Playbook, versions: list[str], results: list[Any], failed: list[Any], shipped: list[Any],
@@ -238,14 +239,16 @@ def new_cmd(
     try:
         rel = check_relpath(rel)
     except ValueError as e:
-        raise InputError(f"--file: {e}") from None
+        raise InputError(f"--file: {e}", reference="option-invalid") from None
     new = _read(edited, "edited file")
     pristine = wheels.pristine_bytes(sglang, rel)
     patch = make_patch(pristine, new, rel)
     if not patch:
-        raise InputError(f"{edited} is identical to sglang {sglang} {rel}: nothing to patch")
+        raise InputError(f"{edited} is identical to sglang {sglang} {rel}: nothing to patch",
+                         reference="option-invalid")
     if apply_patch(pristine, patch, name=rel).output != new:  # never hand out a patch that lies
-        raise FleetctlError(f"internal error: the patch for {rel} does not reproduce {edited}")
+        raise FleetctlError(f"internal error: the patch for {rel} does not reproduce {edited}",
+                            reference="internal-error")
     if out is None:
         sys.stdout.buffer.write(patch)
         sys.stdout.buffer.flush()
@@ -288,11 +291,12 @@ def init_cmd(
 
     release = validate.sglang_version(release, "--release")
     if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}", name):
-        raise InputError(f"NAME {name!r}: use letters, digits and _ . - (it names a directory)")
+        raise InputError(f"NAME {name!r}: use letters, digits and _ . - (it names a directory)",
+                         reference="option-invalid")
     if (repo is None) == (diff is None):
-        raise InputError("patch init needs one source of edits: --git REPO or --diff FILE")
+        raise InputError("patch init needs one source of edits: --git REPO or --diff FILE", reference="option-invalid")
     if rev_range and repo is None:
-        raise InputError("--range needs --git REPO")
+        raise InputError("--range needs --git REPO", reference="option-invalid")
     if repo is not None:
         text = checkout_diff(repo, rev_range)
         source = f"{repo} {rev_range}" if rev_range else f"the uncommitted edits in {repo}"
@@ -306,7 +310,7 @@ def init_cmd(
         try:
             shlex.split(launch_cmd)
         except ValueError as e:
-            raise InputError(f"--launch: {e}") from None
+            raise InputError(f"--launch: {e}", reference="option-invalid") from None
     target, todo, warnings = scaffold(name, release, files, source, out_dir if out_dir is not None else Path(name),
                             command=launch_cmd)
     common.out.print(f"made {target} ({len(files)} file(s) for {release}: "
@@ -342,20 +346,22 @@ def dockerfile_cmd(
         package_dir = image_dir
     if not package_dir.startswith("/") or any(c in package_dir for c in "\n\r\0"):
         raise InputError(f"--package-dir {package_dir!r}: an absolute path in the image is needed",
-                         hint=f"e.g. --package-dir {image_dir}")
+                         hint=f"e.g. --package-dir {image_dir}", reference="option-invalid")
     pb = load_playbook(playbook)
     it = intended_for(pb, sglang)
     if it is None:
         raise InputError(f"{pb.path}: the playbook has no patches for sglang {sglang}",
-                         hint=f"it has: {', '.join(pb.supported()) or 'none'}")
+                         hint=f"it has: {', '.join(pb.supported()) or 'none'}", reference="playbook-version-missing")
     if not it:
         raise InputError(f"{pb.path}: the playbook patches no file of sglang {sglang}: nothing to build into an image",
-                         hint="its state files are shipped to the host's state dir by 'fleetctl deploy'")
+                         hint="its state files are shipped to the host's state dir by 'fleetctl deploy'",
+                         reference="option-invalid")
     dp = build(pb, sglang, it, package_dir)
     try:
         snippet = write_context(out, dp)
     except OSError as e:
-        raise InputError(f"-o {out}: cannot write the build context: {e.strerror}") from None
+        raise InputError(f"-o {out}: cannot write the build context: {e.strerror}",
+                         reference="file-unwritable") from None
     common.out.print("\n".join(dp.lines), markup=False, highlight=False)
     common.err.print(f"# wrote {len(dp.files)} patched file(s) under {out}/fleetctl-patch/ and these lines as "
                      f"{snippet}; put them in your Dockerfile after the FROM of the sglang {sglang} image and "
@@ -390,13 +396,14 @@ def port_cmd(
     targets = list(dict.fromkeys(validate.sglang_version(v, "--to") for v in dst))
     pb = load_playbook(playbook)
     if src not in pb.versions:
-        raise InputError(f"{pb.path}: no entry for SGLang {src}", hint=f"the playbook covers {', '.join(pb.supported())}")
+        raise InputError(f"{pb.path}: no entry for SGLang {src}", hint=f"the playbook covers {', '.join(pb.supported())}",
+                         reference="playbook-version-missing")
     for v in targets:
         if v == src:
-            raise InputError(f"--to {v} is the --from release")
+            raise InputError(f"--to {v} is the --from release", reference="option-invalid")
         if v in pb.versions:
             raise InputError(f"{pb.path}: the playbook already has an entry for SGLang {v}",
-                             hint=f"remove the {v} entry first to port again")
+                             hint=f"remove the {v} entry first to port again", reference="playbook-version-exists")
     base = pb.path.resolve().parent
     failed: list[str] = []
     for v in targets:
@@ -430,7 +437,8 @@ def port_cmd(
         if dropped:
             common.err.print(f"note: {v}: {dropped_note(src, v, dropped)}", markup=False, highlight=False)
     if failed:
-        raise FleetctlError(f"patch port: {len(failed)} of {len(targets)} release(s) not ported: {', '.join(failed)}")
+        raise FleetctlError(f"patch port: {len(failed)} of {len(targets)} release(s) not ported: {', '.join(failed)}",
+                            reference="patch-port-failed")
 
 
 @patch_app.command("import", help="Turn a git range of an SGLang source checkout (python/sglang/...) into "
@@ -453,7 +461,7 @@ def import_cmd(
     pb = load_playbook(playbook) if playbook is not None else None
     if pb is not None and sglang in pb.versions:
         raise InputError(f"{pb.path}: the playbook already has an entry for SGLang {sglang}",
-                         hint=f"remove the {sglang} entry first to import again")
+                         hint=f"remove the {sglang} entry first to import again", reference="playbook-version-exists")
     diff = git_range_diff(repo, rev_range)
     files = import_diff(diff, sglang, name=f"{repo} {rev_range}")
     rels = [f.path for f in files]

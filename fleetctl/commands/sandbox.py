@@ -189,7 +189,7 @@ def down(
     if report.survivors:
         raise FleetctlError(
             f"{len(report.survivors)} process(es) outlived SIGKILL: "
-            + ", ".join(f"{s.pid} ({s.what})" for s in report.survivors))
+            + ", ".join(f"{s.pid} ({s.what})" for s in report.survivors), reference="sandbox-failed")
 
 
 def register(app: typer.Typer) -> None:

@@ -22,6 +22,7 @@ from fleetctl.commands.context import run_with_progress as _tick_run
 from fleetctl.errors import EXIT_FAILED, EXIT_OK, InputError
 from fleetctl.ui.hostnames import group, hosts_label, strip_host
 from fleetctl.ui.jsonout import host_row
+from fleetctl.ui.jsonout import rows as rows_json
 from fleetctl.ui.render import hosts_cell, say, status_cell, table
 from fleetctl.ui.safetext import line, lines_cell, safe, styled
 
@@ -51,10 +52,10 @@ def render_launch(rows: list[HostLaunch]) -> None:
     cells: list[tuple[str, tuple[object, ...]]] = []
     whats: list[tuple[str, tuple[str, ...]]] = []
     for r in rows:
-        if not r.instances:
+        if not r.detail.instances:
             cells.append((r.host, ("", "", "", r.status, "", "")))
             whats.append((r.host, (r.status, strip_host(r.host, r.message))))
-        for it in r.instances:
+        for it in r.detail.instances:
             cells.append((r.host, (it.instance, ",".join(map(str, it.gpus)), str(it.port), it.status,
                                    f"{it.seconds:.1f}s" if it.seconds is not None else "", it.worker.get("class") or "")))
             whats.append((r.host, (it.status, *(strip_host(r.host, m) for m in [it.message, *it.notes] if m))))
@@ -65,7 +66,7 @@ def render_launch(rows: list[HostLaunch]) -> None:
         for m in msgs:
             say(out, _s(st), " ", hosts_label(hosts), ": ", m, indent=4)
     for r in rows:
-        for it in r.instances:
+        for it in r.detail.instances:
             if it.tail:
                 say(out, safe(f"{r.host} {it.instance}", "red"), f": last {len(it.tail)} log lines of {it.log}:",
                     indent=4)
@@ -125,9 +126,9 @@ def render_verify(rows: list[HostVerify], markers: list[str]) -> None:
     t = table("verify-logs", ["host", "instance", "rank", *markers, "result"])
     plain: list[tuple[str, tuple[object, ...]]] = []
     for r in rows:
-        if not r.instances:
+        if not r.detail.instances:
             plain.append((r.host, ("", (), None, r.status, strip_host(r.host, r.message))))
-        for iv in r.instances:
+        for iv in r.detail.instances:
             ranks = tuple((rank_label(rc.ranks), tuple(bool(rc.markers.get(m)) for m in markers)) for rc in iv.ranks)
             plain.append((r.host, (iv.instance, ranks, iv.ok, "", "")))
     no_instances = []
@@ -149,26 +150,26 @@ def render_verify(rows: list[HostVerify], markers: list[str]) -> None:
         say(out, _s(str(st)), " ", hosts_label(hosts), ": ", msg, indent=4)
     launches: list[tuple[str, tuple[str, str, str]]] = []
     for r in rows:
-        for iv in r.instances:
+        for iv in r.detail.instances:
             args = ", ".join(f"{k}={v}" for k, v in iv.args.items() if v is not None)
             launches.append((r.host, (iv.launch_id or "-", "running" if iv.running else "NOT running", args)))
     for hosts, (lid, running, args) in group(launches):
         what = f"launch {lid}" if lid != "-" else "no launch record"
         say(out, f"{what} ({running}) on {hosts_label(hosts)}", *([": ", args] if args else []), indent=4)
     for r in rows:  # the playbook's verify.report lines (e.g. each switch of the feature): shown, never judged
-        for iv in r.instances:
+        for iv in r.detail.instances:
             for pat, rep in iv.reports.items():
                 say(out, f"{r.host} {iv.instance}: {rep['count']} line(s) with {pat!r}, the latest:", indent=4)
                 for ln in rep["latest"]:
                     out.print(line(f"    | {ln}"))
-    survived = [(r.host, (iv.instance, e)) for r in rows for iv in r.instances if iv.ok
+    survived = [(r.host, (iv.instance, e)) for r in rows for iv in r.detail.instances if iv.ok
                 for e in iv.explanation if "(reported, not a failure)" in e]
     for hosts, (inst, e) in group(survived):
         say(out, "note: ", _instances_label(hosts, [inst]), ": ", e, indent=4)
     fails: list[tuple[str, tuple[object, ...]]] = []
     names: dict[tuple[object, ...], list[str]] = {}
     for r in rows:
-        for iv in r.instances:
+        for iv in r.detail.instances:
             if iv.ok:
                 continue
             key = (tuple(iv.problems), tuple(iv.explanation), tuple(iv.forbidden), tuple(iv.tail), iv.log)
@@ -198,7 +199,7 @@ def launch(*, playbook: Path, inventory: Path | None, limit: str | None, forks: 
 
         refusal = launch_refusal(pb)
         if refusal:
-            raise InputError(refusal)
+            raise InputError(refusal, reference="launch-profile-invalid")
         if check:
             _launch_check(ctx, pb, replace=replace, drop_unknown_flags=drop_unknown_flags,
                           allow_uncovered=allow_uncovered)
@@ -215,19 +216,19 @@ def launch(*, playbook: Path, inventory: Path | None, limit: str | None, forks: 
                                                                      timeout=timeout, launch_id=lid,
                                                                      drop_unknown_flags=drop_unknown_flags,
                                                                      allow_uncovered=allow_uncovered))
-            bad = [r for r in rows if r.status != "ok"]
+            bad = [r for r in rows if not r.ok]
             record.finish(not bad, [{"host": r.host, "status": r.status, "message": r.message,
-                                     "detail": [i.to_json() for i in r.instances]} for r in rows])
+                                     "detail": [i.to_json() for i in r.detail.instances]} for r in rows])
         finally:
             record.ledger.close()  # (also when interrupted: the ledger marks the launch so later)
-        n = sum(len(r.instances) for r in rows)
-        ready = sum(1 for r in rows for i in r.instances if i.status == "ready")
+        n = sum(len(r.detail.instances) for r in rows)
+        ready = sum(1 for r in rows for i in r.detail.instances if i.status == "ready")
         summary = (f"launch {lid}: {len(rows)} hosts, {n} instances: {ready} ready, {n - ready} not "
                    f"in {ctx.elapsed():.2f}s")
-        runlog.result([host_row(r.to_json(), ok=r.status == "ok") for r in rows], op_id=lid)
+        runlog.result(rows_json(rows), op_id=lid)
         if json_out:
             emit_json("launch", op_id=lid, ok=not bad, message=summary,
-                      hosts=[host_row(r.to_json(), ok=r.status == "ok") for r in rows],
+                      hosts=rows_json(rows),
                       summary={"instances": n, "ready": ready}, elapsed=round(ctx.elapsed(), 3))
         else:
             render_launch(rows)
@@ -263,15 +264,15 @@ def verify_logs(*, playbook: Path, inventory: Path | None, limit: str | None, fo
         from fleetctl.ops.verify import verify_fleet
         rows = _tick_run(ctx, "verify-logs", lambda: verify_fleet(ctx.fleet, pb))
         bad = [r for r in rows if not r.ok]
-        n_inst = sum(len(r.instances) for r in rows)
-        n_bad = sum(1 for r in rows for i in r.instances if not i.ok)
+        n_inst = sum(len(r.detail.instances) for r in rows)
+        n_bad = sum(1 for r in rows for i in r.detail.instances if not i.ok)
         summary = (f"verify-logs: {len(rows)} hosts, {n_inst} instances: {n_inst - n_bad} passed, "
                    f"{n_bad} failed, {sum(1 for r in rows if r.status not in ('ok', 'failed'))} unreachable "
                    f"in {ctx.elapsed():.2f}s")
-        runlog.result([host_row(r.to_json(), ok=r.ok) for r in rows])
+        runlog.result(rows_json(rows))
         if json_out:
             emit_json("verify-logs", ok=not bad, message=summary,
-                      hosts=[host_row(r.to_json(), ok=r.ok) for r in rows],
+                      hosts=rows_json(rows),
                       summary={"instances": n_inst, "instances_passed": n_inst - n_bad,
                                "instances_failed": n_bad},
                       markers=list(pb.verify.markers), elapsed=round(ctx.elapsed(), 3))
@@ -293,28 +294,28 @@ def stop(*, playbook: Path | None, inventory: Path | None, limit: str | None, fo
         timeout = playbook_cache.load(playbook).launch.stop_timeout
     t = timeout if timeout is not None else 30.0
     if instance is not None and not instance:
-        raise InputError("--instance given without a name")
+        raise InputError("--instance given without a name", reference="option-invalid")
     validate.instances(instance)
     with fleet_context(inventory, limit, forks, command="stop", json=json_out, debug=debug,
                        accept_new_host_keys=accept_new_host_keys) as ctx:
         from fleetctl.ops.launch import stop_fleet
         rows = _tick_run(ctx, "stop", lambda: stop_fleet(ctx.fleet, names=instance or None, timeout=t))
-        bad = [r for r in rows if r.status != "ok"]
-        summary = (f"stop: {len(rows)} hosts: {sum(1 for r in rows for s in r.instances if s.action == 'stopped')}"
+        bad = [r for r in rows if not r.ok]
+        summary = (f"stop: {len(rows)} hosts: {sum(1 for r in rows for s in r.detail.instances if s.action == 'stopped')}"
                    f" servers stopped, {len(bad)} hosts failed in {ctx.elapsed():.2f}s")
-        runlog.result([host_row(r.to_json(), ok=r.status == "ok") for r in rows])
+        runlog.result(rows_json(rows))
         if json_out:
             emit_json("stop", ok=not bad, message=summary,
-                      hosts=[host_row(r.to_json(), ok=r.status == "ok") for r in rows],
-                      summary={"stopped": sum(1 for r in rows for s in r.instances if s.action == "stopped")})
+                      hosts=rows_json(rows),
+                      summary={"stopped": sum(1 for r in rows for s in r.detail.instances if s.action == "stopped")})
         else:
             tb = table("stop", ["host", "instance", "pid", "result", "how"], whole=("instance",))
             stops: list[tuple[str, tuple[str, str, str, str]]] = []
             for r in rows:
-                if not r.instances:
+                if not r.detail.instances:
                     stops.append((r.host, ("", "", r.status, strip_host(r.host, r.message)
                                            if r.status != "ok" else "nothing launched")))
-                for s in r.instances:
+                for s in r.detail.instances:
                     stops.append((r.host, (s.instance, str(s.pid or ""), s.action, s.how or "")))
             for hosts, (inst, pid, st, how) in group(stops):
                 tb.add_row(hosts_cell(hosts), inst, pid, _s(st), how)
@@ -370,24 +371,24 @@ def _discover(ctx: RunContext, json_out: bool) -> None:
     found = _tick_run(ctx, "servers", lambda: discover_fleet(ctx.fleet))
     bad = [h for h in found if h.status != "ok"]
     reminder = restart_reminder(found, ctx.fleet.hosts)
-    n = sum(len(h.processes) for h in found)
+    n = sum(len(h.detail.processes) for h in found)
     summary = (f"servers --discover: {len(found)} hosts: {n} server process(es), "
-               f"{sum(1 for h in found for p in h.processes if not p.instance)} not started by fleetctl, "
+               f"{sum(1 for h in found for p in h.detail.processes if not p.instance)} not started by fleetctl, "
                f"{reminder.servers} running older code than the files on disk, {len(bad)} hosts failed "
                f"({ctx.elapsed():.2f}s)")
     if json_out:
         emit_json("servers", ok=not bad, message=summary,
-                  hosts=[host_row(h.to_json(), ok=h.status == "ok") for h in found],
-                  summary={"servers": n, "not_fleetctl": sum(1 for h in found for p in h.processes if not p.instance),
+                  hosts=rows_json(found),
+                  summary={"servers": n, "not_fleetctl": sum(1 for h in found for p in h.detail.processes if not p.instance),
                            "restart_needed": reminder.servers},
                   discover=True, restart_needed=reminder.to_json())
     else:
         # one block per process (each its own pid): fits 80 columns, paths whole on their line
         say(out, styled("SGLang server processes", "bold"))
         quiet = group((h.host, (h.status, strip_host(h.host, h.message) if h.status != "ok" else ""))
-                      for h in found if h.status != "ok" or not h.processes)
+                      for h in found if h.status != "ok" or not h.detail.processes)
         for h in found:
-            for p in h.processes:
+            for p in h.detail.processes:
                 who = (f"started by fleetctl ({p.instance})" if p.instance
                        else styled("not started by fleetctl", "yellow"))
                 say(out, styled(f"{h.host} pid {p.pid}", "bold"), f" port {','.join(map(str, p.ports)) or '-'}: ",
@@ -400,7 +401,7 @@ def _discover(ctx: RunContext, json_out: bool) -> None:
                 if not p.instance:
                     say(out, "    argv: ", " ".join(p.argv)[:500], indent=8)
                     say(out, f"    worker: {p.worker.get('reason', '')}", indent=8)
-            if h.truncated:
+            if h.detail.truncated:
                 say(out, f"{h.host}: (more processes: list cut)")
         for hosts, (st, msg) in quiet:
             if st == "ok":

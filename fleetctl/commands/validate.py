@@ -26,9 +26,10 @@ def deploy_id(value: str | None, option: str = "--to") -> str | None:
         return v
     if OP_ID.fullmatch(v):
         raise InputError(f"{option} {value!r} is not a deploy id (deploy ids start with 'd')",
-                         hint="pick a deploy from 'fleetctl history' or 'fleetctl status'")
+                         hint="pick a deploy from 'fleetctl history' or 'fleetctl status'",
+                         reference="deploy-id-invalid")
     raise InputError(f"{option} {value!r} is not a deploy id (like d20260101-120000-ab12)",
-                     hint="pick one from 'fleetctl history' or 'fleetctl status'")
+                     hint="pick one from 'fleetctl history' or 'fleetctl status'", reference="deploy-id-invalid")
 
 
 def rolling(restart: bool, *, serial: str | None, canary: str | None, max_fail: str | None,
@@ -38,7 +39,8 @@ def rolling(restart: bool, *, serial: str | None, canary: str | None, max_fail: 
                                   ("--timeout", ready_timeout)) if v is not None]
     if given and not restart:
         raise InputError(f"{', '.join(given)} go{'es' if len(given) == 1 else ''} with --restart",
-                         hint="add --restart for a rolling restart, or drop " + ", ".join(given))
+                         hint="add --restart for a rolling restart, or drop " + ", ".join(given),
+                         reference="option-invalid")
     if not restart:
         return 0.0  # no rolling options to check (ops.rolling is imported by a --restart only)
     from fleetctl.ops.rolling import parse_count, parse_percent
@@ -55,13 +57,15 @@ def instances(names: list[str] | None) -> list[str] | None:
         if not INSTANCE.fullmatch(n):
             hint = f"did you mean port-{n}? " if n.isdigit() and len(n) <= 5 else ""
             raise InputError(f"--instance {n!r}: not an instance name",
-                             hint=hint + "instance names look like port-30000 ('fleetctl servers' lists them)")
+                             hint=hint + "instance names look like port-30000 ('fleetctl servers' lists them)",
+                             reference="option-invalid")
     return names
 
 
 def sglang_version(value: str, option: str = "--sglang") -> str:
     if not SGLANG_VERSION.fullmatch(value.strip()):
-        raise InputError(f"{option} {value!r}: not an SGLang release number", hint="e.g. 0.5.9 or 0.5.5.post3")
+        raise InputError(f"{option} {value!r}: not an SGLang release number", hint="e.g. 0.5.9 or 0.5.5.post3",
+                         reference="option-invalid")
     return value.strip()
 
 
@@ -69,4 +73,5 @@ def exclusive(**given: bool) -> None:
     """At most one of these flags (names as keyword arguments, '_' for '-')."""
     on = ["--" + k.replace("_", "-") for k, v in given.items() if v]
     if len(on) > 1:
-        raise InputError(f"{' and '.join(on)} do not go together", hint=f"keep one of {', '.join(on)}")
+        raise InputError(f"{' and '.join(on)} do not go together", hint=f"keep one of {', '.join(on)}",
+                         reference="option-invalid")

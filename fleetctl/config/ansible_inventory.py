@@ -69,7 +69,8 @@ class AnsibleInventory:
     def add_host(self, group: str, name: str, vars_: dict[str, Any], port: int | None = None) -> None:
         own = self.hosts.setdefault(name, {})
         if len(self.hosts) > MAX_HOSTS:
-            raise InputError(f"{self.source}: more than {MAX_HOSTS} hosts", hint="split the inventory")
+            raise InputError(f"{self.source}: more than {MAX_HOSTS} hosts", hint="split the inventory",
+                             reference="inventory-invalid")
         if port is not None:
             own["ansible_port"] = port
         own.update(vars_)
@@ -85,7 +86,7 @@ class AnsibleInventory:
                     g.priority = int(v)
                 except (TypeError, ValueError):
                     raise InputError(f"{self.source}: group '{group}': ansible_group_priority must be a whole "
-                                     f"number, not {v!r}") from None
+                                     f"number, not {v!r}", reference="inventory-invalid") from None
             else:
                 g.vars[k] = v
 
@@ -93,7 +94,7 @@ class AnsibleInventory:
         p, c = self.group(parent), self.group(child)
         if child == parent or child in self.ancestors(parent):
             raise InputError(f"{self.source}: group '{child}' would be its own ancestor (through '{parent}')",
-                             hint="remove the loop from the children sections")
+                             hint="remove the loop from the children sections", reference="inventory-invalid")
         if child not in p.children:
             p.children.append(child)
         if parent not in c.parents:
@@ -182,12 +183,15 @@ class AnsibleInventory:
 def _read(path: Path, what: str = "inventory") -> str:
     try:
         if path.stat().st_size > MAX_FILE_BYTES:
-            raise InputError(f"{path}: {what} file is larger than {MAX_FILE_BYTES >> 20} MiB")
+            raise InputError(f"{path}: {what} file is larger than {MAX_FILE_BYTES >> 20} MiB",
+                             reference="inventory-invalid")
         return path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise InputError(f"{path}: {what} file not found", hint="check the path") from None
+        raise InputError(f"{path}: {what} file not found", hint="check the path",
+                         reference="inventory-invalid") from None
     except (PermissionError, UnicodeDecodeError, IsADirectoryError) as e:
-        raise InputError(f"{path}: cannot read {what}: {e.__class__.__name__}: {e}") from None
+        raise InputError(f"{path}: cannot read {what}: {e.__class__.__name__}: {e}",
+                         reference="inventory-invalid") from None
 
 
 class _AnsibleLoader(yaml.SafeLoader):
@@ -206,7 +210,8 @@ def _vault(loader: yaml.SafeLoader, node: yaml.Node) -> Any:
     raise InputError(f"{node.start_mark.name}:{node.start_mark.line + 1}: a '!vault' encrypted value: fleetctl "
                      "does not decrypt Ansible Vault",
                      hint="run 'ansible-inventory -i INVENTORY --list --vault-password-file F > inv.json' "
-                          "and pass -i inv.json (it holds the secret in clear: keep it private)")
+                          "and pass -i inv.json (it holds the secret in clear: keep it private)",
+                     reference="inventory-invalid")
 
 
 _AnsibleLoader.add_constructor("!unsafe", _unsafe)
@@ -226,15 +231,17 @@ def _yaml(text: str, path: Path) -> Any:
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         raise InputError(f"{path}{f':{mark.line + 1}' if mark else ''}: malformed YAML: {e.problem or e}",
-                         hint="fix the YAML syntax") from None
+                         hint="fix the YAML syntax", reference="inventory-invalid") from None
     except yaml.YAMLError as e:
-        raise InputError(f"{path}: malformed YAML: {e}", hint="fix the YAML syntax") from None
+        raise InputError(f"{path}: malformed YAML: {e}", hint="fix the YAML syntax",
+                         reference="inventory-invalid") from None
 
 
 def _vault_file(path: Path) -> None:
     raise InputError(f"{path}: encrypted with Ansible Vault: fleetctl does not decrypt it",
                      hint="run 'ansible-inventory -i INVENTORY --list --vault-password-file F > inv.json' and "
-                          "pass -i inv.json (it holds the secrets in clear: keep it private)")
+                          "pass -i inv.json (it holds the secrets in clear: keep it private)",
+                     reference="inventory-invalid")
 
 
 def early_kind(path: Path) -> str | None:
@@ -342,40 +349,45 @@ def expand_range(pattern: str, where: str) -> list[str]:
     head, _, rest = pattern.partition("[")
     if "]" not in rest:
         raise InputError(f"{where}: host pattern {pattern!r}: '[' without ']'",
-                         hint="write a range as name[01:16] or name[a:f]")
+                         hint="write a range as name[01:16] or name[a:f]", reference="inventory-invalid")
     body, _, tail = rest.partition("]")
     bounds = body.split(":")
     if len(bounds) not in (2, 3):
-        raise InputError(f"{where}: host range {pattern!r} must be [begin:end] or [begin:end:step]")
+        raise InputError(f"{where}: host range {pattern!r} must be [begin:end] or [begin:end:step]",
+                         reference="inventory-invalid")
     beg, end = bounds[0] or "0", bounds[1]
     step_s = bounds[2] if len(bounds) == 3 else "1"
     if not end:
-        raise InputError(f"{where}: host range {pattern!r} must give an end value")
+        raise InputError(f"{where}: host range {pattern!r} must give an end value", reference="inventory-invalid")
     width = len(beg) if beg[0] == "0" and len(beg) > 1 else 0
     if width and len(end) != width:
         raise InputError(f"{where}: host range {pattern!r}: begin and end must have the same width",
-                         hint=f"write [{beg}:{end.zfill(width)}]")
+                         hint=f"write [{beg}:{end.zfill(width)}]", reference="inventory-invalid")
     try:
         step = int(step_s)
         if step <= 0:
             raise ValueError
     except ValueError:
-        raise InputError(f"{where}: host range {pattern!r}: the step must be a whole number above 0") from None
+        raise InputError(f"{where}: host range {pattern!r}: the step must be a whole number above 0",
+                         reference="inventory-invalid") from None
     letters = string.ascii_letters
     seq: list[str]
     if beg in letters and end in letters and len(beg) == 1 and len(end) == 1:
         i, j = letters.index(beg), letters.index(end)
         if i > j:
-            raise InputError(f"{where}: host range {pattern!r}: begin must come before end")
+            raise InputError(f"{where}: host range {pattern!r}: begin must come before end",
+                             reference="inventory-invalid")
         seq = list(letters[i:j + 1:step])
     else:
         try:
             b, e = int(beg), int(end)
         except ValueError:
-            raise InputError(f"{where}: host range {pattern!r}: begin and end must be numbers or single letters") \
+            raise InputError(f"{where}: host range {pattern!r}: begin and end must be numbers or single letters",
+                             reference="inventory-invalid") \
                 from None
         if (e - b) // step > MAX_HOSTS:
-            raise InputError(f"{where}: host range {pattern!r} expands to more than {MAX_HOSTS} hosts")
+            raise InputError(f"{where}: host range {pattern!r} expands to more than {MAX_HOSTS} hosts",
+                             reference="inventory-invalid")
         seq = [str(n).zfill(width) if width else str(n) for n in range(b, e + 1, step)]
     out: list[str] = []
     for s in seq:
@@ -394,11 +406,12 @@ def split_host_port(token: str) -> tuple[str, int | None]:
 def _host_pattern(token: str, where: str) -> tuple[list[str], int | None]:
     name, port = split_host_port(token)
     if token.strip().endswith(":") and port is None:
-        raise InputError(f"{where}: host pattern {token!r} ends in ':'", hint="write name:PORT or drop the ':'")
+        raise InputError(f"{where}: host pattern {token!r} ends in ':'", hint="write name:PORT or drop the ':'",
+                         reference="inventory-invalid")
     names = expand_range(name, where)
     if any(n.strip() == "---" for n in names):
         raise InputError(f"{where}: '---' in an INI inventory: is this a YAML file?",
-                         hint="name it .yaml, or fix the line")
+                         hint="name it .yaml, or fix the line", reference="inventory-invalid")
     return names, port
 
 
@@ -416,11 +429,12 @@ def parse_ini(path: Path, text: str, inv: AnsibleInventory) -> None:
             m = _SECTION.match(line)
             if not m:
                 raise InputError(f"{where}: invalid section line {line!r}",
-                                 hint="write [group], [group:vars] or [group:children], with no spaces inside")
+                                 hint="write [group], [group:vars] or [group:children], with no spaces inside",
+                                 reference="inventory-invalid")
             group, state = m.group(1), m.group(2) or "hosts"
             if state not in ("hosts", "vars", "children"):
                 raise InputError(f"{where}: section [{group}:{state}] has an unknown type '{state}'",
-                                 hint="use [group], [group:vars] or [group:children]")
+                                 hint="use [group], [group:vars] or [group:children]", reference="inventory-invalid")
             if group not in inv.groups and state == "vars" and group not in pending:
                 pending[group] = (n, "vars", [])
             inv.group(group)
@@ -432,7 +446,8 @@ def parse_ini(path: Path, text: str, inv: AnsibleInventory) -> None:
             try:
                 tokens = shlex.split(line, comments=True)
             except ValueError as e:
-                raise InputError(f"{where}: cannot parse host line: {e}", hint="check its quotes") from None
+                raise InputError(f"{where}: cannot parse host line: {e}", hint="check its quotes",
+                                 reference="inventory-invalid") from None
             if not tokens:
                 continue
             names, port = _host_pattern(tokens[0], where)
@@ -440,20 +455,22 @@ def parse_ini(path: Path, text: str, inv: AnsibleInventory) -> None:
             for t in tokens[1:]:
                 if "=" not in t:
                     raise InputError(f"{where}: expected key=value after the host name, got {t!r}",
-                                     hint="write host variables as key=value")
+                                     hint="write host variables as key=value", reference="inventory-invalid")
                 k, v = t.split("=", 1)
                 values[k] = _literal(v)
             for h in names:
                 inv.add_host(group, h, dict(values), port)
         elif state == "vars":
             if "=" not in line:
-                raise InputError(f"{where}: expected key=value in [{group}:vars], got {line!r}")
+                raise InputError(f"{where}: expected key=value in [{group}:vars], got {line!r}",
+                                 reference="inventory-invalid")
             k, v = (e.strip() for e in line.split("=", 1))
             inv.set_group_vars(group, {k: _literal(v)})
         else:
             m = _GROUP_NAME.match(line)
             if not m:
-                raise InputError(f"{where}: expected a group name in [{group}:children], got {line!r}")
+                raise InputError(f"{where}: expected a group name in [{group}:children], got {line!r}",
+                                 reference="inventory-invalid")
             child = m.group(1)
             if child not in declared:
                 pending.setdefault(child, (n, "children", []))
@@ -463,9 +480,11 @@ def parse_ini(path: Path, text: str, inv: AnsibleInventory) -> None:
             continue
         if st == "vars":
             raise InputError(f"{path}:{n}: section [{name}:vars] names a group that is never declared",
-                             hint=f"add a [{name}] or [{name}:children] section, or fix the name")
+                             hint=f"add a [{name}] or [{name}:children] section, or fix the name",
+                             reference="inventory-invalid")
         raise InputError(f"{path}:{n}: a [...:children] section names group '{name}', which is never declared",
-                         hint=f"add a [{name}] section (it may be empty), or fix the name")
+                         hint=f"add a [{name}] section (it may be empty), or fix the name",
+                         reference="inventory-invalid")
 
 
 # --- YAML ----------------------------------------------------------------------------------------
@@ -474,7 +493,7 @@ def _mapping(v: Any, where: str, what: str) -> dict[str, Any]:
     if v is None:
         return {}
     if not isinstance(v, dict):
-        raise InputError(f"{where}: {what} must be a mapping, not {type(v).__name__}")
+        raise InputError(f"{where}: {what} must be a mapping, not {type(v).__name__}", reference="inventory-invalid")
     return v
 
 
@@ -482,7 +501,7 @@ def parse_yaml(path: Path, data: dict[str, Any], inv: AnsibleInventory) -> None:
     def group(name: str, body: Any, parent: str | None) -> None:
         where = f"{path}: group '{name}'"
         if not isinstance(name, str):
-            raise InputError(f"{path}: group name {name!r} must be a string")
+            raise InputError(f"{path}: group name {name!r} must be a string", reference="inventory-invalid")
         inv.group(name)
         if parent is not None:
             inv.add_child(parent, name)
@@ -493,7 +512,7 @@ def parse_yaml(path: Path, data: dict[str, Any], inv: AnsibleInventory) -> None:
             elif key == "hosts":
                 for pat, hv in _mapping(val, where, "hosts").items():
                     if not isinstance(pat, (str, int)):
-                        raise InputError(f"{where}: host name {pat!r} must be a string")
+                        raise InputError(f"{where}: host name {pat!r} must be a string", reference="inventory-invalid")
                     names, port = _host_pattern(str(pat), where)
                     hv = _mapping(hv, f"{where}: host '{pat}'", "host vars")
                     for h in names:
@@ -543,20 +562,22 @@ def run_list(source: Path) -> dict[str, Any]:
         raise InputError(f"{source}: an inventory script or plugin: only Ansible can read it, and "
                          "ansible-inventory is not installed",
                          hint="pip install ansible-core, or run 'ansible-inventory -i SOURCE --list > inv.json' "
-                              "where Ansible is and pass -i inv.json")
+                              "where Ansible is and pass -i inv.json", reference="inventory-invalid")
     try:
         p = subprocess.run([tool, "-i", str(source), "--list"], capture_output=True, timeout=LIST_TIMEOUT,
                            stdin=subprocess.DEVNULL, check=False)
     except subprocess.TimeoutExpired:
-        raise InputError(f"{source}: 'ansible-inventory --list' took more than {LIST_TIMEOUT:.0f} s") from None
+        raise InputError(f"{source}: 'ansible-inventory --list' took more than {LIST_TIMEOUT:.0f} s",
+                         reference="inventory-invalid") from None
     if p.returncode != 0 or len(p.stdout) > MAX_FILE_BYTES:
         tail = p.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or ["(no message)"]
         raise InputError(f"{source}: 'ansible-inventory -i {source} --list' failed (exit {p.returncode}): "
-                         f"{tail[0][:300]}", hint="run it yourself to see why")
+                         f"{tail[0][:300]}", hint="run it yourself to see why", reference="inventory-invalid")
     try:
         data = json.loads(p.stdout)
     except ValueError:
-        raise InputError(f"{source}: 'ansible-inventory --list' did not print JSON") from None
+        raise InputError(f"{source}: 'ansible-inventory --list' did not print JSON",
+                         reference="inventory-invalid") from None
     return _mapping(data, f"{source}: ansible-inventory --list", "its output")
 
 
@@ -568,7 +589,8 @@ def _vars_file(path: Path) -> dict[str, Any]:
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise InputError(f"{path}: a vars file must hold a mapping, not {type(data).__name__}")
+        raise InputError(f"{path}: a vars file must hold a mapping, not {type(data).__name__}",
+                         reference="inventory-invalid")
     return data
 
 

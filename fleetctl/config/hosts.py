@@ -90,7 +90,8 @@ class Inventory:
             if h.identity_file and not Path(h.identity_file).is_file():
                 raise InputError(f"{self.identity_where.get(h.name, self.path)}: {h.identity_file} does not exist",
                                  hint="fix the path (relative to the inventory file), or remove "
-                                      "'identity_file:' to use your ssh agent and default keys")
+                                      "'identity_file:' to use your ssh agent and default keys",
+                                 reference="inventory-invalid")
 
     def select(self, limit: str | None) -> list[Host]:
         """Hosts matching --limit (Ansible's meaning), their local files checked. An empty selection is
@@ -122,13 +123,14 @@ class Inventory:
 
         def missing(pat: str) -> InputError:
             return InputError(f"--limit: '{pat}' matches no host or group in {self.path}",
-                              hint=f"'fleetctl facts -i {self.path} --list-hosts' lists the hosts")
+                              hint=f"'fleetctl facts -i {self.path} --list-hosts' lists the hosts",
+                              reference="limit-matches-nothing")
 
         names = select(limit, [h.name for h in self.hosts], self.groups_hosts(), missing=missing)
         if not names:
             raise InputError(f"no host matches --limit {limit!r} in {self.path}",
                              hint="'!x' alone means every host but x; check the names with "
-                                  f"'fleetctl facts -i {self.path} --list-hosts'")
+                                  f"'fleetctl facts -i {self.path} --list-hosts'", reference="limit-matches-nothing")
         by_name = {h.name: h for h in self.hosts}
         return [by_name[n] for n in names]
 

@@ -244,7 +244,8 @@ def _ssh_config_hosts(path: Path) -> set[str]:
     try:
         cfg, _ = ssh_config(path)
     except FileNotFoundError:
-        raise InputError(f"{path}: ssh_config file not found", hint="fix 'ssh_config:' in the inventory") from None
+        raise InputError(f"{path}: ssh_config file not found", hint="fix 'ssh_config:' in the inventory",
+                         reference="inventory-invalid") from None
     return {h for h in cfg.get_hostnames() if not any(c in h for c in "*?!")}
 
 
@@ -325,7 +326,7 @@ def _resolve(path: Path, doc: YamlDoc, raw: InventoryFile, *, group_hosts: dict[
                 raise InputError(
                     f"{path}:{line}: hosts.{name}.address: missing",
                     hint="add 'address:' or an ssh_config Host entry of that name",
-                )
+                    reference="inventory-invalid")
         identity = resolve(pick("identity_file"))
         if identity is not None:
             where = ("hosts", name, "identity_file") if h.identity_file is not None else ("defaults", "identity_file")
@@ -366,7 +367,8 @@ def _resolve(path: Path, doc: YamlDoc, raw: InventoryFile, *, group_hosts: dict[
             )
         )
     if not hosts:
-        raise InputError(f"{path}:{doc.line_of(('hosts',))}: hosts: the inventory names no host", hint="add hosts")
+        raise InputError(f"{path}:{doc.line_of(('hosts',))}: hosts: the inventory names no host", hint="add hosts",
+                         reference="inventory-invalid")
     return Inventory(path=path, ssh_config=ssh_config, hosts=hosts, identity_where=identity_where, paths=paths,
                      group_hosts=group_hosts, kind=kind)
 
@@ -402,7 +404,7 @@ def _ansible_bool(v: Any, where: str) -> bool:
     s = str(v).strip().lower()
     if s in _TRUE or s in _FALSE:
         return s in _TRUE
-    raise InputError(f"{where}: {v!r} is not true or false", hint="write true or false")
+    raise InputError(f"{where}: {v!r} is not true or false", hint="write true or false", reference="inventory-invalid")
 
 
 def ansible_host_fields(name: str, hv: dict[str, Any], where: str) -> dict[str, Any]:
@@ -416,14 +418,17 @@ def ansible_host_fields(name: str, hv: dict[str, Any], where: str) -> dict[str, 
             raise InputError(f"{where}: host {name}: ansible_connection={conn}: fleetctl reaches a container "
                              "through SSH to the machine that runs it",
                              hint="set ansible_host to that machine (SSH) and fleetctl_container="
-                                  f"{{runtime: {runtime}, name: CONTAINER}} (see docs/user-guide.md)")
+                                  f"{{runtime: {runtime}, name: CONTAINER}} (see docs/user-guide.md)",
+                             reference="inventory-invalid")
         raise InputError(f"{where}: host {name}: ansible_connection={conn}: fleetctl reaches hosts over SSH only",
-                         hint=f"remove ansible_connection for this host, or leave it out with --limit '!{name}'")
+                         hint=f"remove ansible_connection for this host, or leave it out with --limit '!{name}'",
+                         reference="inventory-invalid")
     for var in PASSWORD_VARS:
         if hv.get(var) not in (None, ""):
             raise InputError(f"{where}: host {name}: {var}: fleetctl never takes a password from an inventory",
                              hint="log in with an SSH key (ansible_ssh_private_key_file or your agent); for "
-                                  "become, a sudoers NOPASSWD rule for the interpreter, or --ask-become-pass")
+                                  "become, a sudoers NOPASSWD rule for the interpreter, or --ask-become-pass",
+                             reference="inventory-invalid")
     for key, names in ANSIBLE_VARS.items():
         var = next((n for n in names if hv.get(n) is not None), None)
         if var is None:
@@ -441,7 +446,8 @@ def ansible_host_fields(name: str, hv: dict[str, Any], where: str) -> dict[str, 
         key = var.removeprefix("fleetctl_")
         if key not in have or key == "groups":
             known = ", ".join(f"fleetctl_{k}" for k in have if k != "groups")
-            raise InputError(f"{where}: host {name}: unknown variable {var}", hint=f"fleetctl reads {known}")
+            raise InputError(f"{where}: host {name}: unknown variable {var}", hint=f"fleetctl reads {known}",
+                             reference="inventory-invalid")
         out[key] = v
     try:
         HostFields.model_validate(out)
@@ -450,7 +456,7 @@ def ansible_host_fields(name: str, hv: dict[str, Any], where: str) -> dict[str, 
         key = str(first.get("loc", ("?",))[0])
         var = next((n for n in (f"fleetctl_{key}", *ANSIBLE_VARS.get(key, ())) if n in hv), key)
         msg = str(first.get("msg", "invalid")).removeprefix("Value error, ")
-        raise InputError(f"{where}: host {name}: {var}={hv.get(var)!r}: {msg}") from None
+        raise InputError(f"{where}: host {name}: {var}={hv.get(var)!r}: {msg}", reference="inventory-invalid") from None
     return out
 
 
@@ -465,13 +471,15 @@ def load_ansible(path: Path, kind: str) -> Inventory:
     for name in ainv.hosts:
         if not name_re.match(name):
             raise InputError(f"{path}: host {name!r}: fleetctl host names are letters, digits, _ . - only",
-                             hint="name the host with those and put its address in ansible_host")
+                             hint="name the host with those and put its address in ansible_host",
+                             reference="inventory-invalid")
         fields = ansible_host_fields(name, ainv.host_vars(name), str(path))
         fields.setdefault("address", name)
         fields["groups"] = ainv.host_groups(name)
         hosts[name] = fields
     if not hosts:
-        raise InputError(f"{path}: the Ansible inventory names no host", hint="add hosts")
+        raise InputError(f"{path}: the Ansible inventory names no host", hint="add hosts",
+                         reference="inventory-invalid")
     doc = YamlDoc(path=path, data={"hosts": hosts}, root=None)
     raw = validate(doc, InventoryFile, "inventory")
     group_hosts = {g: ainv.group_hosts(g) for g in ainv.groups}

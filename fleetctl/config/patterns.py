@@ -46,14 +46,17 @@ def expand_files(terms: list[str], where: str) -> list[str]:
         path = Path(t[1:]).expanduser()
         try:
             if path.stat().st_size > MAX_LIMIT_FILE:
-                raise InputError(f"{where} {t}: the file is larger than {MAX_LIMIT_FILE >> 10} KiB")
+                raise InputError(f"{where} {t}: the file is larger than {MAX_LIMIT_FILE >> 10} KiB",
+                                 reference="limit-invalid")
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as e:
             raise InputError(f"{where} {t}: cannot read {path}: {e.__class__.__name__}: {getattr(e, 'strerror', e)}",
-                             hint="give the path of a file with one host or pattern a line") from None
+                             hint="give the path of a file with one host or pattern a line",
+                             reference="limit-invalid") from None
         lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
         if not lines:
-            raise InputError(f"{where} {t}: {path} names no host", hint="a retry file lists one host a line")
+            raise InputError(f"{where} {t}: {path} names no host", hint="a retry file lists one host a line",
+                             reference="limit-matches-nothing")
         out += lines
     return out
 
@@ -68,12 +71,13 @@ def subscript(pattern: str, where: str) -> tuple[str, tuple[int, int | None] | N
         if bad and (":" in bad.group(2) or "-" in bad.group(2)) and not re.fullmatch(r"[A-Za-z0-9!^]-[A-Za-z0-9]",
                                                                                        bad.group(2)):
             raise InputError(f"{where}: '{pattern}': unsupported subscript [{bad.group(2)}]",
-                             hint="write NAME[N] (one host), NAME[N:M] (N to M, both included) or NAME[N:]")
+                             hint="write NAME[N] (one host), NAME[N:M] (N to M, both included) or NAME[N:]",
+                             reference="limit-invalid")
         return pattern, None
     expr, idx, start, sep, end = m.groups()
     if sep == "-":
         raise InputError(f"{where}: '{pattern}': the [x-y] subscript was removed from Ansible",
-                         hint=f"write {expr}[{start}:{end}] (both ends included)")
+                         hint=f"write {expr}[{start}:{end}] (both ends included)", reference="limit-invalid")
     if idx is not None:
         return expr, (int(idx), None)
     return expr, (int(start), int(end) if end else -1)
@@ -84,7 +88,8 @@ def _matcher(pattern: str, where: str) -> Callable[[str], bool]:
         rx = re.compile(pattern[1:]) if pattern.startswith("~") else re.compile(fnmatch.translate(pattern))
     except re.error as e:
         raise InputError(f"{where}: '{pattern}': not a valid {'regular expression' if pattern[0] == '~' else 'glob'}"
-                         f": {e}", hint="'~REGEX' is a Python regular expression matched from the start") from None
+                         f": {e}", hint="'~REGEX' is a Python regular expression matched from the start",
+                         reference="limit-invalid") from None
     return lambda s: rx.match(s) is not None
 
 
@@ -94,7 +99,8 @@ def select(limit: str, hosts: Sequence[str], groups: dict[str, list[str]], where
     subscript indexes; `all` included). A pattern that matches nothing raises missing(pattern)."""
     terms = expand_files(split_patterns(limit), where)
     if not terms:
-        raise InputError(f"{where} {limit!r} names no host", hint="give host names, groups, patterns or 'all'")
+        raise InputError(f"{where} {limit!r} names no host", hint="give host names, groups, patterns or 'all'",
+                         reference="limit-matches-nothing")
     plain = [t for t in terms if t[0] not in "&!"]
     ands = [t for t in terms if t[0] == "&"]
     nots = [t for t in terms if t[0] == "!"]
@@ -116,10 +122,10 @@ def match_one(pattern: str, hosts: Sequence[str], groups: dict[str, list[str]], 
     pattern = pattern.strip()
     if not pattern:
         raise InputError(f"{where}: an empty pattern after '!' or '&'",
-                         hint="write '!NAME' or '&GROUP' with a host, group or pattern")
+                         hint="write '!NAME' or '&GROUP' with a host, group or pattern", reference="limit-invalid")
     if pattern.startswith("@"):
         raise InputError(f"{where}: '{pattern}': an @file cannot follow '&' or '!'",
-                         hint="put the hosts in the file, or name them in --limit")
+                         hint="put the hosts in the file, or name them in --limit", reference="limit-invalid")
     expr, sub = subscript(pattern, where)
     if expr in ("all", "*") and sub is None:
         return list(hosts)
@@ -134,19 +140,20 @@ def match_one(pattern: str, hosts: Sequence[str], groups: dict[str, list[str]], 
     if not named or expr.startswith("~") or any(c in expr for c in _GLOB):
         found += [h for h in hosts if match(h) and h not in found]
     if not found:
-        raise missing(expr) if missing else InputError(f"{where}: '{expr}' matches no host or group")
+        raise missing(expr) if missing else InputError(f"{where}: '{expr}' matches no host or group",
+                                                       reference="limit-matches-nothing")
     if sub is None:
         return found
     start, end = sub
     if end is None or end == 0:
         if not -len(found) <= start < len(found):
             raise InputError(f"{where}: '{pattern}': '{expr}' has {len(found)} host(s), so [{start}] is past "
-                             "its end", hint=f"index from 0 to {len(found) - 1}")
+                             "its end", hint=f"index from 0 to {len(found) - 1}", reference="limit-matches-nothing")
         return [found[start]]
     if end == -1:
         end = len(found) - 1
     picked = found[start:end + 1]
     if not picked:
         raise InputError(f"{where}: '{pattern}': '{expr}' has {len(found)} host(s): [{start}:{end}] picks none",
-                         hint=f"index from 0 to {len(found) - 1}")
+                         hint=f"index from 0 to {len(found) - 1}", reference="limit-matches-nothing")
     return picked

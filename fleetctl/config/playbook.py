@@ -173,7 +173,7 @@ def load_playbook_from(path: Path) -> tuple[Playbook, dict[Path, str]]:
                 raise InputError(
                     f"{path}:{line}: versions.{ver}.files[{i}].patch: cannot read {f.patch}: {e.strerror}",
                     hint="fix the patch path (relative to the playbook file)",
-                ) from None
+                    reference="playbook-invalid") from None
             out.append(PatchFile(path=f.path, patch_path=pp, patch_text=text, sha256=f.sha256))
             raw_paths[pp] = f.patch
         versions[ver] = out
@@ -185,10 +185,11 @@ def load_playbook_from(path: Path) -> tuple[Playbook, dict[Path, str]]:
         except OSError as e:
             line = doc.line_of(("state_files", i, "source"))
             raise InputError(f"{path}:{line}: state_files[{i}].source: cannot read {sf.source}: {e.strerror}",
-                             hint="fix the source path (relative to the playbook file)") from None
+                             hint="fix the source path (relative to the playbook file)",
+                             reference="playbook-invalid") from None
         if len(data) > MAX_STATE_FILE:
             raise InputError(f"{path}: state_files[{i}]: {sf.source} is {len(data)} bytes (at most {MAX_STATE_FILE})",
-                             hint="ship a smaller file")
+                             hint="ship a smaller file", reference="playbook-invalid")
         shipped.append(ShippedFile(name=sf.name, source=src, data=data, mode=sf.mode))
         raw_paths[src] = sf.source
     pb = Playbook(path=path, name=raw.name, description=raw.description, versions=versions,

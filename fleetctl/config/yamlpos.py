@@ -71,17 +71,32 @@ def _yaml_in(d: Path, what: str) -> str:
     return f"pass one of its YAML files: {', '.join(found[:3])}{more}"
 
 
+# what a file is -> (its reference when it cannot be read, when it is not valid): docs/errors.md
+FILE_REFERENCES = {
+    "inventory": ("inventory-not-found", "inventory-invalid"),
+    "playbook": ("playbook-not-found", "playbook-invalid"),
+}
+OTHER_FILE_REFERENCES = ("file-not-found", "file-invalid")
+
+
+def references(what: str) -> tuple[str, str]:
+    """The error references of a `what` file: (cannot be read, not valid)."""
+    return FILE_REFERENCES.get(what, OTHER_FILE_REFERENCES)
+
+
 def load_yaml(path: Path, what: str) -> YamlDoc:
     """Read and parse a YAML file; any problem is one InputError line naming file:line."""
+    missing, invalid = references(what)
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise InputError(f"{path}: {what} file not found", hint="check the path") from None
+        raise InputError(f"{path}: {what} file not found", hint="check the path", reference=missing) from None
     except IsADirectoryError:
         a = "an" if what[:1] in "aeiou" else "a"
-        raise InputError(f"{path}: is a directory, not {a} {what} file", hint=_yaml_in(path, what)) from None
+        raise InputError(f"{path}: is a directory, not {a} {what} file", hint=_yaml_in(path, what),
+                         reference=missing) from None
     except (PermissionError, UnicodeDecodeError) as e:
-        raise InputError(f"{path}: cannot read {what}: {e.__class__.__name__}: {e}") from None
+        raise InputError(f"{path}: cannot read {what}: {e.__class__.__name__}: {e}", reference=missing) from None
     try:
         # one parse: the node tree (for lines) and the data constructed from that same tree
         loader = _LOADER(text)
@@ -94,14 +109,15 @@ def load_yaml(path: Path, what: str) -> YamlDoc:
         mark = e.problem_mark or e.context_mark
         line = f":{mark.line + 1}" if mark else ""
         problem = e.problem or str(e)
-        raise InputError(f"{path}{line}: malformed YAML: {problem}", hint="fix the YAML syntax") from None
+        raise InputError(f"{path}{line}: malformed YAML: {problem}", hint="fix the YAML syntax",
+                         reference=invalid) from None
     except yaml.YAMLError as e:
-        raise InputError(f"{path}: malformed YAML: {e}", hint="fix the YAML syntax") from None
+        raise InputError(f"{path}: malformed YAML: {e}", hint="fix the YAML syntax", reference=invalid) from None
     dup = _duplicate_key(root)
     if dup is not None:
         key, first, again = dup
         raise InputError(f"{path}:{again}: duplicate key '{key}' (first at line {first})",
-                         hint="YAML would silently keep only the last one; remove or rename one")
+                         hint="YAML would silently keep only the last one; remove or rename one", reference=invalid)
     if data is None:
         data = {}
     return YamlDoc(path=path, data=data, root=root)
@@ -155,8 +171,9 @@ def _part(p: Any) -> str:
 
 def validate(doc: YamlDoc, model: type[M], what: str) -> M:
     """Validate parsed YAML against a pydantic model; the first error becomes one line."""
+    invalid = references(what)[1]
     if not isinstance(doc.data, dict):
-        raise InputError(f"{doc.path}:1: {what} must be a YAML mapping at the top level")
+        raise InputError(f"{doc.path}:1: {what} must be a YAML mapping at the top level", reference=invalid)
     try:
         return model.model_validate(doc.data)
     except ValidationError as e:
@@ -179,4 +196,4 @@ def validate(doc: YamlDoc, model: type[M], what: str) -> M:
             msg = msg.removeprefix("Value error, ")
         elif kind == "string_pattern_mismatch" and loc and loc[-1] == "[key]":
             msg = "not a valid name (letters, digits and _ . - only; not starting with . or -)"
-        raise InputError(f"{doc.path}:{line}: {keypath}: {msg}", hint=_fix_for(err, key)) from None
+        raise InputError(f"{doc.path}:{line}: {keypath}: {msg}", hint=_fix_for(err, key), reference=invalid) from None

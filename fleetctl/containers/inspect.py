@@ -26,6 +26,8 @@ _TEXT_RE = re.compile(r"^[\x20-\x7e]*$")  # printable ASCII: image refs, paths, 
 class ContainerError(FleetctlError):
     """The container could not be inspected (missing, stopped, the runtime refused, malformed answer)."""
 
+    reference = "container-unavailable"
+
 
 @dataclass(frozen=True)
 class Mount:

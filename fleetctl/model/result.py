@@ -37,6 +37,7 @@ NO_ANSWER = frozenset({"failed", "unreachable", "not-started"})
 
 
 T = TypeVar("T")
+U = TypeVar("U")
 
 
 @dataclass
@@ -50,14 +51,20 @@ class HostResult(Generic[T]):
     detail: T = None  # type: ignore[assignment]  # the operation's own; None where the host gave none
     elapsed: float = 0.0
     debug: str | None = field(default=None, repr=False)  # traceback or remote stderr, shown with --debug
+    reference: str | None = None  # why it failed, as docs/errors.md names it (errors.py FleetctlError.reference)
 
     @property
     def ok(self) -> bool:
         return self.status in OK_STATES
 
+    def carry(self, detail: U) -> HostResult[U]:
+        """This result with another detail: a host's failure, passed on by the operation that asked."""
+        return HostResult(self.host, self.status, self.message, detail, self.elapsed, self.debug, self.reference)
+
     def head(self) -> dict[str, Any]:
         """host, status, message, elapsed: what every result says, whatever its detail."""
-        return {"host": self.host, "status": self.status, "message": self.message, "elapsed": round(self.elapsed, 3)}
+        return {"host": self.host, "status": self.status, "message": self.message, "elapsed": round(self.elapsed, 3),
+                **({"reference": self.reference} if self.reference and not self.ok else {})}
 
     def fields(self) -> dict[str, Any]:
         """The detail's own JSON fields: its to_json() ({} for a detail without one: a raw answer)."""

@@ -11,7 +11,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from fleetctl import seal, statefiles
 from fleetctl.config.hosts import Host
@@ -22,6 +22,7 @@ from fleetctl.errors import InputError
 from fleetctl.facts import HostFacts, facts_request, inspect_container, parse_facts, read_facts
 from fleetctl.instances import host_launch_spec
 from fleetctl.intended import intended_for
+from fleetctl.model.result import HostResult
 from fleetctl.protocol import names
 from fleetctl.protocol.answers import DeployAnswer
 from fleetctl.runner import Fleet, HostOutcome
@@ -314,25 +315,22 @@ def _plan_stale_bytecode(hp: HostPlan, facts: HostFacts) -> None:
         hp.reason = f"stale cached bytecode of {', '.join(stale)} (import would not run the file on disk)"
 
 
-ApplyStatus = Literal["changed", "unchanged", "refused", "failed", "unreachable", "skipped"]
-
-
 @dataclass
-class HostApply:
-    host: str
-    status: ApplyStatus
-    message: str = ""
+class Applied:
+    """What a deploy did on a host (HostApply's detail)."""
+
     deploy_id: str | None = None
     files: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    elapsed: float = 0.0
     sealed: bool = False  # re-checked from its seal (fleetctl/seal.py): no agent, no Python started
     servers: Any = None  # HostServers read right after a change (the restart reminder), if asked
     container: dict[str, Any] | None = None  # the container it patched (recorded in the ledger too)
 
     def to_json(self) -> dict[str, Any]:
-        return {"host": self.host, "status": self.status, "message": self.message, "deploy_id": self.deploy_id,
-                "files": self.files, "notes": self.notes, "elapsed": round(self.elapsed, 3), "sealed": self.sealed}
+        return {"deploy_id": self.deploy_id, "files": self.files, "notes": self.notes, "sealed": self.sealed}
+
+
+HostApply = HostResult[Applied]
 
 
 def lock_bound(conn: Transport, wait_lock: float) -> float | None:
@@ -364,7 +362,7 @@ def apply_plan(fleet: Fleet, plan: Plan, playbook: Playbook, op_id: str, *, vali
             todo[hp.host] = hp
         else:
             results[hp.host] = HostApply(hp.host, "unreachable" if hp.status == "unreachable" else
-                                         ("refused" if hp.status == "refused" else "failed"), hp.reason)
+                                         ("refused" if hp.status == "refused" else "failed"), hp.reason, Applied())
 
     riders = {n: hp for n, hp in todo.items() if hp.tree_owner is not None}
     for n in riders:
@@ -378,7 +376,7 @@ def apply_plan(fleet: Fleet, plan: Plan, playbook: Playbook, op_id: str, *, vali
             return HostApply(conn.host.name, "unchanged",
                              f"already as intended (sealed by {ck.seal.get('op_id')}: {len(ck.seal['paths'])} paths "
                              f"and {len(ck.seal['files'])} file hashes re-checked unchanged, no Python started)",
-                             sealed=True)
+                             Applied(sealed=True))
         it = plan.intended[hp.version or ""]
         files = []
         for fp in hp.to_patch:
@@ -425,7 +423,7 @@ def apply_plan(fleet: Fleet, plan: Plan, playbook: Playbook, op_id: str, *, vali
                       f"{len(files)} file(s) patched" + (f", {len(shipped)} state file(s) written" if shipped else "")
                       if res.deploy_id else
                       ("; ".join(res.notes) or "already as intended (checked under the host lock)"),
-                      res.deploy_id, [f["path"] for f in files] + shipped, res.notes)
+                      Applied(res.deploy_id, [f["path"] for f in files] + shipped, list(res.notes)))
         # verification: every playbook file must now hold exactly the intended bytes
         final = res.final
         bad = [f"{fp.path} hashes {(final.get(fp.path) or 'missing')[:12]}, expected {fp.sha_intended[:12]}"
@@ -437,11 +435,11 @@ def apply_plan(fleet: Fleet, plan: Plan, playbook: Playbook, op_id: str, *, vali
             r.status = "failed"
             r.message = "verification failed after deploy: " + "; ".join(bad)
         if box is not None and res.deploy_id:
-            r.container = box.record()
+            r.detail.container = box.record()
         if disc is not None and res.deploy_id:
             from fleetctl.ops.discover import servers_after
 
-            r.servers = servers_after(conn.host.name, res, disc)
+            r.detail.servers = servers_after(conn.host.name, res, disc)
         if sealing and ck is not None:
             if bad or res.seal is None:
                 seal.forget(conn.host)
@@ -456,7 +454,7 @@ def apply_plan(fleet: Fleet, plan: Plan, playbook: Playbook, op_id: str, *, vali
         if o.ok:
             r = o.detail
         else:
-            r = HostApply(o.host, o.status, o.message)
+            r = o.carry(Applied())
         r.elapsed = o.elapsed
         results[o.host] = r
     plan.applied.update(results)
@@ -469,12 +467,13 @@ def _rider_result(name: str, hp: HostPlan, owner: HostApply | None) -> HostApply
     """A host whose tree another host's transaction deployed: that transaction, as what it is."""
     if owner is None:
         return HostApply(name, "failed", f"its package tree is deployed by {hp.tree_owner}'s transaction, which "
-                                         f"was not run; deploy {hp.tree_owner} too")
+                                         f"was not run; deploy {hp.tree_owner} too", Applied())
     said = f"the tree it shares with {owner.host}" + (f" (records in {hp.records_dir})" if hp.records_dir else "")
     if owner.status in ("changed", "unchanged"):
-        what = (f"deployed once, by {owner.host}'s transaction {owner.deploy_id}: {owner.message}"
+        what = (f"deployed once, by {owner.host}'s transaction {owner.detail.deploy_id}: {owner.message}"
                 if owner.status == "changed" else f"{owner.host} found it as intended: {owner.message}")
-        return HostApply(name, owner.status, f"{said}: {what}", owner.deploy_id, list(owner.files),
-                         list(owner.notes), sealed=owner.sealed)
+        return HostApply(name, owner.status, f"{said}: {what}",
+                         Applied(owner.detail.deploy_id, list(owner.detail.files), list(owner.detail.notes),
+                                 sealed=owner.detail.sealed))
     return HostApply(name, "failed" if owner.status != "refused" else "refused",
-                     f"{said}: {owner.host}'s transaction {owner.status}: {owner.message}")
+                     f"{said}: {owner.host}'s transaction {owner.status}: {owner.message}", Applied())

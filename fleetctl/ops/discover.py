@@ -13,13 +13,14 @@ Two sources, one pass (the agent's facts with the "servers" and "discover" hooks
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from fleetctl.config.hosts import Host
 from fleetctl.config.playbook_model import Playbook
 from fleetctl.engines import engine
 from fleetctl.errors import FleetctlError
 from fleetctl.facts import HASH_FILES, HostFacts, facts_request, parse_facts, read_facts
+from fleetctl.model.result import HostResult, Status
 from fleetctl.protocol import names
 from fleetctl.protocol.answers import InstanceState
 from fleetctl.runner import Fleet
@@ -56,16 +57,22 @@ class ServerProcess:
 
 
 @dataclass
-class HostServers:
-    host: str
-    status: Literal["ok", "failed", "unreachable", "skipped"]
-    message: str = ""
+class Servers:
+    """A host's server processes (HostServers' detail)."""
+
     processes: list[ServerProcess] = field(default_factory=list)
     truncated: bool = False
 
     def to_json(self) -> dict[str, Any]:
-        return {"host": self.host, "status": self.status, "message": self.message, "truncated": self.truncated,
-                "servers": [p.to_json() for p in self.processes]}
+        return {"truncated": self.truncated, "servers": [p.to_json() for p in self.processes]}
+
+
+HostServers = HostResult[Servers]
+
+
+def no_servers(host: str, status: Status, message: str) -> HostServers:
+    """A host whose servers were not read."""
+    return HostServers(host, status, message, Servers())
 
 
 def files_to_check(playbook: Playbook | None = None, extra: list[str] | None = None) -> list[str]:
@@ -97,7 +104,7 @@ def discover_request(launch_command: str | None, playbook: Playbook | None = Non
 
 def servers_from_facts(host: str, f: HostFacts, request: dict[str, Any]) -> HostServers:
     """The host's servers from facts read with the "servers" and "discover" hooks."""
-    res = HostServers(host, "ok")
+    res = Servers()
     recs: dict[int, InstanceState] = {}
     for s in (f.servers.instances if f.servers else []):
         if s.running and s.record is not None and isinstance(s.record.pid, int):
@@ -124,7 +131,7 @@ def servers_from_facts(host: str, f: HostFacts, request: dict[str, Any]) -> Host
                            s.instance, rec.version, rec.package_dir, list(s.changed_files), launch_id=rec.launch_id)
         sp.worker = {"class": rec.worker.class_, "reason": "from its launch record"}
         res.processes.append(sp)
-    return res
+    return HostServers(host, "ok", detail=res)
 
 
 DISCOVER_WITH = [names.WITH_SERVERS, names.WITH_DISCOVER]
@@ -141,11 +148,11 @@ def discover_facts(host: Host, playbook: Playbook | None = None, files: list[str
 def servers_after(host: str, answer: Any, req: dict[str, Any]) -> HostServers:
     """A host's servers from the `then_facts` of a deploy or rollback answer (discover_facts)."""
     if answer.then_facts is None:
-        return HostServers(host, "failed", f"{host}: {answer.then_facts_error or 'servers not read'}")
+        return no_servers(host, "failed", f"{host}: {answer.then_facts_error or 'servers not read'}")
     try:
         return servers_from_facts(host, parse_facts(host, answer.then_facts), req)
     except FleetctlError as e:
-        return HostServers(host, "failed", str(e))
+        return no_servers(host, "failed", str(e))
 
 
 def discover_fleet(fleet: Fleet, playbook: Playbook | None = None, hosts: list[Host] | None = None,
@@ -155,7 +162,7 @@ def discover_fleet(fleet: Fleet, playbook: Playbook | None = None, hosts: list[H
         return servers_from_facts(conn.host.name, read_facts(conn, request=full), req)
 
     outs = fleet.run(one, hosts)
-    return [o.detail if o.ok else HostServers(o.host, o.status, o.message) for o in outs]
+    return [o.detail if o.ok else o.carry(Servers()) for o in outs]
 
 
 @dataclass
@@ -217,7 +224,7 @@ class RestartReminder:
 def restart_reminder(found: list[HostServers], hosts: list[Host] | None = None) -> RestartReminder:
     """Which servers run code older than the files on disk now, and how to restart them (`hosts`:
     the inventory's, for the container hosts whose server is the container's main process)."""
-    stale = [p for h in found for p in h.processes if p.stale]
+    stale = [p for h in found for p in h.detail.processes if p.stale]
     return RestartReminder(len(stale), len({p.host for p in stale}),
                            [(p.host, p.instance) for p in stale if p.instance],
                            [(p.host, p.pid) for p in stale if not p.instance],

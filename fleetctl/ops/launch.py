@@ -17,6 +17,7 @@ from fleetctl.facts import HostFacts, read_facts
 from fleetctl.instances import Instance, plan_instances
 from fleetctl.launchspec import INHERIT_FROM_HOST
 from fleetctl.managers import manager_request
+from fleetctl.model.result import HostResult, Status
 from fleetctl.ops.deploy import new_op_id, who
 from fleetctl.ops.exits import exited_line
 from fleetctl.patched_worker import coverage
@@ -38,7 +39,6 @@ from fleetctl.trees import lane, lane_key
 TAIL = 30
 
 InstanceStatus = Literal["ready", "refused", "failed", "timeout", "skipped", "interrupted"]
-HostStatus = Literal["ok", "refused", "failed", "unreachable", "skipped"]
 PlanStatus = Literal["start", "refused", "failed", "unreachable"]
 
 
@@ -67,13 +67,11 @@ class InstanceLaunch:
 
 
 @dataclass
-class HostLaunch:
-    host: str
-    status: HostStatus
-    message: str = ""
+class Launched:
+    """A host's launch (HostLaunch's detail): its SGLang version, each instance, seconds per step."""
+
     version: str | None = None
     instances: list[InstanceLaunch] = field(default_factory=list)
-    elapsed: float = 0.0
     phases: dict[str, float] = field(default_factory=dict)  # seconds per step on this host
 
     def mark(self, phase: str, t0: float) -> float:
@@ -82,9 +80,10 @@ class HostLaunch:
         return now
 
     def to_json(self) -> dict[str, Any]:
-        return {"host": self.host, "status": self.status, "message": self.message, "version": self.version,
-                "elapsed": round(self.elapsed, 3), "phases": self.phases,
-                "instances": [i.to_json() for i in self.instances]}
+        return {"version": self.version, "phases": self.phases, "instances": [i.to_json() for i in self.instances]}
+
+
+HostLaunch = HostResult[Launched]
 
 
 def instances_by_host(fleet: Fleet, pb: Playbook) -> dict[str, list[Instance]]:
@@ -416,12 +415,12 @@ def launch_host(conn: Transport, pb: Playbook, insts: list[Instance], *, launch_
 
 
 def _result(lp: LaunchPlan) -> HostLaunch:
-    res = HostLaunch(lp.host, "ok", version=lp.version)
-    res.instances = [InstanceLaunch(lp.host, st.instance, st.port, list(st.gpus), "skipped", notes=list(st.notes))
+    res = HostLaunch(lp.host, "ok", detail=Launched(lp.version))
+    res.detail.instances = [InstanceLaunch(lp.host, st.instance, st.port, list(st.gpus), "skipped", notes=list(st.notes))
                      for st in lp.instances]
     if lp.status != "start":
         res.status, res.message = lp.status, lp.message
-        for st, it in zip(lp.instances, res.instances, strict=True):
+        for st, it in zip(lp.instances, res.detail.instances, strict=True):
             it.status = "refused"
             if any(x.problems for x in lp.instances):
                 it.message = ("; ".join(st.problems) if st.problems else
@@ -438,15 +437,15 @@ def apply_launch(conn: Transport, lp: LaunchPlan, pb: Playbook, *, launch_id: st
     instance, wait for all of them in one bounded agent call, GET /health, stop the ones that failed."""
     h = conn.host
     res = _result(lp)
-    res.mark("facts", started if started is not None else time.monotonic())
+    res.detail.mark("facts", started if started is not None else time.monotonic())
     if lp.status != "start":
         return res
     assert lp.facts is not None and lp.version is not None
-    facts, v, insts, items = lp.facts, lp.version, lp.run, res.instances
+    facts, v, insts, items = lp.facts, lp.version, lp.run, res.detail.instances
     if lp.stop:
         t = time.monotonic()
         stopped = stop_instances(conn, lp.stop, pb.launch.stop_timeout)
-        t = res.mark("stop old", t)
+        t = res.detail.mark("stop old", t)
         for sr in stopped:
             for it in items:
                 it.notes.append(f"replaced {sr.instance} (pid {sr.pid}): {sr.action}"
@@ -457,7 +456,7 @@ def apply_launch(conn: Transport, lp: LaunchPlan, pb: Playbook, *, launch_id: st
         # re-check ports and GPUs now that the old server is gone (no file hashing this time)
         facts = read_facts(conn, gpus=True, with_=[names.WITH_SERVERS], profile=pb.launch,
                            payload={"server_ports": [i.port for i in insts], "hash_dirs": [], "hash_files": []})
-        res.mark("re-check", t)
+        res.detail.mark("re-check", t)
         problems = resource_problems(facts, insts)
         if any(problems.values()):
             return _refuse_items(res, insts, problems)
@@ -494,7 +493,7 @@ def apply_launch(conn: Transport, lp: LaunchPlan, pb: Playbook, *, launch_id: st
             continue
         it.launch_id, it.pid, it.log = launch_id, rec.pid, rec.log
         started_ok.append(inst.name)
-    t = res.mark("start", t)
+    t = res.detail.mark("start", t)
     if started_ok:
         _wait_ready(conn, res, pb, insts, started_ok, launch_id=launch_id, timeout=timeout, t=t, interrupt=interrupt)
     bad = [it for it in items if it.status != "ready"]
@@ -513,7 +512,7 @@ def _wait_ready(conn: Transport, res: HostLaunch, pb: Playbook, insts: list[Inst
                 launch_id: str, timeout: float, t: float, interrupt: threading.Event | None = None) -> None:
     """Wait for the started instances (one bounded agent call), GET /health of the ready ones, and
     stop those that failed (a wrapper that outlived its server too)."""
-    h, items = conn.host, res.instances
+    h, items = conn.host, res.detail.instances
     request = {
         "state_dir": h.state_dir, "launch_ids": dict.fromkeys(started, launch_id),
         "ready_line": engine().ready_line, "forbidden": [f for f in pb.verify.forbidden if f not in CRASH_SIGNS],
@@ -543,7 +542,7 @@ def _wait_ready(conn: Transport, res: HostLaunch, pb: Playbook, insts: list[Inst
         if pending and interrupt is not None and interrupt.is_set():
             cut = True
             break
-    t = res.mark("wait ready", t)
+    t = res.detail.mark("wait ready", t)
     if cut:
         for inst, it in zip(insts, items, strict=True):
             if inst.name in pending:
@@ -566,7 +565,7 @@ def _wait_ready(conn: Transport, res: HostLaunch, pb: Playbook, insts: list[Inst
                 code = None
                 it.notes.append(f"GET /health failed: {e}")
             it.health = code
-            t = res.mark("GET /health", t)
+            t = res.detail.mark("GET /health", t)
             if code != 200:
                 it.status = "failed"
                 it.message = f"ready line seen, but GET /health answered {code}"
@@ -593,10 +592,10 @@ def _wait_ready(conn: Transport, res: HostLaunch, pb: Playbook, insts: list[Inst
                                     f"{', ' + sr.how if sr.how else ''})")
 
 
-def _refuse(res: HostLaunch, msg: str, status: HostStatus = "refused") -> HostLaunch:
+def _refuse(res: HostLaunch, msg: str, status: Status = "refused") -> HostLaunch:
     res.status = status
     res.message = msg
-    for it in res.instances:
+    for it in res.detail.instances:
         it.status, it.message = "refused", msg
     return res
 
@@ -605,7 +604,7 @@ def _refuse_items(res: HostLaunch, insts: list[Instance], problems: dict[str, li
     res.status = "refused"
     first = next((n, p) for n, p in problems.items() if p)
     res.message = f"nothing started on this host: {first[0]}: {first[1][0]}"
-    for inst, it in zip(insts, res.instances, strict=True):
+    for inst, it in zip(insts, res.detail.instances, strict=True):
         p = problems[inst.name]
         it.status = "refused"
         it.message = "; ".join(p) if p else "not started: another instance on this host was refused"
@@ -648,9 +647,8 @@ def launch_fleet(fleet: Fleet, pb: Playbook, *, replace: bool = False, timeout: 
         if o.ok:
             r: HostLaunch = o.detail
         else:
-            r = HostLaunch(o.host, o.status, o.message,
-                           instances=[InstanceLaunch(h.name, i.name, i.port, list(i.gpus), "failed", o.message)
-                                      for i in insts_by_host[h.name]])
+            r = o.carry(Launched(instances=[InstanceLaunch(h.name, i.name, i.port, list(i.gpus), "failed", o.message)
+                                               for i in insts_by_host[h.name]]))
         r.elapsed = o.elapsed
         results.append(r)
     return lid, results
@@ -675,22 +673,23 @@ def restart_main_process(conn: Transport, insts: list[Instance], timeout: float)
         row.status = "refused" if "a pod's container" in str(e) else "failed"
         row.message = str(e)
         row.seconds = round(time.monotonic() - t0, 3)
-        return HostLaunch(h, "refused" if row.status == "refused" else "failed", row.message, instances=[row])
+        return HostLaunch(h, "refused" if row.status == "refused" else "failed", row.message, Launched(instances=[row]))
     row.seconds = round(took, 3)
     row.message = f"restarted {spec.label} (its main process is the server); ready in {took:.1f}s"
-    return HostLaunch(h, "ok", row.message, instances=[row])
+    return HostLaunch(h, "ok", row.message, Launched(instances=[row]))
 
 
 @dataclass
-class HostStop:
-    host: str
-    status: Literal["ok", "failed", "unreachable", "skipped"]
-    message: str = ""
+class Stopped:
+    """What stop did to each instance on a host (HostStop's detail)."""
+
     instances: list[StopResult] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        return {"host": self.host, "status": self.status, "message": self.message,
-                "instances": to_json(self.instances)}
+        return {"instances": to_json(self.instances)}
+
+
+HostStop = HostResult[Stopped]
 
 
 def stop_fleet(fleet: Fleet, *, names: list[str] | None = None, timeout: float = 30.0) -> list[HostStop]:
@@ -698,13 +697,13 @@ def stop_fleet(fleet: Fleet, *, names: list[str] | None = None, timeout: float =
     res = []
     for o in outs:
         if not o.ok:
-            res.append(HostStop(o.host, o.status, o.message))
+            res.append(o.carry(Stopped()))
             continue
         stopped: ServerStopAnswer = o.detail
         bad = [s for s in stopped if s.action == "still running"]
         n = sum(1 for s in stopped if s.action == "stopped")
         res.append(HostStop(o.host, "failed" if bad else "ok",
-                            f"could not stop {bad[0].instance}" if bad else f"{n} stopped", stopped))
+                            f"could not stop {bad[0].instance}" if bad else f"{n} stopped", Stopped(list(stopped))))
     return res
 
 

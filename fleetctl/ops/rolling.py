@@ -10,10 +10,11 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from fleetctl.engines import engine
 from fleetctl.errors import InputError
+from fleetctl.model.result import HostResult
 
 if TYPE_CHECKING:  # parse_count/parse_percent check options before any host: no transport imported
     from fleetctl.config.hosts import Host
@@ -39,7 +40,8 @@ def parse_count(text: str | None, total: int, what: str) -> int | None:
             raise ValueError
         return n
     except ValueError:
-        raise InputError(f"{what} {text!r}: give a host count >= 1 or a percentage like 25%") from None
+        raise InputError(f"{what} {text!r}: give a host count >= 1 or a percentage like 25%",
+                         reference="option-invalid") from None
 
 
 def parse_percent(text: str, what: str) -> float:
@@ -47,9 +49,9 @@ def parse_percent(text: str, what: str) -> float:
     try:
         v = float(t)
     except ValueError:
-        raise InputError(f"{what} {text!r}: give a percentage like 0% or 20%") from None
+        raise InputError(f"{what} {text!r}: give a percentage like 0% or 20%", reference="option-invalid") from None
     if not 0 <= v <= 100:
-        raise InputError(f"{what} {text!r}: must be between 0% and 100%")
+        raise InputError(f"{what} {text!r}: must be between 0% and 100%", reference="option-invalid")
     return v
 
 
@@ -84,20 +86,18 @@ def original_code_playbook(pb: Playbook, version: str | None) -> Playbook:
     return dataclasses.replace(pb, launch=dataclasses.replace(pb.launch, flags=flags))
 
 
-RollStatus = Literal["ok", "failed", "unreachable", "refused", "rolled-back", "untouched"]
-
-
 @dataclass
-class HostRoll:
-    host: str
+class Rolled:
+    """A host's part of a rollout (HostRoll's detail): its batch, and what each step said."""
+
     batch: int
-    status: RollStatus
-    message: str = ""
     steps: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        return {"host": self.host, "batch": self.batch, "status": self.status, "message": self.message,
-                "steps": self.steps}
+        return {"batch": self.batch, "steps": self.steps}
+
+
+HostRoll = HostResult[Rolled]
 
 
 @dataclass
@@ -129,14 +129,14 @@ def rolling_deploy(fleet: Fleet, pb: Playbook, plan: Plan, *, serial: int | None
     groups = batches(list(fleet.hosts), serial, canary)
     result = RollResult(op_id, [[h.name for h in b] for b in groups], [], budget=max_fail)
     for bi, batch in enumerate(groups):
-        rows = {h.name: HostRoll(h.name, bi, "ok") for h in batch}
+        rows = {h.name: HostRoll(h.name, "ok", detail=Rolled(bi)) for h in batch}
         sub = dataclasses.replace(fleet, hosts=batch)  # shares the connections
         names = [h.name for h in batch]
         # 1. patch
         applied = apply_plan(sub, plan, pb, op_id, hosts=names)
         for n in names:
             a = applied[n]
-            rows[n].steps["deploy"] = a.status
+            rows[n].detail.steps["deploy"] = a.status
             if a.status not in ("changed", "unchanged"):
                 rows[n].status = "unreachable" if a.status == "unreachable" else (
                     "refused" if a.status == "refused" else "failed")
@@ -148,19 +148,19 @@ def rolling_deploy(fleet: Fleet, pb: Playbook, plan: Plan, *, serial: int | None
             _, launches = launch_fleet(sub, pb, replace=True, timeout=ready_timeout, launch_id=f"l{op_id[1:]}-b{bi}",
                                        hosts=live, allow_uncovered=True)
             for r in launches:
-                rows[r.host].steps["launch"] = r.status
-                if r.status != "ok" or any(i.status != "ready" for i in r.instances):
+                rows[r.host].detail.steps["launch"] = r.status
+                if r.status != "ok" or any(i.status != "ready" for i in r.detail.instances):
                     rows[r.host].status = "unreachable" if r.status == "unreachable" else "failed"
-                    bad = next((i for i in r.instances if i.status != "ready"), None)
+                    bad = next((i for i in r.detail.instances if i.status != "ready"), None)
                     rows[r.host].message = (f"{bad.instance}: {bad.status}: {bad.message}" if bad else r.message)
         # 3. verify-logs
         live = [h for h in batch if rows[h.name].status == "ok"]
         if live:
             for hv in verify_fleet(dataclasses.replace(fleet, hosts=live), pb):
-                rows[hv.host].steps["verify-logs"] = "pass" if hv.ok else "fail"
+                rows[hv.host].detail.steps["verify-logs"] = "pass" if hv.ok else "fail"
                 if not hv.ok:
                     rows[hv.host].status = "unreachable" if hv.status == "unreachable" else "failed"
-                    detail = next((p for i in hv.instances for p in getattr(i, "problems", [])), hv.message)
+                    detail = next((p for i in hv.detail.instances for p in getattr(i, "problems", [])), hv.message)
                     rows[hv.host].message = f"verify-logs: {detail}"
         failed = [r for r in rows.values() if r.status != "ok"]
         result.hosts += list(rows.values())
@@ -170,8 +170,8 @@ def rolling_deploy(fleet: Fleet, pb: Playbook, plan: Plan, *, serial: int | None
             result.stopped_at = bi
             _roll_back_batch(fleet, pb, plan, batch, op_id, rows, ready_timeout)
             for later in groups[bi + 1:]:
-                result.hosts += [HostRoll(h.name, groups.index(later), "untouched",
-                                          "not started: an earlier batch failed beyond --max-fail") for h in later]
+                result.hosts += [HostRoll(h.name, "untouched", "not started: an earlier batch failed beyond --max-fail",
+                                          Rolled(groups.index(later))) for h in later]
             break
     # hosts refused by the plan are reported as such (they are part of a batch above)
     for r in result.hosts:
@@ -193,7 +193,7 @@ def _roll_back_batch(fleet: Fleet, pb: Playbook, plan: Plan, batch: list[Host], 
     if plans:
         res = apply_rollback(sub, plans, new_op_id("r"), force=False, profile=pb.launch)
         for n, r in res.items():
-            rows[n].steps["rollback"] = r["status"]
+            rows[n].detail.steps["rollback"] = r["status"]
     # restart on the original code (without the patch's own flags), where we can reach the host
     reachable = [h for h in batch if rows[h.name].status != "unreachable"]
     by_plan = {hp.host: hp for hp in plan.hosts}
@@ -203,7 +203,7 @@ def _roll_back_batch(fleet: Fleet, pb: Playbook, plan: Plan, batch: list[Host], 
         _, launches = launch_fleet(dataclasses.replace(fleet, hosts=[h]), orig, replace=True, timeout=ready_timeout,
                                    launch_id=f"l{op_id[1:]}-undo", hosts=[h])
         for r in launches:
-            rows[h.name].steps["restart original"] = r.status
+            rows[h.name].detail.steps["restart original"] = r.status
     for r in rows.values():
         r.status = "rolled-back" if r.status == "ok" else r.status
         if r.status != "rolled-back":

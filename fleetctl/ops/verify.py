@@ -11,12 +11,13 @@ import calendar
 import posixpath
 import time
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from fleetctl.config.playbook_model import CRASH_SIGNS, Playbook
 from fleetctl.engines import engine
 from fleetctl.facts import bytecode_problem
 from fleetctl.instances import Instance
+from fleetctl.model.result import HostResult
 from fleetctl.ops.exits import exited_line
 from fleetctl.ops.launch import http_get, instances_by_host, predates_deploy
 from fleetctl.protocol import names
@@ -86,24 +87,17 @@ class InstanceVerify:
                 "exited": self.exited, "tail": self.tail, "reports": self.reports}
 
 
-VerifyStatus = Literal["ok", "failed", "unreachable", "skipped"]
-
-
 @dataclass
-class HostVerify:
-    host: str
-    status: VerifyStatus
-    message: str = ""
-    instances: list[InstanceVerify] = field(default_factory=list)
-    elapsed: float = 0.0
+class Verified:
+    """Each instance's verdict on a host (HostVerify's detail); the host's status is "failed" when one failed."""
 
-    @property
-    def ok(self) -> bool:
-        return self.status == "ok" and all(i.ok for i in self.instances)
+    instances: list[InstanceVerify] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        return {"host": self.host, "status": self.status, "ok": self.ok, "message": self.message,
-                "elapsed": round(self.elapsed, 3), "instances": [i.to_json() for i in self.instances]}
+        return {"instances": [i.to_json() for i in self.instances]}
+
+
+HostVerify = HostResult[Verified]
 
 
 def _check_instance(iv: InstanceVerify, st: InstanceState, pb: Playbook, deploy_now: DeployOnDisk | None,
@@ -585,14 +579,12 @@ def verify_fleet(fleet: Fleet, pb: Playbook) -> list[HostVerify]:
     res = []
     for o in outs:
         if o.ok:
-            hv = HostVerify(o.host, "ok", instances=o.detail)
             bad = [i for i in o.detail if not i.ok]
-            hv.message = (f"{len(bad)} of {len(o.detail)} instance(s) failed" if bad
-                          else f"{len(o.detail)} instance(s) verified")
-            if bad:
-                hv.status = "failed"
+            hv = HostVerify(o.host, "failed" if bad else "ok",
+                            f"{len(bad)} of {len(o.detail)} instance(s) failed" if bad
+                            else f"{len(o.detail)} instance(s) verified", Verified(list(o.detail)))
         else:
-            hv = HostVerify(o.host, o.status, o.message)
+            hv = o.carry(Verified())
         hv.elapsed = o.elapsed
         res.append(hv)
     return res

@@ -102,7 +102,7 @@ def check_playbook(pb: Playbook, versions: list[str] | None = None) -> list[File
     unknown = [v for v in wanted if v not in pb.versions]
     if unknown:
         raise InputError(f"{pb.path}: no entry for SGLang {', '.join(unknown)}",
-                         hint=f"the playbook covers {', '.join(pb.supported())}")
+                         hint=f"the playbook covers {', '.join(pb.supported())}", reference="playbook-version-missing")
     results: list[FileCheck] = []
     for version in dict.fromkeys(wanted):
         files = pb.versions[version]

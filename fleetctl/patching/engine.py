@@ -42,9 +42,13 @@ _UNSUPPORTED = (
 class PatchError(InputError):
     """A patch that cannot be parsed or is not supported (exit 2)."""
 
+    reference = "patch-invalid"
+
 
 class PatchDoesNotApply(PatchError):
     """A well-formed patch that does not fit the file (exit 1). Carries the failing hunk."""
+
+    reference = "patch-does-not-apply"
 
     exit_code = EXIT_FAILED
 

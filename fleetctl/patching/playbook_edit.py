@@ -66,16 +66,17 @@ def add_version(text: str, where: str, version: str, files: list[NewFile], unsup
     try:
         root = yaml.compose(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except yaml.YAMLError as e:
-        raise InputError(f"{where}: not valid YAML: {e}") from None
+        raise InputError(f"{where}: not valid YAML: {e}", reference="playbook-edit-refused") from None
     if not isinstance(root, yaml.MappingNode):
-        raise InputError(f"{where}: the playbook is not a mapping")
+        raise InputError(f"{where}: the playbook is not a mapping", reference="playbook-edit-refused")
     vers = next((v for k, v in root.value if isinstance(k, yaml.ScalarNode) and k.value == "versions"), None)
     if not isinstance(vers, yaml.MappingNode) or vers.flow_style or not vers.value:
         raise InputError(f"{where}: 'versions:' is not a block mapping with entries",
-                         hint="write versions: as a block mapping (one version per key) to let fleetctl add one")
+                         hint="write versions: as a block mapping (one version per key) to let fleetctl add one",
+                         reference="playbook-edit-refused")
     if any(k.value == version for k, _ in vers.value):
         raise InputError(f"{where}: the playbook already has an entry for SGLang {version}",
-                         hint=f"remove the {version} entry first to port again")
+                         hint=f"remove the {version} entry first to port again", reference="playbook-version-exists")
     indent = vers.value[0][0].start_mark.column
     entry = version_entry(version, files, unsupported, indent=indent, note=note)
     lines = text.splitlines(keepends=True)
@@ -108,4 +109,4 @@ def _check_round_trip(old: str, new: str, where: str, version: str, files: list[
     got = after.get("versions", {}).pop(version, None)
     if got != want or after != before:
         raise InputError(f"{where}: cannot add the {version} entry without changing the rest of the file",
-                         hint=f"add it by hand: {want}")
+                         hint=f"add it by hand: {want}", reference="playbook-edit-refused")

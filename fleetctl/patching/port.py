@@ -23,6 +23,7 @@ from fleetctl.patching.playbook_edit import NewFile, add_version
 
 class PortFailed(FleetctlError):
     exit_code = EXIT_FAILED
+    reference = "patch-port-failed"
 
 
 @dataclass
@@ -64,7 +65,8 @@ def port_file(src: str, dst: str, rel: str, patch_text: bytes, sha256: str) -> F
     if not new:
         return FilePort(rel, problem=f"{dst} already has {src}'s change (the merge equals the pristine file)")
     if apply_patch(target, new, name=rel).output != result.output:
-        raise FleetctlError(f"internal error: the ported patch for {rel} does not reproduce the merge")
+        raise FleetctlError(f"internal error: the ported patch for {rel} does not reproduce the merge",
+                            reference="internal-error")
     return FilePort(rel, patch=new, sha256=wheels.sha256_bytes(target), merged=result.output)
 
 
@@ -96,7 +98,8 @@ def write_version(pb: Playbook, version: str, ports: list[FilePort], unsupported
     refs = [patch_ref(version, p.path, rels) for p in ports]
     for ref in refs:
         if (base / ref).exists():
-            raise InputError(f"{base / ref} already exists", hint="move it away or remove it to port again")
+            raise InputError(f"{base / ref} already exists", hint="move it away or remove it to port again",
+                             reference="file-exists")
     text = pb.path.read_text(encoding="utf-8")
     new_text = add_version(text, str(pb.path), version,
                            [NewFile(p.path, ref, p.sha256) for p, ref in zip(ports, refs, strict=True)], unsupported, note=note)
@@ -123,32 +126,36 @@ def _git(repo: Path, *args: str) -> bytes:
     try:
         proc = subprocess.run(cmd, capture_output=True, timeout=GIT_TIMEOUT, env=env, stdin=subprocess.DEVNULL)
     except FileNotFoundError:
-        raise InputError("git is not installed", hint="install git to import commits") from None
+        raise InputError("git is not installed", hint="install git to import commits",
+                         reference="git-unavailable") from None
     except subprocess.TimeoutExpired:
-        raise FleetctlError(f"git {args[0]} in {repo} did not finish within {GIT_TIMEOUT:.0f}s") from None
+        raise FleetctlError(f"git {args[0]} in {repo} did not finish within {GIT_TIMEOUT:.0f}s",
+                            reference="patch-port-failed") from None
     if proc.returncode != 0:
         tail = proc.stderr.decode("utf-8", "replace").strip().splitlines()
         why = tail[-1][:300] if tail else f"exit {proc.returncode}"
-        raise InputError(f"{repo}: git {args[0]} failed: {why}")
+        raise InputError(f"{repo}: git {args[0]} failed: {why}", reference="patch-port-invalid")
     if len(proc.stdout) > MAX_DIFF:
-        raise InputError(f"{repo}: the diff is larger than {MAX_DIFF // (1024 * 1024)} MiB")
+        raise InputError(f"{repo}: the diff is larger than {MAX_DIFF // (1024 * 1024)} MiB",
+                         reference="patch-port-invalid")
     return proc.stdout
 
 
 def split_range(rev_range: str) -> tuple[str, str]:
     """'A..B' -> (A, B); a single commit C -> (C^, C). Anything else is refused."""
     if "..." in rev_range:
-        raise InputError(f"revision range {rev_range!r}: use A..B (the symmetric A...B is not supported)")
+        raise InputError(f"revision range {rev_range!r}: use A..B (the symmetric A...B is not supported)",
+                         reference="patch-port-invalid")
     parts = rev_range.split("..") if ".." in rev_range else [f"{rev_range}^", rev_range]
     if len(parts) != 2 or not all(_REV_RE.fullmatch(p) for p in parts):
         raise InputError(f"revision range {rev_range!r} is not A..B or a single commit",
-                         hint="e.g. v0.5.9..my-fix or a commit id")
+                         hint="e.g. v0.5.9..my-fix or a commit id", reference="patch-port-invalid")
     return parts[0], parts[1]
 
 
 def git_range_diff(repo: Path, rev_range: str) -> bytes:
     if not repo.is_dir():
-        raise InputError(f"--git {repo}: not a directory")
+        raise InputError(f"--git {repo}: not a directory", reference="patch-port-invalid")
     old, new = split_range(rev_range)
     ids = []
     for r in (old, new):
@@ -156,7 +163,8 @@ def git_range_diff(repo: Path, rev_range: str) -> bytes:
             ids.append(_git(repo, "rev-parse", "--verify", "--quiet", "--end-of-options", f"{r}^{{commit}}")
                        .decode("ascii", "replace").strip())
         except InputError:
-            raise InputError(f"--git {repo}: unknown revision {r}", hint="check the range with git log") from None
+            raise InputError(f"--git {repo}: unknown revision {r}", hint="check the range with git log",
+                             reference="patch-port-invalid") from None
     return _git(repo, "diff", "--no-color", "--no-ext-diff", "--no-renames", "--no-textconv", "-U3",
                 ids[0], ids[1], "--", PREFIX)
 
@@ -172,19 +180,19 @@ def import_diff(diff: bytes, version: str, *, name: str) -> list[Imported]:
     """Per file of `diff` (paths under python/sglang/): the patch against `version`'s pristine file.
     It must apply exactly; the result must compile."""
     if not diff.strip():
-        raise InputError(f"{name}: the range changes nothing under {PREFIX}")
+        raise InputError(f"{name}: the range changes nothing under {PREFIX}", reference="patch-port-invalid")
     out: list[Imported] = []
     for fp in parse_patch(diff, name=name):
         src = fp.path
         if not src.startswith(PREFIX):
-            raise InputError(f"{name}: {src} is not under {PREFIX}")
+            raise InputError(f"{name}: {src} is not under {PREFIX}", reference="patch-port-invalid")
         if fp.unsupported:
             raise InputError(f"{name}: {src}: the change {fp.unsupported}: not supported "
-                             f"(fleetctl patches the content of existing files only)")
+                             f"(fleetctl patches the content of existing files only)", reference="patch-port-invalid")
         try:
             rel = check_relpath(src[len(PREFIX):])
         except ValueError as e:
-            raise InputError(f"{name}: {e}") from None
+            raise InputError(f"{name}: {e}", reference="patch-port-invalid") from None
         pristine = wheels.pristine_bytes(version, rel)
         one = _one_file_patch(fp.hunks, rel)
         try:

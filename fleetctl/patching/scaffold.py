@@ -56,28 +56,30 @@ def edited_files(diff: bytes, version: str, *, name: str) -> list[EditedFile]:
     from fleetctl.patching.port import _one_file_patch
 
     if not diff.strip():
-        raise InputError(f"{name}: no change to any file of the package")
+        raise InputError(f"{name}: no change to any file of the package", reference="patch-init-invalid")
     out: list[EditedFile] = []
     for fp in parse_patch(diff, name=name):
         rel = _package_rel(fp.path)
         if rel is None:
-            raise InputError(f"{name}: {fp.path} is not a path inside the {engine().package} package")
+            raise InputError(f"{name}: {fp.path} is not a path inside the {engine().package} package",
+                             reference="patch-init-invalid")
         if fp.unsupported:
             raise InputError(f"{name}: {fp.path}: the change {fp.unsupported}: not supported "
-                             "(fleetctl patches the content of existing files only)")
+                             "(fleetctl patches the content of existing files only)", reference="patch-init-invalid")
         pristine = wheels.pristine_bytes(version, rel)
         try:
             patched = apply_patch(pristine, _one_file_patch(fp.hunks, rel), name=f"{engine().package} {version} {rel}").output
         except PatchError as e:
             raise InputError(f"{e.line()} (were the edits made on a checkout of {version}?)",
                              hint=f"make the edits on the {version} release's files, or pass the release they "
-                                  "were made on with --release") from None
+                                  "were made on with --release", reference="patch-init-invalid") from None
         problem = compile_error(patched, rel)
         if problem:
-            raise InputError(f"{name}: {rel}: the edited file does not compile: {problem}")
+            raise InputError(f"{name}: {rel}: the edited file does not compile: {problem}",
+                             reference="patch-init-invalid")
         out.append(EditedFile(rel, pristine, patched, make_patch(pristine, patched, rel), wheels.sha256_bytes(pristine)))
     if not out:
-        raise InputError(f"{name}: no change to any file of the package")
+        raise InputError(f"{name}: no change to any file of the package", reference="patch-init-invalid")
     return out
 
 
@@ -87,14 +89,15 @@ def checkout_diff(repo: Path, rev_range: str | None) -> bytes:
     from fleetctl.patching.port import PREFIX, _git, git_range_diff
 
     if not repo.is_dir():
-        raise InputError(f"--git {repo}: not a directory")
+        raise InputError(f"--git {repo}: not a directory", reference="patch-init-invalid")
     if rev_range:
         return git_range_diff(repo, rev_range)
     diff = _git(repo, "diff", "--no-color", "--no-ext-diff", "--no-renames", "--no-textconv", "-U3", "HEAD",
                 "--", PREFIX)
     if not diff.strip():
         raise InputError(f"--git {repo}: no uncommitted change under {PREFIX}",
-                         hint="edit the files first, or name committed edits with --range A..B")
+                         hint="edit the files first, or name committed edits with --range A..B",
+                         reference="patch-init-invalid")
     return diff
 
 
@@ -181,7 +184,8 @@ def scaffold(name: str, version: str, files: list[EditedFile], source: str, out_
 
     target = out_dir / "playbook.yaml"
     if target.exists():
-        raise InputError(f"{target} already exists", hint="choose another --dir, or remove it to make it again")
+        raise InputError(f"{target} already exists", hint="choose another --dir, or remove it to make it again",
+                         reference="patch-init-invalid")
     rels = [f.rel for f in files]
     refs = [patch_ref(version, f.rel, rels) for f in files]
     text, todo, warnings = render(name, version, source, files, refs, where=str(out_dir), command=command)
@@ -191,5 +195,5 @@ def scaffold(name: str, version: str, files: list[EditedFile], source: str, out_
             (out_dir / ref).write_bytes(f.patch)
         target.write_text(text, encoding="utf-8")
     except OSError as e:
-        raise InputError(f"cannot write {out_dir}: {e.strerror}") from None
+        raise InputError(f"cannot write {out_dir}: {e.strerror}", reference="patch-init-invalid") from None
     return target, todo, warnings

@@ -48,6 +48,8 @@ MAX_TRACEBACK = 16000  # characters of an agent's traceback kept (its end), show
 class InvalidAnswer(FleetctlError):
     """A host answered something that does not fit the protocol. Fails that host (exit 1)."""
 
+    reference = "host-answer-invalid"
+
     def __init__(self, host: str, action: str, where: str, problem: str) -> None:
         line = f"{host}: host answered an invalid {action!r} answer: {where}: {problem}"
         if len(line) > MAX_LINE:

@@ -49,7 +49,7 @@ def requirements(lock: Path = LOCK) -> list[str]:
             continue
         if "==" not in ln or ln.startswith("-"):
             raise FleetctlError(f"{lock}:{n}: {ln!r} is not an exact pin (name==version)",
-                                hint="the CPU venv's lock holds exact versions only")
+                                hint="the CPU venv's lock holds exact versions only", reference="sandbox-failed")
         out.append(ln)
     return out
 
@@ -69,7 +69,7 @@ def venv_dir(lock: Path = LOCK) -> Path:
 def site_packages(venv: Path) -> Path:
     found = sorted(venv.glob("lib/python*/site-packages"))
     if not found:
-        raise FleetctlError(f"{venv}: no site-packages dir")
+        raise FleetctlError(f"{venv}: no site-packages dir", reference="sandbox-failed")
     return found[0]
 
 
@@ -78,7 +78,8 @@ def _run(cmd: list[str], what: str) -> None:
     if proc.returncode != 0:
         tail = [ln for ln in (proc.stderr or proc.stdout).splitlines() if not ln.startswith("WARNING: Location")]
         raise FleetctlError(f"cannot build the CPU SGLang venv: {what} failed: {(tail or ['?'])[-1]}",
-                            hint="check the package registry is reachable; torch==2.13.0 must be installable")
+                            hint="check the package registry is reachable; torch==2.13.0 must be installable",
+                            reference="sandbox-failed")
 
 
 def install_standin(site: Path, extra_pth: str = "") -> None:

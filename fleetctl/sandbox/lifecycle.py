@@ -271,7 +271,7 @@ class Sandbox:
         if base in self.hosts:
             return self.hosts[base]
         raise InputError(f"sandbox {self.dir} has no host {name!r}",
-                         hint=f"hosts: {', '.join([*self.hosts, JUMP])}")
+                         hint=f"hosts: {', '.join([*self.hosts, JUMP])}", reference="sandbox-invalid")
 
     def stop_host(self, name: str, timeout: float = 5.0) -> list[procs.Stopped]:
         """Make `name` unreachable: stop its sshd listener and its live ssh sessions (by pid).
@@ -291,7 +291,7 @@ class Sandbox:
         left = [s for s in done if not s.gone]
         if left:
             raise FleetctlError(f"{h.name}: {len(left)} process(es) outlived SIGKILL: "
-                                + ", ".join(str(s.pid) for s in left))
+                                + ", ".join(str(s.pid) for s in left), reference="sandbox-failed")
         return [s for s in done if s.signal]
 
     def start_host(self, name: str) -> int:
@@ -306,7 +306,7 @@ class Sandbox:
                 return sshd.start(sshd.sshd_binary(), spec, _sshd_env(self.dir))
             except sshd.PortBusy:
                 raise FleetctlError(f"{h.name}: port {h.port} is taken by another process",
-                                    hint="free the port, or rebuild the sandbox") from None
+                                    hint="free the port, or rebuild the sandbox", reference="sandbox-failed") from None
 
     def set_gpu_state(self, name: str, state: str) -> None:
         """Make the stand-in nvidia-smi of fleet host `name` report its GPUs `idle` or `busy`."""
@@ -351,7 +351,8 @@ def _abs_dir(d: Path | str) -> Path:
     p = Path(os.path.abspath(p))
     if not _SAFE_PATH.match(str(p)):
         raise InputError(f"sandbox dir {str(p)!r} holds characters ssh/sshd configs cannot take",
-                         hint="use a path of letters, digits and ._-/+@:=, only (no spaces or %)")
+                         hint="use a path of letters, digits and ._-/+@:=, only (no spaces or %)",
+                         reference="sandbox-invalid")
     return p
 
 
@@ -393,10 +394,11 @@ def torch_pin(tree: Path, version: str) -> str:
     """The torch version release `version` pins in its own METADATA (`Requires-Dist: torch==X`)."""
     metas = sorted(tree.glob("sglang-*.dist-info/METADATA"))
     if not metas:
-        raise FleetctlError(f"sglang {version}: no dist-info METADATA in {tree}")
+        raise FleetctlError(f"sglang {version}: no dist-info METADATA in {tree}", reference="sandbox-failed")
     m = _TORCH_PIN.search(metas[0].read_text(errors="replace"))
     if not m:
-        raise FleetctlError(f"sglang {version}: its METADATA names no torch version (Requires-Dist: torch==...)")
+        raise FleetctlError(f"sglang {version}: its METADATA names no torch version (Requires-Dist: torch==...)",
+                            reference="sandbox-failed")
     return m.group(2)
 
 
@@ -416,15 +418,15 @@ def load(d: Path | str) -> Sandbox:
         meta = json.loads((d / META).read_text())
     except FileNotFoundError:
         raise InputError(f"{d}: no sandbox here (no {META})",
-                         hint=f"create one with 'fleetctl sandbox up --dir {d}'") from None
+                         hint=f"create one with 'fleetctl sandbox up --dir {d}'", reference="sandbox-invalid") from None
     except json.JSONDecodeError as e:
-        raise FleetctlError(f"{d / META}: unreadable: {e}") from None
+        raise FleetctlError(f"{d / META}: unreadable: {e}", reference="sandbox-failed") from None
     hosts = [SandboxHost.from_json(h) for h in meta.get("hosts", [])]
     fleet = {h.name: h for h in hosts if h.role == "fleet"}
     jumps = [h for h in hosts if h.role == "jump"]
     if not jumps:
         raise FleetctlError(f"{d / META}: no jump host recorded (an interrupted 'sandbox up'?)",
-                            hint=f"run 'fleetctl sandbox down --dir {d}' and up again")
+                            hint=f"run 'fleetctl sandbox down --dir {d}' and up again", reference="sandbox-failed")
     return Sandbox(dir=d, hosts=fleet, jump=jumps[0], gpus=int(meta.get("gpus", DEFAULT_GPUS)),
                    versions=list(meta.get("versions", [])), controller_python=meta.get("controller_python", ""),
                    host_python=meta.get("host_python", ""), cpu_site=meta.get("cpu_site", ""),
@@ -435,11 +437,11 @@ def set_gpu_state(d: Path | str, name: str, state: str) -> None:
     """Flip fleet host `name` of the sandbox in `d` to `idle` or `busy` GPUs (the stand-in nvidia-smi
     reads the file on every call)."""
     if state not in GPU_STATES:
-        raise InputError(f"GPU state {state!r}: expected one of {', '.join(GPU_STATES)}")
+        raise InputError(f"GPU state {state!r}: expected one of {', '.join(GPU_STATES)}", reference="sandbox-invalid")
     sb = load(d)
     h = sb.host(name)
     if h.role != "fleet":
-        raise InputError(f"{name} has no GPUs (the jump host)")
+        raise InputError(f"{name} has no GPUs (the jump host)", reference="sandbox-invalid")
     _write(h.gpu_state_file, state + "\n")
 
 
@@ -517,7 +519,8 @@ def _host_interpreter(d: Path) -> str:
 def _checked_host_python(py: str, cpu_sglang: bool) -> str:
     """The real path of `py` if it is a CPython >= 3.8 (the oldest the agent supports), else InputError."""
     if cpu_sglang:
-        raise InputError("--host-python and --cpu-sglang do not go together (the CPU venv has its own python)")
+        raise InputError("--host-python and --cpu-sglang do not go together (the CPU venv has its own python)",
+                         reference="sandbox-invalid")
     exe = shutil.which(py) or py
     try:
         p = subprocess.run([exe, "-I", "-c", "import sys; print(sys.implementation.name, *sys.version_info[:2])"],
@@ -528,7 +531,7 @@ def _checked_host_python(py: str, cpu_sglang: bool) -> str:
         ok = False
     if not ok:
         raise InputError(f"--host-python {py!r}: not a CPython >= 3.8 that runs here",
-                         hint="give the path of a python3.8 ... python3.13 interpreter")
+                         hint="give the path of a python3.8 ... python3.13 interpreter", reference="sandbox-invalid")
     return os.path.realpath(exe)
 
 
@@ -670,13 +673,14 @@ def _refuse_foreign(d: Path) -> None:
     if not d.exists():
         return
     if not d.is_dir():
-        raise InputError(f"{d}: not a directory", hint="give an empty or new --dir")
+        raise InputError(f"{d}: not a directory", hint="give an empty or new --dir", reference="sandbox-invalid")
     if _is_sandbox_dir(d):
         return
     leftovers = sorted(p.name for p in d.iterdir() if p.name != LOCK)
     if leftovers:
         raise InputError(f"{d}: not empty and not a sandbox ({', '.join(leftovers[:3])}"
-                         f"{', ...' if len(leftovers) > 3 else ''})", hint="give an empty or new --dir")
+                         f"{', ...' if len(leftovers) > 3 else ''})", hint="give an empty or new --dir",
+                         reference="sandbox-invalid")
 
 
 def _running(d: Path) -> list[str]:
@@ -717,32 +721,35 @@ def up(
     t0 = time.monotonic()
     d = _abs_dir(dir)
     if isinstance(hosts, bool) or not isinstance(hosts, int) or not 1 <= hosts <= MAX_HOSTS:
-        raise InputError(f"--hosts {hosts!r}: expected a count from 1 to {MAX_HOSTS}")
+        raise InputError(f"--hosts {hosts!r}: expected a count from 1 to {MAX_HOSTS}", reference="sandbox-invalid")
     if isinstance(gpus, bool) or not isinstance(gpus, int) or not 0 <= gpus <= MAX_GPUS:
-        raise InputError(f"--gpus {gpus!r}: expected a count from 0 to {MAX_GPUS}")
+        raise InputError(f"--gpus {gpus!r}: expected a count from 0 to {MAX_GPUS}", reference="sandbox-invalid")
     versions = [v.strip() for v in versions if v.strip()]
     if not versions:
-        raise InputError("--versions names no version", hint="e.g. --versions 0.5.9,0.5.14")
+        raise InputError("--versions names no version", hint="e.g. --versions 0.5.9,0.5.14",
+                         reference="sandbox-invalid")
     for v in versions:
         if not _VERSION.match(v):
-            raise InputError(f"--versions: {v!r} is not an SGLang version", hint="e.g. 0.5.9 or 0.5.4.post3")
+            raise InputError(f"--versions: {v!r} is not an SGLang version", hint="e.g. 0.5.9 or 0.5.4.post3",
+                             reference="sandbox-invalid")
     names = host_names(hosts)
     busy = {b.strip() for b in busy_gpus if b.strip()}
     unknown = sorted(busy - set(names))
     if unknown:
         raise InputError(f"--busy-gpus: no host {', '.join(unknown)} in a {hosts}-host sandbox",
-                         hint=f"hosts are {names[0]}..{names[-1]}")
+                         hint=f"hosts are {names[0]}..{names[-1]}", reference="sandbox-invalid")
     host_python = _checked_host_python(host_python, cpu_sglang) if host_python else ""
     binary = sshd.sshd_binary()
     if not sys.executable:
-        raise FleetctlError("cannot tell this Python's interpreter path (sys.executable is empty)")
+        raise FleetctlError("cannot tell this Python's interpreter path (sys.executable is empty)",
+                            reference="sandbox-failed")
 
     _refuse_foreign(d)
     with _locked(d):
         running = _running(d)
         if running:
             raise InputError(f"{d}: a sandbox is running here ({len(running)} process(es): {running[0]}, ...)",
-                             hint=f"run 'fleetctl sandbox down --dir {d}' first")
+                             hint=f"run 'fleetctl sandbox down --dir {d}' first", reference="sandbox-invalid")
         if _is_sandbox_dir(d):
             for name in MANAGED:
                 p = d / name
@@ -841,7 +848,8 @@ def _up(d: Path, names: list[str], versions: list[str], gpus: int, busy: set[str
                 return
             except sshd.PortBusy:
                 if attempt == sshd.PORT_RETRIES - 1:
-                    raise FleetctlError(f"{h.name}: no free port after {sshd.PORT_RETRIES} tries") from None
+                    raise FleetctlError(f"{h.name}: no free port after {sshd.PORT_RETRIES} tries",
+                                        reference="sandbox-failed") from None
 
     # record what is being built first, so an interrupted up can still be taken down
     _write(d / META, json.dumps(sb.to_json(), indent=2) + "\n")
@@ -865,7 +873,8 @@ def _up(d: Path, names: list[str], versions: list[str], gpus: int, busy: set[str
     for inv in (sb.inventory_path, sb.jump_inventory_path):
         got = load_inventory(inv)
         if len(got.hosts) != len(names):
-            raise FleetctlError(f"{inv}: the inventory loader sees {len(got.hosts)} hosts, not {len(names)}")
+            raise FleetctlError(f"{inv}: the inventory loader sees {len(got.hosts)} hosts, not {len(names)}",
+                                reference="sandbox-failed")
     lap("configs")
     timings["total"] = round(time.monotonic() - t0, 3)
     return sb
@@ -896,7 +905,7 @@ def _free_block(size: int, taken: set[int]) -> int:
         if ok:
             taken.update(ports)
             return base
-    raise FleetctlError("no free block of loopback ports for the sandbox servers")
+    raise FleetctlError("no free block of loopback ports for the sandbox servers", reference="sandbox-failed")
 
 
 def status(dir: Path | str) -> list[HostStatus]:
@@ -1017,7 +1026,8 @@ def down(dir: Path | str, timeout: float = 5.0, purge: bool = False, missing_ok:
     if not d.is_dir() or not _is_sandbox_dir(d):
         if missing_ok:
             return DownReport(dir=d, stopped=[], survivors=[])
-        raise InputError(f"{d}: no sandbox here", hint="give the --dir used with 'fleetctl sandbox up'")
+        raise InputError(f"{d}: no sandbox here", hint="give the --dir used with 'fleetctl sandbox up'",
+                         reference="sandbox-invalid")
     with _locked(d):
         stopped, survivors = _stop_everything(d, timeout)
     report = DownReport(dir=d, stopped=stopped, survivors=survivors)

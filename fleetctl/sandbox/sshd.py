@@ -41,7 +41,8 @@ def sshd_binary() -> str:
     found = shutil.which("sshd", path=os.environ.get("PATH", "") + ":/usr/sbin:/usr/local/sbin")
     if found:
         return found
-    raise FleetctlError(f"no OpenSSH server: {SSHD} is missing", hint="install openssh-server")
+    raise FleetctlError(f"no OpenSSH server: {SSHD} is missing", hint="install openssh-server",
+                        reference="sandbox-failed")
 
 
 def write_ed25519(path: Path, comment: str) -> str:
@@ -136,7 +137,7 @@ def probe_optional(sshd: str, spec: SshdSpec) -> tuple[str, ...]:
             if still == keep:
                 tail = proc.stderr.strip().splitlines()
                 raise FleetctlError(f"sshd rejects the sandbox config: {tail[-1] if tail else proc.returncode}",
-                                    hint=f"see {scratch}")
+                                    hint=f"see {scratch}", reference="sandbox-failed")
             keep = still
         return tuple(keep)
     finally:
@@ -157,7 +158,7 @@ def free_port(taken: set[int]) -> int:
                 continue
         taken.add(port)
         return port
-    raise FleetctlError("no free loopback port found for the sandbox sshd")
+    raise FleetctlError("no free loopback port found for the sandbox sshd", reference="sandbox-failed")
 
 
 def read_pid(pid_file: Path) -> int | None:
@@ -226,7 +227,7 @@ def start(sshd: str, spec: SshdSpec, env: dict[str, str], timeout: float = START
             if "Address already in use" in tail or "Cannot bind any address" in tail:
                 raise PortBusy(tail)
             raise FleetctlError(f"{spec.name}: sshd exited with {proc.returncode}: {tail}",
-                                hint=f"see {spec.log}")
+                                hint=f"see {spec.log}", reference="sandbox-failed")
         if read_pid(spec.pid_file) == proc.pid:
             if banner_ok(spec.port):
                 return proc.pid
@@ -237,4 +238,4 @@ def start(sshd: str, spec: SshdSpec, env: dict[str, str], timeout: float = START
         pass
     proc.wait()
     raise FleetctlError(f"{spec.name}: sshd did not listen on port {spec.port} within {timeout:.0f}s",
-                        hint=f"see {spec.log}")
+                        hint=f"see {spec.log}", reference="sandbox-failed")

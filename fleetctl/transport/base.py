@@ -22,19 +22,32 @@ ABORT_GRACE = 5.0  # seconds a step may overrun its own timeout before the watch
 class Unreachable(FleetctlError):
     """The host could not be reached or authenticated."""
 
+    reference = "host-unreachable"
+
     def __init__(self, message: str, *, hint: str | None = None, transient: bool = True) -> None:
         super().__init__(message, hint=hint)
         self.transient = transient
 
 
 class RemoteError(FleetctlError):
-    """A remote command or the agent failed on the host."""
+    """A remote command or the agent failed on the host. Its reference follows the agent's kind."""
 
     def __init__(self, message: str, *, kind: str = "failed", hint: str | None = None,
                  detail: str | None = None) -> None:
-        super().__init__(message, hint=hint)
+        super().__init__(message, hint=hint, reference=KIND_REFERENCES.get(kind, "host-failed"))
         self.kind = kind
         self.detail = detail
+
+
+# the agent's error kind (and the transport's "timeout") -> the error's reference (docs/errors.md)
+KIND_REFERENCES = {
+    "failed": "host-failed",
+    "timeout": "host-timeout",
+    "bad_input": "host-refused-input",
+    "locked": "host-lock-held",
+    "drifted": "host-files-drifted",
+    "changed": "host-files-changed",
+}
 
 
 class Stream(Protocol):

@@ -50,12 +50,13 @@ def check_method(method: str | None, where: str) -> None:
     why = UNSUPPORTED.get(method, f"unknown become method {method!r}")
     raise InputError(f"{where}: become_method {method}: not supported: {why}",
                      hint="use become_method: sudo (the only one fleetctl runs) with a sudoers rule for the "
-                          "interpreter, or leave become off")
+                          "interpreter, or leave become off", reference="become-invalid")
 
 
 def check_user(user: str | None, where: str) -> None:
     if user is not None and not USER_RE.match(user):
-        raise InputError(f"{where}: become_user {user!r} is not a user name", hint="name the user to become, e.g. root")
+        raise InputError(f"{where}: become_user {user!r} is not a user name", hint="name the user to become, e.g. root",
+                         reference="become-invalid")
 
 
 @dataclass(frozen=True)
@@ -111,11 +112,13 @@ def ask_password() -> None:
         got = sys.stdin.readline()
         if not got:
             raise InputError("--ask-become-pass: no password given (stdin ended)",
-                             hint="type it when asked, or feed it as the first line of stdin")
+                             hint="type it when asked, or feed it as the first line of stdin",
+                             reference="become-invalid")
         pw = got.rstrip("\n").rstrip("\r")
         sys.stderr.write("\n")
     if "\n" in pw or "\0" in pw:
-        raise InputError("--ask-become-pass: the password holds a newline or NUL byte", hint="sudo cannot take it")
+        raise InputError("--ask-become-pass: the password holds a newline or NUL byte", hint="sudo cannot take it",
+                         reference="become-invalid")
     set_password(pw)
 
 

@@ -18,6 +18,8 @@ _write_lock = threading.Lock()
 class HostKeyError(FleetctlError):
     """The host's key is unknown (and not accepted) or has changed."""
 
+    reference = "host-key-rejected"
+
 
 def fingerprint(key: paramiko.PKey) -> str:
     digest = hashlib.sha256(key.asbytes()).digest()
