@@ -26,6 +26,10 @@ TransportFactory = Callable[[Host, Inventory, bool], Transport]
 
 
 def ssh_transport(host: Host, inventory: Inventory, accept_new_host_keys: bool) -> Transport:
+    if host.connection == "local":  # (inventory `connection: local`: this machine, no SSH)
+        from fleetctl.transport.local import LocalTransport
+
+        return LocalTransport(host, inventory, accept_new_host_keys=accept_new_host_keys)
     from fleetctl.transport.ssh import HostConnection  # paramiko is imported only to connect
 
     return HostConnection(host, inventory, accept_new_host_keys=accept_new_host_keys)

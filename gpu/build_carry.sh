@@ -38,6 +38,9 @@ dl() {
     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_5_x86_64 \
     --platform manylinux1_x86_64 -d "${DEST:-$WHEELS/$VER}" "$@"
 }
+if [ -n "${FL_ONLY:-}" ]; then   # only what gpu_check.sh / device_fl.sh need besides the site (kept as built)
+  FL=1
+else
 [ -n "${SKIP_DL:-}" ] || dl $SGL $KER $FI $TF $COMMON_DEPS
 
 rm -rf "$STAGE"; mkdir -p "$STAGE/site"
@@ -90,6 +93,7 @@ for path, diff, pristine in re.findall(r"- path: (\S+)\n\s+patch: (\S+)\n\s+sha2
 json.dump(pins, open(os.path.join(pdir, "PINS.json"), "w"), indent=1)
 print(json.dumps(pins, indent=1))
 EOF
+fi  # (FL_ONLY)
 mkdir -p "$HERE/carry/lib"; cp -L /usr/lib/x86_64-linux-gnu/libnuma.so.1 "$HERE/carry/lib/"   # (the GPU image has it: spare)
 # carry/extra is put on the server's PYTHONPATH after site/: a typing_extensions new enough for
 # pydantic 2.12 (the GPU image's is 4.16.0 already: spare, harmless)
@@ -108,8 +112,11 @@ if [ -n "${FL:-}" ]; then
   find "$HERE/carry/fleetctl" -name __pycache__ -type d -prune -exec rm -rf {} +
   # (a folder of their own: everything in $WHEELS/$VER is installed into the site)
   mkdir -p "$WHEELS/fl"
-  DEST="$WHEELS/fl" dl paramiko==5.1.0 cryptography==50.0.2 bcrypt==5.0.0 pynacl==1.6.2 invoke==3.0.3 openai-harmony==0.0.4
-  cp "$WHEELS/fl"/{paramiko,cryptography,bcrypt,pynacl,invoke,openai_harmony}-*.whl "$HERE/carry/flwheels/"
+  DEST="$WHEELS/fl" dl paramiko==5.1.0 cryptography==50.0.2 bcrypt==5.0.0 pynacl==1.6.2 invoke==3.0.3 openai-harmony==0.0.4 \
+    fabric==3.2.2 decorator==5.2.1 deprecated==1.2.18 wrapt==1.17.2
+  cp "$WHEELS/fl"/{paramiko,cryptography,bcrypt,pynacl,invoke,openai_harmony,fabric,decorator,[Dd]eprecated,wrapt}-*.whl "$HERE/carry/flwheels/"
+  [ -f "$WHEELS/$VER"/sglang-$REL-*.whl ] || DEST="$WHEELS/$VER" dl $SGL
   cp "$WHEELS/$VER"/sglang-$REL-*.whl "$HERE/carry/flcache/wheels/"
+
 fi
 ls -la "$HERE/carry" "$HERE/carry/patches/$REL"; du -sh "$HERE/carry"

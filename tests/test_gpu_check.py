@@ -220,3 +220,17 @@ def test_failure_still_removes_everything(gpu_sb: Any, tmp_path: Path, capsys: p
     h = doc["hosts"][0]
     assert code == 1 and h["state"] == "failed" and what in h["message"], h["message"]
     _gone(doc)
+
+
+@pytest.mark.fleet
+def test_connection_local_runs_the_same_check(gpu_sb: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An inventory host with `connection: local` (a GPU box with no sshd): the agent runs here, no SSH."""
+    inv = _inventory(gpu_sb, tmp_path)
+    doc = yaml.safe_load(inv.read_text())
+    for h in doc["hosts"].values():
+        h["connection"] = "local"
+    inv.write_text(yaml.safe_dump(doc))
+    assert cli(capsys, "deploy", FULL, "-i", inv)[0] == 0
+    code, doc = cli(capsys, "gpu-check", FULL, "-i", inv)
+    assert code == 0 and doc["hosts"][0]["state"] == "passed", doc["hosts"][0]["message"]
+    _gone(doc)

@@ -44,6 +44,7 @@ class Host:
     max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES
     from_ssh_config: bool = False
     probe: bool = False  # deploy asks the host's own SGLang before changing anything
+    connection: str = "ssh"  # "local": the agent runs on this machine without SSH (transport/local.py)
     # become (Ansible's meaning): the agent runs as `become_user` (default root) through sudo;
     # None: not said by the inventory (the command line's -b/--become-user/--become-method decide)
     become: bool | None = None

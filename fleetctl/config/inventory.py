@@ -168,6 +168,9 @@ class HostFields(Strict):
     max_answer_bytes: Annotated[int, Field(ge=1024)] | None = None
     # deploy's coverage check also asks the host's own SGLang (`explain --probe`) before changing anything
     probe: bool | None = None
+    # how the agent reaches the host: ssh (default), or local (this machine, no SSH: the agent runs as a
+    # subprocess of `python`; Ansible's `connection: local`), e.g. a GPU box that runs fleetctl itself
+    connection: Literal["ssh", "local"] | None = None
     # become (Ansible's): the agent runs as become_user (default root) through sudo (transport/become.py)
     become: bool | None = None
     become_user: str | None = None
@@ -356,6 +359,7 @@ def _resolve(path: Path, doc: YamlDoc, raw: InventoryFile, *, group_hosts: dict[
                 max_answer_bytes=pick("max_answer_bytes", DEFAULT_MAX_ANSWER_BYTES),
                 from_ssh_config=from_cfg,
                 probe=probe,
+                connection=pick("connection", "ssh"),
                 become=bec["become"],
                 become_user=bec["become_user"],
                 become_method=bec["become_method"],

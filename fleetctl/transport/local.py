@@ -1,7 +1,8 @@
 """A transport to this machine, without SSH: the real agent runs as a local subprocess of the host's
 `python` (inventory), over pipes, against whatever directories the inventory names (a temporary
 "host" in tests). Same session, framing, bounds and answer checks as SSH (transport/session.py);
-only the byte pipe differs. For fast tests of ops; `fleetctl` itself always uses SSH.
+only the byte pipe differs. Used for fast tests of ops, and by `fleetctl` for an inventory host with
+`connection: local` (a GPU machine that runs fleetctl itself, e.g. one with no sshd).
 """
 
 from __future__ import annotations
