@@ -445,6 +445,9 @@ def test_v2_worker_reuses_the_steps0_runtime_state(version):
     fbg = find_def(cls, "forward_batch_generation")
     (switch,) = calls(fbg, "apply_runtime_state")
     assert "_dsd_states" in ast.unparse(switch)
+    # each switch is noted (a rate-limited log line), in the same step, before the state is applied
+    (noted,) = calls(fbg, "_dsd_note_switch")
+    assert noted.lineno < switch.lineno and ast.unparse(noted.args[1]) == "speculate"
     assert calls(fbg, "_dsd_should_speculate")
     assert calls(find_def(cls, "init_cuda_graphs"), "_dsd_init_runtime_states")
     states = find_def(cls, "_dsd_init_runtime_states")
@@ -815,13 +818,15 @@ def test_intended_bytes_cache_is_used_and_checked(tmp_path, monkeypatch):
     intended._apply.cache_clear()
 
 
-@pytest.mark.parametrize("version", DECODE_GRAPH_RELEASES)
+@pytest.mark.parametrize("version", DECODE_GRAPH_RELEASES + V2_RELEASES)
 def test_switch_lines_are_rate_limited(version):
-    """The shipped _dsd_note_switch, run with a clock the test moves: a line when speculation goes off
-    or on, none while it stays, at most one per interval; the state that changed meanwhile is logged
-    at the next step after the interval, with the switches it stands for."""
-    tree = patched_tree(version, V1)
-    cls = find_class(tree, "EAGLEWorker")
+    """The shipped _dsd_note_switch (the v1 worker's on 0.5.11-0.5.12.post1, EAGLEWorkerV2's from
+    0.5.14), run with a clock the test moves: a line when speculation goes off or on, none while it
+    stays, at most one per interval; the state that changed meanwhile is logged at the next step
+    after the interval, with the switches it stands for."""
+    rel = V1 if version in DECODE_GRAPH_RELEASES else V2
+    tree = patched_tree(version, rel)
+    cls = find_class(tree, WORKER_CLASS[rel])
     interval = next(n.value.value for n in tree.body if isinstance(n, ast.Assign)
                     and ast.unparse(n.targets[0]) == "_DSD_SWITCH_LOG_INTERVAL_S")
     now = [1000.0]
