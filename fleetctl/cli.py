@@ -14,31 +14,12 @@ from typing import Any
 import typer
 from typer.core import TyperCommand, TyperGroup
 
-from fleetctl import __version__
+from fleetctl import __version__, commands
 from fleetctl.commands import coerce
 from fleetctl.errors import EXIT_BAD_INPUT, EXIT_FAILED, FleetctlError, Interrupted
 
-# name -> (module whose register(app) defines it, its help). The order is `fleetctl --help`'s order.
-# tests/test_startup.py checks each help against the command the module really defines.
-COMMANDS: dict[str, tuple[str, str]] = {
-    "deploy": ("deploys", "Patch every host to the playbook's intended files: plan, backup, atomic swap, verify."),
-    "rollback": ("deploys", "Restore each host's files to their bytes before its last (or a named) deploy."),
-    "status": ("deploys", "Per host: deploy state of the playbook's files, interrupted deploys, lock, servers."),
-    "history": ("deploys", "The local ledger of deploys, rollbacks and launches; 'history ID' shows one; "
-                "'history show ID' also its run log (plan, per-host start/end, result, timings)."),
-    "explain": ("deploys", "Say per host which SGLang worker class and file will run, and whether the playbook "
-                            "patches it."),
-    "launch": ("servers", "Start the SGLang servers of the playbook's launch profile and wait until ready."),
-    "verify-logs": ("servers", "Prove from each server's current log, per host and rank, that the patched code runs."),
-    "stop": ("servers", "Stop the servers fleetctl launched (SIGTERM, then SIGKILL after a timeout)."),
-    "servers": ("servers", "List the servers fleetctl launched (--discover: every SGLang server process)."),
-    "facts": ("facts", "Per host: reachable, OS, python, SGLang version and dir, torch, file hashes, GPUs."),
-    "gpu-check": ("gpucheck", "On each host's own GPU and SGLang install: a tiny model fleetctl makes there, throwaway "
-                  "servers (speculation on, off, the patch's dynamic mode): marker, greedy outputs, tokens/s; then "
-                  "removes it all."),
-    "patch": ("patch", "Local tools for patch authors: apply, check, new, port, import."),
-    "sandbox": ("sandbox", "A local fleet of real OpenSSH hosts on loopback: up, down, status."),
-}
+# the command table: fleetctl/commands/__init__.py (name -> options module, implementation, help)
+COMMANDS = commands.COMMANDS
 
 
 coerce.install()  # option values converted without importing pydantic (issue 16.10)
@@ -52,11 +33,11 @@ class LazyGroup(TyperGroup):
 
     def get_command(self, ctx: Any, cmd_name: str) -> Any:
         if cmd_name not in self.commands and cmd_name in COMMANDS:
-            self.commands.update(load_commands(COMMANDS[cmd_name][0]))
+            self.commands.update(load_commands(COMMANDS[cmd_name].options))
         return self.commands.get(cmd_name)
 
     def format_commands(self, ctx: Any, formatter: Any) -> None:
-        rows = {n: self.commands.get(n) or TyperCommand(name=n, help=h) for n, (_, h) in COMMANDS.items()}
+        rows = {n: self.commands.get(n) or TyperCommand(name=n, help=c.summary) for n, c in COMMANDS.items()}
         rows.update({n: c for n, c in self.commands.items() if n not in rows})
         limit = formatter.width - 6 - max(len(n) for n in rows)
         with formatter.section("Commands"):
@@ -66,7 +47,7 @@ class LazyGroup(TyperGroup):
         if args and args[0] not in COMMANDS:
             # a typo (answered with the close names of every command), or a command a module
             # defines without a row in COMMANDS: load them all, the slow path
-            for module in dict.fromkeys(m for m, _ in COMMANDS.values()):
+            for module in dict.fromkeys(c.options for c in COMMANDS.values()):
                 for n, c in load_commands(module).items():
                     self.commands.setdefault(n, c)
         return super().resolve_command(ctx, args)

@@ -4,6 +4,7 @@ heavy dependencies; the lazy command table says exactly what the command modules
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from fleetctl import cli
+from fleetctl import cli, commands
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -43,11 +44,22 @@ def test_a_command_loads_only_its_own_module() -> None:
 
 def test_the_lazy_table_matches_the_commands() -> None:
     loaded: dict[str, object] = {}
-    for module in dict.fromkeys(m for m, _ in cli.COMMANDS.values()):
+    for module in dict.fromkeys(c.options for c in cli.COMMANDS.values()):
         loaded.update(cli.load_commands(module))
     assert list(loaded) == list(cli.COMMANDS), "COMMANDS must list every command, in each module's order"
-    for name, (_, help_text) in cli.COMMANDS.items():
-        assert getattr(loaded[name], "help", None) == help_text, name
+    for name, info in cli.COMMANDS.items():
+        assert getattr(loaded[name], "help", None) == info.summary, name
+        if info.impl is not None:  # the table names a function that exists (imported here, not at start-up)
+            assert callable(commands.implementation(name)), name
+
+
+def test_no_command_body_imports_its_implementation_by_hand() -> None:
+    """Issue 33.5: a command's options module hands its options to commands.run(name, ...); the table
+    (fleetctl/commands/__init__.py) is the one place that names the module that runs it."""
+    impls = {c.impl.split(":")[0] for c in cli.COMMANDS.values() if c.impl}
+    for module in {c.options for c in cli.COMMANDS.values() if c.impl}:
+        text = (ROOT / "fleetctl" / "commands" / f"{module}.py").read_text()
+        assert not [m for m in impls if re.search(rf"\bimport {m}\b|\b{m}\.(?!py\b)", text)], module
 
 
 def test_a_command_without_a_table_row_still_runs(monkeypatch: pytest.MonkeyPatch,
@@ -88,7 +100,7 @@ def test_a_command_imports_the_transport_only_to_connect(argv: list[str], tmp_pa
 
 def _typer_params() -> list[Any]:
     params = []
-    for module in dict.fromkeys(m for m, _ in cli.COMMANDS.values()):
+    for module in dict.fromkeys(c.options for c in cli.COMMANDS.values()):
         for c in cli.load_commands(module).values():
             for sub in [c, *getattr(c, "commands", {}).values()]:
                 params += [p for p in sub.params if hasattr(p, "type_descriptor")]

@@ -2,7 +2,8 @@
 
 Thin on purpose (issue 12.5) and light (issue 16.10): this module imports typer and the shared
 option types only, so `fleetctl deploy --help` and option parsing cost no rich, pydantic or transport.
-Each command hands its parsed options to deploys_impl.py, which runs the op, records it and renders.
+Each command hands its parsed options to `run(name, ...)` (the command table, commands/__init__.py),
+which imports deploys_impl.py then: it runs the op, records it and renders.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Annotated, Any
 
 import typer
 
+from fleetctl.commands import run
 from fleetctl.commands.common import (
     JsonOpt,
     PlaybookArg,
@@ -40,9 +42,7 @@ def register(app: typer.Typer) -> None:
         recheck: bool = typer.Option(False, "--recheck", help="Ask every host's python again even where nothing changed since the last deploy sealed it (see docs/reliability.md, seals)."),
         **shared: Any,
     ) -> None:
-        from fleetctl.commands import deploys_impl
-
-        deploys_impl.deploy(playbook=playbook, check=check, diff=diff, force=force, port_onto_host=port_onto_host,
+        run("deploy", playbook=playbook, check=check, diff=diff, force=force, port_onto_host=port_onto_host,
             allow_uncovered=allow_uncovered, strict=strict, restart=restart, serial=serial, canary=canary, max_fail=max_fail,
             any_errors_fatal=any_errors_fatal, ready_timeout=ready_timeout, break_lock=break_lock, recheck=recheck,
             **shared)
@@ -60,9 +60,7 @@ def register(app: typer.Typer) -> None:
         break_lock: str | None = typer.Option(None, "--break-lock", help="Comma list of hosts whose lock, held by another machine sharing their state dir, may be taken over."),
         **shared: Any,
     ) -> None:
-        from fleetctl.commands import deploys_impl
-
-        deploys_impl.rollback(to=to, check=check, force=force, any_errors_fatal=any_errors_fatal,
+        run("rollback", to=to, check=check, force=force, any_errors_fatal=any_errors_fatal,
             from_pristine=from_pristine, playbook=playbook, old_tree=old_tree, break_lock=break_lock, **shared)
 
     @app.command("status", help="Per host: deploy state of the playbook's files, interrupted deploys, lock, servers.")
@@ -72,9 +70,7 @@ def register(app: typer.Typer) -> None:
                                                         help="Optional playbook: also classify its files.")] = None,
         **shared: Any,
     ) -> None:
-        from fleetctl.commands import deploys_impl
-
-        deploys_impl.status(playbook=playbook, **shared)
+        run("status", playbook=playbook, **shared)
 
     @app.command("history", help="The local ledger of deploys, rollbacks and launches; 'history ID' shows one; "
                  "'history show ID' also its run log (plan, per-host start/end, result, timings).")
@@ -87,23 +83,7 @@ def register(app: typer.Typer) -> None:
                                             "--log-file); default: the controller's run log.", show_default=False),
         json_out: JsonOpt = False,
     ) -> None:
-        from fleetctl.commands import deploys_impl
-
-        if op_id == "show":
-            if run_id is None:
-                from fleetctl.errors import InputError
-
-                raise InputError("history show: which run?", hint="give its id: 'fleetctl history show ID' "
-                                 "('fleetctl history' lists them)", reference="usage-error")
-            deploys_impl.history_show(ident=run_id, log_file=log_file, json_out=json_out)
-            return
-        if run_id is not None:
-            from fleetctl.errors import InputError
-
-            raise InputError(f"history: unexpected {run_id!r} after {op_id!r}",
-                             hint=f"'fleetctl history {op_id}' or 'fleetctl history show {op_id}'",
-                             reference="usage-error")
-        deploys_impl.history(op_id=op_id, limit_rows=limit_rows, json_out=json_out)
+        run("history", op_id=op_id, run_id=run_id, limit_rows=limit_rows, log_file=log_file, json_out=json_out)
 
     @app.command("explain", help="Say per host which SGLang worker class and file will run, and whether the playbook patches it.")
     @fleet_options
@@ -114,6 +94,4 @@ def register(app: typer.Typer) -> None:
                                    "fail when it disagrees with fleetctl's table."),
         **shared: Any,
     ) -> None:
-        from fleetctl.commands import deploys_impl
-
-        deploys_impl.explain(playbook=playbook, probe=probe, **shared)
+        run("explain", playbook=playbook, probe=probe, **shared)

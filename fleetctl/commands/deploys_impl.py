@@ -359,6 +359,21 @@ def status(*, playbook: Path | None, inventory: Path | None, limit: str | None, 
 
 
 
+def history_command(*, op_id: str | None, run_id: str | None, limit_rows: int, log_file: str | None,
+                    json_out: bool) -> None:
+    """`history`, `history ID`, `history show ID`."""
+    if op_id == "show":
+        if run_id is None:
+            raise InputError("history show: which run?", hint="give its id: 'fleetctl history show ID' "
+                             "('fleetctl history' lists them)", reference="usage-error")
+        history_show(ident=run_id, log_file=log_file, json_out=json_out)
+        return
+    if run_id is not None:
+        raise InputError(f"history: unexpected {run_id!r} after {op_id!r}",
+                         hint=f"'fleetctl history {op_id}' or 'fleetctl history show {op_id}'", reference="usage-error")
+    history(op_id=op_id, limit_rows=limit_rows, json_out=json_out)
+
+
 def history_show(*, ident: str, log_file: str | None, json_out: bool) -> None:
     """`history show ID`: the ledger's entry (when ID is an operation there) and the run's events
     from the run log (fleetctl/runlog.py), one line each: what happened, per host, in order."""

@@ -6,6 +6,7 @@ from typing import Any
 
 import typer
 
+from fleetctl.commands import run
 from fleetctl.commands.common import (
     fleet_options,
 )
@@ -18,6 +19,4 @@ def register(app: typer.Typer) -> None:
         files: bool = typer.Option(False, "--files", help="List the sha256 of every hashed file."),
         **shared: Any,
     ) -> None:
-        from fleetctl.commands import facts_impl
-
-        facts_impl.facts(files=files, **shared)
+        run("facts", files=files, **shared)

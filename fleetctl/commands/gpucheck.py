@@ -7,6 +7,7 @@ from typing import Any
 
 import typer
 
+from fleetctl.commands import run
 from fleetctl.commands.common import PlaybookArg, fleet_options
 
 HELP = ("On each host's own GPU and SGLang install: a tiny model fleetctl makes there, throwaway servers "
@@ -25,6 +26,4 @@ def register(app: typer.Typer) -> None:
                                    "argv and env, the concurrencies) and make or start nothing."),
         **shared: Any,
     ) -> None:
-        from fleetctl.commands import gpucheck_impl
-
-        gpucheck_impl.gpu_check(playbook=playbook, timeout=timeout, check=check, **shared)
+        run("gpu-check", playbook=playbook, timeout=timeout, check=check, **shared)

@@ -1,6 +1,7 @@
 """launch (--check shows its plan), stop, verify-logs, servers: their options and help, declared here and nothing else.
 
-Light (issue 16.10) and thin (issue 12.5): each command hands its parsed options to servers_impl.py.
+Light (issue 16.10) and thin (issue 12.5): each command hands its parsed options to `run(name, ...)`,
+which imports servers_impl.py (the command table, commands/__init__.py).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from typing import Annotated, Any
 
 import typer
 
+from fleetctl.commands import run
 from fleetctl.commands.common import (
     PlaybookArg,
     fleet_options,
@@ -33,9 +35,7 @@ def register(app: typer.Typer) -> None:
                                    "--replace stops) and start or stop nothing."),
         **shared: Any,
     ) -> None:
-        from fleetctl.commands import servers_impl
-
-        servers_impl.launch(playbook=playbook, replace=replace, timeout=timeout,
+        run("launch", playbook=playbook, replace=replace, timeout=timeout,
             drop_unknown_flags=drop_unknown_flags, allow_uncovered=allow_uncovered, check=check, **shared)
 
     @app.command("verify-logs", help="Prove from each server's current log, per host and rank, that the patched code runs.")
@@ -44,9 +44,7 @@ def register(app: typer.Typer) -> None:
         playbook: PlaybookArg,
         **shared: Any,
     ) -> None:
-        from fleetctl.commands import servers_impl
-
-        servers_impl.verify_logs(playbook=playbook, **shared)
+        run("verify-logs", playbook=playbook, **shared)
 
     @app.command("stop", help="Stop the servers fleetctl launched (SIGTERM, then SIGKILL after a timeout).")
     @fleet_options
@@ -58,9 +56,7 @@ def register(app: typer.Typer) -> None:
                                              help="Seconds between SIGTERM and SIGKILL (default: launch.stop_timeout, 30)."),
         **shared: Any,
     ) -> None:
-        from fleetctl.commands import servers_impl
-
-        servers_impl.stop(playbook=playbook, instance=instance, timeout=timeout, **shared)
+        run("stop", playbook=playbook, instance=instance, timeout=timeout, **shared)
 
     @app.command("servers", help="List the servers fleetctl launched (--discover: every SGLang server process).")
     @fleet_options
@@ -71,6 +67,4 @@ def register(app: typer.Typer) -> None:
                  "port, which worker it runs, and whether it runs code older than the files on disk."),
         **shared: Any,
     ) -> None:
-        from fleetctl.commands import servers_impl
-
-        servers_impl.servers(discover=discover, **shared)
+        run("servers", discover=discover, **shared)
