@@ -74,8 +74,8 @@ FLEETCTL_GLOBAL = {
     "fleetctl.config.playbook_cache": ["load"],
     "fleetctl.ops.deploy": ["gather", "build_plan", "apply_plan"],
     "fleetctl.ops.rollback": ["gather", "build_plan", "apply_plan", "rollback"],
-    "fleetctl.runner": ["Fleet.prefetch", "Fleet.close"],
-    "fleetctl.ledger": ["Ledger.start", "Ledger.finish"],
+    "fleetctl.ops.runner": ["Fleet.prefetch", "Fleet.close"],
+    "fleetctl.ops.ledger": ["Ledger.start", "Ledger.finish"],
 }
 # the lean push, per host (its module is imported as `lean_push`)
 LEAN = {"lean_push": [("_hashes", "hash"), ("_exec", "exec")]}

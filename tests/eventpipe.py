@@ -1,4 +1,4 @@
-"""Wait for what a fleetctl subprocess signals (fleetctl/events.py) instead of sleeping: the CLI
+"""Wait for what a fleetctl subprocess signals (fleetctl/transport/events.py) instead of sleeping: the CLI
 writes one line per event to the pipe this opens; `wait` blocks until a line arrives. The bound is
 only a hang bound (a test that waits it out has failed), never a window anything depends on."""
 

@@ -33,7 +33,7 @@ from eventpipe import EventPipe
 from test_faults import write_inventory
 
 from fleetctl.config.inventory import load_inventory
-from fleetctl.runner import Fleet, HostOutcome
+from fleetctl.ops.runner import Fleet, HostOutcome
 from fleetctl.sandbox import procs
 from fleetctl.sandbox.lifecycle import Sandbox
 
@@ -353,7 +353,7 @@ def test_a_host_stuck_outside_the_network_is_given_up_on(fleet3: Sandbox, tmp_pa
     """The watchdog's backstop: a host whose thread does not return even after its connection was
     cut (here: stuck in a local wait) is reported at its deadline plus the abandon grace, and the
     run returns."""
-    from fleetctl.runner import ABANDON_AFTER
+    from fleetctl.ops.runner import ABANDON_AFTER
 
     inv = load_inventory(write_inventory(fleet3, tmp_path / "inv.yaml", hosts={"h01": {"host_timeout": 1}}))
     release = threading.Event()
@@ -441,7 +441,7 @@ def event_pipe() -> Iterator[EventPipe]:
         p.close()
 
 
-# Every Ctrl-C test acts on what the CLI signals (fleetctl/events.py): a host in flight ("host-start"),
+# Every Ctrl-C test acts on what the CLI signals (fleetctl/transport/events.py): a host in flight ("host-start"),
 # the first Ctrl-C taken ("interrupt"); the hosts' timeouts are far longer than any test, so no
 # bound races the signal on a loaded machine (before: a 0.3 s sleep, then a 4 s connect timeout).
 
@@ -733,7 +733,7 @@ def test_commands_work_with_more_than_1024_open_files(fleet3: Sandbox, tmp_path:
 
 FD_PROBE = """\
 import resource, sys
-from fleetctl.runner import raise_fd_limit
+from fleetctl.ops.runner import raise_fd_limit
 soft, hard = int(sys.argv[1]), int(sys.argv[2])
 resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 note = raise_fd_limit(int(sys.argv[3]))

@@ -174,7 +174,7 @@ def test_error_line_is_one_escaped_line(tmp_path: Path, capsys: pytest.CaptureFi
 
 @pytest.mark.usefixtures("ledger_dir")
 def test_history_shows_hostile_ledger_entries_escaped(capsys: pytest.CaptureFixture[str]) -> None:
-    from fleetctl.ledger import Ledger
+    from fleetctl.ops.ledger import Ledger
 
     led = Ledger()
     evil = " | ".join(CORPUS) + " lone surrogate \udcff"

@@ -25,8 +25,8 @@ from fleetctl.errors import InputError
 from fleetctl.facts import read_facts
 from fleetctl.instances import plan_instances
 from fleetctl.ops.launch import server_status_facts
+from fleetctl.ops.runner import Fleet
 from fleetctl.remote import agent_servers as srv
-from fleetctl.runner import Fleet
 from fleetctl.sandbox.lifecycle import Sandbox
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -21,7 +21,7 @@ import yaml
 from ports import free_port as closed_port
 
 from fleetctl.cli import main
-from fleetctl.ledger import Ledger
+from fleetctl.ops.ledger import Ledger
 
 ROOT = Path(__file__).resolve().parents[1]
 PB = ROOT / "playbooks" / "dynamic-spec-disable"
@@ -210,7 +210,7 @@ def _entry(lg: Ledger, op_id: str, pid: int, start: str | None) -> None:
 
 
 def test_ledger_marks_only_dead_controllers_interrupted(tmp_path: Path) -> None:
-    from fleetctl.ledger import proc_start
+    from fleetctl.ops.ledger import proc_start
 
     path = tmp_path / "l.sqlite"
     live = subprocess.Popen(["sleep", "60"])

@@ -68,7 +68,7 @@ def test_no_envelope_message_is_empty() -> None:
 
 def test_history_collapses_no_op_runs_and_names_the_playbook(ledger_dir: Path,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
-    from fleetctl.ledger import Ledger
+    from fleetctl.ops.ledger import Ledger
 
     lg = Ledger(ledger_dir / "ledger.sqlite")
     pb = FULL / "playbook.yaml"
@@ -198,7 +198,7 @@ def test_tables_off_a_terminal_fit_80_columns_and_json_keeps_everything(
     """Piped (not a tty, no COLUMNS): tables are fitted to 80 columns (before: 160, and the user saw
     170-column lines); ids stay whole on their line; --json has every field whole."""
     from fleetctl.commands import common
-    from fleetctl.ledger import Ledger
+    from fleetctl.ops.ledger import Ledger
 
     monkeypatch.delenv("COLUMNS", raising=False)
     for c in (common.out, common.err):

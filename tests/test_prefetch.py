@@ -14,7 +14,7 @@ import pytest
 
 from fleetctl.cli import main
 from fleetctl.config.inventory import load_inventory
-from fleetctl.runner import Fleet
+from fleetctl.ops.runner import Fleet
 from fleetctl.sandbox.lifecycle import Sandbox
 
 pytestmark = [pytest.mark.fleet, pytest.mark.usefixtures("ledger_dir")]

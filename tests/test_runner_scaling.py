@@ -15,10 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from fleetctl import runner, trees
+from fleetctl import trees
 from fleetctl.config.hosts import Host, Inventory
+from fleetctl.ops import runner
+from fleetctl.ops.runner import Fleet
 from fleetctl.protocol.answers import TreeIdentity
-from fleetctl.runner import Fleet
 
 
 def _host(i: int) -> Host:

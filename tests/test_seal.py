@@ -1,4 +1,4 @@
-"""Seals (fleetctl/seal.py, fleetctl/remote/agent_seal.py): a deploy whose host has not changed since
+"""Seals (fleetctl/ops/seal.py, fleetctl/remote/agent_seal.py): a deploy whose host has not changed since
 the last deploy sealed it is re-checked with one `stat` + `sha256sum` and no Python start; anything
 that could change where the launch imports from, what the planned files hold, or what a deploy
 would do makes it take the full path (the agent) again, which then finds what changed."""
@@ -275,8 +275,8 @@ def test_only_a_reading_that_located_the_package_alike_is_lent() -> None:
 def test_the_agent_writes_what_stat_and_sha256sum_print(tmp_path: Path) -> None:
     """The seal's text is made by the agent (Python) and checked by coreutils on the host: the two
     must agree to the byte for a file, a dir, a symlink, a missing path."""
+    from fleetctl.ops.seal import STAT_FORMAT
     from fleetctl.remote import agent_seal
-    from fleetctl.seal import STAT_FORMAT
 
     f = tmp_path / "a file.py"
     f.write_bytes(b"x = 1\n" * 1000)
@@ -294,8 +294,8 @@ def test_a_check_whose_stat_differs_hashes_nothing(tmp_path: Path) -> None:
     """The check carries the seal's stat text: where the host's stat output is that text, the
     output is byte for byte the plain check's (hashes included); where it differs, the script skips
     sha256sum (no hashes: the check failed already). Trailing newlines, quotes, spaces kept."""
+    from fleetctl.ops.seal import END, check_script, parse_check
     from fleetctl.remote import agent_seal
-    from fleetctl.seal import END, check_script, parse_check
 
     d = tmp_path / "it's a dir"
     d.mkdir()

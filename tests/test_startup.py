@@ -16,7 +16,7 @@ from fleetctl import cli, commands
 
 ROOT = Path(__file__).resolve().parents[1]
 
-HEAVY = ("paramiko", "fabric", "invoke", "pydantic", "rich", "yaml", "fleetctl.runner", "fleetctl.commands.deploys")
+HEAVY = ("paramiko", "fabric", "invoke", "pydantic", "rich", "yaml", "fleetctl.ops.runner", "fleetctl.commands.deploys")
 
 
 def imported_by(*argv: str) -> tuple[int, set[str]]:
@@ -71,7 +71,7 @@ def test_a_command_without_a_table_row_still_runs(monkeypatch: pytest.MonkeyPatc
     assert "Did you mean 'servers'?" in capsys.readouterr().err
 
 
-TRANSPORT = ("paramiko", "fabric", "invoke", "fleetctl.runner", "fleetctl.transport")
+TRANSPORT = ("paramiko", "fabric", "invoke", "fleetctl.ops.runner", "fleetctl.transport")
 
 
 @pytest.mark.parametrize("argv", [

@@ -21,7 +21,7 @@ from fleetctl.config.inventory import Inventory, load_inventory
 from fleetctl.config.playbook import Playbook, load_playbook
 from fleetctl.ops.deploy import apply_plan, build_plan, gather, new_op_id
 from fleetctl.ops.rollback import apply_rollback, plan_rollback
-from fleetctl.runner import Fleet
+from fleetctl.ops.runner import Fleet
 from fleetctl.transport.base import RemoteError
 from fleetctl.transport.local import LocalTransport
 

@@ -78,7 +78,7 @@ BECOME_KEYS = ("become", "become_user", "become_method", "ask_become_pass")
 # options every fleet command takes that its own code never reads: fleet_context does (set per command)
 LIST_HOSTS = False
 BECOME: dict[str, Any] = {}  # -b/--become, --become-user, --become-method, -K (transport/become.py Cli)
-LOG_FILE: str | None = None  # --log-file (fleetctl/runlog.py)
+LOG_FILE: str | None = None  # --log-file (fleetctl/ops/runlog.py)
 WAIT_LOCK = 0.0  # --wait-lock: seconds a host's agent waits for a lock another controller holds
 ARGV: list[str] = []  # the command line as given (cli.main): what a retry hint repeats
 

@@ -22,7 +22,7 @@ from fleetctl.ui.safetext import DETAIL_LIMIT, line, safe
 if TYPE_CHECKING:  # imported when a command reaches its hosts (issue 16.10)
     from fleetctl.config.hosts import Inventory
     from fleetctl.config.playbook_model import Playbook
-    from fleetctl.runner import Fleet
+    from fleetctl.ops.runner import Fleet
 
 __all__ = ["EXIT_INTERRUPTED", "Interrupted"]
 
@@ -70,10 +70,10 @@ def fleet_context(inventory: Path | None, limit: str | None, forks: int, *, json
         list_hosts(command, hosts, json)
     if b.get("ask_become_pass") and any(h.becomes for h in hosts) and become.password() is None:
         become.ask_password()
-    from fleetctl import runlog
+    from fleetctl.ops import runlog
 
     runlog.begin(command, log_file=common.LOG_FILE, argv=common.ARGV, inventory=inv.path, hosts=hosts)
-    from fleetctl.runner import (  # the transport (paramiko, fabric): once the input is valid
+    from fleetctl.ops.runner import (  # the transport (paramiko, fabric): once the input is valid
         Fleet,
         raise_fd_limit,
     )
@@ -208,7 +208,7 @@ class _CtrlC:
             sys.stderr.write(f"\ninterrupt: starting no new host; waiting for {len(flying)} host(s) in flight to "
                              f"finish or time out{': ' + where if where else ''}. Press Ctrl-C again to exit at once.\n")
             sys.stderr.flush()
-            from fleetctl import events
+            from fleetctl.transport import events
 
             events.emit("interrupt")
             return

@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from fleetctl import runlog
 from fleetctl.commands import validate
 from fleetctl.commands.common import emit_json, err, out
 from fleetctl.commands.context import RunContext, fleet_context, playbook_fleet
@@ -29,7 +28,8 @@ from fleetctl.commands.deploys_view import (
 )
 from fleetctl.engines import engine
 from fleetctl.errors import EXIT_FAILED, EXIT_OK, InputError
-from fleetctl.ledger import Ledger
+from fleetctl.ops import runlog
+from fleetctl.ops.ledger import Ledger
 from fleetctl.ops.record import Recorded
 from fleetctl.ui.hostnames import group, strip_host
 from fleetctl.ui.jsonout import host_row
@@ -61,9 +61,9 @@ def _load_playbook(path: Path) -> Playbook:
 
 
 def _seal_check_ahead(conn: Any) -> None:
-    """(fleetctl.seal is imported by the first connected host's prefetch thread, not before the input
+    """(fleetctl.ops.seal is imported by the first connected host's prefetch thread, not before the input
     is read)"""
-    from fleetctl.seal import check_ahead
+    from fleetctl.ops.seal import check_ahead
 
     check_ahead(conn)
 
@@ -85,7 +85,7 @@ def deploy(*, playbook: Path, inventory: Path | None, limit: str | None, forks: 
                         accept_new_host_keys=accept_new_host_keys,
                         ahead=None if recheck else _seal_check_ahead) as (pb, ctx):
         from fleetctl.ops.deploy import apply_plan, build_plan, gather, new_op_id
-        # seals (fleetctl/seal.py): a host unchanged since its last deploy is re-checked without Python;
+        # seals (fleetctl/ops/seal.py): a host unchanged since its last deploy is re-checked without Python;
         # a rolling restart visits every host with the agent (its batches re-plan)
         # (--force, --port-onto-host: every hashed file is read, to name the siblings that are not the release's)
         gathered = _tick_run(ctx, "facts", lambda: gather(ctx.fleet, pb, probe=True, use_seals=not recheck,
@@ -229,7 +229,7 @@ def rollback(*, inventory: Path | None, limit: str | None, forks: int, to: str |
         rows = [results[h.name] for h in ctx.fleet.hosts]
         failed = [r for r in rows if r["status"] not in ("changed", "unchanged", "skipped")]
         record.finish(not failed, rows)
-        from fleetctl import seal
+        from fleetctl.ops import seal
 
         for h in ctx.fleet.hosts:  # their seals no longer hold: the next deploy need not check them
             if results[h.name]["status"] != "unchanged":
@@ -376,7 +376,7 @@ def history_command(*, op_id: str | None, run_id: str | None, limit_rows: int, l
 
 def history_show(*, ident: str, log_file: str | None, json_out: bool) -> None:
     """`history show ID`: the ledger's entry (when ID is an operation there) and the run's events
-    from the run log (fleetctl/runlog.py), one line each: what happened, per host, in order."""
+    from the run log (fleetctl/ops/runlog.py), one line each: what happened, per host, in order."""
     import json as _json
 
     path = Path(log_file).expanduser() if log_file else runlog.default_path()

@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from fleetctl import runlog
 from fleetctl.commands.common import emit_json, err, out
 from fleetctl.commands.context import playbook_fleet
 from fleetctl.commands.context import run_with_progress as _tick_run
 from fleetctl.errors import EXIT_FAILED, EXIT_OK
+from fleetctl.ops import runlog
 from fleetctl.ui.jsonout import host_row
 from fleetctl.ui.render import say, table
 from fleetctl.ui.safetext import line, styled

@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from fleetctl import runlog
 from fleetctl.commands import validate
 from fleetctl.commands.common import (
     emit_json,
@@ -20,6 +19,7 @@ from fleetctl.commands.context import RunContext, fleet_context, playbook_fleet
 from fleetctl.commands.context import fmt_time as _ts
 from fleetctl.commands.context import run_with_progress as _tick_run
 from fleetctl.errors import EXIT_FAILED, EXIT_OK, InputError
+from fleetctl.ops import runlog
 from fleetctl.ui.hostnames import group, hosts_label, strip_host
 from fleetctl.ui.jsonout import host_row
 from fleetctl.ui.jsonout import rows as rows_json

@@ -51,7 +51,7 @@ class Host:
     become_user: str | None = None
     become_method: str | None = None
     # launch.manager supervisor: the control command and the dir supervisord's [include] reads;
-    # systemd: the dir units are written to (defaults in fleetctl/managers.py)
+    # systemd: the dir units are written to (defaults in fleetctl/ops/managers.py)
     supervisorctl: str | None = None
     supervisor_conf_dir: str | None = None
     systemd_unit_dir: str | None = None

@@ -24,7 +24,7 @@ LIBRARIES = (("pydantic", "version.py"), ("pydantic_core", "__init__.py"), ("yam
 
 def store(kind: str, path: Path) -> Path:
     """The kept copy of the file `path` (by its real path) among the copies of `kind`."""
-    from fleetctl.ledger import state_dir
+    from fleetctl.config.paths import state_dir
 
     return state_dir() / kind / (hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:32] + ".json")
 

@@ -77,7 +77,7 @@ def recreated_per_ledger(host: str, now: ContainerInfo) -> str | None:
     """When the host's records say nothing (its state dir died with the old container): this
     controller's ledger, if its newest change of `host` was a deploy that recorded another container."""
     try:
-        from fleetctl.ledger import Ledger
+        from fleetctl.ops.ledger import Ledger
 
         led = Ledger()
         try:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from fleetctl import seal, statefiles
+from fleetctl import statefiles
 from fleetctl.config.hosts import Host
 from fleetctl.config.playbook_model import Playbook
 from fleetctl.deploy_plan import Coverage, HostPlan, Intended, Plan, plan_host, sha
@@ -23,10 +23,11 @@ from fleetctl.facts import HostFacts, facts_request, inspect_container, parse_fa
 from fleetctl.instances import host_launch_spec
 from fleetctl.intended import intended_for
 from fleetctl.model.result import HostResult
+from fleetctl.ops import seal
+from fleetctl.ops.runner import Fleet, HostOutcome
+from fleetctl.ops.seal import Checked
 from fleetctl.protocol import names
 from fleetctl.protocol.answers import DeployAnswer
-from fleetctl.runner import Fleet, HostOutcome
-from fleetctl.seal import Checked
 from fleetctl.transport.base import Transport
 
 
@@ -44,7 +45,7 @@ class Gathered:
     outcomes: dict[str, HostOutcome]
     # hosts whose inventory says `probe: true`: their own SGLang's answers (fleetctl/ops/probe.py)
     probes: dict[str, HostOutcome] = field(default_factory=dict)
-    # per host: what its seal check found (fleetctl/seal.py); empty when seals were not asked
+    # per host: what its seal check found (fleetctl/ops/seal.py); empty when seals were not asked
     seals: dict[str, Checked] = field(default_factory=dict)
 
 
@@ -53,7 +54,7 @@ def gather(fleet: Fleet, playbook: Playbook | None, *, all_hashes: bool = False,
     """probe: also ask the own SGLang of each host that opts in (`probe: true`) and that the
     playbook has a patch set for (deploy's coverage check; facts for the pure plan).
     use_seals: a host whose stored seal still holds is answered from it, without its Python
-    (fleetctl/seal.py); make_seals: the agent keeps what a seal needs, so the deploy can make one."""
+    (fleetctl/ops/seal.py); make_seals: the agent keeps what a seal needs, so the deploy can make one."""
     extra = sorted({f.path for files in (playbook.versions.values() if playbook else []) for f in files})
     profile = playbook.launch if playbook else None
     checks: dict[str, Checked] = {}
@@ -322,7 +323,7 @@ class Applied:
     deploy_id: str | None = None
     files: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    sealed: bool = False  # re-checked from its seal (fleetctl/seal.py): no agent, no Python started
+    sealed: bool = False  # re-checked from its seal (fleetctl/ops/seal.py): no agent, no Python started
     servers: Any = None  # HostServers read right after a change (the restart reminder), if asked
     container: dict[str, Any] | None = None  # the container it patched (recorded in the ledger too)
 
@@ -350,7 +351,7 @@ def apply_plan(fleet: Fleet, plan: Plan, playbook: Playbook, op_id: str, *, vali
     before a concurrent rollback). A no-op host answered from its seal (gather's `seals`) was
     re-checked by the seal check itself, moments ago: its files' bytes and everything the facts
     depended on, with no Python started. Returns per-host results; a host the agent visits with
-    `seals` makes a new seal (fleetctl/seal.py). then_facts(host) -> (facts request, discover part)
+    `seals` makes a new seal (fleetctl/ops/seal.py). then_facts(host) -> (facts request, discover part)
     (ops/discover.py discover_facts): a host planned to change also answers which of its servers
     now run older code, in the same request (HostApply.servers)."""
     results: dict[str, HostApply] = {}

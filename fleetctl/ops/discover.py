@@ -21,9 +21,9 @@ from fleetctl.engines import engine
 from fleetctl.errors import FleetctlError
 from fleetctl.facts import HASH_FILES, HostFacts, facts_request, parse_facts, read_facts
 from fleetctl.model.result import HostResult, Status
+from fleetctl.ops.runner import Fleet
 from fleetctl.protocol import names
 from fleetctl.protocol.answers import InstanceState
-from fleetctl.runner import Fleet
 from fleetctl.transport.base import Transport
 
 

@@ -16,15 +16,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from fleetctl import events
 from fleetctl.config.playbook_model import CRASH_SIGNS, Playbook
 from fleetctl.engines import engine
 from fleetctl.facts import HostFacts, read_facts
 from fleetctl.instances import Instance, command_argv, flag_argv, plan_instances
 from fleetctl.launchspec import INHERIT_FROM_HOST
 from fleetctl.ops.deploy import new_op_id, who
+from fleetctl.ops.runner import Fleet
 from fleetctl.protocol import names
-from fleetctl.runner import Fleet
+from fleetctl.transport import events
 from fleetctl.transport.base import RemoteError, Transport
 
 PlanStatus = Literal["run", "refused", "failed", "unreachable"]

@@ -9,17 +9,18 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from fleetctl import events, statefiles
+from fleetctl import statefiles
 from fleetctl.config.hosts import Host
 from fleetctl.config.playbook_model import CRASH_SIGNS, Playbook
 from fleetctl.engines import engine
 from fleetctl.facts import HostFacts, read_facts
 from fleetctl.instances import Instance, plan_instances
 from fleetctl.launchspec import INHERIT_FROM_HOST
-from fleetctl.managers import manager_request
 from fleetctl.model.result import HostResult, Status
 from fleetctl.ops.deploy import new_op_id, who
 from fleetctl.ops.exits import exited_line
+from fleetctl.ops.managers import manager_request
+from fleetctl.ops.runner import Fleet
 from fleetctl.patched_worker import coverage
 from fleetctl.protocol import names
 from fleetctl.protocol.answers import (
@@ -32,7 +33,7 @@ from fleetctl.protocol.answers import (
     StopResult,
 )
 from fleetctl.protocol.schema import to_json
-from fleetctl.runner import Fleet
+from fleetctl.transport import events
 from fleetctl.transport.base import RemoteError, Transport
 from fleetctl.trees import lane, lane_key
 

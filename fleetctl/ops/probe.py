@@ -11,7 +11,7 @@ from fleetctl.engines import engine
 from fleetctl.errors import ProbeInputError
 from fleetctl.facts import read_facts
 from fleetctl.instances import flag_argv, plan_instances
-from fleetctl.runner import Fleet, HostOutcome
+from fleetctl.ops.runner import Fleet, HostOutcome
 
 COULD_NOT = "the host's SGLang could not be asked"  # (how the engine's probe_compare says so)
 

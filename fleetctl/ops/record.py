@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from fleetctl.ledger import Ledger
+from fleetctl.ops.ledger import Ledger
 
 
 class Recorded:

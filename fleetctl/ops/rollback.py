@@ -14,10 +14,10 @@ from fleetctl.engines import engine
 from fleetctl.facts import HostFacts
 from fleetctl.instances import host_launch_spec
 from fleetctl.ops.deploy import Gathered, lock_bound, who
+from fleetctl.ops.runner import Fleet
 from fleetctl.protocol import names
 from fleetctl.protocol.answers import DeployAnswer, RollbackAnswer
 from fleetctl.protocol.schema import to_json
-from fleetctl.runner import Fleet
 from fleetctl.transport.base import Transport
 
 RollbackPlanStatus = Literal["change", "noop", "refused", "unreachable", "failed", "skipped"]

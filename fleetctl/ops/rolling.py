@@ -21,7 +21,7 @@ if TYPE_CHECKING:  # parse_count/parse_percent check options before any host: no
     from fleetctl.config.playbook_model import Playbook
     from fleetctl.deploy_plan import Plan
     from fleetctl.ops.deploy import Gathered
-    from fleetctl.runner import Fleet
+    from fleetctl.ops.runner import Fleet
 
 
 def parse_count(text: str | None, total: int, what: str) -> int | None:

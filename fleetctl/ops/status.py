@@ -11,7 +11,7 @@ if TYPE_CHECKING:
 
     from fleetctl.config.hosts import Host
     from fleetctl.deploy_plan import Plan
-    from fleetctl.runner import HostOutcome
+    from fleetctl.ops.runner import HostOutcome
 
 
 def status_rows(hosts: Sequence[Host], gathered: Any, plan: Plan | None) -> list[dict[str, Any]]:

@@ -20,6 +20,7 @@ from fleetctl.instances import Instance
 from fleetctl.model.result import HostResult
 from fleetctl.ops.exits import exited_line
 from fleetctl.ops.launch import http_get, instances_by_host, predates_deploy
+from fleetctl.ops.runner import Fleet
 from fleetctl.protocol import names
 from fleetctl.protocol.answers import (
     DeployOnDisk,
@@ -30,7 +31,6 @@ from fleetctl.protocol.answers import (
     ServerGrepAnswer,
     WorkerCheck,
 )
-from fleetctl.runner import Fleet
 from fleetctl.transport.base import RemoteError, Transport
 
 REPORT_ARGS = engine().report_args  # the engine's; a playbook adds its own (covers.report_args)

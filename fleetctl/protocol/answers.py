@@ -496,12 +496,12 @@ class DeployedFile:
 
 @dataclass
 class Seal:
-    """A deploy's seal (agent_seal.py; fleetctl/seal.py): the paths and files whose `stat` and
+    """A deploy's seal (agent_seal.py; fleetctl/ops/seal.py): the paths and files whose `stat` and
     `sha256sum` text was taken, still under the host lock, around facts read again (`facts`: checked
     as a facts answer when it is used), or `why` there is none."""
 
     why: str | None = None
-    env: str = ""  # sha256 of the agent's environment (fleetctl/seal.py env_digest)
+    env: str = ""  # sha256 of the agent's environment (fleetctl/ops/seal.py env_digest)
     paths: list[str] = field(default_factory=list)
     files: list[str] = field(default_factory=list)
     stat: str = ""

@@ -1,5 +1,5 @@
 """Agent part: the seal of a deploy's verdict, so that the next no-op deploy can be re-checked with
-one `stat` + `sha256sum` on the host instead of a Python start (fleetctl/seal.py, the controller's
+one `stat` + `sha256sum` on the host instead of a Python start (fleetctl/ops/seal.py, the controller's
 half, says how a seal is used).
 
 A seal is asked for (`seal: true` in the facts and deploy requests) and made only when the launch's
@@ -281,7 +281,7 @@ QUIET_NS = 2 * 10 ** 9  # a path changed this close to the facts is not trusted 
 
 def env_digest(drop):
     """sha256 of this process's sorted NAME=value environment entries, without the names in `drop`:
-    what fleetctl/seal.py computes over `env -0` of the check (this agent was started by the login
+    what fleetctl/ops/seal.py computes over `env -0` of the check (this agent was started by the login
     shell as `env PUBLIC... python`, the check as `env PUBLIC... sh -c ...`)."""
     drop = set(drop or ())
     env = getattr(os, "environb", None)

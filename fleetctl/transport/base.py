@@ -12,9 +12,9 @@ import time
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from fleetctl import events
 from fleetctl.config.hosts import Host
 from fleetctl.errors import FleetctlError
+from fleetctl.transport import events
 
 ABORT_GRACE = 5.0  # seconds a step may overrun its own timeout before the watchdog cuts the connection
 

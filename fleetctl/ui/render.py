@@ -15,7 +15,7 @@ if TYPE_CHECKING:  # rich: imported by the first call that renders (a --json run
     from rich.console import Console
     from rich.text import Text
 
-    from fleetctl.runner import HostOutcome
+    from fleetctl.ops.runner import HostOutcome
     from fleetctl.ui.safeconsole import SafeTable
 
 STATUS_STYLE = {"ok": "green", "failed": "red", "unreachable": "red", "skipped": "yellow", "not-started": "yellow"}

@@ -10,10 +10,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from fleetctl import events, runlog
 from fleetctl.config.hosts import Host, Inventory
 from fleetctl.errors import FleetctlError
 from fleetctl.model.result import HostResult
+from fleetctl.ops import runlog
+from fleetctl.transport import events
 from fleetctl.transport.base import RemoteError, Transport, Unreachable
 from fleetctl.transport.hostkeys import HostKeyError
 
@@ -77,7 +78,7 @@ class Fleet:
     not_started: set[str] = field(default_factory=set)
     _warm: dict[str, _Warm] = field(default_factory=dict)  # Fleet.prefetch: per host
     wait_lock: float = 0.0  # --wait-lock: seconds an agent waits for a host lock another controller holds
-    step: str = "run"  # what run() does now, for the run log (fleetctl/runlog.py)
+    step: str = "run"  # what run() does now, for the run log (fleetctl/ops/runlog.py)
     _closed: bool = False
 
     def prefetch(self, ahead: Callable[[Transport], None] | None = None) -> None:

@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from fleetctl.config.paths import state_dir
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS operations (
     id TEXT PRIMARY KEY,
@@ -45,14 +47,6 @@ CREATE TABLE IF NOT EXISTS host_results (
     PRIMARY KEY (op_id, host)
 );
 """
-
-
-def state_dir() -> Path:
-    env = os.environ.get("FLEETCTL_STATE_DIR")
-    if env:
-        return Path(env).expanduser()
-    xdg = os.environ.get("XDG_STATE_HOME")
-    return (Path(xdg).expanduser() if xdg else Path.home() / ".local" / "state") / "fleetctl"
 
 
 # columns added after the first release: ALTERed into older ledgers on open

@@ -65,7 +65,7 @@ class Checked:
 
 
 def store_dir() -> Path:
-    from fleetctl.ledger import state_dir
+    from fleetctl.config.paths import state_dir
 
     return state_dir() / "seals"
 

@@ -1,7 +1,7 @@
 """Run logs and retry files (issue 32.5).
 
 Every command that acts on hosts appends JSON lines to a run log: `<controller state>/runs.jsonl`
-(ledger.state_dir()), or the file `--log-file` names. One object a line, each with the run's id
+(config/paths.py state_dir()), or the file `--log-file` names. One object a line, each with the run's id
 (`run`), a sequence number, the time (`t`, epoch seconds) and its `event`:
 
     start     the command, its arguments (argv), inventory, the selected hosts, who and where
@@ -33,13 +33,13 @@ MAX_EVENT = 1 << 20  # bytes of one event line (a larger plan is cut to its summ
 
 
 def default_path() -> Path:
-    from fleetctl.ledger import state_dir
+    from fleetctl.config.paths import state_dir
 
     return state_dir() / "runs.jsonl"
 
 
 def retry_dir() -> Path:
-    from fleetctl.ledger import state_dir
+    from fleetctl.config.paths import state_dir
 
     return state_dir() / "retry"
 
