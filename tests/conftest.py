@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
+    from fakehost import FakeHosts
+
     from fleetctl.sandbox.lifecycle import Sandbox
 
 SSHD = Path("/usr/sbin/sshd")
@@ -103,6 +105,71 @@ def fresh_sandbox(tmp_path_factory: pytest.TempPathFactory,
                             bare_shell=bare_shell, link_trees=link_trees, host_python=host_python)
 
     return make
+
+
+@pytest.fixture
+def fake_hosts(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeHosts]:
+    """In-process hosts for this test (tests/fakehost.py): every Fleet a command builds with its
+    default transport reaches them instead of SSH."""
+    from fakehost import installed
+
+    with installed() as hosts:
+        yield hosts
+
+
+@pytest.fixture
+def fake_sandbox(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest,
+                 fake_hosts: FakeHosts) -> Callable[..., Sandbox]:
+    """`fresh_sandbox` without sshd: the same hosts (files, python, stand-ins, inventory), reached
+    in-process (`fake_hosts`, tests/fakehost.py); `sb.fake.down.add(name)` makes a host unreachable."""
+    from contextlib import ExitStack
+
+    from fakehost import sandbox
+
+    stack = ExitStack()
+    request.addfinalizer(stack.close)
+
+    def make(hosts: int = 1, versions: Iterable[str] = ("0.5.9",), gpus: int = 2,
+             busy_gpus: Iterable[str] = (), bare_shell: bool = False) -> Sandbox:
+        d = _new_dir(tmp_path_factory, "fake-sandbox")
+        if os.environ.get(ROOT_ENV):
+            stack.callback(shutil.rmtree, d, ignore_errors=True)
+        return stack.enter_context(sandbox(d, fake_hosts, hosts=hosts, versions=list(versions), gpus=gpus,
+                                           busy_gpus=busy_gpus, bare_shell=bare_shell))
+
+    return make
+
+
+_CURRENT: list[pytest.Item] = []
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    _CURRENT.append(item)
+    try:
+        return (yield)
+    finally:
+        _CURRENT.pop()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _sshd_only_under_the_fleet_marker() -> Iterator[None]:
+    """Every test that starts an sshd carries the `fleet` marker (so `-m "not fleet"` starts none):
+    starting one from a test without it fails that test."""
+    from fleetctl.sandbox import sshd
+
+    start = sshd.start
+
+    def guarded(*a: object, **kw: object) -> int:
+        item = _CURRENT[-1] if _CURRENT else None
+        if item is not None and item.get_closest_marker("fleet") is None:
+            pytest.fail(f"{item.nodeid} starts an sshd without the `fleet` marker: mark it "
+                        "(pytest.mark.fleet), or use the in-process hosts (fake_sandbox)", pytrace=False)
+        return start(*a, **kw)  # type: ignore[arg-type]
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(sshd, "start", guarded)
+        yield
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -1,4 +1,5 @@
-"""deploy / rollback / status on a real sandbox fleet (sshd on 127.0.0.1, real SGLang trees)."""
+"""deploy / rollback / status on sandbox hosts (real SGLang trees, the real agent) reached in-process
+(tests/fakehost.py): ops logic, not transport; the sshd sandbox tests cover the transport."""
 
 from __future__ import annotations
 
@@ -15,9 +16,7 @@ from fleetctl.cli import main
 from fleetctl.patching import make_patch
 from fleetctl.sandbox import lifecycle as sbx
 
-pytestmark = [pytest.mark.usefixtures("ledger_dir"), pytest.mark.fleet,
-              pytest.mark.skipif(shutil.which("sshd") is None and not Path("/usr/sbin/sshd").exists(),
-                                 reason="OpenSSH sshd is not installed (scripts/setup.sh installs it)")]
+pytestmark = [pytest.mark.usefixtures("ledger_dir")]
 
 VERSIONS = ["0.5.9", "0.5.14"]
 EW2 = "srt/speculative/eagle_worker_v2.py"
@@ -48,11 +47,11 @@ def make_playbook(d: Path, name: str, edits: dict[str, str], versions: list[str]
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[sbx.Sandbox]:
+    import fakehost
+
     d = tmp_path_factory.mktemp("deployfleet")
-    try:  # down() runs even when up() fails half-way
-        yield sbx.up(d / "sb", hosts=4, versions=VERSIONS, gpus=2)
-    finally:
-        sbx.down(d / "sb", missing_ok=True)
+    with fakehost.sandbox(d / "sb", hosts=4, versions=VERSIONS, gpus=2) as sb:  # (taken down also on failure)
+        yield sb
 
 
 
@@ -70,8 +69,7 @@ def pristine(fleet: sbx.Sandbox) -> Iterator[sbx.Sandbox]:
                         dst.write_bytes(f.read_bytes())
         shutil.rmtree(h.state_dir / "deploys", ignore_errors=True)
         (h.state_dir / "lock").unlink(missing_ok=True)
-        if not h.alive:
-            fleet.start_host(h.name)
+    fleet.fake.down.clear()  # type: ignore[attr-defined]
 
 
 def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
@@ -200,7 +198,7 @@ def test_unreachable_host_reported_others_deploy(pristine: sbx.Sandbox, tmp_path
                                                  capsys: pytest.CaptureFixture[str]) -> None:
     sb = pristine
     pb = make_playbook(tmp_path / "pb", "one", {EW2: "u"})
-    sb.stop_host("h03")
+    sb.fake.down.add("h03")  # type: ignore[attr-defined]
     code, doc = run_json(capsys, "deploy", "-i", str(sb.inventory_path), str(pb))
     assert code == 1
     res = {r["host"]: r for r in doc["hosts"]}

@@ -373,14 +373,19 @@ def _sshd_env(d: Path) -> dict[str, str]:
     return env
 
 
-def _spec_for(d: Path, h: SandboxHost) -> SshdSpec:
+def session_env(d: Path, h: SandboxHost) -> dict[str, str]:
+    """What the host's sshd sets in every session (SetEnv), over the account's login environment."""
     set_env = {procs.MARKER_VAR: str(d), "FLEETCTL_SANDBOX_HOST": h.name}
     if h.role == "fleet":
         set_env = {"PATH": h.path_env(), **set_env}
     if h.home is not None:  # sshd's SetEnv overrides the HOME it takes from the password database
         set_env["HOME"] = str(h.home)
+    return set_env
+
+
+def _spec_for(d: Path, h: SandboxHost) -> SshdSpec:
     return SshdSpec(name=h.name, host_dir=h.host_dir, port=h.port, authorized_keys=d / "client_key.pub",
-                    set_env=set_env)
+                    set_env=session_env(d, h))
 
 
 def _write(path: Path, text: str, mode: int = 0o644) -> None:
@@ -700,6 +705,7 @@ def up(
     bare_shell: bool = False,
     link_trees: bool = False,
     host_python: str = "",
+    sshd_hosts: bool = True,
 ) -> Sandbox:
     """Build and start a sandbox fleet of `hosts` hosts (+ the jump host) in `dir`.
 
@@ -716,6 +722,8 @@ def up(
     rename (fleetctl's deploy/rollback, the bench's reset), never for an in-place write of a file.
     `host_python`: the interpreter the hosts run (a real GPU host's may be 3.8 to 3.13) instead of
     the controller's; refused if it is not a CPython >= 3.8 (the oldest the agent supports).
+    `sshd_hosts=False`: every file of every host, but no sshd is started (tests of ops reach such
+    hosts in-process, tests/fakehost.py); the inventories name free loopback ports nobody listens on.
     """
     say = progress or (lambda _msg: None)
     t0 = time.monotonic()
@@ -739,7 +747,7 @@ def up(
         raise InputError(f"--busy-gpus: no host {', '.join(unknown)} in a {hosts}-host sandbox",
                          hint=f"hosts are {names[0]}..{names[-1]}", reference="sandbox-invalid")
     host_python = _checked_host_python(host_python, cpu_sglang) if host_python else ""
-    binary = sshd.sshd_binary()
+    binary = sshd.sshd_binary() if sshd_hosts else ""
     if not sys.executable:
         raise FleetctlError("cannot tell this Python's interpreter path (sys.executable is empty)",
                             reference="sandbox-failed")
@@ -760,7 +768,7 @@ def up(
         _refuse_foreign(d)
         try:
             return _up(d, names, versions, gpus, busy, binary, say, t0, cpu_sglang, bare_shell, link_trees,
-                       host_python)
+                       host_python, sshd_hosts)
         except BaseException:
             _stop_everything(d, timeout=5.0)
             raise
@@ -768,7 +776,7 @@ def up(
 
 def _up(d: Path, names: list[str], versions: list[str], gpus: int, busy: set[str], binary: str,
         say: Progress, t0: float, cpu_sglang: bool = False, bare_shell: bool = False,
-        link_trees: bool = False, host_python: str = "") -> Sandbox:
+        link_trees: bool = False, host_python: str = "", sshd_hosts: bool = True) -> Sandbox:
     timings: dict[str, float] = {}
     mark = time.monotonic()
 
@@ -829,32 +837,13 @@ def _up(d: Path, names: list[str], versions: list[str], gpus: int, busy: set[str
                     fleet.values()))
     lap("copies")
 
-    say(f"starting {len(names) + 1} sshd on {LOOPBACK}")
     taken: set[int] = set()
-    lock = threading.Lock()
-    probe_spec = _spec_for(d, jump)
-    probe_spec.port = PROBE_PORT
-    optional = sshd.probe_optional(binary, probe_spec)
-    env = _sshd_env(d)
-
-    def launch(h: SandboxHost) -> None:
-        for attempt in range(sshd.PORT_RETRIES):
-            with lock:
-                h.port = sshd.free_port(taken)
-            spec = _spec_for(d, h)
-            _write(spec.config, sshd.render_config(spec, optional))
-            try:
-                sshd.start(binary, spec, env)
-                return
-            except sshd.PortBusy:
-                if attempt == sshd.PORT_RETRIES - 1:
-                    raise FleetctlError(f"{h.name}: no free port after {sshd.PORT_RETRIES} tries",
-                                        reference="sandbox-failed") from None
-
-    # record what is being built first, so an interrupted up can still be taken down
-    _write(d / META, json.dumps(sb.to_json(), indent=2) + "\n")
-    with ThreadPoolExecutor(min(32, len(names) + 1)) as ex:
-        list(ex.map(launch, sb.all_hosts()))
+    if sshd_hosts:
+        _start_sshds(d, sb, binary, taken, say)
+    else:
+        for h in sb.all_hosts():
+            h.port = sshd.free_port(taken)
+        _write(d / META, json.dumps(sb.to_json(), indent=2) + "\n")
     lap("sshd")
 
     block = max(1, gpus)
@@ -878,6 +867,36 @@ def _up(d: Path, names: list[str], versions: list[str], gpus: int, busy: set[str
     lap("configs")
     timings["total"] = round(time.monotonic() - t0, 3)
     return sb
+
+
+def _start_sshds(d: Path, sb: Sandbox, binary: str, taken: set[int], say: Progress) -> None:
+    """Start every host's sshd (the jump host's too), each on a free loopback port."""
+    say(f"starting {len(sb.hosts) + 1} sshd on {LOOPBACK}")
+    jump = sb.jump
+    lock = threading.Lock()
+    probe_spec = _spec_for(d, jump)
+    probe_spec.port = PROBE_PORT
+    optional = sshd.probe_optional(binary, probe_spec)
+    env = _sshd_env(d)
+
+    def launch(h: SandboxHost) -> None:
+        for attempt in range(sshd.PORT_RETRIES):
+            with lock:
+                h.port = sshd.free_port(taken)
+            spec = _spec_for(d, h)
+            _write(spec.config, sshd.render_config(spec, optional))
+            try:
+                sshd.start(binary, spec, env)
+                return
+            except sshd.PortBusy:
+                if attempt == sshd.PORT_RETRIES - 1:
+                    raise FleetctlError(f"{h.name}: no free port after {sshd.PORT_RETRIES} tries",
+                                        reference="sandbox-failed") from None
+
+    # record what is being built first, so an interrupted up can still be taken down
+    _write(d / META, json.dumps(sb.to_json(), indent=2) + "\n")
+    with ThreadPoolExecutor(min(32, len(sb.hosts) + 1)) as ex:
+        list(ex.map(launch, sb.all_hosts()))
 
 
 SERVER_PORT_RANGE = (10000, 19900)  # below the sshd ports and the kernel's ephemeral range
