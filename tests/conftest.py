@@ -140,6 +140,20 @@ def fake_sandbox(tmp_path_factory: pytest.TempPathFactory, request: pytest.Fixtu
     return make
 
 
+# the shared fixtures that start sshd: every test using one (directly or through another fixture)
+# carries the `fleet` marker, added here before `-m` selects; a module's own sshd fixture marks its
+# tests itself, and _sshd_only_under_the_fleet_marker fails a test that starts one unmarked
+SSHD_FIXTURES = frozenset({"sandbox", "fresh_sandbox"})
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    fleet = pytest.mark.fleet
+    for item in items:
+        if SSHD_FIXTURES.intersection(getattr(item, "fixturenames", ())) and item.get_closest_marker("fleet") is None:
+            item.add_marker(fleet)
+
+
 _CURRENT: list[pytest.Item] = []
 
 

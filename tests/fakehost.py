@@ -113,7 +113,6 @@ class AgentProcess:
         self.standin = subprocess.Popen(["cat"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                         stderr=subprocess.DEVNULL, start_new_session=True)
         self.pid = self.standin.pid
-        threading.Thread(target=self._watch, daemon=True, name=f"fakehost-pid-{host}").start()
         self._hello = self._look_in_cache()
         with self._cv:
             self._out += self._hello
@@ -235,7 +234,7 @@ class AgentProcess:
                 self._end(0)
                 return
             answer = handle(self._read(int(head)))
-            if self._dead.is_set():
+            if self._killed():
                 raise _Frozen
             with self._cv:
                 self._out += b"%010d" % len(answer) + answer
@@ -252,13 +251,19 @@ class AgentProcess:
         standin = getattr(self, "standin", None)
         if standin is not None and standin.poll() is None:
             standin.kill()
+            standin.wait()
 
-    def _watch(self) -> None:
-        """The pid killed from outside (a test, the watchdog): the process is gone."""
-        rc = self.standin.wait()
-        if not self._ended:
-            self._dead.set()
-            self._end(rc if rc < 0 else -9)
+    def _killed(self) -> bool:
+        """Its pid was killed from outside (a test): the process is gone, its answer in flight too
+        (the thread may still finish the request's work: a real process would stop at once)."""
+        if self._ended:
+            return self._dead.is_set()
+        rc = self.standin.poll() if hasattr(self, "standin") else None
+        if rc is None:
+            return False
+        self._dead.set()
+        self._end(rc if rc < 0 else -9)
+        return True
 
     def _die(self, rc: int | None) -> None:
         """os._exit or a signal to itself: the process is gone (rc) or frozen (None) at once; its
@@ -298,6 +303,8 @@ class AgentProcess:
     # -- session.Pipe ---------------------------------------------------------------------------------
 
     def send(self, data: bytes, deadline: float) -> bool:
+        if self._killed():
+            return False
         with self._cv:
             if self._ended or self._eof:
                 return False
@@ -324,7 +331,7 @@ class AgentProcess:
             return out
 
     def ended(self) -> bool:
-        return self._ended
+        return self._ended or self._killed()
 
     def exit_status(self, wait: float) -> int | None:
         end = time.monotonic() + wait
@@ -438,6 +445,7 @@ class FakeHosts:
         self.login_env: dict[str, dict[str, str]] = {}
         self.down: set[str] = set()
         self.started: dict[str, list[list[str]]] = {}  # per host, every argv started (agent or command)
+        self.agents: dict[str, list[AgentProcess]] = {}  # per host, every agent session started
 
     def env_for(self, host: Host) -> dict[str, str]:
         env = self.login_env.get(host.name)
@@ -477,6 +485,7 @@ class FakeHostTransport(AgentTransport):
         env = {**self.hosts.env_for(self.host), **extra}
         if len(cmd) >= 3 and cmd[1] == "-c" and cmd[2] == BOOTSTRAP:
             pipe: Any = AgentProcess(self.host.name, env, [*cmd[3:], "", "", "", "", ""][:5])
+            self.hosts.agents.setdefault(self.host.name, []).append(pipe)
         else:
             exe = shutil.which(cmd[0], path=env.get("PATH", os.defpath)) or cmd[0]
             proc = subprocess.Popen([exe, *cmd[1:]], stdin=subprocess.PIPE, stdout=subprocess.PIPE,

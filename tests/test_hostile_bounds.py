@@ -201,6 +201,7 @@ def _by_host(outs: list[HostOutcome]) -> dict[str, HostOutcome]:
     return {o.host: o for o in outs}
 
 
+@pytest.mark.fleet
 def test_host_frozen_at_the_exec_request_is_reported_and_the_others_finish(
         fleet3: Sandbox, freezer: Freezer, at_open_session: Any, tmp_path: Path) -> None:
     """h03's sshd and its sessions are SIGSTOPped right after its session channel opened: the exec
@@ -218,6 +219,7 @@ def test_host_frozen_at_the_exec_request_is_reported_and_the_others_finish(
     assert took < 3 + 60, f"took {took:.1f}s for a 3s bound"
 
 
+@pytest.mark.fleet
 def test_packets_dropped_at_the_exec_request_are_bounded(
         fleet3: Sandbox, at_open_session: Any, tmp_path: Path) -> None:
     """h02 is reached through a loopback proxy that drops every packet from the exec request on (no
@@ -246,6 +248,7 @@ def test_packets_dropped_at_the_exec_request_are_bounded(
     assert took < 3 + 60
 
 
+@pytest.mark.fleet
 def test_host_frozen_mid_request_is_cut_at_command_timeout(fleet3: Sandbox, freezer: Freezer, tmp_path: Path) -> None:
     """A host frozen after its agent started: the next request is bounded by command_timeout and
     names the request; the other hosts answer it."""
@@ -284,6 +287,7 @@ sys.exit(main(sys.argv[4:]))
 """
 
 
+@pytest.mark.fleet
 def test_deploy_returns_when_a_host_freezes_at_the_exec_request(fleet3: Sandbox, tmp_path: Path,
                                                                 ledger_dir: Path) -> None:
     """The issue's case end to end: `fleetctl deploy` while h03 freezes (sshd and sessions
@@ -332,6 +336,7 @@ def test_deploy_returns_when_a_host_freezes_at_the_exec_request(fleet3: Sandbox,
                        env=env, timeout=BOUND)
 
 
+@pytest.mark.fleet
 def test_per_host_deadline_cuts_a_host_whose_steps_each_keep_their_bound(
         fleet3: Sandbox, tmp_path: Path) -> None:
     """host_timeout bounds a host's whole part of a command, however many steps it takes."""
@@ -349,6 +354,7 @@ def test_per_host_deadline_cuts_a_host_whose_steps_each_keep_their_bound(
     assert took < 2 + 45
 
 
+@pytest.mark.fleet
 def test_a_host_stuck_outside_the_network_is_given_up_on(fleet3: Sandbox, tmp_path: Path) -> None:
     """The watchdog's backstop: a host whose thread does not return even after its connection was
     cut (here: stuck in a local wait) is reported at its deadline plus the abandon grace, and the
@@ -445,6 +451,7 @@ def event_pipe() -> Iterator[EventPipe]:
 # the first Ctrl-C taken ("interrupt"); the hosts' timeouts are far longer than any test, so no
 # bound races the signal on a loaded machine (before: a 0.3 s sleep, then a 4 s connect timeout).
 
+@pytest.mark.fleet
 def test_first_ctrl_c_starts_no_new_host_and_reports_each(fleet3: Sandbox, silent_host: SilentHost,
                                                            event_pipe: EventPipe, tmp_path: Path,
                                                            ledger_dir: Path) -> None:
@@ -473,6 +480,7 @@ def test_first_ctrl_c_starts_no_new_host_and_reports_each(fleet3: Sandbox, silen
     assert took < BOUND
 
 
+@pytest.mark.fleet
 def test_ctrl_c_with_json_prints_one_document_saying_so(fleet3: Sandbox, freezer: Freezer, event_pipe: EventPipe,
                                                        tmp_path: Path, ledger_dir: Path) -> None:
     """--json, Ctrl-C before the command had a result (a rollback; h01 frozen while facts are gathered,
@@ -502,6 +510,7 @@ def test_ctrl_c_with_json_prints_one_document_saying_so(fleet3: Sandbox, freezer
     assert "  h02: not started" in err and "Traceback" not in err  # the report on stderr too
 
 
+@pytest.mark.fleet
 def test_ctrl_c_while_planning_starts_no_later_step(fleet3: Sandbox, freezer: Freezer, event_pipe: EventPipe,
                                                    tmp_path: Path, ledger_dir: Path) -> None:
     """A rollback interrupted while it gathers facts never goes on to its apply step: no host is
@@ -527,6 +536,7 @@ def test_ctrl_c_while_planning_starts_no_later_step(fleet3: Sandbox, freezer: Fr
     assert [e for e in event_pipe.seen if e.startswith("host-start")] == ["host-start h01"], event_pipe.seen
 
 
+@pytest.mark.fleet
 def test_second_ctrl_c_exits_at_once_and_points_at_status(fleet3: Sandbox, freezer: Freezer, event_pipe: EventPipe,
                                                           tmp_path: Path, ledger_dir: Path) -> None:
     inv = write_inventory(fleet3, tmp_path / "inv.yaml", connect_timeout=600, command_timeout=600)
@@ -550,6 +560,7 @@ def test_second_ctrl_c_exits_at_once_and_points_at_status(fleet3: Sandbox, freez
     assert took < BOUND  # with a 600 s connect_timeout
 
 
+@pytest.mark.fleet
 def test_ctrl_c_during_deploy_lets_the_transaction_in_flight_finish(fleet3: Sandbox, tmp_path: Path,
                                                                    ledger_dir: Path, event_pipe: EventPipe) -> None:
     """forks=1; h01's deploy transaction is held between its renames (the agent's test-only fault
@@ -651,6 +662,7 @@ sys.exit(code)
 """
 
 
+@pytest.mark.fleet
 def test_huge_answer_fails_the_host_before_it_is_buffered(fleet3: Sandbox, tmp_path: Path, ledger_dir: Path) -> None:
     """h01's python streams a 1 GiB answer (framed, header says 1 GiB). Before: the controller
     buffered it (RSS 65 MB -> 1.1 GB). Now: refused from the header; peak RSS stays small."""
@@ -669,6 +681,7 @@ def test_huge_answer_fails_the_host_before_it_is_buffered(fleet3: Sandbox, tmp_p
     print(f"peak RSS {rss_mb:.0f} MB, {took:.1f}s")
 
 
+@pytest.mark.fleet
 def test_answer_cap_is_configurable_and_counts_real_bytes(fleet3: Sandbox, tmp_path: Path) -> None:
     py = hostile_python(tmp_path, "big", claim=300_000, stream=300_000)
     inv = load_inventory(write_inventory(fleet3, tmp_path / "inv.yaml", hosts={"h01": {"python": py}},
@@ -682,6 +695,7 @@ def test_answer_cap_is_configurable_and_counts_real_bytes(fleet3: Sandbox, tmp_p
     assert got["h02"].ok and got["h03"].ok  # a real agent's answers fit
 
 
+@pytest.mark.fleet
 def test_stdout_that_is_not_a_frame_is_bounded(fleet3: Sandbox, tmp_path: Path) -> None:
     py = hostile_python(tmp_path, "junk", claim=0, stream=1 << 30, framed=False, fill=b"y\n")
     inv = load_inventory(write_inventory(fleet3, tmp_path / "inv.yaml", hosts={"h01": {"python": py}},
@@ -707,6 +721,7 @@ def test_stdout_that_is_not_a_frame_is_bounded(fleet3: Sandbox, tmp_path: Path) 
 
 # ---- defect 9: file descriptors above 1024 ----------------------------------------------------------
 
+@pytest.mark.fleet
 def test_commands_work_with_more_than_1024_open_files(fleet3: Sandbox, tmp_path: Path) -> None:
     """Before: channel fds above 1024 made select() raise 'filedescriptor out of range in select()'."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
