@@ -14,7 +14,7 @@ from test_transport_local import PLAYBOOK, inventory, make_host
 
 from fleetctl.config.playbook import load_playbook
 from fleetctl.ops.deploy import gather
-from fleetctl.runner import Fleet
+from fleetctl.ops.runner import Fleet
 from fleetctl.transport.local import LocalTransport
 
 # what differs between two agent processes by nature: their pid and the time they answered
