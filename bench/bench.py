@@ -189,7 +189,7 @@ class Job:
     def __init__(self, work: Path, versions: list[str]) -> None:
         from fleetctl import wheels
         from fleetctl.config.playbook import load_playbook
-        from fleetctl.intended import intended_for
+        from fleetctl.plan.intended import intended_for
 
         pb = load_playbook(PLAYBOOK)
         self.files: dict[str, list[dict[str, str]]] = {}

@@ -34,7 +34,7 @@ def child_cpu() -> float:
 def host_side(sb_dir: Path, reps: int) -> list[tuple[str, float]]:
     from fleetctl.config.inventory import load_inventory
     from fleetctl.config.playbook import load_playbook
-    from fleetctl.instances import host_launch_spec
+    from fleetctl.model.instances import host_launch_spec
     from fleetctl.remote import agent_source
     from fleetctl.transport.ssh import BOOTSTRAP
 

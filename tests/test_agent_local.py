@@ -202,7 +202,7 @@ def test_locate_git_checkout(tmp_path: Path) -> None:
 
 
 def test_torch_check_verdicts() -> None:
-    from fleetctl.facts import check_torch
+    from fleetctl.model.facts import check_torch
 
     assert check_torch("2.9.1+cu128", ["torch==2.9.1"]).satisfied is True
     assert check_torch("2.8.0", ["torch==2.9.1"]).satisfied is False
@@ -250,7 +250,7 @@ TORCH_LINES = [
 def test_torch_check_fast_path_answers_as_packaging_requirements() -> None:
     """Plain `name specifier` lines are read without packaging.requirements: the verdict and the
     shown requirement are the same as parsing every line with it, line by line and mixed."""
-    from fleetctl.facts import _check_torch
+    from fleetctl.model.facts import _check_torch
 
     versions = [None, "2.9.1", "2.9.1+cu128", "2.8.0", "2.11.0", "3.0.0", "2.9.1rc1", "not-a-version"]
     cases = [[line] for line in TORCH_LINES] + [TORCH_LINES, TORCH_LINES[::-1], ["torch==2.9.1", "torch>=2.10"]]
@@ -267,7 +267,7 @@ def test_a_plain_torch_line_is_checked_without_packaging_requirements() -> None:
     import subprocess
     import sys
 
-    code = ("import sys; from fleetctl.facts import check_torch; "
+    code = ("import sys; from fleetctl.model.facts import check_torch; "
             "assert check_torch('2.9.1', ['torch==2.9.1']).satisfied is True; "
             "print(sorted(m for m in ('packaging.requirements', 'packaging.markers') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

@@ -86,7 +86,7 @@ def test_check_hash_based_pycs_always_runs_the_source(worker: Path) -> None:
 
 
 def test_sourceless_and_extension_are_reported(worker: Path) -> None:
-    from fleetctl.facts import bytecode_problem
+    from fleetctl.model.facts import bytecode_problem
     from fleetctl.protocol.answers import ImportView
     from fleetctl.protocol.schema import parse
 

@@ -317,7 +317,7 @@ def test_patch_dockerfile_builds_the_patch_into_an_image(engine: dockerd.Dockerd
     image whose files are the bytes deploy writes; FROM an image holding other bytes, the build fails."""
     from fleetctl.cli import main
     from fleetctl.config.playbook import load_playbook
-    from fleetctl.intended import intended_for
+    from fleetctl.plan.intended import intended_for
 
     h = sandbox.hosts["h01"]
     root = tmp_path / "base"

@@ -16,8 +16,8 @@ from fleetctl.engines.sglang import KNOWN_VERSIONS
 from fleetctl.engines.sglang import families as F
 from fleetctl.engines.sglang import family_tables as FT
 from fleetctl.engines.sglang.model_config import ModelConfig
-from fleetctl.patched_worker import coverage
 from fleetctl.patching import make_patch
+from fleetctl.plan.patched_worker import coverage
 
 V = "0.5.9"
 LLAMA = "srt/models/llama.py"

@@ -120,7 +120,7 @@ def test_covers_worker_false_turns_the_derived_check_off(tmp_path: Path, capsys:
 def test_a_playbook_patching_no_family_member_hears_nothing_of_coverage(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from fleetctl.config.playbook import load_playbook
-    from fleetctl.patched_worker import coverage
+    from fleetctl.plan.patched_worker import coverage
 
     rel = "srt/managers/scheduler.py"
     src = wheels.pristine_bytes(V, rel).decode().replace("import logging\n", "import logging\n# mine\n", 1)

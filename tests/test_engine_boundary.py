@@ -30,7 +30,7 @@ AS_NAME = re.compile(r"sglang|speculative", re.I)  # only in whitespace-free con
 # (file relative to fleetctl/, the constant or its start) -> why it stays
 ALLOWED: dict[tuple[str, str], str] = {
     ("config/inventory.py", "sglang_dir"): "the inventory key users write (engine().dir_key, asserted equal below)",
-    ("facts.py", "sglang"): "the `facts --json` key (docs/json.md), a stable output contract",
+    ("model/facts.py", "sglang"): "the `facts --json` key (docs/json.md), a stable output contract",
     ("commands/patch.py", "--sglang"): "fleetctl's own option naming a release, not a server flag",
     ("commands/validate.py", "--sglang"): "the same option's name in its error message",
     ("containers/advice.py", "--sglang"): "the same option in the `patch dockerfile` command it suggests",
@@ -150,13 +150,13 @@ def test_the_engine_implements_the_interface() -> None:
     assert e.tp_flag in e.tp_spellings
     assert e.agent_facts()["package"] == e.package
     # the user-facing names allowed above are the engine's own
-    assert ("config/inventory.py", e.dir_key) in ALLOWED and ("facts.py", e.package) in ALLOWED
+    assert ("config/inventory.py", e.dir_key) in ALLOWED and ("model/facts.py", e.package) in ALLOWED
 
 
 def test_typed_facts_and_answers_name_the_package_not_the_engine() -> None:
     import dataclasses
 
-    from fleetctl.facts import HostFacts
+    from fleetctl.model.facts import HostFacts
     from fleetctl.protocol import answers
 
     types = [HostFacts, *(t for t in vars(answers).values() if dataclasses.is_dataclass(t) and isinstance(t, type))]

@@ -91,7 +91,7 @@ def make_playbook(d: Path, files: tuple[str, ...] = FILES, versions: tuple[str, 
 
 def intended_bytes(pb: Path, version: str = VERSION) -> dict[str, bytes]:
     from fleetctl.config.playbook import load_playbook
-    from fleetctl.intended import intended_for
+    from fleetctl.plan.intended import intended_for
 
     it = intended_for(load_playbook(pb), version)
     assert it is not None

@@ -22,8 +22,8 @@ from fleetctl.config.playbook import LaunchProfile, load_playbook
 from fleetctl.config.playbook_model import InstanceLayout
 from fleetctl.engines.sglang import READY_LINE
 from fleetctl.errors import InputError
-from fleetctl.facts import read_facts
-from fleetctl.instances import plan_instances
+from fleetctl.model.facts import read_facts
+from fleetctl.model.instances import plan_instances
 from fleetctl.ops.launch import server_status_facts
 from fleetctl.ops.runner import Fleet
 from fleetctl.remote import agent_servers as srv

@@ -1,4 +1,4 @@
-"""The one computation of a launch's interpreter, options and environment (fleetctl/launchspec.py)."""
+"""The one computation of a launch's interpreter, options and environment (fleetctl/model/launchspec.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import yaml
 
 from fleetctl.config.inventory import load_inventory
 from fleetctl.config.playbook import LaunchProfile
-from fleetctl.instances import host_launch_spec, plan_instances
-from fleetctl.launchspec import LaunchSpec, launch_spec
+from fleetctl.model.instances import host_launch_spec, plan_instances
+from fleetctl.model.launchspec import LaunchSpec, launch_spec
 
 PY = "/opt/venv/bin/python"
 

@@ -29,8 +29,8 @@ from fleetctl import wheels
 from fleetctl.config.playbook import PatchFile, Playbook, load_playbook
 from fleetctl.engines.sglang import routing
 from fleetctl.engines.sglang.releases import KNOWN_VERSIONS
-from fleetctl.patched_worker import coverage
 from fleetctl.patching import apply_patch, parse_patch
+from fleetctl.plan.patched_worker import coverage
 
 ROOT = Path(__file__).resolve().parents[1]
 PLAYBOOK = ROOT / "playbooks" / "dynamic-spec-disable"
@@ -788,7 +788,7 @@ def test_intended_bytes_cache_is_used_and_checked(tmp_path, monkeypatch):
     """The patched + compiled intended bytes are kept in the cache dir: a later run takes them from
     there (no patching, no compile), and a cache entry whose bytes do not match its recorded sha256
     is ignored and rebuilt."""
-    from fleetctl import intended
+    from fleetctl.plan import intended
 
     wheels_dir = wheels.cache_dir()
     monkeypatch.setenv("FLEETCTL_CACHE_DIR", str(tmp_path))

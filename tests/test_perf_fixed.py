@@ -14,7 +14,7 @@ PLAYBOOK = REPO / "playbooks" / "dynamic-spec-disable" / "playbook.yaml"
 _INTENDED = """
 import json, sys
 from fleetctl.config.playbook import load_playbook
-from fleetctl.intended import intended_for
+from fleetctl.plan.intended import intended_for
 got = intended_for(load_playbook(sys.argv[1]), "0.5.9")
 print(json.dumps({"patching": "fleetctl.patching.engine" in sys.modules,
                   "files": {k: v.sha_intended for k, v in sorted(got.items())}}))
@@ -40,7 +40,7 @@ def test_intended_cache_hit_imports_no_patch_engine(tmp_path: Path) -> None:
 
 def test_intended_cache_key_hashes_the_engine_python_imports() -> None:
     import fleetctl.patching.engine as engine
-    from fleetctl import intended
+    from fleetctl.plan import intended
 
     assert intended._ENGINE_SRC == Path(engine.__file__).resolve()
 
@@ -55,7 +55,7 @@ def test_bench_compiles_fleetctl_before_timing() -> None:
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     assert bench.compile_fleetctl() == "compiled before timing"
-    for mod in ("intended", "cli", "config/playbook", "transport/ssh"):
+    for mod in ("plan/intended", "cli", "config/playbook", "transport/ssh"):
         src = REPO / "fleetctl" / f"{mod}.py"
         pyc = Path(importlib.util.cache_from_source(str(src)))
         assert pyc.is_file() and pyc.stat().st_mtime >= src.stat().st_mtime - 1, pyc

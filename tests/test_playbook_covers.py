@@ -18,8 +18,8 @@ from fleetctl.engines.sglang import worker_files
 from fleetctl.errors import InputError
 from fleetctl.ops.launch import hash_set
 from fleetctl.ops.verify import REPORT_ARGS
-from fleetctl.patched_worker import coverage
 from fleetctl.patching.engine import apply_patch
+from fleetctl.plan.patched_worker import coverage
 from fleetctl.sandbox.simulator import logged_literals
 
 ROOT = Path(__file__).resolve().parents[1]

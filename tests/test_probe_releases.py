@@ -23,7 +23,7 @@ import pytest
 from fleetctl import wheels
 from fleetctl.engines.sglang import resolve_worker
 from fleetctl.engines.sglang.probe import compare, host_probe_source
-from fleetctl.instances import flag_argv
+from fleetctl.model.instances import flag_argv
 from fleetctl.protocol import names, parse_reply
 from fleetctl.remote import agent_probe
 

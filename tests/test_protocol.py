@@ -284,7 +284,7 @@ def test_the_agent_speaks_the_same_words() -> None:
 @pytest.mark.parametrize("csv_text", ["index, uuid\n" + "9" * 400 + ", GPU-1\n",
                                       'index, name\n0, "' + "x" * 200000 + '"\n'])
 def test_bad_nvidia_smi_csv_fails_the_host_not_the_fleet(host: dict[str, Any], csv_text: str) -> None:
-    from fleetctl.facts import parse_facts
+    from fleetctl.model.facts import parse_facts
 
     raw = copy.deepcopy(answers_of(host)[names.FACTS])
     raw["gpus"] = {"available": True, "gpus": csv_text, "apps": ""}

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from fleetctl import trees
 from fleetctl.config.hosts import Host, Inventory
 from fleetctl.ops import runner
 from fleetctl.ops.runner import Fleet
+from fleetctl.plan import trees
 from fleetctl.protocol.answers import TreeIdentity
 
 

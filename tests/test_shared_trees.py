@@ -8,7 +8,7 @@ on real sshd sandbox hosts:
     state dir; h02's sshd in its own UTS namespace with another hostname: another machine to the
     agent): deployed and rolled back once, recorded inside the tree where both read it, h02 alone
     plans it as deployed (not `no-record`), verify-logs passes on both, h02 alone rolls it back;
-  * the identity rule itself (fleetctl/trees.py): equal inode numbers on two machines are two trees.
+  * the identity rule itself (fleetctl/plan/trees.py): equal inode numbers on two machines are two trees.
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ import yaml
 from test_faults import run_json, sha, write_inventory
 
 from fleetctl import wheels
-from fleetctl.facts import HostFacts, TorchCheck
+from fleetctl.model.facts import HostFacts, TorchCheck
+from fleetctl.plan.trees import group_trees, same_tree
 from fleetctl.protocol.answers import StateFacts, TreeIdentity
 from fleetctl.sandbox import lifecycle as sbx
-from fleetctl.trees import group_trees, same_tree
 
 pytestmark = [pytest.mark.usefixtures("ledger_dir"), pytest.mark.fleet,
               pytest.mark.skipif(not Path("/usr/sbin/sshd").exists(), reason="OpenSSH sshd is not installed")]

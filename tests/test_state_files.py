@@ -15,11 +15,12 @@ import pytest
 import yaml
 from jsoncli import cli, ok
 
-from fleetctl import statefiles, wheels
+from fleetctl import wheels
 from fleetctl.cli import main
 from fleetctl.config.playbook import load_playbook
 from fleetctl.engines.sglang import adaptive
 from fleetctl.errors import InputError
+from fleetctl.model import statefiles
 from fleetctl.remote import agent_deploy as ad
 from fleetctl.remote.agent import AgentError
 from fleetctl.sandbox.simulator import adaptive_lines

@@ -39,7 +39,7 @@ from fleetctl.ui.safetext import line, lines_cell, styled
 
 if TYPE_CHECKING:
     from fleetctl.config.playbook_model import Playbook
-    from fleetctl.deploy_plan import Plan
+    from fleetctl.plan.deploy import Plan
 
 
 def _playbook_name(path: str | None) -> str:
@@ -270,7 +270,7 @@ def status(*, playbook: Path | None, inventory: Path | None, limit: str | None, 
     pb: Playbook | None = _load_playbook(playbook) if playbook else None
     with fleet_context(inventory, limit, forks, command="status", json=json_out, debug=debug,
                        accept_new_host_keys=accept_new_host_keys) as ctx:
-        from fleetctl.facts import read_facts
+        from fleetctl.model.facts import read_facts
         from fleetctl.ops.deploy import Gathered, build_plan
         from fleetctl.ops.discover import discover_request, restart_reminder, servers_from_facts
         from fleetctl.ops.launch import server_status_facts
@@ -287,7 +287,7 @@ def status(*, playbook: Path | None, inventory: Path | None, limit: str | None, 
         servers = [s for o in outs if o.ok for s in server_status_facts(o.host, o.detail)]
         found = {o.host: servers_from_facts(o.host, o.detail, reqs[o.host]) for o in outs if o.ok}
         if pb is not None:  # which worker the launch will run vs what the playbook patches
-            from fleetctl.patched_worker import host_coverage
+            from fleetctl.plan.patched_worker import host_coverage
 
             by_name = {h.name: h for h in ctx.fleet.hosts}
             for r in rows:
@@ -504,11 +504,11 @@ def explain(*, playbook: Path, inventory: Path | None, limit: str | None, forks:
         accept_new_host_keys: bool, probe: bool = False) -> None:
     with playbook_fleet(playbook, inventory, limit, forks, command="explain", json=json_out, debug=debug,
                         accept_new_host_keys=accept_new_host_keys) as (pb, ctx):
-        from fleetctl.intended import intended_data
-        from fleetctl.launchspec import env_overrides
+        from fleetctl.model.launchspec import env_overrides
         from fleetctl.ops.deploy import gather
         from fleetctl.ops.verify import never_fires
-        from fleetctl.patched_worker import (
+        from fleetctl.plan.intended import intended_data
+        from fleetctl.plan.patched_worker import (
             coverage,
             host_coverage,
             instances,
@@ -572,7 +572,9 @@ def explain(*, playbook: Path, inventory: Path | None, limit: str | None, forks:
             # the code import would load for the worker file, not only its source (bytecode)
             bc = f.bytecode_problem(cov.worker_file) if cov and cov.worker_file else None
             row["bytecode"] = bc
-            from fleetctl.facts import locate_notes  # here: facts is heavy, status/rollback load this module
+            from fleetctl.model.facts import (
+                locate_notes,  # here: facts is heavy, status/rollback load this module
+            )
 
             row["notes"] = [*f.package_notes, *locate_notes(f), *row.get("notes", [])]
             row["startup_env"] = f.hook_notes()

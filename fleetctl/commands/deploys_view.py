@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from rich.text import Text
 
     from fleetctl.commands.context import RunContext
-    from fleetctl.deploy_plan import Plan
+    from fleetctl.plan.deploy import Plan
     from fleetctl.protocol.answers import ReadFilesAnswer
 
 STATE_STYLE = {"pristine": "cyan", "as-intended": "green", "drifted": "red", "missing": "red", "unsafe": "red",
@@ -71,7 +71,7 @@ def render_plan(plan: Plan) -> None:
                     indent=4)
         if hp.interrupted:
             say(out, "  ", _s("interrupted"), " deploy ", ", ".join(hp.interrupted), ": repaired first", indent=4)
-        if hp.tree_owner and hp.files and hp.status in ("change", "noop"):  # (fleetctl/trees.py)
+        if hp.tree_owner and hp.files and hp.status in ("change", "noop"):  # (fleetctl/plan/trees.py)
             say(out, "  shared tree: ", why, indent=4)
         elif (hp.records_dir or hp.tree_members) and hp.files and hp.status in ("change", "noop"):
             say(out, "  shared tree: ", *(["one transaction for ", ", ".join(hp.tree_members)]

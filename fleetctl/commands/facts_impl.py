@@ -15,7 +15,7 @@ from fleetctl.commands.common import (
 from fleetctl.commands.context import fleet_context, print_debug_details
 from fleetctl.engines import engine
 from fleetctl.errors import EXIT_FAILED, EXIT_OK
-from fleetctl.facts import HostFacts, read_facts
+from fleetctl.model.facts import HostFacts, read_facts
 from fleetctl.ui.hostnames import group, hosts_label, strip_host
 from fleetctl.ui.jsonout import host_row
 from fleetctl.ui.render import host_progress, say, status_cell, summary_line
@@ -62,7 +62,7 @@ def _facts_lines(f: HostFacts, all_files: bool) -> tuple[tuple[str, Text], ...]:
           if f.package_found else Text.assemble(styled("not found", "red"), " by the launch's python"))
     if not f.package_found and f.package_error:
         sg.append_text(Text.assemble(": ", safe(f.package_error)))
-    from fleetctl.facts import locate_notes
+    from fleetctl.model.facts import locate_notes
 
     notes = [*f.package_notes, *locate_notes(f), *f.hook_notes(),
              *[p for p in map(f.bytecode_problem, f.bytecode) if p]]

@@ -82,9 +82,9 @@ def check_cmd(
                                                      show_default=False)] = None,
     json_out: common.JsonOpt = False,
 ) -> None:
-    from fleetctl import statefiles
     from fleetctl.config.playbook import load_playbook
     from fleetctl.engines import engine
+    from fleetctl.model import statefiles
     from fleetctl.patching.authoring import check_playbook
 
     pb = load_playbook(playbook)
@@ -162,8 +162,8 @@ def launch_coverage(pb: Playbook, versions: list[str]) -> list[dict[str, Any]]:
     family of alternatives that the playbook patches (the speculative worker, the model
     implementation, the attention/grammar/sampling backend)? The origin mistake, caught before any
     host: `refused` rows fail the check, the others are warnings (an answer the host decides)."""
-    from fleetctl.instances import env_string
-    from fleetctl.patched_worker import coverage
+    from fleetctl.model.instances import env_string
+    from fleetctl.plan.patched_worker import coverage
 
     env = {k: env_string(v) for k, v in pb.launch.env.items()}
     label = "the launch's env" if env else "no env"
@@ -338,7 +338,7 @@ def dockerfile_cmd(
     from fleetctl.config.playbook import load_playbook
     from fleetctl.containers.dockerfile import build, write_context
     from fleetctl.engines import engine
-    from fleetctl.intended import intended_for
+    from fleetctl.plan.intended import intended_for
 
     sglang = validate.sglang_version(sglang)
     image_dir = engine().image_package_dir

@@ -11,7 +11,7 @@ from fleetctl.containers.spec import ContainerSpec
 if TYPE_CHECKING:
     from fleetctl.config.playbook_model import Playbook
     from fleetctl.containers.inspect import ContainerInfo
-    from fleetctl.facts import HostFacts
+    from fleetctl.model.facts import HostFacts
 
 IMAGE_CONTEXT = "fleetctl-image"  # the build context dir the printed `patch dockerfile` writes
 

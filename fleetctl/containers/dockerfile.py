@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from fleetctl.config.playbook_model import Playbook
-    from fleetctl.deploy_plan import Intended
+    from fleetctl.plan.deploy import Intended
 
 CONTEXT_SUBDIR = "fleetctl-patch"  # under the build context: the patched files, by their package paths
 

@@ -13,19 +13,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from fleetctl import statefiles
 from fleetctl.config.hosts import Host
 from fleetctl.config.playbook_model import Playbook
-from fleetctl.deploy_plan import Coverage, HostPlan, Intended, Plan, plan_host, sha
 from fleetctl.engines import engine
 from fleetctl.errors import InputError
-from fleetctl.facts import HostFacts, facts_request, inspect_container, parse_facts, read_facts
-from fleetctl.instances import host_launch_spec
-from fleetctl.intended import intended_for
+from fleetctl.model import statefiles
+from fleetctl.model.facts import HostFacts, facts_request, inspect_container, parse_facts, read_facts
+from fleetctl.model.instances import host_launch_spec
 from fleetctl.model.result import HostResult
 from fleetctl.ops import seal
 from fleetctl.ops.runner import Fleet, HostOutcome
 from fleetctl.ops.seal import Checked
+from fleetctl.plan.deploy import Coverage, HostPlan, Intended, Plan, plan_host, sha
+from fleetctl.plan.intended import intended_for
 from fleetctl.protocol import names
 from fleetctl.protocol.answers import DeployAnswer
 from fleetctl.transport.base import Transport
@@ -89,7 +89,7 @@ def gather(fleet: Fleet, playbook: Playbook | None, *, all_hashes: bool = False,
 def coverage_for(host: Host, facts: HostFacts, playbook: Playbook, *, strict: bool = False) -> Coverage | None:
     """Which worker file the launch will run, and whether the playbook patches it (asked of the engine).
     strict: an answer that is not certain (model config not readable on the host) is refused."""
-    from fleetctl.patched_worker import host_coverage
+    from fleetctl.plan.patched_worker import host_coverage
 
     return host_coverage(host, facts, playbook, strict=strict)
 
@@ -134,7 +134,7 @@ def build_plan(fleet: Fleet, playbook: Playbook, gathered: Gathered, *, force: b
         _plan_state_files(hp, f, playbook)
         _plan_container(hp, h, f, playbook)
         if hp.status in ("change", "noop") and playbook.state_files:  # a steps=0 slot no batch reaches
-            from fleetctl.patched_worker import instances
+            from fleetctl.plan.patched_worker import instances
 
             idle = dict.fromkeys(w for i in instances(h, playbook) for w in engine().playbook_warnings(playbook, dict(i.flags)))
             hp.reason = "; ".join(x for x in (hp.reason, *(f"warning: {w}" for w in idle)) if x)
@@ -215,9 +215,9 @@ def port_onto_hosts(fleet: Fleet, plan: Plan, playbook: Playbook, gathered: Gath
 
 def _plan_shared_trees(hosts: list[HostPlan], gathered: Gathered, playbook: Playbook,
                        fleet_hosts: list[Host]) -> None:
-    """Hosts that reach one package tree (fleetctl/trees.py): the first (the owner) deploys it, once;
+    """Hosts that reach one package tree (fleetctl/plan/trees.py): the first (the owner) deploys it, once;
     the others take the owner's plan and report its transaction as theirs."""
-    from fleetctl.trees import group_trees, lane_key
+    from fleetctl.plan.trees import group_trees, lane_key
 
     groups = group_trees([h.name for h in fleet_hosts], gathered.facts)
     by_name = {hp.host: hp for hp in hosts}
@@ -393,10 +393,10 @@ def apply_plan(fleet: Fleet, plan: Plan, playbook: Playbook, op_id: str, *, vali
             "launch": host_launch_spec(conn.host, playbook.launch).to_agent(),
             # the files the plan leaves alone must still hold what it saw, checked under the lock
             "expect": {f.path: f.sha_now for f in hp.files if f.action == "none"},
-            # the playbook's non-package files, in the same transaction (fleetctl/statefiles.py)
+            # the playbook's non-package files, in the same transaction (fleetctl/model/statefiles.py)
             "state_files": statefiles.payload(playbook),
         }
-        if hp.records_dir:  # a shared tree: its lock, manifest and backups beside it (fleetctl/trees.py)
+        if hp.records_dir:  # a shared tree: its lock, manifest and backups beside it (fleetctl/plan/trees.py)
             payload["shared_tree"] = True
         if conn.host.name in break_lock:
             payload["break_lock"] = True
@@ -415,7 +415,7 @@ def apply_plan(fleet: Fleet, plan: Plan, playbook: Playbook, op_id: str, *, vali
         disc = None
         if then_facts is not None and hp.status == "change":
             payload["then_facts"], disc = then_facts(conn.host)
-        from fleetctl.trees import lane, lane_key
+        from fleetctl.plan.trees import lane, lane_key
 
         with lane(hp.lane or lane_key(conn.host, None)):  # (another entry for this machine and state dir: one at a time)
             res: DeployAnswer = conn.agent(names.DEPLOY, payload, timeout=lock_bound(conn, fleet.wait_lock))

@@ -19,7 +19,7 @@ from fleetctl.config.hosts import Host
 from fleetctl.config.playbook_model import Playbook
 from fleetctl.engines import engine
 from fleetctl.errors import FleetctlError
-from fleetctl.facts import HASH_FILES, HostFacts, facts_request, parse_facts, read_facts
+from fleetctl.model.facts import HASH_FILES, HostFacts, facts_request, parse_facts, read_facts
 from fleetctl.model.result import HostResult, Status
 from fleetctl.ops.runner import Fleet
 from fleetctl.protocol import names

@@ -18,9 +18,9 @@ from typing import Any, Literal
 
 from fleetctl.config.playbook_model import CRASH_SIGNS, Playbook
 from fleetctl.engines import engine
-from fleetctl.facts import HostFacts, read_facts
-from fleetctl.instances import Instance, command_argv, flag_argv, plan_instances
-from fleetctl.launchspec import INHERIT_FROM_HOST
+from fleetctl.model.facts import HostFacts, read_facts
+from fleetctl.model.instances import Instance, command_argv, flag_argv, plan_instances
+from fleetctl.model.launchspec import INHERIT_FROM_HOST
 from fleetctl.ops.deploy import new_op_id, who
 from fleetctl.ops.runner import Fleet
 from fleetctl.protocol import names

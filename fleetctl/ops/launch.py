@@ -9,19 +9,20 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from fleetctl import statefiles
 from fleetctl.config.hosts import Host
 from fleetctl.config.playbook_model import CRASH_SIGNS, Playbook
 from fleetctl.engines import engine
-from fleetctl.facts import HostFacts, read_facts
-from fleetctl.instances import Instance, plan_instances
-from fleetctl.launchspec import INHERIT_FROM_HOST
+from fleetctl.model import statefiles
+from fleetctl.model.facts import HostFacts, read_facts
+from fleetctl.model.instances import Instance, plan_instances
+from fleetctl.model.launchspec import INHERIT_FROM_HOST
 from fleetctl.model.result import HostResult, Status
 from fleetctl.ops.deploy import new_op_id, who
 from fleetctl.ops.exits import exited_line
 from fleetctl.ops.managers import manager_request
 from fleetctl.ops.runner import Fleet
-from fleetctl.patched_worker import coverage
+from fleetctl.plan.patched_worker import coverage
+from fleetctl.plan.trees import lane, lane_key
 from fleetctl.protocol import names
 from fleetctl.protocol.answers import (
     DeployOnDisk,
@@ -35,7 +36,6 @@ from fleetctl.protocol.answers import (
 from fleetctl.protocol.schema import to_json
 from fleetctl.transport import events
 from fleetctl.transport.base import RemoteError, Transport
-from fleetctl.trees import lane, lane_key
 
 TAIL = 30
 
@@ -293,7 +293,7 @@ def plan_launch(host: Host, pb: Playbook, insts: list[Instance], facts: HostFact
         return _plan_refused(lp, f"{', '.join(unregistered)} is not a flag of SGLang {v} as installed on {host.name} "
                                  f"(its {engine().args_file} does not register it): deploy the playbook first, or pass "
                                  f"--drop-unknown-flags to launch the installed code without it")
-    # {file:<name>} in a flag: the playbook's state file as deployed on this host (fleetctl/statefiles.py)
+    # {file:<name>} in a flag: the playbook's state file as deployed on this host (fleetctl/model/statefiles.py)
     if pb.state_files:
         absent = statefiles.not_deployed(pb, facts)
         if absent:
@@ -328,7 +328,7 @@ def plan_launch(host: Host, pb: Playbook, insts: list[Instance], facts: HostFact
         if r.startup_error:
             continue  # refused: which worker would run does not matter
         # a check the playbook's patch adds to the argument file refuses this launch (explain says the same)
-        from fleetctl.intended import intended_data
+        from fleetctl.plan.intended import intended_data
 
         bad_value = engine().patched_refusal(v, intended_data(pb, v), r.resolved_args) if pb.files_for(v) else None
         if bad_value:

@@ -9,8 +9,8 @@ from typing import Any
 from fleetctl.config.playbook_model import Playbook
 from fleetctl.engines import engine
 from fleetctl.errors import ProbeInputError
-from fleetctl.facts import read_facts
-from fleetctl.instances import flag_argv, plan_instances
+from fleetctl.model.facts import read_facts
+from fleetctl.model.instances import flag_argv, plan_instances
 from fleetctl.ops.runner import Fleet, HostOutcome
 
 COULD_NOT = "the host's SGLang could not be asked"  # (how the engine's probe_compare says so)
@@ -18,7 +18,7 @@ COULD_NOT = "the host's SGLang could not be asked"  # (how the engine's probe_co
 
 def probe_host(conn: Any, pb: Playbook) -> list[dict[str, Any]]:
     """Per launch instance of this host: the host's SGLang's answer and the verdict against the table."""
-    from fleetctl.intended import intended_data
+    from fleetctl.plan.intended import intended_data
 
     facts = read_facts(conn, extra_files=[], profile=pb.launch)
     # asked with the playbook's files as deploy writes them (before a deploy too): a flag the patch

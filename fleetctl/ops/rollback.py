@@ -7,12 +7,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from fleetctl import hoststate, wheels
+from fleetctl import wheels
 from fleetctl.config.hosts import Host
 from fleetctl.config.playbook_model import LaunchProfile, Playbook
 from fleetctl.engines import engine
-from fleetctl.facts import HostFacts
-from fleetctl.instances import host_launch_spec
+from fleetctl.model import hoststate
+from fleetctl.model.facts import HostFacts
+from fleetctl.model.instances import host_launch_spec
 from fleetctl.ops.deploy import Gathered, lock_bound, who
 from fleetctl.ops.runner import Fleet
 from fleetctl.protocol import names
@@ -34,11 +35,11 @@ class RollbackPlan:
     expect_live: list[str] = field(default_factory=list)  # this machine's live deploys when planned
     pristine_version: str | None = None  # --from-pristine: the release whose pristine bytes are restored
     package_dir: str | None = None
-    records_dir: str | None = None  # the deploys undone are recorded beside a shared tree (fleetctl/trees.py)
+    records_dir: str | None = None  # the deploys undone are recorded beside a shared tree (fleetctl/plan/trees.py)
     tree: str | None = None  # the real path of the tree this host imports
     tree_owner: str | None = None  # another selected host on the same tree undoes it, once
     tree_members: list[str] = field(default_factory=list)
-    lane: tuple[Any, ...] = ()  # the machine and state dir its transaction locks (fleetctl/trees.py lane_key)
+    lane: tuple[Any, ...] = ()  # the machine and state dir its transaction locks (fleetctl/plan/trees.py lane_key)
 
     def to_json(self) -> dict[str, Any]:
         return {"host": self.host, "status": self.status, "reason": self.reason, "deploy_ids": self.deploy_ids,
@@ -151,7 +152,7 @@ def plan_rollback(fleet: Fleet, gathered: Gathered, to: str | None, force: bool,
             rp.reason = "; ".join(notes + loose_note)
         plans.append(rp)
     _plan_shared_trees(plans, gathered, [h.name for h in fleet.hosts])
-    from fleetctl.trees import lane_key
+    from fleetctl.plan.trees import lane_key
 
     inv = {h.name: h for h in fleet.hosts}
     for rp in plans:
@@ -160,9 +161,9 @@ def plan_rollback(fleet: Fleet, gathered: Gathered, to: str | None, force: bool,
 
 
 def _plan_shared_trees(plans: list[RollbackPlan], gathered: Gathered, order: list[str]) -> None:
-    """Hosts on one package tree (fleetctl/trees.py) roll it back once: the first that has something
+    """Hosts on one package tree (fleetctl/plan/trees.py) roll it back once: the first that has something
     to undo (else the first) does; the others report its transaction."""
-    from fleetctl.trees import group_trees
+    from fleetctl.plan.trees import group_trees
 
     groups = group_trees(order, gathered.facts)
     by_name = {rp.host: rp for rp in plans}
@@ -210,7 +211,7 @@ def _plan_from_pristine(rp: RollbackPlan, host: str, facts: HostFacts, loose: li
     loose = [rel for rel in loose if rel in stated]
     intended = None
     try:
-        from fleetctl.intended import intended_for
+        from fleetctl.plan.intended import intended_for
 
         intended = intended_for(playbook, facts.package_version or "") if playbook else None
     except Exception:  # a playbook whose pristine bytes are wrong is refused when they are checked
@@ -273,7 +274,7 @@ def apply_rollback(fleet: Fleet, plans: list[RollbackPlan], op_id: str, force: b
         extra: dict[str, Any] = {"break_lock": True} if conn.host.name in break_lock else {}
         if fleet.wait_lock:
             extra["wait_lock"] = fleet.wait_lock
-        if p.records_dir:  # undone where it was recorded: beside the shared tree (fleetctl/trees.py)
+        if p.records_dir:  # undone where it was recorded: beside the shared tree (fleetctl/plan/trees.py)
             extra["shared_tree"] = p.tree or True
         extra["launch"] = host_launch_spec(conn.host, profile).to_agent()
         if p.pristine_version is not None:
@@ -281,7 +282,7 @@ def apply_rollback(fleet: Fleet, plans: list[RollbackPlan], op_id: str, force: b
         disc = None
         if then_facts is not None and servers is not None and p.deploy_ids:
             extra["then_facts"], disc = then_facts(conn.host)
-        from fleetctl.trees import lane, lane_key
+        from fleetctl.plan.trees import lane, lane_key
 
         with lane(p.lane or lane_key(conn.host, None)):  # (another inventory entry for this machine and state dir: one at a time)
             res: RollbackAnswer = conn.agent(names.ROLLBACK, {

@@ -19,9 +19,9 @@ from fleetctl.model.result import HostResult
 if TYPE_CHECKING:  # parse_count/parse_percent check options before any host: no transport imported
     from fleetctl.config.hosts import Host
     from fleetctl.config.playbook_model import Playbook
-    from fleetctl.deploy_plan import Plan
     from fleetctl.ops.deploy import Gathered
     from fleetctl.ops.runner import Fleet
+    from fleetctl.plan.deploy import Plan
 
 
 def parse_count(text: str | None, total: int, what: str) -> int | None:

@@ -10,12 +10,12 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from fleetctl.config.hosts import Host
-    from fleetctl.deploy_plan import Plan
     from fleetctl.ops.runner import HostOutcome
+    from fleetctl.plan.deploy import Plan
 
 
 def status_rows(hosts: Sequence[Host], gathered: Any, plan: Plan | None) -> list[dict[str, Any]]:
-    from fleetctl import hoststate, statefiles
+    from fleetctl.model import hoststate, statefiles
 
     rows = []
     by_plan = {hp.host: hp for hp in plan.hosts} if plan else {}

@@ -15,8 +15,8 @@ from typing import Any
 
 from fleetctl.config.playbook_model import CRASH_SIGNS, Playbook
 from fleetctl.engines import engine
-from fleetctl.facts import bytecode_problem
-from fleetctl.instances import Instance
+from fleetctl.model.facts import bytecode_problem
+from fleetctl.model.instances import Instance
 from fleetctl.model.result import HostResult
 from fleetctl.ops.exits import exited_line
 from fleetctl.ops.launch import http_get, instances_by_host, predates_deploy
@@ -195,7 +195,7 @@ def _check_instance(iv: InstanceVerify, st: InstanceState, pb: Playbook, deploy_
                                + (f" (present on the other {n_ok} rank(s))" if n_ok else ""))
         if engine().is_known(version) and pb.versions.get(version):
             # the reason the patched code may not have run: what this launch runs vs what the playbook patches
-            from fleetctl.patched_worker import coverage
+            from fleetctl.plan.patched_worker import coverage
 
             cov = coverage(version, dict(rec.flags), dict(rec.env), pb)
             if models is not None and any(f.get("family") == engine().family_names[1] and f.get("covered") is None
@@ -514,7 +514,7 @@ def verify_host(conn: Transport, pb: Playbook, plan: list[Instance]) -> list[Ins
         """The target's and draft's config.json as the launch reads them on this host (asked once,
         only to explain a missing marker)."""
         if not seen:
-            from fleetctl.facts import read_facts
+            from fleetctl.model.facts import read_facts
 
             try:
                 f = read_facts(conn, gpus=False, all_hashes=False, profile=pb.launch)

@@ -176,7 +176,7 @@ class Shadow:
 
 @dataclass
 class PackageInfo:
-    """Where the launch's interpreter imports the engine's package from (fleetctl/launchspec.py: its options, env
+    """Where the launch's interpreter imports the engine's package from (fleetctl/model/launchspec.py: its options, env
     and cwd), its version and install kind, and what import would load for the asked files."""
 
     found: bool

@@ -19,7 +19,7 @@ from fleetctl.config.hosts import FLAG_RE, Host
 from fleetctl.config.playbook_model import LaunchProfile
 from fleetctl.engines import engine
 from fleetctl.errors import InputError
-from fleetctl.launchspec import LaunchSpec, launch_spec
+from fleetctl.model.launchspec import LaunchSpec, launch_spec
 
 # The tensor-parallel flag, every spelling the engine accepts, and its port flag (fleetctl/engines/base.py).
 TP_FLAG = engine().tp_flag

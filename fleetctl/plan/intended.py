@@ -12,8 +12,8 @@ from pathlib import Path
 
 from fleetctl import wheels
 from fleetctl.config.playbook_model import Playbook
-from fleetctl.deploy_plan import Intended, sha
 from fleetctl.errors import InputError
+from fleetctl.plan.deploy import Intended, sha
 
 
 @lru_cache(maxsize=256)
@@ -47,7 +47,7 @@ def _apply(version: str, rel: str, patch_text: bytes, expect_sha: str, where: st
 
 # The patch engine's source, read (not imported: a cache hit needs no patching code) from the file
 # Python would import it from.
-_ENGINE_SRC = Path(__file__).resolve().parent / "patching" / "engine.py"
+_ENGINE_SRC = Path(__file__).resolve().parent.parent / "patching" / "engine.py"
 
 
 def _cache_key(version: str, rel: str, patch_text: bytes, pristine_sha: str) -> str:

@@ -28,7 +28,7 @@ import threading
 from dataclasses import dataclass, field
 
 from fleetctl.config.hosts import Host
-from fleetctl.facts import HostFacts
+from fleetctl.model.facts import HostFacts
 from fleetctl.protocol.answers import TreeIdentity
 
 

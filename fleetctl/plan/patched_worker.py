@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 from fleetctl.config.hosts import Host
 from fleetctl.config.playbook_model import Playbook
-from fleetctl.deploy_plan import Coverage
-from fleetctl.facts import HostFacts
+from fleetctl.model.facts import HostFacts
+from fleetctl.plan.deploy import Coverage
 
 if TYPE_CHECKING:
     from fleetctl.engines.base import ModelConfig
@@ -22,7 +22,7 @@ from fleetctl.engines import engine
 
 def instances(host: Host, playbook: Playbook) -> list[Any]:
     """The server instances `fleetctl launch` would start on the host (same code path as launch)."""
-    from fleetctl.instances import plan_instances
+    from fleetctl.model.instances import plan_instances
 
     return plan_instances(host, playbook.launch)
 
@@ -42,7 +42,7 @@ def named_files(facts: HostFacts | None, playbook: Playbook, flags: dict[str, An
     """The files the launch's flags name, as start-up will read them: a playbook state file
     (`{file:NAME}`) from the playbook's own bytes (what deploy ships), others as read on the host
     (None: not asked, e.g. offline)."""
-    from fleetctl.statefiles import refs
+    from fleetctl.model.statefiles import refs
 
     out: dict[str, bytes | str] = dict(facts.launch_files) if facts is not None and facts.launch_files else {}
     shipped = {f.name: f.data for f in playbook.state_files}
@@ -195,7 +195,7 @@ def _coverage(version: str, flags: dict[str, Any], env: dict[str, str], playbook
     reason = f"{reason}; the playbook patches it: {'yes' if worker_file in patched else 'no'}"
     if worker_file not in patched and mine:
         reason = f"{reason}; your patch changes only {_short(mine)}"
-        from fleetctl.intended import intended_data
+        from fleetctl.plan.intended import intended_data
 
         fixes = engine().worker_fixes(version, flags, env, set(mine), model_arch=model.arch if model else None,
                                       intended=intended_data(playbook, version))

@@ -10,10 +10,10 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from fleetctl import hoststate
 from fleetctl.config.hosts import Host
 from fleetctl.config.playbook_model import Playbook
-from fleetctl.facts import HostFacts
+from fleetctl.model import hoststate
+from fleetctl.model.facts import HostFacts
 from fleetctl.protocol.answers import Manifest
 
 FileState = Literal["pristine", "as-intended", "drifted", "missing", "unsafe", "no-record", "unwritable"]
@@ -83,11 +83,11 @@ class HostPlan:
     interrupted: list[str] = field(default_factory=list)
     coverage: Coverage | None = None
     drop_bytecode: list[str] = field(default_factory=list)  # files not replaced whose cached pyc is stale
-    # a package tree other selected hosts reach too (fleetctl/trees.py): deployed once, by its owner
+    # a package tree other selected hosts reach too (fleetctl/plan/trees.py): deployed once, by its owner
     tree_owner: str | None = None  # the host whose transaction deploys this host's tree (None: this one)
     tree_members: list[str] = field(default_factory=list)  # every selected host on the tree (if several)
     records_dir: str | None = None  # the tree's records live beside it (its records dir), not in state_dir
-    lane: tuple[Any, ...] = ()  # the machine and state dir its transaction locks (fleetctl/trees.py lane_key)
+    lane: tuple[Any, ...] = ()  # the machine and state dir its transaction locks (fleetctl/plan/trees.py lane_key)
 
     @property
     def to_patch(self) -> list[FilePlan]:
@@ -109,7 +109,7 @@ class Plan:
     hosts: list[HostPlan]
     intended: dict[str, dict[str, Intended]]  # version -> path -> Intended
     # what apply_plan did per host, kept across calls (a rolling deploy's batches): a host on a tree
-    # another host deployed in an earlier batch reports that transaction (fleetctl/trees.py)
+    # another host deployed in an earlier batch reports that transaction (fleetctl/plan/trees.py)
     applied: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:

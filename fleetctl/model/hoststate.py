@@ -18,7 +18,7 @@ from fleetctl.protocol.answers import Lock, Manifest
 from fleetctl.protocol.names import OPEN_STATES
 
 if TYPE_CHECKING:
-    from fleetctl.facts import HostFacts
+    from fleetctl.model.facts import HostFacts
 
 
 def own(facts: HostFacts) -> list[Manifest]:

@@ -67,7 +67,7 @@ class HostFacts:
     servers: ServersFacts | None = None  # asked with with_=["servers"]
     discover: DiscoverFacts | None = None  # asked with with_=["discover"]: server processes from /proc
     registered_flags: dict[str, bool] | None = None  # asked with payload check_flags
-    # how the LAUNCH's python (not the agent's) imports the engine's package: see fleetctl/launchspec.py
+    # how the LAUNCH's python (not the agent's) imports the engine's package: see fleetctl/model/launchspec.py
     launch_python: str | None = None
     launch_python_version: str | None = None
     package_error: str | None = None
@@ -401,7 +401,7 @@ def read_facts(conn: Transport, *, extra_files: list[str] | None = None, gpus: b
     """One agent round trip: everything fleetctl needs to know about the host.
 
     SGLang is located as the launch will import it: the playbook's launch `profile` (or the default
-    launch without a playbook) + the inventory's launch_command and env (fleetctl/launchspec.py).
+    launch without a playbook) + the inventory's launch_command and env (fleetctl/model/launchspec.py).
     all_hashes=False hashes only `extra_files` (what deploy plans need), not srt/speculative/**.
     request: the facts_request already built from these arguments (the caller needed it too)."""
     p = dict(request) if request is not None else facts_request(
@@ -427,7 +427,7 @@ def facts_request(host: Host, *, extra_files: list[str] | None = None, gpus: boo
                   with_: list[str] | None = None, all_hashes: bool = True,
                   profile: LaunchProfile | None = None) -> dict[str, Any]:
     """The `facts` request read_facts sends to `host` (pure: also what a seal is keyed by)."""
-    from fleetctl.instances import host_launch_spec
+    from fleetctl.model.instances import host_launch_spec
 
     prof = profile if profile is not None else LaunchProfile()
     return {
@@ -455,7 +455,7 @@ def facts_request(host: Host, *, extra_files: list[str] | None = None, gpus: boo
 
 def _named_files(host: Any, profile: LaunchProfile) -> list[str]:
     from fleetctl.errors import InputError
-    from fleetctl.instances import plan_instances
+    from fleetctl.model.instances import plan_instances
 
     try:
         return engine().launch_files(plan_instances(host, profile)[0].flags)
@@ -467,7 +467,7 @@ def _launch_model(host: Any, profile: LaunchProfile, *, draft: bool = False) -> 
     """{"path", "revision"} of the model the host's launch names (None: none, or a launch layout that
     does not plan: the command using it reports that)."""
     from fleetctl.errors import InputError
-    from fleetctl.instances import command_argv, plan_instances
+    from fleetctl.model.instances import command_argv, plan_instances
 
     try:
         return engine().launch_model(plan_instances(host, profile)[0].flags, command_argv(host, profile), draft=draft)

@@ -14,7 +14,7 @@ import re
 from typing import Any
 
 from fleetctl.config.playbook_model import Playbook
-from fleetctl.instances import Instance
+from fleetctl.model.instances import Instance
 
 REF_RE = re.compile(r"\{file:([^{}]*)\}")
 ROOT = "files"
@@ -63,7 +63,7 @@ def not_deployed(pb: Playbook, facts: Any) -> list[str]:
     """The playbook's state files that no deploy record of this host shows with their intended bytes
     now (never deployed, rolled back, edited or deleted since): a launch naming them would read
     something else, or nothing."""
-    from fleetctl import hoststate
+    from fleetctl.model import hoststate
 
     now: dict[str, str | None] = {}
     for m in hoststate.own(facts):
@@ -98,7 +98,7 @@ def left_behind(facts: Any) -> list[str]:
     next rollback or deploy closes the record, `superseded`, and undoes them, agent_deploy
     close_superseded), still on the host as that deploy wrote them and tracked by no live record.
     One line each (status names them)."""
-    from fleetctl import hoststate
+    from fleetctl.model import hoststate
 
     own = hoststate.own(facts)
     tracked = {f.path for m in own if m.state == "complete" and not m.gone for f in m.files
