@@ -15,7 +15,6 @@ import random
 import re
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -272,21 +271,9 @@ def test_run_bounded_exit_codes_output_caps_and_timeout(tmp_path: Path) -> None:
 
 def _pythons() -> list[str]:
     """This interpreter and every other Python >= 3.8 found (PATH, pyenv), one per version."""
-    names = [sys.executable, *(shutil.which(f"python3.{m}") for m in range(8, 15)),
-             *sorted(str(p) for p in Path("~/.pyenv/versions").expanduser().glob("3.*/bin/python3"))]
-    found: dict[str, str] = {}
-    for exe in names:
-        if not exe:
-            continue
-        try:
-            p = subprocess.run([exe, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], capture_output=True,
-                               text=True, timeout=60)
-        except OSError:
-            continue
-        v = p.stdout.strip()
-        if p.returncode == 0 and v and tuple(map(int, v.split("."))) >= (3, 8):
-            found.setdefault(v, exe)
-    return sorted(found.values())
+    from tests.pythons import pythons
+
+    return pythons()
 
 
 CHECK = r"""

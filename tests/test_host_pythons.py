@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.jsoncli import cli, ok
-from tests.test_agent_imports import _pythons
+from tests.pythons import pythons, version
 
 pytestmark = [pytest.mark.usefixtures("ledger_dir"), pytest.mark.fleet]
 
@@ -23,18 +23,12 @@ WORKER = "srt/speculative/eagle_worker.py"  # what 0.5.9 runs with SGLANG_ENABLE
 MARKER = "Dynamic speculation disable enabled"
 
 
-def _version(python: str) -> tuple[int, int]:
-    out = subprocess.run([python, "-c", "import sys; print(*sys.version_info[:2])"], capture_output=True,
-                         text=True, check=True).stdout.split()
-    return int(out[0]), int(out[1])
+OTHERS = [p for p in pythons() if version(p) != sys.version_info[:2]]
 
 
-OTHERS = [p for p in _pythons() if _version(p) != sys.version_info[:2]]
-
-
-@pytest.mark.parametrize("python", OTHERS, ids=[".".join(map(str, _version(p))) for p in OTHERS])
+@pytest.mark.parametrize("python", OTHERS, ids=[".".join(map(str, version(p))) for p in OTHERS])
 def test_the_loop_on_a_host_running_another_python(python: str, fresh_sandbox, capsys) -> None:  # type: ignore[no-untyped-def]
-    ver = _version(python)
+    ver = version(python)
     sb = fresh_sandbox(hosts=1, versions=("0.5.9",), gpus=1, bare_shell=True, host_python=python)
     h = sb.hosts["h01"]
     inv = sb.inventory_path
