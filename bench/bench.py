@@ -187,7 +187,7 @@ class Job:
     written to disk for the other tools, and the pristine bytes to reset hosts with."""
 
     def __init__(self, work: Path, versions: list[str]) -> None:
-        from fleetctl import wheels
+        from fleetctl.engines import wheels
         from fleetctl.config.playbook import load_playbook
         from fleetctl.plan.intended import intended_for
 

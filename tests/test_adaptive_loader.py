@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetctl import wheels
+from fleetctl.engines import wheels
 from fleetctl.engines.sglang import adaptive, routing
 from fleetctl.engines.sglang import releases as R
 

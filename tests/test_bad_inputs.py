@@ -27,7 +27,7 @@ from test_faults import (
     write_inventory,
 )
 
-from fleetctl import wheels
+from fleetctl.engines import wheels
 from fleetctl.sandbox import lifecycle as sbx
 from fleetctl.sandbox.sshd import write_ed25519
 

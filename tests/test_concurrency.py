@@ -31,7 +31,7 @@ from test_faults import (
     write_inventory,
 )
 
-from fleetctl import wheels
+from fleetctl.engines import wheels
 from fleetctl.remote import agent_source
 from fleetctl.sandbox import lifecycle as sbx
 from fleetctl.transport.session import HELLO, HELLO_SIZE

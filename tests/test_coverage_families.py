@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import yaml
 
-from fleetctl import wheels
 from fleetctl.config.playbook import load_playbook
+from fleetctl.engines import wheels
 from fleetctl.engines.sglang import KNOWN_VERSIONS
 from fleetctl.engines.sglang import families as F
 from fleetctl.engines.sglang import family_tables as FT

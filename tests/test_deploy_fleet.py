@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from fleetctl import wheels
 from fleetctl.cli import main
+from fleetctl.engines import wheels
 from fleetctl.patching import make_patch
 from fleetctl.sandbox import lifecycle as sbx
 

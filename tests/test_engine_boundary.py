@@ -117,7 +117,7 @@ def test_only_the_engine_interface_imports_the_engine_package() -> None:
     assert not bad, "import fleetctl.engines.sglang here: go through fleetctl.engines.engine() instead:\n" + "\n".join(bad)
     assert engine_imports("from fleetctl.engines.sglang import releases as R\nimport fleetctl.engines.sglang.logs\n"
                           "from fleetctl.engines import sglang\n") == [1, 2, 3]
-    assert engine_imports("from fleetctl.engines import engine\nfrom fleetctl import wheels\n") == []
+    assert engine_imports("from fleetctl.engines import engine\nfrom fleetctl.engines import wheels\n") == []
 
 
 def test_the_scan_catches_each_kind_of_literal() -> None:

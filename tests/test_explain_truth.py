@@ -91,7 +91,7 @@ def test_facts_fails_a_sglang_dir_the_launch_does_not_import(fresh_sandbox, caps
     (here the release's own pristine tree elsewhere) fails the host, naming both; the imported one is ok."""
     import json
 
-    from fleetctl import wheels
+    from fleetctl.engines import wheels
 
     sb = fresh_sandbox(hosts=1, versions=("0.5.9",), gpus=1)
     other = wheels.package_dir("0.5.9")

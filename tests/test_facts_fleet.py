@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from fleetctl import wheels
 from fleetctl.cli import main
+from fleetctl.engines import wheels
 from fleetctl.sandbox.lifecycle import Sandbox
 
 pytestmark = pytest.mark.fleet

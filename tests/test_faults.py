@@ -43,8 +43,8 @@ from typing import Any
 import pytest
 import yaml
 
-from fleetctl import wheels
 from fleetctl.cli import main
+from fleetctl.engines import wheels
 from fleetctl.patching import make_patch
 from fleetctl.sandbox import lifecycle as sbx
 from fleetctl.sandbox import procs

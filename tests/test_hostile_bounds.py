@@ -297,7 +297,7 @@ def test_deploy_returns_when_a_host_freezes_at_the_exec_request(fleet3: Sandbox,
 
     from test_faults import FILES, intended_bytes, make_playbook
 
-    from fleetctl import wheels
+    from fleetctl.engines import wheels
 
     pb = make_playbook(tmp_path / "pb", tag="frozen")
     want = intended_bytes(pb)
@@ -571,7 +571,7 @@ def test_ctrl_c_during_deploy_lets_the_transaction_in_flight_finish(fleet3: Sand
 
     from test_faults import DRIVER, FILES, intended_bytes, make_playbook
 
-    from fleetctl import wheels
+    from fleetctl.engines import wheels
 
     pb = make_playbook(tmp_path / "pb", tag="ctrlc")
     want = intended_bytes(pb)

@@ -30,7 +30,7 @@ from test_faults import (
     write_inventory,
 )
 
-from fleetctl import wheels
+from fleetctl.engines import wheels
 from fleetctl.sandbox import lifecycle as sbx
 
 pytestmark = [pytest.mark.usefixtures("ledger_dir"), pytest.mark.fleet,

@@ -296,7 +296,7 @@ def test_every_command_shows_hostile_host_text_escaped(fresh_sandbox, tmp_path: 
     assert "# \\x1b[31mred" in text and "# [link=file:///etc]x[/link]" in text  # the drifted bytes, escaped
     from test_faults import EW2
 
-    from fleetctl import wheels
+    from fleetctl.engines import wheels
 
     (sb.hosts["h03"].sglang_dir / EW2).write_bytes(wheels.pristine_bytes("0.5.9", EW2))  # no longer drifted
     code, text = cli("deploy", "deploy", *i, str(pb), "--allow-uncovered")

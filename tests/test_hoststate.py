@@ -39,8 +39,7 @@ from test_faults import (
     write_inventory,
 )
 
-from fleetctl import wheels
-from fleetctl.engines import engine
+from fleetctl.engines import engine, wheels
 from fleetctl.sandbox import lifecycle as sbx
 from fleetctl.sandbox import sshd
 

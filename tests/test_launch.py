@@ -15,11 +15,11 @@ import pytest
 import yaml
 from ports import free_ports
 
-from fleetctl import wheels
 from fleetctl.cli import main
 from fleetctl.config.inventory import load_inventory
 from fleetctl.config.playbook import LaunchProfile, load_playbook
 from fleetctl.config.playbook_model import InstanceLayout
+from fleetctl.engines import wheels
 from fleetctl.engines.sglang import READY_LINE
 from fleetctl.errors import InputError
 from fleetctl.model.facts import read_facts

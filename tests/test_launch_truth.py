@@ -21,8 +21,8 @@ import yaml
 from ports import free_port
 from test_launch import playbook_with, stop_all_local
 
-from fleetctl import wheels
 from fleetctl.cli import main
+from fleetctl.engines import wheels
 from fleetctl.remote import agent_servers as srv
 from fleetctl.sandbox import lifecycle
 from fleetctl.sandbox.lifecycle import Sandbox

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetctl import wheels
+from fleetctl.engines import wheels
 from fleetctl.patching import make_patch
 
 VERSION, OTHER = "0.5.9", "0.5.10.post1"

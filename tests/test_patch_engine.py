@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetctl import wheels
+from fleetctl.engines import wheels
 from fleetctl.errors import EXIT_BAD_INPUT, EXIT_FAILED, InputError
 from fleetctl.patching import (
     PatchDoesNotApply,

@@ -12,9 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fleetctl import wheels
 from fleetctl.config.playbook import load_playbook
-from fleetctl.engines import engine
+from fleetctl.engines import engine, wheels
 from fleetctl.patching import apply_patch
 
 ROOT = Path(__file__).resolve().parent.parent

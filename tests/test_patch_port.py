@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fleetctl import wheels
 from fleetctl.config.playbook import load_playbook
+from fleetctl.engines import wheels
 from fleetctl.patching import apply_patch
 from fleetctl.patching.merge import merge3
 

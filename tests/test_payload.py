@@ -25,8 +25,8 @@ from typing import Optional
 
 import pytest
 
-from fleetctl import wheels
 from fleetctl.config.playbook import PatchFile, Playbook, load_playbook
+from fleetctl.engines import wheels
 from fleetctl.engines.sglang import routing
 from fleetctl.engines.sglang.releases import KNOWN_VERSIONS
 from fleetctl.patching import apply_patch, parse_patch

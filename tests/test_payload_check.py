@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from fleetctl import wheels
 from fleetctl.cli import main
 from fleetctl.config.playbook import load_playbook
+from fleetctl.engines import wheels
 from fleetctl.engines.sglang.releases import KNOWN_VERSIONS
 
 ROOT = Path(__file__).parent.parent

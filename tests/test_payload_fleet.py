@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from jsoncli import cli, ok
 
-from fleetctl import wheels
+from fleetctl.engines import wheels
 from fleetctl.sandbox.lifecycle import Sandbox
 
 ROOT = Path(__file__).resolve().parents[1]

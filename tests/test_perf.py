@@ -283,7 +283,7 @@ def test_agent_imports_nothing_heavy_on_common_commands(fresh_sandbox, tmp_path:
 
 
 def test_metadata_reads_the_header_only_with_the_same_answer(tmp_path: Path) -> None:
-    from fleetctl import wheels
+    from fleetctl.engines import wheels
     from fleetctl.remote.agent import _metadata
 
     def full(d: Path) -> tuple[dict, list]:  # the whole-file parse it replaces

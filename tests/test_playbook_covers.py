@@ -11,9 +11,9 @@ import pytest
 import yaml
 from jsoncli import cli, ok
 
-from fleetctl import wheels
 from fleetctl.cli import main
 from fleetctl.config.playbook import load_playbook
+from fleetctl.engines import wheels
 from fleetctl.engines.sglang import worker_files
 from fleetctl.errors import InputError
 from fleetctl.ops.launch import hash_set

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from fleetctl import wheels
+from fleetctl.engines import wheels
 from fleetctl.engines.sglang import resolve_worker
 from fleetctl.engines.sglang.probe import compare, host_probe_source
 from fleetctl.model.instances import flag_argv

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from fleetctl import wheels
 from fleetctl.cli import main
+from fleetctl.engines import wheels
 from fleetctl.errors import InputError
 from fleetctl.ops.rolling import batches, parse_count, parse_percent
 from fleetctl.sandbox.lifecycle import Sandbox

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from fleetctl import wheels
 from fleetctl.config.inventory import load_inventory
+from fleetctl.engines import wheels
 from fleetctl.errors import InputError
 from fleetctl.sandbox import lifecycle, nvidia_smi, procs
 from fleetctl.sandbox.lifecycle import Sandbox

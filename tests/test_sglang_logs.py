@@ -14,8 +14,7 @@ from typing import Any
 
 import pytest
 
-from fleetctl import wheels
-from fleetctl.engines import sglang
+from fleetctl.engines import sglang, wheels
 from fleetctl.engines.sglang import releases as R
 
 DATA = Path(__file__).parent / "data" / "sglang"

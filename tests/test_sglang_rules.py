@@ -6,7 +6,7 @@ Two kinds of checks, for every release fleetctl knows:
   * behaviour: the wheel's own ServerArgs handlers, env parser and worker factory are executed (the
     rest of SGLang stubbed out) over a scenario matrix and compared with `resolve_worker`.
 
-Wheels come from the local cache (fleetctl.wheels); a release not cached yet is downloaded from
+Wheels come from the local cache (fleetctl.engines.wheels); a release not cached yet is downloaded from
 PyPI on first use, and its tests carry the `needs_download` mark.
 """
 
@@ -33,8 +33,7 @@ from typing import Any
 
 import pytest
 
-from fleetctl import wheels
-from fleetctl.engines import sglang
+from fleetctl.engines import sglang, wheels
 from fleetctl.engines.sglang import releases as R
 
 DATA = Path(__file__).parent / "data" / "sglang"

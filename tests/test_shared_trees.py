@@ -24,7 +24,7 @@ import pytest
 import yaml
 from test_faults import run_json, sha, write_inventory
 
-from fleetctl import wheels
+from fleetctl.engines import wheels
 from fleetctl.model.facts import HostFacts, TorchCheck
 from fleetctl.plan.trees import group_trees, same_tree
 from fleetctl.protocol.answers import StateFacts, TreeIdentity

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from test_launch import cli, make_inventory
 
-from fleetctl import wheels
 from fleetctl.cli import main
 from fleetctl.config.playbook import load_playbook
+from fleetctl.engines import wheels
 from fleetctl.engines.sglang import resolve_worker
 from fleetctl.engines.sglang.releases import KNOWN_VERSIONS
 from fleetctl.patching.engine import apply_patch

@@ -15,9 +15,9 @@ import pytest
 import yaml
 from jsoncli import cli, ok
 
-from fleetctl import wheels
 from fleetctl.cli import main
 from fleetctl.config.playbook import load_playbook
+from fleetctl.engines import wheels
 from fleetctl.engines.sglang import adaptive
 from fleetctl.errors import InputError
 from fleetctl.model import statefiles

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fleetctl import wheels
 from fleetctl.config.inventory import Inventory, load_inventory
 from fleetctl.config.playbook import Playbook, load_playbook
+from fleetctl.engines import wheels
 from fleetctl.model import hoststate
 from fleetctl.ops.deploy import apply_plan, build_plan, gather, new_op_id
 from fleetctl.ops.rollback import apply_rollback, plan_rollback

@@ -13,8 +13,8 @@ import pytest
 import yaml
 from ports import free_ports
 
-from fleetctl import wheels
 from fleetctl.cli import main
+from fleetctl.engines import wheels
 from fleetctl.remote import agent_servers as srv
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -172,7 +172,7 @@ def _udiff(a: bytes, b: bytes, la: str, lb: str) -> str:
 def print_diffs(ctx: RunContext, plan: Plan) -> None:
     """Unified diffs, no size limit: remote vs intended; for drifted files also remote vs pristine.
     An identical diff is shown once, under the hosts it applies to (issue 16.7)."""
-    from fleetctl import wheels
+    from fleetctl.engines import wheels
     from fleetctl.protocol.names import READ_FILES
 
     diffs: list[tuple[str, tuple[str, str]]] = []  # (host, (path, diff text))

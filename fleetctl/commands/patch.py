@@ -230,8 +230,8 @@ def new_cmd(
     out: Annotated[Path | None, typer.Option("-o", "--output", metavar="OUT", help="Write the patch here instead of stdout.",
                                              show_default=False)] = None,
 ) -> None:
-    from fleetctl import wheels
     from fleetctl.config.playbook import check_relpath
+    from fleetctl.engines import wheels
     from fleetctl.patching import apply_patch, make_patch
     from fleetctl.patching.authoring import playbook_snippet
 

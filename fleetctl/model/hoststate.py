@@ -105,7 +105,7 @@ def release_pristine(version: str | None) -> tuple[dict[str, str] | None, str]:
     """The release's pristine hashes from the controller's wheel cache, or (None, why not)."""
     if not version:
         return None, "the SGLang version is unknown"
-    from fleetctl import wheels
+    from fleetctl.engines import wheels
 
     try:
         return wheels.pristine_hashes(version), ""

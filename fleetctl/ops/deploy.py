@@ -153,7 +153,7 @@ def port_onto_hosts(fleet: Fleet, plan: Plan, playbook: Playbook, gathered: Gath
     the tree exactly. A conflict refuses the host, naming the lines."""
     import base64
 
-    from fleetctl import wheels
+    from fleetctl.engines import wheels
     from fleetctl.patching.merge import merge3
     from fleetctl.protocol.answers import ReadFilesAnswer
 

@@ -7,10 +7,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from fleetctl import wheels
 from fleetctl.config.hosts import Host
 from fleetctl.config.playbook_model import LaunchProfile, Playbook
-from fleetctl.engines import engine
+from fleetctl.engines import engine, wheels
 from fleetctl.model import hoststate
 from fleetctl.model.facts import HostFacts
 from fleetctl.model.instances import host_launch_spec

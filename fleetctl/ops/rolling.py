@@ -73,7 +73,7 @@ def batches(hosts: list[Host], serial: int | None, canary: int | None) -> list[l
 def original_code_playbook(pb: Playbook, version: str | None) -> Playbook:
     """The launch profile without flags the host's *unpatched* SGLang does not know (the patch's own
     flags): what a restart on the original code must pass."""
-    from fleetctl import wheels
+    from fleetctl.engines import wheels
     from fleetctl.remote.agent import flag_registered
     if not version:
         return pb

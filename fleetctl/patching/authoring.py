@@ -8,8 +8,8 @@ import re
 import warnings
 from dataclasses import dataclass, field
 
-from fleetctl import wheels
 from fleetctl.config.playbook_model import PatchFile, Playbook
+from fleetctl.engines import wheels
 from fleetctl.errors import FleetctlError, InputError
 from fleetctl.patching.engine import PatchDoesNotApply, PatchError, apply_patch, split_lines
 

@@ -11,9 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fleetctl import wheels
 from fleetctl.config.playbook_model import Playbook, check_relpath
-from fleetctl.engines import engine
+from fleetctl.engines import engine, wheels
 from fleetctl.errors import EXIT_FAILED, FleetctlError, InputError
 from fleetctl.patching.authoring import compile_error, make_patch
 from fleetctl.patching.engine import PatchError, apply_patch, parse_patch

@@ -19,9 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fleetctl import wheels
 from fleetctl.config.launch_ready import PLACEHOLDER
-from fleetctl.engines import engine
+from fleetctl.engines import engine, wheels
 from fleetctl.errors import InputError
 from fleetctl.patching.authoring import compile_error, make_patch
 from fleetctl.patching.engine import PatchError, apply_patch, parse_patch

@@ -10,8 +10,8 @@ import sys
 from functools import lru_cache
 from pathlib import Path
 
-from fleetctl import wheels
 from fleetctl.config.playbook_model import Playbook
+from fleetctl.engines import wheels
 from fleetctl.errors import InputError
 from fleetctl.plan.deploy import Intended, sha
 

@@ -62,7 +62,7 @@ def stripped(text: str) -> str:
 
 
 def _kept_file(key: str) -> Path:
-    from fleetctl.wheels import cache_dir
+    from fleetctl.engines.wheels import cache_dir
 
     return cache_dir() / "agent" / f"stripped-{key}.py"
 

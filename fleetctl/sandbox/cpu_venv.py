@@ -27,8 +27,8 @@ import sys
 import time
 from pathlib import Path
 
+from fleetctl.engines.wheels import _locked, cache_dir
 from fleetctl.errors import FleetctlError
-from fleetctl.wheels import _locked, cache_dir
 
 LOCK = Path(__file__).resolve().parent / "cpu_venv.lock"
 STANDIN_DIR = Path(__file__).resolve().parent / "gpu_standin"

@@ -74,7 +74,7 @@ from typing import Any
 
 import yaml
 
-from fleetctl import wheels
+from fleetctl.engines import wheels
 from fleetctl.errors import FleetctlError, InputError
 from fleetctl.sandbox import procs, sshd
 from fleetctl.sandbox.sshd import LOOPBACK, SshdSpec

@@ -226,7 +226,7 @@ def compiled_cache_file() -> Path | None:
     cache key (its source, which holds the probe's) and the interpreter's cache tag (None: no tag)."""
     import sys
 
-    from fleetctl.wheels import cache_dir
+    from fleetctl.engines.wheels import cache_dir
 
     tag = sys.implementation.cache_tag
     if not tag:

@@ -9,7 +9,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import test_faults as tf
 import yaml
 
-from fleetctl import wheels
+from fleetctl.engines import wheels
 from fleetctl.patching import make_patch
 
 R = Path(__file__).resolve().parent

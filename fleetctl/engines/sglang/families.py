@@ -103,7 +103,7 @@ def sampling_touched(version: str, patch: bytes) -> list[str]:
     """The sampling branches (by backend name) a patch of the sampler changes."""
     import ast
 
-    from fleetctl import wheels
+    from fleetctl.engines import wheels
     from fleetctl.patching.engine import apply_patch
 
     pristine = wheels.pristine_bytes(version, FT.SAMPLER)

@@ -4,7 +4,7 @@ A *family* is a set of package files (or branches of one file) of which the laun
 and not the others, chosen by the launch's flags, env, hardware or target model. A patch that
 changes one member while the launch runs another changes code that never runs: the origin mistake
 (eagle_worker_v2.py patched, EAGLEWorker from eagle_worker.py run). Each table below is derived
-from the release's sources (its wheel, cached by fleetctl.wheels) by reading them with `ast`,
+from the release's sources (its wheel, cached by fleetctl.engines.wheels) by reading them with `ast`,
 never by importing them:
 
 * speculative workers: the worker modules `srt/speculative/spec_info.py` (and the release table of
@@ -335,7 +335,7 @@ def _from_json(doc: dict[str, Any]) -> FamilyTable:
 @cache
 def table(version: str) -> FamilyTable:
     """The release's table: from the cache, else derived from its wheel (fetched on first use)."""
-    from fleetctl import wheels
+    from fleetctl.engines import wheels
     from fleetctl.engines.sglang import routing
 
     known = routing.worker_files(version) if routing.is_known(version) else {}

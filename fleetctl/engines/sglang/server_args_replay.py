@@ -156,7 +156,7 @@ def patched_refusal(version: str, intended: dict[str, bytes], args: dict[str, An
     (e.g. the payload refusing its flag with a topk adaptive speculation does not support), replayed
     from the patched file with the release's own package for the helpers it imports; None when the
     patched file refuses nothing the pristine one does not refuse too (that is the table's part)."""
-    from fleetctl import wheels
+    from fleetctl.engines import wheels
 
     patched = intended.get(ARGS_FILE)
     if patched is None or not args:
