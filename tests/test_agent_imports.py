@@ -21,7 +21,13 @@ from pathlib import Path
 import pytest
 from agentpipe import boot
 
-from fleetctl.remote import agent, agent_deploy, agent_key, agent_servers, agent_source
+from fleetctl.remote import agent_key, agent_source, servers
+from fleetctl.remote import core as rcore
+from fleetctl.remote import files as rfiles
+from fleetctl.remote import hostfacts as rfacts
+from fleetctl.remote import locate as rlocate
+from fleetctl.remote import records as rrecords
+from fleetctl.remote import transaction as rtx
 from fleetctl.transport.session import BOOTSTRAP, HELLO, agent_command, encode_request
 
 JSON_CASES = [
@@ -44,9 +50,9 @@ def test_jdumps_writes_what_json_dumps_writes(obj: object) -> None:
     for kw in ({}, {"indent": 1, "sort_keys": True}, {"indent": 2}):
         if kw.get("sort_keys") and isinstance(obj, dict) and len({type(k) for k in obj}) > 1:
             continue  # json cannot sort mixed keys either
-        text = agent.jdumps(obj, **kw)
+        text = rcore.jdumps(obj, **kw)
         assert text == json.dumps(obj, **kw), kw
-        assert agent.jdumps(obj, native=False, **kw) == text  # the pure-Python writer (no _json)
+        assert rcore.jdumps(obj, native=False, **kw) == text  # the pure-Python writer (no _json)
         assert text.isascii()
         assert _same(json.loads(text), json.loads(json.dumps(obj)))
 
@@ -54,19 +60,19 @@ def test_jdumps_writes_what_json_dumps_writes(obj: object) -> None:
 def test_jdumps_refuses_what_json_refuses() -> None:
     for bad in ({"x": object()}, {(1, 2): "tuple key"}, b"bytes", {1, 2}):
         with pytest.raises(TypeError):
-            agent.jdumps(bad)
+            rcore.jdumps(bad)
         with pytest.raises(TypeError):
-            agent.jdumps(bad, native=False)
+            rcore.jdumps(bad, native=False)
         with pytest.raises(TypeError):
             json.dumps(bad)
 
 
 def test_an_unserialisable_result_is_an_error_answer_not_a_dead_agent() -> None:
-    agent.ACTIONS["_bad_for_test"] = lambda p: {"x": b"bytes"}
+    rcore.ACTIONS["_bad_for_test"] = lambda p: {"x": b"bytes"}
     try:
-        doc = json.loads(agent._handle(marshal.dumps({"action": "_bad_for_test"}, 4)))
+        doc = json.loads(rcore.handle(marshal.dumps({"action": "_bad_for_test"}, 4)))
     finally:
-        del agent.ACTIONS["_bad_for_test"]
+        del rcore.ACTIONS["_bad_for_test"]
     assert doc["ok"] is False and doc["kind"] == "internal" and "serialisable" in doc["error"]
 
 
@@ -81,7 +87,7 @@ BAD_JSON = ["", " ", "[1,", "{} x", "'a'", "[1] [2]", "{'a': 1}", "[01]", '"\x01
 def test_jloads_reads_what_json_loads_reads(text: str) -> None:
     want = json.loads(text)
     for data in (text, text.encode(), b"\xef\xbb\xbf" + text.encode()):
-        got = agent.jloads(data)
+        got = rcore.jloads(data)
         assert json.dumps(got, sort_keys=True) == json.dumps(want, sort_keys=True)
         assert _same(got, want) or isinstance(want, (list, dict))
 
@@ -91,14 +97,14 @@ def test_jloads_refuses_what_json_loads_refuses(text: str) -> None:
     with pytest.raises(ValueError):
         json.loads(text)
     with pytest.raises(ValueError):
-        agent.jloads(text)
+        rcore.jloads(text)
 
 
 def test_state_files_read_back_through_jloads(tmp_path: Path) -> None:
     m = {"id": "d1", "files": [{"path": "srt/\udcffa.py", "sha_before": "0" * 64}], "created": 1.5, "n": None}
     p = tmp_path / "manifest.json"
-    p.write_bytes(agent.jdumps(m, indent=1, sort_keys=True).encode())
-    assert agent.read_json_file(str(p)) == m == json.loads(p.read_bytes())
+    p.write_bytes(rcore.jdumps(m, indent=1, sort_keys=True).encode())
+    assert rcore.read_json_file(str(p)) == m == json.loads(p.read_bytes())
 
 
 class Color(enum.StrEnum):
@@ -123,7 +129,7 @@ def test_requests_are_marshal_of_plain_data_as_json_saw_them() -> None:
     with pytest.raises(TypeError):
         encode_request("facts", {"x": {1, 2}})
     # and the agent answers it
-    doc = json.loads(agent._handle(encode_request("ping")))
+    doc = json.loads(rcore.handle(encode_request("ping")))
     assert doc["ok"] and doc["result"]["pong"]
 
 
@@ -143,18 +149,18 @@ def test_secret_env_block_is_marshal(tmp_path: Path) -> None:
 
 def test_builtin_sha256_is_sha256_and_openssl_takes_over_for_big_inputs(tmp_path: Path,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(agent, "_SHA256_BYTES", [0])
+    monkeypatch.setattr(rcore, "_SHA256_BYTES", [0])
     small = os.urandom(1000)
-    h = agent.sha256_new(small)
+    h = rcore.sha256_new(small)
     assert h.hexdigest() == hashlib.sha256(small).hexdigest()
     assert type(h).__module__ in ("_sha256", "_sha2")  # not OpenSSL's _hashlib
-    big = os.urandom(agent.BUILTIN_SHA256_BYTES + 1)  # past the budget: OpenSSL is cheaper than the import
-    h = agent.sha256_new(big)
+    big = os.urandom(rcore.BUILTIN_SHA256_BYTES + 1)  # past the budget: OpenSSL is cheaper than the import
+    h = rcore.sha256_new(big)
     assert h.hexdigest() == hashlib.sha256(big).hexdigest() and type(h).__module__ == "_hashlib"
     f = tmp_path / "f"
     f.write_bytes(big)
-    assert agent.sha256_file(str(f), chunk=1 << 16) == hashlib.sha256(big).hexdigest()
-    assert agent._SHA256_BYTES == [1000]
+    assert rcore.sha256_file(str(f), chunk=1 << 16) == hashlib.sha256(big).hexdigest()
+    assert rcore._SHA256_BYTES == [1000]
 
 
 def test_a_request_hashes_a_file_once_while_it_is_unchanged(tmp_path: Path,
@@ -162,20 +168,20 @@ def test_a_request_hashes_a_file_once_while_it_is_unchanged(tmp_path: Path,
     f = tmp_path / "f.py"
     f.write_bytes(b"A = 1\n")
     reads = []
-    real = agent.sha256_new
-    monkeypatch.setattr(agent, "sha256_new", lambda *a, **k: reads.append(1) or real(*a, **k))
-    monkeypatch.setattr(agent, "_SHA_MEMO", [{}])  # what _handle sets for the time of a request
-    assert agent.sha256_file(str(f)) == agent.sha256_file(str(f)) == hashlib.sha256(b"A = 1\n").hexdigest()
+    real = rcore.sha256_new
+    monkeypatch.setattr(rcore, "sha256_new", lambda *a, **k: reads.append(1) or real(*a, **k))
+    monkeypatch.setattr(rcore, "_SHA_MEMO", [{}])  # what handle sets for the time of a request
+    assert rcore.sha256_file(str(f)) == rcore.sha256_file(str(f)) == hashlib.sha256(b"A = 1\n").hexdigest()
     assert len(reads) == 1
     tmp = tmp_path / "new"
     tmp.write_bytes(b"A = 3\n")
     os.replace(tmp, f)  # what replace_file does: a new inode, hashed afresh
-    assert agent.sha256_file(str(f)) == hashlib.sha256(b"A = 3\n").hexdigest()
+    assert rcore.sha256_file(str(f)) == hashlib.sha256(b"A = 3\n").hexdigest()
     f.write_bytes(b"A = 40\n")  # rewritten in place, another size
-    assert agent.sha256_file(str(f)) == hashlib.sha256(b"A = 40\n").hexdigest()
+    assert rcore.sha256_file(str(f)) == hashlib.sha256(b"A = 40\n").hexdigest()
     assert len(reads) == 3
-    agent._handle(marshal.dumps({"action": "ping"}, 4))
-    assert agent._SHA_MEMO == [None]  # kept for one request only
+    rcore.handle(marshal.dumps({"action": "ping"}, 4))
+    assert rcore._SHA_MEMO == [None]  # kept for one request only
 
 
 # ------------------------------------------------------------------ string checks == the old regexes
@@ -188,13 +194,13 @@ def _strings(alphabet: str, n: int = 3000, longest: int = 12, seed: int = 17) ->
 
 def test_name_checks_match_the_regexes_they_replace() -> None:
     cases = [
-        (r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}(/[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}){0,3}$", agent_deploy._state_name_ok,
+        (r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}(/[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}){0,3}$", rrecords._state_name_ok,
          "aZ9_.-/ é\n", 14),
-        (r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$", agent_servers.instance_name_ok, "aZ9_.-/ é\n", 10),
-        (r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?$", agent._hub_id_ok, "aZ9_.-/ é", 10),
-        (r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$", agent._revision_ok, "aZ9_.-/ é", 10),
-        (r"^[A-Za-z_][A-Za-z0-9_]{0,127}$", agent._ident_ok, "aZ9_.- é", 8),
-        (r"^torch\s*($|[=<>!~;\[(])", agent._is_torch_requirement, "torch =<>!~;[(x\t", 9),
+        (r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$", servers.instance_name_ok, "aZ9_.-/ é\n", 10),
+        (r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?$", rfacts._hub_id_ok, "aZ9_.-/ é", 10),
+        (r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$", rfacts._revision_ok, "aZ9_.-/ é", 10),
+        (r"^[A-Za-z_][A-Za-z0-9_]{0,127}$", rfacts._ident_ok, "aZ9_.- é", 8),
+        (r"^torch\s*($|[=<>!~;\[(])", rlocate._is_torch_requirement, "torch =<>!~;[(x\t", 9),
     ]
     for pattern, fn, alphabet, longest in cases:
         rx = re.compile(pattern)
@@ -206,7 +212,7 @@ def test_name_checks_match_the_regexes_they_replace() -> None:
             assert fn(s) == bool(rx.match(s)), (pattern, s)
     long_commit = "0123456789abcdef" * 2 + "01234567"
     for s in (long_commit, long_commit.upper(), long_commit[:-1], long_commit + "0", "g" * 40):
-        assert agent._commit_ok(s) == bool(re.match(r"^[0-9a-f]{40}$", s))
+        assert rfacts._commit_ok(s) == bool(re.match(r"^[0-9a-f]{40}$", s))
 
 
 def test_temp_and_pyc_names_match_the_regexes_they_replace() -> None:
@@ -217,7 +223,7 @@ def test_temp_and_pyc_names_match_the_regexes_they_replace() -> None:
     names += ["." + s + ".tmp" for s in _strings("a.fleti-rso0", longest=24)]
     for n in names:
         m = temp_rx.match(n)
-        assert agent_deploy._temp_name(n) == ((m.group("base"), int(m.group("pid"))) if m else None), n
+        assert rtx._temp_name(n) == ((m.group("base"), int(m.group("pid"))) if m else None), n
     stem = "server_args"
     pyc_rx = re.compile("^" + re.escape(stem) + r"\.[A-Za-z0-9_-]+(?:\.opt-[0-9]+)?\.pyc$")
     tails = ["cpython-311.pyc", "cpython-311.opt-1.pyc", "cpython-311.opt-.pyc", "cpython-311.opt-1.2.pyc", ".pyc",
@@ -225,7 +231,7 @@ def test_temp_and_pyc_names_match_the_regexes_they_replace() -> None:
     tails += _strings("cpyton-31.oa2", longest=16) + [s + ".pyc" for s in _strings("cpyton-31.opt2", longest=16)]
     for t in tails:
         n = stem + "." + t
-        assert (n.startswith(stem + ".") and agent_deploy._pyc_tail(n[len(stem) + 1:])) == bool(pyc_rx.match(n)), n
+        assert (n.startswith(stem + ".") and rfiles._pyc_tail(n[len(stem) + 1:])) == bool(pyc_rx.match(n)), n
 
 
 def test_plain_version_lines_read_without_re() -> None:
@@ -236,10 +242,10 @@ def test_plain_version_lines_read_without_re() -> None:
     for line in lines:
         m = old.match(line)
         want = ([t.split(":")[0].strip() for t in m.group(1).split("=") if t.strip()], m.group(3)) if m else None
-        got = agent._assign_line(line)
+        got = rlocate._assign_line(line)
         assert (list(got[0]), got[1]) == want if got else want is None, line
     src = "# generated\n__version_tuple__ = version_tuple = (0, 5, 9)\n__version__ = version = '0.5.9'\n"
-    assert agent._const_assign(src, ("__version__", "version")) == "0.5.9"
+    assert rlocate.const_assign(src, ("__version__", "version")) == "0.5.9"
 
 
 # ------------------------------------------------------------------ run_bounded (nvidia-smi without subprocess)
@@ -248,22 +254,22 @@ def test_plain_version_lines_read_without_re() -> None:
 def test_run_bounded_exit_codes_output_caps_and_timeout(tmp_path: Path) -> None:
     sh = shutil.which("sh")
     assert sh
-    rc, out, err = agent.run_bounded([sh, "-c", "printf out; printf err >&2; exit 3"], 30)
+    rc, out, err = rcore.run_bounded([sh, "-c", "printf out; printf err >&2; exit 3"], 30)
     assert (rc, out, err) == (3, b"out", b"err")
-    rc, out, _ = agent.run_bounded([sh, "-c", "head -c 200000 /dev/zero"], 30, limit=1000)
+    rc, out, _ = rcore.run_bounded([sh, "-c", "head -c 200000 /dev/zero"], 30, limit=1000)
     assert rc == 0 and out == b"\0" * 1000
-    rc, _, _ = agent.run_bounded([sh, "-c", "kill -9 $$"], 30)
+    rc, _, _ = rcore.run_bounded([sh, "-c", "kill -9 $$"], 30)
     assert rc == -9
     t0 = time.monotonic()
     pidfile = tmp_path / "pid"
     with pytest.raises(TimeoutError):
-        agent.run_bounded([sh, "-c", f"echo $$ > {pidfile}; exec sleep 60"], 0.5)
+        rcore.run_bounded([sh, "-c", f"echo $$ > {pidfile}; exec sleep 60"], 0.5)
     assert time.monotonic() - t0 < 30  # bounded (hang detection only)
     pid = int(pidfile.read_text())
     assert not Path(f"/proc/{pid}").exists()  # killed and reaped
     with pytest.raises(OSError):
-        agent.run_bounded([str(tmp_path / "no-such-exe")], 5)
-    assert agent.which("sh") == sh or os.path.samefile(agent.which("sh"), sh)
+        rcore.run_bounded([str(tmp_path / "no-such-exe")], 5)
+    assert rcore.which("sh") == sh or os.path.samefile(rcore.which("sh"), sh)
 
 
 # ------------------------------------------------------------------ the shipped agent on every Python it supports
@@ -324,8 +330,7 @@ def test_the_agent_session_on_each_python(python: str, tmp_path: Path) -> None:
         assert hello[len(HELLO):len(HELLO) + 1] == kind
         assert [x.name for x in cache.iterdir()] == [f.name]
     # the JSON writer and reader there say what that Python's json says
-    (tmp_path / "fleetctl_agent_check.py").write_text(Path(agent.__file__).read_text())
-    shutil.copy(Path(agent.__file__).with_name("probe.py"), tmp_path / "probe.py")
+    (tmp_path / "fleetctl_agent_check.py").write_text(Path(rcore.__file__).read_text())
     (tmp_path / "cases.bin").write_bytes(marshal.dumps([c for c in JSON_CASES if c == c], 4))  # NaN != NaN
     p = subprocess.run([python, "-c", CHECK], capture_output=True, text=True, timeout=120, cwd=tmp_path,
                        env={**os.environ, "PYTHONPATH": str(tmp_path)})

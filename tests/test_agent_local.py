@@ -13,11 +13,15 @@ from pathlib import Path
 
 import pytest
 from agentpipe import boot, completed
+from faulthook import faulted
 
 from fleetctl.engines import engine
-from fleetctl.remote import agent_deploy as ad
-from fleetctl.remote import agent_key, agent_source
-from fleetctl.remote.agent import AgentError
+from fleetctl.remote import agent_key, agent_source, servers
+from fleetctl.remote import files as rfiles
+from fleetctl.remote import lock as rlock
+from fleetctl.remote import records as rrecords
+from fleetctl.remote import transaction as rtx
+from fleetctl.remote.core import AgentError
 from fleetctl.transport.session import HELLO
 from fleetctl.transport.ssh import BOOTSTRAP
 
@@ -55,19 +59,19 @@ def run_agent_subprocess(p: dict) -> subprocess.CompletedProcess[bytes]:
 def test_deploy_then_rollback_byte_identical(tmp_path: Path, pkg: Path) -> None:
     orig_a = (pkg / "srt/a.py").read_bytes()
     orig_b = (pkg / "srt/speculative/b.py").read_bytes()
-    res = ad.action_deploy(payload(tmp_path, pkg, {"srt/a.py": b"A = 2\n", "srt/speculative/b.py": b"B = 3\n"}))
+    res = rtx.action_deploy(payload(tmp_path, pkg, {"srt/a.py": b"A = 2\n", "srt/speculative/b.py": b"B = 3\n"}))
     assert res["deploy_id"] == "d1"
     assert res["final"] == {"srt/a.py": sha(b"A = 2\n"), "srt/speculative/b.py": sha(b"B = 3\n")}
     assert oct(os.stat(pkg / "srt/a.py").st_mode & 0o777) == oct(0o644)
-    m = ad.load_manifest(str(tmp_path / "state"), "d1")
+    m = rrecords.load_manifest(str(tmp_path / "state"), "d1")
     assert m["state"] == "complete" and all(f["status"] == "applied" for f in m["files"])
     assert not list((pkg / "srt").glob(".*tmp"))
-    out = ad.action_rollback({"state_dir": str(tmp_path / "state"), "deploy_ids": ["d1"], "by": "t"})
+    out = rtx.action_rollback({"state_dir": str(tmp_path / "state"), "deploy_ids": ["d1"], "by": "t"})
     assert [f["action"] for f in out["rollbacks"][0]["files"]] == ["restored", "restored"]
     assert (pkg / "srt/a.py").read_bytes() == orig_a
     assert (pkg / "srt/speculative/b.py").read_bytes() == orig_b
     # idempotent
-    again = ad.action_rollback({"state_dir": str(tmp_path / "state"), "deploy_ids": ["d1"], "by": "t"})
+    again = rtx.action_rollback({"state_dir": str(tmp_path / "state"), "deploy_ids": ["d1"], "by": "t"})
     assert again["rollbacks"][0].get("skipped")
 
 
@@ -75,10 +79,10 @@ def test_second_file_failing_to_compile_restores_the_first(tmp_path: Path, pkg: 
     orig_a = (pkg / "srt/a.py").read_bytes()
     p = payload(tmp_path, pkg, {"srt/a.py": b"A = 2\n", "srt/speculative/b.py": b"def broken(:\n"})
     with pytest.raises(AgentError, match=r"does not compile.*restored to its original files"):
-        ad.action_deploy(p)
+        rtx.action_deploy(p)
     assert (pkg / "srt/a.py").read_bytes() == orig_a
-    assert ad.load_manifest(str(tmp_path / "state"), "d1")["state"] == "failed-restored"
-    assert ad.read_lock(str(tmp_path / "state")) is None
+    assert rrecords.load_manifest(str(tmp_path / "state"), "d1")["state"] == "failed-restored"
+    assert rlock.read_lock(str(tmp_path / "state")) is None
     leftovers = [x for x in pkg.rglob("*") if "tmp" in x.name]
     assert leftovers == []
 
@@ -89,10 +93,10 @@ def test_compile_check_runs_on_a_host_whose_python_grammar_was_not_validated(tmp
     that do not compile there; a host with the same one skips that per-host CPU."""
     bad = {"srt/a.py": b"def broken(:\n"}
     with pytest.raises(AgentError, match=r"does not compile"):
-        ad.action_deploy({**payload(tmp_path, pkg, bad), "validated_by": "2.7"})
+        rtx.action_deploy({**payload(tmp_path, pkg, bad), "validated_by": "2.7"})
     assert (pkg / "srt/a.py").read_bytes() == b"A = 1\n"
     same = f"{sys.version_info[0]}.{sys.version_info[1]}"
-    res = ad.action_deploy({**payload(tmp_path, pkg, bad, did="d2"), "validated_by": same})
+    res = rtx.action_deploy({**payload(tmp_path, pkg, bad, did="d2"), "validated_by": same})
     assert res["deploy_id"] == "d2" and (pkg / "srt/a.py").read_bytes() == bad["srt/a.py"]
 
 
@@ -100,7 +104,7 @@ def test_changed_since_plan_refused_before_any_change(tmp_path: Path, pkg: Path)
     p = payload(tmp_path, pkg, {"srt/a.py": b"A = 2\n"})
     (pkg / "srt/a.py").write_bytes(b"A = 'edited'\n")
     with pytest.raises(AgentError, match="changed since the plan"):
-        ad.action_deploy(p)
+        rtx.action_deploy(p)
     assert (pkg / "srt/a.py").read_bytes() == b"A = 'edited'\n"
 
 
@@ -109,21 +113,21 @@ def test_symlink_and_escape_refused(tmp_path: Path, pkg: Path) -> None:
     outside.write_bytes(b"X = 1\n")
     (pkg / "srt/link.py").symlink_to(outside)
     with pytest.raises(AgentError, match=r"outside the package dir|symlink"):
-        ad.safe_target(str(pkg), "srt/link.py")
+        rfiles.safe_target(str(pkg), "srt/link.py")
     with pytest.raises(AgentError, match="escapes"):
-        ad.safe_target(str(pkg), "../outside.py")
+        rfiles.safe_target(str(pkg), "../outside.py")
 
 
 def test_lock_held_by_live_process_refuses_and_stale_lock_is_reported(tmp_path: Path, pkg: Path) -> None:
     sd = str(tmp_path / "state")
-    ad.ensure_state_dir(sd)
+    rlock.ensure_state_dir(sd)
     lock = Path(sd) / "lock"
     lock.write_text(json.dumps({"pid": os.getpid(), "op": "deploy", "id": "dX", "by": "alice@ctl", "since": 0}))
     with pytest.raises(AgentError, match="locked: deploy dX by alice@ctl"):
-        ad.action_deploy(payload(tmp_path, pkg, {"srt/a.py": b"A = 2\n"}))
+        rtx.action_deploy(payload(tmp_path, pkg, {"srt/a.py": b"A = 2\n"}))
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     lock.write_text(json.dumps({"pid": int(dead.stdout), "op": "deploy", "id": "dY", "by": "bob@ctl", "since": 0}))
-    res = ad.action_deploy(payload(tmp_path, pkg, {"srt/a.py": b"A = 2\n"}))
+    res = rtx.action_deploy(payload(tmp_path, pkg, {"srt/a.py": b"A = 2\n"}))
     assert any("stale lock of deploy dY by bob@ctl" in n for n in res["notes"])
     assert not lock.exists()
 
@@ -133,15 +137,14 @@ def test_killed_mid_deploy_is_detected_and_repaired(tmp_path: Path, pkg: Path) -
     orig = {r: (pkg / r).read_bytes() for r in ("srt/a.py", "srt/speculative/b.py")}
     p = payload(tmp_path, pkg, {"srt/a.py": b"A = 2\n", "srt/speculative/b.py": b"B = 3\n"})
     p["action"] = "deploy"
-    p["_fault_after_files"] = 1
-    r = run_agent_subprocess(p)
+    r = run_agent_subprocess(faulted(p, {"at": "applied", "n": 1, "how": "exit"}))
     assert r.returncode == 99
     assert (pkg / "srt/a.py").read_bytes() == b"A = 2\n"  # mixed on purpose
     assert (pkg / "srt/speculative/b.py").read_bytes() == orig["srt/speculative/b.py"]
-    st = ad.state_facts({"state_dir": p["state_dir"]}, None)
+    st = rrecords.state_facts({"state_dir": p["state_dir"]}, None)
     (m,) = st["deploys"]
     assert m["state"] == "applying" and st["lock"]["stale"]
-    notes = ad.recover_interrupted(p["state_dir"])
+    notes = rtx.recover_interrupted(p["state_dir"])
     assert notes and "repaired interrupted deploy d1" in notes[0]
     assert {r: (pkg / r).read_bytes() for r in orig} == orig
 
@@ -164,7 +167,7 @@ def _tree(root: Path, version: str) -> Path:
 
 
 def test_locate_installed_wheel_with_torch_requirement(tmp_path: Path) -> None:
-    from fleetctl.remote.agent import locate_package
+    from fleetctl.remote.locate import locate_package
 
     site = tmp_path / "site-packages"
     pkg = _tree(site, "0.5.9")
@@ -177,7 +180,7 @@ def test_locate_installed_wheel_with_torch_requirement(tmp_path: Path) -> None:
 
 
 def test_locate_editable_install(tmp_path: Path) -> None:
-    from fleetctl.remote.agent import locate_package
+    from fleetctl.remote.locate import locate_package
 
     site = tmp_path / "site-packages"
     pkg = _tree(site, "0.5.10.post1")
@@ -190,7 +193,7 @@ def test_locate_editable_install(tmp_path: Path) -> None:
 
 def test_locate_git_checkout(tmp_path: Path) -> None:
     """The origin story's layout: /root/sglang/python/sglang inside a git checkout."""
-    from fleetctl.remote.agent import locate_package
+    from fleetctl.remote.locate import locate_package
 
     repo = tmp_path / "sglang"
     (repo / ".git").mkdir(parents=True)
@@ -389,7 +392,6 @@ def test_controller_keeps_its_compiled_agent_privately(tmp_path: Path) -> None:
 def test_proc_files_are_read_whole(size: int) -> None:
     """The process scan reads /proc/PID/{cmdline,environ} with as few reads as it can (a short read
     is the end there): any length comes back whole, and `limit` still cuts."""
-    from fleetctl.remote import agent_servers
 
     args = ["x" * min(100_000, size - i) for i in range(0, size, 100_000)]  # (one argument: at most 128 KiB)
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "FLEETCTL_TEST_LONG": "y" * min(size, 100_000)}
@@ -399,9 +401,9 @@ def test_proc_files_are_read_whole(size: int) -> None:
         assert proc.stdout is not None and proc.stdout.readline() == b"up\n"
         want = b"\0".join(a.encode() for a in [sys.executable, "-c", code, *args]) + b"\0"
         assert len(want) > size
-        assert agent_servers._read_proc(proc.pid, "cmdline") == want
-        assert b"FLEETCTL_TEST_LONG=" + b"y" * min(size, 100_000) + b"\0" in agent_servers._read_proc(proc.pid, "environ")
-        assert agent_servers._read_proc(proc.pid, "cmdline", limit=7) == want[:7]
+        assert servers._read_proc(proc.pid, "cmdline") == want
+        assert b"FLEETCTL_TEST_LONG=" + b"y" * min(size, 100_000) + b"\0" in servers._read_proc(proc.pid, "environ")
+        assert servers._read_proc(proc.pid, "cmdline", limit=7) == want[:7]
     finally:
         proc.kill()
         proc.wait()
@@ -412,7 +414,6 @@ def test_a_process_listening_on_many_ports_has_them_all_found() -> None:
     one-read shortcut is for cmdline and environ only)."""
     import socket
 
-    from fleetctl.remote import agent_servers
 
     socks = []
     try:
@@ -422,7 +423,7 @@ def test_a_process_listening_on_many_ports_has_them_all_found() -> None:
             s.listen(1)
             socks.append(s)
         ports = {s.getsockname()[1] for s in socks}
-        assert ports <= set(agent_servers._listening_ports(os.getpid()) or [])
+        assert ports <= set(servers._listening_ports(os.getpid()) or [])
     finally:
         for s in socks:
             s.close()

@@ -17,7 +17,7 @@ import yaml
 from ports import free_port
 from test_faults import EW2, SA, VERSION, make_playbook, run, write_inventory
 
-from fleetctl.remote import agent_servers as srv
+from fleetctl.remote import servers as srv
 from fleetctl.sandbox import lifecycle as sbx
 
 pytestmark = [pytest.mark.fleet, pytest.mark.usefixtures("ledger_dir"),

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from fleetctl.remote import agent, agent_deploy, probe
+from fleetctl.remote import files as rfiles
+from fleetctl.remote import locate as rlocate
+from fleetctl.remote import probe
 from fleetctl.sandbox import simulator
 
 MARKER = "Dynamic speculation disable enabled"
@@ -117,7 +119,7 @@ def test_replace_file_drops_every_cached_pyc_incl_opt_levels_and_prefix(worker: 
     in_prefix.write_bytes(b"x" * 16)
     st = worker.stat()
     pyc: dict = {"prefixes": [str(prefix)], "removed": []}
-    agent_deploy.replace_file(str(worker), PRISTINE.encode(), 0o644, st.st_uid, st.st_gid, None, pyc=pyc)
+    rfiles.replace_file(str(worker), PRISTINE.encode(), 0o644, st.st_uid, st.st_gid, None, pyc=pyc)
     assert sorted(os.listdir(pyc_dir)) == [keep.name]
     assert not in_prefix.exists()
     assert any("(unchecked-hash)" in r for r in pyc["removed"]) and len(pyc["removed"]) == 4
@@ -128,9 +130,9 @@ def test_probe_runs_under_the_launch_interpreter_env_and_cwd(worker: Path, tmp_p
     launch = {"interpreter": sys.executable, "options": ["-X", f"pycache_prefix={tmp_path / 'pp'}"],
               "target_kind": "module", "target": "sglang.launch_server", "env": {"PYTHONPATH": str(site)},
               "inherit": ["PATH", "HOME"], "command_env": {}, "unset": [], "clear": False, "cwd": None}
-    got = agent.run_probe(launch, ["srt/speculative/eagle_worker.py"], package="sglang")
+    got = rlocate.run_probe(launch, ["srt/speculative/eagle_worker.py"], package="sglang")
     assert got["package_dir"] == str(worker.parents[2])
     assert got["pycache_prefix"] == str(tmp_path / "pp")
     assert got["files"]["srt/speculative/eagle_worker.py"]["loader"] == "source"
-    bad = agent.run_probe({**launch, "interpreter": str(tmp_path / "no-such-python")})
+    bad = rlocate.run_probe({**launch, "interpreter": str(tmp_path / "no-such-python")})
     assert "cannot run here" in bad["error"]

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from faulthook import faulted
 from test_faults import (
     EW,
     EW2,
@@ -214,10 +215,10 @@ def test_stale_lock_taken_over_by_exactly_one_of_two_agents(tmp_path: Path) -> N
                                          "since": 0}))
 
     def payload(did: str, fault: Any) -> dict:
-        return {"action": "deploy", "state_dir": str(sd), "deploy_id": did, "package_dir": str(pkg), "by": did,
-                "files": [{"path": "srt/a.py", "sha_before": sha(b"A = 1\n"), "sha_after": sha(b"A = 2\n"),
-                           "content": b"A = 2\n"}],
-                "verify_paths": ["srt/a.py"], "_fault": fault}
+        return faulted({"action": "deploy", "state_dir": str(sd), "deploy_id": did, "package_dir": str(pkg),
+                        "by": did, "files": [{"path": "srt/a.py", "sha_before": sha(b"A = 1\n"),
+                                              "sha_after": sha(b"A = 2\n"), "content": b"A = 2\n"}],
+                        "verify_paths": ["srt/a.py"]}, fault)
 
     # Each step is held until the test says (fault points "until" a release file): A inside the
     # take-over's guard; B found the stale lock too and waits for that guard; then A takes over and
@@ -249,15 +250,15 @@ def test_stale_lock_taken_over_by_exactly_one_of_two_agents(tmp_path: Path) -> N
 def test_lock_file_is_never_seen_empty(tmp_path: Path) -> None:
     """A lock is created with its content in one step (link of a complete temp file), so a competitor
     never reads an empty, 'unreadable' lock and takes it for stale; a young unreadable lock is not stale."""
-    from fleetctl.remote import agent_deploy as ad
+    from fleetctl.remote import lock as rlock
 
     sd = str(tmp_path / "state")
-    ad.acquire_lock(sd, "deploy", "d1", "t")
+    rlock.acquire_lock(sd, "deploy", "d1", "t")
     info = json.loads((tmp_path / "state" / "lock").read_text())
     assert info["pid"] == os.getpid() and info["id"] == "d1"
-    ad.release_lock(sd)
+    rlock.release_lock(sd)
     (tmp_path / "state" / "lock").write_text("")  # e.g. written by an older agent that was cut off just now
-    assert ad.read_lock(sd)["stale"] is False
+    assert rlock.read_lock(sd)["stale"] is False
     old = time.time() - 3600
     os.utime(tmp_path / "state" / "lock", (old, old))
-    assert ad.read_lock(sd)["stale"] is True
+    assert rlock.read_lock(sd)["stale"] is True

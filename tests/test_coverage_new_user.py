@@ -19,7 +19,7 @@ from ports import free_ports
 
 from fleetctl.cli import main
 from fleetctl.engines import wheels
-from fleetctl.remote import agent_servers as srv
+from fleetctl.remote import servers as srv
 
 V = "0.5.9"
 V2 = "srt/speculative/eagle_worker_v2.py"

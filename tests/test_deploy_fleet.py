@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from faulthook import faults_on
 
 from fleetctl.cli import main
 from fleetctl.engines import wheels
@@ -220,7 +221,8 @@ def test_host_killed_mid_deploy_is_reported_and_repaired(pristine: sbx.Sandbox, 
     pb = load_playbook(pbp)
     with fleet_context(inv, "h01,h02", 4, json=True, debug=False) as ctx:
         plan = build_plan(ctx.fleet, pb, gather(ctx.fleet, pb))
-        res = apply_plan(ctx.fleet, plan, pb, new_op_id(), fault_after_files={"h01": 1})
+        with faults_on({"h01": {"at": "applied", "n": 1, "how": "exit"}}):  # dies after 1 rename
+            res = apply_plan(ctx.fleet, plan, pb, new_op_id())
     assert res["h01"].status == "failed" and res["h02"].status == "changed"
     h1 = sb.hosts["h01"]
     states = {rel: b"fleetctl test" in (h1.sglang_dir / rel).read_bytes() for rel in (EW2, SA)}

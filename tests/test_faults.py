@@ -2,7 +2,7 @@
 
 Each trial runs a real `fleetctl deploy` or `fleetctl rollback` (a separate controller process) on a
 fleet of three sshd hosts, and on one or two of them (the victims) the agent is stopped at a chosen
-step by the test-only fault points of `fleetctl/remote/agent_deploy.py` (payload key `_fault`):
+step by the test-only fault points (tests/faulthook.py installs fleetctl/remote/faults.py; key `_fault`):
 
     agent_exit  the agent dies on the spot (os._exit, no cleanup)
     kill_sshd   the agent waits at the step; the test SIGKILLs the host's sshd listener and every
@@ -42,6 +42,7 @@ from typing import Any
 
 import pytest
 import yaml
+from faulthook import DRIVER
 
 from fleetctl.cli import main
 from fleetctl.engines import wheels
@@ -128,20 +129,6 @@ def run_json(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict]
         raise AssertionError(f"not JSON (exit {code}): {out!r} {err!r}") from None
 
 
-DRIVER = """\
-import json, sys
-from fleetctl.transport import ssh
-faults = json.loads(sys.argv[1])
-orig = ssh.HostConnection.agent
-def agent(self, action, payload=None, **kw):
-    f = faults.get(self.host.name)
-    if f is not None and action in ("deploy", "rollback"):
-        payload = {**(payload or {}), "_fault": f}
-    return orig(self, action, payload, **kw)
-ssh.HostConnection.agent = agent
-from fleetctl.cli import main
-sys.exit(main(sys.argv[2:]))
-"""
 
 
 def spawn_faulted(faults: dict[str, dict[str, Any]], *args: str, ledger: Path) -> subprocess.Popen[str]:

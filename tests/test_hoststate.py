@@ -40,6 +40,9 @@ from test_faults import (
 )
 
 from fleetctl.engines import engine, wheels
+from fleetctl.remote import core as rcore
+from fleetctl.remote import lock as rlock
+from fleetctl.remote import transaction as rtx
 from fleetctl.sandbox import lifecycle as sbx
 from fleetctl.sandbox import sshd
 
@@ -286,8 +289,6 @@ def test_noop_rollback_during_a_deploy_is_not_nothing_to_do(clean: tuple, ledger
 def test_agent_rechecks_the_plan_under_the_lock(tmp_path: Path) -> None:
     """A file the plan leaves alone ('as intended') that changed after the facts: the agent refuses
     under the lock; a deploy record that appeared after a rollback's facts: refused too."""
-    from fleetctl.remote import agent_deploy as ad
-
     pkg = tmp_path / "sglang"
     (pkg / "srt").mkdir(parents=True)
     (pkg / "__init__.py").write_text("")
@@ -295,12 +296,12 @@ def test_agent_rechecks_the_plan_under_the_lock(tmp_path: Path) -> None:
     sd = str(tmp_path / "state")
     p = {"state_dir": sd, "deploy_id": "d1", "package_dir": str(pkg), "files": [], "verify_paths": ["srt/a.py"],
          "expect": {"srt/a.py": sha(b"A = 2\n")}}
-    with pytest.raises(ad.AgentError, match=r"srt/a\.py changed since the plan"):
-        ad.action_deploy(p)
+    with pytest.raises(rcore.AgentError, match=r"srt/a\.py changed since the plan"):
+        rtx.action_deploy(p)
     p["expect"] = {"srt/a.py": sha(b"A = 1\n")}
-    assert ad.action_deploy(p)["deploy_id"] is None
-    with pytest.raises(ad.AgentError, match="changed since the plan"):
-        ad.action_rollback({"state_dir": sd, "deploy_ids": [], "expect_live": ["d0"]})
+    assert rtx.action_deploy(p)["deploy_id"] is None
+    with pytest.raises(rcore.AgentError, match="changed since the plan"):
+        rtx.action_rollback({"state_dir": sd, "deploy_ids": [], "expect_live": ["d0"]})
     assert not (tmp_path / "state" / "lock").exists()
 
 
@@ -395,31 +396,30 @@ def test_shared_state_dir_two_machines(fresh_sandbox, tmp_path: Path,  # type: i
 def test_lock_identity_another_machine_or_another_boot(tmp_path: Path) -> None:
     """On the agent itself: a lock naming another machine is never stale (its pid means nothing here)
     and is taken over only with break_lock; a lock of this machine from an earlier boot is stale."""
-    from fleetctl.remote import agent_deploy as ad
 
     sd = tmp_path / "state"
     sd.mkdir(mode=0o700)
     p = subprocess.Popen(["true"])
     p.wait()  # a pid that ran and ended here
-    me = ad.machine_identity()
+    me = rlock.machine_identity()
     theirs = {"pid": p.pid, "start": 1, "op": "deploy", "id": "dTHEIRS", "by": "x", "since": 0,
               "host": me["hostname"] + "-other", "writer": {"hostname": me["hostname"] + "-other", "pid": p.pid}}
     (sd / "lock").write_text(json.dumps(theirs))
-    held = ad.read_lock(str(sd))
+    held = rlock.read_lock(str(sd))
     assert held["foreign"] and not held["stale"], held
-    with pytest.raises(ad.AgentError, match="locked by another machine"):
-        ad.acquire_lock(str(sd), "deploy", "dMINE", "t")
+    with pytest.raises(rcore.AgentError, match="locked by another machine"):
+        rlock.acquire_lock(str(sd), "deploy", "dMINE", "t")
     assert json.loads((sd / "lock").read_text())["id"] == "dTHEIRS"
-    notes = ad.acquire_lock(str(sd), "deploy", "dMINE", "t", {"break_lock": True})
+    notes = rlock.acquire_lock(str(sd), "deploy", "dMINE", "t", {"break_lock": True})
     assert "broke the lock of another machine" in notes[0], notes
     mine = json.loads((sd / "lock").read_text())
     assert mine["id"] == "dMINE" and mine["writer"]["boot_id"] == me["boot_id"], mine
-    ad.release_lock(str(sd))
+    rlock.release_lock(str(sd))
     # this machine, an earlier boot, the holder's pid alive now (reused): stale all the same
     earlier = dict(theirs, pid=os.getpid(), start=None, host=me["hostname"],
                    writer=dict(me, boot_id=f"not-{me['boot_id']}"))
     (sd / "lock").write_text(json.dumps(earlier))
-    assert ad.read_lock(str(sd))["stale"] is True
+    assert rlock.read_lock(str(sd))["stale"] is True
 
 
 def test_restart_would_lose_a_patch_no_longer_on_disk(clean: tuple, tmp_path: Path,
@@ -456,7 +456,6 @@ def test_agent_never_writes_another_releases_backups(tmp_path: Path, state: str)
     """On the agent itself: a deploy (complete, or cut off half-way) recorded on sglang 0.5.9 whose
     tree now holds 0.5.14. `rollback --force` (or the repair of the interrupted deploy) must not write
     the 0.5.9 backup into it: the record is closed as superseded, nothing restored."""
-    from fleetctl.remote import agent_deploy as ad
 
     pkg = tmp_path / "site" / "sglang"
     (pkg / "srt").mkdir(parents=True)
@@ -467,11 +466,11 @@ def test_agent_never_writes_another_releases_backups(tmp_path: Path, state: str)
     (ddir / "backup" / "srt").mkdir(parents=True)
     (ddir / "backup" / "srt" / "a.py").write_bytes(b"A = 9\n")
     m = {"id": "d1", "kind": "deploy", "state": state, "created": 1.0, "package_dir": str(pkg), "version": "0.5.9",
-         "writer": getattr(ad, "writer_identity", dict)(),
+         "writer": rlock.writer_identity(),
          "files": [{"path": "srt/a.py", "sha_before": sha(b"A = 9\n"), "sha_after": sha(b"A = 9 patched\n"),
                     "status": "applied", "backed_up": True, "mode": 0o644, "uid": None, "gid": None}]}
     (ddir / "manifest.json").write_text(json.dumps(m))
-    res = ad.action_rollback({"state_dir": str(tmp_path / "state"), "engine": engine().agent_facts(), "package_dir": str(pkg),
+    res = rtx.action_rollback({"state_dir": str(tmp_path / "state"), "engine": engine().agent_facts(), "package_dir": str(pkg),
                               "force": True,
                               "deploy_ids": ["d1"] if state == "complete" else []})
     assert (pkg / "srt" / "a.py").read_bytes() == b"A = 14\n"

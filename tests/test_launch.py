@@ -26,7 +26,8 @@ from fleetctl.model.facts import read_facts
 from fleetctl.model.instances import plan_instances
 from fleetctl.ops.launch import server_status_facts
 from fleetctl.ops.runner import Fleet
-from fleetctl.remote import agent_servers as srv
+from fleetctl.remote import core as rcore
+from fleetctl.remote import servers as srv
 from fleetctl.sandbox.lifecycle import Sandbox
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -315,7 +316,7 @@ def test_agent_server_actions_locally(tmp_path: Path) -> None:
         w = srv.action_server_wait({"state_dir": sd, "instances": ["port-1"], "ready_line": READY_LINE,
                                     "forbidden": ["Traceback"], "timeout": 20})
         assert w["port-1"]["status"] == "ready" and w["port-1"]["running"]
-        with pytest.raises(srv.AgentError, match="already running"):
+        with pytest.raises(rcore.AgentError, match="already running"):
             srv.action_server_start({**base, "launch_id": "l2", "argv": [sys.executable, "-c", script]})
         st = srv.instance_state(sd, "port-1", srv.deploy_on_disk(sd))
         assert st["running"] is True
@@ -323,10 +324,10 @@ def test_agent_server_actions_locally(tmp_path: Path) -> None:
         assert stopped[0]["action"] == "stopped" and stopped[0]["how"] == "SIGTERM"
         assert srv.current_record(sd, "port-1")["state"] == "stopped"
         # a command that cannot start: a record saying so, and an error naming it
-        with pytest.raises(srv.AgentError, match="cannot start"):
+        with pytest.raises(rcore.AgentError, match="cannot start"):
             srv.action_server_start({**base, "launch_id": "l3", "argv": [str(tmp_path / "no-such-python")]})
         assert srv.current_record(sd, "port-1")["state"] == "failed-to-start"
-        with pytest.raises(srv.AgentError, match="bad instance name"):
+        with pytest.raises(rcore.AgentError, match="bad instance name"):
             srv.action_server_stop({"state_dir": sd, "instances": ["../x"]})
     finally:
         for name in srv.list_instances(sd):
@@ -338,9 +339,7 @@ def test_agent_server_actions_locally(tmp_path: Path) -> None:
 def test_agent_servers_part_parses_as_python_38() -> None:
     import ast
 
-    import fleetctl.remote.agent_servers as mod
-
-    ast.parse(Path(mod.__file__).read_text(), feature_version=(3, 8))
+    ast.parse(Path(srv.__file__).read_text(), feature_version=(3, 8))
 
 
 def test_launch_refuses_a_flag_the_installed_sglang_does_not_register(sandbox: Sandbox,
@@ -419,7 +418,7 @@ def test_servers_started_by_hand_are_discovered_and_named_after_deploy_and_rollb
 
 def test_discovery_reads_flags_and_entry_points() -> None:
     from fleetctl.engines.sglang.processes import match_rules, server_flags
-    from fleetctl.remote.agent_servers import server_argv_matches
+    from fleetctl.remote.servers import server_argv_matches
 
     rules = match_rules("{python} -m my.wrapper --x")
     assert "my.wrapper" in rules["modules"] and "sglang.launch_server" in rules["modules"]
@@ -444,7 +443,7 @@ def test_discovery_skips_only_command_lines_no_rule_can_match() -> None:
     import itertools
 
     from fleetctl.engines.sglang.processes import match_rules
-    from fleetctl.remote.agent_servers import MAX_ARG, argv_needles, server_argv_matches
+    from fleetctl.remote.servers import MAX_ARG, argv_needles, server_argv_matches
 
     rules = match_rules("{python} -m my.wrapper --x")
     needles = argv_needles(rules)
@@ -523,7 +522,7 @@ def test_multi_node_each_node_proves_its_own_ranks(sb: Any, tmp_path: Path,
 
 
 def test_flag_pre_check_accepts_unambiguous_abbreviations() -> None:
-    from fleetctl.remote.agent import flag_registered
+    from fleetctl.remote.hostfacts import flag_registered
 
     text = (wheels.package_dir("0.5.9") / "srt" / "server_args.py").read_text()
     assert flag_registered(text, "--speculative-num-steps")

@@ -23,7 +23,7 @@ from test_launch import playbook_with, stop_all_local
 
 from fleetctl.cli import main
 from fleetctl.engines import wheels
-from fleetctl.remote import agent_servers as srv
+from fleetctl.remote import servers as srv
 from fleetctl.sandbox import lifecycle
 from fleetctl.sandbox.lifecycle import Sandbox
 

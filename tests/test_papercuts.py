@@ -103,14 +103,14 @@ def test_the_stop_docs_say_what_stop_does() -> None:
 
     from fleetctl.commands import servers
     from fleetctl.protocol.names import StopAction
-    from fleetctl.remote import agent_servers
+    from fleetctl.remote import servers as rservers
 
     text = (ROOT / "docs" / "user-guide.md").read_text()
     sec = text[text.index("\n## stop\n"):]
     sec = sec[:sec.index("\n## ", 1)]
     for action in typing.get_args(StopAction):
         assert f"`{action}`" in sec, action
-    code = inspect.getsource(agent_servers.stop_record)
+    code = inspect.getsource(rservers.stop_record)
     for how in ("supervisorctl", "systemctl", "SIGTERM", "SIGKILL after"):
         assert how in code and how in sec, how
     assert "killpg" in code and "process group" in sec

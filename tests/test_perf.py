@@ -104,8 +104,8 @@ def test_probe_imports_no_json(sandbox) -> None:
     under a sandbox host's own python; the agent reads the answer as before."""
     import subprocess
 
-    from fleetctl.remote import agent
-    from fleetctl.remote.agent import PROBE_SOURCE
+    from fleetctl.remote import locate as rlocate
+    from fleetctl.remote.locate import PROBE_SOURCE
 
     h = next(iter(sandbox.hosts.values()))
     import marshal
@@ -122,7 +122,7 @@ def test_probe_imports_no_json(sandbox) -> None:
     assert ans["package_dir"] == str(h.sglang_dir)
     assert ans["files"]["srt/server_args.py"]["loader"] == "source"
     # and through the agent's own call, with a launch like the inventory's
-    got = agent.run_probe({"interpreter": str(h.python), "options": [], "env": {}, "inherit": ["PATH", "HOME"],
+    got = rlocate.run_probe({"interpreter": str(h.python), "options": [], "env": {}, "inherit": ["PATH", "HOME"],
                            "target_kind": "module", "target": "sglang.launch_server"}, ["srt/server_args.py"],
                            package="sglang")
     assert got["package_dir"] == str(h.sglang_dir), got
@@ -131,7 +131,7 @@ def test_probe_imports_no_json(sandbox) -> None:
 def test_same_start_rules() -> None:
     """The probe runs inside the agent only when the launch's python would start exactly as the
     agent's did; anything that could differ sends it to its own process as before."""
-    from fleetctl.remote.agent import same_start
+    from fleetctl.remote.locate import same_start
 
     start = {"PATH": "/usr/bin", "HOME": "/home/u", "SSH_CONNECTION": "1 2 3 4", "SHLVL": "1",
              "FLEETCTL_SANDBOX_HOST": "h01"}
@@ -212,7 +212,7 @@ def test_probe_runs_in_the_agent_on_a_bare_host_only(fresh_sandbox, tmp_path: Pa
 def test_mkstemp_is_exclusive_private_and_never_follows_a_link(tmp_path: Path) -> None:
     import stat
 
-    from fleetctl.remote.agent_deploy import mkstemp
+    from fleetctl.remote.files import mkstemp
 
     fd, p = mkstemp(str(tmp_path), ".lock-")
     os.close(fd)
@@ -245,7 +245,7 @@ def test_agent_imports_nothing_heavy_on_common_commands(fresh_sandbox, tmp_path:
     Python start whose imports are what it needs: no probe process (same_start), and none of json,
     re, enum, signal, subprocess, tempfile, shutil (issue 17: each is ms of CPU per host per
     command). OpenSSL's _hashlib only where it is cheaper: a deploy carrying at least
-    agent.OPENSSL_CONTENT bytes of files to write (this playbook's: ~0.34 MB, hashed about twice)."""
+    core.OPENSSL_CONTENT bytes of files to write (this playbook's: ~0.34 MB, hashed about twice)."""
     import json
     import subprocess
     import sys
@@ -284,7 +284,7 @@ def test_agent_imports_nothing_heavy_on_common_commands(fresh_sandbox, tmp_path:
 
 def test_metadata_reads_the_header_only_with_the_same_answer(tmp_path: Path) -> None:
     from fleetctl.engines import wheels
-    from fleetctl.remote.agent import _metadata
+    from fleetctl.remote.locate import read_metadata
 
     def full(d: Path) -> tuple[dict, list]:  # the whole-file parse it replaces
         head = (d / "METADATA").read_text(errors="replace").split("\n\n", 1)[0]
@@ -297,7 +297,7 @@ def test_metadata_reads_the_header_only_with_the_same_answer(tmp_path: Path) -> 
         return fields, req
 
     real = next(wheels.extracted("0.5.14").glob("sglang-*.dist-info"))
-    assert _metadata(str(real)) == full(real) and _metadata(str(real))[1]
+    assert read_metadata(str(real)) == full(real) and read_metadata(str(real))[1]
     # a header longer than one read, the blank line right at a read boundary, no body, no blank line
     for text in ["Name: x\n" + "Requires-Dist: torch==2.1\n" * 3000 + "\nbody\n" * 5000,
                  "A: " + "a" * (16384 - 5) + "\n\nB: no",
@@ -305,4 +305,4 @@ def test_metadata_reads_the_header_only_with_the_same_answer(tmp_path: Path) -> 
         d = tmp_path / str(len(text))
         d.mkdir()
         (d / "METADATA").write_text(text)
-        assert _metadata(str(d)) == full(d)
+        assert read_metadata(str(d)) == full(d)

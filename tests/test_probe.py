@@ -22,7 +22,7 @@ from fleetctl.engines.sglang.probe import DISAGREE, capability, compare, hardwar
 from fleetctl.errors import ProbeInputError
 from fleetctl.protocol.answers import EngineProbeAnswer
 from fleetctl.protocol.gpus import Gpu
-from fleetctl.remote import agent_probe, agent_source
+from fleetctl.remote import agent_source, engine_probe
 
 
 def _gpu(i: int, name: str = "NVIDIA H200", mem: int | None = 143771) -> Gpu:
@@ -117,7 +117,7 @@ def test_a_hanging_sglang_is_killed_with_its_children_and_leaves_no_file(tmp_pat
     hw = {"count": 2, "name": "NVIDIA H200", "capability": [9, 0], "memory_mib": 143771}
     t0 = time.monotonic()
     try:
-        res = agent_probe.run_engine_probe(host_probe_source(), launch, ["--model-path", "m"], hw, timeout=20)
+        res = engine_probe.run_engine_probe(host_probe_source(), launch, ["--model-path", "m"], hw, timeout=20)
         took = time.monotonic() - t0
         pid, child, cvd, nobc, tmpdir = out.read_text().split(" ", 4)
     finally:  # never leave the test's own processes behind, whatever failed
@@ -142,11 +142,11 @@ def test_the_probe_action_ships_with_the_agent_and_both_keep_python_38_grammar()
     # an on-demand part of the agent (the servers part), sent the first time a request needs it
     assert "engine_probe" in actions_of("servers") and b"action_engine_probe" in part_text("servers")
     assert b"action_engine_probe" not in agent_source()
-    for path in (Path(agent_probe.__file__).parent.parent / "engines" / "sglang" / "host_probe.py", Path(agent_probe.__file__)):
+    for path in (Path(engine_probe.__file__).parent.parent / "engines" / "sglang" / "host_probe.py", Path(engine_probe.__file__)):
         text = path.read_text()
         ast.parse(text, feature_version=(3, 8))
         assert "\nfrom __future__" not in text  # run as -c / appended to the agent: no future imports
-    standin = Path(agent_probe.__file__).parent.parent / "sandbox" / "gpu_standin" / "fleetctl_gpu_standin.py"
+    standin = Path(engine_probe.__file__).parent.parent / "sandbox" / "gpu_standin" / "fleetctl_gpu_standin.py"
     ast.parse(standin.read_text(), feature_version=(3, 8))
 
 

@@ -25,7 +25,7 @@ from fleetctl.engines.sglang import resolve_worker
 from fleetctl.engines.sglang.probe import compare, host_probe_source
 from fleetctl.model.instances import flag_argv
 from fleetctl.protocol import names, parse_reply
-from fleetctl.remote import agent_probe
+from fleetctl.remote import engine_probe
 
 HW = {"count": 2, "name": "NVIDIA H200", "capability": [9, 0], "memory_mib": 143771}
 LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
@@ -58,7 +58,7 @@ def _probe(python: str, version: str, flags: dict[str, Any], env: dict[str, str]
     launch = {"interpreter": python, "options": [], "target_kind": "module", "target": "sglang.launch_server",
               "env": {"PYTHONPATH": site, "HF_HUB_OFFLINE": "1", **env}, "inherit": ["PATH", "HOME"],
               "command_env": {}, "unset": [], "clear": False, "cwd": str(cwd), "problem": None}
-    raw = agent_probe.run_engine_probe(host_probe_source(), launch, flag_argv(flags), HW, timeout=900)
+    raw = engine_probe.run_engine_probe(host_probe_source(), launch, flag_argv(flags), HW, timeout=900)
     # the answer is checked exactly as one from a host is
     return parse_reply("h01", names.ENGINE_PROBE, json.dumps({"ok": True, "result": raw}).encode()).result
 

@@ -22,7 +22,11 @@ from fleetctl.engines.sglang.probe import host_probe_source
 from fleetctl.protocol import ANSWERS, InvalidAnswer, names, parse_reply
 from fleetctl.protocol import answers as a
 from fleetctl.protocol.schema import Invalid, parse
-from fleetctl.remote import agent, agent_deploy, agent_gpucheck, agent_probe, agent_servers
+from fleetctl.remote import core as rcore
+from fleetctl.remote import engine_probe, gpucheck, servers
+from fleetctl.remote import hostfacts as rfacts
+from fleetctl.remote import records as rrecords
+from fleetctl.remote import transaction as rtx
 
 
 def sha(b: bytes) -> str:
@@ -44,7 +48,7 @@ def refused(action: str, result: Any) -> InvalidAnswer:
 
 def real(action: str, payload: dict[str, Any]) -> Any:
     """The agent's own answer to one request (run here, as on a host), as the wire carries it."""
-    doc = json.loads(agent._handle(marshal.dumps({"action": action, **payload}, 4)))
+    doc = json.loads(rcore.handle(marshal.dumps({"action": action, **payload}, 4)))
     assert doc["ok"], doc
     return doc["result"]
 
@@ -150,8 +154,8 @@ def test_every_real_answer_parses_into_its_type(host: dict[str, Any]) -> None:
     assert loc.checks[0].view.loader == "source" and loc.checks[0].check is not None and loc.checks[0].check.marker
     sp: a.EngineProbeAnswer = got[names.ENGINE_PROBE]
     assert sp.stage == "import_failed" and sp.error and sp.worker_class is None, sp
-    assert agent_probe.action_engine_probe is agent.ACTIONS[names.ENGINE_PROBE]
-    assert agent_gpucheck.action_gpucheck_script is agent.ACTIONS[names.GPUCHECK_SCRIPT]
+    assert engine_probe.action_engine_probe is rcore.ACTIONS[names.ENGINE_PROBE]
+    assert gpucheck.action_gpucheck_script is rcore.ACTIONS[names.GPUCHECK_SCRIPT]
 
 
 # one broken variant per action: (action, how to break the real answer, where, problem)
@@ -271,11 +275,11 @@ def test_scalars_are_strict() -> None:
 def test_the_agent_speaks_the_same_words() -> None:
     """names.py and the agent (which cannot import it: stdlib-only, runs on the host) agree."""
     actions = {v for k, v in vars(names).items() if k.isupper() and isinstance(v, str) and not k.startswith("WITH_")}
-    assert actions == set(ANSWERS) and actions <= set(agent.ACTIONS)
-    assert {names.WITH_STATE, names.WITH_SERVERS, names.WITH_DISCOVER} <= set(agent.EXTRA_FACTS)
-    assert agent_deploy.OPEN_STATES == names.OPEN_STATES
-    assert agent_servers.OPEN_STATES is agent_deploy.OPEN_STATES
-    src = Path(agent_deploy.__file__).read_text()
+    assert actions == set(ANSWERS) and actions <= set(rcore.ACTIONS)
+    assert {names.WITH_STATE, names.WITH_SERVERS, names.WITH_DISCOVER} <= set(rfacts.EXTRA_FACTS)
+    assert rrecords.OPEN_STATES == names.OPEN_STATES
+    assert servers.OPEN_STATES is rrecords.OPEN_STATES
+    src = Path(rrecords.__file__).read_text() + Path(rtx.__file__).read_text()
     written = set(re.findall(r"""\["state"\] = "([a-z-]+)"|"state": "([a-z-]+)\"""", src))
     states = {x for pair in written for x in pair if x}
     assert states and states <= set(names.MANIFEST_STATES), states - set(names.MANIFEST_STATES)

@@ -1,4 +1,4 @@
-"""Seals (fleetctl/ops/seal.py, fleetctl/remote/agent_seal.py): a deploy whose host has not changed since
+"""Seals (fleetctl/ops/seal.py, fleetctl/remote/seal.py): a deploy whose host has not changed since
 the last deploy sealed it is re-checked with one `stat` + `sha256sum` and no Python start; anything
 that could change where the launch imports from, what the planned files hold, or what a deploy
 would do makes it take the full path (the agent) again, which then finds what changed."""
@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from fleetctl.remote import seal as rseal
 from tests.jsoncli import cli, ok
 
 pytestmark = [pytest.mark.usefixtures("ledger_dir"), pytest.mark.fleet]
@@ -172,7 +173,7 @@ def test_stale_bytecode_lock_and_login_environment_are_seen(host: Host) -> None:
     host.sealed_noop()
     # another deploy holds the host lock
     lock = host.h.state_dir / "lock"
-    from fleetctl.remote.agent_deploy import writer_identity
+    from fleetctl.remote.lock import writer_identity
 
     me = writer_identity()  # this test process: alive while the deploy runs
     lock.write_text(json.dumps({"pid": me["pid"], "start": me["start"], "op": "deploy", "id": "d-other", "by": "x",
@@ -257,7 +258,7 @@ def test_a_changing_deploy_lends_its_resealed_facts_to_the_restart_check(fresh_s
 
 def test_only_a_reading_that_located_the_package_alike_is_lent() -> None:
     """then_facts takes an earlier reading only where it would locate the package the same way."""
-    from fleetctl.remote.agent import _locates_alike
+    from fleetctl.remote.hostfacts import _locates_alike
 
     launch = {"interpreter": "/usr/bin/python3", "env": {"PATH": "/bin"}}
     base = {"engine": {"package": "sglang"}, "launch": launch, "package_dir": None,
@@ -276,14 +277,13 @@ def test_the_agent_writes_what_stat_and_sha256sum_print(tmp_path: Path) -> None:
     """The seal's text is made by the agent (Python) and checked by coreutils on the host: the two
     must agree to the byte for a file, a dir, a symlink, a missing path."""
     from fleetctl.ops.seal import STAT_FORMAT
-    from fleetctl.remote import agent_seal
 
     f = tmp_path / "a file.py"
     f.write_bytes(b"x = 1\n" * 1000)
     (tmp_path / "d").mkdir()
     (tmp_path / "link").symlink_to(f)
     paths = [str(f), str(tmp_path / "d"), str(tmp_path / "link"), str(tmp_path / "missing")]
-    snap = agent_seal.snapshot(paths, [str(f), str(tmp_path / "missing")])
+    snap = rseal.snapshot(paths, [str(f), str(tmp_path / "missing")])
     st = subprocess.run(["stat", f"--printf={STAT_FORMAT}", "--", *paths], capture_output=True, text=True)
     sha = subprocess.run(["sha256sum", "--", str(f), str(tmp_path / "missing")], capture_output=True, text=True)
     assert snap["stat"] == st.stdout and snap["stat"].count("\n") == 3
@@ -295,14 +295,13 @@ def test_a_check_whose_stat_differs_hashes_nothing(tmp_path: Path) -> None:
     output is byte for byte the plain check's (hashes included); where it differs, the script skips
     sha256sum (no hashes: the check failed already). Trailing newlines, quotes, spaces kept."""
     from fleetctl.ops.seal import END, check_script, parse_check
-    from fleetctl.remote import agent_seal
 
     d = tmp_path / "it's a dir"
     d.mkdir()
     f = d / "mod.py"
     f.write_bytes(b"x = 1\n")
     paths, files = [str(d), str(f), str(tmp_path / "missing")], [str(f)]
-    sealed = agent_seal.snapshot(paths, files)
+    sealed = rseal.snapshot(paths, files)
     assert sealed["stat"].endswith("\n") and sealed["sha"]
 
     def run(stat: str | None) -> tuple[str, str, str]:
@@ -319,7 +318,7 @@ def test_a_check_whose_stat_differs_hashes_nothing(tmp_path: Path) -> None:
     assert run(other) == (plain[0], sealed["stat"], "")  # differs: the stat text as it is, no hashes
     assert run(sealed["stat"] + "\n") == (plain[0], sealed["stat"], "")  # one more newline is a difference
     f.write_bytes(b"x = 2\n")  # changed: the stat text differs, so no hashes either
-    now = agent_seal.snapshot(paths, files)
+    now = rseal.snapshot(paths, files)
     assert run(sealed["stat"]) == (plain[0], now["stat"], "") and now["stat"] != sealed["stat"]
     assert run(now["stat"]) == (plain[0], now["stat"], now["sha"])
 

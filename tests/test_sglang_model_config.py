@@ -1,5 +1,5 @@
 """The target model's config.json, read on the host by the agent under the launch's environment
-(fleetctl/remote/agent.py `read_model_config`), validated again on arrival (model_config.from_answer).
+(fleetctl/remote/hostfacts.py `read_model_config`), validated again on arrival (model_config.from_answer).
 Local runs of the agent's own functions on real files: a local model dir, and the HF hub cache layout
 (refs/<revision> -> snapshots/<commit>/config.json, a symlink into blobs/ as the hub makes it)."""
 
@@ -13,7 +13,7 @@ import pytest
 
 from fleetctl.engines.sglang import model_config as mc
 from fleetctl.protocol.answers import ModelConfigInfo
-from fleetctl.remote import agent
+from fleetctl.remote import hostfacts as rfacts
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
@@ -41,10 +41,10 @@ def test_local_model_dir(tmp_path: Path) -> None:
     d = tmp_path / "models" / "mimo"
     d.mkdir(parents=True)
     (d / "config.json").write_text(json.dumps({"architectures": ["MiMoV2FlashForCausalLM"], "model_type": "mimo"}))
-    got = agent.read_model_config({"path": str(d)}, launch({"HOME": str(tmp_path)}))
+    got = rfacts.read_model_config({"path": str(d)}, launch({"HOME": str(tmp_path)}))
     assert got == {"path": str(d / "config.json"), "architectures": ["MiMoV2FlashForCausalLM"], "model_type": "mimo"}
     # a relative --model-path is taken from the launch's working directory
-    rel = agent.read_model_config({"path": "models/mimo"}, launch({"HOME": "/nonexistent"}, cwd=str(tmp_path)))
+    rel = rfacts.read_model_config({"path": "models/mimo"}, launch({"HOME": "/nonexistent"}, cwd=str(tmp_path)))
     assert rel["architectures"] == ["MiMoV2FlashForCausalLM"]
 
 
@@ -52,27 +52,27 @@ def test_hub_cache_under_the_launch_environment(tmp_path: Path) -> None:
     hf_home = tmp_path / "hf"
     hub_repo(hf_home / "hub", "org/Mimo-Test", {"architectures": ["MiMoV2FlashForCausalLM"]})
     model = {"path": "org/Mimo-Test"}
-    got = agent.read_model_config(model, launch({"HF_HOME": str(hf_home), "HOME": "/nonexistent"}))
+    got = rfacts.read_model_config(model, launch({"HF_HOME": str(hf_home), "HOME": "/nonexistent"}))
     assert got["architectures"] == ["MiMoV2FlashForCausalLM"]
     assert got["path"] == str(hf_home / "hub" / "models--org--Mimo-Test" / "snapshots" / COMMIT / "config.json")
     # HF_HUB_CACHE wins over HF_HOME: the same id is then looked up there (and is not found)
     other = tmp_path / "other"
     other.mkdir()
-    miss = agent.read_model_config(model, launch({"HF_HOME": str(hf_home), "HF_HUB_CACHE": str(other)}))
+    miss = rfacts.read_model_config(model, launch({"HF_HOME": str(hf_home), "HF_HUB_CACHE": str(other)}))
     assert "architectures" not in miss and "HF cache has no" in miss["error"] and str(other) in miss["error"]
     # default: ~/.cache/huggingface/hub of the launch's HOME
     home = tmp_path / "home"
     hub_repo(home / ".cache" / "huggingface" / "hub", "org/Llama", {"architectures": ["LlamaForCausalLM"]})
-    assert agent.read_model_config({"path": "org/Llama"}, launch({"HOME": str(home)}))["architectures"] == \
+    assert rfacts.read_model_config({"path": "org/Llama"}, launch({"HOME": str(home)}))["architectures"] == \
         ["LlamaForCausalLM"]
     # a named revision is resolved through refs/<revision>; a commit hash directly
     hub_repo(tmp_path / "c2", "org/Rev", {"architectures": ["Step3p5ForCausalLM"]}, revision="v1")
     env = {"HF_HUB_CACHE": str(tmp_path / "c2")}
-    assert agent.read_model_config({"path": "org/Rev", "revision": "v1"}, launch(env))["architectures"] == \
+    assert rfacts.read_model_config({"path": "org/Rev", "revision": "v1"}, launch(env))["architectures"] == \
         ["Step3p5ForCausalLM"]
-    assert agent.read_model_config({"path": "org/Rev", "revision": COMMIT}, launch(env))["architectures"] == \
+    assert rfacts.read_model_config({"path": "org/Rev", "revision": COMMIT}, launch(env))["architectures"] == \
         ["Step3p5ForCausalLM"]
-    assert "error" in agent.read_model_config({"path": "org/Rev"}, launch(env))  # no refs/main
+    assert "error" in rfacts.read_model_config({"path": "org/Rev"}, launch(env))  # no refs/main
 
 
 @pytest.mark.parametrize("env", [
@@ -82,7 +82,7 @@ def test_hub_cache_under_the_launch_environment(tmp_path: Path) -> None:
 ])
 def test_agent_and_controller_agree_on_the_hub_cache(env: dict[str, str]) -> None:
     """The agent (Python 3.8, stdlib only) mirrors model_config.hub_cache_dir: held to it here."""
-    assert agent.hub_cache_dir(env, "/home/u") == mc.hub_cache_dir(env, "/home/u")
+    assert rfacts.hub_cache_dir(env, "/home/u") == mc.hub_cache_dir(env, "/home/u")
 
 
 def test_hostile_config_files(tmp_path: Path) -> None:
@@ -94,13 +94,13 @@ def test_hostile_config_files(tmp_path: Path) -> None:
     def read(data: bytes) -> dict:
         cfg.unlink(missing_ok=True)
         cfg.write_bytes(data)
-        return agent.read_model_config({"path": str(d)}, lau)
+        return rfacts.read_model_config({"path": str(d)}, lau)
 
     assert "not JSON" in read(b"\xff\xfe{")["error"]
     assert "architectures" in read(b"[1, 2]")["error"]
     assert "architectures" in read(json.dumps({"architectures": ["[red]Mimo[/red]"]}).encode())["error"]
     assert "architectures" in read(json.dumps({"architectures": "LlamaForCausalLM"}).encode())["error"]
-    assert "larger than" in read(b" " * (agent.MODEL_CONFIG_MAX + 1))["error"]
+    assert "larger than" in read(b" " * (rfacts.MODEL_CONFIG_MAX + 1))["error"]
     deep = read(b"[" * 100000 + b"]" * 100000)
     assert "error" in deep
     ok = read(json.dumps({"architectures": ["A_1"] * 50, "model_type": "x" * 500}).encode())
@@ -108,13 +108,13 @@ def test_hostile_config_files(tmp_path: Path) -> None:
     # a FIFO in place of config.json: refused without blocking (no reader/writer ever comes)
     cfg.unlink()
     os.mkfifo(cfg)
-    assert "not a regular file" in agent.read_model_config({"path": str(d)}, lau)["error"]
+    assert "not a regular file" in rfacts.read_model_config({"path": str(d)}, lau)["error"]
     cfg.unlink()
     cfg.symlink_to("/dev/zero")
-    assert "not a regular file" in agent.read_model_config({"path": str(d)}, lau)["error"]
+    assert "not a regular file" in rfacts.read_model_config({"path": str(d)}, lau)["error"]
     # a hub id that tries to leave the cache is not looked up
     assert "neither a directory nor a hub model id" in \
-        agent.read_model_config({"path": "a/../../nope"}, launch({"HF_HUB_CACHE": str(tmp_path)}))["error"]
+        rfacts.read_model_config({"path": "a/../../nope"}, launch({"HF_HUB_CACHE": str(tmp_path)}))["error"]
 
 
 def test_controller_validates_what_the_agent_sent() -> None:

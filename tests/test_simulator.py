@@ -17,7 +17,7 @@ import pytest
 from ports import free_port
 
 from fleetctl.engines.sglang import READY_LINE, parse_line
-from fleetctl.remote.agent_servers import marker_in_init
+from fleetctl.remote.servers import marker_in_init
 
 MARKER = "Dynamic speculation disable enabled"
 EAGLE_FLAGS = ["--model-path", "m", "--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3",

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import yaml
+from faulthook import faulted
 from jsoncli import cli, ok
 
 from fleetctl.cli import main
@@ -21,8 +22,9 @@ from fleetctl.engines import wheels
 from fleetctl.engines.sglang import adaptive
 from fleetctl.errors import InputError
 from fleetctl.model import statefiles
-from fleetctl.remote import agent_deploy as ad
-from fleetctl.remote.agent import AgentError
+from fleetctl.remote import records as rrecords
+from fleetctl.remote import transaction as rtx
+from fleetctl.remote.core import AgentError
 from fleetctl.sandbox.simulator import adaptive_lines
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,25 +62,25 @@ def payload(tmp_path: Path, pkg: Path, new_a: bytes | None, state: dict[str, byt
 def test_state_file_deployed_and_rolled_back_with_the_package_files(tmp_path: Path, pkg: Path) -> None:
     sd = tmp_path / "state"
     target = sd / "files" / "pb" / "cfg.json"
-    res = ad.action_deploy(payload(tmp_path, pkg, b"A = 2\n", {"pb/cfg.json": b'{"1": 1}'}))
+    res = rtx.action_deploy(payload(tmp_path, pkg, b"A = 2\n", {"pb/cfg.json": b'{"1": 1}'}))
     assert [f["path"] for f in res["files"]] == ["srt/a.py", "{state_dir}/files/pb/cfg.json"]
     assert target.read_bytes() == b'{"1": 1}' and oct(target.stat().st_mode & 0o777) == oct(0o644)
     assert res["final"]["{state_dir}/files/pb/cfg.json"] == sha(b'{"1": 1}')
-    m = ad.load_manifest(str(sd), "d1")
+    m = rrecords.load_manifest(str(sd), "d1")
     st = [f for f in m["files"] if f.get("root") == "state"]
     assert m["state"] == "complete" and st[0]["sha_before"] is None and st[0]["status"] == "applied"
     # a second deploy changes only the state file: its old bytes are backed up and come back
-    res2 = ad.action_deploy(payload(tmp_path, pkg, None, {"pb/cfg.json": b'{"17": 0}'}, did="d2"))
+    res2 = rtx.action_deploy(payload(tmp_path, pkg, None, {"pb/cfg.json": b'{"17": 0}'}, did="d2"))
     assert res2["deploy_id"] == "d2" and target.read_bytes() == b'{"17": 0}'
-    ad.action_rollback({"state_dir": str(sd), "deploy_ids": ["d2"], "by": "t"})
+    rtx.action_rollback({"state_dir": str(sd), "deploy_ids": ["d2"], "by": "t"})
     assert target.read_bytes() == b'{"1": 1}'
-    out = ad.action_rollback({"state_dir": str(sd), "deploy_ids": ["d1"], "by": "t"})
+    out = rtx.action_rollback({"state_dir": str(sd), "deploy_ids": ["d1"], "by": "t"})
     assert not target.exists()  # the deploy created it: rollback removes it
     assert (pkg / "srt/a.py").read_bytes() == b"A = 1\n"
     assert {r["path"]: r["action"] for r in out["rollbacks"][0]["files"]} == {
         "srt/a.py": "restored", "{state_dir}/files/pb/cfg.json": "removed"}
     # facts show the state file with its hash now (what launch checks)
-    summary = ad.manifest_summary(ad.load_manifest(str(sd), "d2"))
+    summary = rrecords.manifest_summary(rrecords.load_manifest(str(sd), "d2"))
     assert [f["sha_now"] for f in summary["files"]] == [None]
 
 
@@ -91,16 +93,16 @@ def test_failure_writing_the_state_file_restores_the_package_file(tmp_path: Path
     p = payload(tmp_path, pkg, b"A = 2\n", {"pb/cfg.json": b"new"})
     p["state_files"][0]["content"] = b"nEw"
     with pytest.raises(AgentError, match="restored to its original files"):
-        ad.action_deploy(p)
+        rtx.action_deploy(p)
     assert (pkg / "srt/a.py").read_bytes() == b"A = 1\n"
     assert (sd / "files" / "pb" / "cfg.json").read_bytes() == b"old"
-    assert ad.load_manifest(str(sd), "d1")["state"] == "failed-restored"
+    assert rrecords.load_manifest(str(sd), "d1")["state"] == "failed-restored"
     assert [x.name for x in (sd / "files" / "pb").iterdir()] == ["cfg.json"]  # no temp file left
     # and a state file created by the failed deploy is removed again
     p = payload(tmp_path, pkg, b"A = 2\n", {"pb/new.json": b"new"}, did="d2")
     p["state_files"][0]["content"] = b"nEw"
     with pytest.raises(AgentError, match="restored to its original files"):
-        ad.action_deploy(p)
+        rtx.action_deploy(p)
     assert not (sd / "files" / "pb" / "new.json").exists() and (pkg / "srt/a.py").read_bytes() == b"A = 1\n"
 
 
@@ -112,12 +114,11 @@ def test_killed_between_package_and_state_file_is_repaired(tmp_path: Path, pkg: 
     (sd / "files" / "pb" / "cfg.json").write_bytes(b"old")
     p = payload(tmp_path, pkg, b"A = 2\n", {"pb/cfg.json": b"new"})
     p["action"] = "deploy"
-    p["_fault"] = {"at": "between_renames", "n": 1, "how": "exit"}  # after srt/a.py, before the state file
-    got = run_agent_subprocess(p)
+    got = run_agent_subprocess(faulted(p, {"at": "between_renames", "n": 1, "how": "exit"}))  # after srt/a.py
     assert got.returncode == 99
     assert (pkg / "srt/a.py").read_bytes() == b"A = 2\n"  # half done, as a kill leaves it
-    assert ad.load_manifest(str(sd), "d1")["state"] == "applying"
-    res = ad.action_deploy(payload(tmp_path, pkg, None, {}, did="d2"))  # the next call repairs it
+    assert rrecords.load_manifest(str(sd), "d1")["state"] == "applying"
+    res = rtx.action_deploy(payload(tmp_path, pkg, None, {}, did="d2"))  # the next call repairs it
     assert any("repaired interrupted deploy d1" in n for n in res["notes"])
     assert (pkg / "srt/a.py").read_bytes() == b"A = 1\n" and (sd / "files" / "pb" / "cfg.json").read_bytes() == b"old"
 
@@ -125,7 +126,7 @@ def test_killed_between_package_and_state_file_is_repaired(tmp_path: Path, pkg: 
 def test_state_file_names_are_refused_outside_the_files_dir(tmp_path: Path, pkg: Path) -> None:
     for bad in ("../lock", "/etc/passwd", "pb/../../x", ".hidden", ""):
         with pytest.raises(AgentError, match="state file name"):
-            ad.action_deploy(payload(tmp_path, pkg, b"A = 2\n", {bad: b"x"}))
+            rtx.action_deploy(payload(tmp_path, pkg, b"A = 2\n", {bad: b"x"}))
     assert (pkg / "srt/a.py").read_bytes() == b"A = 1\n"
 
 

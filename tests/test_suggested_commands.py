@@ -22,7 +22,7 @@ import yaml
 from test_launch import FULL, make_inventory, sb  # noqa: F401  (the fixture)
 
 from fleetctl.cli import main
-from fleetctl.remote import agent_servers as srv
+from fleetctl.remote import servers as srv
 
 pytestmark = pytest.mark.fleet
 

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from fleetctl.remote import agent_servers as a
+from fleetctl.remote import core as rcore
+from fleetctl.remote import servers as a
 
 JOURNAL_REMOTE = "/lib/systemd/systemd-journal-remote"
 INV = "4c3f2b8a1d2e4f5a9b8c7d6e5f4a3b2c"
@@ -49,7 +50,7 @@ def test_unit_has_the_launch_argv_env_and_passes_systemd_analyze_verify(tmp_path
     path.write_text(unit.replace("Type=exec", "Type=bogus"))
     r = subprocess.run(["systemd-analyze", "verify", "--man=no", str(path)], capture_output=True, text=True)
     assert "Failed to parse service type" in r.stderr
-    with pytest.raises(a.AgentError, match="newline"):
+    with pytest.raises(rcore.AgentError, match="newline"):
         a.systemd_unit("u.service", "u", "l1", ["/bin/x", "a\nb"], {}, None, "/", 5)
 
 
@@ -59,7 +60,7 @@ def test_dropin_for_an_operators_template_unit_passes_systemd_analyze_verify(tmp
     the operator's unit it overrides."""
     unit = a.operator_unit("sglang@.service", "port-30000")
     assert unit == "sglang@port-30000.service" and a.operator_unit("sglang.service", "x") == "sglang.service"
-    with pytest.raises(a.AgentError, match="name a service unit"):
+    with pytest.raises(rcore.AgentError, match="name a service unit"):
         a.operator_unit("../evil.service", "x")
     drop = a.systemd_dropin(unit, "l1", [sys.executable, "-c", "print(1)"], {"NCCL_DEBUG": "WARN"}, None, "/tmp", 20)
     lines = drop.splitlines()
@@ -128,7 +129,7 @@ def test_journal_of_this_invocation_only_feeds_the_launch_log(journal_tools: Non
     all_raw = subprocess.run(["journalctl", "--file", str(j1), "-o", "json", "--no-pager"], capture_output=True,
                              check=True).stdout
     assert a.parse_journal(all_raw, INV)[0] == lines
-    with pytest.raises(a.AgentError, match="not JSON"):
+    with pytest.raises(rcore.AgentError, match="not JSON"):
         a.parse_journal(b"Hint: You are currently not seeing messages from other users\n", INV)
 
     # sync_journal: the record's journal appended to its log, then only what came after the cursor

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from faulthook import faults_on
 
 from fleetctl.config.inventory import Inventory, load_inventory
 from fleetctl.config.playbook import Playbook, load_playbook
@@ -124,7 +125,8 @@ def test_an_interrupted_deploy_is_reported_and_repaired_by_rollback(tmp_path: Pa
     before = {f: digest(pkg / f) for f in files}
     with local_fleet(inv) as fleet:
         plan = build_plan(fleet, pb, gather(fleet, pb))
-        res = apply_plan(fleet, plan, pb, new_op_id(), fault_after_files={"t01": 1})
+        with faults_on({"t01": {"at": "applied", "n": 1, "how": "exit"}}):  # dies after 1 rename
+            res = apply_plan(fleet, plan, pb, new_op_id())
         assert res["t01"].status != "changed"
         g = gather(fleet, pb)
         (m,) = hoststate.interrupted(g.facts["t01"])

@@ -15,7 +15,7 @@ from ports import free_ports
 
 from fleetctl.cli import main
 from fleetctl.engines import wheels
-from fleetctl.remote import agent_servers as srv
+from fleetctl.remote import servers as srv
 
 ROOT = Path(__file__).resolve().parents[1]
 FULL = ROOT / "playbooks" / "dynamic-spec-disable"

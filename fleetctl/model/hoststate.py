@@ -1,5 +1,5 @@
 """What the host's deploy records say, and what they cannot: the controller's reading of the agent's
-`state` facts (fleetctl/remote/agent_deploy.py: state_facts).
+`state` facts (fleetctl/remote/records.py: state_facts).
 
 Every manifest the agent reports is marked when another machine wrote it into a shared state dir
 (`foreign`: ignored here, never acted on), when this python now imports another tree than the one

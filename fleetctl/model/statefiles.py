@@ -2,7 +2,7 @@
 refer to them.
 
 Each is deployed to {state_dir}/files/<playbook name>/<name> by the agent, in the same transaction
-as the playbook's package files (fleetctl/remote/agent_deploy.py), and rolled back with them. A
+as the playbook's package files (fleetctl/remote/transaction.py), and rolled back with them. A
 launch flag value may name one as `{file:<name>}`; launch expands it to the absolute path on that
 host (the state dir as the host's agent resolved it), so the server reads exactly the deployed file.
 """
@@ -95,7 +95,7 @@ def check_rows(pb: Playbook, versions: list[str]) -> list[Any]:
 
 def left_behind(facts: Any) -> list[str]:
     """State files a deploy wrote whose patch a package reinstall or upgrade took away (`gone`; the
-    next rollback or deploy closes the record, `superseded`, and undoes them, agent_deploy
+    next rollback or deploy closes the record, `superseded`, and undoes them, remote/transaction.py
     close_superseded), still on the host as that deploy wrote them and tracked by no live record.
     One line each (status names them)."""
     from fleetctl.model import hoststate

@@ -70,7 +70,7 @@ def gather(fleet: Fleet, playbook: Playbook | None, *, all_hashes: bool = False,
                 facts = parse_facts(c.host.name, ck.facts)
                 facts.container = inspect_container(c)
                 return facts
-            if ck.make:  # the agent keeps what the deploy's seal needs (agent_seal.py)
+            if ck.make:  # the agent keeps what the deploy's seal needs (remote/seal.py)
                 return read_facts(c, **kw, payload={"seal": True}, request=req)
             return read_facts(c, **kw, request=req)
         return read_facts(c, **kw)
@@ -341,7 +341,6 @@ def lock_bound(conn: Transport, wait_lock: float) -> float | None:
 
 
 def apply_plan(fleet: Fleet, plan: Plan, playbook: Playbook, op_id: str, *, validate: bool = True,
-               fault_after_files: dict[str, int] | None = None,
                hosts: list[str] | None = None, break_lock: set[str] | frozenset[str] = frozenset(),
                seals: dict[str, Checked] | None = None,
                then_facts: Callable[[Host], tuple[dict[str, Any], dict[str, Any]]] | None = None
@@ -410,8 +409,6 @@ def apply_plan(fleet: Fleet, plan: Plan, playbook: Playbook, op_id: str, *, vali
             if ck.facts is not None and ck.request is not None:  # planned from a seal: the agent reads them now
                 conn.agent(names.FACTS, {**ck.request, "seal": True})
             payload["seal"] = {"drop": sorted(seal.drop_names(conn.host))}
-        if fault_after_files and conn.host.name in fault_after_files:
-            payload["_fault_after_files"] = fault_after_files[conn.host.name]
         disc = None
         if then_facts is not None and hp.status == "change":
             payload["then_facts"], disc = then_facts(conn.host)

@@ -1,6 +1,6 @@
 """Servers under a service manager (playbook `launch.manager`): what the agent is told per host.
 
-fleetctl (default): the agent starts each server itself, detached (remote/agent_servers.py).
+fleetctl (default): the agent starts each server itself, detached (remote/servers.py).
 supervisor: the agent writes a `[program:fleetctl-INSTANCE]` section into the host's
 `supervisor_conf_dir` and starts/stops it through `supervisorctl` (`update`, `start`, `stop`).
 systemd: the agent writes a `fleetctl-INSTANCE.service` unit into `systemd_unit_dir` and runs it

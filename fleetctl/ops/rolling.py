@@ -74,7 +74,7 @@ def original_code_playbook(pb: Playbook, version: str | None) -> Playbook:
     """The launch profile without flags the host's *unpatched* SGLang does not know (the patch's own
     flags): what a restart on the original code must pass."""
     from fleetctl.engines import wheels
-    from fleetctl.remote.agent import flag_registered
+    from fleetctl.remote.hostfacts import flag_registered
     if not version:
         return pb
     res = engine().resolve_worker(version, dict(pb.launch.flags), {})

@@ -1,7 +1,7 @@
 """Seals: a no-op deploy re-checked without starting Python on the host.
 
 At the end of a deploy (changed or not), still under the host lock, the agent returns a seal
-(fleetctl/remote/agent_seal.py lists the paths: the launch interpreter's lookup, sys.path entries
+(fleetctl/remote/seal.py lists the paths: the launch interpreter's lookup, sys.path entries
 and .pth files, modules loaded at start, the package, its dist-info, the planned files with their
 dirs and bytecode, the model config, the host lock and the deploy manifests): those paths, the text
 `stat` and `sha256sum` print for them, the facts, taken so that the facts describe exactly that
@@ -178,7 +178,7 @@ def drop_names(host: Host) -> frozenset[str]:
 
 def env_digest(entries: list[bytes], drop: frozenset[str]) -> str:
     """sha256 of the sorted NAME=value entries whose NAME is not in `drop` (what the agent computes
-    over its own environment: agent_seal.py)."""
+    over its own environment: remote/seal.py)."""
     keep = sorted(e for e in entries if e and e.split(b"=", 1)[0].decode("latin-1") not in drop)
     return hashlib.sha256(b"\x00".join(keep)).hexdigest()
 

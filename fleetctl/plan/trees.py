@@ -66,7 +66,7 @@ def same_tree(a: TreeIdentity, b: TreeIdentity) -> bool:
     return bool(a.network and b.network and a.id and a.id == b.id and a.ino == b.ino)
 
 
-TREE_DIR_INSIDE = ".fleetctl-tree"  # (agent_deploy.TREE_DIR_INSIDE)
+TREE_DIR_INSIDE = ".fleetctl-tree"  # (remote/records.py TREE_DIR_INSIDE)
 
 
 def _owner_view(tree: TreeIdentity, seen: str) -> str:

@@ -251,7 +251,7 @@ class Moved:
 
 @dataclass
 class Manifest:
-    """A deploy manifest on the host with the current hash of each of its files (agent_deploy)."""
+    """A deploy manifest on the host with the current hash of each of its files (remote/records.py)."""
 
     id: Name
     state: ManifestState
@@ -270,14 +270,14 @@ class Manifest:
     gone: str | None = None  # its patch is no longer on disk (why)
     moved: Moved | None = None  # this python now imports another tree than the one it patched
     pycache_prefixes: list[str] = field(default_factory=list)  # the launch's, when it was deployed
-    shared: str | None = None  # recorded beside a shared tree: that records dir (agent_deploy.tree_records_dir)
+    shared: str | None = None  # recorded beside a shared tree: that records dir (remote/records.py tree_records_dir)
     host: str | None = None  # the inventory entry whose deploy it was
     container: dict[str, str | None] | None = None  # the container it patched (fleetctl/containers)
 
 
 @dataclass
 class TreeIdentity:
-    """What tells the located package tree apart from every other (agent_deploy.tree_identity)."""
+    """What tells the located package tree apart from every other (remote/records.py tree_identity)."""
 
     real: str
     dev: int
@@ -496,7 +496,7 @@ class DeployedFile:
 
 @dataclass
 class Seal:
-    """A deploy's seal (agent_seal.py; fleetctl/ops/seal.py): the paths and files whose `stat` and
+    """A deploy's seal (remote/seal.py; fleetctl/ops/seal.py): the paths and files whose `stat` and
     `sha256sum` text was taken, still under the host lock, around facts read again (`facts`: checked
     as a facts answer when it is used), or `why` there is none."""
 

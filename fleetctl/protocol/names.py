@@ -18,8 +18,8 @@ SERVER_STOP: Final = "server_stop"
 SERVER_GREP: Final = "server_grep"
 WORKER_CHECK: Final = "worker_check"
 LOCATE: Final = "locate"  # the probe under the launch's python (fleetctl/remote/probe.py)
-ENGINE_PROBE: Final = "engine_probe"  # the host's own engine asked (fleetctl/remote/agent_probe.py)
-# gpu-check's work dir, scripts and cleanup (fleetctl/remote/agent_gpucheck.py)
+ENGINE_PROBE: Final = "engine_probe"  # the host's own engine asked (fleetctl/remote/engine_probe.py)
+# gpu-check's work dir, scripts and cleanup (fleetctl/remote/gpucheck.py)
 GPUCHECK_PREPARE: Final = "gpucheck_prepare"
 GPUCHECK_SCRIPT: Final = "gpucheck_script"
 GPUCHECK_CLEANUP: Final = "gpucheck_cleanup"
@@ -32,7 +32,7 @@ WITH_STATE: Final = "state"
 WITH_SERVERS: Final = "servers"
 WITH_DISCOVER: Final = "discover"
 
-# A deploy manifest's state on the host (agent_deploy.py writes them).
+# A deploy manifest's state on the host (remote/records.py and transaction.py write them).
 ManifestState = Literal["preparing", "applying", "complete", "failed-unchanged", "failed-restored",
                         "rolling-back", "rolled-back", "interrupted-restored", "superseded", "restored-pristine"]
 # cut off half-way: the files may be mixed; the next deploy or rollback repairs it first

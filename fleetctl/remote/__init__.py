@@ -1,19 +1,26 @@
 """Code that runs ON the hosts, with the host's own Python (stdlib only, Python >= 3.8).
 
-The agent is sent over the SSH channel's stdin, shipped small: its source stripped of docstrings and
-comments (`stripped`, with the stdlib's ast), the launch probe's after a NUL byte, compressed (lzma,
-zlib where the host's python lacks lzma), and executed by the interpreter the inventory names. The
-host keeps it in its state dir keyed by the hash of what was sent (`agent_key`), or, where its
-python compiles it to exactly the controller's code (same bytecode magic; marshal format 2 has no
-refcount-dependent back-references, so the bytes are reproducible), that compiled form keyed by its
-hash (transport/session.py compiled_agent); either is verified by its hash before use, so a cache
+The agent is split by concern into parts that share ONE namespace on the host, concatenated in the
+order of CORE: core (serve loop, framing, bounded run), files (the one atomic write), locate (launch
+locating), hostfacts (the facts action), lock, records (manifests, state files, shared trees),
+transaction (deploy, rollback), seal. Each part names what it takes from the others in an
+`if __name__ != "fleetctl_agent":` import block (no `_private` name crosses files: tests check it),
+which makes it an ordinary module locally (tests, an in-process host) and is dropped from what is
+shipped. The bootstrap that starts it is bootstrap.py's function, turned into the `-c` string.
+
+Shipped small: the source stripped of docstrings, comments and those import blocks (`stripped`,
+with the stdlib's ast), the launch probe's after a NUL byte, compressed (lzma, zlib where the host's
+python lacks lzma), and executed by the interpreter the inventory names. The host keeps it in its
+state dir keyed by the hash of what was sent (`agent_key`), or, where its python compiles it to
+exactly the controller's code (same bytecode magic; marshal format 2 has no refcount-dependent
+back-references, so the bytes are reproducible), that compiled form keyed by its hash
+(transport/session.py compiled_agent); either is verified by its hash before use, so a cache
 someone changed is never run: the code is sent again. One agent process per host answers every
-call of a command (session mode: framed marshal requests, JSON answers, see agent.py).
-Nothing is installed on hosts. The core is the concatenation of `agent.py` (protocol, facts),
-`agent_deploy.py` and `agent_seal.py` (CORE); the servers part (`agent_servers.py`,
-`agent_probe.py`, `agent_gpucheck.py`: ON_DEMAND) comes with the first request that needs it (agent.py load_part),
-cached and verified the same way. Each part registers its actions in ACTIONS. Locally every part
-imports as a normal module for tests.
+call of a command (session mode: framed marshal requests, JSON answers, see core.py).
+Nothing is installed on hosts. The servers part (servers.py, engine_probe.py, gpucheck.py:
+ON_DEMAND) comes with the first request that needs it (core.py load_part), cached and verified the
+same way. Each part registers its actions in ACTIONS. faults.py is a test harness's part, never
+shipped by fleetctl.
 """
 
 import threading
@@ -25,12 +32,14 @@ from typing import Any
 # imports to every command; fleetctl is never run from a zip)
 _HERE = Path(__file__).parent
 
-PARTS = ("agent.py", "agent_deploy.py", "agent_servers.py", "agent_probe.py", "agent_gpucheck.py", "agent_seal.py")
-# what the first contact ships: the core (serve loop, facts, deploy, seal, launch locating)...
-CORE = ("agent.py", "agent_deploy.py", "agent_seal.py")
+# what the first contact ships, in this order (a part's module-level code uses only earlier parts)...
+CORE = ("core.py", "files.py", "locate.py", "hostfacts.py", "lock.py", "records.py", "transaction.py", "seal.py")
 # ... and what a request brings along the first time this agent process needs it (transport/session.py):
 # its actions and facts hooks are read from its source (actions_of). Nothing in the core names these.
-ON_DEMAND = {"servers": ("agent_servers.py", "agent_probe.py", "agent_gpucheck.py")}
+ON_DEMAND = {"servers": ("servers.py", "engine_probe.py", "gpucheck.py")}
+# parts only a test harness sends (tests/faulthook.py): never in ON_DEMAND, so fleetctl never loads them
+TEST_PARTS = {"faults": ("faults.py",)}
+PARTS = (*CORE, *(n for names in ON_DEMAND.values() for n in names))
 PROBE = "probe.py"  # run by the agent as `-c` under the launch's interpreter: shipped as a string
 # one parse at a time: ast.parse from several host threads at once fails in CPython 3.11/3.12
 # ("SystemError: AST constructor recursion depth mismatch"), seen in a 4-host deploy
@@ -44,15 +53,19 @@ def _parse(text: str) -> Any:
         return ast.parse(text)
 
 
+STRIP_VERSION = 2  # what _strip drops (2: docstrings, comments, local-only blocks): part of the kept text's key
+
+
 def stripped(text: str) -> str:
-    """`text` (Python 3.8 grammar) without docstrings and comments: parsed and written back by the
-    stdlib's ast (what runs is the same tree; line numbers in tracebacks are the stripped text's).
+    """`text` (Python 3.8 grammar) without docstrings, comments and local-only blocks (`if __name__
+    != "fleetctl_agent":`, which the host never runs): parsed and written back by the stdlib's ast
+    (what runs is the same tree; line numbers in tracebacks are the stripped text's).
     Kept in the controller's cache dir by the hash of `text` and this interpreter's version (~0.1 s
     of CPU a command otherwise: every command that starts an agent needs the shipped source's hash)."""
     import hashlib
     import sys
 
-    key = hashlib.sha256(f"{sys.version}\0{text}".encode()).hexdigest()[:32]
+    key = hashlib.sha256(f"{sys.version}\0{STRIP_VERSION}\0{text}".encode()).hexdigest()[:32]
     kept = _kept_stripped(key)
     if kept is not None:
         return kept
@@ -117,10 +130,24 @@ def _keep_stripped(key: str, text: str) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def _local_only(node: Any) -> bool:
+    """`if __name__ != "fleetctl_agent":`, a part's local import block (never true on the host)."""
+    import ast
+
+    t = node.test if isinstance(node, ast.If) else None
+    return isinstance(t, ast.Compare) and isinstance(t.left, ast.Name) and t.left.id == "__name__" \
+        and isinstance(t.ops[0], ast.NotEq) and isinstance(t.comparators[0], ast.Constant) \
+        and t.comparators[0].value == "fleetctl_agent" and not node.orelse
+
+
 def _strip(text: str) -> str:
     import ast
 
     tree = _parse(text)
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and any(_local_only(s) for s in body):
+            node.body = [s for s in body if not _local_only(s)] or [ast.Pass()]  # type: ignore[attr-defined]
     for node in ast.walk(tree):
         if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             body = node.body
@@ -144,8 +171,9 @@ def _text(names: tuple[str, ...]) -> bytes:
 
 @cache
 def part_text(part: str) -> bytes:
-    """An on-demand part (ON_DEMAND), stripped: what the host compiles into the agent's namespace."""
-    return _text(ON_DEMAND[part])
+    """An on-demand part (ON_DEMAND, or a test harness's: TEST_PARTS), stripped: what the host
+    compiles into the agent's namespace."""
+    return _text(ON_DEMAND[part] if part in ON_DEMAND else TEST_PARTS[part])
 
 
 def compile_locked(text: bytes | str, name: str) -> Any:

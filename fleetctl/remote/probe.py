@@ -32,7 +32,7 @@ import sys
 
 MAX_FILE = 64 << 20
 # the module files this interpreter had loaded before the probe ran (site, sitecustomize, what a .pth
-# imported): what decided its sys.path, for a seal (agent_seal.py)
+# imported): what decided its sys.path, for a seal (seal.py)
 STARTUP_FILES = sorted(set(f for f in (getattr(m, "__file__", None) for m in list(sys.modules.values()))
                            if isinstance(f, str) and f))
 

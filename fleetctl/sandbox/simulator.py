@@ -123,13 +123,13 @@ def find_sglang() -> tuple[Path, str | None]:
         if root is None:
             raise ModuleNotFoundError("No module named 'sglang.srt.server_args'")
         pkg = Path(root)
-    from fleetctl.remote.agent import _const_assign
+    from fleetctl.remote.locate import const_assign
 
     version = None
     # the releases keep it in _version.py, some (0.5.5.post3) in version.py: as the agent reads it
     for fname, names in (("_version.py", ("__version__", "version")), ("version.py", ("__version__",))):
         try:
-            version = _const_assign((pkg / fname).read_text(encoding="utf-8"), names)
+            version = const_assign((pkg / fname).read_text(encoding="utf-8"), names)
         except OSError:
             continue
         if version:
@@ -335,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
         sa_text = (pkg / "srt" / "server_args.py").read_text(encoding="utf-8", errors="replace")
     except OSError:
         sa_text = ""
-    from fleetctl.remote.agent import flag_registered
+    from fleetctl.remote.hostfacts import flag_registered
 
     # (a tree without server_args.py, as in unit tests, is not checked)
     rejected = [f for f in res.unknown_flags if sa_text and not flag_registered(sa_text, f)]

@@ -24,73 +24,22 @@ from fleetctl.remote import agent_key, agent_text, packed
 from fleetctl.transport.base import RemoteError, Steps, Unreachable
 from fleetctl.transport.layers import remote_argv
 
-BOOTSTRAP = (
-    "import sys,os,marshal as M\n"
-    "i=sys.stdin.buffer;a=sys.argv+['']*5;g={'__name__':'fleetctl_agent'};P=os.path.join\n"
-    # the interpreter's builtin sha256 (hashlib.py adds ~1 ms to load)
-    "try:from _sha256 import sha256 as H\n"
-    "except ImportError:\n"
-    " try:from _sha2 import sha256 as H\n"
-    " except ImportError:from hashlib import sha256 as H\n"
-    "h=lambda b:H(b).hexdigest()[:32]\n"
-    "v=lambda d:len(d)==32 and not d.strip('0123456789abcdef')\n"
-    "m=getattr(sys.modules.get('_frozen_importlib_external'),'MAGIC_NUMBER',b'')\n"
-    "m=m.hex() if len(m)==4 else '00000000';T=sys.implementation.cache_tag\n"
-    # argv: CACHE_DIR PYTHON KEY [MAGIC CODEKEY]: KEY the hash of what the controller ships (its
-    # source), CODEKEY the hash of that source compiled by an interpreter of bytecode MAGIC (marshal
-    # format 2 of (agent code, probe code, probe source)). The host's state dir keeps one of the two,
-    # and it runs only if its bytes hash to the key (a regular 0600 file of ours, in a dir of ours
-    # nobody else can write): anything else, the code is sent again
-    "s=a[3]*v(a[3]);x=a[5]*(a[4]==m and v(a[5]) and bool(T));c=q=y=None;u=os.getuid()\n"
-    "try:\n"
-    " r=os.path.expanduser(a[1])\n"
-    " if a[1] and s:\n"
-    "  os.makedirs(r,0o700,exist_ok=True);t=os.stat(r)\n"
-    "  if t.st_uid==u and not t.st_mode&0o022:\n"
-    "   q=r\n"
-    "   for n in [x+'.'+T]*bool(x)+[s+'.src']:\n"
-    "    f=P(r,'agent-'+n);t=os.lstat(f) if os.path.lexists(f) else None\n"
-    "    if t and t.st_uid==u and not t.st_mode&0o077 and t.st_mode&0o170000==0o100000:\n"
-    "     e=open(f,'rb');b=e.read();e.close()\n"
-    "     if h(b)==n[:32]:c=b if n[33:]=='src' else M.loads(b);break\n"
-    "except Exception:c=None\n"
-    # the hello (HELLO_SIZE bytes): 'C' the code is cached here, else which compression this python
-    # reads ('N' lzma, 'Z' zlib only), and this interpreter's bytecode magic
-    "z='C'\n"
-    "if c is None:\n"
-    " z='N'\n"
-    " try:import lzma\n"
-    " except ImportError:z='Z'\n"
-    "o=sys.stdout.buffer;o.write(('FLAGENT'+z+m).encode());o.flush()\n"
-    "if c is None:\n"
-    " k=i.read(1);y=i.read(int(i.read(10)))\n"
-    " c=y=lzma.decompress(y) if k==b'L' else __import__('zlib').decompress(y) if k==b'Z' else y\n"
-    # the shipped source: the agent's code, NUL, the launch probe's
-    "if type(c) is bytes:\n"
-    " A,_,B=c.partition(b'\\0');B=B.decode()\n"
-    " c=(compile(A,'fleetctl-agent','exec'),compile(B,'fleetctl-probe','exec'),B)\n"
-    " if y and q and h(y)==s:\n"
-    "  try:\n"
-    "   n,d=s+'.src',y;e=M.dumps(c,2)\n"
-    "   if x and h(e)==x:n,d=x+'.'+T,e\n"
-    "   w=P(q,'agent-%s.%d'%(n,os.getpid()));f=os.open(w,os.O_WRONLY|os.O_CREAT|os.O_EXCL,0o600)\n"
-    "   os.write(f,d);os.close(f);os.replace(w,P(q,'agent-'+n))\n"
-    "  except Exception:pass\n"
-    "c,g['PROBE_CODE'],g['PROBE_SOURCE']=c\n"
-    "exec(c,g)\n"
-    "k=i.read(1)\n"
-    # optional secret-env block (b'E' + 10-digit length + marshalled dict): set in the agent's own
-    # environment, so secret values never appear on a command line (ps, /proc/*/cmdline, audit logs)
-    "if k==b'E':os.environ.update(M.loads(i.read(int(i.read(10)))));k=i.read(1)\n"
-    # b'S': a session: framed requests (10-digit length + marshal data) answered one by one until stdin
-    # ends, so one process serves every step of a command on this host; else one request to EOF
-    "if k==b'S':\n"
-    " r=g['_serve'](i)\n"
-    # every answer is flushed and every file the agent wrote is closed (with-blocks, fsync'd):
-    # skip the interpreter's teardown of the code and its modules (~2 ms per host)
-    " sys.stdout.flush();sys.stderr.flush();os._exit(r)\n"
-    "sys.exit(g['_main'](k+i.read()))\n"
-)
+
+@functools.cache
+def bootstrap_text() -> str:
+    """What the host's python runs with -c to start the agent: fleetctl/remote/bootstrap.py's
+    function, turned into a string once per process (BOOTSTRAP)."""
+    from fleetctl.remote.bootstrap import command_text
+
+    return command_text()
+
+
+def __getattr__(name: str) -> Any:
+    if name == "BOOTSTRAP":  # (built on first use: an ast pass that a command without hosts never pays)
+        return bootstrap_text()
+    raise AttributeError(name)
+
+
 # what check_then_agent's script ends with: one line from stdin, "go" execs the agent ("$@")
 GATE = '; IFS= read -r fleetctl_go || exit 0; [ "$fleetctl_go" = go ] || exit 0; exec "$@"'
 HELLO = b"FLAGENT"
@@ -164,10 +113,10 @@ def agent_argv(host: Host) -> tuple[list[str], list[str]]:
     from fleetctl.transport import become
 
     cache = host.state_dir.rstrip("/") + "/cache"
-    # the python word again: the agent compares it with the launch's (an in-process probe, agent.py);
+    # the python word again: the agent compares it with the launch's (an in-process probe, remote/locate.py);
     # the source's cache key, so the host need not hash it
     magic, ckey = compiled_agent_key()
-    argv = [host.python, "-c", BOOTSTRAP, cache, host.python, agent_key(), magic, ckey]
+    argv = [host.python, "-c", bootstrap_text(), cache, host.python, agent_key(), magic, ckey]
     if host.becomes:  # (in a container, become wraps the runtime's exec instead: transport/layers.py)
         return [], argv if host.container else become.wrap(host, argv)
     return env_prefix(command_line_env(host)), argv
@@ -361,7 +310,7 @@ def part_code_key(part: str) -> str:
 
 
 def with_parts(request: Mapping[str, Any] | None, parts: list[str], hello: bytes, send: bool) -> dict[str, Any]:
-    """`request` with the agent's "_load" entries for `parts` (agent.py load_part): keys, and the
+    """`request` with the agent's "_load" entries for `parts` (remote/core.py load_part): keys, and the
     compressed code when `send`."""
     out = dict(request or {})
     if not parts:
@@ -371,8 +320,9 @@ def with_parts(request: Mapping[str, Any] | None, parts: list[str], hello: bytes
     magic, _ = compiled_agent()
     same = hello[len(HELLO) + 1:HELLO_SIZE].decode("ascii", "replace") == magic
     kind = "Z" if hello[len(HELLO):len(HELLO) + 1] == b"Z" else "L"
-    out["_load"] = [{"key": part_key(p), "code": part_code_key(p) if same else "",
-                     "blob": kind.encode() + part_packed(p, kind) if send else None} for p in parts]
+    out["_load"] = [*(out.get("_load") or ()),
+                    *({"key": part_key(p), "code": part_code_key(p) if same else "",
+                       "blob": kind.encode() + part_packed(p, kind) if send else None} for p in parts)]
     return out
 
 

@@ -27,7 +27,6 @@ from fleetctl.transport.direct import DirectConnection, direct_connection
 from fleetctl.transport.hostkeys import HostKeyError, StrictPolicy, fingerprint
 from fleetctl.transport.internals import paramiko
 from fleetctl.transport.session import (
-    BOOTSTRAP,
     CHUNK,
     STDERR_TAIL,
     AgentTransport,
@@ -38,7 +37,15 @@ from fleetctl.transport.session import (
 if TYPE_CHECKING:
     from fabric import Config, Connection
 
-__all__ = ["BOOTSTRAP", "HostConnection", "RemoteError", "Unreachable", "env_prefix"]
+__all__ = ["HostConnection", "RemoteError", "Unreachable", "env_prefix"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "BOOTSTRAP":  # (session.py builds it on first use)
+        from fleetctl.transport import session
+
+        return session.bootstrap_text()
+    raise AttributeError(name)
 
 # paramiko logs a failed handshake with its traceback at ERROR; with no handler configured Python
 # prints that on stderr. fleetctl reports every failure itself, on one line per host.

@@ -2,7 +2,7 @@
 SGLang itself which speculative worker this launch's argv selects. (stdlib only, Python >= 3.8
 grammar; no `from __future__`; shipped as a string with the agent, run as `-c`.)
 
-The agent (agent_probe.py) starts it with CUDA_VISIBLE_DEVICES="" (no GPU is visible: nothing here
+The agent (remote/engine_probe.py) starts it with CUDA_VISIBLE_DEVICES="" (no GPU is visible: nothing here
 can touch one), PYTHONDONTWRITEBYTECODE=1 and a private TMPDIR it removes afterwards, in its own
 process group that is killed when it answers or times out. It reads one JSON request on stdin:
 

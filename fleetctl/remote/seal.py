@@ -12,7 +12,7 @@ host lock: if the deploy changed nothing, the snapshot taken right after this se
 matches and every path's ctime is older than those facts (by QUIET_NS), the facts are sealed as they
 are; otherwise the facts are computed again, bracketed by two snapshots of those paths, and only if
 the two are identical (and name the same paths) is the seal returned. Either way the facts describe
-exactly the state the snapshot shows. A snapshot is, per path, what `stat --printf='%n\\t%d %i %s %f %.9Z %.9Y\\n'`
+exactly the state the snapshot shows. A snapshot is, per path, what `stat --printf='%n\t%d %i %s %f %.9Z %.9Y\n'`
 prints (device, inode, size, mode, ctime and mtime in ns; nothing for a path that does not exist) and,
 per hashed file, what `sha256sum` prints: the controller later runs exactly those two commands and
 compares the text byte for byte. ctime cannot be set back by a user (touch sets mtime only) and
@@ -28,29 +28,25 @@ dist-info; the model config.json the launch would read (and the HF cache ref lea
 launch's cwd; the host lock and every deploy manifest in the state dir; /etc/os-release.
 """
 
-if __name__ != "fleetctl_agent":  # imported locally (tests); on the host the parts are concatenated
-    from fleetctl.remote.agent import *  # noqa: F403
-    from fleetctl.remote.agent import (
-        _REREAD,
-        DEPLOY_HOOKS,
-        FACTS_HOOKS,
-        LAST_PROBE,
-        _find_dist_info,
-        _home_of,
-        action_facts,
-        expand,
-        hub_cache_dir,
-        launch_cwd,
-        launch_environment,
-        launch_path0,
-        sha256_file,
-        sha256_new,
-    )
-    from fleetctl.remote.agent_deploy import state_paths, state_rel
-
 import os
 import sys
 import time
+
+if __name__ != "fleetctl_agent":  # imported locally; on the host the parts share one namespace
+    from fleetctl.remote.core import REREAD, expand, sha256_file, sha256_new
+    from fleetctl.remote.hostfacts import FACTS_HOOKS, action_facts, home_of, hub_cache_dir
+    from fleetctl.remote.locate import (
+        LAST_PROBE,
+        find_dist_info,
+        launch_cwd,
+        launch_environment,
+        launch_path0,
+    )
+    from fleetctl.remote.lock import state_paths
+    from fleetctl.remote.records import state_rel
+    from fleetctl.remote.transaction import DEPLOY_HOOKS
+
+
 
 SEAL_MAX_PATHS = 4000
 _SEAL = {}  # this session's last facts request, made with `seal`
@@ -237,7 +233,7 @@ def _seal_head(p, res):
     for x in (pkg, os.path.join(pkg, "__init__.py"), os.path.join(pkg, "_version.py"),
               os.path.join(pkg, "version.py")):
         add(x)
-    dist = _find_dist_info(os.path.dirname(pkg), os.path.basename(pkg))
+    dist = find_dist_info(os.path.dirname(pkg), os.path.basename(pkg))
     if dist:
         for x in (dist, os.path.join(dist, "METADATA"), os.path.join(dist, "direct_url.json")):
             add(x)
@@ -263,7 +259,7 @@ def _seal_head(p, res):
         local = os.path.normpath(os.path.join(cwd, mp))  # (an absolute mp stays as it is)
         add(local)
         add(os.path.join(local, "config.json"))
-        repo = os.path.join(hub_cache_dir(env, _home_of(env)), "models--" + mp.replace("/", "--"))
+        repo = os.path.join(hub_cache_dir(env, home_of(env)), "models--" + mp.replace("/", "--"))
         add(os.path.join(repo, "refs", model.get("revision") or "main"))
         cfg = (res.get("model") or {}).get("path")
         if isinstance(cfg, str):
@@ -357,7 +353,7 @@ def _deploy_hook(p, res):
         if got[0] + extra == paths and got[1] + extra == files:
             after = snapshot(paths, extra, held)
             if after == before:
-                _REREAD[0] = (req, facts)  # what the host is now: the request's then_facts may take it
+                REREAD[0] = (req, facts)  # what the host is now: the request's then_facts may take it
                 res["seal"] = {"paths": paths, "files": files, "stat": after["stat"],
                                "sha": sha_text(facts, got[1]) + after["sha"], "facts": facts,
                                "env": env_digest(_drop(p))}

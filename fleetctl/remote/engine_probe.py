@@ -11,6 +11,16 @@ process is left behind. Stdlib only, Python 3.8 grammar.
 
 import os
 
+# shutil, subprocess and tempfile are imported by the action itself: a command that never probes
+# (a no-op deploy) must not pay for them on every host
+
+
+if __name__ != "fleetctl_agent":  # imported locally; on the host the parts share one namespace
+    from fleetctl.remote.core import ACTIONS, AgentError, jdumps, jloads
+    from fleetctl.remote.locate import launch_cwd, launch_environment, launch_path0
+
+
+
 # shutil, subprocess and tempfile are imported by the action itself: the agent is one file, and a
 # command that never probes (a no-op deploy) must not pay for them on every host
 
@@ -19,19 +29,8 @@ ENGINE_PROBE_MAX_OUT = 1 << 20
 ENGINE_PROBE_MAX_ARGV = 512
 ENGINE_PROBE_MAX_SCRIPT = 1 << 20
 
-if __name__ != "fleetctl_agent":  # imported locally; on the host the source is appended as a string
-    from fleetctl.remote.agent import (
-        ACTIONS,
-        AgentError,
-        jdumps,
-        jloads,
-        launch_cwd,
-        launch_environment,
-        launch_path0,
-    )
 
-
-def _kill_group(pid):
+def kill_group(pid):
     import signal
 
     try:
@@ -95,7 +94,7 @@ def run_engine_probe(script, launch, argv, hardware, timeout=ENGINE_PROBE_TIMEOU
         try:
             out, err = proc.communicate(req, timeout=timeout)
         except subprocess.TimeoutExpired:
-            _kill_group(proc.pid)
+            kill_group(proc.pid)
             proc.communicate()
             return {"stage": "probe_failed", "timed_out": True,
                     "error": "the host's engine did not answer within %gs (killed)" % timeout}
@@ -111,7 +110,7 @@ def run_engine_probe(script, launch, argv, hardware, timeout=ENGINE_PROBE_TIMEOU
         return res
     finally:
         if proc is not None:
-            _kill_group(proc.pid)  # anything the engine started in the probe's session goes too
+            kill_group(proc.pid)  # anything the engine started in the probe's session goes too
         shutil.rmtree(tmp, ignore_errors=True)
 
 

@@ -15,37 +15,40 @@ Stopping signals that process group only. Log checks run here, on the host, and 
 the matching lines (bounded), never a whole log.
 """
 
-if __name__ != "fleetctl_agent":  # imported locally (tests, the sandbox simulator)
-    from fleetctl.remote.agent import *  # noqa: F403
-    from fleetctl.remote.agent import (
-        ACTIONS,
-        EXTRA_FACTS,
-        AgentError,
-        expand,
-        jdumps,
-        launch_cwd,
-        launch_environment,
-        read_json_file,
-        sha256_file,
-        sha256_new,
-    )
-    from fleetctl.remote.agent_deploy import (
-        OPEN_STATES,
-        acquire_lock,
-        last_container_deploy,
-        list_manifests,
-        mark_shared,
-        release_lock,
-        tree_records_dirs,
-        write_atomic,
-    )
-
 import errno
 import os
 import sys
 import time
 
-# no json, re or signal at start (agent.py says why): jdumps/read_json_file, plain string checks,
+# no json, re or signal at start (core.py says why): jdumps/read_json_file, plain string checks,
+# `signal` imported where a process group is signalled
+
+
+if __name__ != "fleetctl_agent":  # imported locally; on the host the parts share one namespace
+    from fleetctl.remote.core import (
+        ACTIONS,
+        AgentError,
+        expand,
+        jdumps,
+        read_json_file,
+        sha256_file,
+        sha256_new,
+    )
+    from fleetctl.remote.files import write_atomic
+    from fleetctl.remote.hostfacts import EXTRA_FACTS
+    from fleetctl.remote.locate import launch_cwd, launch_environment
+    from fleetctl.remote.lock import acquire_lock, release_lock
+    from fleetctl.remote.records import (
+        OPEN_STATES,
+        last_container_deploy,
+        list_manifests,
+        mark_shared,
+        tree_records_dirs,
+    )
+
+
+
+# no json, re or signal at start (core.py says why): jdumps/read_json_file, plain string checks,
 # `signal` imported where a process group is signalled
 _INSTANCE_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
 
@@ -397,7 +400,7 @@ def hash_files(pkg_dir, rels):
 
 
 def _tree_manifests(state_dir, pkg_dir):
-    """The manifests recorded with a shared package tree (agent_deploy.tree_records_dirs)."""
+    """The manifests recorded with a shared package tree (records.tree_records_dirs)."""
     out = []
     if not pkg_dir:
         return out
@@ -412,7 +415,7 @@ def _tree_manifests(state_dir, pkg_dir):
 def deploy_on_disk(state_dir, pkg_dir=None):
     """The newest complete deploy whose files all still hold its patched bytes (None: none does).
     With the package dir the server imports: only deploys of that tree, those recorded beside a
-    shared tree (agent_deploy.tree_records_dir) included."""
+    shared tree (records.tree_records_dir) included."""
     ms = list_manifests(state_dir)
     real = os.path.realpath(pkg_dir) if pkg_dir else None
     if real:

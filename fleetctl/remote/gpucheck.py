@@ -11,17 +11,11 @@ host the same way. Stdlib only, Python 3.8 grammar.
 
 import os
 
-if __name__ != "fleetctl_agent":  # imported locally; on the host the source is appended as a string
-    from fleetctl.remote.agent import (
-        ACTIONS,
-        AgentError,
-        jdumps,
-        jloads,
-        launch_cwd,
-        launch_environment,
-        read_json_file,
-    )
-    from fleetctl.remote.agent_servers import current_record, list_instances, port_free, stop_record
+if __name__ != "fleetctl_agent":  # imported locally; on the host the parts share one namespace
+    from fleetctl.remote.core import ACTIONS, AgentError, jdumps, jloads, read_json_file
+    from fleetctl.remote.engine_probe import kill_group
+    from fleetctl.remote.locate import launch_cwd, launch_environment
+    from fleetctl.remote.servers import current_record, list_instances, port_free, stop_record
 
 GPUCHECK_PREFIX = "fleetctl-gpucheck-"
 GPUCHECK_MAX_OUT = 1 << 20
@@ -131,15 +125,6 @@ def action_gpucheck_prepare(p):
     return {"dir": d, "port": port, "swept": [s["dir"] for s in swept]}
 
 
-def _kill_group(pid):
-    import signal
-
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except OSError:
-        pass
-
-
 def action_gpucheck_script(p):
     """Run a script the controller sends under the launch's interpreter, options, env and cwd, with
     TMPDIR in the work dir; its JSON answer (stdout) comes back, bounded in time and size; its whole
@@ -184,11 +169,11 @@ def _run_script(p, script, launch, tmp):
         try:
             out, err = proc.communicate(jdumps(p.get("request") or {}).encode(), timeout=timeout)
         except subprocess.TimeoutExpired:
-            _kill_group(proc.pid)
+            kill_group(proc.pid)
             proc.communicate()
             return {"ok": False, "timed_out": True, "error": "the script did not answer within %gs (killed)" % timeout}
     finally:
-        _kill_group(proc.pid)
+        kill_group(proc.pid)
     if len(out) > GPUCHECK_MAX_OUT:
         return {"ok": False, "error": "the script answered more than %d bytes" % GPUCHECK_MAX_OUT}
     try:
