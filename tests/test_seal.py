@@ -447,3 +447,43 @@ def test_a_login_script_that_ends_the_shell_is_named(host: Host) -> None:
             assert "an `exit` in ~/.bashrc" in json.dumps(doc), doc["hosts"][0]
     rc.unlink()
     assert host.deploy()[0]["hosts"][0]["status"] == "unchanged"
+
+
+def _tree(root: Path) -> dict[str, tuple[int, int, int, int]]:
+    """Every path under `root` as (mode, size, mtime, ctime): what any write would change."""
+    out = {}
+    for p in [root, *root.rglob("*")]:
+        st = p.lstat()
+        out[str(p)] = (st.st_mode, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    return out
+
+
+def test_a_no_op_deploy_is_one_round_trip_and_writes_nothing(host: Host, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 34: on a sealed host a no-op deploy makes exactly one round trip after the session opens
+    (one remote command, the seal check; no agent request, no other command) and writes nothing on
+    the host: every path of the host's tree (its home, state dir, agent cache, package) keeps its
+    mode, size, mtime and ctime, and none appears or goes."""
+    from fleetctl.transport.session import AgentTransport
+
+    host.sealed_noop()
+    started = _record_starts(monkeypatch)
+    requests: list[str] = []
+    commands: list[list[str]] = []
+    orig_agent, orig_run = AgentTransport.agent, AgentTransport.run_command
+
+    def agent(self: AgentTransport, action: str, *a: object, **k: object) -> object:
+        requests.append(action)
+        return orig_agent(self, action, *a, **k)  # type: ignore[arg-type]
+
+    def run_command(self: AgentTransport, argv: list[str], *a: object, **k: object) -> object:
+        commands.append(argv)
+        return orig_run(self, argv, *a, **k)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(AgentTransport, "agent", agent)
+    monkeypatch.setattr(AgentTransport, "run_command", run_command)
+    before = _tree(host.h.host_dir)
+    doc, sealed, starts = host.deploy()
+    assert sealed and starts == 0 and doc["hosts"][0]["status"] == "unchanged", doc["hosts"][0]
+    assert len(started) == 1 and requests == [] and commands == [], (started, requests, commands)
+    after = _tree(host.h.host_dir)
+    assert after == before, sorted(set(after.items()) ^ set(before.items()))[:10]
