@@ -70,7 +70,7 @@ def test_jdumps_refuses_what_json_refuses() -> None:
 def test_an_unserialisable_result_is_an_error_answer_not_a_dead_agent() -> None:
     rcore.ACTIONS["_bad_for_test"] = lambda p: {"x": b"bytes"}
     try:
-        doc = json.loads(rcore.handle(marshal.dumps({"action": "_bad_for_test"}, 4)))
+        doc = json.loads(rcore.handle_request(marshal.dumps({"action": "_bad_for_test"}, 4)))
     finally:
         del rcore.ACTIONS["_bad_for_test"]
     assert doc["ok"] is False and doc["kind"] == "internal" and "serialisable" in doc["error"]
@@ -129,7 +129,7 @@ def test_requests_are_marshal_of_plain_data_as_json_saw_them() -> None:
     with pytest.raises(TypeError):
         encode_request("facts", {"x": {1, 2}})
     # and the agent answers it
-    doc = json.loads(rcore.handle(encode_request("ping")))
+    doc = json.loads(rcore.handle_request(encode_request("ping")))
     assert doc["ok"] and doc["result"]["pong"]
 
 
@@ -170,7 +170,7 @@ def test_a_request_hashes_a_file_once_while_it_is_unchanged(tmp_path: Path,
     reads = []
     real = rcore.sha256_new
     monkeypatch.setattr(rcore, "sha256_new", lambda *a, **k: reads.append(1) or real(*a, **k))
-    monkeypatch.setattr(rcore, "_SHA_MEMO", [{}])  # what handle sets for the time of a request
+    monkeypatch.setattr(rcore, "_SHA_MEMO", [{}])  # what handle_request sets for the time of a request
     assert rcore.sha256_file(str(f)) == rcore.sha256_file(str(f)) == hashlib.sha256(b"A = 1\n").hexdigest()
     assert len(reads) == 1
     tmp = tmp_path / "new"
@@ -180,7 +180,7 @@ def test_a_request_hashes_a_file_once_while_it_is_unchanged(tmp_path: Path,
     f.write_bytes(b"A = 40\n")  # rewritten in place, another size
     assert rcore.sha256_file(str(f)) == hashlib.sha256(b"A = 40\n").hexdigest()
     assert len(reads) == 3
-    rcore.handle(marshal.dumps({"action": "ping"}, 4))
+    rcore.handle_request(marshal.dumps({"action": "ping"}, 4))
     assert rcore._SHA_MEMO == [None]  # kept for one request only
 
 

@@ -48,7 +48,7 @@ def refused(action: str, result: Any) -> InvalidAnswer:
 
 def real(action: str, payload: dict[str, Any]) -> Any:
     """The agent's own answer to one request (run here, as on a host), as the wire carries it."""
-    doc = json.loads(rcore.handle(marshal.dumps({"action": action, **payload}, 4)))
+    doc = json.loads(rcore.handle_request(marshal.dumps({"action": action, **payload}, 4)))
     assert doc["ok"], doc
     return doc["result"]
 

@@ -12,14 +12,14 @@ controller checks every answer as untrusted), until stdin ends; or (one-shot mod
 request up to EOF, answered by one JSON document on stdout. An answer is {"ok": true, "result": ...}
 or {"ok": false, "error": "...", "kind": "..."}. JSON is written and read here without the json
 module (jdumps/jloads below).
-Every action is a function of a part taking the payload dict, registered in ACTIONS; `handle` answers
+Every action is a function of a part taking the payload dict, registered in ACTIONS; `handle_request` answers
 one request (bytes in, bytes out, never raises): the entry point for an in-process host too.
 
 The agent knows no engine: which package to locate, the file that registers server flags and the
 inventory key that pins the package dir come in each request as `engine` (fleetctl/engine.py,
 `Engine.agent_facts()`).
 
-This part, the core: the serve loop and its framing (`handle`, `serve`), the on-demand parts
+This part, the core: the serve loop and its framing (`handle_request`, `serve`), the on-demand parts
 (`load_part`), JSON and sha256 without their modules, `run_bounded`, the request-scoped state and the
 fault hook slot (`fault_point`: inert unless a test installed fleetctl/remote/faults.py).
 """
@@ -521,7 +521,7 @@ def _content_bytes(payload):
     return sum(len(f["content"]) for f in files if isinstance(f, dict) and isinstance(f.get("content"), bytes))
 
 
-def handle(data):
+def handle_request(data):
     """One request (marshal bytes) -> one answer (JSON bytes); never raises."""
     try:
         payload = marshal.loads(data)
@@ -567,7 +567,7 @@ def handle(data):
 
 def serve_once(data):
     """One-shot mode: the rest of stdin is one request; the answer is all of stdout."""
-    sys.stdout.buffer.write(handle(data))
+    sys.stdout.buffer.write(handle_request(data))
     sys.stdout.flush()
     return 0
 
@@ -581,6 +581,6 @@ def serve(stdin):
         if len(head) < 10:
             return 0
         body = stdin.read(int(head))
-        answer = handle(body)
+        answer = handle_request(body)
         out.write(b"%010d" % len(answer) + answer)
         out.flush()
