@@ -629,6 +629,68 @@ def size_rows(sizes: dict[str, Any]) -> list[str]:
     return out
 
 
+PHASE_ORDER = ("connect", "handshake", "auth", "channel", "check", "agent start", "request:facts", "request:deploy",
+               "request:rollback", "hash", "exec", "transfer", "re-hash", "close", "ssh-close")
+
+
+def phase_rows(sizes: dict[str, Any]) -> list[str]:
+    """Per N: each phase of fleetctl's and the lean push's deploy and no-op (bench/phases.py), the
+    medians over the runs of: hosts' median wall ms in the phase, controller CPU ms per host."""
+    out: list[str] = []
+    for n in sorted(sizes, key=int):
+        cols = [(t, op) for t in ("fleetctl", "lean") for op in ("deploy", "noop")
+                if any("phases" in r for r in sizes[n]["tools"].get(t, {}).get(op, {}).get("runs", []))]
+        if not cols:
+            continue
+        names = [p for p in PHASE_ORDER if any(p in r.get("phases", {}).get("phases", {}) for t, op in cols
+                                                  for r in sizes[n]["tools"][t][op]["runs"])]
+        out += ["", f"Per host and phase at N={n} (bench/phases.py; median over runs of the hosts' median wall ms / "
+                    "controller CPU ms per host; x: calls per host):", "",
+                "| phase | " + " | ".join(f"{LABELS.get(t, t)} {op}" for t, op in cols) + " |",
+                "|---|" + "---:|" * len(cols)]
+        for p in names:
+            cells = []
+            for t, op in cols:
+                got = [r["phases"]["phases"][p] for r in sizes[n]["tools"][t][op]["runs"]
+                       if p in r.get("phases", {}).get("phases", {})]
+                if not got:
+                    cells.append("")
+                    continue
+                w = statistics.median(g["wall_ms_median"] for g in got)
+                c = statistics.median(g["cpu_ms_per_host"] for g in got)
+                k = statistics.median(g["calls_per_host"] for g in got)
+                cells.append(f"{w:.0f} / {c:.1f}" + (f" (x{k:g})" if k != 1 else ""))
+            out.append(f"| {p} | " + " | ".join(cells) + " |")
+        for label, key in (("first connect at (ms)", "first_connect_ms"),):
+            cells = []
+            for t, op in cols:
+                got = [r["phases"][key] for r in sizes[n]["tools"][t][op]["runs"] if key in r.get("phases", {})]
+                cells.append(f"{statistics.median(got):.0f}" if got else "")
+            out.append(f"| {label} | " + " | ".join(cells) + " |")
+        for label, key in (("bytes controller -> host", "bytes_to_host"), ("bytes host -> controller", "bytes_from_host")):
+            cells = []
+            for t, op in cols:
+                got = [r["phases"][key]["median"] for r in sizes[n]["tools"][t][op]["runs"] if key in r.get("phases", {})]
+                cells.append(f"{int(statistics.median(got)):,}" if got else "")
+            out.append(f"| {label} | " + " | ".join(cells) + " |")
+        gl = [(g, op) for op in ("deploy", "noop") for g in ("inventory.load_inventory", "playbook_cache.load",
+                                                              "playbook.load_playbook", "deploy.gather",
+                                                              "deploy.build_plan", "deploy.apply_plan",
+                                                              "ledger.Ledger.start", "ledger.Ledger.finish",
+                                                              "runner.Fleet.close")]
+        rows = []
+        for g, op in gl:
+            got = [r["phases"]["globals"][g] for r in sizes[n]["tools"].get("fleetctl", {}).get(op, {}).get("runs", [])
+                   if g in r.get("phases", {}).get("globals", {})]
+            if got:
+                rows.append(f"| {op} | {g} | {statistics.median(x['first_start_ms'] for x in got):.0f} | "
+                            f"{statistics.median(x['wall_ms'] for x in got):.0f} | {statistics.median(x['cpu_ms'] for x in got):.0f} |")
+        if rows:
+            out += ["", f"fleetctl's steps at N={n} (once per command; process CPU, all threads):", "",
+                    "| op | step | starts at ms | wall ms | CPU ms |", "|---|---|---:|---:|---:|", *rows]
+    return out
+
+
 def markdown(doc: dict[str, Any]) -> str:
     m = doc["meta"]
     out = ["# fleetctl bench results", "",
@@ -648,6 +710,7 @@ def markdown(doc: dict[str, Any]) -> str:
         out += [f"## Login shell: {SHELLS.get(shell, shell)}", "",
                 "Medians over runs (`runs` column). wall/CPU in seconds, RSS in MB.", ""]
         out += size_rows(v["sizes"])
+        out += phase_rows(v["sizes"])
         tl = targets(v["sizes"], shell)
         if tl:
             out += ["", "Targets (a benchmark, not a test):", "", *tl]
