@@ -6,7 +6,6 @@ its stdin (agent source, secret env, session mode), and the framing of requests 
 
 from __future__ import annotations
 
-import functools
 import marshal
 import os
 import shlex
@@ -21,6 +20,7 @@ from typing import Any, Protocol
 
 from fleetctl.config.hosts import Host
 from fleetctl.remote import agent_key, agent_text, packed
+from fleetctl.remote import cache as once
 from fleetctl.transport.base import RemoteError, Steps, Unreachable
 from fleetctl.transport.layers import remote_argv
 
@@ -162,7 +162,7 @@ def compiled_agent() -> tuple[str, bytes]:
         return _compiled[0]
 
 
-@functools.cache
+@once
 def compiled_agent_key() -> tuple[str, str]:
     """This interpreter's bytecode magic and the hash of its compiled agent (once per process, not
     per host)."""
@@ -299,7 +299,7 @@ def parts_for(action: str, request: Mapping[str, Any], loaded: set[str]) -> list
     return [p for p in ON_DEMAND if p not in loaded and want & actions_of(p)]
 
 
-@functools.cache
+@once
 def part_code_key(part: str) -> str:
     """What a host whose python has this interpreter's bytecode magic keeps of a part: the hash of
     its compiled code (marshal format 2, reproducible; see compiled_agent)."""
@@ -754,6 +754,12 @@ class AgentTransport(Steps):
             pipe = self._agent_pipe = self._agent_from(ahead) or self._agent_start()
         parts = parts_for(action, request or {}, self._parts_in)
         fresh = send_parts or self._hello_got[len(HELLO):len(HELLO) + 1] != b"C"
+        if parts and not fresh:
+            # a host without the part answers need_part and the whole request goes again: a request
+            # larger than the parts' source (a deploy's files) takes their code along the first time
+            from fleetctl.remote import part_text
+
+            fresh = len(encode_request(action, request)) > sum(len(part_text(p)) for p in parts)
         body = encode_request(action, with_parts(request, parts, self._hello_got, fresh))
         deadline = self._begin(f"the '{action}' request", limit,
                                f"{h}: '{action}' timed out: no answer within {limit:g}s")
