@@ -187,8 +187,8 @@ class Job:
     written to disk for the other tools, and the pristine bytes to reset hosts with."""
 
     def __init__(self, work: Path, versions: list[str]) -> None:
-        from fleetctl.engines import wheels
         from fleetctl.config.playbook import load_playbook
+        from fleetctl.engines import wheels
         from fleetctl.plan.intended import intended_for
 
         pb = load_playbook(PLAYBOOK)

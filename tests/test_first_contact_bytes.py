@@ -148,7 +148,7 @@ def test_a_deploy_sends_its_files_once(relay_inventory: tuple[Relay, Path, Sandb
     push's 376 KB at first contact). A request larger than the part's source takes it along."""
     from fleetctl.cli import main
     from fleetctl.config.playbook import load_playbook
-    from fleetctl.intended import intended_for
+    from fleetctl.plan.intended import intended_for
 
     relay, inv, sb = relay_inventory
     pb = Path(__file__).resolve().parents[1] / "playbooks" / "dynamic-spec-disable"

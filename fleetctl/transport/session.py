@@ -25,7 +25,7 @@ from fleetctl.transport.base import RemoteError, Steps, Unreachable
 from fleetctl.transport.layers import remote_argv
 
 
-@functools.cache
+@once
 def bootstrap_text() -> str:
     """What the host's python runs with -c to start the agent: fleetctl/remote/bootstrap.py's
     function, turned into a string once per process (BOOTSTRAP)."""
