@@ -552,22 +552,18 @@ def add_sandbox(hosts: FakeHosts, sb: Any) -> None:
 
 @contextmanager
 def sandbox(d: Any, fake: FakeHosts | None = None, **kw: Any) -> Iterator[Any]:
-    """A sandbox built without sshd (lifecycle.up(..., sshd_hosts=False)), its hosts in-process and
-    installed for the block; `sb.fake` is their FakeHosts (`sb.fake.down.add("h02")`: unreachable).
-    Taken down (its servers stopped) at the end, also on failure."""
+    """A sandbox built without sshd (lifecycle.up(..., sshd_hosts=False)) whose hosts are in `fake`
+    (a new FakeHosts if None), also `sb.fake` (`sb.fake.down.add("h02")`: unreachable). Nothing is
+    installed here: a module-scoped sandbox is reached through `installed(sb.fake)` in each test's own
+    fixture, so a test of the same module that uses real sshd hosts keeps SSH. Taken down (its
+    servers stopped) at the end, also on failure."""
     from fleetctl.sandbox import lifecycle
 
     try:
         sb = lifecycle.up(d, sshd_hosts=False, **kw)
-        if fake is None:
-            with installed() as fake:
-                add_sandbox(fake, sb)
-                sb.fake = fake  # type: ignore[attr-defined]
-                yield sb
-        else:
-            add_sandbox(fake, sb)
-            sb.fake = fake  # type: ignore[attr-defined]
-            yield sb
+        sb.fake = fake if fake is not None else FakeHosts()  # type: ignore[attr-defined]
+        add_sandbox(sb.fake, sb)  # type: ignore[attr-defined]
+        yield sb
     finally:
         report = lifecycle.down(d, missing_ok=True)
         if report.survivors:

@@ -56,6 +56,15 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[sbx.Sandbox]:
 
 
 
+@pytest.fixture(autouse=True)
+def _in_process(fleet: sbx.Sandbox) -> Iterator[None]:
+    """Every test here reaches the module's hosts in-process."""
+    import fakehost
+
+    with fakehost.installed(fleet.fake):  # type: ignore[attr-defined]
+        yield
+
+
 @pytest.fixture
 def pristine(fleet: sbx.Sandbox) -> Iterator[sbx.Sandbox]:
     """Give each test a fleet whose package trees are pristine and whose state dirs are empty."""

@@ -46,8 +46,11 @@ from fleetctl.remote import transaction as rtx
 from fleetctl.sandbox import lifecycle as sbx
 from fleetctl.sandbox import sshd
 
-pytestmark = [pytest.mark.usefixtures("ledger_dir"), pytest.mark.fleet,
-              pytest.mark.skipif(not Path("/usr/sbin/sshd").exists(), reason="OpenSSH sshd is not installed")]
+pytestmark = [pytest.mark.usefixtures("ledger_dir")]
+# real sshd hosts for the tests whose other controller is a process of its own (spawn_faulted), that
+# launch a server, or whose "other machine" is an sshd in its own UTS namespace; the others run on
+# in-process hosts (tests/fakehost.py)
+needs_sshd = pytest.mark.skipif(not Path("/usr/sbin/sshd").exists(), reason="OpenSSH sshd is not installed")
 
 FILES = (EW2, SA)
 HOLD = 4.0
@@ -64,13 +67,36 @@ def hfleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[sbx.Sandb
         sbx.down(d / "sb", missing_ok=True)
 
 
+@pytest.fixture(scope="module")
+def fake_hfleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[sbx.Sandbox, Path, Path]]:
+    """hfleet's hosts reached in-process (tests/fakehost.py): for the tests of what the agent decides."""
+    import fakehost
+
+    d = tmp_path_factory.mktemp("hoststate-fake")
+    with fakehost.sandbox(d / "sb", hosts=2, versions=[VERSION], gpus=1) as sb:
+        inv = write_inventory(sb, d / "inventory.yaml", command_timeout=60)
+        yield sb, inv, make_playbook(d / "pb", files=FILES, tag="hs")
+
+
+def _clean(fleet: tuple) -> Iterator[tuple]:
+    for h in fleet[0].hosts.values():
+        reset_host(h, FILES)
+    yield fleet
+    for h in fleet[0].hosts.values():
+        reset_host(h, FILES)
+
+
 @pytest.fixture
 def clean(hfleet: tuple) -> Iterator[tuple]:
-    for h in hfleet[0].hosts.values():
-        reset_host(h, FILES)
-    yield hfleet
-    for h in hfleet[0].hosts.values():
-        reset_host(h, FILES)
+    yield from _clean(hfleet)
+
+
+@pytest.fixture
+def fclean(fake_hfleet: tuple) -> Iterator[tuple]:
+    import fakehost
+
+    with fakehost.installed(fake_hfleet[0].fake):
+        yield from _clean(fake_hfleet)
 
 
 def hashes(root: Path) -> dict[str, str]:
@@ -93,9 +119,9 @@ def problems(doc: dict, host: str) -> str:
 # ------------------------------------------------------------------ 5: state dir gone
 
 
-def test_state_dir_gone_is_deployed_without_a_record(clean: tuple, tmp_path: Path,
+def test_state_dir_gone_is_deployed_without_a_record(fclean: tuple, tmp_path: Path,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
-    sb, inv, pb = clean
+    sb, inv, pb = fclean
     h = sb.hosts["h01"]
     assert run_json(capsys, "deploy", "-i", str(inv), "--limit", "h01", str(pb))[0] == 0
     assert hashes(h.sglang_dir) == patched(pb)
@@ -158,8 +184,8 @@ def _run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]
 # ------------------------------------------------------------------ 6: package dir moved under a deploy
 
 
-def test_package_dir_flipped_to_another_tree(clean: tuple, capsys: pytest.CaptureFixture[str]) -> None:
-    sb, inv, pb = clean
+def test_package_dir_flipped_to_another_tree(fclean: tuple, capsys: pytest.CaptureFixture[str]) -> None:
+    sb, inv, pb = fclean
     h = sb.hosts["h02"]
     tree_a, tree_b = h.host_dir / "tree-a", h.host_dir / "tree-b"
     tree_a.mkdir()
@@ -195,8 +221,8 @@ def test_package_dir_flipped_to_another_tree(clean: tuple, capsys: pytest.Captur
 # ------------------------------------------------------------------ 14.7: reinstalled / upgraded under a deploy
 
 
-def test_reinstall_and_upgrade_under_a_deploy(clean: tuple, capsys: pytest.CaptureFixture[str]) -> None:
-    sb, inv, pb = clean
+def test_reinstall_and_upgrade_under_a_deploy(fclean: tuple, capsys: pytest.CaptureFixture[str]) -> None:
+    sb, inv, pb = fclean
     h = sb.hosts["h01"]
     args = ("-i", str(inv), "--limit", "h01")
     code, dep = run_json(capsys, "deploy", *args, str(pb))
@@ -253,6 +279,8 @@ def _hold(sb: sbx.Sandbox, host: str, ledger: Path, *args: str) -> subprocess.Po
     return proc
 
 
+@pytest.mark.fleet
+@needs_sshd
 def test_noop_deploy_during_a_rollback_is_not_unchanged(clean: tuple, ledger_dir: Path,
                                                         capsys: pytest.CaptureFixture[str]) -> None:
     sb, inv, pb = clean
@@ -271,6 +299,8 @@ def test_noop_deploy_during_a_rollback_is_not_unchanged(clean: tuple, ledger_dir
     assert hashes(h.sglang_dir) == pristine()  # the host ended pristine: "unchanged" would have been false
 
 
+@pytest.mark.fleet
+@needs_sshd
 def test_noop_rollback_during_a_deploy_is_not_nothing_to_do(clean: tuple, ledger_dir: Path,
                                                             capsys: pytest.CaptureFixture[str]) -> None:
     sb, inv, pb = clean
@@ -334,6 +364,8 @@ def _as_other_machine(sb: sbx.Sandbox, name: str, hostname: str) -> int:
     raise AssertionError("sshd in its own UTS namespace never listened")
 
 
+@pytest.mark.fleet
+@needs_sshd
 def test_shared_state_dir_two_machines(fresh_sandbox, tmp_path: Path,  # type: ignore[no-untyped-def]
                                        capsys: pytest.CaptureFixture[str]) -> None:
     sb = fresh_sandbox(hosts=2, versions=(VERSION,), gpus=1)
@@ -422,6 +454,8 @@ def test_lock_identity_another_machine_or_another_boot(tmp_path: Path) -> None:
     assert rlock.read_lock(str(sd))["stale"] is True
 
 
+@pytest.mark.fleet
+@needs_sshd
 def test_restart_would_lose_a_patch_no_longer_on_disk(clean: tuple, tmp_path: Path,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
     """A server launched on a deploy whose files were reinstalled since: status says a restart would
