@@ -6,7 +6,6 @@ its stdin (agent source, secret env, session mode), and the framing of requests 
 
 from __future__ import annotations
 
-import functools
 import marshal
 import os
 import shlex
