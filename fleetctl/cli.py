@@ -250,7 +250,7 @@ def _main(args: list[str]) -> int:
     global last_reference
     last_reference = None
     debug = "--debug" in args
-    from fleetctl.ui import suggest
+    from fleetctl.model import suggest
 
     suggest.set_from_argv(args)
     try:

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from fleetctl.cli import main
+from fleetctl.config.containers import ContainerSpec
 from fleetctl.config.inventory import load_inventory
 from fleetctl.containers.inspect import ContainerError, parse
-from fleetctl.containers.spec import ContainerSpec
 from fleetctl.transport.layers import remote_argv
 from fleetctl.transport.session import agent_command
 

@@ -33,7 +33,7 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("model/facts.py", "sglang"): "the `facts --json` key (docs/json.md), a stable output contract",
     ("commands/patch.py", "--sglang"): "fleetctl's own option naming a release, not a server flag",
     ("commands/validate.py", "--sglang"): "the same option's name in its error message",
-    ("containers/advice.py", "--sglang"): "the same option in the `patch dockerfile` command it suggests",
+    ("ops/container_advice.py", "--sglang"): "the same option in the `patch dockerfile` command it suggests",
     ("commands/sandbox.py", "--cpu-sglang"): "fleetctl's own sandbox option (hosts on a CPU venv of the real engine)",
     ("commands/patch.py", "Path inside the sglang package, e.g. srt/speculative/eagle_worker.py."):
         "--help example; command help must not import the engine (start-up, issue 16.10)",

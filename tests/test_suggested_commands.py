@@ -125,7 +125,7 @@ def test_every_suggestion_written_in_the_code_parses_once_completed(tmp_path: Pa
     from typer import _click as click  # typer's own click (typer 0.29 vendors it)
 
     from fleetctl.cli import app
-    from fleetctl.ui import suggest
+    from fleetctl.model import suggest
 
     root = Path(__file__).resolve().parents[1] / "fleetctl"
     found = set()

@@ -194,7 +194,7 @@ def emit_json(command: str, *, ok: bool, hosts: list[dict[str, Any]] | None = No
             message = f"interrupted (Ctrl-C): {message}" if message and not message.startswith("interrupted") \
                 else (message or "interrupted (Ctrl-C)")
 
-    from fleetctl.ui.suggest import complete_doc
+    from fleetctl.model.suggest import complete_doc
 
     doc = complete_doc(envelope(command, ok=ok, hosts=hosts, op_id=op_id, message=message, summary=summary, **extra))
     sys.stdout.write(json.dumps(doc, indent=2, sort_keys=False, default=str) + "\n")

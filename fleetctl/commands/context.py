@@ -144,7 +144,7 @@ def playbook_fleet(playbook: Path, inventory: Path | None, limit: str | None, fo
         from fleetctl.config.playbook import load_playbook
 
         load_playbook(playbook)  # raises its one line
-    from fleetctl.ui import suggest
+    from fleetctl.model import suggest
 
     suggest.playbook = str(playbook)
     with fleet_context(inventory, limit, forks, json=json, debug=debug, command=command,

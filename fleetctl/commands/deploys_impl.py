@@ -54,7 +54,7 @@ def _load_playbook(path: Path) -> Playbook:
     """(pydantic and the playbook models are imported only by a command given a playbook, whose
     playbook was not loaded before from the same inputs: config/playbook_cache.py)"""
     from fleetctl.config import playbook_cache
-    from fleetctl.ui import suggest
+    from fleetctl.model import suggest
 
     suggest.playbook = str(path)
     return playbook_cache.load(path)
@@ -435,7 +435,7 @@ def history(*, op_id: str | None, limit_rows: int, json_out: bool) -> None:
                           message=f"{d['kind']} {d['id']}: {d['outcome'] or 'running'}",
                           operation={k: v for k, v in d.items() if k != "hosts"})
                 raise typer.Exit(0)
-            from fleetctl.ui.suggest import quote
+            from fleetctl.model.suggest import quote
 
             out.print(line(f"{d['kind']} {d['id']} by {d['user']}@{d['controller']} at {_ts(d['started'])}: "
                            f"{d['outcome'] or 'running'}"))

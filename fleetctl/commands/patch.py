@@ -336,8 +336,8 @@ def dockerfile_cmd(
                                                     "install it).", show_default=False)] = None,
 ) -> None:
     from fleetctl.config.playbook import load_playbook
-    from fleetctl.containers.dockerfile import build, write_context
     from fleetctl.engines import engine
+    from fleetctl.plan.dockerfile import build, write_context
     from fleetctl.plan.intended import intended_for
 
     sglang = validate.sglang_version(sglang)

@@ -88,7 +88,7 @@ def up(
 
 
 def _restart_hint(dir: Path, names: list[str]) -> str:
-    from fleetctl.ui.suggest import quote
+    from fleetctl.model.suggest import quote
 
     return f"'fleetctl sandbox restart --dir {quote(str(dir))} {' '.join(names)}' starts {'it' if len(names) == 1 else 'them'} again"
 

@@ -14,6 +14,18 @@ from typing import Any
 
 from fleetctl.errors import InputError
 
+# become (transport/become.py runs it): the one method fleetctl runs and why the others are refused
+BECOME_METHODS = ("sudo",)
+BECOME_UNSUPPORTED = {
+    "su": "su reads its password from a terminal only, and fleetctl never opens one on a host",
+    "doas": "doas cannot take a password on stdin (only from a terminal) and has no non-interactive check",
+    "pbrun": "fleetctl becomes through sudo only", "pfexec": "fleetctl becomes through sudo only",
+    "dzdo": "fleetctl becomes through sudo only", "ksu": "fleetctl becomes through sudo only",
+    "machinectl": "fleetctl becomes through sudo only", "runas": "fleetctl becomes through sudo only",
+}
+# a user name sudo's -u takes as a name (no '#uid' forms, no option-like or shell-special words)
+BECOME_USER_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*\$?$")
+
 FLAG_RE = re.compile(r"^--[A-Za-z0-9][A-Za-z0-9_\-]*$")  # a server flag as the inventory and playbook name it
 DEFAULT_HOST_TIMEOUT = 1800.0  # seconds one host transaction (one step of a command on a host) may take
 DEFAULT_MAX_ANSWER_BYTES = 64 << 20  # the largest answer a host may send for one request
@@ -64,7 +76,7 @@ class Host:
     @property
     def become_as(self) -> str:
         return self.become_user or "root"
-    # SGLang runs in a container on this host: its runtime and name, as fleetctl.containers.spec
+    # SGLang runs in a container on this host: its runtime and name, as fleetctl.config.containers
     # ContainerSpec.of reads them (plain data so the kept copy holds it as JSON)
     container: dict[str, Any] | None = None
 

@@ -68,19 +68,19 @@ def check_flags(v: dict[str, Any] | None) -> dict[str, Any] | None:
 
 
 def check_become_method(v: str | None) -> str | None:
-    from fleetctl.transport.become import METHODS, UNSUPPORTED
+    from fleetctl.config.hosts import BECOME_METHODS, BECOME_UNSUPPORTED
 
-    if v is not None and v not in METHODS:
-        why = UNSUPPORTED.get(v, "unknown become method")
+    if v is not None and v not in BECOME_METHODS:
+        why = BECOME_UNSUPPORTED.get(v, "unknown become method")
         raise ValueError(f"{v}: not supported: {why} (use become_method: sudo, the only one fleetctl runs, "
                          "with a sudoers rule for the interpreter)")
     return v
 
 
 def check_become_user(v: str | None) -> str | None:
-    from fleetctl.transport.become import USER_RE
+    from fleetctl.config.hosts import BECOME_USER_RE
 
-    if v is not None and not USER_RE.match(v):
+    if v is not None and not BECOME_USER_RE.match(v):
         raise ValueError(f"{v!r} is not a user name (e.g. root)")
     return v
 class ContainerFields(Strict):
@@ -99,7 +99,7 @@ class ContainerFields(Strict):
     @field_validator("name", "container")
     @classmethod
     def _name(cls, v: str | None) -> str | None:
-        from fleetctl.containers.spec import NAME_RE
+        from fleetctl.config.containers import NAME_RE
 
         if v is not None and not NAME_RE.match(v):
             raise ValueError(f"{v!r} is not a container or pod name (letters, digits, _ . -; not starting with -)")
@@ -115,7 +115,7 @@ class ContainerFields(Strict):
     @field_validator("user")
     @classmethod
     def _user(cls, v: str | None) -> str | None:
-        from fleetctl.containers.spec import USER_RE
+        from fleetctl.config.containers import USER_RE
 
         if v is not None and not USER_RE.match(v):
             raise ValueError(f"{v!r} is not a user[:group] name or id")

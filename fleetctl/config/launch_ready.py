@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-PLACEHOLDER = "<FILL: "
+from fleetctl.engines.base import PLACEHOLDER
 
 
 def unfilled(pb: Any) -> list[str]:

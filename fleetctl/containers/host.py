@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from fleetctl.config.containers import ContainerSpec
 from fleetctl.containers.inspect import INSPECT_CAP, ContainerError, ContainerInfo, parse
-from fleetctl.containers.spec import ContainerSpec
 from fleetctl.transport.base import Transport
 
 STDERR_SHOWN = 300  # characters of the runtime's last stderr line put in the one-line error

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from fleetctl.containers.spec import ContainerSpec
+from fleetctl.config.containers import ContainerSpec
 from fleetctl.errors import FleetctlError
 
 INSPECT_CAP = 4 << 20  # bytes of inspect output (a pod with many containers stays far below)

@@ -18,8 +18,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from fleetctl.config.containers import ContainerSpec
 from fleetctl.containers.inspect import ContainerError, ContainerInfo
-from fleetctl.containers.spec import ContainerSpec
 
 if TYPE_CHECKING:
     from fleetctl.transport.base import Transport

@@ -6,6 +6,7 @@ protocol's types and errors; `fleetctl.engines.engine()` returns the one instanc
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -13,6 +14,19 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from fleetctl.protocol.answers import EngineProbeAnswer
     from fleetctl.protocol.gpus import Gpu
+
+
+# what `fleetctl patch init` writes where the user must still give a value (config/launch_ready.py
+# names each one left and `launch` refuses them); an engine's scaffold writes it into its drafts
+PLACEHOLDER = "<FILL: "
+# a playbook state file named in a launch flag or env value: `{file:<name>}` (model/statefiles.py
+# makes it the file's path on the host); an engine reads its own config files through `refs`
+REF_RE = re.compile(r"\{file:([^{}]*)\}")
+
+
+def refs(value: Any) -> list[str]:
+    """The state file names a launch value refers to (`{file:<name>}`)."""
+    return REF_RE.findall(value) if isinstance(value, str) else []
 
 
 @dataclass(frozen=True)

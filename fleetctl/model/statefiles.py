@@ -10,13 +10,12 @@ host (the state dir as the host's agent resolved it), so the server reads exactl
 from __future__ import annotations
 
 import dataclasses
-import re
 from typing import Any
 
 from fleetctl.config.playbook_model import Playbook
+from fleetctl.engines.base import REF_RE
 from fleetctl.model.instances import Instance
 
-REF_RE = re.compile(r"\{file:([^{}]*)\}")
 ROOT = "files"
 
 
@@ -34,10 +33,6 @@ def payload(pb: Playbook) -> list[dict[str, Any]]:
     """The agent's `state_files` for a deploy of this playbook."""
     return [{"name": f"{pb.name}/{f.name}", "sha_after": f.sha256, "mode": f.mode,
              "content": f.data} for f in pb.state_files]
-
-
-def refs(value: Any) -> list[str]:
-    return REF_RE.findall(value) if isinstance(value, str) else []
 
 
 def expand(value: Any, pb: Playbook, state_dir: str) -> Any:

@@ -264,15 +264,15 @@ def _plan_container(hp: HostPlan, host: Host, facts: HostFacts, playbook: Playbo
     """A host whose SGLang is in a container: a read-only root is refused (the patch belongs in the
     image: `fleetctl patch dockerfile` prints how); a state dir on the container's own filesystem
     is warned about (its records and backups die with the container)."""
-    from fleetctl.containers.advice import read_only_refusal, state_dir_warning
+    from fleetctl.ops.container_advice import read_only_refusal, state_dir_warning
 
     if facts.container is None:
         return
     if facts.container.read_only and hp.status in ("change", "refused"):  # (the root cause of 'unwritable')
         hp.status, hp.reason = "refused", read_only_refusal(hp.host, facts, playbook)
         return
-    from fleetctl.containers.advice import main_process_warning
-    from fleetctl.containers.spec import ContainerSpec
+    from fleetctl.config.containers import ContainerSpec
+    from fleetctl.ops.container_advice import main_process_warning
 
     if hp.status not in ("change", "noop"):
         return

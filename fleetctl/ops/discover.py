@@ -177,7 +177,7 @@ class RestartReminder:
     containers: dict[str, str] = field(default_factory=dict)
 
     def line(self, inventory: str, playbook: str | None) -> str:
-        from fleetctl.ui.suggest import quote
+        from fleetctl.model.suggest import quote
 
         cut = ""
         inv = quote(inventory)
@@ -235,7 +235,7 @@ def restart_reminder(found: list[HostServers], hosts: list[Host] | None = None) 
 
 def main_process_restarts(hosts: list[Host]) -> dict[str, str]:
     """host -> the command that restarts its container, for hosts marked `container.main_process`."""
-    from fleetctl.containers.spec import ContainerSpec
+    from fleetctl.config.containers import ContainerSpec
 
     out = {}
     for h in hosts:

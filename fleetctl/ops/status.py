@@ -76,7 +76,7 @@ def _container_problems(host: str, f: Any) -> list[str]:
     re-created container has another hostname, so its records read as another machine's)."""
     if f.container is None:
         return []
-    from fleetctl.containers.advice import recreated, recreated_per_ledger
+    from fleetctl.ops.container_advice import recreated, recreated_per_ledger
 
     for m in reversed(f.deploys()):
         if m.kind == "deploy" and m.state == "complete" and m.container:

@@ -393,8 +393,8 @@ def _recreated(conn: Transport, got: ServerGrepAnswer) -> str | None:
     that recorded it (the patch went with the old container); None otherwise."""
     if not conn.host.container:
         return None
-    from fleetctl.containers.advice import recreated, recreated_per_ledger
     from fleetctl.containers.host import inspect
+    from fleetctl.ops.container_advice import recreated, recreated_per_ledger
 
     now = inspect(conn)
     assert now is not None

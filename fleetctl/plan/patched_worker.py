@@ -42,7 +42,7 @@ def named_files(facts: HostFacts | None, playbook: Playbook, flags: dict[str, An
     """The files the launch's flags name, as start-up will read them: a playbook state file
     (`{file:NAME}`) from the playbook's own bytes (what deploy ships), others as read on the host
     (None: not asked, e.g. offline)."""
-    from fleetctl.model.statefiles import refs
+    from fleetctl.engines.base import refs
 
     out: dict[str, bytes | str] = dict(facts.launch_files) if facts is not None and facts.launch_files else {}
     shipped = {f.name: f.data for f in playbook.state_files}

@@ -21,21 +21,14 @@ import sys
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from fleetctl.config.hosts import BECOME_METHODS as METHODS
+from fleetctl.config.hosts import BECOME_UNSUPPORTED as UNSUPPORTED
+from fleetctl.config.hosts import BECOME_USER_RE as USER_RE
 from fleetctl.errors import InputError
 
 if TYPE_CHECKING:
     from fleetctl.config.hosts import Host
 
-METHODS = ("sudo",)
-UNSUPPORTED = {
-    "su": "su reads its password from a terminal only, and fleetctl never opens one on a host",
-    "doas": "doas cannot take a password on stdin (only from a terminal) and has no non-interactive check",
-    "pbrun": "fleetctl becomes through sudo only", "pfexec": "fleetctl becomes through sudo only",
-    "dzdo": "fleetctl becomes through sudo only", "ksu": "fleetctl becomes through sudo only",
-    "machinectl": "fleetctl becomes through sudo only", "runas": "fleetctl becomes through sudo only",
-}
-# a user name sudo's -u takes as a name (no '#uid' forms, no option-like or shell-special words)
-USER_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*\$?$")
 # sudo's prompt (-p; %U: the user to become): what the session waits for on stderr before it sends the
 # password; spelled so that no other line of sudo (or of a login script) is taken for it
 PROMPT = "[fleetctl become] password to become %U: "
@@ -144,7 +137,7 @@ def wrap(host: Host, argv: list[str]) -> list[str]:
 def rule(host: Host) -> str:
     """The sudoers line that lets the host's login run its interpreter as the become user, no password."""
     if host.container:  # (become runs the container runtime's client: transport/layers.py)
-        from fleetctl.containers.spec import ContainerSpec
+        from fleetctl.config.containers import ContainerSpec
 
         spec = ContainerSpec.of(host.container)
         assert spec is not None

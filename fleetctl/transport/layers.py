@@ -22,7 +22,7 @@ def container_layer(host: Host, argv: list[str]) -> list[str]:
     """Run `argv` inside the host's container (its runtime's exec, stdin attached, no tty)."""
     if not host.container:
         return argv
-    from fleetctl.containers.spec import ContainerSpec
+    from fleetctl.config.containers import ContainerSpec
 
     spec = ContainerSpec.of(host.container)
     assert spec is not None

@@ -564,7 +564,7 @@ class AgentTransport(Steps):
             return RemoteError(f"{h}: python interpreter {self.host.python!r} cannot run: {why}",
                                kind="bad_python", hint="fix 'python:' for this host in the inventory")
         if self._no_hello and self.host.container:  # the runtime's exec ended first
-            from fleetctl.containers.spec import ContainerSpec
+            from fleetctl.config.containers import ContainerSpec
 
             spec = ContainerSpec.of(self.host.container)
             assert spec is not None

@@ -75,7 +75,7 @@ def clean(value: Any, *, multiline: bool = True, limit: int | None = None) -> st
     newlines and tabs (one line stays one line). `limit` cuts long values, saying how much was cut."""
     s = "" if value is None else value if isinstance(value, str) else str(value)
     if "'fleetctl " in s:  # a suggested command: made runnable as printed (suggest.py)
-        from fleetctl.ui.suggest import complete
+        from fleetctl.model.suggest import complete
 
         s = complete(s)
     cut = ""

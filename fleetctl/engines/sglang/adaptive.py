@@ -162,7 +162,7 @@ def _truthy(value: object) -> bool:
 def adaptive_configs(pb: Any) -> list[tuple[str, dict[str, Any]]]:
     """(state file name, parsed JSON object) of each state file an adaptive launch of `pb` names with
     --speculative-adaptive-config; empty when the launch does not use --speculative-adaptive."""
-    from fleetctl.model.statefiles import refs
+    from fleetctl.engines.base import refs
 
     flags = dict(pb.launch.flags)
     if not _truthy(flags.get("--speculative-adaptive")):

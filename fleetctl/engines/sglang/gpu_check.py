@@ -70,9 +70,9 @@ def bench_script() -> str:
 
 
 def _tp(flag: str) -> bool:
-    from fleetctl.engines import engine
+    from fleetctl.engines.sglang.engine import SGLANG
 
-    return flag in engine().tp_spellings
+    return flag in SGLANG.tp_spellings
 
 
 def phases(flags: dict[str, Any], env: dict[str, str], patch_flags: set[str], models: dict[str, str],

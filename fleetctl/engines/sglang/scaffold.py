@@ -18,7 +18,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
-from fleetctl.config.launch_ready import PLACEHOLDER
+from fleetctl.engines.base import PLACEHOLDER
 from fleetctl.engines.sglang import releases as R
 from fleetctl.engines.sglang import routing
 

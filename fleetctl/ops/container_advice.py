@@ -6,7 +6,7 @@ from __future__ import annotations
 import shlex
 from typing import TYPE_CHECKING, Any
 
-from fleetctl.containers.spec import ContainerSpec
+from fleetctl.config.containers import ContainerSpec
 
 if TYPE_CHECKING:
     from fleetctl.config.playbook_model import Playbook

@@ -1,0 +1,106 @@
+"""The house by floors (issue 33.1/7): every import in fleetctl/ runs down the floor table of
+tests/import_floors.py (docs/architecture.md shows the same table), no circle joins two homes, the
+top level holds only __main__, cli and errors, only ui/ imports rich, and an engine package imports
+only the engine base, the protocol and errors."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import import_floors as F
+
+import fleetctl
+
+ROOT = Path(fleetctl.__file__).parent
+
+
+def test_every_home_has_a_floor_and_the_top_level_is_three_modules() -> None:
+    homes = {p.name if p.is_dir() else p.stem for p in ROOT.iterdir()
+             if (p.is_dir() and (p / "__init__.py").exists()) or p.suffix == ".py"}
+    homes.discard("__init__")
+    placed = {h for floor in F.FLOORS for h in floor} | set(F.APART)
+    assert homes <= placed, f"homes with no floor in tests/import_floors.py: {sorted(homes - placed)}"
+    assert sorted(p.name for p in ROOT.glob("*.py")) == ["__init__.py", "__main__.py", "cli.py", "errors.py"]
+
+
+def test_no_arrow_runs_up_a_floor() -> None:
+    arrows = F.all_arrows(ROOT)
+    assert F.up_arrows(arrows) == []
+    seen = {(a.src, a.dst) for a in arrows}
+    assert not set(F.KNOWN) - seen, f"known up-arrows that are gone (take them off KNOWN): {set(F.KNOWN) - seen}"
+
+
+def test_no_circle_between_homes() -> None:
+    assert F.circles(F.all_arrows(ROOT)) == []
+
+
+def test_the_checker_sees_a_planted_up_arrow_and_circle(tmp_path: Path) -> None:
+    """A copy of fleetctl/ with one import planted inside a function body (plan -> ops) fails both checks."""
+    import shutil
+
+    copy = tmp_path / "fleetctl"
+    shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    assert F.up_arrows(F.all_arrows(copy)) == []
+    target = copy / "plan" / "deploy.py"
+    target.write_text(target.read_text() + "\n\ndef _planted() -> None:\n    from fleetctl.ops import deploy  # noqa\n")
+    arrows = F.all_arrows(copy)
+    bad = F.up_arrows(arrows)
+    last = len(target.read_text().splitlines())
+    assert bad == [f"fleetctl.plan.deploy:{last} -> fleetctl.ops.deploy: up from plan (floor 3) to ops (floor 2)"]
+    assert any({"ops", "plan"} <= set(c) for c in F.circles(arrows))  # ops imports plan: now a circle
+
+
+def test_the_walker_finds_every_kind_of_import() -> None:
+    src = ("from __future__ import annotations\nfrom typing import TYPE_CHECKING\nimport fleetctl.ops.deploy\n"
+           "from fleetctl.model import facts\nfrom . import sibling\nfrom ..config import hosts\n"
+           "if TYPE_CHECKING:\n    from fleetctl.ui.render import x\n"
+           "def f():\n    from fleetctl.engines import engine\n")
+    got = [(a.dst, a.line) for a in F.arrows_of("fleetctl.plan.deploy", src, False,
+                                                 {"fleetctl.model.facts", "fleetctl.plan.sibling"})]
+    assert got == [("fleetctl.ops.deploy", 3), ("fleetctl.model.facts", 4), ("fleetctl.plan.sibling", 5),
+                   ("fleetctl.config", 6), ("fleetctl.ui.render", 8), ("fleetctl.engines", 10)]
+
+
+def _imports_of(path: Path) -> set[str]:
+    out = set()
+    for n in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(n, ast.Import):
+            out |= {a.name for a in n.names}
+        elif isinstance(n, ast.ImportFrom) and not n.level and n.module:
+            out.add(n.module)
+    return out
+
+
+# command modules that still build rich Text themselves (their tables' cells); to go: their cell
+# builders move into ui/ (safetext's `line`/`styled`/`safe` cover every use)
+RICH_LEFT = {"commands/deploys_view.py", "commands/facts_impl.py", "commands/gpucheck_impl.py", "commands/patch.py",
+             "commands/servers_impl.py"}
+
+
+def test_only_ui_imports_rich() -> None:
+    found = {p.relative_to(ROOT).as_posix() for p in sorted(ROOT.rglob("*.py"))
+             if p.relative_to(ROOT).parts[0] != "ui" and any(m.split(".")[0] == "rich" for m in _imports_of(p))}
+    assert found - RICH_LEFT == set()
+    assert RICH_LEFT - found == set(), "no longer imports rich: take it off RICH_LEFT"
+
+
+def test_an_engine_imports_only_its_base_the_protocol_and_errors() -> None:
+    """An engine package (engines/<name>/) may import itself, engines.base, engines.wheels (its
+    release's pristine sources), the protocol's types and errors, never the factory; in engines/
+    outside an engine package only the factory (engines/__init__.py) names an engine package."""
+    allowed = ("fleetctl.engines.base", "fleetctl.engines.wheels", "fleetctl.protocol", "fleetctl.errors")
+    bad = []
+    for a in F.all_arrows(ROOT):
+        parts = a.src.split(".")
+        if parts[:2] != ["fleetctl", "engines"] or (a.src, a.dst) in F.KNOWN:
+            continue
+        own = ".".join(parts[:3])
+        if len(parts) > 3 or (len(parts) == 3 and parts[2] not in ("base", "wheels")):  # an engine package
+            ok = any(a.dst == m or a.dst.startswith(m + ".") for m in (*allowed, own))
+        else:  # the base, the wheels, the factory
+            ok = a.src == "fleetctl.engines" or not (a.dst.startswith("fleetctl.engines.") and
+                                                     a.dst.split(".")[2] not in ("base", "wheels"))
+        if not ok:
+            bad.append(a.where)
+    assert bad == []
