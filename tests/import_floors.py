@@ -45,7 +45,7 @@ KNOWN: Mapping[tuple[str, str], str] = {
         "apply_patch); to go: the plan hands the engine the touched lines and the patched bytes",
     ("fleetctl.remote", "fleetctl.engines.wheels"):
         "the agent builder (controller side of remote/) keeps the stripped agent in the cache dir",
-    ("fleetctl.ops.rolling", "fleetctl.remote.agent"):
+    ("fleetctl.ops.rolling", "fleetctl.remote.hostfacts"):
         "a restart on the original code asks whether a flag is registered with the agent's own function",
 }
 
