@@ -14,7 +14,7 @@ ROOT=$(cd "$HERE/.." && pwd)
 OUT=${OUT:-/tmp/gpu-check-out}; mkdir -p "$OUT"
 exec > >(tee -a "$OUT/log") 2>&1
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-W=/tmp/w; mkdir -p $W/cache
+W=/tmp/w; rm -rf $W /tmp/fldeps; mkdir -p $W/cache   # a warm machine keeps /tmp from the last call
 export TRITON_CACHE_DIR=$W/cache/triton TVM_FFI_CACHE_DIR=$W/cache/tvm-ffi
 export FLEETCTL_STATE_DIR=$W/controller FLEETCTL_CACHE_DIR=$W/flcache COLUMNS=160
 T0=$(date +%s)
@@ -22,7 +22,7 @@ left() { echo $(( ${GPU_CHECK_BUDGET:-350} - ($(date +%s) - T0) )); }
 nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv
 tar xJf "$HERE/carry/site014.tar.xz" -C $W || exit 3
 for c in "$HERE"/carry/cache/cache_*.tgz; do [ -f "$c" ] && tar xzf "$c" -C $W/cache; done
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/fldeps "$HERE"/carry/flwheels/*.whl || exit 5
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/fldeps ${FLWHEELS:-$HERE/carry/flwheels}/*.whl || exit 5
 cp -r "$HERE/carry/flcache" $W/flcache   # the pristine sglang wheel deploy checks the installed files against
 SP=$W/site:$HERE/carry/extra:$HERE/shims:$HERE/probe:/tmp/fldeps
 (PYTHONPATH=$SP timeout 150 python3 "$HERE/prewarm_jit.py" > $W/prewarm.log 2>&1 &)  # JIT kernels, beside

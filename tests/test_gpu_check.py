@@ -234,3 +234,30 @@ def test_connection_local_runs_the_same_check(gpu_sb: Any, tmp_path: Path, capsy
     code, doc = cli(capsys, "gpu-check", FULL, "-i", inv)
     assert code == 0 and doc["hosts"][0]["state"] == "passed", doc["hosts"][0]["message"]
     _gone(doc)
+
+
+def test_the_throwaway_port_leaves_every_port_the_engine_names_in_range(tmp_path, monkeypatch):
+    """SGLang 0.5.12-0.5.14 derive a gRPC port at --port + 10000 and refuse it above 65535 (seen on the
+    H200: a kernel-chosen port of 58725 made every throwaway server exit at start): the agent picks a
+    port whose every engine-named neighbour is free and in range."""
+    import socket
+    import tempfile
+
+    from fleetctl.engines.sglang import gpu_check as kit
+    from fleetctl.remote import gpucheck
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    # the kernel's choice is forced high, as it was on the device
+    real_socket = socket.socket
+
+    class HighPort(real_socket):
+        def getsockname(self):
+            host, _ = super().getsockname()
+            return host, 64000
+
+    monkeypatch.setattr(socket, "socket", HighPort)
+    got = gpucheck.action_gpucheck_prepare({"by": "test", "port_offsets": list(kit.PORT_OFFSETS)})
+    monkeypatch.setattr(socket, "socket", real_socket)
+    assert 10000 in kit.PORT_OFFSETS
+    assert all(0 < got["port"] + k <= 65535 for k in kit.PORT_OFFSETS), got["port"]
+    gpucheck.cleanup_dir(got["dir"])

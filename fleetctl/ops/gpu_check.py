@@ -266,7 +266,7 @@ def apply_check(conn: Transport, cp: CheckPlan, pb: Playbook, *, timeout: float,
     h = conn.host
     kit = engine().gpu_check()
     res.phases = [PhaseResult(p.name) for p in cp.phases]
-    prep = conn.agent(names.GPUCHECK_PREPARE, {"by": who()}, timeout=120)
+    prep = conn.agent(names.GPUCHECK_PREPARE, {"by": who(), "port_offsets": list(kit.PORT_OFFSETS)}, timeout=120)
     d = prep.dir
     if prep.swept:
         res.notes.append(f"removed what earlier interrupted checks left: {', '.join(prep.swept)}")

@@ -107,16 +107,21 @@ def action_gpucheck_prepare(p):
         f.write(jdumps({"pid": os.getpid(), "ticks": _my_ticks(), "by": str(p.get("by") or "?")[:200]}))
     for sub in ("state", "models", "tmp"):
         os.mkdir(os.path.join(d, sub))
+    # the engine names the ports its server opens beside --port (offsets); every one must be free
+    # and under 65536, so candidates come from the kernel (a free port) shifted down into range
+    offsets = [int(k) for k in (p.get("port_offsets") or [0, 1, 2, 3])][:16]
+    top = 65535 - max(offsets)
     port = None
-    for _ in range(20):
+    for i in range(64):
         s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
             s.bind(("127.0.0.1", 0))
             cand = s.getsockname()[1]
         finally:
             s.close()
-        # SGLang opens more ports next to its own: leave a few free above it
-        if cand < 65000 and all(port_free(cand + k) for k in range(4)):
+        if cand > top:
+            cand = 20000 + (cand + 997 * i) % max(1, top - 20000)
+        if all(0 < cand + k < 65536 and port_free(cand + k) for k in offsets):
             port = cand
             break
     if port is None:

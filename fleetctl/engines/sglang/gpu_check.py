@@ -61,6 +61,12 @@ def script(name: str) -> str:
     return (_HERE / name).read_text(encoding="utf-8")
 
 
+# Ports SGLang opens beside --port, as offsets from it: a few internal ports just above it, and on
+# 0.5.12-0.5.14 (at least) a gRPC port at --port + 10000 that server_args refuses above 65535. The
+# throwaway servers' port is picked so that every one of these is free and in range.
+PORT_OFFSETS = (0, 1, 2, 3, 10000)
+
+
 def model_script() -> str:
     return script(MODEL_SCRIPT)
 
