@@ -340,6 +340,52 @@ def lock_bound(conn: Transport, wait_lock: float) -> float | None:
     return conn.host.command_timeout + wait_lock if wait_lock else None
 
 
+def _deploy_payload(conn: Transport, hp: HostPlan, plan: Plan, playbook: Playbook, op_id: str, *, validate: bool,
+                    break_lock: set[str] | frozenset[str], wait_lock: float | None
+                    ) -> tuple[dict[str, Any], list[dict[str, Any]], Any]:
+    """The agent's deploy request for one host of the plan: (payload, the package files it sends, the
+    container it patches or None)."""
+    it = plan.intended[hp.version or ""]
+    files = []
+    for fp in hp.to_patch:
+        files.append({"path": fp.path, "sha_before": fp.sha_now, "sha_after": fp.sha_intended,
+                      # raw bytes: marshal carries them (--port-onto-host: the merge onto the host's bytes)
+                      "content": fp.ported if fp.ported is not None else it[fp.path].data})
+    payload: dict[str, Any] = {
+        "state_dir": hp.records_dir or conn.host.state_dir, "deploy_id": op_id, "package_dir": hp.package_dir,
+        "version": hp.version, "playbook": playbook.name, "by": who(), "host": conn.host.name,
+        "files": files, "validate": validate, "validated_by": f"{sys.version_info[0]}.{sys.version_info[1]}",
+        "verify_paths": [f.path for f in hp.files], "drop_bytecode": hp.drop_bytecode,
+        # the launch's python, env and cwd: the agent asks it for its pycache prefix (bytecode)
+        "launch": host_launch_spec(conn.host, playbook.launch).to_agent(),
+        # the files the plan leaves alone must still hold what it saw, checked under the lock
+        "expect": {f.path: f.sha_now for f in hp.files if f.action == "none"},
+        # the playbook's non-package files, in the same transaction (fleetctl/model/statefiles.py)
+        "state_files": statefiles.payload(playbook),
+    }
+    if hp.records_dir:  # a shared tree: its lock, manifest and backups beside it (fleetctl/plan/trees.py)
+        payload["shared_tree"] = True
+    if conn.host.name in break_lock:
+        payload["break_lock"] = True
+    if wait_lock:
+        payload["wait_lock"] = wait_lock
+    box = inspect_container(conn)
+    if box is not None:  # the container it patches, recorded (status/verify-logs: re-created since?)
+        payload["container"] = box.record()
+    return payload, files, box
+
+
+def _not_as_intended(hp: HostPlan, playbook: Playbook, final: dict[str, str]) -> list[str]:
+    """The check after a deploy: each playbook file (package and state files) whose hash on the host
+    is not the intended one, one phrase each."""
+    bad = [f"{fp.path} hashes {(final.get(fp.path) or 'missing')[:12]}, expected {fp.sha_intended[:12]}"
+           for fp in hp.files if final.get(fp.path) != fp.sha_intended]
+    bad += [f"{statefiles.shown(playbook, sf.name)} hashes {(final.get(statefiles.shown(playbook, sf.name)) or 'missing')[:12]}"
+            f", expected {sf.sha256[:12]}" for sf in playbook.state_files
+            if final.get(statefiles.shown(playbook, sf.name)) != sf.sha256]
+    return bad
+
+
 def apply_plan(fleet: Fleet, plan: Plan, playbook: Playbook, op_id: str, *, validate: bool = True,
                hosts: list[str] | None = None, break_lock: set[str] | frozenset[str] = frozenset(),
                seals: dict[str, Checked] | None = None,
@@ -377,33 +423,8 @@ def apply_plan(fleet: Fleet, plan: Plan, playbook: Playbook, op_id: str, *, vali
                              f"already as intended (sealed by {ck.seal.get('op_id')}: {len(ck.seal['paths'])} paths "
                              f"and {len(ck.seal['files'])} file hashes re-checked unchanged, no Python started)",
                              Applied(sealed=True))
-        it = plan.intended[hp.version or ""]
-        files = []
-        for fp in hp.to_patch:
-            files.append({"path": fp.path, "sha_before": fp.sha_now, "sha_after": fp.sha_intended,
-                          # raw bytes: marshal carries them (--port-onto-host: the merge onto the host's bytes)
-                          "content": fp.ported if fp.ported is not None else it[fp.path].data})
-        payload: dict[str, Any] = {
-            "state_dir": hp.records_dir or conn.host.state_dir, "deploy_id": op_id, "package_dir": hp.package_dir,
-            "version": hp.version, "playbook": playbook.name, "by": who(), "host": conn.host.name,
-            "files": files, "validate": validate, "validated_by": f"{sys.version_info[0]}.{sys.version_info[1]}",
-            "verify_paths": [f.path for f in hp.files], "drop_bytecode": hp.drop_bytecode,
-            # the launch's python, env and cwd: the agent asks it for its pycache prefix (bytecode)
-            "launch": host_launch_spec(conn.host, playbook.launch).to_agent(),
-            # the files the plan leaves alone must still hold what it saw, checked under the lock
-            "expect": {f.path: f.sha_now for f in hp.files if f.action == "none"},
-            # the playbook's non-package files, in the same transaction (fleetctl/model/statefiles.py)
-            "state_files": statefiles.payload(playbook),
-        }
-        if hp.records_dir:  # a shared tree: its lock, manifest and backups beside it (fleetctl/plan/trees.py)
-            payload["shared_tree"] = True
-        if conn.host.name in break_lock:
-            payload["break_lock"] = True
-        if fleet.wait_lock:
-            payload["wait_lock"] = fleet.wait_lock
-        box = inspect_container(conn)
-        if box is not None:  # the container it patches, recorded (status/verify-logs: re-created since?)
-            payload["container"] = box.record()
+        payload, files, box = _deploy_payload(conn, hp, plan, playbook, op_id, validate=validate,
+                                              break_lock=break_lock, wait_lock=fleet.wait_lock)
         sealing = ck is not None and ck.make
         if sealing and ck is not None:
             if ck.facts is not None and ck.request is not None:  # planned from a seal: the agent reads them now
@@ -422,13 +443,7 @@ def apply_plan(fleet: Fleet, plan: Plan, playbook: Playbook, op_id: str, *, vali
                       if res.deploy_id else
                       ("; ".join(res.notes) or "already as intended (checked under the host lock)"),
                       Applied(res.deploy_id, [f["path"] for f in files] + shipped, list(res.notes)))
-        # verification: every playbook file must now hold exactly the intended bytes
-        final = res.final
-        bad = [f"{fp.path} hashes {(final.get(fp.path) or 'missing')[:12]}, expected {fp.sha_intended[:12]}"
-               for fp in hp.files if final.get(fp.path) != fp.sha_intended]
-        bad += [f"{statefiles.shown(playbook, sf.name)} hashes {(final.get(statefiles.shown(playbook, sf.name)) or 'missing')[:12]}"
-                f", expected {sf.sha256[:12]}" for sf in playbook.state_files
-                if final.get(statefiles.shown(playbook, sf.name)) != sf.sha256]
+        bad = _not_as_intended(hp, playbook, res.final)  # every playbook file must now hold the intended bytes
         if bad:
             r.status = "failed"
             r.message = "verification failed after deploy: " + "; ".join(bad)

@@ -169,6 +169,58 @@ def between_releases(facts: HostFacts, version: str) -> tuple[str | None, list[s
     return desc, differ
 
 
+def _file_plan(rel: str, it: Intended, facts: HostFacts, s: str | None, force: bool) -> FilePlan:
+    """One package file's state and action on the host (`s`: its effective hash there)."""
+    ff = facts.files.get(rel)
+    if ff is not None and (ff.escapes or ff.symlink):
+        return FilePlan(rel, "unsafe", "refuse", s, it.sha_pristine, it.sha_intended,
+                        f"is a symlink to {ff.symlink}" + (" outside the package dir" if ff.escapes else ""))
+    if ff is None or not ff.exists or s is None:
+        return FilePlan(rel, "missing", "refuse", None, it.sha_pristine, it.sha_intended, "not on the host")
+    if s == it.sha_intended and not hoststate.explained(facts, rel, s):
+        # patched, but no record of this host says so: a rollback could not undo it
+        return FilePlan(rel, "no-record", "refuse", s, it.sha_pristine, it.sha_intended,
+                        "deployed without a record (state dir deleted or moved, or state_dir changed?)")
+    if s == it.sha_intended:
+        return FilePlan(rel, "as-intended", "none", s, it.sha_pristine, it.sha_intended)
+    if s == it.sha_pristine:
+        return FilePlan(rel, "pristine", "patch", s, it.sha_pristine, it.sha_intended)
+    return FilePlan(rel, "drifted", "force" if force else "refuse", s, it.sha_pristine, it.sha_intended,
+                    "someone edited it" + ("" if hoststate.explained(facts, rel, s) else " (no deploy record)")
+                    + ("; --force replaces it (backup kept)" if force else ""))
+
+
+def _refusal(host: Host, facts: HostFacts, playbook: Playbook, refusals: list[FilePlan], tree: str | None,
+             v: str) -> str:
+    """Why a host with refused files is refused, with the fix: one line, from its first refused file."""
+    f = refusals[0]
+    if f.state == "drifted" and tree:
+        drifted = [x.path for x in refusals if x.state == "drifted"]
+        return (f"{host.name}: {', '.join(drifted)} is not {v}'s: the host is {tree}, so {v}'s patch set "
+                f"does not apply to its bytes. Port it onto the host's own bytes: rerun with --port-onto-host "
+                f"(a three-way merge as 'fleetctl patch port' does, the host's files as the base; add --check "
+                f"--diff to see the result first; the deploy is recorded against the tree's own hashes, so "
+                f"rollback restores them exactly), or --force to write {v}'s patched bytes over them")
+    if f.state == "unsafe" and facts.link_tree is not None:
+        lt = facts.link_tree
+        return (f"{host.name}: {f.path}: the launch imports {lt.tree}, a strict editable install's link tree "
+                f"(its files are links into the checkout {lt.checkout}), and fleetctl never writes through a "
+                f"link. Keep the checkout: set 'sglang_dir: {lt.checkout}' for this host in the inventory "
+                f"(fleetctl then patches the checkout's files, which the links lead to), or reinstall it "
+                f"with '{facts.launch_python or host.python} -m pip install -e {lt.project} --config-settings "
+                f"editable_mode=compat' (the launch then imports the checkout itself)")
+    hint = {"drifted": "inspect with --diff, then --force to replace it (a backup is kept)",
+            "missing": "is this the right SGLang install?",
+            "unsafe": "fleetctl never writes through a symlink; replace it with a regular file",
+            "no-record": f"'fleetctl rollback --from-pristine -p {playbook.path}' restores the release's "
+                         "pristine bytes (verified, with backups), then deploy again",
+            "unwritable": "the files cannot be replaced there (remount it read-write, or build a new image)"
+                          if "read-only file system" in f.note else
+                          "deploy as a user who can write the package (its owner), or point 'python:' "
+                          "at an SGLang install this user owns"}[f.state]
+    return f"{host.name}: {f.path} is {f.state} ({f.note}); {hint}"
+
+
 def plan_host(host: Host, facts: HostFacts, playbook: Playbook, intended: dict[str, Intended] | None,
               *, force: bool, coverage: Coverage | None = None, allow_uncovered: bool = False) -> HostPlan:
     if not facts.package_found:
@@ -197,23 +249,7 @@ def plan_host(host: Host, facts: HostFacts, playbook: Playbook, intended: dict[s
     for rel, it in intended.items():
         ff = facts.files.get(rel)
         s = now.get(rel)
-        if ff is not None and (ff.escapes or ff.symlink):
-            fp = FilePlan(rel, "unsafe", "refuse", s, it.sha_pristine, it.sha_intended,
-                          f"is a symlink to {ff.symlink}" + (" outside the package dir" if ff.escapes else ""))
-        elif ff is None or not ff.exists or s is None:
-            fp = FilePlan(rel, "missing", "refuse", None, it.sha_pristine, it.sha_intended, "not on the host")
-        elif s == it.sha_intended and not hoststate.explained(facts, rel, s):
-            # patched, but no record of this host says so: a rollback could not undo it
-            fp = FilePlan(rel, "no-record", "refuse", s, it.sha_pristine, it.sha_intended,
-                          "deployed without a record (state dir deleted or moved, or state_dir changed?)")
-        elif s == it.sha_intended:
-            fp = FilePlan(rel, "as-intended", "none", s, it.sha_pristine, it.sha_intended)
-        elif s == it.sha_pristine:
-            fp = FilePlan(rel, "pristine", "patch", s, it.sha_pristine, it.sha_intended)
-        else:
-            fp = FilePlan(rel, "drifted", "force" if force else "refuse", s, it.sha_pristine, it.sha_intended,
-                          "someone edited it" + ("" if hoststate.explained(facts, rel, s) else " (no deploy record)")
-                          + ("; --force replaces it (backup kept)" if force else ""))
+        fp = _file_plan(rel, it, facts, s, force)
         if fp.action in ("patch", "force") and ff is not None and ff.unwritable:
             fp = FilePlan(rel, "unwritable", "refuse", s, it.sha_pristine, it.sha_intended, ff.unwritable)
         hp.files.append(fp)
@@ -221,37 +257,8 @@ def plan_host(host: Host, facts: HostFacts, playbook: Playbook, intended: dict[s
             refusals.append(fp)
     tree, differ = between_releases(facts, v) if facts.checkout or facts.git else (None, [])
     if refusals:
-        f = refusals[0]
-        if f.state == "drifted" and tree:
-            hp.status = "refused"
-            drifted = [x.path for x in refusals if x.state == "drifted"]
-            hp.reason = (f"{host.name}: {', '.join(drifted)} is not {v}'s: the host is {tree}, so {v}'s patch set "
-                         f"does not apply to its bytes. Port it onto the host's own bytes: rerun with --port-onto-host "
-                         f"(a three-way merge as 'fleetctl patch port' does, the host's files as the base; add --check "
-                         f"--diff to see the result first; the deploy is recorded against the tree's own hashes, so "
-                         f"rollback restores them exactly), or --force to write {v}'s patched bytes over them")
-            return hp
-        if f.state == "unsafe" and facts.link_tree is not None:
-            lt = facts.link_tree
-            hp.status = "refused"
-            hp.reason = (f"{host.name}: {f.path}: the launch imports {lt.tree}, a strict editable install's link tree "
-                         f"(its files are links into the checkout {lt.checkout}), and fleetctl never writes through a "
-                         f"link. Keep the checkout: set 'sglang_dir: {lt.checkout}' for this host in the inventory "
-                         f"(fleetctl then patches the checkout's files, which the links lead to), or reinstall it "
-                         f"with '{facts.launch_python or host.python} -m pip install -e {lt.project} --config-settings "
-                         f"editable_mode=compat' (the launch then imports the checkout itself)")
-            return hp
-        hint = {"drifted": "inspect with --diff, then --force to replace it (a backup is kept)",
-                "missing": "is this the right SGLang install?",
-                "unsafe": "fleetctl never writes through a symlink; replace it with a regular file",
-                "no-record": f"'fleetctl rollback --from-pristine -p {playbook.path}' restores the release's "
-                             "pristine bytes (verified, with backups), then deploy again",
-                "unwritable": "the files cannot be replaced there (remount it read-write, or build a new image)"
-                              if "read-only file system" in f.note else
-                              "deploy as a user who can write the package (its owner), or point 'python:' "
-                              "at an SGLang install this user owns"}[f.state]
         hp.status = "refused"
-        hp.reason = f"{host.name}: {f.path} is {f.state} ({f.note}); {hint}"
+        hp.reason = _refusal(host, facts, playbook, refusals, tree, v)
         return hp
     if coverage is not None and coverage.refused and not allow_uncovered:
         hp.status = "refused"
