@@ -15,6 +15,7 @@ started) are continued and stopped in finalizers.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import resource
 import signal
@@ -39,7 +40,14 @@ from fleetctl.sandbox.lifecycle import Sandbox
 
 pytestmark = pytest.mark.usefixtures("ledger_dir")
 
-BOUND = 90.0  # generous upper limit for every "returns within its bound" check (hang detection only)
+# Hang bound only: a run that waits it out has failed. No test here asserts how long a run took;
+# each asserts the outcome it signals (the message naming the bound that cut the host). 300 s is still
+# far below what the unbounded behaviour took (945 s until the kernel gave up on a dropped peer), so a
+# missing bound still fails here, while a loaded machine never does.
+BOUND = 300.0
+# A small bound is given only to the host under test; the healthy hosts keep the generous ones (on a
+# loaded 2-core machine starting their agent alone can take longer than 3 s).
+SMALL = {"command_timeout": 3}
 
 
 # ---- helpers -----------------------------------------------------------------------------------
@@ -161,7 +169,7 @@ def at_open_session(monkeypatch: pytest.MonkeyPatch) -> Callable[[int, Callable[
     return arm
 
 
-def run_bounded(fleet: Fleet, fn: Callable[[Any], Any], bound: float = BOUND) -> tuple[list[HostOutcome], float]:
+def run_bounded(fleet: Fleet, fn: Callable[[Any], Any], bound: float = BOUND) -> list[HostOutcome]:
     """fleet.run(fn) in a daemon thread; fails (instead of hanging) if it has not returned by `bound`."""
     box: dict[str, Any] = {}
 
@@ -171,15 +179,13 @@ def run_bounded(fleet: Fleet, fn: Callable[[Any], Any], bound: float = BOUND) ->
         except BaseException as e:  # reported below
             box["error"] = e
 
-    t0 = time.monotonic()
     t = threading.Thread(target=go, daemon=True)
     t.start()
     t.join(bound)
-    took = time.monotonic() - t0
     assert not t.is_alive(), f"the fleet run hung: still running after {bound:.0f}s"
     if "error" in box:
         raise box["error"]
-    return box["out"], took
+    return box["out"]  # type: ignore[no-any-return]
 
 
 # ---- defect 1: no step without a bound -------------------------------------------------------------
@@ -206,17 +212,16 @@ def test_host_frozen_at_the_exec_request_is_reported_and_the_others_finish(
         fleet3: Sandbox, freezer: Freezer, at_open_session: Any, tmp_path: Path) -> None:
     """h03's sshd and its sessions are SIGSTOPped right after its session channel opened: the exec
     request that starts the agent gets no answer. Before: the command hung forever."""
-    inv = load_inventory(write_inventory(fleet3, tmp_path / "inv.yaml", command_timeout=3, connect_timeout=5))
+    inv = load_inventory(write_inventory(fleet3, tmp_path / "inv.yaml", hosts={"h03": SMALL}))
     at_open_session(fleet3.host("h03").port, lambda: freezer.freeze(fleet3, "h03"))
     with Fleet(inv, inv.hosts, forks=3) as fleet:
-        outs, took = run_bounded(fleet, lambda c: c.agent("ping"))
+        outs = run_bounded(fleet, lambda c: c.agent("ping"))
     got = _by_host(outs)
     assert got["h01"].ok and got["h02"].ok, [o.message for o in outs]
     assert got["h03"].status == "unreachable"
     assert got["h03"].message.startswith("h03: no answer to the exec request (starting the agent) within 3s"), \
         got["h03"].message
     assert freezer.frozen, "the fault was never injected"
-    assert took < 3 + 60, f"took {took:.1f}s for a 3s bound"
 
 
 @pytest.mark.fleet
@@ -232,11 +237,11 @@ def test_packets_dropped_at_the_exec_request_are_bounded(
         mine = [ln for ln in lines if ln.startswith(f"[127.0.0.1]:{real} ")]
         assert mine, "no known_hosts entry for h02"
         kh.write_text("\n".join([*lines, *(ln.replace(f":{real} ", f":{proxy.port} ", 1) for ln in mine)]) + "\n")
-        inv = load_inventory(write_inventory(fleet3, tmp_path / "inv.yaml", hosts={"h02": {"port": proxy.port}},
-                                             command_timeout=3, connect_timeout=5, known_hosts=str(kh)))
+        inv = load_inventory(write_inventory(fleet3, tmp_path / "inv.yaml",
+                                             hosts={"h02": {"port": proxy.port, **SMALL}}, known_hosts=str(kh)))
         at_open_session(proxy.port, proxy.drop)
         with Fleet(inv, inv.hosts, forks=3) as fleet:
-            outs, took = run_bounded(fleet, lambda c: c.agent("ping"))
+            outs = run_bounded(fleet, lambda c: c.agent("ping"))
     finally:
         proxy.close()
     got = _by_host(outs)
@@ -245,24 +250,28 @@ def test_packets_dropped_at_the_exec_request_are_bounded(
     assert got["h02"].status == "unreachable"
     assert got["h02"].message.startswith("h02: no answer to the exec request (starting the agent) within 3s"), \
         got["h02"].message
-    assert took < 3 + 60
 
 
 @pytest.mark.fleet
 def test_host_frozen_mid_request_is_cut_at_command_timeout(fleet3: Sandbox, freezer: Freezer, tmp_path: Path) -> None:
     """A host frozen after its agent started: the next request is bounded by command_timeout and
     names the request; the other hosts answer it."""
-    inv = load_inventory(write_inventory(fleet3, tmp_path / "inv.yaml", command_timeout=3, connect_timeout=5))
+    inv = load_inventory(write_inventory(fleet3, tmp_path / "inv.yaml"))
     with Fleet(inv, inv.hosts, forks=3) as fleet:
-        outs, _ = run_bounded(fleet, lambda c: c.agent("ping"))
+        outs = run_bounded(fleet, lambda c: c.agent("ping"))
         assert all(o.ok for o in outs), [o.message for o in outs]
         freezer.freeze(fleet3, "h01")
-        outs, took = run_bounded(fleet, lambda c: c.agent("ping"))
+
+        def ping(c: Any) -> Any:
+            if c.host.name == "h01":  # its agent is up: only now is its bound made small (see SMALL)
+                c.host = dataclasses.replace(c.host, **SMALL)
+            return c.agent("ping")
+
+        outs = run_bounded(fleet, ping)
     got = _by_host(outs)
     assert got["h02"].ok and got["h03"].ok
     assert got["h01"].status == "unreachable"
     assert got["h01"].message.startswith("h01: 'ping' timed out: no answer within 3s"), got["h01"].message
-    assert took < 3 + 60
 
 
 FREEZE_DRIVER = """\
@@ -301,7 +310,7 @@ def test_deploy_returns_when_a_host_freezes_at_the_exec_request(fleet3: Sandbox,
 
     pb = make_playbook(tmp_path / "pb", tag="frozen")
     want = intended_bytes(pb)
-    inv = write_inventory(fleet3, tmp_path / "inv.yaml", command_timeout=15)
+    inv = write_inventory(fleet3, tmp_path / "inv.yaml", hosts={"h03": {"command_timeout": 15}})
     h03 = fleet3.host("h03")
     record = tmp_path / "frozen.json"
     env = {**os.environ, "FLEETCTL_STATE_DIR": str(ledger_dir)}
@@ -309,7 +318,7 @@ def test_deploy_returns_when_a_host_freezes_at_the_exec_request(fleet3: Sandbox,
                              "deploy", "-i", str(inv), "--json", str(pb)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
     try:
-        code, out, err, took = _finish(proc, BOUND)
+        code, out, err = _finish(proc, BOUND)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -330,7 +339,6 @@ def test_deploy_returns_when_a_host_freezes_at_the_exec_request(fleet3: Sandbox,
             h = fleet3.host(name)
             got = {rel: (h.sglang_dir / rel).read_bytes() for rel in FILES}
             assert got == (want if name != "h03" else {rel: wheels.pristine_bytes(h.version, rel) for rel in FILES})
-        assert took < 15 + 60, f"took {took:.0f}s"
     finally:  # leave the module's sandbox pristine
         subprocess.run([sys.executable, "-m", "fleetctl", "rollback", "-i", str(inv)], capture_output=True,
                        env=env, timeout=BOUND)
@@ -342,16 +350,17 @@ def test_per_host_deadline_cuts_a_host_whose_steps_each_keep_their_bound(
     """host_timeout bounds a host's whole part of a command, however many steps it takes."""
     inv = load_inventory(write_inventory(fleet3, tmp_path / "inv.yaml", hosts={"h01": {"host_timeout": 2}}))
 
-    def slow(c: Any) -> None:
-        for _ in range(60):  # each request is quick: only the per-host deadline can stop this
+    def endless(c: Any) -> None:
+        while True:  # each request is quick and bounded: only the per-host deadline can stop this
             c.agent("ping")
+            # the host's own work between its steps (the deadline is enforced between steps; each
+            # step keeps its own bound): workload, not synchronisation (tests/test_no_timing.py)
             time.sleep(0.25)
 
     with Fleet(inv, inv.hosts[:1], forks=1) as fleet:
-        outs, took = run_bounded(fleet, slow)
+        outs = run_bounded(fleet, endless)
     assert outs[0].status == "unreachable"
     assert outs[0].message.startswith("h01: past its per-host deadline of 2s"), outs[0].message
-    assert took < 2 + 45
 
 
 @pytest.mark.fleet
@@ -359,20 +368,18 @@ def test_a_host_stuck_outside_the_network_is_given_up_on(fleet3: Sandbox, tmp_pa
     """The watchdog's backstop: a host whose thread does not return even after its connection was
     cut (here: stuck in a local wait) is reported at its deadline plus the abandon grace, and the
     run returns."""
-    from fleetctl.ops.runner import ABANDON_AFTER
-
     inv = load_inventory(write_inventory(fleet3, tmp_path / "inv.yaml", hosts={"h01": {"host_timeout": 1}}))
     release = threading.Event()
     with Fleet(inv, inv.hosts, forks=3) as fleet:
         try:
-            outs, took = run_bounded(fleet, lambda c: release.wait(120) if c.host.name == "h01" else c.agent("ping"))
+            # h01 never returns by itself: only the watchdog giving it up lets the run return
+            outs = run_bounded(fleet, lambda c: release.wait() if c.host.name == "h01" else c.agent("ping"))
         finally:
             release.set()
     got = _by_host(outs)
     assert got["h02"].ok and got["h03"].ok
     assert got["h01"].status == "unreachable"
     assert got["h01"].message.startswith("h01: past its per-host deadline of 1s"), got["h01"].message
-    assert took < 1 + ABANDON_AFTER + 45
 
 
 # ---- defect 1: Ctrl-C ---------------------------------------------------------------------------------
@@ -384,15 +391,15 @@ def _wait_until(cond: Callable[[], bool], bound: float, what: str) -> None:
         time.sleep(0.05)
 
 
-def _finish(proc: subprocess.Popen[str], bound: float) -> tuple[int, str, str, float]:
-    t0 = time.monotonic()
+def _finish(proc: subprocess.Popen[str], bound: float) -> tuple[int, str, str]:
+    """The CLI's exit; fails (after killing it) if it has not exited by `bound` (a hang bound)."""
     try:
         out, err = proc.communicate(timeout=bound)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)  # our own CLI subprocess (its own session)
         out, err = proc.communicate()
         raise AssertionError(f"the CLI did not exit within {bound:.0f}s; stderr: {err[-2000:]}") from None
-    return proc.returncode, out, err, time.monotonic() - t0
+    return proc.returncode, out, err
 
 
 class SilentHost:
@@ -467,7 +474,7 @@ def test_first_ctrl_c_starts_no_new_host_and_reports_each(fleet3: Sandbox, silen
         proc.send_signal(signal.SIGINT)  # the CLI subprocess this test started
         event_pipe.wait("interrupt")
         silent_host.close()  # its connection closed, and no other accepted (a retry is refused)
-        code, _, err, took = _finish(proc, BOUND)
+        code, _, err = _finish(proc, BOUND)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -477,7 +484,6 @@ def test_first_ctrl_c_starts_no_new_host_and_reports_each(fleet3: Sandbox, silen
     assert "  h02: not started" in err and "  h03: not started" in err, err
     assert "host-start h02" not in event_pipe.seen and "host-start h03" not in event_pipe.seen
     assert "Traceback" not in err
-    assert took < BOUND
 
 
 @pytest.mark.fleet
@@ -497,7 +503,7 @@ def test_ctrl_c_with_json_prints_one_document_saying_so(fleet3: Sandbox, freezer
         proc.send_signal(signal.SIGINT)  # the CLI subprocess this test started
         event_pipe.wait("interrupt")
         freezer.thaw()  # h01 answers: its facts step ends, and the rollback goes no further
-        code, out, err, _ = _finish(proc, BOUND)
+        code, out, err = _finish(proc, BOUND)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -524,7 +530,7 @@ def test_ctrl_c_while_planning_starts_no_later_step(fleet3: Sandbox, freezer: Fr
         proc.send_signal(signal.SIGINT)  # the CLI subprocess this test started
         event_pipe.wait("interrupt")
         freezer.thaw()  # h01 answers after all: its facts step ends done, and the rollback must stop there
-        code, out, err, _ = _finish(proc, BOUND)
+        code, out, err = _finish(proc, BOUND)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -549,7 +555,7 @@ def test_second_ctrl_c_exits_at_once_and_points_at_status(fleet3: Sandbox, freez
         proc.send_signal(signal.SIGINT)
         event_pipe.wait("interrupt")
         proc.send_signal(signal.SIGINT)
-        code, _, err, took = _finish(proc, BOUND)
+        code, _, err = _finish(proc, BOUND)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -557,7 +563,7 @@ def test_second_ctrl_c_exits_at_once_and_points_at_status(fleet3: Sandbox, freez
     again = err[err.index("interrupted again: exiting now; "):]  # h01/h03 may still be in flight on a slow machine
     assert "h02 (at the SSH connection)" in again.splitlines()[0], err
     assert f"'fleetctl status -i {inv}' shows it" in err
-    assert took < BOUND  # with a 600 s connect_timeout
+    # (it exited without waiting out h02's 600 s connect_timeout: _finish gives it BOUND, less than that)
 
 
 @pytest.mark.fleet
@@ -590,7 +596,7 @@ def test_ctrl_c_during_deploy_lets_the_transaction_in_flight_finish(fleet3: Sand
         proc.send_signal(signal.SIGINT)
         event_pipe.wait("interrupt")
         release.write_text("go")  # h01's transaction goes on only now
-        code, out, err, _ = _finish(proc, BOUND)
+        code, out, err = _finish(proc, BOUND)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -668,27 +674,27 @@ def test_huge_answer_fails_the_host_before_it_is_buffered(fleet3: Sandbox, tmp_p
     buffered it (RSS 65 MB -> 1.1 GB). Now: refused from the header; peak RSS stays small."""
     gib = 1 << 30
     py = hostile_python(tmp_path, "flood", claim=gib, stream=gib)
-    inv = write_inventory(fleet3, tmp_path / "inv.yaml", hosts={"h01": {"python": py}}, command_timeout=30)
+    inv = write_inventory(fleet3, tmp_path / "inv.yaml", hosts={"h01": {"python": py}})
     proc = subprocess.Popen([sys.executable, "-c", RSS_PROBE, "facts", "-i", str(inv), "--json"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "FLEETCTL_STATE_DIR": str(ledger_dir)}, start_new_session=True)
-    code, out, err, took = _finish(proc, BOUND)
+    code, out, err = _finish(proc, BOUND)
     rss_mb = int(err.rsplit("MAXRSS_KB ", 1)[1].split()[0]) / 1024
     assert code == 1, err
     assert f"h01: answer to 'facts' too large ({gib} bytes > cap {64 << 20})" in out, out[:2000]
     assert '"h02"' in out and '"h03"' in out
     assert rss_mb < 250, f"controller peak RSS {rss_mb:.0f} MB while the host streamed 1 GiB"
-    print(f"peak RSS {rss_mb:.0f} MB, {took:.1f}s")
+    print(f"peak RSS {rss_mb:.0f} MB")
 
 
 @pytest.mark.fleet
 def test_answer_cap_is_configurable_and_counts_real_bytes(fleet3: Sandbox, tmp_path: Path) -> None:
     py = hostile_python(tmp_path, "big", claim=300_000, stream=300_000)
     inv = load_inventory(write_inventory(fleet3, tmp_path / "inv.yaml", hosts={"h01": {"python": py}},
-                                         max_answer_bytes=200_000, command_timeout=10))
+                                         max_answer_bytes=200_000))
     assert inv.hosts[1].max_answer_bytes == 200_000
     with Fleet(inv, inv.hosts, forks=3) as fleet:
-        outs, _ = run_bounded(fleet, lambda c: c.agent("ping"))
+        outs = run_bounded(fleet, lambda c: c.agent("ping"))
     got = _by_host(outs)
     assert got["h01"].status == "failed"
     assert got["h01"].message.startswith("h01: answer to 'ping' too large (300000 bytes > cap 200000)")
@@ -697,26 +703,26 @@ def test_answer_cap_is_configurable_and_counts_real_bytes(fleet3: Sandbox, tmp_p
 
 @pytest.mark.fleet
 def test_stdout_that_is_not_a_frame_is_bounded(fleet3: Sandbox, tmp_path: Path) -> None:
+    """A host streaming 1 GiB that is not a frame is cut by what it sent, not by a clock: its
+    command_timeout (600 s) is longer than run_bounded's hang bound, which a cut by time would fail."""
     py = hostile_python(tmp_path, "junk", claim=0, stream=1 << 30, framed=False, fill=b"y\n")
     inv = load_inventory(write_inventory(fleet3, tmp_path / "inv.yaml", hosts={"h01": {"python": py}},
-                                         command_timeout=60))
+                                         command_timeout=600))
     with Fleet(inv, inv.hosts[:1], forks=1) as fleet:
-        outs, took = run_bounded(fleet, lambda c: c.agent("ping"))
+        outs = run_bounded(fleet, lambda c: c.agent("ping"))
     assert outs[0].status == "failed"
     assert outs[0].message.startswith("h01: the agent's start answered something that is not its hello: "
                                       "b'y\\ny\\n"), \
         outs[0].message
-    assert took < 45
     # the same after a well-formed hello: the first answer is not a frame
     py = hostile_python(tmp_path, "junk2", claim=0, stream=1 << 30, framed=False, fill=b"y\n", hello=True)
     inv = load_inventory(write_inventory(fleet3, tmp_path / "inv2.yaml", hosts={"h01": {"python": py}},
-                                         command_timeout=60))
+                                         command_timeout=600))
     with Fleet(inv, inv.hosts[:1], forks=1) as fleet:
-        outs, took = run_bounded(fleet, lambda c: c.agent("ping"))
+        outs = run_bounded(fleet, lambda c: c.agent("ping"))
     assert outs[0].status == "failed"
     assert outs[0].message.startswith("h01: 'ping' answered something that is not an agent answer: b'y\\ny\\n"), \
         outs[0].message
-    assert took < 45
 
 
 # ---- defect 9: file descriptors above 1024 ----------------------------------------------------------
@@ -736,9 +742,9 @@ def test_commands_work_with_more_than_1024_open_files(fleet3: Sandbox, tmp_path:
         assert max(held) > 1024
         inv = load_inventory(write_inventory(fleet3, tmp_path / "inv.yaml"))
         with Fleet(inv, inv.hosts, forks=3) as fleet:
-            outs, _ = run_bounded(fleet, lambda c: c.agent("facts", {"gpus": False}))
+            outs = run_bounded(fleet, lambda c: c.agent("facts", {"gpus": False}))
             assert all(o.ok for o in outs), [o.message for o in outs]
-            outs, _ = run_bounded(fleet, lambda c: c.agent("ping"))
+            outs = run_bounded(fleet, lambda c: c.agent("ping"))
             assert all(o.ok for o in outs), [o.message for o in outs]
     finally:
         for fd in held:
