@@ -57,7 +57,7 @@ def afleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
 
         # deployed first: verify-logs never passes without the playbook's deploy on disk
         assert main(["deploy", "-i", str(base), "--limit", ",".join(GOOD), str(pb), "--json"]) == 0
-        assert main(["launch", "-i", str(base), "--limit", ",".join(GOOD), str(pb), "--timeout", "60",
+        assert main(["launch", "-i", str(base), "--limit", ",".join(GOOD), str(pb), "--timeout", "300",
                      "--json"]) == 0
         yield {"sb": sb, "pb": pb, "invs": invs}
     finally:

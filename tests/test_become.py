@@ -152,7 +152,7 @@ def test_become_root_end_to_end_deploy_launch_verify_rollback(accounts: Any, sb:
     for f in (p for p in h.sglang_dir.rglob("*.py") if before.get(p) != p.read_bytes()):
         assert f.stat().st_uid == 0  # the patched file was written by root, not the login
 
-    code, doc = cli(capsys, "launch", "--drop-unknown-flags", "-i", inv, PLAYBOOK, "--timeout", "60")
+    code, doc = cli(capsys, "launch", "--drop-unknown-flags", "-i", inv, PLAYBOOK, "--timeout", "300")
     try:
         assert code == 0, json.dumps(doc)[:3000]
         code, doc = cli(capsys, "verify-logs", "-i", inv, PLAYBOOK)

@@ -224,10 +224,10 @@ def test_new_user_path_on_a_sandbox(sb: Any, origin_pb: Path, tmp_path: Path,
     assert code == 0, json.dumps(doc)[:2000]
     code, doc = jcli(capsys, "status", "-i", inv, origin_pb)
     _both_files(json.dumps(doc))
-    code, doc = jcli(capsys, "launch", "-i", inv, origin_pb, "--timeout", "60")
+    code, doc = jcli(capsys, "launch", "-i", inv, origin_pb, "--timeout", "300")
     assert code == 1
     _both_files(json.dumps(doc))
-    code, doc = jcli(capsys, "launch", "-i", inv, origin_pb, "--allow-uncovered", "--timeout", "60")
+    code, doc = jcli(capsys, "launch", "-i", inv, origin_pb, "--allow-uncovered", "--timeout", "300")
     assert code == 0, json.dumps(doc)[:2000]
     code, doc = jcli(capsys, "verify-logs", "-i", inv, origin_pb)
     assert code == 1
@@ -285,7 +285,7 @@ def test_verify_logs_says_what_a_playbook_without_a_marker_proves(sb: Any, tmp_p
     code, doc = jcli(capsys, "deploy", "-i", inv, pb)
     assert code == 0, json.dumps(doc)[:2000]
     assert all(not (h.get("coverage") or {}).get("families") for h in doc.get("plan", {}).get("hosts", []))
-    code, doc = jcli(capsys, "launch", "-i", inv, pb, "--timeout", "60")
+    code, doc = jcli(capsys, "launch", "-i", inv, pb, "--timeout", "300")
     assert code == 0, json.dumps(doc)[:2000]
     code, doc = jcli(capsys, "verify-logs", "-i", inv, pb)
     iv = doc["hosts"][0]["instances"][0]
@@ -308,7 +308,7 @@ def test_verify_logs_explains_a_model_the_patch_does_not_change(sb: Any, tmp_pat
     code, doc = jcli(capsys, "deploy", "-i", inv, pb)
     assert code == 1 and "srt/models/qwen2.py" in json.dumps(doc)
     assert jcli(capsys, "deploy", "-i", inv, pb, "--allow-uncovered")[0] == 0
-    code, doc = jcli(capsys, "launch", "-i", inv, pb, "--allow-uncovered", "--timeout", "60")
+    code, doc = jcli(capsys, "launch", "-i", inv, pb, "--allow-uncovered", "--timeout", "300")
     assert code == 0, json.dumps(doc)[:2000]
     code, doc = jcli(capsys, "verify-logs", "-i", inv, pb)
     iv = doc["hosts"][0]["instances"][0]

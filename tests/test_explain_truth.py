@@ -115,7 +115,7 @@ def test_launch_refuses_what_the_patched_server_args_refuses(fresh_sandbox, caps
     capsys.readouterr()
     inv = edited_inventory(sb.inventory_path, {"flags": {"--speculative-eagle-topk": 4,
                                                          "--speculative-num-draft-tokens": 8}})
-    code = main(["launch", "-i", str(inv), PAYLOAD, "--json", "--timeout", "60"])
+    code = main(["launch", "-i", str(inv), PAYLOAD, "--json", "--timeout", "300"])
     h = json.loads(capsys.readouterr().out)["hosts"][0]
     assert code == 1 and h["status"] == "refused", h
     assert "patched srt/server_args.py refuses this launch" in json.dumps(h) and "only topk=1" in json.dumps(h), h

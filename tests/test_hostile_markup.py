@@ -319,7 +319,7 @@ def test_every_command_shows_hostile_host_text_escaped(fresh_sandbox, tmp_path: 
     assert STDERR_LINE in msgs and "[/x]" in msgs
 
     (sb.hosts["h03"].state_dir / "lock").unlink()
-    cli("launch", "launch", *i, str(pb), "--timeout", "30")
+    cli("launch", "launch", *i, str(pb), "--timeout", "300")
     cli("servers", "servers", *i)
     cli("verify-logs", "verify-logs", *i, str(pb))
     cli("stop", "stop", *i, str(pb))

@@ -472,7 +472,7 @@ def test_restart_would_lose_a_patch_no_longer_on_disk(clean: tuple, tmp_path: Pa
         code, dep = run_json(capsys, "deploy", "-i", inv, "--limit", "h01", str(FULL))
         assert code == 0, dep
         code, la = run_json(capsys, "launch", "--drop-unknown-flags", "-i", inv, "--limit", "h01", str(FULL),
-                            "--timeout", "60")
+                            "--timeout", "300")
         assert code == 0, la
         for rel in files:  # reinstalled under the running server
             (h.sglang_dir / rel).write_bytes(wheels.pristine_bytes(VERSION, rel))

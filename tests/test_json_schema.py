@@ -123,14 +123,14 @@ def test_every_command_json_validates_against_its_schema(tmp_path: Path, request
     run("status", FULL, "-i", inv)
     plan = run("launch", FULL, "-i", inv, "--drop-unknown-flags", "--check")
     assert plan["op_id"] is None and plan["check"] is True and {h["state"] for h in plan["hosts"]} == {"start"}
-    launch = run("launch", FULL, "-i", inv, "--drop-unknown-flags", "--timeout", "60")
+    launch = run("launch", FULL, "-i", inv, "--drop-unknown-flags", "--timeout", "300")
     assert launch["op_id"].startswith("l") and launch["summary"]["ready"] == launch["summary"]["instances"] == 2
     ver = run("verify-logs", FULL, "-i", inv)
     assert ver["summary"]["instances_passed"] == 2
     srv = run("servers", "-i", inv)
     assert srv["summary"]["running"] == 2
     run("servers", "-i", inv, "--discover")
-    roll = run("deploy", FULL, "-i", inv, "--restart", "--serial", "1", "--timeout", "60")
+    roll = run("deploy", FULL, "-i", inv, "--restart", "--serial", "1", "--timeout", "300")
     assert roll["op_id"] == roll["rollout"]["deploy_id"] and roll["summary"]["batches"] == 2
     stop = run("stop", "-i", inv)
     assert stop["summary"]["stopped"] == 2

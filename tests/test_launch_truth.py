@@ -109,7 +109,7 @@ def patched(pkg: Path) -> bool:
 def deploy_launch_verify(capsys: pytest.CaptureFixture[str], inv: Path, pb: Path) -> dict[str, Any]:
     code, doc, err = cli(capsys, "deploy", "-i", inv, pb)
     assert code == 0, (doc, err)
-    code, doc, err = cli(capsys, "launch", "-i", inv, pb, "--timeout", "60")
+    code, doc, err = cli(capsys, "launch", "-i", inv, pb, "--timeout", "300")
     assert code == 0, (doc, err)
     code, doc, err = cli(capsys, "verify-logs", "-i", inv, pb)
     assert code == 0, (doc, err)
@@ -250,7 +250,7 @@ def test_unchecked_hash_pyc_of_the_original_source(sb: Sandbox, tmp_path: Path,
     assert not pyc.exists()  # removed inside the deploy's transaction
     notes = " ".join(n for r in doc["hosts"] for n in r.get("notes", []))
     assert "unchecked-hash" in notes and pyc.name in notes
-    code, doc, err = cli(capsys, "launch", "-i", inv, pb, "--timeout", "60")
+    code, doc, err = cli(capsys, "launch", "-i", inv, pb, "--timeout", "300")
     assert code == 0, (doc, err)
     code, doc, err = cli(capsys, "verify-logs", "-i", inv, pb)
     assert code == 0, (doc, err)
@@ -279,7 +279,7 @@ def test_stale_pyc_makes_verify_logs_fail_and_say_why(sb: Sandbox, tmp_path: Pat
     os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns))
     code, doc, _ = cli(capsys, "explain", "-i", inv, pb)
     assert "unchecked-hash" in (doc["hosts"][0]["bytecode"] or "")
-    code, doc, err = cli(capsys, "launch", "-i", inv, pb, "--timeout", "60")
+    code, doc, err = cli(capsys, "launch", "-i", inv, pb, "--timeout", "300")
     assert code == 0, (doc, err)
     code, doc, err = cli(capsys, "verify-logs", "-i", inv, pb)
     assert code == 1
@@ -294,7 +294,7 @@ def test_stale_pyc_makes_verify_logs_fail_and_say_why(sb: Sandbox, tmp_path: Pat
     # shown relative to the package dir (an absolute path was cut mid-word in the result table)
     note = next(n for r in doc["hosts"] for n in r.get("notes", []) if "stale cached bytecode" in n)
     assert str(h.sglang_dir) not in note and "srt/speculative/__pycache__/" in note, note
-    code, doc, err = cli(capsys, "launch", "-i", inv, pb, "--timeout", "60", "--replace")
+    code, doc, err = cli(capsys, "launch", "-i", inv, pb, "--timeout", "300", "--replace")
     assert code == 0, (doc, err)
     code, doc, err = cli(capsys, "verify-logs", "-i", inv, pb)
     assert code == 0, (doc, err)
@@ -384,7 +384,7 @@ def test_wrapper_that_outlives_the_server_is_not_a_running_server(sb: Sandbox, t
     code, doc, _ = cli(capsys, "verify-logs", "-i", inv, pb)
     assert code == 1 and "server not running" in json.dumps(doc)
     # a relaunch is not blocked by a stale "not running" view: --replace stops the wrapper first
-    code, doc, err = cli(capsys, "launch", "-i", inv, pb, "--timeout", "60", "--replace")
+    code, doc, err = cli(capsys, "launch", "-i", inv, pb, "--timeout", "300", "--replace")
     assert code == 0, (doc, err)
     rec = srv.current_record(str(h.state_dir), name)
     assert rec["server_pid"] != rec["pid"] and rec["server_pid"] in _children(rec["pid"], "simulator")

@@ -165,7 +165,7 @@ def test_seed_layout_facts_explain_deploy_launch_verify_rollback(sb: Sandbox, tm
     code, doc, err = cli(capsys, "deploy", "-i", inv, pb)
     assert code == 0, (doc, err)
     assert MARKER in (pkg / WORKER).read_text()  # the checkout's own file, which the launch imports
-    code, doc, err = cli(capsys, "launch", "-i", inv, pb, "--timeout", "60")
+    code, doc, err = cli(capsys, "launch", "-i", inv, pb, "--timeout", "300")
     assert code == 0, (doc, err)
     code, doc, err = cli(capsys, "verify-logs", "-i", inv, pb)
     assert code == 0, (doc, err)
@@ -301,7 +301,7 @@ def test_strict_editable_install_names_the_fix_that_keeps_the_checkout(sb: Sandb
     code, doc, err = cli(capsys, "deploy", "-i", inv, pb)
     assert code == 0, (doc, err)
     assert MARKER in (proj / "sglang" / WORKER).read_text()
-    code, doc, err = cli(capsys, "launch", "-i", inv, pb, "--timeout", "60")
+    code, doc, err = cli(capsys, "launch", "-i", inv, pb, "--timeout", "300")
     assert code == 0, (doc, err)
     code, doc, err = cli(capsys, "verify-logs", "-i", inv, pb)
     assert code == 0, (doc, err)
@@ -405,7 +405,7 @@ def test_between_release_checkout_ported_onto_the_hosts_bytes(sb: Sandbox, tmp_p
     assert fp["ported"] and fp["sha_pristine"] == fp["sha_now"]  # recorded against the tree's own hash
     code, doc, err = cli(capsys, "deploy", "-i", inv, pb, "--port-onto-host")
     assert code == 0 and doc["hosts"][0]["status"] == "unchanged", (doc, err)
-    code, doc, err = cli(capsys, "launch", "-i", inv, pb, "--timeout", "60")
+    code, doc, err = cli(capsys, "launch", "-i", inv, pb, "--timeout", "300")
     assert code == 0, (doc, err)
     code, doc, err = cli(capsys, "verify-logs", "-i", inv, pb)
     assert code == 0, (doc, err)

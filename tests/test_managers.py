@@ -108,7 +108,7 @@ def test_supervisor_launch_verify_status_stop_rolling(supervised: Any, tmp_path:
     pb = playbook_with(tmp_path, {"manager": "supervisor"})
     code, doc = cli(capsys, "deploy", "-i", inv, pb)
     assert code == 0, json.dumps(doc)[:3000]
-    code, doc = cli(capsys, "launch", "--drop-unknown-flags", "-i", inv, pb, "--timeout", "60")
+    code, doc = cli(capsys, "launch", "--drop-unknown-flags", "-i", inv, pb, "--timeout", "300")
     assert code == 0, json.dumps(doc)[:4000]
     insts = {h["host"]: h["instances"][0] for h in doc["hosts"]}
     name = insts["h01"]["instance"]
@@ -133,7 +133,7 @@ def test_supervisor_launch_verify_status_stop_rolling(supervised: Any, tmp_path:
     # a rolling restart on the original code goes through supervisorctl too
     code, doc = cli(capsys, "rollback", "-i", inv)
     assert code == 0, doc
-    code, doc = cli(capsys, "deploy", "--restart", "--serial", "1", "-i", inv, pb, "--timeout", "60")
+    code, doc = cli(capsys, "deploy", "--restart", "--serial", "1", "-i", inv, pb, "--timeout", "300")
     assert code == 0, json.dumps(doc)[:4000]
     code, doc = cli(capsys, "servers", "-i", inv)
     new_pid = {h["host"]: h["servers"][0]["pid"] for h in doc["hosts"]}
@@ -159,7 +159,7 @@ def test_supervisor_refuses_a_missing_conf_dir(supervised: Any, tmp_path: Path,
     from fleetctl.cli import main
 
     capsys.readouterr()
-    code = main(["launch", "--drop-unknown-flags", "-i", str(bad), str(pb), "--timeout", "60", "--limit", "h01", "--json"])
+    code = main(["launch", "--drop-unknown-flags", "-i", str(bad), str(pb), "--timeout", "300", "--limit", "h01", "--json"])
     got = capsys.readouterr()
     assert code == 1, got
     msg = json.dumps(json.loads(got.out))

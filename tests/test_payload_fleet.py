@@ -63,7 +63,7 @@ def test_mixed_release_fleet_deploy_launch_verify_rollback(fresh_sandbox: Callab
         ok(capsys, "explain", "-i", inv, PAYLOAD)
         ok(capsys, "deploy", "-i", inv, PAYLOAD)
         assert not any(payload_files_pristine(sb).values())
-        ok(capsys, "launch", "-i", inv, PAYLOAD, "--timeout", "60")
+        ok(capsys, "launch", "-i", inv, PAYLOAD, "--timeout", "300")
         doc = ok(capsys, "verify-logs", "-i", inv, PAYLOAD)
         ivs = {i["host"]: i for h in doc["hosts"] for i in h["instances"]}
         assert sorted(ivs) == sorted(sb.hosts)
@@ -118,12 +118,12 @@ def adaptive_spec_on_the_same_fleet(sb: Sandbox, tmp_path: Path, capsys: pytest.
     assert code == 0 and idle in json.dumps(doc), json.dumps(doc)[:3000]
     code, doc = cli(capsys, "deploy", "--check", "-i", capped, ADAPTIVE)  # and deploy --check
     assert code == 0 and idle in json.dumps(doc["hosts"]), json.dumps(doc)[:3000]
-    doc = ok(capsys, "launch", "-i", capped, ADAPTIVE, "--timeout", "60")  # and launch (it still starts)
+    doc = ok(capsys, "launch", "-i", capped, ADAPTIVE, "--timeout", "300")  # and launch (it still starts)
     assert idle in json.dumps(doc["hosts"]), json.dumps(doc)[:3000]
     ok(capsys, "stop", "-i", capped)
 
     inv_new = make_inventory(sb, tmp_path / "adaptive-new.yaml", hosts=new)
-    ok(capsys, "launch", "-i", inv_new, ADAPTIVE, "--timeout", "60")
+    ok(capsys, "launch", "-i", inv_new, ADAPTIVE, "--timeout", "300")
     doc = ok(capsys, "verify-logs", "-i", inv_new, ADAPTIVE)
     ivs = {i["host"]: i for h in doc["hosts"] for i in h["instances"]}
     assert sorted(ivs) == new
@@ -161,7 +161,7 @@ def upgrade_under_the_state_file(sb: Sandbox, tmp_path: Path, capsys: pytest.Cap
         assert not shipped.exists()
         code, st = cli(capsys, "status", "-i", inv)
         assert code == 0 and left not in json.dumps(st), json.dumps(st)[:3000]
-        code, doc = cli(capsys, "launch", "-i", inv, ADAPTIVE, "--timeout", "60")
+        code, doc = cli(capsys, "launch", "-i", inv, ADAPTIVE, "--timeout", "300")
         assert code == 1 and "run 'fleetctl deploy -i " in json.dumps(doc), json.dumps(doc)[:3000]
         dep = ok(capsys, "deploy", "-i", inv, ADAPTIVE)
         assert dep["hosts"][0]["status"] == "changed", dep

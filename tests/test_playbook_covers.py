@@ -109,7 +109,7 @@ def test_scheduler_playbook_deploy_launch_verify_rollback(fresh_sandbox: Any,
     inv = str(sb.inventory_path)
     try:
         # pristine scheduler: the marker is missing on every rank, and verify-logs says where it looked
-        ok(capsys, "launch", "-i", inv, SCHED, "--timeout", "60")
+        ok(capsys, "launch", "-i", inv, SCHED, "--timeout", "300")
         code, doc = cli(capsys, "verify-logs", "-i", inv, SCHED)
         assert code == 1
         for iv in by_host(doc).values():
@@ -119,7 +119,7 @@ def test_scheduler_playbook_deploy_launch_verify_rollback(fresh_sandbox: Any,
         ok(capsys, "stop", "-i", inv)
         dep = ok(capsys, "deploy", "-i", inv, SCHED)
         assert {h["host"]: h["status"] for h in dep["hosts"]} == {"h01": "changed", "h02": "changed"}
-        ok(capsys, "launch", "-i", inv, SCHED, "--timeout", "60")
+        ok(capsys, "launch", "-i", inv, SCHED, "--timeout", "300")
         doc = ok(capsys, "verify-logs", "-i", inv, SCHED)
         for iv in by_host(doc).values():
             assert iv["ok"] and [r["markers"] for r in iv["ranks"]] == [{SCHED_MARKER: True}] * 2

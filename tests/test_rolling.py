@@ -45,7 +45,7 @@ def test_one_failing_host_in_the_second_batch(fresh_sandbox: Callable[..., Sandb
     assert "FLEETCTL_SIM_CRASH" in inv.read_text()
     try:
         code = main(["deploy", "--restart", "--serial", "2", "--canary", "1", "--max-fail", "0%",
-                     "--timeout", "30", "-i", str(inv), PAYLOAD, "--json"])
+                     "--timeout", "300", "-i", str(inv), PAYLOAD, "--json"])
         doc = json.loads(capsys.readouterr().out)
     finally:
         main(["stop", "-i", str(inv), PAYLOAD])

@@ -84,14 +84,14 @@ def test_sandbox_servers_refuse_what_the_patched_server_args_refuses_and_old_lay
     try:
         assert cli(capsys, "deploy", "-i", inv, PAYLOAD)[0] == 0
         # 0.5.5.post3 keeps its version in version.py: its sandbox server starts and proves the patch
-        code, doc = cli(capsys, "launch", "-i", inv, PAYLOAD, "--timeout", "30")
+        code, doc = cli(capsys, "launch", "-i", inv, PAYLOAD, "--timeout", "300")
         assert code == 0, doc
         code, doc = cli(capsys, "verify-logs", "-i", inv, PAYLOAD)
         assert code == 0, doc
         # topk 2 on 0.5.14: the patched server_args refuses it (through the release's own adaptive reasons)
         inv2 = make_inventory(sb, tmp_path / "inv2.yaml", flags={"h02": {"--speculative-eagle-topk": 2,
                                                                        "--speculative-num-draft-tokens": 8}})
-        code, doc = cli(capsys, "launch", "--replace", "-i", inv2, PAYLOAD, "--limit", "h02", "--timeout", "30")
+        code, doc = cli(capsys, "launch", "--replace", "-i", inv2, PAYLOAD, "--limit", "h02", "--timeout", "300")
         assert code == 1
         # launch replays the patched checks itself (f1d445a) and refuses before starting the server
         # that would crash: the same replay the simulator runs at its start-up (server_args_replay)

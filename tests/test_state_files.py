@@ -263,7 +263,7 @@ def test_adaptive_spec_deploy_launch_verify_rollback(fresh_sandbox: Any, capsys:
     sb = fresh_sandbox(hosts=2, versions=("0.5.14", "0.5.23"), gpus=2)  # tp=2: ranks TP0 and TP1
     inv = str(sb.inventory_path)
     try:
-        code, doc = cli(capsys, "launch", "-i", inv, ADAPTIVE, "--timeout", "60")
+        code, doc = cli(capsys, "launch", "-i", inv, ADAPTIVE, "--timeout", "300")
         assert code == 1 and all("is not on" in h["message"] and "run 'fleetctl deploy -i " in h["message"]
                                  for h in doc["hosts"])
         code, check = cli(capsys, "deploy", "--check", "-i", inv, ADAPTIVE)
@@ -273,7 +273,7 @@ def test_adaptive_spec_deploy_launch_verify_rollback(fresh_sandbox: Any, capsys:
         for h in sb.hosts.values():
             shipped = h.state_dir / "files" / "adaptive-spec" / "adaptive.json"
             assert shipped.read_bytes() == (ADAPTIVE / "files" / "adaptive.json").read_bytes()
-        ok(capsys, "launch", "-i", inv, ADAPTIVE, "--timeout", "60")
+        ok(capsys, "launch", "-i", inv, ADAPTIVE, "--timeout", "300")
         doc = ok(capsys, "verify-logs", "-i", inv, ADAPTIVE)
         for h in doc["hosts"]:
             iv = h["instances"][0]
@@ -290,7 +290,7 @@ def test_adaptive_spec_deploy_launch_verify_rollback(fresh_sandbox: Any, capsys:
             hd["flags"] = {**(hd.get("flags") or {}), "--speculative-eagle-topk": 2,
                            "--speculative-num-draft-tokens": 8}
         inv2.write_text(yaml.safe_dump(inv_doc))
-        code, doc = cli(capsys, "launch", "--replace", "-i", inv2, ADAPTIVE, "--timeout", "60")
+        code, doc = cli(capsys, "launch", "--replace", "-i", inv2, ADAPTIVE, "--timeout", "300")
         assert code == 1 and all("speculative_adaptive disabled: speculative_eagle_topk=2" in i["message"]
                                  for h in doc["hosts"] for i in h["instances"]), json.dumps(doc)[:3000]
         code, again = cli(capsys, "deploy", "--check", "-i", inv, ADAPTIVE)  # nothing left to write
@@ -299,7 +299,7 @@ def test_adaptive_spec_deploy_launch_verify_rollback(fresh_sandbox: Any, capsys:
         ok(capsys, "rollback", "-i", inv)
         for h in sb.hosts.values():
             assert not (h.state_dir / "files" / "adaptive-spec" / "adaptive.json").exists()
-        code, doc = cli(capsys, "launch", "-i", inv, ADAPTIVE, "--timeout", "60")  # rolled back: refused again
+        code, doc = cli(capsys, "launch", "-i", inv, ADAPTIVE, "--timeout", "300")  # rolled back: refused again
         assert code == 1 and "run 'fleetctl deploy -i " in json.dumps(doc)
     finally:
         main(["stop", "-i", inv])

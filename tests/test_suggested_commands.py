@@ -77,7 +77,7 @@ def _story(sb: Any, s: Story, inv: Path, inv2: Path, tmp_path: Path) -> None:  #
     assert s.run("deploy", "-i", inv, FULL, "--limit", "nosuchhost", "--json")[0] == 2
     # the story
     assert s.run("deploy", "-i", inv, FULL)[0] == 0
-    assert s.run("launch", "-i", inv, FULL, "--timeout", "60")[0] in (0, 1)
+    assert s.run("launch", "-i", inv, FULL, "--timeout", "300")[0] in (0, 1)
     rec = srv.current_record(str(sb.hosts["h02"].state_dir), srv.list_instances(str(sb.hosts["h02"].state_dir))[0])
     end_wait = __import__("time").monotonic() + 120  # (a hang bound: h02's server dies 0.5 s after ready)
     while srv.record_alive(rec):

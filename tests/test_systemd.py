@@ -183,13 +183,13 @@ def test_live_systemd_launch_verify_replace_stop(fresh_sandbox: object, tmp_path
     try:
         code, d = cli(capsys, "deploy", "-i", inv, pb)
         assert code == 0, d
-        code, d = cli(capsys, "launch", "--drop-unknown-flags", "-i", inv, pb, "--timeout", "60")
+        code, d = cli(capsys, "launch", "--drop-unknown-flags", "-i", inv, pb, "--timeout", "300")
         assert code == 0, json.dumps(d)[:3000]
         name = d["hosts"][0]["instances"][0]["instance"]
         units.append(Path(f"/run/systemd/system/fleetctl-{name}.service"))
         code, d = cli(capsys, "verify-logs", "-i", inv, pb)
         assert code == 0, json.dumps(d)[:3000]
-        code, d = cli(capsys, "launch", "--replace", "--drop-unknown-flags", "-i", inv, pb, "--timeout", "60")
+        code, d = cli(capsys, "launch", "--replace", "--drop-unknown-flags", "-i", inv, pb, "--timeout", "300")
         assert code == 0, json.dumps(d)[:3000]
         code, d = cli(capsys, "verify-logs", "-i", inv, pb)  # the new invocation's journal only
         assert code == 0, json.dumps(d)[:3000]

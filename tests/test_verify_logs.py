@@ -97,13 +97,13 @@ def test_origin_story_wrong_file_then_full_playbook(sb: Any, tmp_path: Path,
     inv = make_inventory(sb, tmp_path / "inv.yaml", hosts=["h01", "h02"])
     # only eagle_worker_v2.py (+ server_args.py) patched on 0.5.9; SGLANG_ENABLE_SPEC_V2 unset
     ok(capsys, "deploy", "-i", inv, WRONG, "--limit", "h01", "--allow-uncovered")
-    code, refused = cli(capsys, "launch", "--drop-unknown-flags", "-i", inv, WRONG, "--limit", "h01", "--timeout", "30")
+    code, refused = cli(capsys, "launch", "--drop-unknown-flags", "-i", inv, WRONG, "--limit", "h01", "--timeout", "300")
     assert code == 1 and refused["hosts"][0]["status"] == "refused"
     assert "the playbook patches it: no; your patch changes only eagle_worker_v2.py; fix: patch " \
         "srt/speculative/eagle_worker.py too (fleetctl patch new / patch port) (--allow-uncovered to launch " \
         "it anyway)" in refused["hosts"][0]["instances"][0]["message"]
     launched = ok(capsys, "launch", "--drop-unknown-flags", "--allow-uncovered", "-i", inv, WRONG, "--limit", "h01",
-                  "--timeout", "30")
+                  "--timeout", "300")
     notes = " ".join(instances(launched)["h01"]["notes"])
     assert "warning" in notes and "EAGLEWorker" in notes and "patches it: no" in notes
     t0 = time.monotonic()
@@ -128,7 +128,7 @@ def test_origin_story_wrong_file_then_full_playbook(sb: Any, tmp_path: Path,
     # the fix: the full playbook (both worker files), relaunched; passes on 0.5.9 and 0.5.14
     ok(capsys, "rollback", "-i", inv, "--limit", "h01")
     ok(capsys, "deploy", "-i", inv, FULL)
-    ok(capsys, "launch", "--drop-unknown-flags", "-i", inv, FULL, "--replace", "--timeout", "30")
+    ok(capsys, "launch", "--drop-unknown-flags", "-i", inv, FULL, "--replace", "--timeout", "300")
     t0 = time.monotonic()
     doc = ok(capsys, "verify-logs", "-i", inv, FULL)
     print(f"verify-logs (2 hosts, passing): {time.monotonic() - t0:.2f}s")
@@ -147,12 +147,12 @@ def test_stale_lines_of_an_earlier_launch_are_ignored(sb: Any, tmp_path: Path,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
     inv = make_inventory(sb, tmp_path / "inv.yaml", hosts=["h01"])
     ok(capsys, "deploy", "-i", inv, FULL)
-    first = ok(capsys, "launch", "--drop-unknown-flags", "-i", inv, FULL, "--timeout", "30")
+    first = ok(capsys, "launch", "--drop-unknown-flags", "-i", inv, FULL, "--timeout", "300")
     ok(capsys, "verify-logs", "-i", inv, FULL)
     old_log = Path(instances(first)["h01"]["log"])
     # back to the original files, relaunched: the old log (with markers) stays on disk, unread
     ok(capsys, "rollback", "-i", inv)
-    second = ok(capsys, "launch", "--drop-unknown-flags", "-i", inv, FULL, "--replace", "--timeout", "30")
+    second = ok(capsys, "launch", "--drop-unknown-flags", "-i", inv, FULL, "--replace", "--timeout", "300")
     assert MARKER in old_log.read_text() and instances(second)["h01"]["log"] != str(old_log)
     code, doc = cli(capsys, "verify-logs", "-i", inv, FULL)
     iv = instances(doc)["h01"]
@@ -165,7 +165,7 @@ def test_stale_lines_of_an_earlier_launch_are_ignored(sb: Any, tmp_path: Path,
 def test_redeploy_without_restart_says_restart_needed(sb: Any, tmp_path: Path,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
     inv = make_inventory(sb, tmp_path / "inv.yaml", hosts=["h02"])
-    ok(capsys, "launch", "--drop-unknown-flags", "-i", inv, FULL, "--timeout", "30")  # pristine 0.5.14: no marker
+    ok(capsys, "launch", "--drop-unknown-flags", "-i", inv, FULL, "--timeout", "300")  # pristine 0.5.14: no marker
     time.sleep(0.05)
     ok(capsys, "deploy", "-i", inv, FULL)  # files patched under the running server
     code, doc = cli(capsys, "verify-logs", "-i", inv, FULL)
@@ -175,7 +175,7 @@ def test_redeploy_without_restart_says_restart_needed(sb: Any, tmp_path: Path,
     assert "restart needed" in t and "srt/speculative/eagle_worker_v2.py" in t
     assert "log is from before the deploy" in t
     assert "DOES carry" in t  # the file on disk is right; the process predates it
-    ok(capsys, "launch", "--drop-unknown-flags", "-i", inv, FULL, "--replace", "--timeout", "30")
+    ok(capsys, "launch", "--drop-unknown-flags", "-i", inv, FULL, "--replace", "--timeout", "300")
     ok(capsys, "verify-logs", "-i", inv, FULL)
 
 
@@ -184,7 +184,7 @@ def test_one_rank_missing_and_server_not_running(sb: Any, tmp_path: Path,
     inv = make_inventory(sb, tmp_path / "inv.yaml", hosts=["h01"],
                          env={"h01": {"FLEETCTL_SIM_DROP_MARKER_RANK": "1"}})
     ok(capsys, "deploy", "-i", inv, FULL)
-    ok(capsys, "launch", "--drop-unknown-flags", "-i", inv, FULL, "--timeout", "30")
+    ok(capsys, "launch", "--drop-unknown-flags", "-i", inv, FULL, "--timeout", "300")
     code, doc = cli(capsys, "verify-logs", "-i", inv, FULL)
     iv = instances(doc)["h01"]
     assert code == 1
@@ -210,7 +210,7 @@ def test_two_instances_per_host_tp1_has_no_rank_prefix(sb: Any, tmp_path: Path,
     pb = tmp_path / "pb.yaml"
     pb.write_text(yaml.safe_dump(doc))
     ok(capsys, "deploy", "-i", inv, pb)
-    launched = ok(capsys, "launch", "--drop-unknown-flags", "-i", inv, pb, "--timeout", "30")
+    launched = ok(capsys, "launch", "--drop-unknown-flags", "-i", inv, pb, "--timeout", "300")
     its = launched["hosts"][0]["instances"]
     assert [i["gpus"] for i in its] == [[0], [1]] and its[1]["port"] == its[0]["port"] + 1
     doc = ok(capsys, "verify-logs", "-i", inv, pb)
@@ -238,7 +238,7 @@ def test_crash_before_ready_is_named_as_a_crash_not_a_missing_marker(sb: Any, tm
                                                                    capsys: pytest.CaptureFixture[str]) -> None:
     inv = make_inventory(sb, tmp_path / "inv.yaml", hosts=["h01"], env={"h01": {"FLEETCTL_SIM_CRASH": "startup"}})
     ok(capsys, "deploy", "-i", inv, FULL)
-    code, doc = cli(capsys, "launch", "--drop-unknown-flags", "-i", inv, FULL, "--timeout", "30")
+    code, doc = cli(capsys, "launch", "--drop-unknown-flags", "-i", inv, FULL, "--timeout", "300")
     assert code == 1
     msg = doc["hosts"][0]["instances"][0]["message"]
     assert msg.startswith("the server exited (status 1) before ready: RuntimeError: simulated crash"), msg
@@ -262,7 +262,7 @@ def test_crash_after_ready_and_a_stop_are_told_apart(sb: Any, tmp_path: Path,
     inv = make_inventory(sb, tmp_path / "inv.yaml", hosts=["h01", "h02"],
                          env={"h01": {"FLEETCTL_SIM_CRASH": "after-ready:1"}})
     ok(capsys, "deploy", "-i", inv, FULL)
-    launched = ok(capsys, "launch", "--drop-unknown-flags", "-i", inv, FULL, "--timeout", "30")
+    launched = ok(capsys, "launch", "--drop-unknown-flags", "-i", inv, FULL, "--timeout", "300")
     name = next(i["instance"] for h in launched["hosts"] if h["host"] == "h01" for i in h["instances"])
     rec = srv.current_record(str(sb.hosts["h01"].state_dir), name)
     deadline = time.monotonic() + 120
@@ -286,7 +286,7 @@ def test_a_launch_command_that_replays_an_old_log_cannot_pass(sb: Any, tmp_path:
                                                             capsys: pytest.CaptureFixture[str]) -> None:
     inv = make_inventory(sb, tmp_path / "inv.yaml", hosts=["h01"])
     ok(capsys, "deploy", "-i", inv, FULL)
-    first = ok(capsys, "launch", "--drop-unknown-flags", "-i", inv, FULL, "--timeout", "30")
+    first = ok(capsys, "launch", "--drop-unknown-flags", "-i", inv, FULL, "--timeout", "300")
     old_log = tmp_path / "sglang-earlier.log"
     old_log.write_text(Path(instances(first)["h01"]["log"]).read_text())
     assert MARKER in old_log.read_text()
@@ -304,7 +304,7 @@ def test_a_launch_command_that_replays_an_old_log_cannot_pass(sb: Any, tmp_path:
     doc = yaml.safe_load(inv.read_text())
     doc["hosts"]["h01"]["launch_command"] = f"{{python}} {replay}"
     inv.write_text(yaml.safe_dump(doc))
-    launched = ok(capsys, "launch", "--drop-unknown-flags", "--allow-uncovered", "-i", inv, WRONG, "--timeout", "30")
+    launched = ok(capsys, "launch", "--drop-unknown-flags", "--allow-uncovered", "-i", inv, WRONG, "--timeout", "300")
     assert MARKER in Path(instances(launched)["h01"]["log"]).read_text()  # the replayed lines are in the log
     code, doc = cli(capsys, "verify-logs", "-i", inv, WRONG)
     iv = instances(doc)["h01"]
@@ -356,7 +356,7 @@ def test_report_lines_are_counted_and_shown_never_judged(sb: Any, tmp_path: Path
     plain = doc["hosts"]["h01"].get("launch_command")
     doc["hosts"]["h01"]["launch_command"] = f"{{python}} {wrap}"
     inv.write_text(yaml.safe_dump(doc))
-    ok(capsys, "launch", "--drop-unknown-flags", "-i", inv, FULL, "--timeout", "30")
+    ok(capsys, "launch", "--drop-unknown-flags", "-i", inv, FULL, "--timeout", "300")
     iv = instances(ok(capsys, "verify-logs", "-i", inv, FULL))["h01"]
     assert iv["ok"], text(iv)
     (rep,) = iv["reports"].values()
@@ -372,6 +372,6 @@ def test_report_lines_are_counted_and_shown_never_judged(sb: Any, tmp_path: Path
     else:
         doc["hosts"]["h01"]["launch_command"] = plain
     inv.write_text(yaml.safe_dump(doc))
-    ok(capsys, "launch", "--drop-unknown-flags", "-i", inv, FULL, "--replace", "--timeout", "30")
+    ok(capsys, "launch", "--drop-unknown-flags", "-i", inv, FULL, "--replace", "--timeout", "300")
     iv = instances(ok(capsys, "verify-logs", "-i", inv, FULL))["h01"]
     assert iv["ok"] and iv["reports"] == {}
