@@ -61,6 +61,23 @@ def test_model_config_unreadable_and_missing_numpy_are_could_not_ask() -> None:
     assert "--cpu-sglang" in probe.compare(table, numpy).line
 
 
+def test_an_import_the_replay_fails_is_could_not_ask() -> None:
+    """Seen on the H200 (SGLang 0.5.12, EAGLE3, v1 worker): explain --probe said the server refuses to start
+    with "No module named 'cuda.tile'" and REFUSED the host, while the same launch started and served.
+    An import the probe's start-up replay fails is no verdict on the real start-up."""
+    table = routing.resolve_worker("0.5.12", FLAGS, {"SGLANG_ENABLE_SPEC_V2": "0"})
+    assert table.startup_error is None
+    for err in ("ModuleNotFoundError: No module named 'cuda.tile'", "ImportError: cannot import name 'x' from 'y'"):
+        ans = EngineProbeAnswer(stage="refused", package_version="0.5.12", error=err,
+                                error_where="/site/flashinfer/norm/__init__.py:12")
+        v = probe.compare(table, ans)
+        assert v.agrees is None and v.line.startswith(probe.COULD_NOT_ASK) and probe.DISAGREE not in v.line, v.line
+        assert err in v.line and "fleetctl launch" in v.line
+    # any other start-up error the replay meets is still SGLang's answer (a disagreement here)
+    other = EngineProbeAnswer(stage="refused", package_version="0.5.12", error="ValueError: topk must be 1")
+    assert probe.compare(table, other).agrees is False
+
+
 @pytest.mark.fleet
 @pytest.mark.usefixtures("ledger_dir")
 def test_probe_on_a_host_without_numpy_says_could_not_ask(fresh_sandbox, capsys) -> None:

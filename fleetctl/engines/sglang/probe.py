@@ -137,6 +137,13 @@ def could_not_ask(table: Resolution, p: EngineProbeAnswer) -> str | None:
             return (f"{COULD_NOT_ASK}: SGLang {p.package_version or table.version} as installed does not know "
                     f"{', '.join(new)} yet (a flag the playbook's patch adds: deploy it, then probe again)")
     where = p.error_where or ""
+    if re.match(r"(ModuleNotFoundError|ImportError)\b", err):
+        # the probe replays start-up without a GPU context (stand-ins for the device queries), so an
+        # import it fails is no verdict on the real start-up: on the H200, 0.5.12's probe stopped at
+        # "No module named 'cuda.tile'" while the same launch started and served
+        return (f"{COULD_NOT_ASK}: its start-up replay stopped at an import ({err}"
+                f"{', in ' + where if where else ''}); the real server may not make that import: "
+                "`fleetctl launch` shows what it does")
     if any(s in err for s in _MODEL_ERRORS) or (err.startswith("OSError") and any(s in where for s in _MODEL_WHERE)):
         return (f"{COULD_NOT_ASK}: the launch's model config is not readable on the host ({err}); the host's "
                 "SGLang reads it before it chooses a worker")
