@@ -261,6 +261,53 @@ def resource_problems(facts: HostFacts, insts: list[Instance]) -> dict[str, list
     return problems
 
 
+def _instance_problems(host: Host, pb: Playbook, inst: Instance, st: InstanceStart, facts: HostFacts, v: str,
+                       named: dict[str, bytes | str] | None, hooks: list[str], allow_uncovered: bool) -> list[str]:
+    """Why one instance of the launch must not start (its model, what the release would refuse, the
+    playbook's patched argument checks, coverage); its worker and warnings go on `st` (its start)."""
+    problems: list[str] = []
+    if engine().launch_model({}, inst.argv) is None:  # (was: started with no model, failing later)
+        no_model = (f"the launch names no target model: set launch.flags.{engine().model_flag} in {pb.path} "
+                    "(or in the inventory's launch_command)")
+        if "-m" in inst.argv:  # the server's module run directly: it gets no model from elsewhere
+            problems.append(no_model)
+        else:  # a script of the user's own (a wrapper) may name it itself
+            st.warnings.append(f"warning: {no_model}, unless {host.launch_command or pb.launch.command!r} does")
+    env = facts.judged_env(inst.effective_env)  # after the interpreter's start-up hooks
+    r = engine().resolve_worker(v, inst.flags, env, files=named)
+    if r.startup_error:
+        problems.append(f"SGLang {v} would refuse to start: {r.startup_error}")
+    problems += engine().log_visibility_problems(r.resolved_args, env)
+    if r.startup_error:
+        return problems  # refused: which worker would run does not matter
+    # a check the playbook's patch adds to the argument file refuses this launch (explain says the same)
+    from fleetctl.plan.intended import intended_data
+
+    bad_value = engine().patched_refusal(v, intended_data(pb, v), r.resolved_args) if pb.files_for(v) else None
+    if bad_value:
+        problems.append(f"the playbook's patched {engine().args_file} refuses this launch: {bad_value}")
+        return problems
+    cov = (coverage(v, inst.flags, env, pb, model=facts.model, draft=facts.draft_model)
+           if pb.files_for(v) is not None else None)
+    if cov is not None and cov.refused and hooks:
+        cov.refused = f"{cov.refused} ({'; '.join(hooks)})"
+    for pf in pb.files_for(v) or []:
+        why = facts.module_problem(pf.path)
+        if why and cov is not None and not cov.refused:
+            cov.refused = why
+    if cov is not None and cov.refused and not allow_uncovered:
+        # the origin mistake: the worker that will run is not the one patched
+        problems.append(f"{cov.refused} (--allow-uncovered to launch it anyway)")
+    st.worker = {"class": r.worker_class, "file": r.worker_file,
+                 "disable_overlap_schedule": r.disable_overlap_schedule, "reason": r.reason}
+    st.warnings += [f"warning: {w}" for w in engine().playbook_warnings(pb, dict(inst.flags))]
+    if cov is None:
+        st.warnings.append(f"warning: {engine().playbook_refusal(pb, v) or f'the playbook has no patch set for SGLang {v}'}")
+    elif cov.refused:
+        st.warnings.append(f"warning: {cov.refused}")
+    return problems
+
+
 def plan_launch(host: Host, pb: Playbook, insts: list[Instance], facts: HostFacts, *, replace: bool = False,
                 drop_unknown_flags: bool = False, allow_uncovered: bool = False) -> LaunchPlan:
     """Decide one host's launch from its facts: pure (no I/O). Refused (nothing will start) on an
@@ -313,45 +360,7 @@ def plan_launch(host: Host, pb: Playbook, insts: list[Instance], facts: HostFact
                      for f in pb.state_files)
     hooks = facts.hook_notes([k for k in facts.env_changes if k.startswith(engine().routing_env_prefixes)])
     for inst, st in zip(insts, lp.instances, strict=True):
-        if engine().launch_model({}, inst.argv) is None:  # (was: started with no model, failing later)
-            no_model = (f"the launch names no target model: set launch.flags.{engine().model_flag} in {pb.path} "
-                        "(or in the inventory's launch_command)")
-            if "-m" in inst.argv:  # the server's module run directly: it gets no model from elsewhere
-                problems[inst.name].append(no_model)
-            else:  # a script of the user's own (a wrapper) may name it itself
-                st.warnings.append(f"warning: {no_model}, unless {host.launch_command or pb.launch.command!r} does")
-        env = facts.judged_env(inst.effective_env)  # after the interpreter's start-up hooks
-        r = engine().resolve_worker(v, inst.flags, env, files=named)
-        if r.startup_error:
-            problems[inst.name].append(f"SGLang {v} would refuse to start: {r.startup_error}")
-        problems[inst.name] += engine().log_visibility_problems(r.resolved_args, env)
-        if r.startup_error:
-            continue  # refused: which worker would run does not matter
-        # a check the playbook's patch adds to the argument file refuses this launch (explain says the same)
-        from fleetctl.plan.intended import intended_data
-
-        bad_value = engine().patched_refusal(v, intended_data(pb, v), r.resolved_args) if pb.files_for(v) else None
-        if bad_value:
-            problems[inst.name].append(f"the playbook's patched {engine().args_file} refuses this launch: {bad_value}")
-            continue
-        cov = (coverage(v, inst.flags, env, pb, model=facts.model, draft=facts.draft_model)
-               if pb.files_for(v) is not None else None)
-        if cov is not None and cov.refused and hooks:
-            cov.refused = f"{cov.refused} ({'; '.join(hooks)})"
-        for pf in pb.files_for(v) or []:
-            why = facts.module_problem(pf.path)
-            if why and cov is not None and not cov.refused:
-                cov.refused = why
-        if cov is not None and cov.refused and not allow_uncovered:
-            # the origin mistake: the worker that will run is not the one patched
-            problems[inst.name].append(f"{cov.refused} (--allow-uncovered to launch it anyway)")
-        st.worker = {"class": r.worker_class, "file": r.worker_file,
-                     "disable_overlap_schedule": r.disable_overlap_schedule, "reason": r.reason}
-        st.warnings += [f"warning: {w}" for w in engine().playbook_warnings(pb, dict(inst.flags))]
-        if cov is None:
-            st.warnings.append(f"warning: {engine().playbook_refusal(pb, v) or f'the playbook has no patch set for SGLang {v}'}")
-        elif cov.refused:
-            st.warnings.append(f"warning: {cov.refused}")
+        problems[inst.name] += _instance_problems(host, pb, inst, st, facts, v, named, hooks, allow_uncovered)
     conflicts = _conflicts(_running(facts), insts)
     if conflicts and not replace:
         for s in conflicts:

@@ -48,108 +48,115 @@ class RollbackPlan:
                    if self.tree_members or self.records_dir else {})}
 
 
+def _restore_rows(rp: RollbackPlan, chosen: list[Any], force: bool) -> list[str]:
+    """Each applied file of the deploys to undo (newest first) as a row of `rp.files`: its state now
+    and what the rollback does with it. Returns why files are refused (drifted, no --force)."""
+    refused: list[str] = []
+    for m in chosen:
+        for f in m.files:
+            if f.status != "applied":
+                continue
+            now = f.sha_now
+            if now == f.sha_before:
+                state, action = "original", "none"
+            elif now == f.sha_after:
+                state, action = "as-deployed", "restore"
+            else:
+                state, action = "drifted", "force" if force else "refuse"
+                if not force:
+                    refused.append(f"{f.path} changed since deploy {m.id}")
+            rp.files.append({"path": f.path, "deploy": m.id, "state": state, "action": action,
+                             "sha_now": now, "sha_before": f.sha_before})
+    return refused
+
+
+def _plan_host(h: Host, gathered: Gathered, to: str | None, force: bool, *, old_tree: bool, from_pristine: bool,
+               playbook: Playbook | None) -> RollbackPlan:
+    """One host's rollback plan from its gathered facts."""
+    o = gathered.outcomes[h.name]
+    if not o.ok:
+        return RollbackPlan(h.name, "unreachable" if o.status == "unreachable" else "failed", o.message)
+    facts = gathered.facts[h.name]
+    manifests = hoststate.own(facts)  # never another machine's records (a shared state dir)
+    rp = RollbackPlan(h.name, "noop")
+    rp.expect_live = [m.id for m in hoststate.live(facts)]
+    rp.interrupted = [m.id for m in hoststate.interrupted(facts)]
+    gone = hoststate.gone(facts)
+    pristine, why_not = hoststate.release_pristine(facts.package_version)
+    loose = hoststate.unrecorded(facts, pristine) if pristine is not None else []
+    if from_pristine:
+        _plan_from_pristine(rp, h.name, facts, loose, pristine, why_not, playbook)
+        return rp
+    if loose and not hoststate.live(facts):
+        rp.status = "refused"
+        rp.reason = hoststate.unrecorded_msg(h.name, facts.package_version, loose)
+        return rp
+    # fleetctl's own recorded deploys are undone from their backups whatever else differs from the
+    # release (a checkout that moved on): those files are left as they are, and named
+    loose_note = ([f"{len(loose)} other file(s) differ from sglang {facts.package_version} with no deploy record "
+                   f"and are left as they are ({', '.join(loose[:4])}{' ...' if len(loose) > 4 else ''})"]
+                  if loose else [])
+    live = hoststate.live(facts)
+    if to is not None:
+        ids = [m.id for m in manifests]
+        if to not in ids:
+            rp.status = "skipped"
+            rp.reason = f"deploy {to} never changed this host"
+            return rp
+        start = ids.index(to)
+        chosen = [m for m in manifests[start:] if m in live]
+    else:
+        chosen = live[-1:]
+    chosen = list(reversed(chosen))
+    where = {m.shared for m in chosen}
+    if len(where) > 1:
+        rp.status = "refused"
+        rp.reason = (f"{h.name}: the deploys to undo are recorded in two places (its state_dir and beside "
+                     f"its shared tree, {next(x for x in where if x)}); roll back with --to, one place at a time")
+        return rp
+    shared_dir = next(iter(where)) if where else None
+    if shared_dir is None and not chosen and any(m.shared for m in live):
+        shared_dir = next(m.shared for m in live if m.shared)
+    if shared_dir:
+        rp.records_dir = shared_dir
+        rp.tree = facts.state.tree.real if facts.state and facts.state.tree else None
+    rp.expect_live = [m.id for m in live if m.shared == shared_dir]
+    rp.interrupted = [m.id for m in hoststate.interrupted(facts) if m.shared == shared_dir]
+    moved = [m for m in chosen if m.moved]
+    if moved and not old_tree:
+        mv = moved[0].moved
+        rp.status = "refused"
+        rp.reason = (f"{h.name}: {hoststate.moved_msg(moved[0])}; nothing was changed; rerun with --old-tree "
+                     f"to restore {mv.patched if mv else '?'} anyway")
+        return rp
+    notes = [hoststate.gone_msg(m) + ": its record will be closed, nothing restored (its backups belong "
+                                     "to what was there before)" for m in gone]
+    if not chosen:
+        lock = facts.state.lock if facts.state else None
+        stale = lock is not None and lock.stale
+        rp.status = "change" if rp.interrupted or stale or gone else "noop"
+        rp.reason = ("interrupted deploy will be repaired" if rp.interrupted else
+                     f"a stale lock ({lock.holder()}) will be cleared" if lock is not None and stale
+                     else "; ".join(notes) if notes else
+                     (f"deploy {to} is already rolled back" if to else "nothing to roll back"))
+        return rp
+    rp.deploy_ids = [m.id for m in chosen]
+    refused = _restore_rows(rp, chosen, force)
+    if refused:
+        rp.status = "refused"
+        rp.reason = f"{h.name}: {refused[0]}; rerun with --force to overwrite it (a copy is kept)"
+    else:
+        rp.status = "change"
+        rp.reason = "; ".join(notes + loose_note)
+    return rp
+
+
 def plan_rollback(fleet: Fleet, gathered: Gathered, to: str | None, force: bool, *, old_tree: bool = False,
                   from_pristine: bool = False, playbook: Playbook | None = None) -> list[RollbackPlan]:
     plans = []
     for h in fleet.hosts:
-        o = gathered.outcomes[h.name]
-        if not o.ok:
-            plans.append(RollbackPlan(h.name, "unreachable" if o.status == "unreachable" else "failed", o.message))
-            continue
-        facts = gathered.facts[h.name]
-        manifests = hoststate.own(facts)  # never another machine's records (a shared state dir)
-        rp = RollbackPlan(h.name, "noop")
-        rp.expect_live = [m.id for m in hoststate.live(facts)]
-        rp.interrupted = [m.id for m in hoststate.interrupted(facts)]
-        gone = hoststate.gone(facts)
-        pristine, why_not = hoststate.release_pristine(facts.package_version)
-        loose = hoststate.unrecorded(facts, pristine) if pristine is not None else []
-        if from_pristine:
-            _plan_from_pristine(rp, h.name, facts, loose, pristine, why_not, playbook)
-            plans.append(rp)
-            continue
-        if loose and not hoststate.live(facts):
-            rp.status = "refused"
-            rp.reason = hoststate.unrecorded_msg(h.name, facts.package_version, loose)
-            plans.append(rp)
-            continue
-        # fleetctl's own recorded deploys are undone from their backups whatever else differs from the
-        # release (a checkout that moved on): those files are left as they are, and named
-        loose_note = ([f"{len(loose)} other file(s) differ from sglang {facts.package_version} with no deploy record "
-                       f"and are left as they are ({', '.join(loose[:4])}{' ...' if len(loose) > 4 else ''})"]
-                      if loose else [])
-        live = hoststate.live(facts)
-        if to is not None:
-            ids = [m.id for m in manifests]
-            if to not in ids:
-                rp.status = "skipped"
-                rp.reason = f"deploy {to} never changed this host"
-                plans.append(rp)
-                continue
-            start = ids.index(to)
-            chosen = [m for m in manifests[start:] if m in live]
-        else:
-            chosen = live[-1:]
-        chosen = list(reversed(chosen))
-        where = {m.shared for m in chosen}
-        if len(where) > 1:
-            rp.status = "refused"
-            rp.reason = (f"{h.name}: the deploys to undo are recorded in two places (its state_dir and beside "
-                         f"its shared tree, {next(x for x in where if x)}); roll back with --to, one place at a time")
-            plans.append(rp)
-            continue
-        shared_dir = next(iter(where)) if where else None
-        if shared_dir is None and not chosen and any(m.shared for m in live):
-            shared_dir = next(m.shared for m in live if m.shared)
-        if shared_dir:
-            rp.records_dir = shared_dir
-            rp.tree = facts.state.tree.real if facts.state and facts.state.tree else None
-        rp.expect_live = [m.id for m in live if m.shared == shared_dir]
-        rp.interrupted = [m.id for m in hoststate.interrupted(facts) if m.shared == shared_dir]
-        moved = [m for m in chosen if m.moved]
-        if moved and not old_tree:
-            mv = moved[0].moved
-            rp.status = "refused"
-            rp.reason = (f"{h.name}: {hoststate.moved_msg(moved[0])}; nothing was changed; rerun with --old-tree "
-                         f"to restore {mv.patched if mv else '?'} anyway")
-            plans.append(rp)
-            continue
-        notes = [hoststate.gone_msg(m) + ": its record will be closed, nothing restored (its backups belong "
-                                         "to what was there before)" for m in gone]
-        if not chosen:
-            lock = facts.state.lock if facts.state else None
-            stale = lock is not None and lock.stale
-            rp.status = "change" if rp.interrupted or stale or gone else "noop"
-            rp.reason = ("interrupted deploy will be repaired" if rp.interrupted else
-                         f"a stale lock ({lock.holder()}) will be cleared" if lock is not None and stale
-                         else "; ".join(notes) if notes else
-                         (f"deploy {to} is already rolled back" if to else "nothing to roll back"))
-            plans.append(rp)
-            continue
-        rp.deploy_ids = [m.id for m in chosen]
-        refused = []
-        for m in chosen:
-            for f in m.files:
-                if f.status != "applied":
-                    continue
-                now = f.sha_now
-                if now == f.sha_before:
-                    state, action = "original", "none"
-                elif now == f.sha_after:
-                    state, action = "as-deployed", "restore"
-                else:
-                    state, action = "drifted", "force" if force else "refuse"
-                    if not force:
-                        refused.append(f"{f.path} changed since deploy {m.id}")
-                rp.files.append({"path": f.path, "deploy": m.id, "state": state, "action": action,
-                                 "sha_now": now, "sha_before": f.sha_before})
-        if refused:
-            rp.status = "refused"
-            rp.reason = f"{h.name}: {refused[0]}; rerun with --force to overwrite it (a copy is kept)"
-        else:
-            rp.status = "change"
-            rp.reason = "; ".join(notes + loose_note)
-        plans.append(rp)
+        plans.append(_plan_host(h, gathered, to, force, old_tree=old_tree, from_pristine=from_pristine,
+                                playbook=playbook))
     _plan_shared_trees(plans, gathered, [h.name for h in fleet.hosts])
     from fleetctl.plan.trees import lane_key
 

@@ -100,6 +100,55 @@ class Verified:
 HostVerify = HostResult[Verified]
 
 
+def _report_and_forbidden(iv: InstanceVerify, pb: Playbook, lines: dict[str, list[Any]], matches: dict[str, Any]) -> None:
+    """The playbook's verify.report lines (counted, the latest shown) and forbidden lines (a problem, or
+    reported only when a crash sign was logged by a server that is still up and ready) on `iv`."""
+    for p in pb.verify.report:
+        seen = lines.get(p, [])
+        got = matches.get(p)
+        # the agent keeps the first max_per_pattern lines and counts them all
+        count = len(seen) + max(0, (got.count - len(got.lines)) if got is not None else 0)
+        if count:
+            iv.reports[p] = {"count": count, "latest": [ln.raw for ln in seen[-REPORT_SHOWN:]]}
+    for f in pb.verify.forbidden:
+        got = matches.get(f)
+        if got is not None and got.count:
+            iv.forbidden += got.lines[:MAX_SHOWN]
+            if f in CRASH_SIGNS and iv.running and iv.ready:  # logged and survived: reported, not failed
+                iv.explanation.append(f"the server logged {got.count} {f!r} line(s) and is still running "
+                                      f"(reported, not a failure): {got.lines[0]}")
+            else:
+                iv.problems.append(f"forbidden {f!r}: {got.count} line(s) in this launch's log")
+
+
+def _missing_markers(iv: InstanceVerify, pb: Playbook, rec: LaunchRecord, version: str, models: Any) -> None:
+    """A problem per marker missing on some rank (unless the server died first), and why the patched
+    code may not have run: what this launch runs against what the playbook patches."""
+    missing = [(r, m) for r in iv.ranks for m, ok in r.markers.items() if not ok]
+    if missing and iv.exited is None:  # a server that died before logging it says nothing of the patch
+        by_marker: dict[str, list[str]] = {}
+        for r, m in missing:
+            by_marker.setdefault(m, []).append(rank_label(r.ranks))
+        for m, where in by_marker.items():
+            n_ok = len(iv.ranks) - len(where)
+            iv.problems.append(f"marker {m!r} missing on {', '.join(where)}"
+                               + (f" (present on the other {n_ok} rank(s))" if n_ok else ""))
+        if engine().is_known(version) and pb.versions.get(version):
+            # the reason the patched code may not have run: what this launch runs vs what the playbook patches
+            from fleetctl.plan.patched_worker import coverage
+
+            cov = coverage(version, dict(rec.flags), dict(rec.env), pb)
+            if models is not None and any(f.get("family") == engine().family_names[1] and f.get("covered") is None
+                                          for f in cov.families):
+                # the model implementation depends on config.json: read it on the host, as explain does
+                model, draft = models()
+                cov = coverage(version, dict(rec.flags), dict(rec.env), pb, model=model, draft=draft)
+            if cov.refused:
+                iv.explanation.append(f"why: this launch does not run what the playbook patches: {cov.refused}")
+            elif cov.uncertain:
+                iv.explanation.append(f"maybe: {cov.uncertain}")
+
+
 def _check_instance(iv: InstanceVerify, st: InstanceState, pb: Playbook, deploy_now: DeployOnDisk | None,
                     tz_offset: int | None = None, models: Any = None) -> None:
     """Fill iv from the agent's state + matches for one instance (no host access)."""
@@ -168,45 +217,8 @@ def _check_instance(iv: InstanceVerify, st: InstanceState, pb: Playbook, deploy_
     for ranks in exp:
         iv.ranks.append(RankCheck(ranks, {m: bool(lines.get(m)) if m in once else
                                           any(ln.ranks == ranks for ln in lines.get(m, [])) for m in markers}))
-    for p in pb.verify.report:
-        seen = lines.get(p, [])
-        got = matches.get(p)
-        # the agent keeps the first max_per_pattern lines and counts them all
-        count = len(seen) + max(0, (got.count - len(got.lines)) if got is not None else 0)
-        if count:
-            iv.reports[p] = {"count": count, "latest": [ln.raw for ln in seen[-REPORT_SHOWN:]]}
-    for f in pb.verify.forbidden:
-        got = matches.get(f)
-        if got is not None and got.count:
-            iv.forbidden += got.lines[:MAX_SHOWN]
-            if f in CRASH_SIGNS and iv.running and iv.ready:  # logged and survived: reported, not failed
-                iv.explanation.append(f"the server logged {got.count} {f!r} line(s) and is still running "
-                                      f"(reported, not a failure): {got.lines[0]}")
-            else:
-                iv.problems.append(f"forbidden {f!r}: {got.count} line(s) in this launch's log")
-    missing = [(r, m) for r in iv.ranks for m, ok in r.markers.items() if not ok]
-    if missing and iv.exited is None:  # a server that died before logging it says nothing of the patch
-        by_marker: dict[str, list[str]] = {}
-        for r, m in missing:
-            by_marker.setdefault(m, []).append(rank_label(r.ranks))
-        for m, where in by_marker.items():
-            n_ok = len(iv.ranks) - len(where)
-            iv.problems.append(f"marker {m!r} missing on {', '.join(where)}"
-                               + (f" (present on the other {n_ok} rank(s))" if n_ok else ""))
-        if engine().is_known(version) and pb.versions.get(version):
-            # the reason the patched code may not have run: what this launch runs vs what the playbook patches
-            from fleetctl.plan.patched_worker import coverage
-
-            cov = coverage(version, dict(rec.flags), dict(rec.env), pb)
-            if models is not None and any(f.get("family") == engine().family_names[1] and f.get("covered") is None
-                                          for f in cov.families):
-                # the model implementation depends on config.json: read it on the host, as explain does
-                model, draft = models()
-                cov = coverage(version, dict(rec.flags), dict(rec.env), pb, model=model, draft=draft)
-            if cov.refused:
-                iv.explanation.append(f"why: this launch does not run what the playbook patches: {cov.refused}")
-            elif cov.uncertain:
-                iv.explanation.append(f"maybe: {cov.uncertain}")
+    _report_and_forbidden(iv, pb, lines, matches)
+    _missing_markers(iv, pb, rec, version, models)
     if not markers:
         iv.explanation.append("no verify.markers: this proves the server started on the files on disk and "
                               "answered, not that the patched code ran; add a log line to your patch and list it "
