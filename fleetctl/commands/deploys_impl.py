@@ -38,7 +38,10 @@ from fleetctl.ui.render import hosts_cell, table
 from fleetctl.ui.safetext import line, lines_cell, styled
 
 if TYPE_CHECKING:
+    from fleetctl.config.hosts import Host
     from fleetctl.config.playbook_model import Playbook
+    from fleetctl.model.facts import HostFacts
+    from fleetctl.model.instances import Instance
     from fleetctl.plan.deploy import Plan
 
 
@@ -500,22 +503,101 @@ def history(*, op_id: str | None, limit_rows: int, json_out: bool) -> None:
 
 
 
+def _explain_instance(row: dict[str, Any], f: HostFacts, pb: Playbook, inst: Instance) -> dict[str, Any]:
+    """One launch instance of `explain`'s host row: its worker and coverage, and what the launch itself
+    does that verify-logs would only find afterwards (refusals and notes go on `row`)."""
+    from fleetctl.model.launchspec import env_overrides
+    from fleetctl.ops.verify import never_fires
+    from fleetctl.plan.intended import intended_data
+    from fleetctl.plan.patched_worker import coverage, named_files
+
+    assert f.package_version is not None
+    # the env the launch's python sees (an `env` prefix in the command included)
+    named = named_files(f, pb, dict(inst.flags))
+    ienv = f.judged_env(dict(inst.effective_env))  # after the interpreter's start-up hooks
+    ic = coverage(f.package_version, dict(inst.flags), ienv, pb, model=f.model,
+                  draft=f.draft_model, files=named)
+    args = (engine().resolve_worker(f.package_version, dict(inst.flags), ienv,
+                                    model_arch=f.model.arch if f.model else None, files=named).resolved_args
+            if engine().is_known(f.package_version) else {})
+    # what the launch itself does that verify-logs would only find afterwards: a log level
+    # hiding INFO (launch refuses it), a launch command overriding the playbook's env
+    hidden = engine().log_visibility_problems(dict(args), ienv) if args else []
+    row["refused"] = row["refused"] or (hidden[0] if hidden else None)
+    # a check the patch adds to the argument file that refuses this launch (the crash, before it)
+    bad_value = (engine().patched_refusal(f.package_version, intended_data(pb, f.package_version), args)
+                 if args and not ic.refused else None)
+    if bad_value:
+        row["refused"] = row["refused"] or (f"the playbook's patched {engine().args_file} refuses this "
+                                            f"launch: {bad_value}")
+    read = engine().launch_file_note(f.package_version, dict(inst.flags), named)
+    row["notes"] = [*row.get("notes", []), *(n for n in hidden[1:] + env_overrides(
+        dict(inst.env), inst.launch) + ([read] if read else []) if n not in row.get("notes", []))]
+    return {"instance": inst.name, "gpus": list(inst.gpus), "port": inst.port,
+            "worker_class": ic.worker_class, "worker_file": ic.worker_file,
+            "disable_overlap_schedule": ic.disable_overlap_schedule,
+            "covered": ic.covered, "reason": ic.reason, "refused": ic.refused,
+            "never_fires": never_fires(pb, dict(args))}
+
+
+def _explain_row(h: Host, f: HostFacts, pb: Playbook) -> dict[str, Any]:
+    """`explain`'s row for one reachable host: which worker its launch runs and whether the playbook
+    patches it, per instance too, with the notes and refusals that explain it."""
+    from fleetctl.plan.patched_worker import host_coverage, instances, launch_env, launch_flags
+
+    cov = host_coverage(h, f, pb)
+    env = f.judged_env(launch_env(h, pb))  # after the interpreter's start-up hooks
+    row: dict[str, Any] = {
+        "host": h.name, "status": "ok", "version": f.package_version,
+        **engine().shown_env(env),
+        "flags": engine().shown_flags(launch_flags(h, pb)),
+        "worker_class": cov.worker_class if cov else None,
+        "worker_file": cov.worker_file if cov else None,
+        "disable_overlap_schedule": cov.disable_overlap_schedule if cov else None,
+        "covered": cov.covered if cov else None,
+        "reason": cov.reason if cov else (f.package_error or "SGLang not found by the launch's python"),
+        "refused": cov.refused if cov else (f.package_error or "SGLang not found by the launch's python"),
+        "families": cov.families if cov else [],
+    }
+    if f.package_version:
+        row["instances"] = []
+        for inst in instances(h, pb):
+            row["instances"].append(_explain_instance(row, f, pb, inst))
+    # the code import would load for the worker file, not only its source (bytecode)
+    bc = f.bytecode_problem(cov.worker_file) if cov and cov.worker_file else None
+    row["bytecode"] = bc
+    from fleetctl.model.facts import (
+        locate_notes,  # here: facts is heavy, status/rollback load this module
+    )
+
+    row["notes"] = [*f.package_notes, *locate_notes(f), *row.get("notes", [])]
+    row["startup_env"] = f.hook_notes()
+    row["model_architecture"] = f.model.arch if f.model else None
+    if cov and cov.uncertain:
+        row["notes"].append(cov.uncertain)
+    if bc and f.bytecode_loader(cov.worker_file or "") != "source":
+        row["refused"] = row["refused"] or bc
+    elif bc:
+        row["notes"].append(f"{bc}: deploy removes it when it patches the file")
+    for pf in pb.files_for(f.package_version or "") or []:
+        other = f.bytecode_problem(pf.path) if pf.path != (cov.worker_file if cov else None) else None
+        if other:
+            row["notes"].append(other)
+    if f.package_version and pb.files_for(f.package_version) is None:
+        row["refused"] = (engine().playbook_refusal(pb, f.package_version)
+                          or f"SGLang {f.package_version} has no patch set in {pb.path.name}; "
+                          f"supported: {', '.join(pb.supported())}")
+    for inst in instances(h, pb):  # a steps=0 slot the launch's batch limit never reaches
+        row["notes"] += [w for w in engine().playbook_warnings(pb, dict(inst.flags)) if w not in row["notes"]]
+    return row
+
+
 def explain(*, playbook: Path, inventory: Path | None, limit: str | None, forks: int, json_out: bool, debug: bool,
         accept_new_host_keys: bool, probe: bool = False) -> None:
     with playbook_fleet(playbook, inventory, limit, forks, command="explain", json=json_out, debug=debug,
                         accept_new_host_keys=accept_new_host_keys) as (pb, ctx):
-        from fleetctl.model.launchspec import env_overrides
         from fleetctl.ops.deploy import gather
-        from fleetctl.ops.verify import never_fires
-        from fleetctl.plan.intended import intended_data
-        from fleetctl.plan.patched_worker import (
-            coverage,
-            host_coverage,
-            instances,
-            launch_env,
-            launch_flags,
-            named_files,
-        )
+
         gathered = _tick_run(ctx, "facts", lambda: gather(ctx.fleet, pb))
         rows: list[dict[str, Any]] = []
         for h in ctx.fleet.hosts:
@@ -524,78 +606,7 @@ def explain(*, playbook: Path, inventory: Path | None, limit: str | None, forks:
                 rows.append({"host": h.name, "status": o.status, "reason": o.message, "covered": None,
                              "worker_class": None, "worker_file": None, "disable_overlap_schedule": None})
                 continue
-            f = gathered.facts[h.name]
-            cov = host_coverage(h, f, pb)
-            env = f.judged_env(launch_env(h, pb))  # after the interpreter's start-up hooks
-            row: dict[str, Any] = {
-                "host": h.name, "status": "ok", "version": f.package_version,
-                **engine().shown_env(env),
-                "flags": engine().shown_flags(launch_flags(h, pb)),
-                "worker_class": cov.worker_class if cov else None,
-                "worker_file": cov.worker_file if cov else None,
-                "disable_overlap_schedule": cov.disable_overlap_schedule if cov else None,
-                "covered": cov.covered if cov else None,
-                "reason": cov.reason if cov else (f.package_error or "SGLang not found by the launch's python"),
-                "refused": cov.refused if cov else (f.package_error or "SGLang not found by the launch's python"),
-                "families": cov.families if cov else [],
-            }
-            if f.package_version:
-                row["instances"] = []
-                for inst in instances(h, pb):
-                    # the env the launch's python sees (an `env` prefix in the command included)
-                    named = named_files(f, pb, dict(inst.flags))
-                    ienv = f.judged_env(dict(inst.effective_env))  # after the interpreter's start-up hooks
-                    ic = coverage(f.package_version, dict(inst.flags), ienv, pb, model=f.model,
-                                  draft=f.draft_model, files=named)
-                    args = (engine().resolve_worker(f.package_version, dict(inst.flags), ienv,
-                                                    model_arch=f.model.arch if f.model else None,
-                                                    files=named).resolved_args
-                            if engine().is_known(f.package_version) else {})
-                    # what the launch itself does that verify-logs would only find afterwards: a log level
-                    # hiding INFO (launch refuses it), a launch command overriding the playbook's env
-                    hidden = engine().log_visibility_problems(dict(args), ienv) if args else []
-                    row["refused"] = row["refused"] or (hidden[0] if hidden else None)
-                    # a check the patch adds to the argument file that refuses this launch (the crash, before it)
-                    bad_value = (engine().patched_refusal(f.package_version, intended_data(pb, f.package_version), args)
-                                 if args and not ic.refused else None)
-                    if bad_value:
-                        row["refused"] = row["refused"] or (f"the playbook's patched {engine().args_file} refuses this "
-                                                            f"launch: {bad_value}")
-                    read = engine().launch_file_note(f.package_version, dict(inst.flags), named)
-                    row["notes"] = [*row.get("notes", []), *(n for n in hidden[1:] + env_overrides(
-                        dict(inst.env), inst.launch) + ([read] if read else []) if n not in row.get("notes", []))]
-                    row["instances"].append({"instance": inst.name, "gpus": list(inst.gpus), "port": inst.port,
-                                             "worker_class": ic.worker_class, "worker_file": ic.worker_file,
-                                             "disable_overlap_schedule": ic.disable_overlap_schedule,
-                                             "covered": ic.covered, "reason": ic.reason, "refused": ic.refused,
-                                             "never_fires": never_fires(pb, dict(args))})
-            # the code import would load for the worker file, not only its source (bytecode)
-            bc = f.bytecode_problem(cov.worker_file) if cov and cov.worker_file else None
-            row["bytecode"] = bc
-            from fleetctl.model.facts import (
-                locate_notes,  # here: facts is heavy, status/rollback load this module
-            )
-
-            row["notes"] = [*f.package_notes, *locate_notes(f), *row.get("notes", [])]
-            row["startup_env"] = f.hook_notes()
-            row["model_architecture"] = f.model.arch if f.model else None
-            if cov and cov.uncertain:
-                row["notes"].append(cov.uncertain)
-            if bc and f.bytecode_loader(cov.worker_file or "") != "source":
-                row["refused"] = row["refused"] or bc
-            elif bc:
-                row["notes"].append(f"{bc}: deploy removes it when it patches the file")
-            for pf in pb.files_for(f.package_version or "") or []:
-                other = f.bytecode_problem(pf.path) if pf.path != (cov.worker_file if cov else None) else None
-                if other:
-                    row["notes"].append(other)
-            if f.package_version and pb.files_for(f.package_version) is None:
-                row["refused"] = (engine().playbook_refusal(pb, f.package_version)
-                                  or f"SGLang {f.package_version} has no patch set in {pb.path.name}; "
-                                  f"supported: {', '.join(pb.supported())}")
-            for inst in instances(h, pb):  # a steps=0 slot the launch's batch limit never reaches
-                row["notes"] += [w for w in engine().playbook_warnings(pb, dict(inst.flags)) if w not in row["notes"]]
-            rows.append(row)
+            rows.append(_explain_row(h, gathered.facts[h.name], pb))
         if probe:
             from fleetctl.commands.probe import add_probe_answers
 
