@@ -176,3 +176,57 @@ def test_the_agent_is_engine_blind() -> None:
             if isinstance(name, str) and "sglang" in name.lower():
                 bad.append(f"{p.name}:{n.lineno}: {name}")
     assert not bad, bad
+
+
+# Engine words in identifiers (issue 33.7): outside fleetctl/engines/ and the sandbox no name in code
+# (a variable, attribute, function, class, parameter, keyword or import alias) says sglang, eagle,
+# speculative or spec_v2: that knowledge lives in the engine. Each exception is a name users see.
+ENGINE_WORD = re.compile(r"sglang|eagle|speculative|spec_v2", re.I)
+NAMES_ALLOWED: dict[tuple[str, str], str] = {
+    ("commands/patch.py", "sglang"): "fleetctl's own --sglang option (typer names the option after its parameter)",
+    ("commands/patch.py", "sglang_version"): "the --sglang option's value, passed on as such",
+    ("commands/validate.py", "sglang_version"): "the same option's checker",
+    ("commands/validate.py", "SGLANG_VERSION"): "the same option's value pattern",
+    ("commands/sandbox.py", "cpu_sglang"): "fleetctl's own sandbox option --cpu-sglang",
+    ("config/hosts.py", "sglang_dir"): "the inventory key users write (engine().dir_key), kept as Host's field",
+    ("config/inventory.py", "sglang_dir"): "the same inventory key, validated",
+    ("model/facts.py", "sglang_dir"): "the same key, sent to the agent as the pinned package dir",
+    ("ops/rollback.py", "sglang_dir"): "the same key, read for the pinned package dir",
+    ("ops/verify.py", "spec_v2_env"): "the engine's Resolution field, shown in verify-logs --json's worker",
+}
+
+
+def engine_names(source: str) -> list[tuple[int, str]]:
+    out = []
+    for n in ast.walk(ast.parse(source)):
+        if isinstance(n, ast.Name):
+            names = [n.id]
+        elif isinstance(n, ast.Attribute):
+            names = [n.attr]
+        elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names = [n.name]
+        elif isinstance(n, ast.arg):
+            names = [n.arg]
+        elif isinstance(n, ast.keyword):
+            names = [n.arg or ""]
+        elif isinstance(n, ast.alias):
+            names = [n.asname or n.name]
+        else:
+            continue
+        out += [(getattr(n, "lineno", 0), x) for x in names if ENGINE_WORD.search(x)]
+    return out
+
+
+def test_engine_words_in_names_only_in_the_engine_package() -> None:
+    bad, used = [], set()
+    for p in _scanned():
+        rel = p.relative_to(ROOT).as_posix()
+        for line, name in engine_names(p.read_text(encoding="utf-8")):
+            if (rel, name) in NAMES_ALLOWED:
+                used.add((rel, name))
+            else:
+                bad.append(f"fleetctl/{rel}:{line}: {name}")
+    assert not bad, "engine words in names outside fleetctl/engines/ (ask engine()):\n" + "\n".join(bad)
+    assert not set(NAMES_ALLOWED) - used, f"stale entries: {sorted(set(NAMES_ALLOWED) - used)}"
+    assert [x for _, x in engine_names("eagle_worker = 1\ndef spec(speculative_x): return o.sglang_dir\n")] == [
+        "eagle_worker", "speculative_x", "sglang_dir"]
