@@ -136,3 +136,15 @@ def test_no_function_is_over_100_lines(tmp_path: Path) -> None:
     assert LONG_LEFT - set(found) == set(), "now short enough: take it off LONG_LEFT"
     (tmp_path / "m.py").write_text("def f():\n" + "    x = 1\n" * 100)
     assert long_functions(tmp_path) == {"m.py:f": 101}
+
+
+def test_the_docs_show_the_same_floors() -> None:
+    """docs/architecture.md's floor table names the same homes on the same floors, in order."""
+    import re
+
+    doc = (ROOT.parent / "docs" / "architecture.md").read_text(encoding="utf-8")
+    table = doc.split("## The house by floors", 1)[1].split("```")[1]
+    rows = [re.match(r"^(\d+|apart)\s+(\S+(?:(?:, | \| )\S+)*)\s{2,}", ln) for ln in table.splitlines()]
+    shown = [(m.group(1), tuple(re.split(r", | \| ", m.group(2)))) for m in rows if m]
+    assert shown == [*((str(i), tuple(h for h in f if h != "fleetctl")) for i, f in enumerate(F.FLOORS)),
+                     *(("apart", (h,)) for h in F.APART)]
