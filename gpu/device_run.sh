@@ -55,6 +55,8 @@ python3 "$HERE/make_models.py" --out $W/models || exit 4
 
 echo "== patch (playbook dynamic-spec-disable, release $VER)"
 python3 "$HERE/apply_patch.py" --ver "$VER" --site $W/site --dest $W/patched --patches "$HERE/carry/patches" || echo "PATCH STEP FAILED"
+# an experiment's own edit of the patched copy (plan 014x), never of the playbook's diffs
+[ -n "${GPU_REAL_POSTPATCH:-}" ] && { echo "== post-patch: $GPU_REAL_POSTPATCH"; (cd $W/patched && eval "$GPU_REAL_POSTPATCH") || echo "POST-PATCH FAILED"; }
 
 export PYTHONPATH=$W/site:$HERE/carry/extra:$HERE/shims:$HERE/probe
 # quick load checks and the JIT prewarm run in the background while the first server starts

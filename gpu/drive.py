@@ -148,6 +148,18 @@ def plan_for(version):
             dict(name="k_v2_spec", tree="pristine", env={}, target="target-bigram", draft="draft-kvmean",
                  bench=bq, switch=True, ready_max=150, need_s=50, nofb=True),
         ]
+    if version == "014x":
+        # where a skipped step's time goes on 0.5.14: the payload with SGLang's own experimental
+        # SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=1 (no draft extend on steps=0; the payload refuses it,
+        # GPU_REAL_POSTPATCH lifts the refusal in the device's patched copy), then the payload as shipped
+        bx = [(5, 10, 256), (32, 64, 256), (64, 128, 256)]
+        return [
+            dict(name="k_v2_dsd4_noext", tree="patched", env={"SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND": "1"},
+                 target="target-bigram", draft="draft-kvmean", threshold=4, bench=bx, ready_max=200, need_s=60,
+                 nofb=True),
+            dict(name="k_v2_dsd4", tree="patched", env={}, target="target-bigram", draft="draft-kvmean",
+                 threshold=4, bench=bx, switch=True, ready_max=150, need_s=60, nofb=True),
+        ]
     if version == "014g":
         # 0.5.14's default launch (EAGLEWorkerV2, overlap scheduler): the payload's steps=0 runtime state
         bk = [(1, 4, 256), (4, 8, 256), (5, 10, 256), (8, 16, 256), (32, 64, 256), (64, 128, 256)]
