@@ -17,11 +17,11 @@ import signal
 import socket
 import subprocess
 import tarfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-START_TIMEOUT = 60.0
+from waiting import until
+
 STOP_TIMEOUT = 30.0
 
 
@@ -88,13 +88,14 @@ def start(root: Path) -> Dockerd:
         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     log.close()
     d = Dockerd(root, proc)
-    end = time.monotonic() + START_TIMEOUT
-    while not _accepts(d.sock):  # (the event: the engine answers its API)
-        if proc.poll() is not None or time.monotonic() > end:
-            stop(d)
-            tail = (root / "dockerd.log").read_text(errors="replace").strip().splitlines()[-3:]
-            raise RuntimeError(f"dockerd did not start: {' | '.join(tail)}")
-        time.sleep(0.05)
+    try:  # (the event: the engine answers its API, or it exited)
+        until(lambda: proc.poll() is not None or _accepts(d.sock), "dockerd to answer on its socket")
+    except AssertionError:
+        pass  # reported below, with dockerd's own words
+    if proc.poll() is not None or not _accepts(d.sock):
+        stop(d)
+        tail = (root / "dockerd.log").read_text(errors="replace").strip().splitlines()[-3:]
+        raise RuntimeError(f"dockerd did not start: {' | '.join(tail)}")
     return d
 
 

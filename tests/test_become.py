@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 import yaml
+from waiting import until
 
 from tests.jsoncli import cli
 
@@ -54,13 +55,9 @@ def _make_account(name: str, request: pytest.FixtureRequest) -> None:
 
 
 def _remove_account(name: str) -> None:
-    import time
-
-    for _ in range(100):  # (a session's sshd may still be ending: userdel refuses a busy account)
-        if subprocess.run(["userdel", name], capture_output=True).returncode == 0:
-            return
-        time.sleep(0.1)
-    raise RuntimeError(f"could not remove the test account {name}")
+    # (a session's sshd may still be ending: userdel refuses a busy account until it has)
+    until(lambda: subprocess.run(["userdel", name], capture_output=True).returncode == 0,
+          f"userdel {name} (the account's last processes to end)", every=0.1)
 
 
 @pytest.fixture

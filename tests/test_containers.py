@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 import yaml
+from waiting import until
 
 from tests import dockerd
 from tests.jsoncli import cli, ok
@@ -152,17 +153,14 @@ class Box:
         self.id = self.engine.run(*args, self.image, *(command or ("sleep", "infinity"))).stdout.strip()
         return self.id
 
-    def wait_log(self, line: str, count: int, timeout: float = 120.0) -> None:
+    def wait_log(self, line: str, count: int) -> None:
         """Until the container's output (its main process's) holds `line` `count` times."""
-        import time
 
-        end = time.monotonic() + timeout
-        while True:
+        def seen() -> bool:
             got = self.engine.run("logs", self.name, check=False)
-            if (got.stdout + got.stderr).count(line) >= count:
-                return
-            assert time.monotonic() < end, f"{line!r} x{count} not in {self.name}'s output within {timeout}s"
-            time.sleep(0.1)
+            return (got.stdout + got.stderr).count(line) >= count
+
+        until(seen, f"{line!r} x{count} in {self.name}'s output", every=0.1)
 
     def exec(self, *argv: str) -> str:
         return self.engine.run("exec", "-i", self.name, *argv).stdout

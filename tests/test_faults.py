@@ -33,7 +33,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -43,6 +42,7 @@ from typing import Any
 import pytest
 import yaml
 from faulthook import DRIVER
+from waiting import until
 
 from fleetctl.cli import main
 from fleetctl.engines import wheels
@@ -152,13 +152,8 @@ def signal_pids(pids: list[int], sig: int) -> None:
             pass
 
 
-def wait_gone(pids: list[int], timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not any(procs.alive(p) for p in pids):
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"processes still alive: {[p for p in pids if procs.alive(p)]}")
+def wait_gone(pids: list[int]) -> None:
+    until(lambda: not any(procs.alive(p) for p in pids), f"processes {pids} to end")
 
 
 def kill_host(sb: sbx.Sandbox, name: str) -> None:
@@ -171,12 +166,8 @@ def kill_host(sb: sbx.Sandbox, name: str) -> None:
     wait_gone(victims)
 
 
-def wait_file(path: Path, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{path} never appeared")
-        time.sleep(0.01)
+def wait_file(path: Path) -> None:
+    until(path.exists, f"{path} to appear")
 
 
 def tree_hashes(root: Path) -> dict[str, str]:
@@ -308,19 +299,20 @@ def run_trial(sb: sbx.Sandbox, inv: Path, pb: Path, intended: dict[str, bytes], 
                 return
             # the agent may reach the point after the controller gave up on it (a loaded machine):
             # act then too, so nothing is left holding the lock; the point was never reached only
-            # once the command is over AND no session is left on the host (for 2 s)
+            # once the command is over AND no session is left on the host (nothing can reach it
+            # then: the marker is looked at once more after that, so no window of time decides)
             m = markers[f.host]
-            idle = None
-            while not m.exists():
-                now = time.monotonic()
+
+            def reached_or_over() -> str | None:
+                if m.exists():
+                    return "reached"
                 if proc.poll() is not None and not session_pids(sb.hosts[f.host]):
-                    idle = idle or now
-                    if now - idle > 2:
-                        unreached.add(f.host)
-                        return
-                else:
-                    idle = None
-                time.sleep(0.02)
+                    return "reached" if m.exists() else "over"
+                return None
+
+            if until(reached_or_over, f"{f.host}'s fault point or the command's end") == "over":
+                unreached.add(f.host)
+                return
             if f.how == "kill_sshd":
                 kill_host(sb, f.host)
             else:
@@ -416,7 +408,7 @@ def _check_trial(sb: sbx.Sandbox, inv: Path, pb: Path, intended: dict[str, bytes
                 signal_pids(pids, signal.SIGKILL)
             else:
                 signal_pids(pids, signal.SIGCONT)
-            wait_gone(pids, 30)
+            wait_gone(pids)
             res.setdefault("after_resolve", {})[f.host] = host_state(sb.hosts[f.host], intended)[0]
 
     # --- the next deploy / rollback repairs everything

@@ -32,6 +32,7 @@ import paramiko
 import pytest
 from eventpipe import EventPipe
 from test_faults import write_inventory
+from waiting import until
 
 from fleetctl.config.inventory import load_inventory
 from fleetctl.ops.runner import Fleet, HostOutcome
@@ -384,13 +385,6 @@ def test_a_host_stuck_outside_the_network_is_given_up_on(fleet3: Sandbox, tmp_pa
 
 # ---- defect 1: Ctrl-C ---------------------------------------------------------------------------------
 
-def _wait_until(cond: Callable[[], bool], bound: float, what: str) -> None:
-    end = time.monotonic() + bound
-    while not cond():
-        assert time.monotonic() < end, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
 def _finish(proc: subprocess.Popen[str], bound: float) -> tuple[int, str, str]:
     """The CLI's exit; fails (after killing it) if it has not exited by `bound` (a hang bound)."""
     try:
@@ -592,7 +586,7 @@ def test_ctrl_c_during_deploy_lets_the_transaction_in_flight_finish(fleet3: Sand
     os.close(event_pipe.w)
     event_pipe.w = -1
     try:
-        _wait_until(marker.exists, 600, "h01's deploy to reach its fault point")  # (a hang bound)
+        until(marker.exists, "h01's deploy to reach its fault point")  # (written by the agent on the host)
         proc.send_signal(signal.SIGINT)
         event_pipe.wait("interrupt")
         release.write_text("go")  # h01's transaction goes on only now

@@ -38,6 +38,7 @@ from test_faults import (
     wait_file,
     write_inventory,
 )
+from waiting import until
 
 from fleetctl.engines import engine, wheels
 from fleetctl.remote import core as rcore
@@ -271,7 +272,7 @@ def _hold(sb: sbx.Sandbox, host: str, ledger: Path, *args: str) -> subprocess.Po
     proc = spawn_faulted({host: {"at": "locked", "how": "wait", "hold": HOLD, "marker": str(marker)}},
                          *args, "--json", ledger=ledger)
     try:
-        wait_file(marker, timeout=60)
+        wait_file(marker)
     except BaseException:
         proc.kill()
         proc.communicate()
@@ -344,9 +345,7 @@ def _as_other_machine(sb: sbx.Sandbox, name: str, hostname: str) -> int:
     pid = h.pid
     assert pid is not None
     os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + 120
-    while h.pid is not None and time.monotonic() < deadline:
-        time.sleep(0.05)
+    until(lambda: h.pid is None, f"{name}'s sshd to end")
     spec = sbx._spec_for(sb.dir, h)
     spec.pid_file.unlink(missing_ok=True)
     with open(spec.log, "ab") as log:
@@ -354,14 +353,11 @@ def _as_other_machine(sb: sbx.Sandbox, name: str, hostname: str) -> int:
                                  hostname, sshd.sshd_binary(), str(spec.config)],
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True, close_fds=True, env=sbx._sshd_env(sb.dir))
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.skip(f"cannot run sshd in its own UTS namespace here (unshare exit {proc.returncode})")
-        if sshd.read_pid(spec.pid_file) == proc.pid and sshd.banner_ok(spec.port):
-            return proc.pid
-        time.sleep(0.05)
-    raise AssertionError("sshd in its own UTS namespace never listened")
+    until(lambda: proc.poll() is not None or (sshd.read_pid(spec.pid_file) == proc.pid and sshd.banner_ok(spec.port)),
+          "sshd in its own UTS namespace to listen or exit")
+    if proc.poll() is not None:
+        pytest.skip(f"cannot run sshd in its own UTS namespace here (unshare exit {proc.returncode})")
+    return proc.pid
 
 
 @pytest.mark.fleet

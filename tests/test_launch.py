@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import yaml
 from ports import free_ports
+from waiting import until
 
 from fleetctl.cli import main
 from fleetctl.config.inventory import load_inventory
@@ -372,9 +373,7 @@ def test_servers_started_by_hand_are_discovered_and_named_after_deploy_and_rollb
     assert r.returncode == 0, r.stderr
     pid = int(r.stdout.split()[-1])
     try:
-        deadline = time.monotonic() + 120
-        while READY_LINE not in log.read_text() and time.monotonic() < deadline:
-            time.sleep(0.1)
+        until(lambda: READY_LINE in log.read_text(), "the by-hand server's ready line")
         time.sleep(1.1)  # a file changed in the same second as the start is not called newer
         code, doc = cli(capsys, "servers", "--discover", "-i", inv)
         assert code == 0, doc

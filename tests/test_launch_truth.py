@@ -20,6 +20,7 @@ import pytest
 import yaml
 from ports import free_port
 from test_launch import playbook_with, stop_all_local
+from waiting import until
 
 from fleetctl.cli import main
 from fleetctl.engines import wheels
@@ -356,7 +357,6 @@ def test_wrapper_that_outlives_the_server_is_not_a_running_server(sb: Sandbox, t
                                                                   capsys: pytest.CaptureFixture[str]) -> None:
     """The launch's python is a shell wrapper without `exec` that stays after the server exits."""
     import signal
-    import time
 
     h = sb.hosts["h01"]
     alt = tmp_path / "shim" / "bin" / "python3"
@@ -374,9 +374,7 @@ def test_wrapper_that_outlives_the_server_is_not_a_running_server(sb: Sandbox, t
     # its argv carrying the simulator's) nor the wrapper
     assert rec["server_pid"] == server and server not in (rec["supervisor_pid"], rec["pid"])
     os.kill(server, signal.SIGKILL)  # the server dies; the wrapper shell lives on
-    deadline = time.monotonic() + 120
-    while os.path.exists(f"/proc/{server}") and time.monotonic() < deadline:
-        time.sleep(0.1)
+    until(lambda: not os.path.exists(f"/proc/{server}"), f"the killed server {server} to be gone")
     assert srv.record_alive(rec)  # the wrapper
     code, doc, _ = cli(capsys, "status", "-i", inv)
     (row,) = doc["hosts"][0]["servers"]

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from waiting import until
 
 from tests.jsoncli import cli
 
@@ -46,13 +47,8 @@ def account(request: pytest.FixtureRequest) -> str:
 def _remove_account() -> None:
     """userdel, waiting out the account's last processes (a session's sshd ending after the sandbox
     is down: userdel refuses an account with running processes)."""
-    import time
-
-    for _ in range(1200):
-        if subprocess.run(["userdel", USER], capture_output=True).returncode == 0:
-            return
-        time.sleep(0.1)
-    raise RuntimeError(f"could not remove the test account {USER}")
+    until(lambda: subprocess.run(["userdel", USER], capture_output=True).returncode == 0,
+          f"userdel {USER} (the account's last processes to end)", every=0.1)
 
 
 @pytest.fixture

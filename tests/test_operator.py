@@ -11,7 +11,6 @@ import socket
 import sqlite3
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 import pytest
 import yaml
 from ports import free_port as closed_port
+from waiting import until
 
 from fleetctl.cli import main
 from fleetctl.ops.ledger import Ledger
@@ -236,14 +236,8 @@ def test_ledger_marks_only_dead_controllers_interrupted(tmp_path: Path) -> None:
         live.wait()
 
 
-def _wait_for(pred: Callable[[], Any], what: str, timeout: float = 90.0) -> Any:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
+def _wait_for(pred: Callable[[], Any], what: str) -> Any:
+    return until(pred, what)
 
 
 def test_a_killed_controller_shows_as_interrupted(sandbox: Any, tmp_path: Path, ledger_dir: Path,
@@ -345,7 +339,6 @@ def test_ctrl_c_before_the_fleet_step_says_interrupted(tmp_path: Path) -> None:
     import signal
     import subprocess
     import sys
-    import time
 
     fifo = tmp_path / "inv.yaml"
     os.mkfifo(fifo)
@@ -353,14 +346,15 @@ def test_ctrl_c_before_the_fleet_step_says_interrupted(tmp_path: Path) -> None:
                             stderr=subprocess.PIPE, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     writer = -1
     try:
-        deadline = time.monotonic() + 120  # hang bound only: the child blocks until we see it reading
-        while writer < 0:
-            try:  # succeeds once the child has the FIFO open; kept open, its read() blocks (no EOF)
-                writer = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+
+        def opened() -> int:  # succeeds once the child has the FIFO open; kept open, its read() blocks (no EOF)
+            assert proc.poll() is None, proc.communicate()
+            try:
+                return os.open(fifo, os.O_WRONLY | os.O_NONBLOCK) + 1  # (+1: fd 0 is an answer too)
             except OSError:
-                assert proc.poll() is None, proc.communicate()
-                assert time.monotonic() < deadline, "fleetctl never opened the inventory"
-                time.sleep(0.05)
+                return 0
+
+        writer = until(opened, "fleetctl to open the inventory") - 1
         # (a SIGINT that lands after the FIFO is open but before read() blocks only sets CPython's
         # flag, which the blocked read never checks: as for a user, the next Ctrl-C is seen)
         for _ in range(60):

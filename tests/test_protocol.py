@@ -10,12 +10,12 @@ import json
 import marshal
 import re
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
 import pytest
+from waiting import until
 
 from fleetctl.engines import engine
 from fleetctl.engines.sglang.probe import host_probe_source
@@ -74,7 +74,8 @@ def host(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                                     "inherit_env": ["PATH"], "package_dir": str(pkg), "hash_files": ["srt/a.py"],
                                     "extra": {"version": "0.5.9", "port": 1, "gpus": [0], "flags": {"--port": 1},
                                               "worker": {"class": "W", "file": "srt/a.py", "reason": "r"}}})
-    time.sleep(0.2)
+    # `true` has exited before the server answers are taken (the same answers on any machine)
+    until(lambda: not servers.record_alive(servers.current_record(sd, "port-1")), "'true' to exit")
     h = {"pkg": str(pkg), "sd": sd, "deploy": dep, "record": rec}
     h["answers"] = _answers(h)
     return h

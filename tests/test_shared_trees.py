@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from typing import Any
 import pytest
 import yaml
 from test_faults import run_json, sha, write_inventory
+from waiting import until
 
 from fleetctl.engines import wheels
 from fleetctl.model.facts import HostFacts, TorchCheck
@@ -94,10 +94,8 @@ def _second_sshd(sb: sbx.Sandbox, name: str, request: pytest.FixtureRequest) -> 
             proc.wait(timeout=30)
 
     request.addfinalizer(stop)
-    ok, deadline = False, time.monotonic() + 60  # (a bound, not a synchronisation: it listens or exits)
-    while proc.poll() is None and not ok and time.monotonic() < deadline:
-        ok = sshd.banner_ok(port)
-    assert ok, f"the second sshd exited with {proc.returncode}"
+    until(lambda: proc.poll() is not None or sshd.banner_ok(port), "the second sshd to listen or exit")
+    assert proc.poll() is None, f"the second sshd exited with {proc.returncode}"
     line = next(x for x in sb.known_hosts_path.read_text().splitlines() if x.startswith(f"[127.0.0.1]:{h.port} "))
     with open(sb.known_hosts_path, "a") as fh:
         fh.write(line.replace(f":{h.port} ", f":{port} ", 1) + "\n")

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from ports import free_port
+from waiting import HANG, until
 
 from fleetctl.engines.sglang import READY_LINE, parse_line
 from fleetctl.remote.servers import marker_in_init
@@ -67,7 +68,8 @@ class Sim:
                                       "--port", str(self.port)],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=e, text=True)
 
-    def wait_for(self, text: str = READY_LINE, timeout: float = 15.0) -> list[str]:
+    def wait_for(self, text: str = READY_LINE, timeout: float = HANG) -> list[str]:
+        """The server's stderr lines up to the first holding `text` (a hang bound: the lines are the events)."""
         lines: list[str] = []
         deadline = time.monotonic() + timeout
         assert self.proc.stderr is not None
@@ -83,7 +85,7 @@ class Sim:
     def wait_ready(self) -> list[str]:
         return self.wait_for(READY_LINE)
 
-    def finish(self, timeout: float = 15.0) -> tuple[int, str]:
+    def finish(self, timeout: float = HANG) -> tuple[int, str]:
         _, errs = self.proc.communicate(timeout=timeout)
         return self.proc.returncode, errs
 
@@ -135,9 +137,9 @@ def test_patched_v1_worker_tp2_marker_per_rank_and_endpoints(tmp_path: Path, sim
     dump = next(p for p in parsed if p.message.startswith("server_args=ServerArgs("))
     assert "disable_overlap_schedule=True" in dump.message and "speculative_disable_batch_threshold" in dump.message
     assert parsed[-1].message == READY_LINE and parsed[-1].ranks == {}
-    with urllib.request.urlopen(f"http://127.0.0.1:{s.port}/health", timeout=5) as r:
+    with urllib.request.urlopen(f"http://127.0.0.1:{s.port}/health", timeout=HANG) as r:
         assert r.status == 200
-    with urllib.request.urlopen(f"http://127.0.0.1:{s.port}/get_server_info", timeout=5) as r:
+    with urllib.request.urlopen(f"http://127.0.0.1:{s.port}/get_server_info", timeout=HANG) as r:
         info = json.loads(r.read())
     assert info["disable_overlap_schedule"] is True and info["simulator"] is True
     assert info["worker_class"] == "EAGLEWorker"
@@ -190,7 +192,7 @@ def test_port_in_use_crash_knob_and_drop_rank(tmp_path: Path, sims: list[Sim]) -
         e = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": os.pathsep.join(
             [str(site), str(Path(__file__).resolve().parents[1])])}
         p = subprocess.run([sys.executable, "-m", "fleetctl.sandbox.simulator", *EAGLE_FLAGS, "--port", str(port)],
-                           capture_output=True, text=True, env=e, timeout=30)
+                           capture_output=True, text=True, env=e, timeout=HANG)
     assert p.returncode == 1 and "Address already in use" in p.stderr
     crash = run(sims, site, EAGLE_FLAGS, {"FLEETCTL_SIM_CRASH": "startup"})
     code, errs = crash.finish()
@@ -301,15 +303,15 @@ def test_log_level_above_info_hides_the_info_lines(tmp_path: Path, sims: list[Si
     site = fake_tree(tmp_path, "0.5.9", {"eagle_worker.py": WORKER_WITH.format(cls="EAGLEWorker"),
                                          "eagle_worker_v2.py": WORKER_ELSEWHERE.format(cls="EAGLEWorkerV2")})
     s = run(sims, site, [*EAGLE_FLAGS, "--speculative-disable-batch-threshold", "16", "--log-level", "warning"])
-    deadline = time.monotonic() + 120  # a hang bound
-    up = False
-    while time.monotonic() < deadline and not up:
+
+    def up() -> bool:  # no ready line to wait for at this log level: its /health answering 200
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{s.port}/health", timeout=2) as r:
-                up = r.status == 200
-        except OSError:
-            time.sleep(0.1)
-    assert up
+            with urllib.request.urlopen(f"http://127.0.0.1:{s.port}/health", timeout=HANG) as r:
+                return r.status == 200
+        except OSError:  # not listening yet
+            return False
+
+    until(up, "the server's GET /health to answer 200")
     s.proc.send_signal(signal.SIGTERM)
     code, errs = s.finish()
     assert code == 0
@@ -342,7 +344,7 @@ def test_simulator_log_of_every_release_parses(tmp_path: Path, sims: list[Sim]) 
         pending.append((version, run(sims, site, flags, {"SGLANG_LOG_MS": "1"}), R.RELEASES[version]))
         if len(pending) == 6 or n == len(KNOWN_VERSIONS) - 1:  # a few at a time on a small machine
             for v, sim, rel in pending:
-                _check_release_log(v, rel, sim.wait_for(READY_LINE, timeout=60), expected_ranks, parse_server_args_dump)
+                _check_release_log(v, rel, sim.wait_for(READY_LINE), expected_ranks, parse_server_args_dump)
                 sim.stop()
             pending = []
 

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import yaml
 from ports import free_ports
+from waiting import until
 
 from fleetctl.cli import main
 from fleetctl.engines import wheels
@@ -265,9 +266,7 @@ def test_crash_after_ready_and_a_stop_are_told_apart(sb: Any, tmp_path: Path,
     launched = ok(capsys, "launch", "--drop-unknown-flags", "-i", inv, FULL, "--timeout", "300")
     name = next(i["instance"] for h in launched["hosts"] if h["host"] == "h01" for i in h["instances"])
     rec = srv.current_record(str(sb.hosts["h01"].state_dir), name)
-    deadline = time.monotonic() + 120
-    while srv.record_alive(rec) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    until(lambda: not srv.record_alive(rec), "h01's server to crash after ready")
     ok(capsys, "stop", "-i", inv, "--limit", "h02")
     code, doc = cli(capsys, "verify-logs", "-i", inv, FULL)
     assert code == 1
