@@ -15,7 +15,6 @@ import random
 import re
 import shutil
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -260,13 +259,11 @@ def test_run_bounded_exit_codes_output_caps_and_timeout(tmp_path: Path) -> None:
     assert rc == 0 and out == b"\0" * 1000
     rc, _, _ = rcore.run_bounded([sh, "-c", "kill -9 $$"], 30)
     assert rc == -9
-    t0 = time.monotonic()
     pidfile = tmp_path / "pid"
-    with pytest.raises(TimeoutError):
-        rcore.run_bounded([sh, "-c", f"echo $$ > {pidfile}; exec sleep 60"], 0.5)
-    assert time.monotonic() - t0 < 30  # bounded (hang detection only)
+    with pytest.raises(TimeoutError):  # only the bound ends this: the child would sleep 10 minutes
+        rcore.run_bounded([sh, "-c", f"echo $$ > {pidfile}; exec sleep 600"], 0.5)
     pid = int(pidfile.read_text())
-    assert not Path(f"/proc/{pid}").exists()  # killed and reaped
+    assert not Path(f"/proc/{pid}").exists()  # killed and reaped (no clock: a child left to run is still there)
     with pytest.raises(OSError):
         rcore.run_bounded([str(tmp_path / "no-such-exe")], 5)
     assert rcore.which("sh") == sh or os.path.samefile(rcore.which("sh"), sh)

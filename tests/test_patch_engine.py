@@ -387,9 +387,9 @@ def test_many_hunks_are_fast(tmp_path: Path) -> None:
     new = edit(old, {i: f"changed {i}".encode() for i in range(10, 4000, 25)})
     patch = git_diff(tmp_path, old, new)
     assert len(parse_patch(patch)[0].hunks) >= 150
-    started = time.perf_counter()
+    started = time.thread_time()  # CPU time of this thread: what the patcher costs, not how loaded the machine is
     res = apply_patch(old, patch, name="f")
-    assert time.perf_counter() - started < 0.5
+    assert time.thread_time() - started < 0.5  # (a quadratic patcher took seconds)
     assert res.output == new and res.offsets == []
     shifted = b"# pad\n" * 0 + old.replace(b"line 2\n", b"line 2\nextra\n", 1)
     assert apply_patch(shifted, patch, name="f").offsets[0] == (1, 1)
@@ -485,9 +485,9 @@ CASES = [(a, b, f) for a, b in PAIRS for f in FILES]
 def test_release_diff_applies_exactly_and_reverts(case: tuple[str, str, str], release: dict, release_diffs: dict) -> None:
     a, b, f = case
     patch = release_diffs[case]
-    started = time.perf_counter()
+    started = time.thread_time()  # CPU time of this thread, not wall time: the same on a loaded machine
     res = apply_patch(release[a, f], patch, name=f)
-    assert time.perf_counter() - started < 0.5
+    assert time.thread_time() - started < 0.5
     assert res.output == release[b, f]
     assert res.offsets == []
     assert reverse_apply(release[b, f], patch, name=f).output == release[a, f]

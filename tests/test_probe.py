@@ -11,7 +11,6 @@ import os
 import signal
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -115,10 +114,8 @@ def test_a_hanging_sglang_is_killed_with_its_children_and_leaves_no_file(tmp_pat
               "env": {"PYTHONPATH": str(site), "PROBE_TEST_OUT": str(out), "CUDA_VISIBLE_DEVICES": "0,1"},
               "inherit": ["PATH"], "command_env": {}, "unset": [], "clear": False, "cwd": str(tmp_path), "problem": None}
     hw = {"count": 2, "name": "NVIDIA H200", "capability": [9, 0], "memory_mib": 143771}
-    t0 = time.monotonic()
     try:
         res = engine_probe.run_engine_probe(host_probe_source(), launch, ["--model-path", "m"], hw, timeout=20)
-        took = time.monotonic() - t0
         pid, child, cvd, nobc, tmpdir = out.read_text().split(" ", 4)
     finally:  # never leave the test's own processes behind, whatever failed
         if out.exists():
@@ -128,7 +125,6 @@ def test_a_hanging_sglang_is_killed_with_its_children_and_leaves_no_file(tmp_pat
                 except (ProcessLookupError, ValueError):
                     pass
     assert res["stage"] == "probe_failed" and res["timed_out"] and "did not answer within 20s" in res["error"]
-    assert took < 120  # bounded (a generous upper limit: the probe itself is killed at 20 s)
     assert not _alive(int(pid)) and not _alive(int(child)), "the probe or a process it started survived"
     assert cvd == "''" and nobc == "'1'", (cvd, nobc)  # no GPU visible, no bytecode written
     assert tmpdir.strip("'").startswith(str(tmp_root)) and list(tmp_root.iterdir()) == []

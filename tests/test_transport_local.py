@@ -10,7 +10,6 @@ import hashlib
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -159,10 +158,9 @@ def test_agent_errors_and_bounds_over_a_pipe(tmp_path: Path) -> None:
         assert conn.agent("ping").pid == first  # one process serves every call
         os.kill(first, signal.SIGSTOP)
         try:
-            t0 = time.monotonic()
-            with pytest.raises(RemoteError) as err:
+            with pytest.raises(RemoteError) as err:  # a stopped agent never answers: only the bound ends it
                 conn.agent("ping", timeout=1)
-            assert err.value.kind == "timeout" and time.monotonic() - t0 < 30
+            assert err.value.kind == "timeout"
         finally:
             with contextlib.suppress(ProcessLookupError):  # the transport may have ended it already
                 os.kill(first, signal.SIGKILL)
