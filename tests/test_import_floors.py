@@ -74,17 +74,10 @@ def _imports_of(path: Path) -> set[str]:
     return out
 
 
-# command modules that still build rich Text themselves (their tables' cells); to go: their cell
-# builders move into ui/ (safetext's `line`/`styled`/`safe` cover every use)
-RICH_LEFT = {"commands/deploys_view.py", "commands/facts_impl.py", "commands/gpucheck_impl.py", "commands/patch.py",
-             "commands/servers_impl.py"}
-
-
 def test_only_ui_imports_rich() -> None:
     found = {p.relative_to(ROOT).as_posix() for p in sorted(ROOT.rglob("*.py"))
              if p.relative_to(ROOT).parts[0] != "ui" and any(m.split(".")[0] == "rich" for m in _imports_of(p))}
-    assert found - RICH_LEFT == set()
-    assert RICH_LEFT - found == set(), "no longer imports rich: take it off RICH_LEFT"
+    assert found == set()
 
 
 def test_an_engine_imports_only_its_base_the_protocol_and_errors() -> None:

@@ -14,11 +14,10 @@ from fleetctl.ui.render import hosts_cell, say, status_cell, table
 from fleetctl.ui.safetext import line, styled
 
 if TYPE_CHECKING:
-    from rich.text import Text
-
     from fleetctl.commands.context import RunContext
     from fleetctl.plan.deploy import Plan
     from fleetctl.protocol.answers import ReadFilesAnswer
+    from fleetctl.ui.safetext import Text  # (rich's, as every ui helper returns it)
 
 STATE_STYLE = {"pristine": "cyan", "as-intended": "green", "drifted": "red", "missing": "red", "unsafe": "red",
                "unwritable": "red", "original": "cyan", "as-deployed": "green", "change": "cyan", "noop": "green",

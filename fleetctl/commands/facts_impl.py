@@ -22,7 +22,7 @@ from fleetctl.ui.render import host_progress, say, status_cell, summary_line
 from fleetctl.ui.safetext import line, lines_cell, safe, styled
 
 if TYPE_CHECKING:  # rich: imported when the table is rendered (a --json run never does)
-    from rich.text import Text
+    from fleetctl.ui.safetext import Text
 
 
 def _gpu_cell(f: HostFacts) -> str:
@@ -56,12 +56,10 @@ def _files_cell(f: HostFacts, all_files: bool) -> Text:
 
 def _facts_lines(f: HostFacts, all_files: bool) -> tuple[tuple[str, Text], ...]:
     """(label, value) lines of one host's facts: a block an 80-column terminal shows whole."""
-    from rich.text import Text
-
-    sg = (Text.assemble(safe(f"{f.package_version or '?'} ({f.package_install}) in "), safe(f.package_dir))
-          if f.package_found else Text.assemble(styled("not found", "red"), " by the launch's python"))
+    sg = (line(safe(f"{f.package_version or '?'} ({f.package_install}) in "), safe(f.package_dir))
+          if f.package_found else line(styled("not found", "red"), " by the launch's python"))
     if not f.package_found and f.package_error:
-        sg.append_text(Text.assemble(": ", safe(f.package_error)))
+        sg.append_text(line(": ", safe(f.package_error)))
     from fleetctl.model.facts import locate_notes
 
     notes = [*f.package_notes, *locate_notes(f), *f.hook_notes(),
@@ -74,7 +72,7 @@ def _facts_lines(f: HostFacts, all_files: bool) -> tuple[tuple[str, Text], ...]:
                      f"{unwritable[0].unwritable} (deploy refuses to patch them)")
     tc = f.torch
     torch = (styled("missing", "red") if tc.installed is None else
-             Text.assemble(safe(tc.installed), " ",
+             line(safe(tc.installed), " ",
                            {True: styled("ok", "green"), False: styled("mismatch", "red"),
                             None: "(unchecked)"}[tc.satisfied]))
     if tc.required:
@@ -83,36 +81,32 @@ def _facts_lines(f: HostFacts, all_files: bool) -> tuple[tuple[str, Text], ...]:
     if f.launch_python and f.launch_python != f.python:
         py.append(("launch", safe(f"{f.launch_python} ({f.launch_python_version})")))
     return (("OS", safe(f.os)), *py, (engine().display_name, sg), *[("note", line(styled("note:", "yellow"), " ", n)) for n in notes],
-            ("torch", torch), ("files", Text("; ").join(_files_cell(f, all_files).split("\n"))),
+            ("torch", torch), ("files", line("; ").join(_files_cell(f, all_files).split("\n"))),
             ("GPUs", safe(_gpu_cell(f))), *_model_line(f), *_container_line(f))
 
 
 def _container_line(f: HostFacts) -> tuple[tuple[str, Text], ...]:
     """The container SGLang runs in (absent: none): runtime, name, image, id, start; read-only root."""
-    from rich.text import Text
-
     c = f.container
     if c is None:
         return ()
-    text = Text.assemble(safe(f"{c.runtime} {c.name}: image {c.image}, id {c.short_id}"),
+    text = line(safe(f"{c.runtime} {c.name}: image {c.image}, id {c.short_id}"),
                          safe(f", started {c.started_at}" if c.started_at else ""))
     if c.read_only:
-        text.append_text(Text.assemble(", ", styled("read-only root", "yellow")))
+        text.append_text(line(", ", styled("read-only root", "yellow")))
     return (("in", text),)
 
 
 def _model_line(f: HostFacts) -> tuple[tuple[str, Text], ...]:
     """The launch's target model config.json as read on the host (absent: the launch names no model)."""
-    from rich.text import Text
-
     out: list[tuple[str, Text]] = []
     for label, m in (("model", f.model), ("draft model", f.draft_model)):
         if m is None:
             continue
         if m.arch:
-            out.append((label, Text.assemble(safe(m.arch), " (", safe(m.path or "?"), ")")))
+            out.append((label, line(safe(m.arch), " (", safe(m.path or "?"), ")")))
         else:
-            out.append((label, Text.assemble(styled("config.json not readable", "yellow"), ": ",
+            out.append((label, line(styled("config.json not readable", "yellow"), ": ",
                                              safe(m.error or "?"))))
     return tuple(out)
 

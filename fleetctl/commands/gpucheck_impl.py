@@ -19,9 +19,8 @@ from fleetctl.ui.render import say, table
 from fleetctl.ui.safetext import line, styled
 
 if TYPE_CHECKING:
-    from rich.text import Text
-
     from fleetctl.ops.gpu_check import CheckPlan, CheckResult
+    from fleetctl.ui.safetext import Text  # (rich's, as every ui helper returns it)
 
 STYLE = {"passed": "green", "ok": "green", "run": "green", "would run": "green", "failed": "red",
          "refused": "red", "unreachable": "red", "interrupted": "yellow", "skipped": "yellow"}

@@ -115,14 +115,13 @@ def check_cmd(
                          state_files=[r.as_dict() for r in shipped], warnings=warnings, problems=problems,
                          to_fill=todo)
     else:
-        from rich.text import Text
-
+        from fleetctl.ui.safetext import styled
         from fleetctl.ui.safetext import table as safe_table
 
         table = safe_table(f"patch check: {pb.name}", ("version", "file", "status", "detail"))
         for r in sorted([*results, *shipped], key=lambda r: versions.index(r.version)):
             style = _STYLE.get(r.status, "red")
-            table.add_row(r.version, r.path, Text(r.status, style=style), r.detail)
+            table.add_row(r.version, r.path, styled(r.status, style), r.detail)
         common.out.print(table)
         for w in warnings:
             common.err.print(f"warning: {w['message']}", markup=False, highlight=False)

@@ -27,10 +27,9 @@ from fleetctl.ui.render import hosts_cell, say, status_cell, table
 from fleetctl.ui.safetext import line, lines_cell, safe, styled
 
 if TYPE_CHECKING:  # the playbook, the fleet and the transport: imported by the command that runs
-    from rich.text import Text
-
     from fleetctl.ops.launch import HostLaunch, LaunchPlan
     from fleetctl.ops.verify import HostVerify
+    from fleetctl.ui.safetext import Text
 
 STYLE = {"ready": "green", "ok": "green", "stopped": "green", "refused": "red", "failed": "red",
          "timeout": "red", "unreachable": "red", "skipped": "yellow", "not running": "yellow",
