@@ -141,3 +141,17 @@ def test_the_docs_show_the_same_floors() -> None:
     shown = [(m.group(1), tuple(re.split(r", | \| ", m.group(2)))) for m in rows if m]
     assert shown == [*((str(i), tuple(h for h in f if h != "fleetctl")) for i, f in enumerate(F.FLOORS)),
                      *(("apart", (h,)) for h in F.APART)]
+
+
+def test_plan_is_pure() -> None:
+    """plan/ takes facts and a playbook and returns plan dataclasses: it imports no transport, and no
+    signature there takes a transport, a fleet or a connection."""
+    bad = [a.where for a in _arrows() if F.home(a.src) == "plan" and F.home(a.dst) == "transport"]
+    for p in sorted((ROOT / "plan").glob("*.py")):
+        for n in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                args = [*n.args.posonlyargs, *n.args.args, *n.args.kwonlyargs]
+                text = " ".join(ast.unparse(a.annotation) for a in args if a.annotation)
+                if any(w in text for w in ("Transport", "Fleet", "Connection")) or any(a.arg == "conn" for a in args):
+                    bad.append(f"plan/{p.name}:{n.lineno}: {n.name}")
+    assert bad == []
