@@ -40,9 +40,6 @@ KNOWN: Mapping[tuple[str, str], str] = {
     ("fleetctl.config.inventory", "fleetctl.transport.direct"):
         "an inventory's host names may be ssh_config aliases: the ssh_config is parsed once, by the "
         "transport's parser (paramiko with invoke kept out), and both use that parse",
-    ("fleetctl.engines.sglang.families", "fleetctl.patching.engine"):
-        "the sampling family reads the lines a patch touches with the strict diff engine (parse_patch, "
-        "apply_patch); to go: the plan hands the engine the touched lines and the patched bytes",
     ("fleetctl.remote", "fleetctl.engines.wheels"):
         "the agent builder (controller side of remote/) keeps the stripped agent in the cache dir",
     ("fleetctl.ops.rolling", "fleetctl.remote.hostfacts"):

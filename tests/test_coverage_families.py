@@ -17,7 +17,7 @@ from fleetctl.engines.sglang import families as F
 from fleetctl.engines.sglang import family_tables as FT
 from fleetctl.engines.sglang.model_config import ModelConfig
 from fleetctl.patching import make_patch
-from fleetctl.plan.patched_worker import coverage
+from fleetctl.plan.patched_worker import coverage, patched_file
 
 V = "0.5.9"
 LLAMA = "srt/models/llama.py"
@@ -124,7 +124,7 @@ def test_grammar_and_sampling_families() -> None:
     assert c.covered is False and "xgrammar" in c.message
     (c,) = F.check(V, {"--grammar-backend": "outlines"}, g, {})
     assert c.covered is True
-    s = {FT.SAMPLER: pytorch_sampling_patch(V)}
+    s = {FT.SAMPLER: patched_file(V, FT.SAMPLER, pytorch_sampling_patch(V))}
     (c,) = F.check(V, {"--sampling-backend": "flashinfer"}, s, {})
     assert c.covered is False and "sampler.py (pytorch)" in c.message
     (c,) = F.check(V, {"--sampling-backend": "pytorch"}, s, {})
@@ -132,7 +132,7 @@ def test_grammar_and_sampling_families() -> None:
     (c,) = F.check(V, {}, s, {})
     assert c.covered is None and "pass --sampling-backend pytorch" in c.message
     # a change outside every backend branch of the sampler is in no family member: not checked
-    plain = {FT.SAMPLER: comment_patch(V, FT.SAMPLER)}
+    plain = {FT.SAMPLER: patched_file(V, FT.SAMPLER, comment_patch(V, FT.SAMPLER))}
     assert F.check(V, {"--sampling-backend": "flashinfer"}, plain, {}) == []
 
 

@@ -7,7 +7,7 @@ protocol's types and errors; `fleetctl.engines.engine()` returns the one instanc
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -27,6 +27,17 @@ REF_RE = re.compile(r"\{file:([^{}]*)\}")
 def refs(value: Any) -> list[str]:
     """The state file names a launch value refers to (`{file:<name>}`)."""
     return REF_RE.findall(value) if isinstance(value, str) else []
+
+
+@dataclass(frozen=True)
+class PatchedFile:
+    """A package file the playbook's patch changes, as an engine's family checks read it. The diff
+    itself is read by the caller (fleetctl/patching/engine.py); `touched()` answers (the pristine
+    line numbers the patch removes, the patched line numbers it adds, the patched bytes), worked out
+    on first call (it raises FleetctlError when the patch does not apply)."""
+
+    patch: bytes
+    touched: Callable[[], tuple[frozenset[int], frozenset[int], bytes]] = field(compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -164,7 +175,7 @@ class Engine(Protocol):
     def other_spec_worker(self, version: str, algorithm: str) -> list[tuple[str, str]]:
         """(class, file) of workers an algorithm resolve_worker does not model may run."""
         ...
-    def family_checks(self, version: str, flags: Mapping[str, Any], patched: Mapping[str, bytes],
+    def family_checks(self, version: str, flags: Mapping[str, Any], patched: Mapping[str, PatchedFile],
                       asked: Mapping[str, bool | None], *, model: ModelConfig | None = None,
                       draft: ModelConfig | None = None) -> list[Any]:
         """The other families the patch (or `covers:`) makes relevant, each checked (FamilyCheck)."""

@@ -8,6 +8,7 @@ All SGLang knowledge comes from the engine (fleetctl/engines/base.py).
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
 from fleetctl.config.hosts import Host
@@ -18,6 +19,7 @@ from fleetctl.plan.deploy import Coverage
 if TYPE_CHECKING:
     from fleetctl.engines.base import ModelConfig
 from fleetctl.engines import engine
+from fleetctl.engines.base import PatchedFile
 
 
 def instances(host: Host, playbook: Playbook) -> list[Any]:
@@ -80,8 +82,37 @@ def coverage(version: str, flags: dict[str, Any], env: dict[str, str], playbook:
     return cov
 
 
-def _patches(playbook: Playbook, version: str) -> dict[str, bytes]:
-    return {f.path: f.patch_text for f in playbook.files_for(version) or []}
+def _patches(playbook: Playbook, version: str) -> dict[str, PatchedFile]:
+    """The playbook's patched files of `version` as the engine's family checks read them: the lines
+    each patch touches and its patched bytes, read with the strict diff engine when first asked."""
+    return {f.path: patched_file(version, f.path, f.patch_text) for f in playbook.files_for(version) or []}
+
+
+def patched_file(version: str, rel: str, patch: bytes) -> PatchedFile:
+    return PatchedFile(patch, functools.partial(_touched, version, rel, patch))
+
+
+def _touched(version: str, rel: str, patch: bytes) -> tuple[frozenset[int], frozenset[int], bytes]:
+    """(pristine line numbers the one-file patch removes, patched line numbers it adds, the patched bytes)."""
+    from fleetctl.engines import wheels
+    from fleetctl.patching.engine import ADDED, REMOVED, apply_patch, parse_patch
+
+    old: set[int] = set()
+    new: set[int] = set()
+    for fp in parse_patch(patch):
+        for h in fp.hunks:
+            o, n = h.old_start, h.new_start
+            for kind, _ in h.lines:
+                if kind == REMOVED:
+                    old.add(o)
+                    o += 1
+                elif kind == ADDED:
+                    new.add(n)
+                    n += 1
+                else:
+                    o += 1
+                    n += 1
+    return frozenset(old), frozenset(new), apply_patch(wheels.pristine_bytes(version, rel), patch, name=rel).output
 
 
 def _short(paths: list[str] | set[str]) -> str:

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from fleetctl.engines.base import Engine
+from fleetctl.engines.base import Engine, PatchedFile
 from fleetctl.engines.sglang import logs, model_config, processes, routing
 from fleetctl.engines.sglang import releases as R
 
@@ -165,7 +165,7 @@ class SGLangEngine:
 
         return families.other_spec_worker(version, algorithm)
 
-    def family_checks(self, version: str, flags: Mapping[str, Any], patched: Mapping[str, bytes],
+    def family_checks(self, version: str, flags: Mapping[str, Any], patched: Mapping[str, PatchedFile],
                       asked: Mapping[str, bool | None], *, model: Any = None, draft: Any = None) -> list[Any]:
         from fleetctl.engines.sglang import families
 

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import PurePosixPath
 from typing import Any
 
+from fleetctl.engines.base import PatchedFile
 from fleetctl.engines.sglang import family_tables as FT
 
 SPEC = "speculative_worker"
@@ -76,49 +76,32 @@ def other_spec_worker(version: str, algorithm: str) -> list[tuple[str, str]]:
 
 # --- which members a patch changes ----------------------------------------------------------
 
-def _touched_lines(patch: bytes) -> tuple[set[int], set[int]]:
-    """(old line numbers removed, new line numbers added) by a one-file unified diff."""
-    from fleetctl.patching.engine import ADDED, REMOVED, parse_patch
-
-    old: set[int] = set()
-    new: set[int] = set()
-    for fp in parse_patch(patch):
-        for h in fp.hunks:
-            o, n = h.old_start, h.new_start
-            for kind, _ in h.lines:
-                if kind == REMOVED:
-                    old.add(o)
-                    o += 1
-                elif kind == ADDED:
-                    new.add(n)
-                    n += 1
-                else:
-                    o += 1
-                    n += 1
-    return old, new
+_TOUCHED: dict[tuple[str, bytes], list[str]] = {}
 
 
-@lru_cache(maxsize=64)
-def sampling_touched(version: str, patch: bytes) -> list[str]:
+def sampling_touched(version: str, pf: PatchedFile) -> list[str]:
     """The sampling branches (by backend name) a patch of the sampler changes."""
     import ast
 
     from fleetctl.engines import wheels
-    from fleetctl.patching.engine import apply_patch
 
-    pristine = wheels.pristine_bytes(version, FT.SAMPLER)
-    patched = apply_patch(pristine, patch, name=FT.SAMPLER).output
-    old, new = _touched_lines(patch)
-    out: list[str] = []
-    for text, lines in ((pristine, old), (patched, new)):
-        try:
-            branches = FT.sampling_branches(ast.parse(text))
-        except SyntaxError:
-            continue
-        for b in branches:
-            if any(a <= ln <= z for ln in lines for a, z in b.spans):
-                out += b.names
-    return sorted(dict.fromkeys(out))
+    key = (version, pf.patch)
+    if key not in _TOUCHED:
+        old, new, patched = pf.touched()
+        pristine = wheels.pristine_bytes(version, FT.SAMPLER)
+        out: list[str] = []
+        for text, lines in ((pristine, old), (patched, new)):
+            try:
+                branches = FT.sampling_branches(ast.parse(text))
+            except SyntaxError:
+                continue
+            for b in branches:
+                if any(a <= ln <= z for ln in lines for a, z in b.spans):
+                    out += b.names
+        if len(_TOUCHED) >= 64:  # (bounded, as the lru_cache it replaces)
+            _TOUCHED.clear()
+        _TOUCHED[key] = sorted(dict.fromkeys(out))
+    return _TOUCHED[key]
 
 
 # --- the checks ------------------------------------------------------------------------------
@@ -131,7 +114,7 @@ class ModelSeen:
     error: str | None = None
 
 
-def wanted(version: str, patched: Mapping[str, bytes], asked: Mapping[str, bool | None]) -> dict[str, list[str]]:
+def wanted(version: str, patched: Mapping[str, PatchedFile], asked: Mapping[str, bool | None]) -> dict[str, list[str]]:
     """Family -> the members the playbook patches, for each family to check (derived from the patch,
     widened or narrowed by `asked`: True checks it even with no member patched, False never)."""
     t = FT.table(version)
@@ -270,7 +253,7 @@ def _check_choice(family: str, version: str, patched: list[str], choices: dict[s
     return FamilyCheck(family, patched, runs, False, "; ".join(parts) + f"; your patch changes only {mine}")
 
 
-def check(version: str, flags: Mapping[str, Any], patched: Mapping[str, bytes], asked: Mapping[str, bool | None],
+def check(version: str, flags: Mapping[str, Any], patched: Mapping[str, PatchedFile], asked: Mapping[str, bool | None],
           *, model: ModelSeen | None = None, draft: ModelSeen | None = None) -> list[FamilyCheck]:
     """The families other than the speculative worker that this playbook's patch (or `covers:`) makes
     relevant, each checked against the launch's flags and the model configs read on the host."""
