@@ -16,7 +16,7 @@ Every action is a function of a part taking the payload dict, registered in ACTI
 one request (bytes in, bytes out, never raises): the entry point for an in-process host too.
 
 The agent knows no engine: which package to locate, the file that registers server flags and the
-inventory key that pins the package dir come in each request as `engine` (fleetctl/engine.py,
+inventory key that pins the package dir come in each request as `engine` (fleetctl/engines/base.py,
 `Engine.agent_facts()`).
 
 This part, the core: the serve loop and its framing (`handle_request`, `serve`), the on-demand parts

@@ -113,7 +113,7 @@ def home_of(env):
 
 def hub_cache_dir(env, home):
     """The HF hub cache the launch's environment selects (huggingface_hub's precedence; mirrors
-    fleetctl/sglang/model_config.py, held to it by tests)."""
+    fleetctl/engines/sglang/model_config.py, held to it by tests)."""
     def exp(p):
         return home + p[1:] if p == "~" or p.startswith("~/") else p
     if env.get("HF_HUB_CACHE"):
