@@ -205,7 +205,7 @@ def test_check_then_run_passes_and_removes_everything(gpu_sb: Any, tmp_path: Pat
     monkeypatch.setenv("COLUMNS", "200")
     assert main(["gpu-check", str(FULL), "-i", str(inv)]) == 0
     text = capsys.readouterr().out
-    assert "tok/s C=16" in text and "tok/s C=32" in text and "passed" in text and "cleanup: removed" in text
+    assert "tok/s C=16" in text and "tok/s C=32" in text and "passed" in text and "cleanup: removed" in text, text
 
 
 @pytest.mark.fleet
