@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
@@ -174,9 +175,10 @@ def server_args_dump(version: str, resolved_args: dict[str, Any]) -> str:
 _DUMP_START = re.compile(r"server_args=(ServerArgs\(|\{)")
 
 
-def _split_top(text: str) -> list[str]:
-    """Split on commas that are outside quotes and brackets."""
-    parts, depth, quote, start, i = [], 0, "", 0, 0
+def _outside_quotes(text: str) -> Iterator[tuple[int, str, int]]:
+    """(index, character, bracket depth after it) for each character outside quotes; ([{< open a
+    level and )]}> close one."""
+    depth, quote, i = 0, "", 0
     while i < len(text):
         c = text[i]
         if quote:
@@ -186,14 +188,22 @@ def _split_top(text: str) -> list[str]:
                 quote = ""
         elif c in "'\"":
             quote = c
-        elif c in "([{<":
-            depth += 1
-        elif c in ")]}>":
-            depth -= 1
-        elif c == "," and depth == 0:
+        else:
+            if c in "([{<":
+                depth += 1
+            elif c in ")]}>":
+                depth -= 1
+            yield i, c, depth
+        i += 1
+
+
+def _split_top(text: str) -> list[str]:
+    """Split on commas that are outside quotes and brackets."""
+    parts, start = [], 0
+    for i, c, depth in _outside_quotes(text):
+        if c == "," and depth == 0:
             parts.append(text[start:i])
             start = i + 1
-        i += 1
     parts.append(text[start:])
     return [p.strip() for p in parts if p.strip()]
 
@@ -208,23 +218,9 @@ def _value(text: str) -> Any:
 def _close(text: str, opener: str) -> int:
     """Index of the bracket closing the one at text[0] (== opener), or -1."""
     pairs = {"(": ")", "{": "}"}
-    depth, quote, i = 0, "", 0
-    while i < len(text):
-        c = text[i]
-        if quote:
-            if c == "\\":
-                i += 1
-            elif c == quote:
-                quote = ""
-        elif c in "'\"":
-            quote = c
-        elif c in "([{<":
-            depth += 1
-        elif c in ")]}>":
-            depth -= 1
-            if depth == 0:
-                return i if c == pairs[opener] else -1
-        i += 1
+    for i, c, depth in _outside_quotes(text):
+        if c in ")]}>" and depth == 0:
+            return i if c == pairs[opener] else -1
     return -1
 
 
