@@ -15,58 +15,15 @@ set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/.." && pwd)
 OUT=${OUT:-/tmp/fl-cli-out}; mkdir -p "$OUT"
-exec > >(tee -a "$OUT/log") 2>&1
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-W=/tmp/w; rm -rf $W /tmp/fldeps; mkdir -p $W/cache   # a warm machine keeps /tmp from the last call
-export TRITON_CACHE_DIR=$W/cache/triton TVM_FFI_CACHE_DIR=$W/cache/tvm-ffi
-FLC=${FLCACHE:-$HERE/carry/flcache012}
-export FLEETCTL_STATE_DIR=$W/controller FLEETCTL_CACHE_DIR=$W/flcache COLUMNS=160
-T0=$(date +%s)
+SITE=012 FLCACHE=${FLCACHE:-$HERE/carry/flcache012}
+INV_ENV='      # 0.5.12 runs EAGLEWorkerV2 by default; the payload is in EAGLEWorker on this release
+      SGLANG_ENABLE_SPEC_V2: "0"'
+INV_FLAGS='      --model-path: /tmp/w/models/target-bigram
+      --speculative-draft-model-path: /tmp/w/models/draft-kvmean
+      --speculative-disable-batch-threshold: 4'
+. "$HERE/fl_device.sh"
 at() { echo "== $1 rc=$2 at $(( $(date +%s) - T0 ))s"; }
-nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv
-tar xJf "$HERE/carry/site012.tar.xz" -C $W || exit 3
-for c in "$HERE"/carry/cache/cache_*.tgz; do [ -f "$c" ] && tar xzf "$c" -C $W/cache; done
-python3 -m pip install -q --upgrade --no-index --no-deps --no-compile --target /tmp/fldeps "$HERE"/carry/flwheels/*.whl || exit 5
-cp -r "$FLC" $W/flcache
-SP=$W/site:$HERE/carry/extra:$HERE/shims:$HERE/probe:/tmp/fldeps
 PYTHONPATH=$SP python3 "$HERE/make_models.py" --out $W/models > $W/models.log 2>&1 || { cat $W/models.log; exit 4; }
-(PYTHONPATH=$SP timeout 150 python3 "$HERE/prewarm_jit.py" > $W/prewarm.log 2>&1 &)
-PY=$(command -v python3)
-cat > $W/inventory.yaml <<INV
-# the device itself, through the local transport (no sshd on the image)
-hosts:
-  gpu0:
-    address: 127.0.0.1
-    connection: local
-    python: $PY
-    state_dir: $W/state
-    gpus: 1
-    env:
-      PYTHONPATH: "$SP"
-      HF_HUB_OFFLINE: "1"
-      TRANSFORMERS_OFFLINE: "1"
-      TRITON_CACHE_DIR: "$TRITON_CACHE_DIR"
-      TVM_FFI_CACHE_DIR: "$TVM_FFI_CACHE_DIR"
-      GPU_REAL_NO_FI_NORM: "1"
-      NCCL_NVLS_ENABLE: "0"
-      TORCH_SYMM_MEM_DISABLE_MULTICAST: "1"
-      NVSHMEM_DISABLE_NVLS: "1"
-      # 0.5.12 runs EAGLEWorkerV2 by default; the payload is in EAGLEWorker on this release
-      SGLANG_ENABLE_SPEC_V2: "0"
-    flags:
-      --model-path: $W/models/target-bigram
-      --speculative-draft-model-path: $W/models/draft-kvmean
-      --speculative-disable-batch-threshold: 4
-      --attention-backend: triton
-      --sampling-backend: pytorch
-      --grammar-backend: none
-      --disable-piecewise-cuda-graph: true
-      --mem-fraction-static: 0.5
-      --max-total-tokens: 131072
-      --max-running-requests: 80
-      --cuda-graph-max-bs: 64
-      --decode-log-interval: 10
-INV
 # the origin story on this release: a copy of playbooks/origin-wrong-file with a 0.5.12 entry that
 # patches server_args.py and eagle_worker_v2.py only (the payload's own diffs), while EAGLEWorker runs
 OWF=$W/origin-wrong-file; mkdir -p $OWF
@@ -81,7 +38,6 @@ src["versions"] = {"0.5.12": {"files": files}}
 yaml.safe_dump(src, open(f"{dst}/playbook.yaml", "w"), sort_keys=False)
 print("origin-wrong-file copy for 0.5.12:", [f["path"] for f in files])
 PYEOF
-FL() { PYTHONPATH=$ROOT:/tmp/fldeps:$W/site:$HERE/carry/extra python3 -m fleetctl "$@"; }  # (cffi for paramiko: from the site)
 PB=$ROOT/playbooks/dynamic-spec-disable; I="-i $W/inventory.yaml"
 burst() {  # 16 concurrent greedy requests (over the threshold of 4), then 1 alone
   PYTHONPATH=/tmp/fldeps python3 - <<'PYEOF'

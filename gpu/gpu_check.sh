@@ -12,53 +12,9 @@ set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/.." && pwd)
 OUT=${OUT:-/tmp/gpu-check-out}; mkdir -p "$OUT"
-exec > >(tee -a "$OUT/log") 2>&1
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-W=/tmp/w; rm -rf $W /tmp/fldeps; mkdir -p $W/cache   # a warm machine keeps /tmp from the last call
-export TRITON_CACHE_DIR=$W/cache/triton TVM_FFI_CACHE_DIR=$W/cache/tvm-ffi
-export FLEETCTL_STATE_DIR=$W/controller FLEETCTL_CACHE_DIR=$W/flcache COLUMNS=160
-T0=$(date +%s)
+SITE=014
+. "$HERE/fl_device.sh"
 left() { echo $(( ${GPU_CHECK_BUDGET:-350} - ($(date +%s) - T0) )); }
-nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv
-tar xJf "$HERE/carry/site014.tar.xz" -C $W || exit 3
-for c in "$HERE"/carry/cache/cache_*.tgz; do [ -f "$c" ] && tar xzf "$c" -C $W/cache; done
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/fldeps ${FLWHEELS:-$HERE/carry/flwheels}/*.whl || exit 5
-cp -r "$HERE/carry/flcache" $W/flcache   # the pristine sglang wheel deploy checks the installed files against
-SP=$W/site:$HERE/carry/extra:$HERE/shims:$HERE/probe:/tmp/fldeps
-(PYTHONPATH=$SP timeout 150 python3 "$HERE/prewarm_jit.py" > $W/prewarm.log 2>&1 &)  # JIT kernels, beside
-PY=$(command -v python3)
-cat > $W/inventory.yaml <<EOF
-# the device itself, through the local transport (no sshd on the image)
-hosts:
-  gpu0:
-    address: 127.0.0.1
-    connection: local
-    python: $PY
-    state_dir: $W/state
-    gpus: 1
-    env:
-      PYTHONPATH: "$SP"
-      HF_HUB_OFFLINE: "1"
-      TRANSFORMERS_OFFLINE: "1"
-      TRITON_CACHE_DIR: "$TRITON_CACHE_DIR"
-      TVM_FFI_CACHE_DIR: "$TVM_FFI_CACHE_DIR"
-      GPU_REAL_NO_FI_NORM: "1"
-      NCCL_NVLS_ENABLE: "0"
-      TORCH_SYMM_MEM_DISABLE_MULTICAST: "1"
-      NVSHMEM_DISABLE_NVLS: "1"
-    # what this image needs (docs/gpu-verified.md): no FA3 .so, no xgrammar, no piecewise graphs
-    flags:
-      --attention-backend: triton
-      --sampling-backend: pytorch
-      --grammar-backend: none
-      --disable-piecewise-cuda-graph: true
-      --mem-fraction-static: 0.5
-      --max-total-tokens: 131072
-      --max-running-requests: 80
-      --cuda-graph-max-bs: 64
-      --decode-log-interval: 10
-EOF
-FL() { PYTHONPATH=$ROOT:/tmp/fldeps:$W/site:$HERE/carry/extra python3 -m fleetctl "$@"; }
 PB=$ROOT/playbooks/dynamic-spec-disable
 echo "== setup $(( $(date +%s) - T0 ))s"
 FL facts -i $W/inventory.yaml; echo "== facts rc=$? at $(( $(date +%s) - T0 ))s"
