@@ -38,7 +38,7 @@ dl() {
     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_5_x86_64 \
     --platform manylinux1_x86_64 -d "${DEST:-$WHEELS/$VER}" "$@"
 }
-if [ -n "${FL_ONLY:-}" ]; then   # only what gpu_check.sh / device_fl.sh need besides the site (kept as built)
+if [ -n "${FL_ONLY:-}" ]; then   # only what gpu_check.sh / fl_cli.sh need besides the site (kept as built)
   FL=1
 else
 [ -n "${SKIP_DL:-}" ] || dl $SGL $KER $FI $TF $COMMON_DEPS
@@ -100,21 +100,24 @@ mkdir -p "$HERE/carry/lib"; cp -L /usr/lib/x86_64-linux-gnu/libnuma.so.1 "$HERE/
 mkdir -p "$WHEELS/extra" "$HERE/carry/extra"
 $PY -m pip download -q --no-deps --only-binary=:all: -d "$WHEELS/extra" typing_extensions==4.16.0
 $PY -m pip install -q --no-deps --no-index --no-compile --target "$HERE/carry/extra" "$WHEELS/extra"/typing_extensions-4.16.0-*.whl
-# FL=1: what device_fl.sh (fleetctl's own deploy/launch/verify-logs/rollback) needs besides the site:
-# fleetctl + the playbook, paramiko and its deps, openai-harmony (so that SGLang logs no
-# ModuleNotFoundError traceback at start, which fleetctl's launch treats as a crash), and the
-# sglang wheel in fleetctl's cache (pristine bytes; no registry on the GPU machine). Together with
-# the 35 MB site tarball this is ~54 MB: leave carry/cache/ out of such a call (64 MiB limit).
+# FL=1: what gpu_check.sh / fl_cli.sh (fleetctl's own CLI on the device, gpu/fl_device.sh) need besides
+# the site: paramiko and its deps, fleetctl's own deps (the image's typer is too old for fleetctl),
+# openai-harmony (so that 0.5.12 logs no handled ModuleNotFoundError traceback at start), and the
+# sglang wheel in fleetctl's cache (pristine bytes; no registry on the GPU machine). fleetctl itself
+# is the repo's own tree (the device call copies the working tree). Mind the 64 MiB carry limit
+# (site ~37 MB + flwheels ~15 MB + flcache ~8-12 MB + the tree ~4 MB): calls 3-4 dropped cache/,
+# and for 0.5.14 pydantic and openai-harmony too (docs/gpu-verified.md).
 if [ -n "${FL:-}" ]; then
   rm -rf "$HERE/carry/fleetctl" "$HERE/carry/flwheels" "$HERE/carry/flcache"
-  mkdir -p "$HERE/carry/fleetctl/playbooks" "$HERE/carry/flwheels" "$HERE/carry/flcache/wheels"
-  cp -a "$MAIN/fleetctl" "$HERE/carry/fleetctl/"; cp -a "$MAIN/playbooks/dynamic-spec-disable" "$HERE/carry/fleetctl/playbooks/"
-  find "$HERE/carry/fleetctl" -name __pycache__ -type d -prune -exec rm -rf {} +
+  mkdir -p "$HERE/carry/flwheels" "$HERE/carry/flcache/wheels"
   # (a folder of their own: everything in $WHEELS/$VER is installed into the site)
   mkdir -p "$WHEELS/fl"
   DEST="$WHEELS/fl" dl paramiko==5.1.0 cryptography==50.0.2 bcrypt==5.0.0 pynacl==1.6.2 invoke==3.0.3 openai-harmony==0.0.4 \
-    fabric==3.2.2 decorator==5.2.1 deprecated==1.2.18 wrapt==1.17.2
-  cp "$WHEELS/fl"/{paramiko,cryptography,bcrypt,pynacl,invoke,openai_harmony,fabric,decorator,[Dd]eprecated,wrapt}-*.whl "$HERE/carry/flwheels/"
+    fabric==3.2.2 decorator==5.2.1 deprecated==1.2.18 wrapt==1.17.2 \
+    typer==0.29.2 annotated-doc==0.0.7 rich==15.0.0 markdown-it-py==4.3.0 mdurl==0.1.2 pygments==2.21.0 \
+    shellingham==1.5.4 pydantic==2.14.4 pydantic-core==2.50.5 pyyaml==6.0.4 annotated-types==0.8.0 \
+    typing-inspection==0.4.5 typing-extensions==4.16.0
+  cp "$WHEELS/fl"/*.whl "$HERE/carry/flwheels/"
   [ -f "$WHEELS/$VER"/sglang-$REL-*.whl ] || DEST="$WHEELS/$VER" dl $SGL
   cp "$WHEELS/$VER"/sglang-$REL-*.whl "$HERE/carry/flcache/wheels/"
 
