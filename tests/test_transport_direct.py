@@ -13,12 +13,13 @@ from typing import Any
 
 import pytest
 
+from fleetctl.config import ssh_config as sshcfg
 from fleetctl.transport import direct, internals
 
 
 @pytest.fixture(autouse=True)
 def _fresh_caches(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(direct, "_parsed", {})
+    monkeypatch.setattr(sshcfg, "_parsed", {})
     monkeypatch.setattr(direct, "_fabric_files", [])
 
 

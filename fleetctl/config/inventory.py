@@ -242,7 +242,7 @@ def _env_strings(env: dict[str, EnvValue]) -> tuple[dict[str, str], set[str]]:
 
 
 def _ssh_config_hosts(path: Path) -> set[str]:
-    from fleetctl.transport.direct import ssh_config  # parsed once per command: the connections use it too
+    from fleetctl.config.ssh_config import ssh_config  # parsed once per command: the connections use it too
 
     try:
         cfg, _ = ssh_config(path)

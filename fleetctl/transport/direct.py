@@ -21,24 +21,16 @@ from __future__ import annotations
 import errno
 import getpass
 import os
-import re
 import socket
 import threading
-from io import StringIO
 from pathlib import Path
 from typing import Any
 
-from fleetctl.transport import internals
-from fleetctl.transport.internals import paramiko
+from fleetctl.config.ssh_config import paramiko, ssh_config
 
-# what fabric's Config() reads when no ssh_config is given, in its order; and its own config files
-USER_SSH_CONFIG = "~/.ssh/config"
-SYSTEM_SSH_CONFIG = "/etc/ssh/ssh_config"
+# fabric's own config files
 FABRIC_FILES = tuple(f"{prefix}{ext}" for prefix in ("/etc/fabric.", "~/.fabric.")
                      for ext in ("yaml", "yml", "json", "py"))
-_MATCH_EXEC = re.compile(r"^\s*match\b[^\n#]*\bexec\b", re.IGNORECASE | re.MULTILINE)
-
-_parsed: dict[str, tuple[paramiko.SSHConfig, bool]] = {}  # ssh_config path ("": the defaults) -> (config, has Match exec)
 _fabric_files: list[bool] = []
 
 
@@ -47,30 +39,6 @@ def fabric_config_present() -> bool:
     if not _fabric_files:
         _fabric_files.append(any(os.path.isfile(os.path.expanduser(f)) for f in FABRIC_FILES))
     return _fabric_files[0]
-
-
-def ssh_config(path: Path | None) -> tuple[paramiko.SSHConfig, bool]:
-    """The ssh_config fabric's Config(runtime_ssh_path=path) (or Config()) would hold, parsed once
-    per command, and whether it has a `Match exec`. Call under the caller's config lock."""
-    try:  # (one process may run several commands: tests, a long-lived caller) re-read when it changed
-        st = os.stat(path) if path else None
-    except OSError:
-        st = None
-    key = f"{path or ''}:{st.st_mtime_ns}:{st.st_size}:{st.st_ino}" if st else str(path or "")
-    got = _parsed.get(key)
-    if got is None:
-        cfg = paramiko.SSHConfig()
-        has_exec = False
-        files = [str(path)] if path else [os.path.expanduser(USER_SSH_CONFIG), SYSTEM_SSH_CONFIG]
-        for f in files:
-            if path or os.path.isfile(f):  # an inventory's ssh_config must exist; the defaults may not
-                with open(f) as fd:
-                    text = fd.read()
-                cfg.parse(StringIO(text))
-                has_exec = has_exec or bool(_MATCH_EXEC.search(text))
-        internals.memoize_lookup(cfg)
-        got = _parsed[key] = (cfg, has_exec)
-    return got
 
 
 class DirectConnection:

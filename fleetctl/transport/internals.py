@@ -9,48 +9,17 @@ from __future__ import annotations
 
 import copy
 import inspect
-import sys
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
-    from types import ModuleType
+# paramiko with invoke kept out, and what gives invoke back, live with the one ssh_config parse on the
+# config floor (config/ssh_config.py); every fleetctl module imports paramiko from there or from here
+from fleetctl.config.ssh_config import PARAMIKO_CONFIG_INVOKE, memoize_lookup, paramiko, with_invoke
 
+if TYPE_CHECKING:
     from fabric import Connection
 
+__all__ = ["PARAMIKO_CONFIG_INVOKE", "memoize_lookup", "paramiko", "with_invoke"]  # re-exported for transport/
 
-def _import_paramiko() -> ModuleType:
-    """`import paramiko` with invoke kept out. paramiko.config imports invoke whenever it is
-    installed (fabric needs it, so it is), only to run an ssh_config `Match exec` command; invoke in
-    turn imports unittest.mock, asyncio and ssl: ~70 ms of CPU on every command. With invoke set to
-    None in sys.modules for the duration, paramiko records the ImportError and raises it only if a
-    `Match exec` is looked up; `with_invoke()` puts invoke back when a host goes through fabric
-    (which imports invoke anyway), and transport/direct.py sends every ssh_config with a
-    `Match exec` that way. Every fleetctl module imports paramiko from here."""
-    if "paramiko" in sys.modules or "invoke" in sys.modules:
-        import paramiko as mod
-
-        return mod
-    sys.modules["invoke"] = None  # type: ignore[assignment]  # `import invoke` raises ImportError
-    try:
-        import paramiko as mod
-    finally:
-        if "invoke" in sys.modules and sys.modules["invoke"] is None:
-            del sys.modules["invoke"]
-    return mod
-
-
-paramiko = _import_paramiko()
-PARAMIKO_CONFIG_INVOKE = ("invoke", "invoke_import_error")  # paramiko.config's module globals
-
-
-def with_invoke() -> None:
-    """Give paramiko.config the invoke it was kept from (an ssh_config `Match exec` needs it)."""
-    import invoke
-    import paramiko.config as pc
-
-    if getattr(pc, PARAMIKO_CONFIG_INVOKE[0], None) is None:
-        setattr(pc, PARAMIKO_CONFIG_INVOKE[0], invoke)
-        setattr(pc, PARAMIKO_CONFIG_INVOKE[1], None)
 
 # (object, attribute) pairs read or written below; INTERNALS is what the test checks
 HOSTKEYS_ENTRIES = "_entries"  # paramiko.HostKeys: its list of HostKeyEntry
@@ -155,17 +124,3 @@ def open_connection(conn: Connection, kwargs: dict[str, Any]) -> None:
     conn.client.connect(**kwargs)
     conn.transport = conn.client.get_transport()
 
-
-def memoize_lookup(ssh_config: paramiko.SSHConfig) -> None:
-    """paramiko's SSHConfig.lookup walks every Host block (and asks the password database once per
-    block): ~5 ms per host with a 256-host ssh_config, for each of 256 connections. Within one
-    command the answer for a name does not change: look each name up once, hand out copies."""
-    lookup = ssh_config.lookup
-    seen: dict[str, paramiko.SSHConfigDict] = {}
-
-    def cached(hostname: str) -> paramiko.SSHConfigDict:
-        if hostname not in seen:
-            seen[hostname] = lookup(hostname)
-        return copy.deepcopy(seen[hostname])
-
-    ssh_config.lookup = cached  # type: ignore[method-assign]
