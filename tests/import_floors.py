@@ -36,15 +36,7 @@ APART: Mapping[str, frozenset[str]] = {
 }
 # arrows that still run against the table, each with why it is still there; the test fails when one is
 # gone (take it off) or a new one appears. (importing module, imported module) -> reason
-KNOWN: Mapping[tuple[str, str], str] = {
-    ("fleetctl.config.inventory", "fleetctl.transport.direct"):
-        "an inventory's host names may be ssh_config aliases: the ssh_config is parsed once, by the "
-        "transport's parser (paramiko with invoke kept out), and both use that parse",
-    ("fleetctl.remote", "fleetctl.engines.wheels"):
-        "the agent builder (controller side of remote/) keeps the stripped agent in the cache dir",
-    ("fleetctl.ops.rolling", "fleetctl.remote.hostfacts"):
-        "a restart on the original code asks whether a flag is registered with the agent's own function",
-}
+KNOWN: Mapping[tuple[str, str], str] = {}  # none left (issue 33.7)
 
 
 def floor_of(home: str) -> int:

@@ -519,14 +519,21 @@ def test_multi_node_each_node_proves_its_own_ranks(sb: Any, tmp_path: Path,
     assert [r["rank"] for r in iv["ranks"]] == ["TP1"] and iv["ok"]
 
 
-def test_flag_pre_check_accepts_unambiguous_abbreviations() -> None:
-    from fleetctl.remote.hostfacts import flag_registered
+@pytest.mark.parametrize("side", ["agent", "engine"])
+def test_flag_pre_check_accepts_unambiguous_abbreviations(side: str) -> None:
+    """The host agent's check (remote/hostfacts.py) and the controller's own (the engine's, for a
+    restart on the original code: ops/rolling.py) give the same answers."""
+    from fleetctl.engines import engine
+    from fleetctl.remote.hostfacts import flag_registered as on_host
 
+    flag_registered = on_host if side == "agent" else engine().flag_registered
     text = (wheels.package_dir("0.5.9") / "srt" / "server_args.py").read_text()
     assert flag_registered(text, "--speculative-num-steps")
     assert flag_registered(text, "--speculative-num-ste")  # argparse takes a unique prefix
     assert not flag_registered(text, "--speculative")  # a prefix of many: argparse refuses it
     assert not flag_registered(text, "--no-such-flag")
+    assert flag_registered("class ServerArgs:\n    model_path: str\n", "--model-path")  # a field
+    assert not flag_registered("class ServerArgs:\n    model_path: str\n", "--model")
 
 
 def test_status_rechecks_which_worker_will_run(sb: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -20,6 +20,9 @@ def _no_strip(text: str) -> str:
 @pytest.fixture
 def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("FLEETCTL_CACHE_DIR", str(tmp_path / "cache"))
+    from fleetctl.transport import session  # hands the builder the cache dir (keep_stripped_in)
+
+    monkeypatch.setattr(remote, "_keep_dir", [session.agent_cache_dir])
     return tmp_path / "cache" / "agent"
 
 
@@ -50,3 +53,9 @@ def test_a_damaged_or_open_copy_is_not_taken(cache: Path, monkeypatch: pytest.Mo
     monkeypatch.setattr(remote, "_strip", strip)
     assert remote.stripped(SOURCE) == want
     assert calls == [SOURCE]
+
+
+def test_nothing_is_kept_where_no_dir_was_handed_in(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(remote, "_keep_dir", [])
+    assert remote.stripped(SOURCE) == remote._strip(SOURCE)
+    assert not cache.exists()

@@ -74,12 +74,11 @@ def original_code_playbook(pb: Playbook, version: str | None) -> Playbook:
     """The launch profile without flags the host's *unpatched* SGLang does not know (the patch's own
     flags): what a restart on the original code must pass."""
     from fleetctl.engines import wheels
-    from fleetctl.remote.hostfacts import flag_registered
     if not version:
         return pb
     res = engine().resolve_worker(version, dict(pb.launch.flags), {})
     text = wheels.pristine_bytes(version, engine().args_file).decode("utf-8", "replace")
-    unknown = {f for f in res.unknown_flags if not flag_registered(text, f)}
+    unknown = {f for f in res.unknown_flags if not engine().flag_registered(text, f)}
     if not unknown:
         return pb
     flags = {k: v for k, v in pb.launch.flags.items() if k not in unknown}

@@ -94,10 +94,18 @@ def stripped(text: str) -> str:
     return out
 
 
-def _kept_file(key: str) -> Path:
-    from fleetctl.engines.wheels import cache_dir
+# where the controller keeps stripped texts, handed in by the agent's user (transport/session.py:
+# the cache dir's agent/), so that remote/ imports nothing of fleetctl; none handed in: stripped each time
+_keep_dir: list[Callable[[], Path]] = []
 
-    return cache_dir() / "agent" / f"stripped-{key}.py"
+
+def keep_stripped_in(where: Callable[[], Path]) -> None:
+    """Keep stripped texts in the directory `where()` names (asked on each use: it may change)."""
+    _keep_dir[:] = [where]
+
+
+def _kept_file(key: str) -> Path | None:
+    return _keep_dir[0]() / f"stripped-{key}.py" if _keep_dir else None
 
 
 def _kept_stripped(key: str) -> str | None:
@@ -108,6 +116,8 @@ def _kept_stripped(key: str) -> str | None:
     import stat
 
     f = _kept_file(key)
+    if f is None:
+        return None
     try:
         d = os.stat(f.parent)
         if not stat.S_ISDIR(d.st_mode) or d.st_uid != os.getuid() or d.st_mode & 0o022:
@@ -136,6 +146,8 @@ def _keep_stripped(key: str, text: str) -> None:
     import threading
 
     f = _kept_file(key)
+    if f is None:
+        return
     try:
         f.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         tmp = f.with_name(f"{f.name}.{os.getpid()}.{threading.get_ident()}.tmp")

@@ -19,10 +19,20 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from fleetctl.config.hosts import Host
-from fleetctl.remote import agent_key, agent_text, packed
+from fleetctl.remote import agent_key, agent_text, keep_stripped_in, packed
 from fleetctl.remote import cache as once
 from fleetctl.transport.base import RemoteError, Steps, Unreachable
 from fleetctl.transport.layers import remote_argv
+
+
+def agent_cache_dir() -> Path:
+    """The controller's own copies of the agent (stripped texts, compiled forms): the cache dir's agent/."""
+    from fleetctl.engines.wheels import cache_dir
+
+    return cache_dir() / "agent"
+
+
+keep_stripped_in(agent_cache_dir)  # the agent builder (remote/) is handed where to keep what it strips
 
 
 @once
@@ -175,12 +185,10 @@ def compiled_cache_file() -> Path | None:
     cache key (its source, which holds the probe's) and the interpreter's cache tag (None: no tag)."""
     import sys
 
-    from fleetctl.engines.wheels import cache_dir
-
     tag = sys.implementation.cache_tag
     if not tag:
         return None
-    return cache_dir() / "agent" / f"{agent_key()}.{tag}.marshal"
+    return agent_cache_dir() / f"{agent_key()}.{tag}.marshal"
 
 
 def _private(st: os.stat_result, *, regular: bool) -> bool:

@@ -54,6 +54,11 @@ class SGLangEngine:
         """A package-relative path as `facts` shows it in a narrow column."""
         return rel.replace(R.SPEC_DIR + "/", "spec/").replace("srt/", "")
 
+    def flag_registered(self, args_text: str, flag: str) -> bool:
+        from fleetctl.engines.sglang.flags import flag_registered
+
+        return flag_registered(args_text, flag)
+
     def known_versions(self) -> tuple[str, ...]:
         return tuple(R.KNOWN_VERSIONS)
 
