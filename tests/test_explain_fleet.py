@@ -14,22 +14,28 @@ from fleetctl.cli import main
 from fleetctl.engines import wheels
 from fleetctl.sandbox.lifecycle import Sandbox
 
-pytestmark = pytest.mark.fleet
+# in-process hosts (tests/fakehost.py): explain reads what each release's files say; the sshd smoke
+# of explain is test_explain_truth
 ROOT = Path(__file__).parent.parent
 PAYLOAD = str(ROOT / "playbooks" / "dynamic-spec-disable")
 WRONG = str(ROOT / "playbooks" / "origin-wrong-file")
 
 
 @pytest.fixture(scope="module")
-def three(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
-    from fleetctl.sandbox import lifecycle
+def fake_three(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
+    import fakehost
 
     d = tmp_path_factory.mktemp("explain")
-    try:
-        sb = lifecycle.up(d / "sb", hosts=3, versions=["0.5.5.post3", "0.5.9", "0.5.14"], gpus=1)
+    with fakehost.sandbox(d / "sb", hosts=3, versions=["0.5.5.post3", "0.5.9", "0.5.14"], gpus=1) as sb:
         yield sb
-    finally:
-        lifecycle.down(d / "sb", missing_ok=True)
+
+
+@pytest.fixture
+def three(fake_three: Sandbox) -> Iterator[Sandbox]:
+    import fakehost
+
+    with fakehost.installed(fake_three.fake):  # type: ignore[attr-defined]
+        yield fake_three
 
 
 def with_spec_v2(sb: Sandbox, value: str) -> Path:

@@ -16,21 +16,28 @@ from fleetctl.cli import main
 from fleetctl.engines import wheels
 from fleetctl.sandbox.lifecycle import Sandbox
 
-pytestmark = pytest.mark.fleet
+# in-process hosts (tests/fakehost.py): facts and explain read what each release's files say;
+# the sshd smoke of both commands is in test_facts_fleet / test_explain_truth
 ROOT = Path(__file__).parent.parent
 PAYLOAD = ROOT / "playbooks" / "dynamic-spec-disable"
 VERSIONS = ["0.5.9", "0.5.14", "0.5.23"]
 
 
 @pytest.fixture(scope="module")
-def mixed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
-    from fleetctl.sandbox import lifecycle
+def fake_mixed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
+    import fakehost
 
     d = tmp_path_factory.mktemp("releases")
-    try:  # the finalizer is in place before anything starts
-        yield lifecycle.up(d / "sb", hosts=3, versions=VERSIONS, gpus=1)
-    finally:
-        lifecycle.down(d / "sb", missing_ok=True)
+    with fakehost.sandbox(d / "sb", hosts=3, versions=VERSIONS, gpus=1) as sb:  # taken down also on failure
+        yield sb
+
+
+@pytest.fixture
+def mixed(fake_mixed: Sandbox) -> Iterator[Sandbox]:
+    import fakehost
+
+    with fakehost.installed(fake_mixed.fake):  # type: ignore[attr-defined]
+        yield fake_mixed
 
 
 def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict]:
