@@ -16,7 +16,6 @@ from fleetctl.commands.context import RunContext, fleet_context, playbook_fleet
 from fleetctl.commands.context import fmt_time as _ts
 from fleetctl.commands.context import run_with_progress as _tick_run
 from fleetctl.commands.deploys_view import (
-    HISTORY_OK,
     _counts,
     _s,
     plan_hosts,
@@ -242,10 +241,10 @@ def rollback(*, inventory: Path | None, limit: str | None, forks: int, to: str |
                    f"{len(failed)} failed in {ctx.elapsed():.2f}s")
         reminder = _restart_reminder(ctx, None, [r["host"] for r in rows if r["status"] == "changed"], touched,
                                      found=found)
-        runlog.result([host_row(r, ok=r["status"] in ("changed", "unchanged", "skipped")) for r in rows], op_id=op_id)
+        runlog.result([host_row(r) for r in rows], op_id=op_id)
         if json_out:
             emit_json("rollback", op_id=op_id, ok=not failed, message=summary,
-                      hosts=[host_row(r, ok=r["status"] in ("changed", "unchanged", "skipped")) for r in rows],
+                      hosts=[host_row(r) for r in rows],
                       plan=[p.to_json() for p in plans],
                       restart_needed=reminder.to_json() if reminder else None)
         else:
@@ -396,7 +395,7 @@ def history_show(*, ident: str, log_file: str | None, json_out: bool) -> None:
                               "(--log-file FILE if the command was given one)", reference="run-id-unknown")
     if json_out:
         emit_json("history", op_id=entry["id"] if entry else None, ok=True,
-                  hosts=[host_row(h, ok=h["status"] in HISTORY_OK) for h in entry["hosts"]] if entry else [],
+                  hosts=[host_row(h) for h in entry["hosts"]] if entry else [],
                   message=f"{len(events)} event(s) of run {ident} in {path}", run_log=str(path), events=events,
                   operation={k: v for k, v in entry.items() if k != "hosts"} if entry else None)
         raise typer.Exit(0)
@@ -434,7 +433,7 @@ def history(*, op_id: str | None, limit_rows: int, json_out: bool) -> None:
                                  reference="op-id-unknown")
             if json_out:
                 emit_json("history", op_id=d["id"], ok=True,
-                          hosts=[host_row(h, ok=h["status"] in HISTORY_OK) for h in d["hosts"]],
+                          hosts=[host_row(h) for h in d["hosts"]],
                           message=f"{d['kind']} {d['id']}: {d['outcome'] or 'running'}",
                           operation={k: v for k, v in d.items() if k != "hosts"})
                 raise typer.Exit(0)

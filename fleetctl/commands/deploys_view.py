@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from fleetctl.commands.common import out
 from fleetctl.engines import engine
+from fleetctl.model.result import OK_STATES
 from fleetctl.ui.hostnames import group, hosts_label, strip_host
 from fleetctl.ui.jsonout import host_row
 from fleetctl.ui.render import hosts_cell, say, status_cell, table
@@ -215,11 +216,9 @@ def _counts(statuses: list[str], words: dict[str, str], always: tuple[str, ...] 
                      if st in always or statuses.count(st))
 
 
-PLAN_BAD = ("refused", "unreachable", "failed")
-HISTORY_OK = ("ok", "changed", "unchanged", "skipped")
 
 
 def plan_hosts(rows: list[dict[str, Any]], blocking: set[str] | None = None) -> list[dict[str, Any]]:
     """--check and --any-errors-fatal: one envelope row per planned host (its plan row's fields kept)."""
-    return [host_row(r, ok=r["status"] not in PLAN_BAD and r["host"] not in (blocking or set())) for r in rows]
+    return [host_row(r, ok=r["status"] in OK_STATES and r["host"] not in (blocking or set())) for r in rows]
 

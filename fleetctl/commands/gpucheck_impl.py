@@ -42,10 +42,10 @@ def gpu_check(*, playbook: Path, inventory: Path | None, limit: str | None, fork
             msg = (f"gpu-check --check: {len(plans)} hosts: {len(plans) - len(bad)} would run, {len(bad)} would "
                    f"not; nothing was made or started ({ctx.elapsed():.2f}s)")
             runlog.plan([p.to_json() for p in plans])
-            runlog.result([host_row(p.to_json(), ok=p.status == "run") for p in plans])
+            runlog.result([host_row(p.to_json()) for p in plans])
             if json_out:
                 emit_json("gpu-check", ok=not bad, check=True, message=msg,
-                          hosts=[host_row(p.to_json(), ok=p.status == "run") for p in plans],
+                          hosts=[host_row(p.to_json()) for p in plans],
                           elapsed=round(ctx.elapsed(), 3))
             else:
                 render_plan(plans)
@@ -55,10 +55,10 @@ def gpu_check(*, playbook: Path, inventory: Path | None, limit: str | None, fork
         bad = [r for r in rows if r.status != "passed"]
         summary = (f"gpu-check: {len(rows)} hosts: {len(rows) - len(bad)} passed, {len(bad)} not "
                    f"in {ctx.elapsed():.2f}s")
-        runlog.result([host_row(r.to_json(), ok=r.status == "passed") for r in rows])
+        runlog.result([host_row(r.to_json()) for r in rows])
         if json_out:
             emit_json("gpu-check", ok=not bad, message=summary,
-                      hosts=[host_row(r.to_json(), ok=r.status == "passed") for r in rows],
+                      hosts=[host_row(r.to_json()) for r in rows],
                       summary={"passed": len(rows) - len(bad)}, elapsed=round(ctx.elapsed(), 3))
         else:
             render_results(rows)

@@ -245,10 +245,10 @@ def _launch_check(ctx: RunContext, pb: Any, **kw: bool) -> None:
     msg = (f"launch --check: {len(plans)} hosts: {len(plans) - len(bad)} would start, {len(bad)} would not; "
            f"nothing was started or stopped ({ctx.elapsed():.2f}s)")
     runlog.plan([p.to_json() for p in plans])
-    runlog.result([host_row(p.to_json(), ok=p.status == "start") for p in plans])
+    runlog.result([host_row(p.to_json()) for p in plans])
     if ctx.json:
         emit_json("launch", ok=not bad, check=True, message=msg,
-                  hosts=[host_row(p.to_json(), ok=p.status == "start") for p in plans],
+                  hosts=[host_row(p.to_json()) for p in plans],
                   elapsed=round(ctx.elapsed(), 3))
     else:
         render_launch_plan(plans)

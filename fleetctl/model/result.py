@@ -21,17 +21,20 @@ Status = Literal[
     "skipped",  # nothing asked of this host (not selected by --to, its tree handled by another host)
     # a plan's decision for a host that can go ahead (--check shows it)
     "change", "noop", "start",
+    "run",  # gpu-check --check: the check would run on this host
+    "passed",  # gpu-check: the check ran on this host and passed
     # a host that did not
     "refused",  # decided against before anything changed (drift, a lock, an uncovered worker, ...)
     "failed",  # an error on the host
     "unreachable",  # no connection
     "not-started",  # interrupted (Ctrl-C) before its turn
+    "interrupted",  # gpu-check: interrupted (Ctrl-C) while it ran; what it made was removed
     "rolled-back",  # --restart: its batch broke the budget and was rolled back
     "untouched",  # --restart: a later batch, not started after one broke the budget
     "problems",  # status: reachable, with problems
 ]
 STATES: tuple[str, ...] = get_args(Status)
-OK_STATES = frozenset({"ok", "changed", "unchanged", "skipped", "change", "noop", "start"})
+OK_STATES = frozenset({"ok", "changed", "unchanged", "skipped", "change", "noop", "start", "run", "passed"})
 # a host that answered nothing useful: no detail from it
 NO_ANSWER = frozenset({"failed", "unreachable", "not-started"})
 
@@ -82,11 +85,14 @@ class HostResult(Generic[T]):
         return host_row(self.to_json(), ok=self.ok if ok is None else ok, state=self.status, message=message)
 
 
-def host_row(row: Mapping[str, Any], *, ok: bool, state: str | None = None, message: str | None = None,
+def host_row(row: Mapping[str, Any], *, ok: bool | None = None, state: str | None = None, message: str | None = None,
              host: str | None = None) -> dict[str, Any]:
     """One host's --json entry from a plain row: host, ok, state, message first, then the row's own
-    fields (kept as they are). state defaults to the row's "status"; message to its "message", else
-    its "reason"; never empty: at least the state."""
+    fields (kept as they are). ok defaults to whether the row's "status" is one of OK_STATES; state
+    to the row's "status"; message to its "message", else its "reason"; never empty: at least the
+    state."""
+    if ok is None:
+        ok = row.get("status") in OK_STATES
     extra = {k: v for k, v in row.items() if k not in ("host", "ok", "state", "message")}
     st = state if state is not None else row.get("status")
     msg = message if message is not None else row.get("message", row.get("reason"))

@@ -21,14 +21,13 @@ from fleetctl.engines import engine
 from fleetctl.model.facts import HostFacts, read_facts
 from fleetctl.model.instances import Instance, command_argv, flag_argv, plan_instances
 from fleetctl.model.launchspec import INHERIT_FROM_HOST
+from fleetctl.model.result import Status
 from fleetctl.ops.deploy import new_op_id, who
 from fleetctl.ops.runner import Fleet
 from fleetctl.protocol import names
 from fleetctl.transport import events
 from fleetctl.transport.base import RemoteError, Transport
 
-PlanStatus = Literal["run", "refused", "failed", "unreachable"]
-CheckStatus = Literal["passed", "failed", "refused", "unreachable", "interrupted"]
 PhaseStatus = Literal["ok", "failed", "skipped", "interrupted"]
 
 WAIT_SLICE = 1.0  # seconds of one ready-wait request: a Ctrl-C is seen within it
@@ -58,7 +57,7 @@ class CheckPlan:
     """One host's check, decided from its facts and preflight (pure data)."""
 
     host: str
-    status: PlanStatus = "run"
+    status: Status = "run"  # run, refused, failed, unreachable
     message: str = ""
     version: str | None = None
     gpu: dict[str, Any] | None = None
@@ -106,7 +105,7 @@ class PhaseResult:
 @dataclass
 class CheckResult:
     host: str
-    status: CheckStatus
+    status: Status  # passed, failed, refused, unreachable, interrupted
     message: str = ""
     version: str | None = None
     gpu: dict[str, Any] | None = None
@@ -155,7 +154,7 @@ def _mask(a: str, secrets: set[str]) -> str:
     return a
 
 
-def _refused(cp: CheckPlan, msg: str, status: PlanStatus = "refused") -> CheckPlan:
+def _refused(cp: CheckPlan, msg: str, status: Status = "refused") -> CheckPlan:
     cp.status, cp.message = status, msg
     return cp
 
@@ -485,7 +484,7 @@ def check_fleet(fleet: Fleet, pb: Playbook, *, timeout: float | None = None) -> 
         if o.ok:
             out.append(o.detail)
         else:
-            st: CheckStatus = "unreachable" if o.status == "unreachable" else (
+            st: Status = "unreachable" if o.status == "unreachable" else (
                 "interrupted" if o.status == "not-started" else "failed")
             out.append(CheckResult(o.host, st, o.message, elapsed=o.elapsed))
     return out

@@ -40,7 +40,6 @@ from fleetctl.transport.base import RemoteError, Transport
 TAIL = 30
 
 InstanceStatus = Literal["ready", "refused", "failed", "timeout", "skipped", "interrupted"]
-PlanStatus = Literal["start", "refused", "failed", "unreachable"]
 
 
 @dataclass
@@ -211,7 +210,7 @@ class LaunchPlan:
     carries it out, `launch --check` shows it)."""
 
     host: str
-    status: PlanStatus = "start"
+    status: Status = "start"  # start, refused, failed, unreachable
     message: str = ""
     version: str | None = None
     stop: list[str] = field(default_factory=list)  # fleetctl instances stopped first (--replace)
@@ -235,7 +234,7 @@ def _starts(insts: list[Instance]) -> list[InstanceStart]:
                           or i.effective_env.get("HOME") or "~ (the SSH user's home)") for i in insts]
 
 
-def _plan_refused(lp: LaunchPlan, msg: str, status: PlanStatus = "refused") -> LaunchPlan:
+def _plan_refused(lp: LaunchPlan, msg: str, status: Status = "refused") -> LaunchPlan:
     lp.status, lp.message = status, msg
     return lp
 

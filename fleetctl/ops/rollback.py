@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from fleetctl.config.hosts import Host
 from fleetctl.config.playbook_model import LaunchProfile, Playbook
@@ -13,6 +13,7 @@ from fleetctl.engines import engine, wheels
 from fleetctl.model import hoststate
 from fleetctl.model.facts import HostFacts
 from fleetctl.model.instances import host_launch_spec
+from fleetctl.model.result import Status
 from fleetctl.ops.deploy import Gathered, lock_bound, who
 from fleetctl.ops.runner import Fleet
 from fleetctl.protocol import names
@@ -20,13 +21,11 @@ from fleetctl.protocol.answers import DeployAnswer, RollbackAnswer
 from fleetctl.protocol.schema import to_json
 from fleetctl.transport.base import Transport
 
-RollbackPlanStatus = Literal["change", "noop", "refused", "unreachable", "failed", "skipped"]
-
 
 @dataclass
 class RollbackPlan:
     host: str
-    status: RollbackPlanStatus
+    status: Status  # change, noop, refused, unreachable, failed, skipped
     reason: str = ""
     deploy_ids: list[str] = field(default_factory=list)  # newest first
     files: list[dict[str, Any]] = field(default_factory=list)  # path, deploy, state, action

@@ -14,6 +14,7 @@ from fleetctl.config.hosts import Host
 from fleetctl.config.playbook_model import Playbook
 from fleetctl.model import hoststate
 from fleetctl.model.facts import HostFacts
+from fleetctl.model.result import Status
 from fleetctl.protocol.answers import Manifest
 
 FileState = Literal["pristine", "as-intended", "drifted", "missing", "unsafe", "no-record", "unwritable"]
@@ -75,7 +76,7 @@ class Coverage:
 @dataclass
 class HostPlan:
     host: str
-    status: Literal["change", "noop", "refused", "unreachable", "failed"]
+    status: Status  # change, noop, refused, unreachable, failed
     reason: str = ""
     version: str | None = None
     package_dir: str | None = None
