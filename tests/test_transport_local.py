@@ -111,7 +111,7 @@ def test_deploy_status_rollback_on_a_temporary_host(tmp_path: Path, pb: Playbook
 
         rp = plan_rollback(fleet, g2, None, False, playbook=pb)
         out = apply_rollback(fleet, rp, new_op_id("r"), False, profile=pb.launch)
-        assert out["t01"]["status"] == "changed", out
+        assert out["t01"].status == "changed", out
     assert {f: digest(pkg / f) for f in files} == before
 
 
@@ -134,7 +134,7 @@ def test_an_interrupted_deploy_is_reported_and_repaired_by_rollback(tmp_path: Pa
         assert build_plan(fleet, pb, g).hosts[0].interrupted
         out = apply_rollback(fleet, plan_rollback(fleet, g, None, False, playbook=pb), new_op_id("r"), False,
                              profile=pb.launch)
-        assert out["t01"]["status"] == "changed", out
+        assert out["t01"].status == "changed", out
         assert not hoststate.interrupted(gather(fleet, pb).facts["t01"])
     assert {f: digest(pkg / f) for f in files} == before
 

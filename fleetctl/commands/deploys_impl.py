@@ -229,34 +229,33 @@ def rollback(*, inventory: Path | None, limit: str | None, forks: int, to: str |
             profile=rpb.launch if rpb else None, then_facts=lambda h: discover_facts(h, None, touched),
             servers=found))
         rows = [results[h.name] for h in ctx.fleet.hosts]
-        failed = [r for r in rows if r["status"] not in ("changed", "unchanged", "skipped")]
-        record.finish(not failed, rows)
+        failed = [r for r in rows if not r.ok]
+        record.finish(not failed, [r.to_json() for r in rows])
         from fleetctl.ops import seal
 
         for h in ctx.fleet.hosts:  # their seals no longer hold: the next deploy need not check them
-            if results[h.name]["status"] != "unchanged":
+            if results[h.name].status != "unchanged":
                 seal.forget(h)
-        summary = (f"rollback {op_id}: {len(rows)} hosts: {sum(1 for r in rows if r['status'] == 'changed')} "
-                   f"restored, {sum(1 for r in rows if r['status'] in ('unchanged', 'skipped'))} nothing to do, "
+        summary = (f"rollback {op_id}: {len(rows)} hosts: {sum(1 for r in rows if r.status == 'changed')} "
+                   f"restored, {sum(1 for r in rows if r.status in ('unchanged', 'skipped'))} nothing to do, "
                    f"{len(failed)} failed in {ctx.elapsed():.2f}s")
-        reminder = _restart_reminder(ctx, None, [r["host"] for r in rows if r["status"] == "changed"], touched,
+        reminder = _restart_reminder(ctx, None, [r.host for r in rows if r.status == "changed"], touched,
                                      found=found)
-        runlog.result([host_row(r) for r in rows], op_id=op_id)
+        runlog.result(rows_json(rows), op_id=op_id)
         if json_out:
             emit_json("rollback", op_id=op_id, ok=not failed, message=summary,
-                      hosts=[host_row(r) for r in rows],
+                      hosts=rows_json(rows),
                       plan=[p.to_json() for p in plans],
                       restart_needed=reminder.to_json() if reminder else None)
         else:
             t = table("result", ["host", "status", "what"])
             for hosts, (st, what) in group(
-                    (r["host"], (r["status"], tuple(strip_host(r["host"], m)
-                                                    for m in [r.get("message", ""), *r.get("notes", [])])))
+                    (r.host, (r.status, tuple(strip_host(r.host, m) for m in [r.message, *r.detail.notes])))
                     for r in rows):
                 t.add_row(hosts_cell(hosts), _s(st), lines_cell(what))
             out.print(t)
             err.print(line(f"rollback {op_id}: {len(rows)} hosts: "
-                           + _counts([r["status"] for r in rows], {"changed": "restored"}, always=("changed",))
+                           + _counts([r.status for r in rows], {"changed": "restored"}, always=("changed",))
                            + f" in {ctx.elapsed():.2f}s"))
             if reminder:
                 from fleetctl.ops.record import launch_playbook

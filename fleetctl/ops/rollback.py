@@ -13,7 +13,7 @@ from fleetctl.engines import engine, wheels
 from fleetctl.model import hoststate
 from fleetctl.model.facts import HostFacts
 from fleetctl.model.instances import host_launch_spec
-from fleetctl.model.result import Status
+from fleetctl.model.result import HostResult, Status
 from fleetctl.ops.deploy import Gathered, lock_bound, who
 from fleetctl.ops.runner import Fleet
 from fleetctl.protocol import names
@@ -45,6 +45,20 @@ class RollbackPlan:
                 **({"shared_tree": {"owner": self.tree_owner or self.host, "hosts": self.tree_members,
                                     "records_dir": self.records_dir}}
                    if self.tree_members or self.records_dir else {})}
+
+
+@dataclass
+class RolledBack:
+    """What a rollback did on a host (HostRollback's detail)."""
+
+    notes: list[str] = field(default_factory=list)
+    rollbacks: list[Any] | None = None  # the agent's answer per deploy undone, as JSON (the row's "detail")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"notes": self.notes, **({"detail": self.rollbacks} if self.rollbacks is not None else {})}
+
+
+HostRollback = HostResult[RolledBack]
 
 
 def _restore_rows(rp: RollbackPlan, chosen: list[Any], force: bool) -> list[str]:
@@ -248,7 +262,7 @@ def apply_rollback(fleet: Fleet, plans: list[RollbackPlan], op_id: str, force: b
                    break_lock: set[str] | frozenset[str] = frozenset(),
                    profile: LaunchProfile | None = None,
                    then_facts: Callable[[Host], tuple[dict[str, Any], dict[str, Any]]] | None = None,
-                   servers: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
+                   servers: dict[str, Any] | None = None) -> dict[str, HostRollback]:
     """Undo per host what its plan says. Hosts with nothing to do are visited too: 'nothing to roll back'
     is said only after the agent saw, under the host lock, the same deploys the plan saw. The agent
     locates sglang as the launch (`profile`, else the default one) imports it, as the plan's facts did,
@@ -256,11 +270,10 @@ def apply_rollback(fleet: Fleet, plans: list[RollbackPlan], op_id: str, force: b
     then_facts / servers: as apply_plan's (fleetctl/ops/deploy.py): a host with deploys to undo also
     answers which of its servers now run older code, put in `servers` by host."""
     todo = {p.host: p for p in plans if p.status in ("change", "noop")}
-    results: dict[str, dict[str, Any]] = {}
+    results: dict[str, HostRollback] = {}
     for p in plans:
         if p.host not in todo:
-            status = {"skipped": "skipped"}.get(p.status, p.status)
-            results[p.host] = {"host": p.host, "status": status, "message": p.reason}
+            results[p.host] = HostResult(p.host, p.status, p.reason, RolledBack())
     # the pristine bytes are checked (wheel RECORD, playbook sha256) before any host is written
     pristine: dict[tuple[str, str], bytes] = {}
     for p in todo.values():
@@ -274,7 +287,7 @@ def apply_rollback(fleet: Fleet, plans: list[RollbackPlan], op_id: str, force: b
     for n in riders:
         del todo[n]
 
-    def one(conn: Transport) -> dict[str, Any]:
+    def one(conn: Transport) -> HostRollback:
         p = todo[conn.host.name]
         extra: dict[str, Any] = {"break_lock": True} if conn.host.name in break_lock else {}
         if fleet.wait_lock:
@@ -305,27 +318,26 @@ def apply_rollback(fleet: Fleet, plans: list[RollbackPlan], op_id: str, force: b
             from fleetctl.ops.discover import servers_after
 
             servers[conn.host.name] = servers_after(conn.host.name, res, disc)
-        return {"host": conn.host.name, "status": "failed" if bad else ("changed" if changed else "unchanged"),
-                "message": msg if not bad else f"{bad[0].path}: {bad[0].why}",
-                "notes": res.notes, "detail": to_json(res.rollbacks)}
+        return HostResult(conn.host.name, "failed" if bad else ("changed" if changed else "unchanged"),
+                          msg if not bad else f"{bad[0].path}: {bad[0].why}",
+                          RolledBack(list(res.notes), to_json(res.rollbacks)))
 
     for o in fleet.run(one, [h for h in fleet.hosts if h.name in todo]):
-        results[o.host] = o.detail if o.ok else {"host": o.host, "status": o.status, "message": o.message}
+        results[o.host] = o.detail if o.ok else o.carry(RolledBack())
     for n, p in riders.items():
         own = results.get(p.tree_owner or "")
         if own is None:
-            results[n] = {"host": n, "status": "skipped", "message": f"its tree is rolled back by {p.tree_owner}"}
+            results[n] = HostResult(n, "skipped", f"its tree is rolled back by {p.tree_owner}", RolledBack())
             continue
         said = f"the tree it shares with {p.tree_owner}"
-        results[n] = {"host": n, "status": own["status"] if own["status"] in ("changed", "unchanged") else
-                      ("refused" if own["status"] == "refused" else "failed"),
-                      "message": f"{said}: rolled back once, by {p.tree_owner}: {own.get('message', '')}",
-                      "notes": list(own.get("notes", []))}
+        results[n] = HostResult(n, own.status if own.status in ("changed", "unchanged", "refused") else "failed",
+                                f"{said}: rolled back once, by {p.tree_owner}: {own.message}",
+                                RolledBack(list(own.detail.notes)))
     return results
 
 
 def _restore_pristine(conn: Transport, p: RollbackPlan, op_id: str, pristine: dict[tuple[str, str], bytes],
-                      extra: dict[str, Any]) -> dict[str, Any]:
+                      extra: dict[str, Any]) -> HostRollback:
     """One transaction like a deploy's (lock, backups of the bytes there now, manifest, atomic swaps,
     re-hash), whose target is the pristine bytes; its record is closed as `restored-pristine`."""
     files = [{"path": f["path"], "sha_before": f["sha_now"], "sha_after": f["sha_before"],
@@ -340,9 +352,9 @@ def _restore_pristine(conn: Transport, p: RollbackPlan, op_id: str, pristine: di
     bad = [f"{f['path']} hashes {(final.get(f['path']) or 'missing')[:12]}, expected {f['sha_after'][:12]}"
            for f in files if final.get(f["path"]) != f["sha_after"]]
     if bad:
-        return {"host": conn.host.name, "status": "failed", "message": "verification failed: " + "; ".join(bad),
-                "notes": res.notes}
-    return {"host": conn.host.name, "status": "changed" if files else "unchanged",
-            "message": f"{len(files)} file(s) restored to pristine sglang {p.pristine_version} (record {op_id})"
-            if files else "; ".join(res.notes) or "nothing to restore",
-            "notes": res.notes}
+        return HostResult(conn.host.name, "failed", "verification failed: " + "; ".join(bad),
+                          RolledBack(list(res.notes)))
+    return HostResult(conn.host.name, "changed" if files else "unchanged",
+                      f"{len(files)} file(s) restored to pristine sglang {p.pristine_version} (record {op_id})"
+                      if files else "; ".join(res.notes) or "nothing to restore",
+                      RolledBack(list(res.notes)))

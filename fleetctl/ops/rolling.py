@@ -192,7 +192,7 @@ def _roll_back_batch(fleet: Fleet, pb: Playbook, plan: Plan, batch: list[Host], 
     if plans:
         res = apply_rollback(sub, plans, new_op_id("r"), force=False, profile=pb.launch)
         for n, r in res.items():
-            rows[n].detail.steps["rollback"] = r["status"]
+            rows[n].detail.steps["rollback"] = r.status
     # restart on the original code (without the patch's own flags), where we can reach the host
     reachable = [h for h in batch if rows[h.name].status != "unreachable"]
     by_plan = {hp.host: hp for hp in plan.hosts}
