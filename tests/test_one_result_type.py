@@ -1,0 +1,95 @@
+"""One result type (issue 33.4): a host's status words are spelled in fleetctl/model/result.py only.
+
+An ast scan of fleetctl/ops/ and fleetctl/plan/ fails on a `Literal[...]` holding a host status word
+(a module's own status type) and on a dict row built by hand with a status word (`{"status": "failed",
+...}`): a per-host outcome is a `HostResult` there, its status typed `Status`. The allow-list names
+each exception and why; a stale entry fails too.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from fleetctl.model.result import OK_STATES, STATES, HostResult, host_row
+
+ROOT = Path(__file__).resolve().parent.parent / "fleetctl"
+SCANNED = ("ops", "plan")
+WORDS = frozenset({"ok", "failed", "unreachable", "skipped", "changed", "unchanged", "refused"})
+
+# (file relative to fleetctl/, the Literal's name or "dict") -> why it is not a host's status
+ALLOWED: dict[tuple[str, str], str] = {
+    ("ops/launch.py", "InstanceStatus"): "one server instance's outcome (ready, timeout, ...), inside a host's Launched",
+    ("ops/gpu_check.py", "PhaseStatus"): "one throwaway server of a gpu-check, inside a host's CheckResult",
+    ("ops/status.py", "dict"): "status rows are still dicts (status_rows), made into rows by host_row",
+}
+
+
+def _name_of(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> str:
+    """The name a Literal is bound to (`X = Literal[...]`, `x: Literal[...]`), else '?'."""
+    p = parents.get(node)
+    while p is not None and not isinstance(p, (ast.Assign, ast.AnnAssign, ast.arg, ast.FunctionDef)):
+        p = parents.get(p)
+    if isinstance(p, ast.Assign) and isinstance(p.targets[0], ast.Name):
+        return p.targets[0].id
+    if isinstance(p, ast.AnnAssign) and isinstance(p.target, ast.Name):
+        return p.target.id
+    if isinstance(p, ast.arg):
+        return p.arg
+    return "?"
+
+
+def spelled(source: str) -> list[tuple[str, int, str]]:
+    """(name or "dict", line, words) of each status spelled outside model/result.py."""
+    tree = ast.parse(source)
+    parents = {c: n for n in ast.walk(tree) for c in ast.iter_child_nodes(n)}
+    found = []
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Subscript) and isinstance(n.value, ast.Name) and n.value.id == "Literal":
+            words = {c.value for c in ast.walk(n.slice) if isinstance(c, ast.Constant)} & WORDS
+            if words:
+                found.append((_name_of(n, parents), n.lineno, ", ".join(sorted(words))))
+        elif isinstance(n, ast.Dict):
+            for k, v in zip(n.keys, n.values, strict=True):
+                if (isinstance(k, ast.Constant) and k.value == "status" and isinstance(v, ast.Constant)
+                        and v.value in WORDS):
+                    found.append(("dict", n.lineno, v.value))
+    return found
+
+
+def test_no_status_words_of_their_own_in_ops_and_plan() -> None:
+    seen: set[tuple[str, str]] = set()
+    bad = []
+    for sub in SCANNED:
+        for path in sorted((ROOT / sub).rglob("*.py")):
+            rel = path.relative_to(ROOT).as_posix()
+            for name, lineno, words in spelled(path.read_text()):
+                if (rel, name) in ALLOWED:
+                    seen.add((rel, name))
+                else:
+                    bad.append(f"fleetctl/{rel}:{lineno}: {name} spells host status words ({words}): "
+                               "use HostResult and Status from fleetctl/model/result.py")
+    assert not bad, "\n".join(bad)
+    stale = sorted(set(ALLOWED) - seen)
+    assert not stale, f"allow-list entries no longer needed: {stale}"
+
+
+def test_the_scan_finds_a_planted_status_type_and_row() -> None:
+    planted = (
+        "from typing import Literal\n"
+        "MyStatus = Literal['ok', 'failed']\n"
+        "def f(x: Literal['running', 'unreachable']) -> dict:\n"
+        "    return {'host': 'h', 'status': 'skipped'}\n"
+        "Fine = Literal['pristine', 'drifted']\n"
+    )
+    assert sorted((n, w) for n, _, w in spelled(planted)) == [
+        ("MyStatus", "failed, ok"), ("dict", "skipped"), ("x", "unreachable")]
+
+
+def test_status_words_are_spelled_once() -> None:
+    assert len(STATES) == len(set(STATES)) and WORDS <= set(STATES) and OK_STATES <= set(STATES)
+    # a row's ok follows the status unless the caller says otherwise
+    assert host_row({"host": "h", "status": "noop"})["ok"] is True
+    assert host_row({"host": "h", "status": "refused"})["ok"] is False
+    r = HostResult("h", "unreachable", "no route", None, reference="host-unreachable").row()
+    assert (r["ok"], r["state"], r["reference"]) == (False, "unreachable", "host-unreachable")
