@@ -18,7 +18,11 @@ import pytest
 from fleetctl.remote import seal as rseal
 from tests.jsoncli import cli, ok
 
-pytestmark = [pytest.mark.usefixtures("ledger_dir"), pytest.mark.fleet]
+# what a seal covers and what breaks it is the ops' logic: those tests run on an in-process host
+# (`fhost`, tests/fakehost.py); the check-then-agent gate, the check run ahead, the round trips, the
+# login shell's rc files and scripts are transport: they keep a real sshd host (`host`, which carries
+# the fleet marker through fresh_sandbox)
+pytestmark = [pytest.mark.usefixtures("ledger_dir")]
 
 REPO = Path(__file__).resolve().parent.parent
 PLAYBOOK = REPO / "playbooks" / "dynamic-spec-disable"
@@ -41,7 +45,12 @@ class Host:
     def starts(self) -> int:
         n = len(self.log.read_text().split()) if self.log.exists() else 0
         self.log.write_text("")
-        return n
+        return n + self._agents()
+
+    def _agents(self) -> int:
+        """Python starts the log cannot see: on an in-process host the agent's session is the
+        host's python start (its sitecustomize does not run in this process), one per session."""
+        return 0
 
     def deploy(self, *extra: str, code: int = 0) -> tuple[dict, bool, int]:
         """(document, answered from the seal, python starts on the host)."""
@@ -82,10 +91,29 @@ def host(fresh_sandbox, capsys, tmp_path: Path) -> Host:
     return Host(capsys, sb, tmp_path)
 
 
-def test_noop_after_deploy_starts_no_python_and_plans_from_the_sealed_facts(host: Host) -> None:
-    doc, sealed, starts = host.deploy()
+class FakeHost(Host):
+    """`Host` on an in-process host: each agent session counts as one start of the host's python."""
+
+    def __init__(self, capsys, sb, tmp_path: Path) -> None:
+        super().__init__(capsys, sb, tmp_path)
+        self._seen = 0
+
+    def _agents(self) -> int:
+        n = len(self.sb.fake.agents.get("h01", []))
+        new, self._seen = n - self._seen, n
+        return new
+
+
+@pytest.fixture
+def fhost(fake_sandbox, capsys, tmp_path: Path) -> Host:
+    sb = fake_sandbox(hosts=1, versions=("0.5.14",), gpus=1, bare_shell=True)
+    return FakeHost(capsys, sb, tmp_path)
+
+
+def test_noop_after_deploy_starts_no_python_and_plans_from_the_sealed_facts(fhost: Host) -> None:
+    doc, sealed, starts = fhost.deploy()
     assert doc["hosts"][0]["status"] == "changed" and not sealed and starts >= 1
-    doc, sealed, starts = host.deploy()
+    doc, sealed, starts = fhost.deploy()
     assert sealed and starts == 0 and doc["hosts"][0]["status"] == "unchanged"
     plan = doc["plan"]["hosts"][0]
     assert plan["status"] == "noop" and plan["version"] == "0.5.14"
@@ -94,24 +122,24 @@ def test_noop_after_deploy_starts_no_python_and_plans_from_the_sealed_facts(host
     assert sealed_doc["facts"]["state"]["lock"] is None
     assert all(f["action"] == "none" for f in plan["files"])
     # deploy --check is answered from it too; --recheck asks the host's python again
-    code, chk = cli(host.capsys, "deploy", PLAYBOOK, "-i", host.sb.inventory_path, "--check")
-    assert code == 0 and chk["plan"]["hosts"][0]["status"] == "noop" and host.starts() == 0
-    doc, sealed, starts = host.deploy("--recheck")
+    code, chk = cli(fhost.capsys, "deploy", PLAYBOOK, "-i", fhost.sb.inventory_path, "--check")
+    assert code == 0 and chk["plan"]["hosts"][0]["status"] == "noop" and fhost.starts() == 0
+    doc, sealed, starts = fhost.deploy("--recheck")
     assert not sealed and starts >= 1 and doc["hosts"][0]["status"] == "unchanged"
 
 
-def test_a_changed_planned_file_is_seen(host: Host) -> None:
-    host.sealed_noop()
-    f = host.h.sglang_dir / "srt" / "server_args.py"
+def test_a_changed_planned_file_is_seen(fhost: Host) -> None:
+    fhost.sealed_noop()
+    f = fhost.h.sglang_dir / "srt" / "server_args.py"
     data = f.read_bytes()
     f.write_bytes(data.replace(b"import", b"imporT", 1))  # same size, other bytes
-    doc, sealed, starts = host.deploy(code=1)
+    doc, sealed, starts = fhost.deploy(code=1)
     assert not sealed and starts >= 1
     assert doc["plan"]["hosts"][0]["status"] in ("refused", "drift", "failed"), doc["plan"]["hosts"][0]
     f.write_bytes(data)
-    doc, sealed, _ = host.deploy()
+    doc, sealed, _ = fhost.deploy()
     assert not sealed and doc["hosts"][0]["status"] == "unchanged"  # new ctime: asked again, then sealed
-    assert host.deploy()[1]
+    assert fhost.deploy()[1]
 
 
 def test_a_failed_check_goes_on_to_the_agent_in_the_same_exec(host: Host, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -131,88 +159,88 @@ def test_a_failed_check_goes_on_to_the_agent_in_the_same_exec(host: Host, monkey
     assert sealed and starts == 0 and len(started) == 1, (doc["hosts"][0], started)
 
 
-def test_a_shadowing_package_in_the_launch_cwd_is_seen(host: Host) -> None:
+def test_a_shadowing_package_in_the_launch_cwd_is_seen(fhost: Host) -> None:
     """The launch runs `-m` in its cwd (the login HOME here): a sglang package there is what it would
     import. Only a python start can say so; the seal check sees that cwd's entries changed."""
-    host.sealed_noop()
-    shadow = host.h.home / "sglang"
+    fhost.sealed_noop()
+    shadow = fhost.h.home / "sglang"
     shadow.mkdir()
     (shadow / "__init__.py").write_text("")
     try:
-        doc, sealed, starts = host.deploy(code=1)
+        doc, sealed, starts = fhost.deploy(code=1)
         assert not sealed and starts >= 1
         assert str(shadow) in json.dumps(doc)  # the full path names the package the launch would import
     finally:
         shutil.rmtree(shadow)
 
 
-def test_a_new_pth_file_in_site_packages_is_seen(host: Host, tmp_path: Path) -> None:
-    host.sealed_noop()
+def test_a_new_pth_file_in_site_packages_is_seen(fhost: Host, tmp_path: Path) -> None:
+    fhost.sealed_noop()
     other = tmp_path / "elsewhere"
-    shutil.copytree(host.h.sglang_dir, other / "sglang", symlinks=True)
-    pth = host.h.site_packages / "aaa-elsewhere.pth"
+    shutil.copytree(fhost.h.sglang_dir, other / "sglang", symlinks=True)
+    pth = fhost.h.site_packages / "aaa-elsewhere.pth"
     pth.write_text(f"import sys; sys.path.insert(0, {str(other)!r})\n")  # shadows site-packages
     try:
-        doc, sealed, starts = host.deploy(code=1)
+        doc, sealed, starts = fhost.deploy(code=1)
         assert not sealed and starts >= 1 and str(other) in json.dumps(doc)
     finally:
         pth.unlink()
 
 
-def test_stale_bytecode_lock_and_login_environment_are_seen(host: Host) -> None:
-    host.sealed_noop()
+def test_stale_bytecode_lock_and_login_environment_are_seen(fhost: Host) -> None:
+    fhost.sealed_noop()
     # a pyc that import would run instead of the patched source (unchecked-hash: never revalidated)
-    cache = host.h.sglang_dir / "srt" / "__pycache__"
+    cache = fhost.h.sglang_dir / "srt" / "__pycache__"
     pyc = cache / "server_args.{}.pyc".format(__import__("sys").implementation.cache_tag)
-    other = host.h.home.parent / "other_source.py"
+    other = fhost.h.home.parent / "other_source.py"
     other.write_text("x = 1\n")
     py_compile.compile(str(other), cfile=str(pyc), invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
-    doc, sealed, _ = host.deploy()
+    doc, sealed, _ = fhost.deploy()
     assert not sealed
     assert not pyc.exists()  # the full path found it and removed it
-    host.sealed_noop()
+    fhost.sealed_noop()
     # another deploy holds the host lock
-    lock = host.h.state_dir / "lock"
+    lock = fhost.h.state_dir / "lock"
     from fleetctl.remote.lock import writer_identity
 
     me = writer_identity()  # this test process: alive while the deploy runs
     lock.write_text(json.dumps({"pid": me["pid"], "start": me["start"], "op": "deploy", "id": "d-other", "by": "x",
                                 "since": time.time(), "host": me["hostname"], "writer": me}))
     try:
-        doc, sealed, _ = host.deploy(code=1)
+        doc, sealed, _ = fhost.deploy(code=1)
         assert not sealed and "locked" in json.dumps(doc)
     finally:
         lock.unlink(missing_ok=True)
-    host.sealed_noop()
+    fhost.sealed_noop()
     # the login environment changes (an rc file appears in the bare HOME)
-    (host.h.home / ".bashrc").write_text("export FLEETCTL_TEST_SEAL=1\n")
-    doc, sealed, starts = host.deploy()
+    (fhost.h.home / ".bashrc").write_text("export FLEETCTL_TEST_SEAL=1\n")
+    doc, sealed, starts = fhost.deploy()
     assert not sealed and starts >= 1 and doc["hosts"][0]["status"] == "unchanged"
 
 
-def test_another_interpreter_or_a_wrapper_is_seen(host: Host) -> None:
-    host.sealed_noop()
-    real = os.readlink(host.h.python)
-    (host.h.python.parent / "python3").symlink_to(real)
-    host.h.python.unlink()
-    host.h.python.symlink_to("python3")  # the same interpreter, reached another way
-    _doc, sealed, starts = host.deploy()
+def test_another_interpreter_or_a_wrapper_is_seen(fhost: Host) -> None:
+    fhost.sealed_noop()
+    real = os.readlink(fhost.h.python)
+    (fhost.h.python.parent / "python3").symlink_to(real)
+    fhost.h.python.unlink()
+    fhost.h.python.symlink_to("python3")  # the same interpreter, reached another way
+    _doc, sealed, starts = fhost.deploy()
     assert not sealed and starts >= 1
-    assert host.deploy()[1]
+    assert fhost.deploy()[1]
     # a wrapper script (a pyenv shim, a module system) chooses the interpreter from what it reads:
     # such a host is never sealed
-    host.h.python.unlink()
-    host.h.python.write_text(f'#!/bin/sh\nexec {host.h.python.parent / "python3"} "$@"\n')
-    host.h.python.chmod(0o755)
-    host.deploy()
-    _doc, sealed, starts = host.deploy()
+    fhost.h.python.unlink()
+    fhost.h.python.write_text(f'#!/bin/sh\nexec {fhost.h.python.parent / "python3"} "$@"\n')
+    fhost.h.python.chmod(0o755)
+    fhost.deploy()
+    _doc, sealed, starts = fhost.deploy()
     assert not sealed and starts >= 1
 
 
-def test_rollback_is_seen(host: Host) -> None:
-    host.sealed_noop()
-    ok(host.capsys, "rollback", "-i", host.sb.inventory_path)
-    doc, sealed, _starts = host.deploy()
+def test_rollback_is_seen(fhost: Host) -> None:
+    fhost.sealed_noop()
+    ok(fhost.capsys, "rollback", "-i", fhost.sb.inventory_path)
+    doc, sealed, _starts = fhost.deploy()
     assert not sealed and doc["hosts"][0]["status"] == "changed"
 
 
