@@ -348,57 +348,9 @@ def locate_package(engine, package_dir=None, launch=None, files=(), strict=True)
     name, key = engine["package"], engine["dir_key"]
     res = {"found": False}
     if launch is not None:
-        pr = run_probe(launch, files, package=name)
-        res["launch"] = dict((k, pr.get(k)) for k in ("executable", "version", "cache_tag", "optimize",
-                                                      "pycache_prefix", "check_hash_based_pycs", "cwd", "path")
-                             if k in pr)
-        if pr.get("error") and not pr.get("executable"):
-            res["error"] = pr["error"]
-            res["unresolved"] = bool(pr.get("unresolved"))
-            return res
-        notes = []
-        login_pp = os.environ.get("PYTHONPATH")
-        if login_pp and login_pp != pr.get("launch_env_pythonpath"):
-            notes.append("the host's login environment sets PYTHONPATH=%s, which the launch does not pass on "
-                         "(it gets PYTHONPATH=%s)" % (login_pp, pr.get("launch_env_pythonpath") or "unset"))
-        res["notes"] = notes
-        res["bytecode"] = pr.get("files") or {}
-        for k in ("modules", "namespace", "finders", "env_changes", "shadow"):
-            if pr.get(k):
-                res[k] = pr[k]
-        pkg = pr.get("package_dir")
-        tree = link_tree(pkg) if pkg else None
-        if tree:
-            res["link_tree"] = tree
-        if package_dir:
-            given = expand(package_dir)
-            if not os.path.isfile(os.path.join(given, "__init__.py")):
-                raise AgentError("%s %s holds no __init__.py" % (key, given), "bad_input")
-            why = None
-            if pkg and tree and os.path.realpath(given) == os.path.realpath(tree["checkout"]):
-                # a strict editable install: the launch imports links into this checkout; fleetctl
-                # patches the checkout's files in place of the links (the links then lead to them)
-                notes.append("the launch imports %s, a strict editable install's link tree into %s (%s): "
-                             "fleetctl patches the checkout's files" % (pkg, given, key))
-                res["via_link_tree"] = pkg
-                pkg = given
-            elif not pkg:
-                why = ("%s %s: the launch's python %s imports no %s with the launch's environment and "
-                       "cwd" % (key, given, pr.get("executable"), name))
-            elif os.path.realpath(given) != os.path.realpath(pkg):
-                why = ("%s %s is not the %s the launch imports: %s (python %s with the launch's "
-                       "environment and cwd); fix or remove %s" % (key, given, name, pkg, pr.get("executable"), key))
-            if why and strict:
-                raise AgentError(why, "bad_input")
-            if why:
-                notes.append(why + " (without a playbook fleetctl uses %s; with one it refuses)" % key)
-                res["dir_mismatch"] = why
-                pkg = given
+        pkg = _locate_by_launch(res, name, key, package_dir, launch, files, strict)
         if not pkg:
-            if pr.get("error"):
-                res["error"] = pr["error"]
             return res
-        res["how"] = "import path of the launch (%s)" % pr.get("executable")
     elif package_dir:
         pkg = expand(package_dir)
         if not os.path.isfile(os.path.join(pkg, "__init__.py")):
@@ -418,6 +370,83 @@ def locate_package(engine, package_dir=None, launch=None, files=(), strict=True)
         res["how"] = "import path of %s" % sys.executable
     res["found"] = True
     res["dir"] = pkg
+    version = _package_version_of(pkg)
+    version, kind, requires = _install_kind_of(res, pkg, name, version)
+    if res.get("checkout"):
+        g = git_info(res["checkout"])
+        if g:
+            res["git"] = g
+    res["version"] = version
+    res["install"] = kind
+    res["torch_requires"] = [r for r in requires if _is_torch_requirement(r)]
+    return res
+
+
+def _locate_by_launch(res, name, key, package_dir, launch, files, strict):
+    """locate_package's answer from the launch probe, filled into `res`: the package dir the launch
+    imports (or the inventory's, where that is allowed), or None (res then says why)."""
+    pr = run_probe(launch, files, package=name)
+    res["launch"] = dict((k, pr.get(k)) for k in ("executable", "version", "cache_tag", "optimize",
+                                                  "pycache_prefix", "check_hash_based_pycs", "cwd", "path")
+                         if k in pr)
+    if pr.get("error") and not pr.get("executable"):
+        res["error"] = pr["error"]
+        res["unresolved"] = bool(pr.get("unresolved"))
+        return None
+    notes = []
+    login_pp = os.environ.get("PYTHONPATH")
+    if login_pp and login_pp != pr.get("launch_env_pythonpath"):
+        notes.append("the host's login environment sets PYTHONPATH=%s, which the launch does not pass on "
+                     "(it gets PYTHONPATH=%s)" % (login_pp, pr.get("launch_env_pythonpath") or "unset"))
+    res["notes"] = notes
+    res["bytecode"] = pr.get("files") or {}
+    for k in ("modules", "namespace", "finders", "env_changes", "shadow"):
+        if pr.get(k):
+            res[k] = pr[k]
+    pkg = pr.get("package_dir")
+    tree = link_tree(pkg) if pkg else None
+    if tree:
+        res["link_tree"] = tree
+    if package_dir:
+        pkg = _inventory_dir_against_launch(res, notes, pr, pkg, tree, name, key, package_dir, strict)
+    if not pkg:
+        if pr.get("error"):
+            res["error"] = pr["error"]
+        return None
+    res["how"] = "import path of the launch (%s)" % pr.get("executable")
+    return pkg
+
+
+def _inventory_dir_against_launch(res, notes, pr, pkg, tree, name, key, package_dir, strict):
+    """The inventory's package dir held to what the launch imports (`pkg`): the dir to use."""
+    given = expand(package_dir)
+    if not os.path.isfile(os.path.join(given, "__init__.py")):
+        raise AgentError("%s %s holds no __init__.py" % (key, given), "bad_input")
+    why = None
+    if pkg and tree and os.path.realpath(given) == os.path.realpath(tree["checkout"]):
+        # a strict editable install: the launch imports links into this checkout; fleetctl
+        # patches the checkout's files in place of the links (the links then lead to them)
+        notes.append("the launch imports %s, a strict editable install's link tree into %s (%s): "
+                     "fleetctl patches the checkout's files" % (pkg, given, key))
+        res["via_link_tree"] = pkg
+        pkg = given
+    elif not pkg:
+        why = ("%s %s: the launch's python %s imports no %s with the launch's environment and "
+               "cwd" % (key, given, pr.get("executable"), name))
+    elif os.path.realpath(given) != os.path.realpath(pkg):
+        why = ("%s %s is not the %s the launch imports: %s (python %s with the launch's "
+               "environment and cwd); fix or remove %s" % (key, given, name, pkg, pr.get("executable"), key))
+    if why and strict:
+        raise AgentError(why, "bad_input")
+    if why:
+        notes.append(why + " (without a playbook fleetctl uses %s; with one it refuses)" % key)
+        res["dir_mismatch"] = why
+        pkg = given
+    return pkg
+
+
+def _package_version_of(pkg):
+    """The version the package's own files spell (_version.py, else version.py), or None."""
     version = None
     for fname, names in (("_version.py", ("__version__", "version")), ("version.py", ("__version__",))):
         try:
@@ -427,6 +456,12 @@ def locate_package(engine, package_dir=None, launch=None, files=(), strict=True)
             continue
         if version:
             break
+    return version
+
+
+def _install_kind_of(res, pkg, name, version):
+    """How the package is installed (wheel, editable, git checkout, source tree), read from its
+    dist-info or the tree around it: (version, kind, requirements); the checkout and project go into `res`."""
     site_dir = os.path.dirname(pkg)
     dist = find_dist_info(site_dir, name)
     editable_finder = any(isinstance(f, list) and f and "__editable__" in str(f[0]) for f in res.get("finders") or [])
@@ -438,58 +473,56 @@ def locate_package(engine, package_dir=None, launch=None, files=(), strict=True)
                 dist = find_dist_info(entry, name)
                 if dist:
                     break
+    if dist:
+        return _installed_from_dist(res, pkg, name, version, dist, editable_finder)
     requires = []
     kind = "unknown"
-    if dist:
-        fields, requires = read_metadata(dist)
-        meta = fields.get("Version")
-        if version and meta and meta != version and isinstance(res.get("notes"), list):
-            # a checkout that moved on (or was rebuilt) without a reinstall: the files decide
-            res["notes"].append("the installed metadata %s says %s %s, the files say %s (a checkout that moved "
-                                "without a reinstall?): fleetctl goes by the files" % (dist, name, meta, version))
-        version = version or meta
-        kind = "wheel"
-        try:
-            du = read_json_file(os.path.join(dist, "direct_url.json"))
-            if du.get("dir_info", {}).get("editable"):
-                kind = "editable"
-                url = du.get("url")
-                if isinstance(url, str) and url.startswith("file://"):
-                    res["project"] = url[7:]
-        except (OSError, ValueError, AttributeError):
-            pass
-        if kind == "wheel" and (editable_finder or res.get("link_tree")):
+    # editable installs keep only a .pth/finder in site-packages; look for a git checkout
+    d = pkg
+    for _ in range(4):
+        d = os.path.dirname(d)
+        if os.path.exists(os.path.join(d, ".git")):
+            kind = "git checkout"
+            res["checkout"] = d
+            break
+    pyproject = os.path.join(os.path.dirname(pkg), "pyproject.toml")
+    if os.path.isfile(pyproject):
+        with open(pyproject, encoding="utf-8", errors="replace") as fh:
+            for m in lazy_re(r'"(torch\s*[=<>!~][^"]*)"').finditer(fh.read()):
+                requires.append(m.group(1))
+        if kind == "unknown":
+            kind = "source tree"
+    return version, kind, requires
+
+
+def _installed_from_dist(res, pkg, name, version, dist, editable_finder):
+    """_install_kind_of for a package with a dist-info: (version, 'wheel' or 'editable', requirements)."""
+    fields, requires = read_metadata(dist)
+    meta = fields.get("Version")
+    if version and meta and meta != version and isinstance(res.get("notes"), list):
+        # a checkout that moved on (or was rebuilt) without a reinstall: the files decide
+        res["notes"].append("the installed metadata %s says %s %s, the files say %s (a checkout that moved "
+                            "without a reinstall?): fleetctl goes by the files" % (dist, name, meta, version))
+    version = version or meta
+    kind = "wheel"
+    try:
+        du = read_json_file(os.path.join(dist, "direct_url.json"))
+        if du.get("dir_info", {}).get("editable"):
             kind = "editable"
-        d = pkg
-        for _ in range(4):
-            d = os.path.dirname(d)
-            if os.path.exists(os.path.join(d, ".git")):
-                res["checkout"] = d
-                break
-    else:
-        # editable installs keep only a .pth/finder in site-packages; look for a git checkout
-        d = pkg
-        for _ in range(4):
-            d = os.path.dirname(d)
-            if os.path.exists(os.path.join(d, ".git")):
-                kind = "git checkout"
-                res["checkout"] = d
-                break
-        pyproject = os.path.join(os.path.dirname(pkg), "pyproject.toml")
-        if os.path.isfile(pyproject):
-            with open(pyproject, encoding="utf-8", errors="replace") as fh:
-                for m in lazy_re(r'"(torch\s*[=<>!~][^"]*)"').finditer(fh.read()):
-                    requires.append(m.group(1))
-            if kind == "unknown":
-                kind = "source tree"
-    if res.get("checkout"):
-        g = git_info(res["checkout"])
-        if g:
-            res["git"] = g
-    res["version"] = version
-    res["install"] = kind
-    res["torch_requires"] = [r for r in requires if _is_torch_requirement(r)]
-    return res
+            url = du.get("url")
+            if isinstance(url, str) and url.startswith("file://"):
+                res["project"] = url[7:]
+    except (OSError, ValueError, AttributeError):
+        pass
+    if kind == "wheel" and (editable_finder or res.get("link_tree")):
+        kind = "editable"
+    d = pkg
+    for _ in range(4):
+        d = os.path.dirname(d)
+        if os.path.exists(os.path.join(d, ".git")):
+            res["checkout"] = d
+            break
+    return version, kind, requires
 
 
 def git_info(d, timeout=5.0):

@@ -184,7 +184,32 @@ def _seal_head(p, res):
         exe, usersite = pr["executable"], pr.get("usersite")
     paths = []
     add = paths.append
-    word = launch.get("interpreter") or ""
+    why = _seal_interpreter_paths(paths, launch.get("interpreter") or "", env, cwd, exe)
+    if why:
+        return None, why
+    add(cwd)
+    if path0:
+        add(path0)
+    if isinstance(usersite, str) and usersite:
+        add(usersite)
+    _seal_import_path(paths, (sg.get("launch") or {}).get("path") or sys.path, cwd)
+    for f in startup:
+        if isinstance(f, str) and f:
+            add(os.path.abspath(f))
+    files = _seal_package_paths(paths, sg, res)
+    _seal_model_paths(paths, p.get("model") or {}, res, env, cwd)
+    for named in p.get("launch_files") or []:  # files the launch's flags name (an adaptive config)
+        if isinstance(named, str) and named:
+            full = os.path.normpath(os.path.join(cwd, named))
+            add(os.path.dirname(full))
+            add(full)
+    return (paths, files), None
+
+
+def _seal_interpreter_paths(paths, word, env, cwd, exe):
+    """Add what finding the launch's interpreter `word` reads (PATH's dirs up to it, its links, a
+    venv's pyvenv.cfg) to `paths`; None, or why not when it is not the interpreter `exe` itself."""
+    add = paths.append
     found = None
     if "/" in word:
         found = os.path.normpath(os.path.join(cwd, word))
@@ -200,20 +225,20 @@ def _seal_head(p, res):
     if not found or not exe or os.path.realpath(found) != os.path.realpath(exe):
         # a wrapper or shim (pyenv, a module system, a site script) chooses the interpreter from
         # whatever it reads: that is not a path list anyone can name, so such a host is always asked
-        return None, ("the launch's python %s is %s, a wrapper of the interpreter %s (what it reads to start "
-                      "it is not known)" % (word, found, exe))
+        return ("the launch's python %s is %s, a wrapper of the interpreter %s (what it reads to start "
+                "it is not known)" % (word, found, exe))
     for x in (found, exe):
         for hop in _links(x):
             add(hop)
     for x in (os.path.join(os.path.dirname(exe), "pyvenv.cfg"),
               os.path.join(os.path.dirname(os.path.dirname(exe)), "pyvenv.cfg")):
         add(x)
-    add(cwd)
-    if path0:
-        add(path0)
-    if isinstance(usersite, str) and usersite:
-        add(usersite)
-    spath = (sg.get("launch") or {}).get("path") or sys.path
+    return None
+
+
+def _seal_import_path(paths, spath, cwd):
+    """Add each import path entry, its .pth files and torch's metadata to `paths`."""
+    add = paths.append
     for e in spath:
         d = os.path.normpath(os.path.join(cwd, e or "."))
         add(d)
@@ -226,9 +251,12 @@ def _seal_head(p, res):
                 add(os.path.join(d, n))
                 if n.endswith(".dist-info"):
                     add(os.path.join(d, n, "METADATA"))
-    for f in startup:
-        if isinstance(f, str) and f:
-            add(os.path.abspath(f))
+
+
+def _seal_package_paths(paths, sg, res):
+    """Add the package's own files, its metadata and each answered file with its bytecode to
+    `paths`; the answered files' full paths."""
+    add = paths.append
     pkg = os.path.abspath(sg["dir"])
     for x in (pkg, os.path.join(pkg, "__init__.py"), os.path.join(pkg, "_version.py"),
               os.path.join(pkg, "version.py")):
@@ -253,8 +281,13 @@ def _seal_head(p, res):
             if isinstance(pyc, str) and pyc:
                 add(os.path.abspath(pyc))
                 add(os.path.dirname(os.path.abspath(pyc)))
-    model = p.get("model") or {}
+    return files
+
+
+def _seal_model_paths(paths, model, res, env, cwd):
+    """Add where the launch's model config is read from (a local dir, the hub cache's ref) to `paths`."""
     if model.get("path"):
+        add = paths.append
         mp = model["path"]
         local = os.path.normpath(os.path.join(cwd, mp))  # (an absolute mp stays as it is)
         add(local)
@@ -264,12 +297,6 @@ def _seal_head(p, res):
         cfg = (res.get("model") or {}).get("path")
         if isinstance(cfg, str):
             add(cfg)
-    for named in p.get("launch_files") or []:  # files the launch's flags name (an adaptive config)
-        if isinstance(named, str) and named:
-            full = os.path.normpath(os.path.join(cwd, named))
-            add(os.path.dirname(full))
-            add(full)
-    return (paths, files), None
 
 
 QUIET_NS = 2 * 10 ** 9  # a path changed this close to the facts is not trusted to predate them

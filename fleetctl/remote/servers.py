@@ -1188,60 +1188,10 @@ def action_server_wait(p):
         stamp_re = re.compile(p["stamp_re"])
     else:
         stamp_re = None
-    st = {}
-    for n in names:
-        rec = current_record(sd, n)
-        if rec is None or not rec.get("log"):
-            st[n] = {"status": "failed", "why": "no launch record"}
-            continue
-        if p.get("launch_ids") and rec.get("launch_id") != p["launch_ids"].get(n):
-            st[n] = {"status": "failed", "why": "launch record is of another launch (%s)" % rec.get("launch_id")}
-            continue
-        st[n] = {"status": None, "rec": rec, "offset": 0, "partial": b"", "logged": []}
+    st = _waited_instances(sd, names, p.get("launch_ids"))
     while True:
-        pending = [n for n in names if st[n]["status"] is None]
-        for n in pending:
-            s = st[n]
-            rec = s["rec"]
-            if not rec.get("server_pid") and launch_alive(rec):
-                identify_server(rec)
-            alive = launch_alive(rec) and server_alive(rec)
-            if rec.get("manager") == "systemd" and (not alive or time.time() >= s.get("synced", 0) + 0.25):
-                sync_journal(rec)  # (bounded: at most 4 journalctl runs a second)
-                s["synced"] = time.time()
-            try:
-                with open(rec["log"], "rb") as fh:
-                    fh.seek(s["offset"])
-                    chunk = fh.read()
-            except OSError as e:
-                s.update(status="failed", why="cannot read the log: %s" % e)
-                continue
-            s["offset"] += len(chunk)
-            data = s["partial"] + chunk
-            lines = data.split(b"\n")
-            s["partial"] = lines.pop()
-            if not alive and s["partial"]:  # the process is gone: its last line is complete
-                lines.append(s["partial"])
-                s["partial"] = b""
-            for raw in lines:
-                line = raw.decode("utf-8", "replace")
-                if stamp_re is not None and _before(line, stamp_re, p.get("stamp_fmt"), rec):
-                    continue  # written before this server started: replayed from an earlier run
-                for f in forbidden:
-                    if f in line:
-                        s.update(status="forbidden", why="forbidden pattern %r in the log" % f, line=line[:2000])
-                        break
-                for f in survivable:
-                    if f in line and len(s["logged"]) < 5:
-                        s["logged"].append(line[:2000])
-                        break
-                if s["status"]:
-                    break
-                if ready in line:
-                    s.update(status="ready", line=line[:2000])
-                    break
-            if s["status"] is None and not alive:
-                s.update(status="exited", why="the server process exited during start-up")
+        for n in [n for n in names if st[n]["status"] is None]:
+            _read_start_log(p, st[n], ready, forbidden, survivable, stamp_re)
         if all(st[n]["status"] is not None for n in names):
             break
         if time.time() >= deadline:
@@ -1254,32 +1204,93 @@ def action_server_wait(p):
     grace = time.time() + float(p.get("grace", 2.0))
     while time.time() < grace and any(st[n]["status"] == "forbidden" and record_alive(st[n]["rec"]) for n in names):
         time.sleep(0.05)
-    out = {}
     now = time.time()
+    return dict((n, _server_wait_answer(sd, st[n], ntail, now)) for n in names)
+
+
+def _waited_instances(sd, names, launch_ids):
+    """Each named instance's wait state: its launch record and log position, or failed already."""
+    st = {}
     for n in names:
-        s = st[n]
-        rec = s.get("rec") or {}
-        if rec and s["status"] == "ready":
-            if rec.get("server_pid") or identify_server(rec):
-                save_record(sd, rec)  # judged by its server process from now on (status, verify-logs)
-        alive = launch_alive(rec) if rec else False
-        running = alive and server_alive(rec)
-        r = {"status": s["status"], "why": s.get("why"), "line": s.get("line"), "running": running,
-             "server_pid": rec.get("server_pid"), "wrapper_only": alive and not running,
-             "seconds": round(now - rec["launched_at"], 3) if rec.get("launched_at") else None,
-             "logged": s.get("logged") or []}
-        if rec and not alive:  # the supervisor writes the status just after the server ends
-            end = time.time() + 2.0
-            pg = rec.get("pgid")
+        rec = current_record(sd, n)
+        if rec is None or not rec.get("log"):
+            st[n] = {"status": "failed", "why": "no launch record"}
+            continue
+        if launch_ids and rec.get("launch_id") != launch_ids.get(n):
+            st[n] = {"status": "failed", "why": "launch record is of another launch (%s)" % rec.get("launch_id")}
+            continue
+        st[n] = {"status": None, "rec": rec, "offset": 0, "partial": b"", "logged": []}
+    return st
+
+
+def _read_start_log(p, s, ready, forbidden, survivable, stamp_re):
+    """One look at a starting instance: the log lines written since the last look, against the ready
+    line, the forbidden and survivable patterns; its status set when it is decided."""
+    rec = s["rec"]
+    if not rec.get("server_pid") and launch_alive(rec):
+        identify_server(rec)
+    alive = launch_alive(rec) and server_alive(rec)
+    if rec.get("manager") == "systemd" and (not alive or time.time() >= s.get("synced", 0) + 0.25):
+        sync_journal(rec)  # (bounded: at most 4 journalctl runs a second)
+        s["synced"] = time.time()
+    try:
+        with open(rec["log"], "rb") as fh:
+            fh.seek(s["offset"])
+            chunk = fh.read()
+    except OSError as e:
+        s.update(status="failed", why="cannot read the log: %s" % e)
+        return
+    s["offset"] += len(chunk)
+    data = s["partial"] + chunk
+    lines = data.split(b"\n")
+    s["partial"] = lines.pop()
+    if not alive and s["partial"]:  # the process is gone: its last line is complete
+        lines.append(s["partial"])
+        s["partial"] = b""
+    for raw in lines:
+        line = raw.decode("utf-8", "replace")
+        if stamp_re is not None and _before(line, stamp_re, p.get("stamp_fmt"), rec):
+            continue  # written before this server started: replayed from an earlier run
+        for f in forbidden:
+            if f in line:
+                s.update(status="forbidden", why="forbidden pattern %r in the log" % f, line=line[:2000])
+                break
+        for f in survivable:
+            if f in line and len(s["logged"]) < 5:
+                s["logged"].append(line[:2000])
+                break
+        if s["status"]:
+            break
+        if ready in line:
+            s.update(status="ready", line=line[:2000])
+            break
+    if s["status"] is None and not alive:
+        s.update(status="exited", why="the server process exited during start-up")
+
+
+def _server_wait_answer(sd, s, ntail, now):
+    """An instance's part of the answer: its status, whether it runs, its exit and the log's tail."""
+    rec = s.get("rec") or {}
+    if rec and s["status"] == "ready":
+        if rec.get("server_pid") or identify_server(rec):
+            save_record(sd, rec)  # judged by its server process from now on (status, verify-logs)
+    alive = launch_alive(rec) if rec else False
+    running = alive and server_alive(rec)
+    r = {"status": s["status"], "why": s.get("why"), "line": s.get("line"), "running": running,
+         "server_pid": rec.get("server_pid"), "wrapper_only": alive and not running,
+         "seconds": round(now - rec["launched_at"], 3) if rec.get("launched_at") else None,
+         "logged": s.get("logged") or []}
+    if rec and not alive:  # the supervisor writes the status just after the server ends
+        end = time.time() + 2.0
+        pg = rec.get("pgid")
+        r["exit"] = read_exit(rec)
+        while r["exit"] is None and time.time() < end and isinstance(pg, int) and pg > 0 and group_alive(pg):
+            time.sleep(0.05)
             r["exit"] = read_exit(rec)
-            while r["exit"] is None and time.time() < end and isinstance(pg, int) and pg > 0 and group_alive(pg):
-                time.sleep(0.05)
-                r["exit"] = read_exit(rec)
-        if s["status"] != "ready" and rec.get("log"):
-            sync_journal(rec)
-            r["tail"] = tail_lines(rec["log"], ntail)
-        out[n] = r
-    return out
+    if s["status"] != "ready" and rec.get("log"):
+        sync_journal(rec)
+        r["tail"] = tail_lines(rec["log"], ntail)
+    return r
 
 
 def _before(line, stamp_re, fmt, rec, slack=2.0):

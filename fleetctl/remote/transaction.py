@@ -318,43 +318,11 @@ def action_deploy(p):
             ensure_tree_id(sd)
         notes += close_superseded(sd, os.path.realpath(pkg), p.get("version"))
         notes += recover_interrupted(sd)
-        # what the plan saw for the files it does not change must still hold, now, under the lock: a
-        # deploy never reports a host "as intended" from facts read before a concurrent rollback
-        for rel, want in sorted((p.get("expect") or {}).items()):
-            try:
-                now = sha256_file(safe_target(pkg, rel))
-            except FileNotFoundError:
-                now = None
-            if now != want:
-                raise AgentError("%s changed since the plan (now %s, planned against %s; a concurrent rollback or "
-                                 "deploy?); nothing was changed; run deploy again"
-                                 % (rel, (now or "missing")[:12], (want or "missing")[:12]), "changed")
-        files = p["files"]
-        plan = []
-        for f in files:
-            path = safe_target(pkg, f["path"])
-            # read once, under the lock: these bytes are checked against the plan and are the backup
-            try:
-                with open(path, "rb") as fh:
-                    st = os.fstat(fh.fileno())
-                    old = fh.read()
-            except FileNotFoundError:
-                raise AgentError("%s: missing on the host" % f["path"], "missing") from None
-            cur = sha256_new(old).hexdigest()
-            if cur != f["sha_before"]:
-                raise AgentError("%s changed since the plan (now %s, planned against %s); run deploy --check again"
-                                 % (f["path"], cur[:12], f["sha_before"][:12]), "changed")
-            plan.append((f, path, st, old))
+        _check_unchanged_since_plan(pkg, p.get("expect") or {})
+        plan = _read_planned_files(pkg, p["files"])
         # the playbook's non-package files, under <state_dir>/files/: only those not already as intended
         state_real = os.path.realpath(expand(sd))
-        splan = []
-        for sf in p.get("state_files") or []:
-            rel = state_rel(sf.get("name"))
-            spath = state_target(state_real, rel)
-            if os.path.isdir(spath):
-                raise AgentError("{state_dir}/%s is a directory; nothing was changed" % rel, "bad_input")
-            if sha_or_none(spath) != sf["sha_after"]:
-                splan.append((sf, rel, spath))
+        splan = _state_files_to_write(state_real, p.get("state_files") or [])
         if not plan and not splan:
             notes += _drop_stale(pkg, p.get("drop_bytecode"), _pycache_prefixes(p) if p.get("drop_bytecode") else [])
             return _deployed(p, {"deploy_id": None, "files": [], "notes": notes, "final": _final(pkg, p)})
@@ -362,86 +330,12 @@ def action_deploy(p):
         if os.path.exists(ddir):
             raise AgentError("deploy %s already exists on this host" % did, "bad_input")
         makedirs_private(os.path.join(ddir, "backup"))
-        m = {"id": did, "kind": kind, "state": "preparing", "created": time.time(), "package_dir": os.path.realpath(pkg),
-             "package_real": os.path.realpath(pkg), "package_located": pkg, "writer": writer_identity(),
-             "version": p.get("version"), "playbook": p.get("playbook"), "by": p.get("by"),
-             "host": p.get("host"), "files": [], "pycache_prefixes": _pycache_prefixes(p), "state_real": state_real}
-        if isinstance(p.get("container"), dict):  # the container it patched (its id: re-creation loses the patch)
-            m["container"] = p["container"]
-        for f, path, st, _ in plan:
-            m["files"].append({"path": f["path"], "sha_before": f["sha_before"], "sha_after": f["sha_after"],
-                               "mode": stat.S_IMODE(st.st_mode), "uid": st.st_uid, "gid": st.st_gid,
-                               "status": "pending", "backed_up": False})
-        for sf, rel, spath in splan:  # (sha_before None: the deploy creates it; rollback removes it)
-            m["files"].append({"path": "{state_dir}/" + rel, "root": "state", "rel": rel,
-                               "sha_before": sha_or_none(spath), "sha_after": sf["sha_after"],
-                               "mode": int(sf.get("mode", 0o644)) & 0o777, "uid": None, "gid": None,
-                               "status": "pending", "backed_up": False})
+        m = _new_deploy_manifest(p, kind, pkg, plan, splan, state_real)
         save_manifest(sd, m)
         fault_point(p, "before_backup")
-        bdir = os.path.join(ddir, "backup")
-        try:
-            for entry, (f, path, st, old) in zip(m["files"], plan):  # (the bytes checked above)
-                dst = os.path.join(bdir, f["path"])
-                makedirs_private(os.path.dirname(dst))
-                write_atomic(dst, old, 0o600)
-                entry["backed_up"] = True
-            for entry in m["files"][len(plan):]:  # state files: a copy of what was there, if anything
-                if entry["sha_before"] is not None:
-                    dst = os.path.join(bdir, "_state", entry["rel"])
-                    makedirs_private(os.path.dirname(dst))
-                    with open(entry_path(m, entry), "rb") as src:
-                        data = src.read()
-                    if sha256_new(data).hexdigest() != entry["sha_before"]:
-                        raise AgentError("%s changed while backing up" % entry["path"], "changed")
-                    write_atomic(dst, data, 0o600)
-                entry["backed_up"] = True
-            m["state"] = "applying"
-            save_manifest(sd, m)
-        except Exception as e:
-            # nothing in the package was touched: close the record (not 'interrupted'), free the space
-            _close_unchanged(sd, m, bdir, e)
-            raise AgentError("%s: %s; nothing was changed on the host"
-                             % ("backing up" if m["state"] == "failed-unchanged" else "saving the manifest",
-                                _why(e)), getattr(e, "kind", "failed")) from None
+        _back_up_planned(sd, m, plan, os.path.join(ddir, "backup"))
         fault_point(p, "after_backup")
-        # the intended bytes are the same on every host of a version: the controller compiled them
-        # once with its own Python; a host whose Python has the same grammar (major.minor) need not
-        # compile them again; any other Python checks them itself before the rename
-        validate = p.get("validate", True) and p.get("validated_by") != "%d.%d" % sys.version_info[:2]
-        done = 0
-        pyc = {"prefixes": m["pycache_prefixes"], "removed": []}
-        try:
-            for entry, (f, path, st, _) in zip(m["files"], plan):
-                if done:
-                    fault_point(p, "between_renames", done)
-                data = f["content"]  # raw bytes (marshal carries them)
-                replace_file(path, data, entry["mode"], entry["uid"], entry["gid"], f["sha_after"],
-                             validate_python=validate,
-                             hook=lambda k=done + 1: fault_point(p, "mid_write", k), pyc=pyc)
-                entry["status"] = "applied"
-                save_manifest(sd, m)
-                done += 1
-                fault_point(p, "applied", done)
-            for entry, (sf, rel, spath) in zip(m["files"][len(plan):], splan):
-                if done:
-                    fault_point(p, "between_renames", done)
-                replace_file(state_target(state_real, rel), sf["content"], entry["mode"],
-                             None, None, sf["sha_after"], validate_python=False,
-                             hook=lambda k=done + 1: fault_point(p, "mid_write", k))
-                entry["status"] = "applied"
-                save_manifest(sd, m)
-                done += 1
-                fault_point(p, "applied", done)
-            fault_point(p, "before_complete")
-        except BaseException as e:
-            res = _restore_files(sd, m, [x for x in m["files"] if x["backed_up"]], force=True)
-            m["state"] = "failed-restored"
-            m["note"] = str(e)
-            save_manifest(sd, m)
-            kind = getattr(e, "kind", "failed")
-            raise AgentError("%s; the host was restored to its original files (%d restored)"
-                             % (e, sum(1 for r in res if r["action"] == "restored")), kind) from None
+        pyc = _apply_planned(p, sd, m, plan, splan, state_real)
         m["state"] = "complete" if kind == "deploy" else "restored-pristine"
         save_manifest(sd, m)
         fault_point(p, "after_complete")
@@ -454,6 +348,143 @@ def action_deploy(p):
                              "notes": notes, "final": _final(pkg, p, state_real)})
     finally:
         release_lock(sd)
+
+
+def _check_unchanged_since_plan(pkg, expect):
+    """What the plan saw for the files it does not change must still hold, now, under the lock: a
+    deploy never reports a host "as intended" from facts read before a concurrent rollback."""
+    for rel, want in sorted(expect.items()):
+        try:
+            now = sha256_file(safe_target(pkg, rel))
+        except FileNotFoundError:
+            now = None
+        if now != want:
+            raise AgentError("%s changed since the plan (now %s, planned against %s; a concurrent rollback or "
+                             "deploy?); nothing was changed; run deploy again"
+                             % (rel, (now or "missing")[:12], (want or "missing")[:12]), "changed")
+
+
+def _read_planned_files(pkg, files):
+    """[(file, path, stat, bytes)] of each planned package file, read once, under the lock: these bytes
+    are checked against the plan and are the backup."""
+    plan = []
+    for f in files:
+        path = safe_target(pkg, f["path"])
+        try:
+            with open(path, "rb") as fh:
+                st = os.fstat(fh.fileno())
+                old = fh.read()
+        except FileNotFoundError:
+            raise AgentError("%s: missing on the host" % f["path"], "missing") from None
+        cur = sha256_new(old).hexdigest()
+        if cur != f["sha_before"]:
+            raise AgentError("%s changed since the plan (now %s, planned against %s); run deploy --check again"
+                             % (f["path"], cur[:12], f["sha_before"][:12]), "changed")
+        plan.append((f, path, st, old))
+    return plan
+
+
+def _state_files_to_write(state_real, state_files):
+    """[(state file, rel, path)] of the playbook's state files not already as intended."""
+    splan = []
+    for sf in state_files:
+        rel = state_rel(sf.get("name"))
+        spath = state_target(state_real, rel)
+        if os.path.isdir(spath):
+            raise AgentError("{state_dir}/%s is a directory; nothing was changed" % rel, "bad_input")
+        if sha_or_none(spath) != sf["sha_after"]:
+            splan.append((sf, rel, spath))
+    return splan
+
+
+def _new_deploy_manifest(p, kind, pkg, plan, splan, state_real):
+    """The deploy's manifest as first saved ('preparing'): every file it will write, pending."""
+    m = {"id": p["deploy_id"], "kind": kind, "state": "preparing", "created": time.time(),
+         "package_dir": os.path.realpath(pkg), "package_real": os.path.realpath(pkg), "package_located": pkg,
+         "writer": writer_identity(), "version": p.get("version"), "playbook": p.get("playbook"), "by": p.get("by"),
+         "host": p.get("host"), "files": [], "pycache_prefixes": _pycache_prefixes(p), "state_real": state_real}
+    if isinstance(p.get("container"), dict):  # the container it patched (its id: re-creation loses the patch)
+        m["container"] = p["container"]
+    for f, path, st, _ in plan:
+        m["files"].append({"path": f["path"], "sha_before": f["sha_before"], "sha_after": f["sha_after"],
+                           "mode": stat.S_IMODE(st.st_mode), "uid": st.st_uid, "gid": st.st_gid,
+                           "status": "pending", "backed_up": False})
+    for sf, rel, spath in splan:  # (sha_before None: the deploy creates it; rollback removes it)
+        m["files"].append({"path": "{state_dir}/" + rel, "root": "state", "rel": rel,
+                           "sha_before": sha_or_none(spath), "sha_after": sf["sha_after"],
+                           "mode": int(sf.get("mode", 0o644)) & 0o777, "uid": None, "gid": None,
+                           "status": "pending", "backed_up": False})
+    return m
+
+
+def _back_up_planned(sd, m, plan, bdir):
+    """Copy what each file of the manifest holds now into `bdir`, then mark the manifest 'applying';
+    on failure nothing in the package was touched: the record is closed and the space freed."""
+    try:
+        for entry, (f, path, st, old) in zip(m["files"], plan):  # (the bytes checked above)
+            dst = os.path.join(bdir, f["path"])
+            makedirs_private(os.path.dirname(dst))
+            write_atomic(dst, old, 0o600)
+            entry["backed_up"] = True
+        for entry in m["files"][len(plan):]:  # state files: a copy of what was there, if anything
+            if entry["sha_before"] is not None:
+                dst = os.path.join(bdir, "_state", entry["rel"])
+                makedirs_private(os.path.dirname(dst))
+                with open(entry_path(m, entry), "rb") as src:
+                    data = src.read()
+                if sha256_new(data).hexdigest() != entry["sha_before"]:
+                    raise AgentError("%s changed while backing up" % entry["path"], "changed")
+                write_atomic(dst, data, 0o600)
+            entry["backed_up"] = True
+        m["state"] = "applying"
+        save_manifest(sd, m)
+    except Exception as e:
+        _close_unchanged(sd, m, bdir, e)
+        raise AgentError("%s: %s; nothing was changed on the host"
+                         % ("backing up" if m["state"] == "failed-unchanged" else "saving the manifest",
+                            _why(e)), getattr(e, "kind", "failed")) from None
+
+
+def _apply_planned(p, sd, m, plan, splan, state_real):
+    """Write every planned file (package files, then state files), the manifest saved after each; on
+    any failure the backed-up files are put back and the deploy fails. The bytecode removed: `pyc`."""
+    # the intended bytes are the same on every host of a version: the controller compiled them
+    # once with its own Python; a host whose Python has the same grammar (major.minor) need not
+    # compile them again; any other Python checks them itself before the rename
+    validate = p.get("validate", True) and p.get("validated_by") != "%d.%d" % sys.version_info[:2]
+    done = 0
+    pyc = {"prefixes": m["pycache_prefixes"], "removed": []}
+    try:
+        for entry, (f, path, st, _) in zip(m["files"], plan):
+            if done:
+                fault_point(p, "between_renames", done)
+            data = f["content"]  # raw bytes (marshal carries them)
+            replace_file(path, data, entry["mode"], entry["uid"], entry["gid"], f["sha_after"],
+                         validate_python=validate,
+                         hook=lambda k=done + 1: fault_point(p, "mid_write", k), pyc=pyc)
+            entry["status"] = "applied"
+            save_manifest(sd, m)
+            done += 1
+            fault_point(p, "applied", done)
+        for entry, (sf, rel, spath) in zip(m["files"][len(plan):], splan):
+            if done:
+                fault_point(p, "between_renames", done)
+            replace_file(state_target(state_real, rel), sf["content"], entry["mode"],
+                         None, None, sf["sha_after"], validate_python=False,
+                         hook=lambda k=done + 1: fault_point(p, "mid_write", k))
+            entry["status"] = "applied"
+            save_manifest(sd, m)
+            done += 1
+            fault_point(p, "applied", done)
+        fault_point(p, "before_complete")
+    except BaseException as e:
+        res = _restore_files(sd, m, [x for x in m["files"] if x["backed_up"]], force=True)
+        m["state"] = "failed-restored"
+        m["note"] = str(e)
+        save_manifest(sd, m)
+        raise AgentError("%s; the host was restored to its original files (%d restored)"
+                         % (e, sum(1 for r in res if r["action"] == "restored")), getattr(e, "kind", "failed")) from None
+    return pyc
 
 
 def action_rollback(p):
