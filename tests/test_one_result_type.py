@@ -21,7 +21,6 @@ WORDS = frozenset({"ok", "failed", "unreachable", "skipped", "changed", "unchang
 ALLOWED: dict[tuple[str, str], str] = {
     ("ops/launch.py", "InstanceStatus"): "one server instance's outcome (ready, timeout, ...), inside a host's Launched",
     ("ops/gpu_check.py", "PhaseStatus"): "one throwaway server of a gpu-check, inside a host's CheckResult",
-    ("ops/status.py", "dict"): "status rows are still dicts (status_rows), made into rows by host_row",
 }
 
 

@@ -275,7 +275,7 @@ def status(*, playbook: Path | None, inventory: Path | None, limit: str | None, 
         from fleetctl.ops.deploy import Gathered, build_plan
         from fleetctl.ops.discover import discover_request, restart_reminder, servers_from_facts
         from fleetctl.ops.launch import server_status_facts
-        from fleetctl.ops.status import status_rows
+        from fleetctl.ops.status import status_row, status_rows
         from fleetctl.protocol.names import WITH_DISCOVER, WITH_SERVERS, WITH_STATE
         extra = sorted({f.path for files in (pb.versions.values() if pb else []) for f in files})
         reqs = {h.name: discover_request(h.launch_command, pb) for h in ctx.fleet.hosts}
@@ -292,41 +292,39 @@ def status(*, playbook: Path | None, inventory: Path | None, limit: str | None, 
 
             by_name = {h.name: h for h in ctx.fleet.hosts}
             for r in rows:
-                f = gathered.facts.get(r["host"])
-                cov = host_coverage(by_name[r["host"]], f, pb) if f else None
+                f = gathered.facts.get(r.host)
+                cov = host_coverage(by_name[r.host], f, pb) if f else None
                 if cov is not None and cov.refused and pb.files_for(f.package_version or "") is not None:
-                    r["problems"].append(f"uncovered: {cov.refused}")
+                    r.detail.problems.append(f"uncovered: {cov.refused}")
         mains = [h for h in ctx.fleet.hosts if h.container and h.container.get("main_process")
                  and gathered.outcomes[h.name].ok]
         if mains:  # a server that is its container's main process: healthy? (its container's log, /health)
             from fleetctl.ops.verify import main_process_health
 
             for o in ctx.fleet.run(main_process_health, mains):
-                r = next(x for x in rows if x["host"] == o.host)
-                r["main_process"] = o.detail if o.ok else {"healthy": False, "problems": [o.message]}
-                r["problems"] += r["main_process"]["problems"]
-                mp = r["main_process"]
+                d = next(x for x in rows if x.host == o.host).detail
+                mp = d.main_process = o.detail if o.ok else {"healthy": False, "problems": [o.message]}
+                d.problems += mp["problems"]
                 if mp["healthy"]:
-                    r.setdefault("notes", []).append(
+                    d.notes.append(
                         f"the server is container {mp['container']}'s main process: healthy (ready line since its "
                         f"start {mp['started_at']}" + (f", GET /health 200 on port {mp['port']}" if mp["port"] else "")
                         + ")")
         for r in rows:
-            r["servers"] = [s for s in servers if s["host"] == r["host"]]
-            r["problems"] += [f"{s['instance']}: {p}" for s in r["servers"] for p in s["problems"]]
-            hs = found.get(r["host"])
-            r["discovered"] = [p.to_json() for p in hs.detail.processes if not p.instance] if hs else []
-            r["problems"] += [f"pid {p['pid']} (not started by fleetctl) runs code older than the files on disk: "
+            d = r.detail
+            d.servers = [s for s in servers if s["host"] == r.host]
+            d.problems += [f"{s['instance']}: {p}" for s in d.servers for p in s["problems"]]
+            hs = found.get(r.host)
+            d.discovered = [p.to_json() for p in hs.detail.processes if not p.instance] if hs else []
+            d.problems += [f"pid {p['pid']} (not started by fleetctl) runs code older than the files on disk: "
                               f"{', '.join(p['changed_files'])} changed after it started"
-                              for p in r["discovered"] if p["stale"]]
-            r["problems"] += [f"{s['instance']}: runs deploy {s['deploy_at_launch']}, which is no longer on "
-                              f"disk: a restart would lose the patch" for s in r["servers"]
-                              if s["running"] and s["deploy_at_launch"] in r.get("gone", [])]
-        problems = [r for r in rows if r["problems"]]
+                              for p in d.discovered if p["stale"]]
+            d.problems += [f"{s['instance']}: runs deploy {s['deploy_at_launch']}, which is no longer on "
+                              f"disk: a restart would lose the patch" for s in d.servers
+                              if s["running"] and s["deploy_at_launch"] in d.gone]
+        problems = [r for r in rows if r.detail.problems]
         reminder = restart_reminder(list(found.values()), ctx.fleet.hosts)
-        status_hosts = [host_row(r, ok=not r["problems"], message="; ".join(r["problems"]),
-                                 state=r["status"] if r["status"] != "ok" else ("problems" if r["problems"] else "ok"))
-                        for r in rows]
+        status_hosts = [status_row(r) for r in rows]
         runlog.result(status_hosts)
         if json_out:
             emit_json("status", ok=not problems, hosts=status_hosts, summary={"servers_running": sum(1 for sv in servers if sv["running"]),
@@ -345,7 +343,7 @@ def status(*, playbook: Path | None, inventory: Path | None, limit: str | None, 
                                lines_cell([at, "(same on disk)" if now == at else now]),
                                styled("YES", "red") if restart else "no")
                 out.print(st)
-            n_other = sum(len(r["discovered"]) for r in rows)
+            n_other = sum(len(r.detail.discovered) for r in rows)
             err.print(f"status: {len(rows)} hosts, {len(problems)} with problems, "
                       f"{sum(1 for sv in servers if sv['running'])} server(s) running"
                       + (f" (+{n_other} not started by fleetctl)" if n_other else "")

@@ -16,6 +16,7 @@ from fleetctl.ui.safetext import line, styled
 
 if TYPE_CHECKING:
     from fleetctl.commands.context import RunContext
+    from fleetctl.ops.status import HostStatus
     from fleetctl.plan.deploy import Plan
     from fleetctl.protocol.answers import ReadFilesAnswer
     from fleetctl.ui.safetext import Text  # (rich's, as every ui helper returns it)
@@ -108,21 +109,21 @@ def render_rollback_plan(plans: list[Any]) -> None:
             say(out, "  ", _s(f["state"], 11), f" {f['action']:<7} ", f["path"],
                 *([": ", note] if f is on_file else []), indent=24)
 
-def render_status(rows: list[dict[str, Any]]) -> None:
+def render_status(rows: list[HostStatus]) -> None:
     """Hosts alike share a row; the state says whether the host has problems, listed under the table
     (one paragraph per distinct list, with the hosts it applies to)."""
-    def state(r: dict[str, Any]) -> Text:
-        if r["status"] != "ok":
-            return status_cell(r["status"])
-        return styled("problems", "red") if r["problems"] else styled("ok", "green")
+    def state(r: HostStatus) -> Text:
+        if r.status != "ok":
+            return status_cell(r.status)
+        return styled("problems", "red") if r.detail.problems else styled("ok", "green")
 
-    def key(r: dict[str, Any]) -> tuple[Any, ...]:
-        return (state(r).plain, r.get("version") or "", r.get("last_deploy") or "", r.get("files") or "",
-                tuple(strip_host(r["host"], p) for p in r["problems"]),
-                tuple(strip_host(r["host"], n) for n in r.get("notes", [])))
+    def key(r: HostStatus) -> tuple[Any, ...]:
+        d = r.detail
+        return (state(r).plain, d.version or "", d.last_deploy or "", d.files or "",
+                tuple(strip_host(r.host, p) for p in d.problems), tuple(strip_host(r.host, n) for n in d.notes))
 
-    groups = group((r["host"], key(r)) for r in rows)
-    by_host = {r["host"]: r for r in rows}
+    groups = group((r.host, key(r)) for r in rows)
+    by_host = {r.host: r for r in rows}
     t = table(None, ["host", "state", engine().display_name, "last deploy", "files"], whole=("last deploy",))
     for hosts, (_, version, last, files, _, _) in groups:
         t.add_row(hosts_cell(hosts), state(by_host[hosts[0]]), version, last, files)

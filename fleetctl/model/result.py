@@ -80,9 +80,11 @@ class HostResult(Generic[T]):
         elapsed = head.pop("elapsed")
         return {**head, **self.fields(), "elapsed": elapsed}
 
-    def row(self, *, ok: bool | None = None, message: str | None = None) -> dict[str, Any]:
+    def row(self, *, ok: bool | None = None, message: str | None = None, state: Status | None = None
+            ) -> dict[str, Any]:
         """The --json host row (docs/json.md): host, ok, state, message, then status and the rest."""
-        return host_row(self.to_json(), ok=self.ok if ok is None else ok, state=self.status, message=message)
+        return host_row(self.to_json(), ok=self.ok if ok is None else ok, state=state or self.status,
+                        message=message)
 
 
 def host_row(row: Mapping[str, Any], *, ok: bool | None = None, state: str | None = None, message: str | None = None,

@@ -4,7 +4,10 @@ playbook its files' plan). No I/O, no rendering."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+from fleetctl.model.result import HostResult
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -14,15 +17,47 @@ if TYPE_CHECKING:
     from fleetctl.plan.deploy import Plan
 
 
-def status_rows(hosts: Sequence[Host], gathered: Any, plan: Plan | None) -> list[dict[str, Any]]:
+@dataclass
+class HostState:
+    """What status reads on a host (HostStatus's detail): its release, deploys, problems and notes,
+    and the servers the command adds (fleetctl/commands: servers, discovered, main_process)."""
+
+    version: str | None = None
+    last_deploy: str | None = None
+    files: str = ""  # with a playbook: its files' states counted ("2 as-intended")
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    gone: list[str] = field(default_factory=list)  # deploys whose files are no longer on disk
+    deploys: list[dict[str, Any]] = field(default_factory=list)  # {id, state}
+    servers: list[dict[str, Any]] = field(default_factory=list)
+    discovered: list[dict[str, Any]] = field(default_factory=list)
+    main_process: dict[str, Any] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": self.version, "last_deploy": self.last_deploy, "files": self.files,
+                "problems": self.problems, "notes": self.notes, "gone": self.gone, "deploys": self.deploys,
+                "servers": self.servers, "discovered": self.discovered,
+                **({"main_process": self.main_process} if self.main_process is not None else {})}
+
+
+HostStatus = HostResult[HostState]
+
+
+def status_row(r: HostStatus) -> dict[str, Any]:
+    """The --json row: ok when the host answered with no problem, state `problems` when it has some."""
+    return r.row(ok=r.ok and not r.detail.problems, message="; ".join(r.detail.problems),
+                 state="problems" if r.ok and r.detail.problems else None)
+
+
+def status_rows(hosts: Sequence[Host], gathered: Any, plan: Plan | None) -> list[HostStatus]:
     from fleetctl.model import hoststate, statefiles
 
-    rows = []
+    rows: list[HostStatus] = []
     by_plan = {hp.host: hp for hp in plan.hosts} if plan else {}
     for h in hosts:
         o: HostOutcome = gathered.outcomes[h.name]
         if not o.ok:
-            rows.append({"host": h.name, "status": o.status, "problems": [o.message]})
+            rows.append(o.carry(HostState(problems=[o.message])))
             continue
         f = gathered.facts[h.name]
         problems = []
@@ -64,10 +99,9 @@ def status_rows(hosts: Sequence[Host], gathered: Any, plan: Plan | None) -> list
             states = set(counts)
             if {"pristine", "as-intended"} <= states and not interrupted:
                 problems.append("mixed: some files patched, some original")
-        rows.append({"host": h.name, "status": "ok", "version": f.package_version,
-                     "last_deploy": last.id if last else None, "files": files_desc, "problems": problems,
-                     "notes": notes, "gone": [m.id for m in gone],
-                     "deploys": [{"id": m.id, "state": m.state} for m in deploys]})
+        rows.append(HostResult(h.name, "ok", "", HostState(
+            f.package_version, last.id if last else None, files_desc, problems, notes, [m.id for m in gone],
+            [{"id": m.id, "state": m.state} for m in deploys]), o.elapsed))
     return rows
 
 
