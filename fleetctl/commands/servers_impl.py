@@ -332,34 +332,34 @@ def servers(*, inventory: Path | None, limit: str | None, forks: int, discover: 
         if discover:
             _discover(ctx, json_out)
         rows = _tick_run(ctx, "servers", lambda: status_fleet(ctx.fleet))
-        bad = [h for h, st, _, _ in rows if st != "ok"]
+        bad = [r for r in rows if not r.ok]
         if json_out:
-            emit_json("servers", ok=not bad,
-                      hosts=[host_row({"host": h, "status": st, "message": m, "servers": srv}, ok=st == "ok")
-                             for h, st, m, srv in rows],
-                      summary={"servers": sum(len(srv) for _, _, _, srv in rows),
-                               "running": sum(1 for _, _, _, srv in rows for sv in srv if sv["running"])})
+            emit_json("servers", ok=not bad, hosts=rows_json(rows),
+                      summary={"servers": sum(len(r.detail.servers) for r in rows),
+                               "running": sum(1 for r in rows for sv in r.detail.servers if sv["running"])})
         else:
             tb = table("servers", ["host", "instance", "state", "worker", "deploy at launch"],
                        whole=("instance", "deploy at launch"))
-            for h, st, _m, srv in rows:
-                if st != "ok":
-                    tb.add_row(h, "", status_cell(st), "", "")
+            for r in rows:
+                h, srv = r.host, r.detail.servers
+                if not r.ok:
+                    tb.add_row(h, "", status_cell(r.status), "", "")
                 for k, s in enumerate(srv):
                     tb.add_row(h if k == 0 else "", lines_cell([s["instance"], f"pid {s['pid'] or '-'}"]),
                                _s("running" if s["running"] else "not running"),
                                lines_cell([s["worker"] or "", f"SGLang {s['version'] or '?'}"]),
                                lines_cell([s["deploy_at_launch"] or "(none)", f"since {_ts(s['since']) or '-'}"]))
             out.print(tb)
-            for h, st, m, srv in rows:
-                if st != "ok":
-                    say(out, _s(st), " ", h, ": ", strip_host(h, m), indent=4)
+            for r in rows:
+                h, srv = r.host, r.detail.servers
+                if not r.ok:
+                    say(out, _s(r.status), " ", h, ": ", strip_host(h, r.message), indent=4)
                 for s in srv:
                     for p in s["problems"]:
                         say(out, f"{h} {s['instance']}: ", p, indent=4)
-            n_srv = sum(len(srv) for _, _, _, srv in rows)
+            n_srv = sum(len(r.detail.servers) for r in rows)
             err.print(line(f"servers: {len(rows)} hosts: {n_srv} server(s) launched by fleetctl, "
-                           f"{sum(1 for _, _, _, srv in rows for s in srv if s['running'])} running, "
+                           f"{sum(1 for r in rows for s in r.detail.servers if s['running'])} running, "
                            f"{len(bad)} hosts failed ({ctx.elapsed():.2f}s)"))
         raise typer.Exit(EXIT_FAILED if bad else EXIT_OK)
 

@@ -770,7 +770,20 @@ def server_status_facts(host: Host | str, facts: HostFacts | ServersFacts | None
     return rows
 
 
-def status_fleet(fleet: Fleet) -> list[tuple[str, str, str, list[dict[str, Any]]]]:
-    """(host, status, message, rows) per host, for a `servers` listing."""
+@dataclass
+class Listed:
+    """The servers fleetctl launched on a host, as `servers` lists them (HostListed's detail)."""
+
+    servers: list[dict[str, Any]] = field(default_factory=list)  # server_status_facts' rows
+
+    def to_json(self) -> dict[str, Any]:
+        return {"servers": self.servers}
+
+
+HostListed = HostResult[Listed]
+
+
+def status_fleet(fleet: Fleet) -> list[HostListed]:
+    """Per host, for a `servers` listing: its servers, or why it did not answer."""
     outs = fleet.run(lambda c: read_facts(c, gpus=False, with_=[names.WITH_SERVERS]))
-    return [(o.host, o.status, o.message, server_status_facts(o.host, o.detail) if o.ok else []) for o in outs]
+    return [o.carry(Listed(server_status_facts(o.host, o.detail) if o.ok else [])) for o in outs]
