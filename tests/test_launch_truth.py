@@ -28,7 +28,6 @@ from fleetctl.remote import servers as srv
 from fleetctl.sandbox import lifecycle
 from fleetctl.sandbox.lifecycle import Sandbox
 
-pytestmark = pytest.mark.fleet
 ROOT = Path(__file__).resolve().parents[1]
 FULL = ROOT / "playbooks" / "dynamic-spec-disable"
 MARKER = "Dynamic speculation disable enabled"
@@ -36,16 +35,23 @@ WORKER = "srt/speculative/eagle_worker.py"
 SIM = "-m fleetctl.sandbox.simulator"
 
 
+# in-process hosts (tests/fakehost.py) for what the launch finds and proves; the launch's servers
+# are real processes of the host's python (children of this process, in sessions of their own); what
+# sshd's session hands the launch keeps a real sshd host (`ssb`)
 @pytest.fixture(scope="module")
-def one(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Sandbox:
-    from conftest import _down, require_sshd
+def fake_one(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
+    import fakehost
 
-    from fleetctl.sandbox import lifecycle
+    with fakehost.sandbox(tmp_path_factory.mktemp("truth") / "sb", hosts=1, versions=["0.5.9"], gpus=1) as sb:
+        yield sb
 
-    require_sshd()
-    d = tmp_path_factory.mktemp("truth") / "sb"
-    request.addfinalizer(lambda: _down(d))
-    return lifecycle.up(d, hosts=1, versions=["0.5.9"], gpus=1)
+
+@pytest.fixture
+def one(fake_one: Sandbox) -> Iterator[Sandbox]:
+    import fakehost
+
+    with fakehost.installed(fake_one.fake):  # type: ignore[attr-defined]
+        yield fake_one
 
 
 def _reset(sb: Sandbox) -> None:
@@ -69,6 +75,18 @@ def sb(one: Sandbox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterato
     finally:
         stop_all_local(one)
         _reset(one)
+
+
+@pytest.fixture
+def ssb(fresh_sandbox: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Sandbox]:
+    """`sb` on a real sshd host (the fleet marker comes with fresh_sandbox): for what sshd's session
+    hands the launch."""
+    monkeypatch.setenv("FLEETCTL_STATE_DIR", str(tmp_path / "ledger"))
+    sb = fresh_sandbox(hosts=1, versions=("0.5.9",), gpus=1)
+    try:
+        yield sb
+    finally:
+        stop_all_local(sb)
 
 
 def inventory(sb: Sandbox, path: Path, **host: Any) -> Path:
@@ -133,9 +151,10 @@ def test_pythonpath_in_playbook_launch_env(sb: Sandbox, tmp_path: Path, capsys: 
     assert code == 0, doc
 
 
-def test_pythonpath_in_the_hosts_login_environment(sb: Sandbox, tmp_path: Path,
+def test_pythonpath_in_the_hosts_login_environment(ssb: Sandbox, tmp_path: Path,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
     """sshd hands the session PYTHONPATH (as a login profile would); the launch does not pass it on."""
+    sb = ssb
     site = other_tree(tmp_path)
     h = sb.hosts["h01"]
     cfg = h.sshd_config.read_text()
