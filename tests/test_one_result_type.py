@@ -20,7 +20,7 @@ WORDS = frozenset({"ok", "failed", "unreachable", "skipped", "changed", "unchang
 # (file relative to fleetctl/, the Literal's name or "dict") -> why it is not a host's status
 ALLOWED: dict[tuple[str, str], str] = {
     ("ops/launch.py", "InstanceStatus"): "one server instance's outcome (ready, timeout, ...), inside a host's Launched",
-    ("ops/gpu_check.py", "PhaseStatus"): "one throwaway server of a gpu-check, inside a host's CheckResult",
+    ("ops/gpu_check.py", "PhaseStatus"): "one throwaway server of a gpu-check, inside a host's Checked",
 }
 
 

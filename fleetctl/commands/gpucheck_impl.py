@@ -19,7 +19,7 @@ from fleetctl.ui.render import say, table
 from fleetctl.ui.safetext import line, styled
 
 if TYPE_CHECKING:
-    from fleetctl.ops.gpu_check import CheckPlan, CheckResult
+    from fleetctl.ops.gpu_check import CheckPlan, HostCheck
     from fleetctl.ui.safetext import Text  # (rich's, as every ui helper returns it)
 
 STYLE = {"passed": "green", "ok": "green", "run": "green", "would run": "green", "failed": "red",
@@ -52,7 +52,7 @@ def gpu_check(*, playbook: Path, inventory: Path | None, limit: str | None, fork
                 err.print(line(msg))
             raise typer.Exit(EXIT_FAILED if bad else EXIT_OK)
         rows = _tick_run(ctx, "gpu-check", lambda: ops.check_fleet(ctx.fleet, pb, timeout=timeout))
-        bad = [r for r in rows if r.status != "passed"]
+        bad = [r for r in rows if not r.ok]
         summary = (f"gpu-check: {len(rows)} hosts: {len(rows) - len(bad)} passed, {len(bad)} not "
                    f"in {ctx.elapsed():.2f}s")
         runlog.result([host_row(r.to_json()) for r in rows])
@@ -90,36 +90,36 @@ def _tok(v: Any) -> str:
     return f"{v:.0f}" if isinstance(v, (int, float)) else ""
 
 
-def render_results(rows: list[CheckResult]) -> None:
+def render_results(rows: list[HostCheck]) -> None:
     """ONE table: a row per host and server (spec-on, spec-off, dynamic), tokens/s at each concurrency."""
-    concs = sorted({c for r in rows for c in r.concurrency})
+    concs = sorted({c for r in rows for c in r.detail.concurrency})
     t = table("gpu-check", ["host", "server", "ready in", "marker", *[f"tok/s C={c}" for c in concs], "outputs",
                             "result"])
     for r in rows:
-        if not r.phases:
+        if not r.detail.phases:
             t.add_row(r.host, "", "", "", *["" for _ in concs], "", _s(r.status))
             continue
-        same = r.outputs.get("identical")
-        for i, ph in enumerate(r.phases):
+        same = r.detail.outputs.get("identical")
+        for i, ph in enumerate(r.detail.phases):
             outputs = "" if ph.status != "ok" else ("same" if same else ("DIFFER" if same is False else ""))
             t.add_row(r.host if i == 0 else "", ph.name, f"{ph.ready_s:.0f}s" if ph.ready_s is not None else "",
                       "yes" if ph.marker else ("-" if ph.status == "ok" else ""),
                       *[_tok(ph.tok_s(c)) for c in concs], outputs,
-                      _s(ph.status) if i < len(r.phases) - 1 else _s(r.status))
+                      _s(ph.status) if i < len(r.detail.phases) - 1 else _s(r.status))
     out.print(t)
     for r in rows:
         say(out, _s(r.status), " ", r.host, ": ", r.message or r.status, indent=4)
-        dyn = next((p for p in r.phases if p.name == "dynamic"), None)
+        dyn = next((p for p in r.detail.phases if p.name == "dynamic"), None)
         if dyn and dyn.marker:
             say(out, "    marker: ", dyn.marker[0], indent=8)
         if dyn and dyn.switches:
             say(out, "    switch: ", dyn.switches[-1], indent=8)
-        for ph in r.phases:
+        for ph in r.detail.phases:
             for ln in ph.tail[-10:]:
                 out.print(line("    ", ph.name, ": ", ln))
-        for n in r.notes:
+        for n in r.detail.notes:
             say(out, "    note: ", n, indent=8)
-        c = r.cleanup
+        c = r.detail.cleanup
         if c:
             stopped = ", ".join(f"{s['instance']} pid {s['pid']} ({s['how']})" for s in c.get("stopped") or []
                                 if s.get("action") != "not running")

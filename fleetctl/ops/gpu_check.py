@@ -21,7 +21,7 @@ from fleetctl.engines import engine
 from fleetctl.model.facts import HostFacts, read_facts
 from fleetctl.model.instances import Instance, command_argv, flag_argv, plan_instances
 from fleetctl.model.launchspec import INHERIT_FROM_HOST
-from fleetctl.model.result import Status
+from fleetctl.model.result import HostResult, Status
 from fleetctl.ops.deploy import new_op_id, who
 from fleetctl.ops.runner import Fleet
 from fleetctl.protocol import names
@@ -103,10 +103,10 @@ class PhaseResult:
 
 
 @dataclass
-class CheckResult:
-    host: str
-    status: Status  # passed, failed, refused, unreachable, interrupted
-    message: str = ""
+class Checked:
+    """What a gpu-check found on a host (HostCheck's detail; its status: passed, failed, refused,
+    unreachable, interrupted)."""
+
     version: str | None = None
     gpu: dict[str, Any] | None = None
     threshold: dict[str, Any] | None = None
@@ -115,13 +115,14 @@ class CheckResult:
     outputs: dict[str, Any] = field(default_factory=dict)
     cleanup: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
-    elapsed: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
-        return {"host": self.host, "status": self.status, "message": self.message, "version": self.version,
-                "gpu": self.gpu, "threshold": self.threshold, "concurrency": self.concurrency,
-                "phases": [p.to_json() for p in self.phases], "outputs": self.outputs, "cleanup": self.cleanup,
-                "notes": self.notes, "elapsed": round(self.elapsed, 3)}
+        return {"version": self.version, "gpu": self.gpu, "threshold": self.threshold,
+                "concurrency": self.concurrency, "phases": [p.to_json() for p in self.phases],
+                "outputs": self.outputs, "cleanup": self.cleanup, "notes": self.notes}
+
+
+HostCheck = HostResult[Checked]
 
 
 # ------------------------------------------------------------------------------------------ plan
@@ -255,20 +256,20 @@ class _Interrupted(Exception):
 
 
 def apply_check(conn: Transport, cp: CheckPlan, pb: Playbook, *, timeout: float,
-                interrupt: threading.Event | None = None) -> CheckResult:
+                interrupt: threading.Event | None = None) -> HostCheck:
     """Carry out a plan: work dir, models, the three servers one after another, cleanup (always)."""
-    res = CheckResult(cp.host, "refused" if cp.status == "refused" else "failed", cp.message, cp.version, cp.gpu,
-                      cp.threshold, list(cp.concurrency))
+    res = HostResult(cp.host, "refused" if cp.status == "refused" else "failed", cp.message,
+                     Checked(cp.version, cp.gpu, cp.threshold, list(cp.concurrency)))
     if cp.status != "run":
         return res
     assert cp.inst is not None and cp.facts is not None and cp.gpu is not None and cp.threshold is not None
     h = conn.host
     kit = engine().gpu_check()
-    res.phases = [PhaseResult(p.name) for p in cp.phases]
+    res.detail.phases = [PhaseResult(p.name) for p in cp.phases]
     prep = conn.agent(names.GPUCHECK_PREPARE, {"by": who(), "port_offsets": list(kit.PORT_OFFSETS)}, timeout=120)
     d = prep.dir
     if prep.swept:
-        res.notes.append(f"removed what earlier interrupted checks left: {', '.join(prep.swept)}")
+        res.detail.notes.append(f"removed what earlier interrupted checks left: {', '.join(prep.swept)}")
     events.emit("gpucheck-prepared", h.name, d)
     try:
         assert cp.inst.launch is not None
@@ -281,7 +282,7 @@ def apply_check(conn: Transport, cp: CheckPlan, pb: Playbook, *, timeout: float,
         models = {"target": made.answer["target"], "draft": made.answer["draft"]}
         runs = _phases(cp.inst, command_argv(h, pb.launch), cp.patch_flags, models, prep.port, cp.gpu["index"])
         lid = new_op_id("g")
-        for (shown, argv, env), pr in zip(runs, res.phases, strict=True):
+        for (shown, argv, env), pr in zip(runs, res.detail.phases, strict=True):
             if interrupt is not None and interrupt.is_set():
                 raise _Interrupted
             _run_phase(conn, pb, cp, d, lid, shown, argv, env, pr, prep.port, timeout, interrupt)
@@ -293,10 +294,10 @@ def apply_check(conn: Transport, cp: CheckPlan, pb: Playbook, *, timeout: float,
     except RemoteError as e:
         res.status, res.message = "failed", e.message
     finally:
-        res.cleanup = _cleanup(conn, d, pb.launch.stop_timeout)
-        if not res.cleanup.get("removed"):
+        res.detail.cleanup = _cleanup(conn, d, pb.launch.stop_timeout)
+        if not res.detail.cleanup.get("removed"):
             res.status = "failed" if res.status == "passed" else res.status
-            res.message += f"; left on the host: {d} ({res.cleanup.get('error') or 'not removed'})"
+            res.message += f"; left on the host: {d} ({res.detail.cleanup.get('error') or 'not removed'})"
     return res
 
 
@@ -411,14 +412,14 @@ def _read_bench(pr: PhaseResult, ans: dict[str, Any]) -> None:
         pr.status, pr.message = "ok", f"{len(pr.samples)} greedy texts, {len(pr.loads)} loads"
 
 
-def _verdict(res: CheckResult, cp: CheckPlan) -> None:
-    ran = {p.name: p for p in res.phases}
-    bad = [p for p in res.phases if p.status != "ok"]
-    texts = [p.samples for p in res.phases if p.status == "ok"]
+def _verdict(res: HostCheck, cp: CheckPlan) -> None:
+    ran = {p.name: p for p in res.detail.phases}
+    bad = [p for p in res.detail.phases if p.status != "ok"]
+    texts = [p.samples for p in res.detail.phases if p.status == "ok"]
     differ = [i for i in range(min((len(t) for t in texts), default=0)) if len({t[i] for t in texts}) > 1]
     n = min((len(t) for t in texts), default=0)
-    res.outputs = {"compared": n if len(texts) > 1 else 0, "differ": len(differ), "phases": len(texts),
-                   "identical": (not differ) if len(texts) > 1 else None}
+    res.detail.outputs = {"compared": n if len(texts) > 1 else 0, "differ": len(differ), "phases": len(texts),
+                          "identical": (not differ) if len(texts) > 1 else None}
     dyn = ran.get("dynamic")
     problems = []
     if bad:
@@ -434,10 +435,10 @@ def _verdict(res: CheckResult, cp: CheckPlan) -> None:
         return
     res.status = "passed"
     res.message = (f"marker found, greedy outputs identical across {len(texts)} servers ({n} requests); "
-                   + ", ".join(_speed_line(res, c) for c in res.concurrency))
+                   + ", ".join(_speed_line(res.detail, c) for c in res.detail.concurrency))
 
 
-def _speed_line(res: CheckResult, conc: int) -> str:
+def _speed_line(res: Checked, conc: int) -> str:
     ph = {p.name: p.tok_s(conc) for p in res.phases}
     dyn = ph.get("dynamic")
     best = max((v for k, v in ph.items() if k != "dynamic" and v), default=None)
@@ -476,7 +477,7 @@ def plan_fleet(fleet: Fleet, pb: Playbook) -> list[CheckPlan]:
             for o in outs]
 
 
-def check_fleet(fleet: Fleet, pb: Playbook, *, timeout: float | None = None) -> list[CheckResult]:
+def check_fleet(fleet: Fleet, pb: Playbook, *, timeout: float | None = None) -> list[HostCheck]:
     t = float(timeout if timeout is not None else pb.launch.ready_timeout)
     outs = fleet.run(_host_fn(pb, run=True, timeout=t, interrupt=fleet.interrupt))
     out = []
@@ -486,5 +487,7 @@ def check_fleet(fleet: Fleet, pb: Playbook, *, timeout: float | None = None) -> 
         else:
             st: Status = "unreachable" if o.status == "unreachable" else (
                 "interrupted" if o.status == "not-started" else "failed")
-            out.append(CheckResult(o.host, st, o.message, elapsed=o.elapsed))
+            r = o.carry(Checked())
+            r.status = st
+            out.append(r)
     return out
