@@ -855,11 +855,14 @@ def _start_locked(p, sd, name, lid, argv, env):
                                stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, env=env, cwd=cwd,
                                start_new_session=True, close_fds=True, pass_fds=(wfd,))
         os.close(wfd)
+        wfd = -1  # closed once: its number may be another thread's fd by the finally below
         said = _read_pipe(rfd, 30.0)
     except OSError as e:
         said = "E%s" % e
     finally:
         for x in (rfd, wfd):
+            if x < 0:
+                continue
             try:
                 os.close(x)
             except OSError:
