@@ -101,11 +101,10 @@ def by_host(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {i["host"]: i for h in doc["hosts"] for i in h["instances"]}
 
 
-@pytest.mark.fleet
 @pytest.mark.usefixtures("ledger_dir")
-def test_scheduler_playbook_deploy_launch_verify_rollback(fresh_sandbox: Any,
+def test_scheduler_playbook_deploy_launch_verify_rollback(fake_sandbox: Any,
                                                           capsys: pytest.CaptureFixture[str]) -> None:
-    sb = fresh_sandbox(hosts=2, versions=("0.5.9", "0.5.14"), gpus=2)
+    sb = fake_sandbox(hosts=2, versions=("0.5.9", "0.5.14"), gpus=2)
     inv = str(sb.inventory_path)
     try:
         # pristine scheduler: the marker is missing on every rank, and verify-logs says where it looked

@@ -257,10 +257,9 @@ def test_release_refusal_names_the_release_and_why() -> None:
 
 
 
-@pytest.mark.fleet
 @pytest.mark.usefixtures("ledger_dir")
-def test_adaptive_spec_deploy_launch_verify_rollback(fresh_sandbox: Any, capsys: pytest.CaptureFixture[str]) -> None:
-    sb = fresh_sandbox(hosts=2, versions=("0.5.14", "0.5.23"), gpus=2)  # tp=2: ranks TP0 and TP1
+def test_adaptive_spec_deploy_launch_verify_rollback(fake_sandbox: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    sb = fake_sandbox(hosts=2, versions=("0.5.14", "0.5.23"), gpus=2)  # tp=2: ranks TP0 and TP1
     inv = str(sb.inventory_path)
     try:
         code, doc = cli(capsys, "launch", "-i", inv, ADAPTIVE, "--timeout", "300")
