@@ -54,7 +54,6 @@ pytestmark = [pytest.mark.usefixtures("ledger_dir")]
 needs_sshd = pytest.mark.skipif(not Path("/usr/sbin/sshd").exists(), reason="OpenSSH sshd is not installed")
 
 FILES = (EW2, SA)
-HOLD = 4.0
 
 
 @pytest.fixture(scope="module")
@@ -266,18 +265,24 @@ def test_reinstall_and_upgrade_under_a_deploy(fclean: tuple, capsys: pytest.Capt
 # ------------------------------------------------------------------ 10: no-op deploy races a rollback
 
 
-def _hold(sb: sbx.Sandbox, host: str, ledger: Path, *args: str) -> subprocess.Popen[str]:
+def _hold(sb: sbx.Sandbox, host: str, ledger: Path, *args: str) -> tuple[subprocess.Popen[str], Path]:
+    """A controller that holds `host`'s lock (at the 'locked' fault point) until the test writes the
+    returned release file: no window of time decides what the other command meets."""
     marker = sb.hosts[host].host_dir / "lock-held"
+    release = sb.hosts[host].host_dir / "lock-release"
     marker.unlink(missing_ok=True)
-    proc = spawn_faulted({host: {"at": "locked", "how": "wait", "hold": HOLD, "marker": str(marker)}},
+    release.unlink(missing_ok=True)
+    proc = spawn_faulted({host: {"at": "locked", "how": "until", "hold": 600, "release": str(release),
+                                 "marker": str(marker)}},
                          *args, "--json", ledger=ledger)
     try:
         wait_file(marker)
     except BaseException:
+        release.write_text("go")
         proc.kill()
         proc.communicate()
         raise
-    return proc
+    return proc, release
 
 
 @pytest.mark.fleet
@@ -287,12 +292,13 @@ def test_noop_deploy_during_a_rollback_is_not_unchanged(clean: tuple, ledger_dir
     sb, inv, pb = clean
     h = sb.hosts["h01"]
     assert run_json(capsys, "deploy", "-i", str(inv), "--limit", "h01", str(pb))[0] == 0
-    rollback = _hold(sb, "h01", ledger_dir, "rollback", "-i", str(inv), "--limit", "h01")
+    rollback, release = _hold(sb, "h01", ledger_dir, "rollback", "-i", str(inv), "--limit", "h01")
     try:
         # facts read now still show the patched files: a plan with nothing to do
         code, doc = run_json(capsys, "deploy", "-i", str(inv), "--limit", "h01", str(pb))
     finally:
-        out, _ = rollback.communicate(timeout=120)
+        release.write_text("go")
+        out, _ = rollback.communicate(timeout=300)
     assert code == 1, doc
     (r,) = doc["hosts"]
     assert r["status"] == "failed" and "locked: rollback r" in r["message"], r
@@ -306,11 +312,12 @@ def test_noop_rollback_during_a_deploy_is_not_nothing_to_do(clean: tuple, ledger
                                                             capsys: pytest.CaptureFixture[str]) -> None:
     sb, inv, pb = clean
     h = sb.hosts["h01"]
-    deploy = _hold(sb, "h01", ledger_dir, "deploy", "-i", str(inv), "--limit", "h01", str(pb))
+    deploy, release = _hold(sb, "h01", ledger_dir, "deploy", "-i", str(inv), "--limit", "h01", str(pb))
     try:
         code, doc = run_json(capsys, "rollback", "-i", str(inv), "--limit", "h01")
     finally:
-        out, _ = deploy.communicate(timeout=120)
+        release.write_text("go")
+        out, _ = deploy.communicate(timeout=300)
     assert code == 1, doc
     assert "locked: deploy d" in doc["hosts"][0]["message"], doc
     assert deploy.returncode == 0, out
