@@ -152,8 +152,26 @@ def _gone(doc: dict[str, Any]) -> None:
 
 
 @pytest.fixture(scope="module")
+def fake_gpu_sb(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """gpu_sb's host reached in-process (tests/fakehost.py): for what the check decides and cleans up."""
+    import fakehost
+    from conftest import _new_dir
+
+    with fakehost.sandbox(_new_dir(tmp_path_factory, "gpucheck-fake"), hosts=1, versions=["0.5.14"], gpus=1) as sb:
+        yield sb
+
+
+@pytest.fixture
+def fake_sb(fake_gpu_sb: Any) -> Any:
+    import fakehost
+
+    with fakehost.installed(fake_gpu_sb.fake):
+        yield fake_gpu_sb
+
+
+@pytest.fixture(scope="module")
 def gpu_sb(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """One sandbox host (0.5.14), module-wide; the tests deploy the playbook on it."""
+    """One sandbox host (0.5.14) on a real sshd, module-wide; the gpu-check smoke deploys the playbook on it."""
     from conftest import _down, _new_dir, require_sshd
 
     from fleetctl.sandbox import lifecycle
@@ -167,13 +185,12 @@ def gpu_sb(tmp_path_factory: pytest.TempPathFactory) -> Any:
         _down(d)
 
 
-@pytest.mark.fleet
-def test_refused_without_torch_and_before_deploy(gpu_sb: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, doc = cli(capsys, "gpu-check", FULL, "-i", _inventory(gpu_sb, tmp_path, torch=False))
+def test_refused_without_torch_and_before_deploy(fake_sb: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, doc = cli(capsys, "gpu-check", FULL, "-i", _inventory(fake_sb, tmp_path, torch=False))
     assert code == 1 and doc["hosts"][0]["state"] == "refused"
     msg = doc["hosts"][0]["message"]
     assert "torch does not import with" in msg and "install the torch build" in msg and "\n" not in msg
-    code, doc = cli(capsys, "gpu-check", FULL, "-i", _inventory(gpu_sb, tmp_path), "--check")
+    code, doc = cli(capsys, "gpu-check", FULL, "-i", _inventory(fake_sb, tmp_path), "--check")
     assert code == 1 and "the playbook is not deployed there; run 'fleetctl deploy" in doc["hosts"][0]["message"]
 
 
@@ -208,12 +225,11 @@ def test_check_then_run_passes_and_removes_everything(gpu_sb: Any, tmp_path: Pat
     assert "tok/s C=16" in text and "tok/s C=32" in text and "passed" in text and "cleanup: removed" in text, text
 
 
-@pytest.mark.fleet
 @pytest.mark.parametrize("knob,what", [("FLEETCTL_SIM_DIVERGE", "greedy outputs differ"),
                                        ("FLEETCTL_SIM_CRASH", "not ready")])
-def test_failure_still_removes_everything(gpu_sb: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+def test_failure_still_removes_everything(fake_sb: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                           knob: str, what: str) -> None:
-    inv = _inventory(gpu_sb, tmp_path, env={knob: "startup" if knob == "FLEETCTL_SIM_CRASH" else "1"})
+    inv = _inventory(fake_sb, tmp_path, env={knob: "startup" if knob == "FLEETCTL_SIM_CRASH" else "1"})
     code, doc = cli(capsys, "deploy", FULL, "-i", inv)
     assert code == 0, doc
     code, doc = cli(capsys, "gpu-check", FULL, "-i", inv)
@@ -222,10 +238,9 @@ def test_failure_still_removes_everything(gpu_sb: Any, tmp_path: Path, capsys: p
     _gone(doc)
 
 
-@pytest.mark.fleet
-def test_connection_local_runs_the_same_check(gpu_sb: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_connection_local_runs_the_same_check(fake_sb: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """An inventory host with `connection: local` (a GPU box with no sshd): the agent runs here, no SSH."""
-    inv = _inventory(gpu_sb, tmp_path)
+    inv = _inventory(fake_sb, tmp_path)
     doc = yaml.safe_load(inv.read_text())
     for h in doc["hosts"].values():
         h["connection"] = "local"
