@@ -16,14 +16,20 @@ from typing import Any
 
 import pytest
 import yaml
-from test_launch import FULL, make_inventory, sb  # noqa: F401  (the fixture)
+from test_launch import FULL, make_inventory, ssb  # noqa: F401  (the fixture: the session sandbox on sshd, left as found)
 
 from fleetctl.cli import main
 
 pytestmark = pytest.mark.fleet
 
 
-def ansible_ini(sb: Any, d: Path) -> Path:  # noqa: F811
+@pytest.fixture
+def sb(ssb: Any) -> Any:  # noqa: F811
+    """test_launch's session sandbox on sshd, left as found (its `sb` is the in-process fleet)."""
+    return ssb
+
+
+def ansible_ini(sb: Any, d: Path) -> Path:
     """The sandbox as an Ansible INI inventory with a range, group vars and host_vars files."""
     d.mkdir(parents=True)
     own = yaml.safe_load(make_inventory(sb, d / "fleetctl.yaml").read_text())
@@ -54,7 +60,7 @@ def run(capsys: pytest.CaptureFixture[str], *args: Any) -> tuple[int, dict[str, 
     return code, json.loads(capsys.readouterr().out)
 
 
-def test_an_ansible_ini_inventory_with_a_range_runs_the_loop(sb: Any, tmp_path: Path,  # noqa: F811
+def test_an_ansible_ini_inventory_with_a_range_runs_the_loop(sb: Any, tmp_path: Path,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
     ini = ansible_ini(sb, tmp_path / "ansible")
     ports = {n: yaml.safe_load((ini.parent / "host_vars" / f"{n}.yml").read_text())["ansible_port"]

@@ -33,7 +33,9 @@ from fleetctl.sandbox.lifecycle import Sandbox
 
 ROOT = Path(__file__).resolve().parents[1]
 FULL = ROOT / "playbooks" / "dynamic-spec-disable"
-pytestmark = pytest.mark.fleet
+# launch / stop / status decide on in-process hosts (`sb`, tests/fakehost.py: the servers are real
+# processes of the host's python); the launch smoke, the servers started by hand over ssh and the
+# Ctrl-C of a fleetctl process keep the session's sshd sandbox (`ssb`, `sandbox`: the fleet marker comes with it)
 
 
 # ----------------------------------------------------------------------------- helpers (also in test_verify_logs)
@@ -85,8 +87,32 @@ def reset_host_files(sb: Any) -> None:
             sb.set_gpu_state(h.name, "idle")
 
 
+@pytest.fixture(scope="module")
+def fake_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """The session sandbox's hosts (h01 0.5.9, h02 0.5.14, h03 0.5.9, 2 GPUs each), in-process."""
+    import fakehost
+
+    with fakehost.sandbox(tmp_path_factory.mktemp("launch-fake") / "sb", hosts=3, versions=["0.5.9", "0.5.14"],
+                          gpus=2) as fsb:
+        yield fsb
+
+
 @pytest.fixture
-def sb(sandbox: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+def sb(fake_fleet: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """The in-process fleet, left as found: servers stopped, files pristine, GPUs idle."""
+    import fakehost
+
+    monkeypatch.setenv("FLEETCTL_STATE_DIR", str(tmp_path / "ledger"))
+    try:
+        with fakehost.installed(fake_fleet.fake):
+            yield fake_fleet
+    finally:
+        stop_all_local(fake_fleet)
+        reset_host_files(fake_fleet)
+
+
+@pytest.fixture
+def ssb(sandbox: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     """The session sandbox, left as found: servers stopped, files pristine, GPUs idle."""
     monkeypatch.setenv("FLEETCTL_STATE_DIR", str(tmp_path / "ledger"))
     try:
@@ -151,10 +177,10 @@ def test_layout_split_gpus_ports_env_and_overrides(tmp_path: Path) -> None:
 # ----------------------------------------------------------------------------- on the fleet
 
 
-def test_launch_ready_env_exact_status_and_stop(sb: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+def test_launch_ready_env_exact_status_and_stop(ssb: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     weird = "a b; echo pwned $(id) `id` 'q' \"dq\" \\ *"
-    inv = make_inventory(sb, tmp_path / "inv.yaml", hosts=["h01", "h02"],
+    inv = make_inventory(ssb, tmp_path / "inv.yaml", hosts=["h01", "h02"],
                          env={"h01": {"FROM_INVENTORY": "yes", "WEIRD": weird}})
     pb = playbook_with(tmp_path, {"env": {"FROM_PROFILE": "1"}})
     # set in the controller's shell only: must never reach a server
@@ -170,14 +196,14 @@ def test_launch_ready_env_exact_status_and_stop(sb: Any, tmp_path: Path, capsys:
     assert p1["env"]["FROM_PROFILE"] == "1" and p1["env"]["WEIRD"] == weird and p1["cwd"]
     assert p1["worker"]["class"] == "EAGLEWorker" and plan["hosts"][0]["stop"] == []
     assert "srt/speculative/eagle_worker.py" in plan["hosts"][0]["hash_files"]
-    assert srv.list_instances(str(sb.hosts["h01"].state_dir)) == []
+    assert srv.list_instances(str(ssb.hosts["h01"].state_dir)) == []
     code, doc = cli(capsys, "launch", "--drop-unknown-flags", "-i", inv, pb, "--timeout", "300")
     assert code == 0, doc
     insts = {i["host"]: i for h in doc["hosts"] for i in h["instances"]}
     assert {i["status"] for i in insts.values()} == {"ready"} and {i["health"] for i in insts.values()} == {200}
     assert insts["h01"]["worker"]["class"] == "EAGLEWorker"  # 0.5.9, env unset on the host
     print(f"launch-to-ready per instance: {[i['seconds'] for i in insts.values()]}s")
-    h01 = sb.hosts["h01"]
+    h01 = ssb.hosts["h01"]
     rec = srv.current_record(str(h01.state_dir), insts["h01"]["instance"])
     environ = dict(x.split("=", 1) for x in Path(f"/proc/{rec['pid']}/environ").read_text().split("\0") if "=" in x)
     assert "FLEETCTL_LEAK_PROBE" not in environ and "SGLANG_ENABLE_SPEC_V2" not in environ
@@ -222,7 +248,7 @@ def test_launch_ready_env_exact_status_and_stop(sb: Any, tmp_path: Path, capsys:
     code, stopped = cli(capsys, "stop", "-i", inv)
     assert code == 0
     assert sorted(s["action"] for h in stopped["hosts"] for s in h["instances"]) == ["not running", "stopped"]
-    assert all(not srv.record_alive(srv.current_record(str(sb.hosts[n].state_dir), i["instance"]))
+    assert all(not srv.record_alive(srv.current_record(str(ssb.hosts[n].state_dir), i["instance"]))
                for n, i in insts.items())
 
 
@@ -362,13 +388,13 @@ SIM_FLAGS = ("--model-path m --speculative-algorithm EAGLE3 --speculative-num-st
 
 
 def test_servers_started_by_hand_are_discovered_and_named_after_deploy_and_rollback(
-        sb: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    inv = make_inventory(sb, tmp_path / "inv.yaml", hosts=["h01", "h02"])
-    h01 = sb.hosts["h01"]
+        ssb: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    inv = make_inventory(ssb, tmp_path / "inv.yaml", hosts=["h01", "h02"])
+    h01 = ssb.hosts["h01"]
     port = free_ports(1)[0]
     log = tmp_path / "by-hand.log"
     # an operator's own start over ssh, in the background, no fleetctl involved (0.5.9, env unset)
-    r = sb.ssh("h01", f"cd / ; nohup {h01.python} -m fleetctl.sandbox.simulator {SIM_FLAGS} --port {port} "
+    r = ssb.ssh("h01", f"cd / ; nohup {h01.python} -m fleetctl.sandbox.simulator {SIM_FLAGS} --port {port} "
                       f"> {log} 2>&1 < /dev/null & echo $!")
     assert r.returncode == 0, r.stderr
     pid = int(r.stdout.split()[-1])
@@ -614,7 +640,7 @@ def test_launch_and_verify_logs_pass_a_server_that_survived_a_logged_traceback(
 # ----------------------------------------------------------------------------- Ctrl-C while a model loads (issue 30.7)
 
 
-def test_ctrl_c_during_launch_stops_waiting_at_once_and_says_what_runs(sb: Any, tmp_path: Path,
+def test_ctrl_c_during_launch_stops_waiting_at_once_and_says_what_runs(ssb: Any, tmp_path: Path,
                                                                        capsys: pytest.CaptureFixture[str]) -> None:
     """The server takes 10 minutes to "load" (FLEETCTL_SIM_START_DELAY=600). One Ctrl-C while launch
     waits for it: launch stops waiting at once (before: it waited for the model), exits 130, and says
@@ -624,7 +650,7 @@ def test_ctrl_c_during_launch_stops_waiting_at_once_and_says_what_runs(sb: Any, 
 
     from eventpipe import EventPipe
 
-    inv = make_inventory(sb, tmp_path / "inv.yaml", hosts=["h01"], env={"h01": {"FLEETCTL_SIM_START_DELAY": "600"}})
+    inv = make_inventory(ssb, tmp_path / "inv.yaml", hosts=["h01"], env={"h01": {"FLEETCTL_SIM_START_DELAY": "600"}})
     assert cli(capsys, "deploy", "-i", inv, FULL)[0] == 0
     pipe = EventPipe()
     proc = pipe.popen(["launch", "--drop-unknown-flags", "-i", str(inv), str(FULL), "--timeout", "900", "--json"],
@@ -645,9 +671,9 @@ def test_ctrl_c_during_launch_stops_waiting_at_once_and_says_what_runs(sb: Any, 
     assert it["status"] == "interrupted", it
     assert it["message"].startswith("interrupted (Ctrl-C) while it was starting: left running"), it
     name = it["instance"]
-    rec = srv.current_record(str(sb.hosts["h01"].state_dir), name)
+    rec = srv.current_record(str(ssb.hosts["h01"].state_dir), name)
     assert srv.record_alive(rec)  # left running, as said
     cmd = it["message"][it["message"].index("'fleetctl stop"):].split("'")[1]
     assert cmd == f"fleetctl stop -i {inv} --limit h01 --instance {name}", cmd
     assert main(shlex.split(cmd)[1:]) == 0
-    assert not srv.record_alive(srv.current_record(str(sb.hosts["h01"].state_dir), name))
+    assert not srv.record_alive(srv.current_record(str(ssb.hosts["h01"].state_dir), name))

@@ -14,12 +14,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_launch import sb  # noqa: F401  (the fixture: the session sandbox, left as found)
+from test_launch import ssb  # noqa: F401  (the fixture: the session sandbox on sshd, left as found)
 
 from fleetctl.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 FULL = ROOT / "playbooks" / "dynamic-spec-disable"
+
+
+@pytest.fixture
+def sb(ssb: Any) -> Any:  # noqa: F811
+    """test_launch's session sandbox on sshd, left as found (its `sb` is the in-process fleet)."""
+    return ssb
 
 
 def run(capsys: pytest.CaptureFixture[str], *args: Any) -> tuple[int, str, str]:
@@ -165,7 +171,7 @@ def test_sandbox_status_fails_on_a_dead_host_and_its_restart_runs(fresh_sandbox:
 
 
 @pytest.mark.fleet
-def test_status_without_a_playbook_sees_a_deployed_file_edited_by_hand(sb: Any, tmp_path: Path,  # noqa: F811
+def test_status_without_a_playbook_sees_a_deployed_file_edited_by_hand(sb: Any, tmp_path: Path,
                                                                        capsys: pytest.CaptureFixture[str]) -> None:
     """Before: `status` without a playbook said ok after a deployed file was edited by hand (a live
     record 'explained' the path whatever it held), and the wording guessed a state-dir problem."""

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import yaml
-from test_launch import FULL, make_inventory, sb  # noqa: F401  (the fixture)
+from test_launch import FULL, make_inventory, ssb  # noqa: F401  (the fixture: the session sandbox on sshd, left as found)
 from waiting import until
 
 from fleetctl.cli import main
@@ -28,6 +28,12 @@ from fleetctl.remote import servers as srv
 pytestmark = pytest.mark.fleet
 
 SUGGESTED = re.compile(r"'(fleetctl [^']+)'")
+
+
+@pytest.fixture
+def sb(ssb: Any) -> Any:  # noqa: F811
+    """test_launch's session sandbox on sshd, left as found (its `sb` is the in-process fleet)."""
+    return ssb
 
 
 def suggestions(text: str) -> list[str]:
@@ -52,7 +58,7 @@ class Story:
         return code, text
 
 
-def test_every_suggested_command_runs_as_printed(sb: Any, tmp_path: Path,  # noqa: F811
+def test_every_suggested_command_runs_as_printed(sb: Any, tmp_path: Path,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
     inv = make_inventory(sb, tmp_path / "inv.yaml", hosts=["h01", "h02"],
                          env={"h02": {"FLEETCTL_SIM_CRASH": "after-ready:0.5"}})
@@ -71,7 +77,7 @@ def test_every_suggested_command_runs_as_printed(sb: Any, tmp_path: Path,  # noq
         assert rec is None or not srv.record_alive(rec), f"left running: {rec}"
 
 
-def _story(sb: Any, s: Story, inv: Path, inv2: Path, tmp_path: Path) -> None:  # noqa: F811
+def _story(sb: Any, s: Story, inv: Path, inv2: Path, tmp_path: Path) -> None:
     # failure paths first: a launch before any deploy, a host the inventory does not have, bad input
     assert s.run("launch", "-i", inv, FULL, "--limit", "h01")[0] == 1
     assert s.run("facts", "-i", inv, "--limit", "nosuchhost")[0] == 2
