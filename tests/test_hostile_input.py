@@ -185,7 +185,7 @@ def test_secret_env_reaches_the_agent_over_stdin(tmp_path: Path) -> None:
     value, exactly, though it was on no command line."""
     from fleetctl.transport.ssh import BOOTSTRAP
 
-    src = b"import os, sys\ndef _main(d):\n    sys.stdout.write(os.environ['HF_TOKEN'] + '|' + d.decode())\n    return 0\n"
+    src = b"import os, sys\ndef serve_once(d):\n    sys.stdout.write(os.environ['HF_TOKEN'] + '|' + d.decode())\n    return 0\n"
     block = marshal.dumps({"HF_TOKEN": SECRET + "\n'\"$x"}, 4)
     data = b"P%010d" % len(src) + src + b"E%010d" % len(block) + block + b'{"action": "ping"}'
     r = subprocess.run([sys.executable, "-c", BOOTSTRAP], input=data, capture_output=True)

@@ -114,6 +114,7 @@ def test_the_cpu_venv_is_small_and_labelled(cpu_python: str) -> None:
 
 # --- end to end: `explain --probe` on sandbox hosts that opt into the CPU venv, over real sshd ----
 
+@pytest.mark.fleet
 def test_explain_probe_on_a_sandbox_mixing_the_origin_and_the_newest_release(
         cpu_python: str, model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
         request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -153,6 +154,7 @@ def test_explain_probe_on_a_sandbox_mixing_the_origin_and_the_newest_release(
 
 # --- deploy on hosts whose inventory says `probe: true`: the probe is a fact gathered before the plan ---
 
+@pytest.mark.fleet
 def test_deploy_with_inventory_probe_refuses_a_host_whose_own_sglang_disagrees(
         cpu_python: str, model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
         request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:

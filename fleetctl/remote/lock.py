@@ -10,6 +10,7 @@ Locks and manifests record the machine that wrote them (see machine_identity): a
 over another machine's lock on its own and never acts on another machine's manifest.
 """
 
+import errno
 import os
 import stat
 import time
@@ -185,6 +186,11 @@ def read_lock(state_dir):
     return info
 
 
+# errnos of a link(2) refused because the filesystem has no hard links (then the lock is made with O_EXCL)
+NO_HARD_LINKS = tuple(getattr(errno, n) for n in ("EPERM", "EOPNOTSUPP", "ENOTSUP", "EXDEV", "EMLINK", "ENOSYS")
+                      if hasattr(errno, n))
+
+
 def _create_lock(lock, data):
     """Create `lock` holding `data` in one step: write_atomic's complete temp file hard-linked to the
     lock name (fails if it exists), so nobody ever reads a half-written lock. True if created."""
@@ -193,17 +199,28 @@ def _create_lock(lock, data):
         return True
     except FileExistsError:
         return False
-    except OSError:  # a filesystem without hard links: O_EXCL create, then write
-        try:
-            lfd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            return False
+    except OSError as e:
+        if e.errno not in NO_HARD_LINKS:  # a full disk, a read-only dir...: no lock, the error says why
+            raise
+    # a filesystem without hard links: O_EXCL create, then write; a lock that could not be written
+    # whole is removed again (a half-written lock would hold the host until someone breaks it)
+    try:
+        lfd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return False
+    try:
         with os.fdopen(lfd, "wb") as fh:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
-        fsync_dir(os.path.dirname(lock))
-        return True
+    except BaseException:
+        try:
+            os.unlink(lock)
+        except OSError:
+            pass
+        raise
+    fsync_dir(os.path.dirname(lock))
+    return True
 
 
 def _locked_error(held):
