@@ -231,7 +231,7 @@ def _starts(insts: list[Instance]) -> list[InstanceStart]:
     return [InstanceStart(i.name, i.port, list(i.gpus), list(i.public_argv),
                           i.launch.public_effective_env if i.launch else i.public_env,
                           (i.launch.cwd if i.launch and i.launch.cwd else None)
-                          or i.effective_env.get("HOME") or "~ (the SSH user's home)") for i in insts]
+                          or i.effective_env.get("HOME") or "~ (the home of the user the agent runs as)") for i in insts]
 
 
 def _plan_refused(lp: LaunchPlan, msg: str, status: Status = "refused") -> LaunchPlan:
