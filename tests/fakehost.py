@@ -50,7 +50,7 @@ from typing import Any, ClassVar
 
 from fleetctl.config.hosts import Host, Inventory
 from fleetctl.transport.base import RemoteError, Unreachable
-from fleetctl.transport.local import ProcessPipe
+from fleetctl.transport.local import ProcessPipe, open_loopback
 from fleetctl.transport.session import BOOTSTRAP, HELLO, AgentTransport
 
 CHUNK = 1 << 16
@@ -504,12 +504,7 @@ class FakeHostTransport(AgentTransport):
                 p.close()
 
     def open_tcp(self, port: int, host: str = "127.0.0.1", timeout: float = 10.0) -> socket.socket:
-        if not host.startswith("127.") and host != "localhost":
-            raise RemoteError(f"{self.host.name}: a fake host only reaches loopback, not {host}")
-        try:
-            return socket.create_connection((host, port), timeout=timeout)
-        except OSError as e:
-            raise RemoteError(f"{self.host.name}: cannot reach {host}:{port}: {e}") from None
+        return open_loopback(self.host.name, "a fake host", port, host, timeout)
 
     def close(self) -> None:
         self._agent_drop()

@@ -112,6 +112,17 @@ class ProcessPipe:
             self.proc.wait(5)
 
 
+def open_loopback(name: str, what: str, port: int, host: str, timeout: float) -> socket.socket:
+    """A TCP connection from this machine to one of its own loopback ports (a host that is this
+    machine reaches nothing else): `what` names the transport in the refusal."""
+    if not host.startswith("127.") and host != "localhost":
+        raise RemoteError(f"{name}: {what} only reaches loopback, not {host}")
+    try:
+        return socket.create_connection((host, port), timeout=timeout)
+    except OSError as e:
+        raise RemoteError(f"{name}: cannot reach {host}:{port}: {e}") from None
+
+
 class LocalTransport(AgentTransport):
     """The agent of `host` run as a local subprocess (no shell: argv as is). `open_tcp` connects to
     the loopback port directly."""
@@ -149,12 +160,7 @@ class LocalTransport(AgentTransport):
                 p.kill()
 
     def open_tcp(self, port: int, host: str = "127.0.0.1", timeout: float = 10.0) -> socket.socket:
-        if not host.startswith("127.") and host != "localhost":
-            raise RemoteError(f"{self.host.name}: the local transport only reaches loopback, not {host}")
-        try:
-            return socket.create_connection((host, port), timeout=timeout)
-        except OSError as e:
-            raise RemoteError(f"{self.host.name}: cannot reach {host}:{port}: {e}") from None
+        return open_loopback(self.host.name, "the local transport", port, host, timeout)
 
     def close(self) -> None:
         self._agent_drop()
