@@ -142,21 +142,26 @@ def _kept_stripped(key: str) -> str | None:
 
 
 def _keep_stripped(key: str, text: str) -> None:
+    f = _kept_file(key)
+    if f is not None:
+        keep_file(f, f"{text}# fleetctl-stripped {key}\n".encode())
+
+
+def keep_file(f: Path, data: bytes) -> None:
+    """Write one of the controller's own cache files (0600, in a 0700 dir, renamed into place);
+    best effort: without it the thing is built again next time."""
     import os
     import threading
 
-    f = _kept_file(key)
-    if f is None:
-        return
     try:
         f.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         tmp = f.with_name(f"{f.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except OSError:  # no cache: stripped again next time
+    except OSError:
         return
     try:
         with os.fdopen(fd, "wb") as fh:
-            fh.write(f"{text}# fleetctl-stripped {key}\n".encode())
+            fh.write(data)
         os.replace(tmp, f)
     except OSError:
         tmp.unlink(missing_ok=True)

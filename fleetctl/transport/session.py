@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from fleetctl.config.hosts import Host
-from fleetctl.remote import agent_key, agent_text, keep_stripped_in, packed
+from fleetctl.remote import agent_key, agent_text, keep_file, keep_stripped_in, packed
 from fleetctl.remote import cache as once
 from fleetctl.transport.base import RemoteError, Steps, Unreachable
 from fleetctl.transport.layers import remote_argv
@@ -167,7 +167,7 @@ def compiled_agent() -> tuple[str, bytes]:
                 # a host's python of the same magic compiling the shipped source writes these bytes
                 data = marshal.dumps((code, probe, probe_source()), 2)
                 if f is not None:
-                    _write_compiled(f, data)
+                    keep_file(f, data)  # no cache: compiled again next time
             _compiled.append((magic, data))
         return _compiled[0]
 
@@ -220,21 +220,6 @@ def _read_compiled(f: Path) -> bytes | None:
     ok = type(got) is tuple and len(got) == 3 and all(type(c).__name__ == "code" for c in got[:2]) \
         and type(got[2]) is str
     return data if ok else None
-
-
-def _write_compiled(f: Path, data: bytes) -> None:
-    try:
-        f.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        tmp = f.with_name(f"{f.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except OSError:  # no cache: compiled again next time
-        return
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, f)
-    except OSError:
-        tmp.unlink(missing_ok=True)
 
 
 def code_key(code: bytes) -> str:
