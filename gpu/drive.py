@@ -178,6 +178,32 @@ def plan_for(version):
             dict(name="t_nospec", tree="pristine", env={}, target="target", draft=None,
                  bench=bt, ready_max=150, need_s=60, nofb=True),
         ]
+    if version in ("014w", "012w", "014wt", "012wt"):
+        # the 8b shape (make_models.py --shape 8b, in WORK/models8b): the same bigram target and
+        # draft-kvmean at Llama-3-8B's width and depth, so that a decode step is GPU-bound as with
+        # real models; *wt: the draft that pays (constant target + draft-perfect, accept 4)
+        env = {"SGLANG_ENABLE_SPEC_V2": "0"} if version.startswith("012") else {}
+        wk = "v1" if version.startswith("012") else "v2"
+        m = dict(models="models8b", nofb=True)
+        if version.endswith("wt"):
+            bt = [(1, 4, 256), (4, 8, 256), (8, 16, 256), (32, 64, 256), (64, 128, 256)]
+            return [
+                dict(name=f"t8_{wk}_dsd4", tree="patched", env=env, target="target", draft="draft-perfect",
+                     threshold=4, bench=bt, ready_max=240, need_s=100, **m),
+                dict(name=f"t8_{wk}_spec", tree="pristine", env=env, target="target", draft="draft-perfect",
+                     bench=bt, ready_max=200, need_s=90, **m),
+                dict(name="t8_nospec", tree="pristine", env={}, target="target", draft=None, bench=bt,
+                     ready_max=150, need_s=70, **m),
+            ]
+        bw = [(1, 4, 256), (4, 8, 256), (5, 10, 256), (16, 32, 256), (64, 128, 256)]
+        return [
+            dict(name=f"k8_{wk}_dsd4", tree="patched", env=env, target="target-bigram", draft="draft-kvmean",
+                 threshold=4, bench=bw, switch=True, ready_max=240, need_s=120, **m),
+            dict(name="g8_nospec", tree="pristine", env={}, target="target-bigram", draft=None, bench=bw,
+                 ready_max=150, need_s=80, **m),
+            dict(name=f"k8_{wk}_spec", tree="pristine", env=env, target="target-bigram", draft="draft-kvmean",
+                 bench=bw, ready_max=200, need_s=90, **m),
+        ]
     if version == "012f":
         # flap: many on/off switches under one long request; nograph: where the skipped step's
         # time goes (stock spec-on and spec-off with CUDA graphs off, against the payload's skip).
@@ -545,7 +571,7 @@ def run_phase(ph, args, port, results):
     if args.act_fallback:
         env["GPU_REAL_ACT_FALLBACK"] = "1"
         rec["act_fallback"] = True
-    models = os.path.join(work, "models")
+    models = os.path.join(work, ph.get("models", "models"))
     argv = [sys.executable, "-m", "sglang.launch_server", "--model-path", os.path.join(models, ph.get("target", "target")),
             "--port", str(port)] + COMMON
     if ph.get("draft"):
