@@ -204,6 +204,20 @@ def plan_for(version):
             dict(name=f"k8_{wk}_spec", tree="pristine", env=env, target="target-bigram", draft="draft-kvmean",
                  bench=bw, ready_max=200, need_s=90, **m),
         ]
+    if version in ("014p", "012p"):
+        # where a step's time goes on the 8b shape at 64 running requests: SGLang's torch profiler
+        # over 20 steps of the payload (skipping), stock spec-off and stock spec-on
+        env = {"SGLANG_ENABLE_SPEC_V2": "0"} if version.startswith("012") else {}
+        wk = "v1" if version.startswith("012") else "v2"
+        m = dict(models="models8b", nofb=True, profile=(64, 128, 256), bench=[])
+        return [
+            dict(name=f"k8_{wk}_dsd4_prof", tree="patched", env=env, target="target-bigram", draft="draft-kvmean",
+                 threshold=4, ready_max=240, need_s=90, **m),
+            dict(name="g8_nospec_prof", tree="pristine", env={}, target="target-bigram", draft=None,
+                 ready_max=150, need_s=70, **m),
+            dict(name=f"k8_{wk}_spec_prof", tree="pristine", env=env, target="target-bigram", draft="draft-kvmean",
+                 ready_max=200, need_s=70, **m),
+        ]
     if version == "012f":
         # flap: many on/off switches under one long request; nograph: where the skipped step's
         # time goes (stock spec-on and spec-off with CUDA graphs off, against the payload's skip).
@@ -549,6 +563,40 @@ def timeline(text):
     return segs
 
 
+def profile_under_load(port, level, args, name):
+    """A steady load at `level` (concurrency, requests, max_new), and SGLang's own torch profiler
+    over 20 scheduler steps in the middle of it; the trace is summarised here (prof_summary.py)."""
+    import glob
+    import threading
+    sys.path.insert(0, HERE)
+    from prof_summary import load, summarise
+    conc, n, max_new = level
+    pdir = os.path.join(args.work, "prof", name)
+    os.makedirs(pdir, exist_ok=True)
+    bench(port, conc, conc, 32, args.deadline - 15)  # warm
+    res = {}
+    t = threading.Thread(target=lambda: res.update(bench=bench(port, conc, n, max_new, args.deadline - 15)))
+    t.start()
+    time.sleep(1.5)  # the load is running at full concurrency by now (device harness, not a test)
+    try:
+        res["start_profile"] = str(http("POST", f"http://127.0.0.1:{port}/start_profile",
+                                        {"output_dir": pdir, "num_steps": 20, "activities": ["CPU", "GPU"]},
+                                        timeout=60))[:300]
+    except Exception as e:
+        res["start_profile_error"] = repr(e)[:300]
+    t.join()
+    time.sleep(3)
+    files = sorted(glob.glob(os.path.join(pdir, "**", "*.json*"), recursive=True))
+    res["files"] = [os.path.basename(f) for f in files]
+    for f in files[:2]:
+        try:
+            res.setdefault("summaries", []).append(summarise(load(f)))
+        except Exception as e:
+            res.setdefault("summaries", []).append({"error": repr(e)[:300]})
+    print(f"[drive] {name}: profile {json.dumps(res)[:6000]}", flush=True)
+    return res
+
+
 def run_phase(ph, args, port, results):
     name = ph["name"]
     rec = {"name": name, "tree": ph["tree"], "env": ph["env"], "threshold": ph.get("threshold"), "target": ph.get("target"),
@@ -611,6 +659,8 @@ def run_phase(ph, args, port, results):
                     samples.append({"i": i, "error": repr(e)[:300]})
             rec["samples"] = samples
             rec["samples_batched"] = batched_samples(port, 32, 64)  # 32 at once: above the threshold
+            if ph.get("profile"):
+                rec["profile"] = profile_under_load(port, ph["profile"], args, name)
             rec["bench"] = []
             for conc, n, max_new in ph.get("bench", []):
                 if args.deadline - time.time() < 20:
