@@ -5,6 +5,7 @@ commands runs). Each calls its op, records it in the ledger (fleetctl/ops/record
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,11 +28,12 @@ from fleetctl.commands.deploys_view import (
 )
 from fleetctl.engines import engine
 from fleetctl.errors import EXIT_FAILED, EXIT_OK, InputError
+from fleetctl.model.recorded import recorded
+from fleetctl.model.result import HostResult
 from fleetctl.ops import runlog
 from fleetctl.ops.ledger import Ledger
 from fleetctl.ops.record import Recorded
 from fleetctl.ui.hostnames import group, strip_host
-from fleetctl.ui.jsonout import host_row
 from fleetctl.ui.jsonout import rows as rows_json
 from fleetctl.ui.render import hosts_cell, table
 from fleetctl.ui.safetext import line, lines_cell, styled
@@ -39,9 +41,11 @@ from fleetctl.ui.safetext import line, lines_cell, styled
 if TYPE_CHECKING:
     from fleetctl.config.hosts import Host
     from fleetctl.config.playbook_model import Playbook
+    from fleetctl.model.explain import Explained, ExplainedInstance
     from fleetctl.model.facts import HostFacts
     from fleetctl.model.instances import Instance
-    from fleetctl.plan.deploy import Plan
+    from fleetctl.ops.rollback import RollbackPlan
+    from fleetctl.plan.deploy import HostPlan, Plan
 
 
 def _playbook_name(path: str | None) -> str:
@@ -105,9 +109,9 @@ def deploy(*, playbook: Path, inventory: Path | None, limit: str | None, forks: 
                 print_diffs(ctx, plan)
         bad_plan = [hp for hp in plan.hosts if hp.status in ("refused", "unreachable", "failed")]
         if check:
-            runlog.result(plan_hosts(plan.to_json()["hosts"]))
+            runlog.result(plan_hosts(plan.hosts))
             if json_out:
-                emit_json("deploy", ok=not bad_plan, hosts=plan_hosts(plan.to_json()["hosts"]), check=True,
+                emit_json("deploy", ok=not bad_plan, hosts=plan_hosts(plan.hosts), check=True,
                           plan=plan.to_json(), elapsed=round(ctx.elapsed(), 3),
                           message=f"deploy --check: nothing was changed ({ctx.elapsed():.2f}s)")
             else:
@@ -118,8 +122,7 @@ def deploy(*, playbook: Path, inventory: Path | None, limit: str | None, forks: 
                                + f"; nothing was changed ({ctx.elapsed():.2f}s)"))
             raise typer.Exit(EXIT_FAILED if bad_plan else EXIT_OK)
         if any_errors_fatal and bad_plan:
-            _fatal_refusal("deploy", plan.to_json(), [(hp.host, hp.status, hp.reason) for hp in bad_plan],
-                           json_out)
+            _fatal_refusal("deploy", plan.hosts, plan.to_json(), bad_plan, json_out)
         if restart:
             from fleetctl.ops.rolling import parse_count
 
@@ -195,15 +198,15 @@ def rollback(*, inventory: Path | None, limit: str | None, forks: int, to: str |
             raise InputError(f"deploy {to} is not on any of the {len(plans)} selected host(s)",
                              hint="pick an id from 'fleetctl status' or 'fleetctl history', or widen --limit",
                              reference="deploy-id-unknown")
-        runlog.plan([p.to_json() for p in plans])
+        runlog.plan([p.result().to_json() for p in plans])
         if not json_out:
             render_rollback_plan(plans)
         bad = [p for p in plans if p.status in ("refused", "unreachable", "failed")]
         if check:
-            runlog.result(plan_hosts([p.to_json() for p in plans]))
+            runlog.result(plan_hosts(plans))
             if json_out:
-                emit_json("rollback", ok=not bad, hosts=plan_hosts([p.to_json() for p in plans]), check=True,
-                          plan=[p.to_json() for p in plans], message="rollback --check: nothing was changed")
+                emit_json("rollback", ok=not bad, hosts=plan_hosts(plans), check=True,
+                          plan=[p.result().to_json() for p in plans], message="rollback --check: nothing was changed")
             else:
                 err.print(line(f"rollback --check: {len(plans)} hosts: "
                                + _counts([p.status for p in plans], {"change": "would be restored",
@@ -213,8 +216,7 @@ def rollback(*, inventory: Path | None, limit: str | None, forks: int, to: str |
                                + f"; nothing was changed ({ctx.elapsed():.2f}s)"))
             raise typer.Exit(EXIT_FAILED if bad else EXIT_OK)
         if any_errors_fatal and bad:
-            _fatal_refusal("rollback", [p.to_json() for p in plans], [(p.host, p.status, p.reason) for p in bad],
-                           json_out)
+            _fatal_refusal("rollback", plans, [p.result().to_json() for p in plans], bad, json_out)
         op_id = new_op_id("r")
         record = Recorded(op_id, "rollback", inventory=ctx.inventory.path, playbook=None,
                           args={"limit": limit, "to": to, "force": force, "from_pristine": from_pristine,
@@ -245,7 +247,7 @@ def rollback(*, inventory: Path | None, limit: str | None, forks: int, to: str |
         if json_out:
             emit_json("rollback", op_id=op_id, ok=not failed, message=summary,
                       hosts=rows_json(rows),
-                      plan=[p.to_json() for p in plans],
+                      plan=[p.result().to_json() for p in plans],
                       restart_needed=reminder.to_json() if reminder else None)
         else:
             t = table("result", ["host", "status", "what"])
@@ -392,7 +394,7 @@ def history_show(*, ident: str, log_file: str | None, json_out: bool) -> None:
                               "(--log-file FILE if the command was given one)", reference="run-id-unknown")
     if json_out:
         emit_json("history", op_id=entry["id"] if entry else None, ok=True,
-                  hosts=[host_row(h) for h in entry["hosts"]] if entry else [],
+                  hosts=[recorded(h).row() for h in entry["hosts"]] if entry else [],
                   message=f"{len(events)} event(s) of run {ident} in {path}", run_log=str(path), events=events,
                   operation={k: v for k, v in entry.items() if k != "hosts"} if entry else None)
         raise typer.Exit(0)
@@ -430,7 +432,7 @@ def history(*, op_id: str | None, limit_rows: int, json_out: bool) -> None:
                                  reference="op-id-unknown")
             if json_out:
                 emit_json("history", op_id=d["id"], ok=True,
-                          hosts=[host_row(h) for h in d["hosts"]],
+                          hosts=[recorded(h).row() for h in d["hosts"]],
                           message=f"{d['kind']} {d['id']}: {d['outcome'] or 'running'}",
                           operation={k: v for k, v in d.items() if k != "hosts"})
                 raise typer.Exit(0)
@@ -499,9 +501,10 @@ def history(*, op_id: str | None, limit_rows: int, json_out: bool) -> None:
 
 
 
-def _explain_instance(row: dict[str, Any], f: HostFacts, pb: Playbook, inst: Instance) -> dict[str, Any]:
-    """One launch instance of `explain`'s host row: its worker and coverage, and what the launch itself
-    does that verify-logs would only find afterwards (refusals and notes go on `row`)."""
+def _explain_instance(ex: Explained, f: HostFacts, pb: Playbook, inst: Instance) -> ExplainedInstance:
+    """One launch instance of `explain`'s host: its worker and coverage, and what the launch itself
+    does that verify-logs would only find afterwards (refusals and notes go on the host's `ex`)."""
+    from fleetctl.model.explain import ExplainedInstance
     from fleetctl.model.launchspec import env_overrides
     from fleetctl.ops.verify import never_fires
     from fleetctl.plan.intended import intended_data
@@ -519,107 +522,94 @@ def _explain_instance(row: dict[str, Any], f: HostFacts, pb: Playbook, inst: Ins
     # what the launch itself does that verify-logs would only find afterwards: a log level
     # hiding INFO (launch refuses it), a launch command overriding the playbook's env
     hidden = engine().log_visibility_problems(dict(args), ienv) if args else []
-    row["refused"] = row["refused"] or (hidden[0] if hidden else None)
+    ex.refused = ex.refused or (hidden[0] if hidden else None)
     # a check the patch adds to the argument file that refuses this launch (the crash, before it)
     bad_value = (engine().patched_refusal(f.package_version, intended_data(pb, f.package_version), args)
                  if args and not ic.refused else None)
     if bad_value:
-        row["refused"] = row["refused"] or (f"the playbook's patched {engine().args_file} refuses this "
-                                            f"launch: {bad_value}")
+        ex.refused = ex.refused or (f"the playbook's patched {engine().args_file} refuses this "
+                                    f"launch: {bad_value}")
     read = engine().launch_file_note(f.package_version, dict(inst.flags), named)
-    row["notes"] = [*row.get("notes", []), *(n for n in hidden[1:] + env_overrides(
-        dict(inst.env), inst.launch) + ([read] if read else []) if n not in row.get("notes", []))]
-    return {"instance": inst.name, "gpus": list(inst.gpus), "port": inst.port,
-            "worker_class": ic.worker_class, "worker_file": ic.worker_file,
-            "disable_overlap_schedule": ic.disable_overlap_schedule,
-            "covered": ic.covered, "reason": ic.reason, "refused": ic.refused,
-            "never_fires": never_fires(pb, dict(args))}
+    ex.note(*hidden[1:], *env_overrides(dict(inst.env), inst.launch), *([read] if read else []))
+    return ExplainedInstance(inst.name, list(inst.gpus), inst.port, ic.worker_class, ic.worker_file,
+                             ic.disable_overlap_schedule, ic.covered, ic.reason, ic.refused,
+                             never_fires(pb, dict(args)))
 
 
-def _explain_row(h: Host, f: HostFacts, pb: Playbook) -> dict[str, Any]:
-    """`explain`'s row for one reachable host: which worker its launch runs and whether the playbook
+def _explain_row(h: Host, f: HostFacts, pb: Playbook) -> HostResult[Explained]:
+    """`explain`'s answer for one reachable host: which worker its launch runs and whether the playbook
     patches it, per instance too, with the notes and refusals that explain it."""
+    from fleetctl.model.explain import Explained
+    from fleetctl.model.facts import (
+        locate_notes,  # here: facts is heavy, status/rollback load this module
+    )
     from fleetctl.plan.patched_worker import host_coverage, instances, launch_env, launch_flags
 
     cov = host_coverage(h, f, pb)
     env = f.judged_env(launch_env(h, pb))  # after the interpreter's start-up hooks
-    row: dict[str, Any] = {
-        "host": h.name, "status": "ok", "version": f.package_version,
-        **engine().shown_env(env),
-        "flags": engine().shown_flags(launch_flags(h, pb)),
-        "worker_class": cov.worker_class if cov else None,
-        "worker_file": cov.worker_file if cov else None,
-        "disable_overlap_schedule": cov.disable_overlap_schedule if cov else None,
-        "covered": cov.covered if cov else None,
-        "reason": cov.reason if cov else (f.package_error or "SGLang not found by the launch's python"),
-        "refused": cov.refused if cov else (f.package_error or "SGLang not found by the launch's python"),
-        "families": cov.families if cov else [],
-    }
+    missing = f.package_error or "SGLang not found by the launch's python"
+    ex = Explained(cov.reason if cov else missing, version=f.package_version, shown_env=engine().shown_env(env),
+                   flags=engine().shown_flags(launch_flags(h, pb)),
+                   worker_class=cov.worker_class if cov else None, worker_file=cov.worker_file if cov else None,
+                   disable_overlap_schedule=cov.disable_overlap_schedule if cov else None,
+                   covered=cov.covered if cov else None, refused=cov.refused if cov else missing,
+                   families=cov.families if cov else [])
     if f.package_version:
-        row["instances"] = []
-        for inst in instances(h, pb):
-            row["instances"].append(_explain_instance(row, f, pb, inst))
+        ex.instances = [_explain_instance(ex, f, pb, inst) for inst in instances(h, pb)]
     # the code import would load for the worker file, not only its source (bytecode)
     bc = f.bytecode_problem(cov.worker_file) if cov and cov.worker_file else None
-    row["bytecode"] = bc
-    from fleetctl.model.facts import (
-        locate_notes,  # here: facts is heavy, status/rollback load this module
-    )
-
-    row["notes"] = [*f.package_notes, *locate_notes(f), *row.get("notes", [])]
-    row["startup_env"] = f.hook_notes()
-    row["model_architecture"] = f.model.arch if f.model else None
+    ex.bytecode = bc
+    ex.notes = [*f.package_notes, *locate_notes(f), *ex.notes]
+    ex.startup_env = f.hook_notes()
+    ex.model_architecture = f.model.arch if f.model else None
     if cov and cov.uncertain:
-        row["notes"].append(cov.uncertain)
+        ex.notes.append(cov.uncertain)
     if bc and f.bytecode_loader(cov.worker_file or "") != "source":
-        row["refused"] = row["refused"] or bc
+        ex.refused = ex.refused or bc
     elif bc:
-        row["notes"].append(f"{bc}: deploy removes it when it patches the file")
+        ex.notes.append(f"{bc}: deploy removes it when it patches the file")
     for pf in pb.files_for(f.package_version or "") or []:
         other = f.bytecode_problem(pf.path) if pf.path != (cov.worker_file if cov else None) else None
         if other:
-            row["notes"].append(other)
+            ex.notes.append(other)
     if f.package_version and pb.files_for(f.package_version) is None:
-        row["refused"] = (engine().playbook_refusal(pb, f.package_version)
-                          or f"SGLang {f.package_version} has no patch set in {pb.path.name}; "
-                          f"supported: {', '.join(pb.supported())}")
+        ex.refused = (engine().playbook_refusal(pb, f.package_version)
+                      or f"SGLang {f.package_version} has no patch set in {pb.path.name}; "
+                      f"supported: {', '.join(pb.supported())}")
     for inst in instances(h, pb):  # a steps=0 slot the launch's batch limit never reaches
-        row["notes"] += [w for w in engine().playbook_warnings(pb, dict(inst.flags)) if w not in row["notes"]]
-    return row
+        ex.note(*engine().playbook_warnings(pb, dict(inst.flags)))
+    return HostResult(h.name, "refused" if ex.refused else "ok", ex.reason, ex)
 
 
 def explain(*, playbook: Path, inventory: Path | None, limit: str | None, forks: int, json_out: bool, debug: bool,
         accept_new_host_keys: bool, probe: bool = False) -> None:
     with playbook_fleet(playbook, inventory, limit, forks, command="explain", json=json_out, debug=debug,
                         accept_new_host_keys=accept_new_host_keys) as (pb, ctx):
+        from fleetctl.model.explain import Explained
         from fleetctl.ops.deploy import gather
 
         gathered = _tick_run(ctx, "facts", lambda: gather(ctx.fleet, pb))
-        rows: list[dict[str, Any]] = []
+        rows: list[HostResult[Explained]] = []
         for h in ctx.fleet.hosts:
             o = gathered.outcomes[h.name]
-            if not o.ok:
-                rows.append({"host": h.name, "status": o.status, "reason": o.message, "covered": None,
-                             "worker_class": None, "worker_file": None, "disable_overlap_schedule": None})
-                continue
-            rows.append(_explain_row(h, gathered.facts[h.name], pb))
+            rows.append(o.carry(Explained(o.message, answered=False)) if not o.ok
+                        else _explain_row(h, gathered.facts[h.name], pb))
         if probe:
             from fleetctl.commands.probe import add_probe_answers
 
             add_probe_answers(ctx, pb, gathered, rows)
-        bad = [r for r in rows if r["status"] != "ok" or r.get("refused")]
-        explained = [host_row(r, ok=r["status"] == "ok" and not r.get("refused"),
-                              state=r["status"] if r["status"] != "ok" else ("refused" if r.get("refused") else "ok"))
-                     for r in rows]
+        for r in rows:  # a host that answered: the playbook serves it, or it is refused (and why)
+            if r.detail.answered:
+                r.status = "refused" if r.detail.refused else "ok"
+        explained = [r.row() for r in rows]
         runlog.result(explained)
         if json_out:
-            emit_json("explain", ok=not bad, playbook=str(pb.path), hosts=explained)
+            emit_json("explain", ok=all(r.ok for r in rows), playbook=str(pb.path), hosts=explained)
         else:
             render_explain(rows)
             err.print(line(f"explain: {len(rows)} hosts: "
-                           + _counts(["refused" if r["status"] == "ok" and r.get("refused") else r["status"]
-                                      for r in rows], {}, always=("ok",))))
-        raise typer.Exit(EXIT_FAILED if bad else EXIT_OK)
+                           + _counts([r.status for r in rows], {}, always=("ok",))))
+        raise typer.Exit(EXIT_OK if all(r.ok for r in rows) else EXIT_FAILED)
 
 
 def _restart_reminder(ctx: RunContext, pb: Playbook | None, changed: list[str],
@@ -639,17 +629,18 @@ def _restart_reminder(ctx: RunContext, pb: Playbook | None, changed: list[str],
     return restart_reminder([found[h] for h in changed if h in found] + more, ctx.fleet.hosts)
 
 
-def _fatal_refusal(command: str, plan: Any, bad: list[tuple[str, str, str]], json_out: bool) -> None:
-    """--any-errors-fatal: some host cannot take part, so no host is changed (exit 1)."""
+def _fatal_refusal(command: str, plans: Sequence[HostPlan | RollbackPlan], plan: Any,
+                   bad: Sequence[HostPlan | RollbackPlan], json_out: bool) -> None:
+    """--any-errors-fatal: some host cannot take part, so no host is changed (exit 1). `plan`: the
+    plan document (--json's `plan`), `bad`: the plans of the hosts that block."""
     msg = (f"{command}: --any-errors-fatal: {len(bad)} selected host(s) unreachable or refused at plan time "
-           f"({bad[0][0]}: {bad[0][1]}); nothing was changed on any host")
-    runlog.result(plan_hosts(plan["hosts"] if isinstance(plan, dict) else plan, {h for h, _, _ in bad}))
+           f"({bad[0].host}: {bad[0].reason}); nothing was changed on any host")
+    blocking = {p.host for p in bad}
+    runlog.result(plan_hosts(plans, blocking))
     if json_out:
-        blocking = {h for h, _, _ in bad}
-        emit_json(command, ok=False, message=msg,
-                  hosts=plan_hosts(plan["hosts"] if isinstance(plan, dict) else plan, blocking),
+        emit_json(command, ok=False, message=msg, hosts=plan_hosts(plans, blocking),
                   plan=plan, changed=False, any_errors_fatal=True,
-                  blocking=[{"host": h, "status": st, "reason": why} for h, st, why in bad])
+                  blocking=[{**p.result().head(), "reason": p.reason} for p in bad])
     else:
         err.print(line(msg))
     raise typer.Exit(EXIT_FAILED)

@@ -4,20 +4,22 @@ Imported only when a command has a result to show (issue 16.10)."""
 from __future__ import annotations
 
 import difflib
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from fleetctl.commands.common import out
 from fleetctl.engines import engine
-from fleetctl.model.result import OK_STATES
+from fleetctl.model.result import OK_STATES, HostResult
 from fleetctl.ui.hostnames import group, hosts_label, strip_host
-from fleetctl.ui.jsonout import host_row
 from fleetctl.ui.render import hosts_cell, say, status_cell, table
 from fleetctl.ui.safetext import line, styled
 
 if TYPE_CHECKING:
     from fleetctl.commands.context import RunContext
+    from fleetctl.model.explain import Explained
+    from fleetctl.ops.rollback import RollbackPlan
     from fleetctl.ops.status import HostStatus
-    from fleetctl.plan.deploy import Plan
+    from fleetctl.plan.deploy import HostPlan, Plan
     from fleetctl.protocol.answers import ReadFilesAnswer
     from fleetctl.ui.safetext import Text  # (rich's, as every ui helper returns it)
 
@@ -134,32 +136,33 @@ def render_status(rows: list[HostStatus]) -> None:
         for n in notes:
             say(out, "note ", hosts_label(hosts), ": ", n, indent=4)
 
-def render_explain(rows: list[dict[str, Any]]) -> None:
+def render_explain(rows: list[HostResult[Explained]]) -> None:
     """The explain sentence once per distinct answer, with the hosts it applies to."""
-    def lines(r: dict[str, Any]) -> tuple[tuple[Any, ...], ...]:
-        if r["status"] != "ok":
-            return ((styled(r["status"], "red"), " ", strip_host(r["host"], r["reason"])),)
-        mark = styled("ok", "green") if not r.get("refused") else styled("REFUSED", "red")
-        insts = r.get("instances") or []
-        alike = len(insts) > 1 and all(i["reason"] == insts[0]["reason"] for i in insts)
+    def lines(r: HostResult[Explained]) -> tuple[tuple[Any, ...], ...]:
+        ex = r.detail
+        if not ex.answered:
+            return ((styled(r.status, "red"), " ", strip_host(r.host, ex.reason)),)
+        mark = styled("ok", "green") if not ex.refused else styled("REFUSED", "red")
+        insts = ex.instances or []
+        alike = len(insts) > 1 and all(i.reason == insts[0].reason for i in insts)
         # a refusal for another cause than the reason (e.g. a worker the playbook patches, but the
         # server would refuse to start) gets its own line: never "patches it: yes" beside REFUSED
-        apart = bool(r.get("refused")) and r["refused"] != r["reason"]
-        got: list[tuple[Any, ...]] = [((f"({len(insts)} instances each) " if alike else ""), r["reason"],
+        apart = bool(ex.refused) and ex.refused != ex.reason
+        got: list[tuple[Any, ...]] = [((f"({len(insts)} instances each) " if alike else ""), ex.reason,
                                        *(() if apart else (" [", mark, "]")))]
         if len(insts) > 1 and not alike:
-            got += [(f"  {i['instance']} (GPUs {','.join(map(str, i['gpus']))}): {i['reason']}",) for i in insts]
+            got += [(f"  {i.instance} (GPUs {','.join(map(str, i.gpus))}): {i.reason}",) for i in insts]
         if apart:
-            got.append(("  [", mark, f"] {strip_host(r['host'], r['refused'])}"))
-        got += [(f"  note: {n}",) for n in r.get("notes") or []]
-        got += [(f"  warning: {n}",) for n in dict.fromkeys(n for i in insts for n in i.get("never_fires") or [])]
+            got.append(("  [", mark, f"] {strip_host(r.host, ex.refused or '')}"))
+        got += [(f"  note: {n}",) for n in ex.notes]
+        got += [(f"  warning: {n}",) for n in dict.fromkeys(n for i in insts for n in i.never_fires)]
         return tuple(got)
 
     def plain(ls: tuple[tuple[Any, ...], ...]) -> tuple[str, ...]:
         return tuple(line(*ln).plain for ln in ls)
 
-    by_host = {r["host"]: r for r in rows}
-    for hosts, _ in group((r["host"], plain(lines(r))) for r in rows):
+    by_host = {r.host: r for r in rows}
+    for hosts, _ in group((r.host, plain(lines(r))) for r in rows):
         first, *rest = lines(by_host[hosts[0]])
         say(out, styled(hosts_label(hosts), "bold"), ": ", *first, indent=4)
         for ln in rest:
@@ -219,7 +222,8 @@ def _counts(statuses: list[str], words: dict[str, str], always: tuple[str, ...] 
 
 
 
-def plan_hosts(rows: list[dict[str, Any]], blocking: set[str] | None = None) -> list[dict[str, Any]]:
-    """--check and --any-errors-fatal: one envelope row per planned host (its plan row's fields kept)."""
-    return [host_row(r, ok=r["status"] in OK_STATES and r["host"] not in (blocking or set())) for r in rows]
+def plan_hosts(plans: Sequence[HostPlan | RollbackPlan], blocking: set[str] | None = None) -> list[dict[str, Any]]:
+    """--check and --any-errors-fatal: one envelope row per planned host, from its HostResult (its
+    plan's fields kept); a blocking host's row is not ok."""
+    return [p.result().row(ok=p.status in OK_STATES and p.host not in (blocking or set())) for p in plans]
 

@@ -14,7 +14,6 @@ from fleetctl.commands.context import playbook_fleet
 from fleetctl.commands.context import run_with_progress as _tick_run
 from fleetctl.errors import EXIT_FAILED, EXIT_OK
 from fleetctl.ops import runlog
-from fleetctl.ui.jsonout import host_row
 from fleetctl.ui.render import say, table
 from fleetctl.ui.safetext import line, styled
 
@@ -41,11 +40,11 @@ def gpu_check(*, playbook: Path, inventory: Path | None, limit: str | None, fork
             bad = [p for p in plans if p.status != "run"]
             msg = (f"gpu-check --check: {len(plans)} hosts: {len(plans) - len(bad)} would run, {len(bad)} would "
                    f"not; nothing was made or started ({ctx.elapsed():.2f}s)")
-            runlog.plan([p.to_json() for p in plans])
-            runlog.result([host_row(p.to_json()) for p in plans])
+            runlog.plan([p.result().to_json() for p in plans])
+            runlog.result([p.result().row() for p in plans])
             if json_out:
                 emit_json("gpu-check", ok=not bad, check=True, message=msg,
-                          hosts=[host_row(p.to_json()) for p in plans],
+                          hosts=[p.result().row() for p in plans],
                           elapsed=round(ctx.elapsed(), 3))
             else:
                 render_plan(plans)
@@ -55,10 +54,10 @@ def gpu_check(*, playbook: Path, inventory: Path | None, limit: str | None, fork
         bad = [r for r in rows if not r.ok]
         summary = (f"gpu-check: {len(rows)} hosts: {len(rows) - len(bad)} passed, {len(bad)} not "
                    f"in {ctx.elapsed():.2f}s")
-        runlog.result([host_row(r.to_json()) for r in rows])
+        runlog.result([r.row() for r in rows])
         if json_out:
             emit_json("gpu-check", ok=not bad, message=summary,
-                      hosts=[host_row(r.to_json()) for r in rows],
+                      hosts=[r.row() for r in rows],
                       summary={"passed": len(rows) - len(bad)}, elapsed=round(ctx.elapsed(), 3))
         else:
             render_results(rows)

@@ -19,9 +19,9 @@ from fleetctl.commands.context import RunContext, fleet_context, playbook_fleet
 from fleetctl.commands.context import fmt_time as _ts
 from fleetctl.commands.context import run_with_progress as _tick_run
 from fleetctl.errors import EXIT_FAILED, EXIT_OK, InputError
+from fleetctl.model.recorded import RecordedDetail
 from fleetctl.ops import runlog
 from fleetctl.ui.hostnames import group, hosts_label, strip_host
-from fleetctl.ui.jsonout import host_row
 from fleetctl.ui.jsonout import rows as rows_json
 from fleetctl.ui.render import hosts_cell, say, status_cell, table
 from fleetctl.ui.safetext import line, lines_cell, safe, styled
@@ -216,8 +216,8 @@ def launch(*, playbook: Path, inventory: Path | None, limit: str | None, forks: 
                                                                      drop_unknown_flags=drop_unknown_flags,
                                                                      allow_uncovered=allow_uncovered))
             bad = [r for r in rows if not r.ok]
-            record.finish(not bad, [{"host": r.host, "status": r.status, "message": r.message,
-                                     "detail": [i.to_json() for i in r.detail.instances]} for r in rows])
+            record.finish(not bad, [r.carry(RecordedDetail([i.to_json() for i in r.detail.instances])).to_json()
+                                    for r in rows])
         finally:
             record.ledger.close()  # (also when interrupted: the ledger marks the launch so later)
         n = sum(len(r.detail.instances) for r in rows)
@@ -244,11 +244,11 @@ def _launch_check(ctx: RunContext, pb: Any, **kw: bool) -> None:
     bad = [p for p in plans if p.status != "start"]
     msg = (f"launch --check: {len(plans)} hosts: {len(plans) - len(bad)} would start, {len(bad)} would not; "
            f"nothing was started or stopped ({ctx.elapsed():.2f}s)")
-    runlog.plan([p.to_json() for p in plans])
-    runlog.result([host_row(p.to_json()) for p in plans])
+    runlog.plan([p.result().to_json() for p in plans])
+    runlog.result([p.result().row() for p in plans])
     if ctx.json:
         emit_json("launch", ok=not bad, check=True, message=msg,
-                  hosts=[host_row(p.to_json()) for p in plans],
+                  hosts=[p.result().row() for p in plans],
                   elapsed=round(ctx.elapsed(), 3))
     else:
         render_launch_plan(plans)

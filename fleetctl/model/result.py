@@ -32,6 +32,7 @@ Status = Literal[
     "rolled-back",  # --restart: its batch broke the budget and was rolled back
     "untouched",  # --restart: a later batch, not started after one broke the budget
     "problems",  # status: reachable, with problems
+    "pending",  # history: an operation's host with no result recorded (the operation was interrupted)
 ]
 STATES: tuple[str, ...] = get_args(Status)
 OK_STATES = frozenset({"ok", "changed", "unchanged", "skipped", "change", "noop", "start", "run", "passed"})
@@ -52,7 +53,7 @@ class HostResult(Generic[T]):
     status: Status
     message: str = ""
     detail: T = None  # type: ignore[assignment]  # the operation's own; None where the host gave none
-    elapsed: float = 0.0
+    elapsed: float | None = 0.0  # None: not timed (a plan's decision, a result read back from the ledger)
     debug: str | None = field(default=None, repr=False)  # traceback or remote stderr, shown with --debug
     reference: str | None = None  # why it failed, as docs/errors.md names it (errors.py FleetctlError.reference)
 
@@ -65,8 +66,10 @@ class HostResult(Generic[T]):
         return HostResult(self.host, self.status, self.message, detail, self.elapsed, self.debug, self.reference)
 
     def head(self) -> dict[str, Any]:
-        """host, status, message, elapsed: what every result says, whatever its detail."""
-        return {"host": self.host, "status": self.status, "message": self.message, "elapsed": round(self.elapsed, 3),
+        """host, status, message, elapsed: what every result says, whatever its detail (elapsed only
+        where it was timed)."""
+        return {"host": self.host, "status": self.status, "message": self.message,
+                **({"elapsed": round(self.elapsed, 3)} if self.elapsed is not None else {}),
                 **({"reference": self.reference} if self.reference and not self.ok else {})}
 
     def fields(self) -> dict[str, Any]:
@@ -77,8 +80,8 @@ class HostResult(Generic[T]):
     def to_json(self) -> dict[str, Any]:
         """host, status, message, the detail's fields, elapsed: the row recorded in the ledger and run log."""
         head = self.head()
-        elapsed = head.pop("elapsed")
-        return {**head, **self.fields(), "elapsed": elapsed}
+        elapsed = {"elapsed": head.pop("elapsed")} if "elapsed" in head else {}
+        return {**head, **self.fields(), **elapsed}
 
     def row(self, *, ok: bool | None = None, message: str | None = None, state: Status | None = None
             ) -> dict[str, Any]:

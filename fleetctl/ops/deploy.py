@@ -115,7 +115,8 @@ def build_plan(fleet: Fleet, playbook: Playbook, gathered: Gathered, *, force: b
     for h in fleet.hosts:
         o = gathered.outcomes[h.name]
         if not o.ok:
-            hosts.append(HostPlan(h.name, "unreachable" if o.status == "unreachable" else "failed", o.message))
+            hosts.append(HostPlan(h.name, "unreachable" if o.status == "unreachable" else "failed", o.message,
+                                  reference=o.reference))
             continue
         f = gathered.facts[h.name]
         v = f.package_version

@@ -71,10 +71,15 @@ class CheckPlan:
     inst: Instance | None = field(default=None, repr=False)
     facts: HostFacts | None = field(default=None, repr=False)
     patch_flags: set[str] = field(default_factory=set, repr=False)
+    reference: str | None = None  # why it failed (docs/errors.md), for an unreachable or failed host
+
+    def result(self) -> HostResult[CheckPlan]:
+        """This host's decision as a HostResult (gpu-check --check's row): the plan is the detail; not timed."""
+        return HostResult(self.host, self.status, self.message, self, elapsed=None, reference=self.reference)
 
     def to_json(self) -> dict[str, Any]:
-        return {"host": self.host, "status": self.status, "message": self.message, "version": self.version,
-                "gpu": self.gpu, "torch": self.torch, "threshold": self.threshold,
+        """The plan's own fields (host, status and message are the HostResult's: `result()`)."""
+        return {"version": self.version, "gpu": self.gpu, "torch": self.torch, "threshold": self.threshold,
                 "concurrency": self.concurrency, "markers": self.markers,
                 "phases": [p.to_json() for p in self.phases], "notes": self.notes}
 
@@ -473,7 +478,8 @@ def _host_fn(pb: Playbook, *, run: bool, timeout: float, interrupt: threading.Ev
 def plan_fleet(fleet: Fleet, pb: Playbook) -> list[CheckPlan]:
     """`gpu-check --check`: every host's plan from its facts and preflight; nothing is made or started."""
     outs = fleet.run(_host_fn(pb, run=False, timeout=0.0, interrupt=None))
-    return [o.detail if o.ok else CheckPlan(o.host, "unreachable" if o.status == "unreachable" else "failed", o.message)
+    return [o.detail if o.ok else CheckPlan(o.host, "unreachable" if o.status == "unreachable" else "failed", o.message,
+                                                reference=o.reference)
             for o in outs]
 
 

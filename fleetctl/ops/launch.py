@@ -220,10 +220,15 @@ class LaunchPlan:
     # for the apply step, not shown: the instances (secret values included) and the facts read
     run: list[Instance] = field(default_factory=list, repr=False)
     facts: HostFacts | None = field(default=None, repr=False)
+    reference: str | None = None  # why it failed (docs/errors.md), for an unreachable or failed host
+
+    def result(self) -> HostResult[LaunchPlan]:
+        """This host's decision as a HostResult (launch --check's row): the plan is the detail; not timed."""
+        return HostResult(self.host, self.status, self.message, self, elapsed=None, reference=self.reference)
 
     def to_json(self) -> dict[str, Any]:
-        return {"host": self.host, "status": self.status, "message": self.message, "version": self.version,
-                "stop": self.stop, "recheck": self.recheck, "hash_files": self.hash_files,
+        """The plan's own fields (host, status and message are the HostResult's: `result()`)."""
+        return {"version": self.version, "stop": self.stop, "recheck": self.recheck, "hash_files": self.hash_files,
                 "instances": [i.to_json() for i in self.instances]}
 
 
@@ -632,7 +637,7 @@ def check_fleet(fleet: Fleet, pb: Playbook, *, replace: bool = False, drop_unkno
             res.append(o.detail)
         else:
             lp = LaunchPlan(o.host, "unreachable" if o.status == "unreachable" else "failed", o.message,
-                            instances=_starts(insts_by_host[o.host]))
+                            instances=_starts(insts_by_host[o.host]), reference=o.reference)
             res.append(lp)
     return res
 

@@ -38,9 +38,16 @@ class RollbackPlan:
     tree_owner: str | None = None  # another selected host on the same tree undoes it, once
     tree_members: list[str] = field(default_factory=list)
     lane: tuple[Any, ...] = ()  # the machine and state dir its transaction locks (fleetctl/plan/trees.py lane_key)
+    reference: str | None = None  # why it failed (docs/errors.md), for an unreachable or failed host
+
+    def result(self) -> HostResult[RollbackPlan]:
+        """This host's decision as a HostResult (its row, its entry in the plan document): the plan is
+        the detail, the reason the message; not timed."""
+        return HostResult(self.host, self.status, self.reason, self, elapsed=None, reference=self.reference)
 
     def to_json(self) -> dict[str, Any]:
-        return {"host": self.host, "status": self.status, "reason": self.reason, "deploy_ids": self.deploy_ids,
+        """The plan's own fields (host and status are the HostResult's: `result()`)."""
+        return {"reason": self.reason, "deploy_ids": self.deploy_ids,
                 "files": self.files, "interrupted": self.interrupted,
                 **({"shared_tree": {"owner": self.tree_owner or self.host, "hosts": self.tree_members,
                                     "records_dir": self.records_dir}}
@@ -88,7 +95,8 @@ def _plan_host(h: Host, gathered: Gathered, to: str | None, force: bool, *, old_
     """One host's rollback plan from its gathered facts."""
     o = gathered.outcomes[h.name]
     if not o.ok:
-        return RollbackPlan(h.name, "unreachable" if o.status == "unreachable" else "failed", o.message)
+        return RollbackPlan(h.name, "unreachable" if o.status == "unreachable" else "failed", o.message,
+                            reference=o.reference)
     facts = gathered.facts[h.name]
     manifests = hoststate.own(facts)  # never another machine's records (a shared state dir)
     rp = RollbackPlan(h.name, "noop")

@@ -14,7 +14,7 @@ from fleetctl.config.hosts import Host
 from fleetctl.config.playbook_model import Playbook
 from fleetctl.model import hoststate
 from fleetctl.model.facts import HostFacts
-from fleetctl.model.result import Status
+from fleetctl.model.result import HostResult, Status
 from fleetctl.protocol.answers import Manifest
 
 FileState = Literal["pristine", "as-intended", "drifted", "missing", "unsafe", "no-record", "unwritable"]
@@ -89,13 +89,20 @@ class HostPlan:
     tree_members: list[str] = field(default_factory=list)  # every selected host on the tree (if several)
     records_dir: str | None = None  # the tree's records live beside it (its records dir), not in state_dir
     lane: tuple[Any, ...] = ()  # the machine and state dir its transaction locks (fleetctl/plan/trees.py lane_key)
+    reference: str | None = None  # why it failed (docs/errors.md), for an unreachable or failed host
 
     @property
     def to_patch(self) -> list[FilePlan]:
         return [f for f in self.files if f.action in ("patch", "force")]
 
+    def result(self) -> HostResult[HostPlan]:
+        """This host's decision as a HostResult (its row, its entry in the plan document): the plan is
+        the detail, the reason the message; not timed."""
+        return HostResult(self.host, self.status, self.reason, self, elapsed=None, reference=self.reference)
+
     def to_json(self) -> dict[str, Any]:
-        return {"host": self.host, "status": self.status, "reason": self.reason, "version": self.version,
+        """The plan's own fields (host and status are the HostResult's: `result()`)."""
+        return {"reason": self.reason, "version": self.version,
                 "package_dir": self.package_dir, "interrupted": self.interrupted,
                 "files": [f.to_json() for f in self.files], "drop_bytecode": self.drop_bytecode,
                 "coverage": self.coverage.to_json() if self.coverage else None,
@@ -114,7 +121,7 @@ class Plan:
     applied: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        return {"playbook": self.playbook, "hosts": [h.to_json() for h in self.hosts]}
+        return {"playbook": self.playbook, "hosts": [h.result().to_json() for h in self.hosts]}
 
 
 def sha(data: bytes) -> str:
