@@ -315,3 +315,32 @@ def test_verify_logs_explains_a_model_the_patch_does_not_change(sb: Any, tmp_pat
     why = " ".join(iv["explanation"])
     assert code == 1 and "why: this launch does not run what the playbook patches" in why, iv
     assert "names Qwen2ForCausalLM" in why and "srt/models/qwen2.py" in why and "only llama.py" in why
+
+
+def test_the_new_users_fixed_playbook_passes_verify_logs_on_the_sandbox(
+        fake_sandbox: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The user follows the fix the refusal names (SGLANG_ENABLE_SPEC_V2=1 in launch.env) with a marker
+    logged as users write them (an f-string with the rank): the sandbox's simulator logs the line of
+    the worker that runs, so verify-logs passes (it failed: the simulator logged only the payload's
+    own marker, and the why asked "was the feature's flag given?"). A print() marker is on lines that
+    name no rank: verify-logs says so instead of "missing"."""
+    monkeypatch.setenv("FLEETCTL_STATE_DIR", str(tmp_path / "ledger"))
+    sb = fake_sandbox(hosts=1, versions=(V,))
+    inv = make_inventory(sb, tmp_path / "inv.yaml", ["h01"])
+    text = "Accept-rate probe enabled on rank"
+    pb = new_user_playbook(tmp_path / "pb", capsys, env={"SGLANG_ENABLE_SPEC_V2": "1"}, markers=[text], edited={
+        V2: _edited_worker(V, V2, "EAGLEWorkerV2", f'logger.info(f"{text} {{tp_rank}}")')})
+    assert jcli(capsys, "deploy", "-i", inv, pb)[0] == 0
+    code, doc = jcli(capsys, "launch", "-i", inv, pb, "--timeout", "300")
+    assert code == 0, json.dumps(doc)[:2000]
+    code, doc = jcli(capsys, "verify-logs", "-i", inv, pb)
+    assert code == 0, json.dumps(doc)[:3000]
+    assert all(all(r["markers"].values()) for r in doc["hosts"][0]["instances"][0]["ranks"])
+    printed = "My feature printed"
+    pb2 = new_user_playbook(tmp_path / "pb2", capsys, env={"SGLANG_ENABLE_SPEC_V2": "1"}, markers=[printed],
+                            edited={V2: _edited_worker(V, V2, "EAGLEWorkerV2", f'print("{printed}", flush=True)')})
+    assert jcli(capsys, "deploy", "-i", inv, pb2, "--force")[0] == 0
+    assert jcli(capsys, "launch", "-i", inv, pb2, "--replace", "--timeout", "300")[0] == 0
+    code, doc = jcli(capsys, "verify-logs", "-i", inv, pb2)
+    why = " ".join(doc["hosts"][0]["instances"][0]["explanation"])
+    assert code == 1 and "on lines that name no rank (a print()" in why and "per_rank: false" in why, why

@@ -182,3 +182,20 @@ def test_init_with_the_users_launch_keeps_it_and_names_the_origin_mistake(tmp_pa
                     "SGLANG_ENABLE_SPEC_V2=1 " + cmd, cwd=tmp_path)
     assert proc.returncode == 0 and "warning" not in proc.stderr.lower(), proc.stderr
     assert load_playbook(tmp_path / "mine2").launch.env == {"SGLANG_ENABLE_SPEC_V2": "1"}
+
+
+def test_a_marker_from_a_print_is_checked_once_not_per_rank() -> None:
+    """A print() line carries no rank prefix (SGLang's format is its logger's): verify-logs cannot tell
+    which rank printed it, so the scaffold declares such a marker per_rank: false (it was true, and
+    verify-logs then failed the launch that printed it on every rank)."""
+    from fleetctl.engines.sglang.scaffold import added_markers
+
+    pristine = wheels.pristine_bytes("0.5.12", "srt/layers/attention/triton_backend.py")
+    anchor = b"        # Parse args\n        self.skip_prefill = skip_prefill\n"
+    assert pristine.count(anchor) == 1
+    patched = pristine.replace(anchor, b'        print("Triton split-kv tuning enabled", flush=True)\n' + anchor)
+    (m,) = added_markers("0.5.12", "srt/layers/attention/triton_backend.py", pristine, patched)
+    assert m.text == "Triton split-kv tuning enabled" and m.cls == "TritonAttnBackend" and m.per_rank is False
+    logged = patched.replace(b'print("Triton', b'logger.info("Triton')
+    (m,) = added_markers("0.5.12", "srt/layers/attention/triton_backend.py", pristine, logged)
+    assert m.per_rank is True

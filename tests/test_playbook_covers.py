@@ -20,7 +20,7 @@ from fleetctl.ops.launch import hash_set
 from fleetctl.ops.verify import REPORT_ARGS
 from fleetctl.patching.engine import apply_patch
 from fleetctl.plan.patched_worker import coverage
-from fleetctl.sandbox.simulator import logged_literals
+from fleetctl.sandbox.startup_logs import logged_messages
 
 ROOT = Path(__file__).resolve().parents[1]
 FULL = ROOT / "playbooks" / "dynamic-spec-disable"
@@ -84,12 +84,12 @@ def test_covers_files_must_be_patched_by_every_version(tmp_path: Path) -> None:
 @pytest.mark.parametrize("version", ["0.5.9", "0.5.14", "0.5.23"])
 def test_simulator_reads_the_patched_schedulers_own_log_call(version: str) -> None:
     pristine = wheels.pristine_bytes(version, SCHED_FILE)
-    assert logged_literals(compile(pristine, SCHED_FILE, "exec"), "Scheduler", "__init__") == []
+    assert logged_messages(compile(pristine, SCHED_FILE, "exec"), "Scheduler", "__init__") == []
     pb = load_playbook(SCHED)
     patched = apply_patch(pristine, pb.files_for(version)[0].patch_text, name=SCHED_FILE).output
     code = compile(patched, SCHED_FILE, "exec")
-    assert logged_literals(code, "Scheduler", "__init__") == [SCHED_MARKER]
-    assert logged_literals(code, "Scheduler", "init_model_config") == []
+    assert logged_messages(code, "Scheduler", "__init__") == [("info", SCHED_MARKER)]
+    assert logged_messages(code, "Scheduler", "init_model_config") == []
 
 
 # ----------------------------------------------------------------------------- on the sandbox

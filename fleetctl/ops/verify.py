@@ -121,7 +121,8 @@ def _report_and_forbidden(iv: InstanceVerify, pb: Playbook, lines: dict[str, lis
                 iv.problems.append(f"forbidden {f!r}: {got.count} line(s) in this launch's log")
 
 
-def _missing_markers(iv: InstanceVerify, pb: Playbook, rec: LaunchRecord, version: str, models: Any) -> None:
+def _missing_markers(iv: InstanceVerify, pb: Playbook, rec: LaunchRecord, version: str, models: Any,
+                     lines: dict[str, list[Any]] | None = None) -> None:
     """A problem per marker missing on some rank (unless the server died first), and why the patched
     code may not have run: what this launch runs against what the playbook patches."""
     missing = [(r, m) for r in iv.ranks for m, ok in r.markers.items() if not ok]
@@ -133,6 +134,12 @@ def _missing_markers(iv: InstanceVerify, pb: Playbook, rec: LaunchRecord, versio
             n_ok = len(iv.ranks) - len(where)
             iv.problems.append(f"marker {m!r} missing on {', '.join(where)}"
                                + (f" (present on the other {n_ok} rank(s))" if n_ok else ""))
+            bare = sum(1 for ln in (lines or {}).get(m, []) if not ln.ranks)
+            if bare:  # a print(): SGLang's log format is the logger's, so its line names no rank
+                iv.explanation.append(
+                    f"why: {m!r} is in the log {bare} time(s) on lines that name no rank (a print(), not "
+                    "SGLang's logger): which rank printed it cannot be told; log it with logger.info, or "
+                    f"declare it under covers.markers with per_rank: false (then one line proves it)")
         if engine().is_known(version) and pb.versions.get(version):
             # the reason the patched code may not have run: what this launch runs vs what the playbook patches
             from fleetctl.plan.patched_worker import coverage
@@ -218,7 +225,7 @@ def _check_instance(iv: InstanceVerify, st: InstanceState, pb: Playbook, deploy_
         iv.ranks.append(RankCheck(ranks, {m: bool(lines.get(m)) if m in once else
                                           any(ln.ranks == ranks for ln in lines.get(m, [])) for m in markers}))
     _report_and_forbidden(iv, pb, lines, matches)
-    _missing_markers(iv, pb, rec, version, models)
+    _missing_markers(iv, pb, rec, version, models, lines)
     if not markers:
         iv.explanation.append("no verify.markers: this proves the server started on the files on disk and "
                               "answered, not that the patched code ran; add a log line to your patch and list it "
@@ -363,7 +370,8 @@ def _explain(iv: InstanceVerify, rec_env: dict[str, str], check: WorkerCheck | N
         iv.explanation.append(f"{w['file']} on disk DOES carry {check.marker!r} in {w['class']}.{site['function']}"
                               + ("; the server started before that: restart needed"
                                  if any("restart needed" in p for p in iv.problems) else
-                                 "; the log still lacks it (was the feature's flag given?)"))
+                                 "; the log still lacks it: does the call sit under a condition this launch "
+                                 "does not meet (a flag not given?)"))
     else:
         iv.explanation.append(f"{w['file']} on disk does NOT carry {check.marker!r} in {w['class']}."
                               f"{site['function']}: the patch is not in the file that runs")

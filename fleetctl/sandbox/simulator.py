@@ -21,9 +21,13 @@ What it does, in order (all logs on stderr, in the installed release's format):
      use counts, not the source) holds the marker literal inside that class's `__init__`, and
      `--speculative-disable-batch-threshold` is given, the marker line
      `Dynamic speculation disable enabled (worker=<Class>, threshold=<N>)`;
-  6b. per scheduler rank, the string literals `Scheduler.__init__` (srt/managers/scheduler.py, as
-     import loads it) passes straight to `logger.info(...)`: what a patched scheduler logs at start
-     (the pristine releases log none there), e.g. the scheduler-log-line example playbook's marker;
+  6b. per scheduler rank, what the constructors the launch runs log unconditionally (a literal or
+     f-string message of logger.info/warning/error/critical or print, read from the code as import
+     loads it; fleetctl/sandbox/startup_logs.py): the Scheduler, the selected speculative worker, the
+     model class the target's (and a named draft's) config.json names, the attention backends the
+     flags name. The pristine releases log none there; a playbook's own start-up line (e.g. the
+     scheduler-log-line example's marker, or a line `fleetctl patch init` found) is logged when the
+     code that holds it runs;
   6c. with --speculative-adaptive on a release that has it, the release's own adaptive start-up lines
      (`fleetctl.engines.sglang.adaptive`) computed from the --speculative-adaptive-config file the launch names
      (read, as the release's loader would; a file it refuses is a traceback, exit 1), TP rank 0 only;
@@ -156,49 +160,6 @@ def worker_code(pkg: Path, rel: str) -> Any:
         return get_code(name) if get_code is not None else None
     except (ImportError, OSError, SyntaxError, ValueError, EOFError):
         return None
-
-
-# code that runs once per scheduler rank at start-up: a literal it logs there is logged per rank
-STARTUP_SITES = (("srt/managers/scheduler.py", "Scheduler", "__init__"),)
-
-
-def logged_literals(code: Any, class_name: str, function: str) -> list[str]:
-    """String constants `class_name.function` (in the module code `code`) passes directly as the
-    message of `logger.info(...)`, in bytecode order (f-strings and other calls do not count)."""
-    import dis
-
-    kinds = type(code)
-
-    def walk(c: Any) -> Any:
-        yield c
-        for k in c.co_consts:
-            if isinstance(k, kinds):
-                yield from walk(k)
-
-    out: list[str] = []
-    for c in walk(code):
-        if c.co_name != class_name:
-            continue
-        for f in c.co_consts:
-            if not (isinstance(f, kinds) and f.co_name == function):
-                continue
-            ins = [i for i in dis.get_instructions(f) if i.opname not in ("CACHE", "PUSH_NULL", "PRECALL")]
-            for a, b, k, call in zip(ins, ins[1:], ins[2:], ins[3:], strict=False):
-                if (a.opname in ("LOAD_GLOBAL", "LOAD_NAME") and a.argval == "logger"
-                        and b.opname in ("LOAD_ATTR", "LOAD_METHOD") and b.argval == "info"
-                        and k.opname == "LOAD_CONST" and isinstance(k.argval, str)
-                        and call.opname.startswith("CALL")):
-                    out.append(k.argval)
-    return out
-
-
-def startup_literals(pkg: Path) -> list[str]:
-    out: list[str] = []
-    for rel, cls, fn in STARTUP_SITES:
-        code = worker_code(pkg, rel)
-        if code is not None:
-            out += logged_literals(code, cls, fn)
-    return out
 
 
 def adaptive_lines(version: str, worker_class: str | None, args: dict[str, Any]) -> list[str]:
@@ -378,7 +339,13 @@ def main(argv: list[str] | None = None) -> int:
     if res.worker_file and res.worker_class:
         code = worker_code(pkg, res.worker_file)
         worker_has_marker = code is not None and code_marker(code, res.worker_class, marker)["marker"]
-    scheduler_lines = startup_literals(pkg)
+    from fleetctl.sandbox.startup_logs import startup_messages, startup_sites
+
+    # what the constructors the launch runs log (the Scheduler, the worker, the model, the attention
+    # backends the flags name), from their code as import loads it; the payload's marker keeps its rule
+    sites = startup_sites(pkg, (res.worker_file, res.worker_class) if res.worker_file and res.worker_class else None,
+                          dict(res.resolved_args), env, os.getcwd())
+    startup_lines = startup_messages(pkg, sites, worker_code, skip=marker)
     try:
         adaptive = adaptive_lines(version, res.worker_class, dict(res.resolved_args))
     except (OSError, ValueError) as e:
@@ -430,8 +397,13 @@ def main(argv: list[str] | None = None) -> int:
     threshold = args.get(THRESHOLD_ARG)
     for i, r in enumerate(ranks):
         info(line(r, "Load weight end. type=SimulatedModel (fleetctl simulator), nothing loaded"))
-        for text in scheduler_lines:
-            info(line(r, text))
+        for level, text in startup_lines:
+            if level == "print":  # print(): the bare text, no logger prefix
+                log(text)
+            elif level == "info":
+                info(line(r, text))
+            else:
+                log(line(r, text))
         if worker_has_marker and threshold not in (None, False) and str(i) != drop:
             info(line(r, f"{marker} (worker={res.worker_class}, threshold={threshold})"))
         if i == 0:  # logged on TP rank 0 only

@@ -270,8 +270,10 @@ def added_markers(version: str, rel: str, pristine: bytes, patched: bytes) -> li
                     text = _message(args[0])
                     if text:
                         where = "worker" if cls in workers else "file" if cls else "anywhere"
-                        out.append(FoundMarker(text, rel, cls, fn, name not in _RANK0_HELPERS, where,
-                                               child.lineno))
+                        # per rank: not a rank-0 helper's, and not a print(), whose line carries no
+                        # rank prefix (verify-logs cannot tell which rank printed it)
+                        out.append(FoundMarker(text, rel, cls, fn, name not in _RANK0_HELPERS and name != "print",
+                                               where, child.lineno))
             visit(child, cls, fn)
 
     visit(tree, None, None)
