@@ -229,3 +229,43 @@ def test_tables_off_a_terminal_fit_80_columns_and_json_keeps_everything(
     rows = json.loads(out)["operations"]
     assert {r["id"] for r in rows} == set(ids) and all(r["playbook"] == str(pb) for r in rows)
     assert [r["hosts_failed"] for r in rows] == [0, 7, 0]
+
+
+# ---------------------------------------------------------------------------- suggested restarts
+
+
+def test_the_restart_reminder_names_each_hosts_own_playbook() -> None:
+    """Servers launched with two playbooks (h01 one, h03 another) both run old code after a rollback:
+    one runnable command per playbook (it said "the playbook they were launched with (not in this
+    controller's ledger)" although the ledger had both); a launch the ledger lacks is said for its
+    host alone."""
+    from fleetctl.ops.discover import RestartReminder
+
+    r = RestartReminder(3, 3, [("h01", "port-1"), ("h03", "port-3"), ("h04", "port-4")], [],
+                        launch_ids=["l1", "l3", "l4"], launch_of={"h01": ["l1"], "h03": ["l3"], "h04": ["l4"]})
+    got = r.line("/inv/x.yaml", None, {"l1": "/pbs/probe2/playbook.yaml", "l3": "/pbs/qwen ok/playbook.yaml"})
+    assert "'fleetctl launch --replace --drop-unknown-flags -i /inv/x.yaml /pbs/probe2/playbook.yaml --limit h01'" in got
+    assert "-i /inv/x.yaml \"/pbs/qwen ok/playbook.yaml\" --limit h03'" in got
+    assert got.endswith("the others with fleetctl launch --replace and the playbook they were launched with "
+                        "(not in this controller's ledger), --limit h04"), got
+    assert "h01,h03" not in got
+    # the command's own playbook (rollback -p, status PLAYBOOK) is used for every host
+    mine = r.line("/inv/x.yaml", "pb", {"l1": "/pbs/probe2/playbook.yaml"})
+    assert "-i /inv/x.yaml pb --limit h01,h03,h04'" in mine and "ledger" not in mine
+
+
+def test_the_ledger_records_absolute_paths(ledger_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A command suggested from the ledger (a rollback's restart) runs from any directory: the playbook
+    and inventory given as relative paths are recorded absolute (they were kept as typed)."""
+    from fleetctl.ops.ledger import Ledger
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "pb").mkdir()
+    lg = Ledger(ledger_dir / "ledger.sqlite")
+    try:
+        lg.start("l20260101-000000-0001", "launch", inventory=Path("inv.yaml"), playbook=Path("pb/playbook.yaml"),
+                 args={}, hosts=["h01"])
+        op = lg.get("l20260101-000000-0001")
+    finally:
+        lg.close()
+    assert op["playbook"] == str(tmp_path / "pb" / "playbook.yaml") and op["inventory"] == str(tmp_path / "inv.yaml")

@@ -260,10 +260,10 @@ def rollback(*, inventory: Path | None, limit: str | None, forks: int, to: str |
                            + _counts([r.status for r in rows], {"changed": "restored"}, always=("changed",))
                            + f" in {ctx.elapsed():.2f}s"))
             if reminder:
-                from fleetctl.ops.record import launch_playbook
+                from fleetctl.ops.record import launch_playbooks
 
-                used = str(rpb.path) if rpb else launch_playbook(reminder.launch_ids)
-                err.print(reminder.line(str(ctx.inventory.path), used), markup=False, highlight=False)
+                err.print(reminder.line(str(ctx.inventory.path), str(rpb.path) if rpb else None,
+                                        launch_playbooks(reminder.launch_ids)), markup=False, highlight=False)
         raise typer.Exit(EXIT_FAILED if failed else EXIT_OK)
 
 
@@ -351,11 +351,10 @@ def status(*, playbook: Path | None, inventory: Path | None, limit: str | None, 
                       + (f" (+{n_other} not started by fleetctl)" if n_other else "")
                       + f" ({ctx.elapsed():.2f}s)", markup=False)
             if reminder.servers:
-                from fleetctl.ops.record import launch_playbook
+                from fleetctl.ops.record import launch_playbooks
 
-                used = str(playbook) if playbook else launch_playbook(reminder.launch_ids)
-                err.print(reminder.line(str(ctx.inventory.path), used),
-                          markup=False, highlight=False)
+                err.print(reminder.line(str(ctx.inventory.path), str(playbook) if playbook else None,
+                                        launch_playbooks(reminder.launch_ids)), markup=False, highlight=False)
         raise typer.Exit(EXIT_FAILED if problems else EXIT_OK)
 
 

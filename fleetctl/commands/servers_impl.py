@@ -409,8 +409,8 @@ def _discover(ctx: RunContext, json_out: bool) -> None:
                 say(out, _s(st), " ", hosts_label(hosts), ": ", msg, indent=4)
         err.print(summary, markup=False)
         if reminder.servers:
-            from fleetctl.ops.record import launch_playbook
+            from fleetctl.ops.record import launch_playbooks
 
-            err.print(reminder.line(str(ctx.inventory.path), launch_playbook(reminder.launch_ids)), markup=False,
-                      highlight=False)
+            err.print(reminder.line(str(ctx.inventory.path), None, launch_playbooks(reminder.launch_ids)),
+                      markup=False, highlight=False)
     raise typer.Exit(EXIT_FAILED if bad else EXIT_OK)

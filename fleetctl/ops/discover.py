@@ -173,10 +173,13 @@ class RestartReminder:
     by_hand: list[tuple[str, int]]  # (host, pid) of stale servers fleetctl did not start
     unchecked: list[tuple[str, str]] = field(default_factory=list)  # (host, why) where servers could not be read
     launch_ids: list[str] = field(default_factory=list)  # the launches that started the fleetctl servers
+    launch_of: dict[str, list[str]] = field(default_factory=dict)  # host -> those of its stale servers
     # host -> the command that restarts its container, where the server is the container's main process
     containers: dict[str, str] = field(default_factory=dict)
 
-    def line(self, inventory: str, playbook: str | None) -> str:
+    def line(self, inventory: str, playbook: str | None, ledger: dict[str, str] | None = None) -> str:
+        """The reminder; `playbook`: the one to restart with (the command's own), else each host's from
+        `ledger` (launch id -> the playbook it used: ops.record.launch_playbooks)."""
         from fleetctl.model.suggest import quote
 
         cut = ""
@@ -194,15 +197,25 @@ class RestartReminder:
         how = []
         if self.launched:
             hosts = sorted({h for h, _ in self.launched})
+            # the playbook each host's servers were launched with: one command per playbook
+            by_pb: dict[str | None, list[str]] = {}
+            for h in hosts:
+                pbs = [playbook] if playbook else list(dict.fromkeys(
+                    (ledger or {}).get(i) for i in self.launch_of.get(h, [None])))
+                for pb in pbs or [None]:
+                    by_pb.setdefault(pb, []).append(h)
+            cmds = [f"'fleetctl launch --replace --drop-unknown-flags -i {inv} {quote(pb)} --limit {','.join(hs)}'"
+                    for pb, hs in by_pb.items() if pb]
             # --drop-unknown-flags: after a rollback the release on disk does not know the payload's own
             # flags (the launch would refuse them); after a deploy it drops nothing
-            if playbook:
-                how.append(f"restart {'it' if one else 'them'}: 'fleetctl launch --replace --drop-unknown-flags "
-                           f"-i {inv} {quote(playbook)} --limit {','.join(hosts)}'")
-            else:
-                how.append(f"restart {'it' if one else 'them'} with fleetctl launch --replace and the playbook "
-                           f"{'it was' if one else 'they were'} launched with (not in this controller's ledger), "
-                           f"--limit {','.join(hosts)}")
+            if cmds:
+                how.append(f"restart {'it' if one else 'them'}: {' and '.join(cmds)}")
+            if by_pb.get(None):
+                unknown = by_pb[None]
+                how.append(f"{'the others' if cmds else 'restart it' if one else 'restart them'} with fleetctl launch --replace "
+                           f"and the playbook {'it was' if one else 'they were'} launched with (not in this "
+                           "controller's ledger), "
+                           f"--limit {','.join(unknown)}")
         boxed = sorted({h for h, _ in self.by_hand if h in self.containers})
         for h in boxed:  # (restarting keeps the container's files; re-creating it would not)
             how.append(f"{h}: the server is its container's main process: restart the container "
@@ -230,7 +243,15 @@ def restart_reminder(found: list[HostServers], hosts: list[Host] | None = None) 
                            [(p.host, p.pid) for p in stale if not p.instance],
                            [(h.host, h.message) for h in found if h.status != "ok"],
                            list(dict.fromkeys(p.launch_id for p in stale if p.instance and p.launch_id)),
-                           main_process_restarts(hosts or []))
+                           containers=main_process_restarts(hosts or []), launch_of=_launches_by_host(stale))
+
+
+def _launches_by_host(stale: list[Any]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for p in stale:
+        if p.instance and p.launch_id and p.launch_id not in out.setdefault(p.host, []):
+            out[p.host].append(p.launch_id)
+    return out
 
 
 def main_process_restarts(hosts: list[Host]) -> dict[str, str]:

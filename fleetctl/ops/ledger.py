@@ -142,8 +142,10 @@ class Ledger:
                 "INSERT INTO operations (id, kind, started, user, controller, inventory, inventory_sha256, "
                 "playbook, playbook_sha256, args, pid, boot_id, proc_start) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (op_id, kind, time.time(), getpass.getuser(), socket.gethostname(),
-                 _storable(str(inventory)) if inventory else None, _digest(inventory),
-                 _storable(str(playbook)) if playbook else None, _digest(playbook), json.dumps(args, default=str),
+                 _storable(str(Path(inventory).absolute())) if inventory else None, _digest(inventory),
+                 # absolute: a command suggested from the ledger later runs from any directory
+                 _storable(str(Path(playbook).absolute())) if playbook else None, _digest(playbook),
+                 json.dumps(args, default=str),
                  pid, boot_id(), proc_start(pid)))
             self.db.executemany(
                 "INSERT OR REPLACE INTO host_results (op_id, host, status, message, detail) VALUES (?,?,?,?,?)",

@@ -26,14 +26,14 @@ class Recorded:
             self.ledger.close()
 
 
-def launch_playbook(launch_ids: Iterable[str]) -> str | None:
-    """The playbook path these launches used, when the ledger has them all and they used one."""
-    ids = list(launch_ids)
+def launch_playbooks(launch_ids: Iterable[str]) -> dict[str, str]:
+    """launch id -> the playbook path it used, for the launches the ledger has (with a playbook)."""
+    ids = list(dict.fromkeys(launch_ids))
     if not ids:
-        return None
+        return {}
     ledger = Ledger()
     try:
-        found = {(op or {}).get("playbook") for op in (ledger.get(i) for i in ids)}
+        found = {i: (ledger.get(i) or {}).get("playbook") for i in ids}
     finally:
         ledger.close()
-    return next(iter(found)) if len(found) == 1 and None not in found else None
+    return {i: pb for i, pb in found.items() if pb}
