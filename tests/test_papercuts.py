@@ -269,3 +269,26 @@ def test_the_ledger_records_absolute_paths(ledger_dir: Path, tmp_path: Path, mon
     finally:
         lg.close()
     assert op["playbook"] == str(tmp_path / "pb" / "playbook.yaml") and op["inventory"] == str(tmp_path / "inv.yaml")
+
+
+def test_no_header_word_is_cut_in_two_at_80_columns() -> None:
+    """status's servers table at 80 columns printed "runni/ng" and "resta/rt": the whole (never wrapped)
+    column kept its 26-character header on one line and the short columns were cut mid-word. Now the
+    whole column's header wraps at a space (its cells still whole) and no header word is cut."""
+    import io
+
+    from rich.console import Console
+
+    from fleetctl.ui.render import lines_cell, table
+
+    cols = ["host", "instance", "running", "worker", "deploy at launch / on disk", "restart"]
+    t = table("servers", cols, whole=("instance", "worker", "deploy at launch / on disk"))
+    t.add_row("h01", "port-12458", "yes", "EAGLEWorker", lines_cell(["d20261202-184301-ffe9", "(same on disk)"]), "no")
+    buf = io.StringIO()
+    Console(file=buf, width=80).print(t)
+    out = buf.getvalue()
+    assert max(len(ln) for ln in out.splitlines()) <= 80, out
+    header = " ".join(out.split("┡")[0].split())
+    for word in ("host", "instance", "running", "worker", "restart"):
+        assert f" {word} " in header, out
+    assert "d20261202-184301-ffe9 " in out and "(same on disk)" in out, out

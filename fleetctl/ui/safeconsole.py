@@ -26,6 +26,35 @@ class SafeTable(Table):
         super().add_row(*(None if r is None else r if isinstance(r, ConsoleRenderable) and not isinstance(r, Text)
                           else as_text(r) for r in renderables), style=style, end_section=end_section)
 
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        self._fit_headers(options.max_width)
+        yield from super().__rich_console__(console, options)
+
+    def _fit_headers(self, width: int) -> None:
+        """No header word is cut in two ("runni / ng") where the table can avoid it: a column is at
+        least as wide as its header's longest word, and a column whose cells are never wrapped (a path,
+        an id) lets its header wrap at spaces instead of widening past its cells. Only when the
+        widths that asks for fit `width`; otherwise the table is laid out as before (prose gives way)."""
+        def words(c: Any) -> int:
+            h = c.header.plain if isinstance(c.header, Text) else str(c.header)
+            return max((len(w) for w in h.split()), default=0)
+
+        def cells(c: Any) -> int:  # the widest line of a column's cells (all Text: see below)
+            return max((Text(ln).cell_len for x in c._cells for ln in x.plain.split("\n")), default=0)
+
+        plan = []
+        for c in self.columns:
+            if c.no_wrap and all(isinstance(x, Text) for x in c._cells):
+                plan.append((c, False, max(cells(c), words(c))))
+            else:
+                plan.append((c, c.no_wrap, words(c) if words(c) <= 12 else None))
+        edges = 3 * len(self.columns) + 1 if self.box else 0
+        need = sum(mw if mw is not None else 1 for _c, _nw, mw in plan) + edges
+        if need > width:
+            return
+        for c, no_wrap, mw in plan:
+            c.no_wrap, c.min_width = no_wrap, mw
+
 
 class _EscapeSegments:
     """Renders its renderable, escaping unsafe characters in every text segment (rich's own
