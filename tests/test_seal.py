@@ -518,3 +518,61 @@ def test_a_no_op_deploy_is_one_round_trip_and_writes_nothing(host: Host, monkeyp
     assert len(started) == 1 and requests == [] and commands == [], (started, requests, commands)
     after = _tree(host.h.host_dir)
     assert after == before, sorted(set(after.items()) ^ set(before.items()))[:10]
+
+
+def _newest_ctime(root: Path) -> int:
+    return max(p.lstat().st_ctime_ns for p in [root, *root.rglob("*")])
+
+
+def test_an_unsealed_no_op_deploy_is_one_request_takes_no_lock_and_writes_nothing(
+        fhost: Host, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 34: a no-op deploy of a host with no seal to check (`--recheck` here; after a fleetctl
+    upgrade or a playbook edit every seal is for another key) asks the agent once, its facts, and
+    nothing more: no deploy request, no host lock taken, nothing written on the host. The facts
+    answer that nothing a deploy looks at changed while they were read (every path's ctime older:
+    the test waits until the deploy's writes are that old), and carry the seal of that reading, so
+    the next no-op is answered from the seal."""
+    from waiting import until
+
+    from fleetctl.transport.session import AgentTransport
+
+    doc, sealed, _ = fhost.deploy()
+    assert doc["hosts"][0]["status"] == "changed" and not sealed
+    newest = _newest_ctime(fhost.h.host_dir)
+    until(lambda: time.time_ns() > newest + rseal.QUIET_NS + 10 ** 8, "the deploy's writes to be older than QUIET_NS")
+    requests: list[str] = []
+    orig_agent = AgentTransport.agent
+
+    def agent(self: AgentTransport, action: str, *a: object, **k: object) -> object:
+        requests.append(action)
+        return orig_agent(self, action, *a, **k)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(AgentTransport, "agent", agent)
+    before = _tree(fhost.h.host_dir)
+    doc, sealed, starts = fhost.deploy("--recheck")
+    assert not sealed and starts >= 1 and doc["hosts"][0]["status"] == "unchanged", doc["hosts"][0]
+    assert requests == ["facts"], requests
+    after = _tree(fhost.h.host_dir)
+    assert after == before, sorted(set(after.items()) ^ set(before.items()))[:10]
+    doc, sealed, starts = fhost.deploy()
+    assert sealed and starts == 0 and doc["hosts"][0]["status"] == "unchanged", doc["hosts"][0]
+
+
+def test_a_no_op_read_while_something_moved_takes_the_lock(fhost: Host, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The other side: right after a deploy (its writes younger than QUIET_NS) the facts are not
+    settled, and the no-op goes on to the deploy request, which re-checks under the host lock."""
+    from fleetctl.transport.session import AgentTransport
+
+    fhost.deploy()
+    requests: list[str] = []
+    orig_agent = AgentTransport.agent
+
+    def agent(self: AgentTransport, action: str, *a: object, **k: object) -> object:
+        requests.append(action)
+        return orig_agent(self, action, *a, **k)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(AgentTransport, "agent", agent)
+    (fhost.h.sglang_dir / "srt").touch()  # (a ctime now, whatever the machine's speed)
+    doc, sealed, _ = fhost.deploy("--recheck")
+    assert not sealed and doc["hosts"][0]["status"] == "unchanged", doc["hosts"][0]
+    assert requests == ["facts", "deploy"], requests

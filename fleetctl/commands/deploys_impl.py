@@ -138,7 +138,7 @@ def deploy(*, playbook: Path, inventory: Path | None, limit: str | None, forks: 
         from fleetctl.ops.discover import discover_facts
 
         results = _tick_run(ctx, "deploy", lambda: apply_plan(ctx.fleet, plan, pb, op_id, break_lock=breaking,
-                                                              seals=gathered.seals,
+                                                              seals=gathered.seals, facts=gathered.facts,
                                                               then_facts=lambda h: discover_facts(h, pb)))
         rows = [results[h.name] for h in ctx.fleet.hosts if h.name in results]
         failed = [r for r in rows if not r.ok]

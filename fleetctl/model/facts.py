@@ -84,6 +84,10 @@ class HostFacts:
     draft_model: ModelConfig | None = None
     # files the launch's flags name, as read on the host: path -> bytes, or why not (None: not asked)
     launch_files: dict[str, bytes | str] | None = None
+    # a deploy's facts (payload `settle`): nothing a deploy would look at changed while they were read
+    # (remote/seal.py), and, where a seal was asked and could be made, the seal of this reading
+    settled: bool = False
+    seal: Any = None
     # per-module locate (probe.locate_module): files the launch would NOT import from package_dir by
     # CPython's path finder (another file, a start-up hook's loader, preloaded), the namespace portions
     # of the top-level package, the finders that served the files, and what the interpreter's start
@@ -347,6 +351,8 @@ def parse_facts(host: str, raw: FactsAnswer) -> HostFacts:
         model=engine().model_from_answer(raw.model),
         draft_model=engine().model_from_answer(getattr(raw, "draft_model", None)),
         launch_files=_launch_files(raw.launch_files),
+        settled=raw.settled,
+        seal=raw.seal,
         modules=dict(sg.modules),
         namespace=list(sg.namespace) if sg.namespace is not None else None,
         finders=[str(f[0]) for f in sg.finders if f and f[0]],

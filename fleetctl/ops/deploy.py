@@ -70,9 +70,12 @@ def gather(fleet: Fleet, playbook: Playbook | None, *, all_hashes: bool = False,
                 facts = parse_facts(c.host.name, ck.facts)
                 facts.container = inspect_container(c)
                 return facts
+            # settle: the answer says whether it may stand for the host as it is now (read_only_noop)
+            settle = {"settle": True} if make_seals else {}
             if ck.make:  # the agent keeps what the deploy's seal needs (remote/seal.py)
-                return read_facts(c, **kw, payload={"seal": True}, request=req)
-            return read_facts(c, **kw, request=req)
+                return read_facts(c, **kw, payload={"seal": {"drop": sorted(seal.drop_names(c.host))}, **settle},
+                                  request=req)
+            return read_facts(c, **kw, payload=settle, request=req)
         return read_facts(c, **kw)
 
     outs = fleet.run(one)
@@ -387,16 +390,39 @@ def _not_as_intended(hp: HostPlan, playbook: Playbook, final: dict[str, str]) ->
     return bad
 
 
+def read_only_noop(hp: HostPlan, facts: HostFacts | None, playbook: Playbook) -> bool:
+    """Whether a host planned as a no-op is answered from its facts alone, with no second request
+    and no host lock: the facts say nothing a deploy looks at changed while they were read
+    (`settled`, remote/seal.py: the state dir, lock, manifests, package dir, the planned files, their
+    dirs and bytecode, every ctime older than the reading), no lock was there (held, stale or another
+    machine's), no record is open or no longer on disk (a deploy under the lock would repair or close
+    it), and nothing else would be written (no stale bytecode, no state files: their bytes are read
+    only under the lock, no shared tree). The reading is then a snapshot of the host in which every
+    planned file held its intended bytes, with no transaction running: what a deploy under the lock
+    would have found, had it taken the lock at that moment. Anything else takes the lock and
+    re-checks under it."""
+    if hp.status != "noop" or hp.to_patch or hp.drop_bytecode or hp.interrupted or playbook.state_files:
+        return False
+    if hp.tree_members or hp.records_dir or hp.tree_owner or facts is None or not facts.settled:
+        return False
+    st = facts.state
+    if st is None or st.lock is not None or st.tree_lock is not None or st.unwritable:
+        return False
+    return not any(m.gone or m.state in names.OPEN_STATES for m in st.deploys if not m.foreign)
+
+
 def apply_plan(fleet: Fleet, plan: Plan, playbook: Playbook, op_id: str, *, validate: bool = True,
                hosts: list[str] | None = None, break_lock: set[str] | frozenset[str] = frozenset(),
-               seals: dict[str, Checked] | None = None,
+               seals: dict[str, Checked] | None = None, facts: dict[str, HostFacts] | None = None,
                then_facts: Callable[[Host], tuple[dict[str, Any], dict[str, Any]]] | None = None
                ) -> dict[str, HostApply]:
     """Apply the plan to every host whose plan says 'change' or 'noop' (a no-op host is still visited:
     its files are re-checked under the host lock, so 'unchanged' is never a guess from facts read
     before a concurrent rollback). A no-op host answered from its seal (gather's `seals`) was
     re-checked by the seal check itself, moments ago: its files' bytes and everything the facts
-    depended on, with no Python started. Returns per-host results; a host the agent visits with
+    depended on, with no Python started. A no-op host whose `facts` (gather's) are a settled reading
+    with no lock and nothing to repair (read_only_noop) is answered from that one request, and sealed
+    from it. Returns per-host results; a host the agent visits with
     `seals` makes a new seal (fleetctl/ops/seal.py). then_facts(host) -> (facts request, discover part)
     (ops/discover.py discover_facts): a host planned to change also answers which of its servers
     now run older code, in the same request (HostApply.servers)."""
@@ -424,6 +450,13 @@ def apply_plan(fleet: Fleet, plan: Plan, playbook: Playbook, op_id: str, *, vali
                              f"already as intended (sealed by {ck.seal.get('op_id')}: {len(ck.seal['paths'])} paths "
                              f"and {len(ck.seal['files'])} file hashes re-checked unchanged, no Python started)",
                              Applied(sealed=True))
+        read = (facts or {}).get(conn.host.name)
+        if read is not None and read_only_noop(hp, read, playbook):
+            if ck is not None and ck.make and read.seal is not None and not read.seal.why:
+                seal.save(conn.host, ck.key, read.seal, op_id)  # (what a locked no-op would have sealed)
+            return HostApply(conn.host.name, "unchanged",
+                             "already as intended (one reading, no lock: nothing a deploy looks at changed "
+                             "while it was read)", Applied())
         payload, files, box = _deploy_payload(conn, hp, plan, playbook, op_id, validate=validate,
                                               break_lock=break_lock, wait_lock=fleet.wait_lock)
         sealing = ck is not None and ck.make

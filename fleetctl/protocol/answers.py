@@ -472,6 +472,10 @@ class FactsAnswer:
     model: ModelConfigInfo | None = None  # asked with payload `model` (the launch's --model-path)
     draft_model: ModelConfigInfo | None = None  # asked with payload `draft_model` (its draft model path)
     launch_files: dict[str, LaunchFileInfo] | None = None  # asked with payload `launch_files`
+    # asked with payload `settle` (a deploy's facts): nothing a deploy would look at changed since
+    # shortly before the facts were read (remote/seal.py); with `seal` too, this reading's seal
+    settled: bool = False
+    seal: Seal | None = None
 
 
 @dataclass

@@ -314,22 +314,57 @@ def env_digest(drop):
     return sha256_new(b"\x00".join(keep)).hexdigest()
 
 
+def _settle_paths(p, res):
+    """What a deploy under the host lock would look at on a host it has nothing to change on: the
+    state dir (the lock is made and removed in it), the lock, the deploys dir and every manifest,
+    the package dir, each hashed file with the dirs between it and the package, its __pycache__ dir
+    and pycs."""
+    root, deploys, lock = state_paths(p.get("state_dir") or "~/.fleetctl")
+    paths = [root, lock, deploys]
+    try:
+        for n in sorted(os.listdir(deploys)):
+            paths += [os.path.join(deploys, n), os.path.join(deploys, n, "manifest.json")]
+    except OSError:
+        pass
+    sg = res.get("package") or {}
+    if sg.get("found") and sg.get("dir"):
+        _seal_package_paths(paths, sg, res)
+    return paths
+
+
 def _facts_hook(p, res):
     """Keep this answer and a snapshot taken right after it. At the end of a deploy that changed
     nothing, that snapshot still matching and every path older than the facts (by QUIET_NS: a change
-    during the facts would show a newer ctime) lets the seal take these facts as they are."""
-    if not p.get("seal"):
+    during the facts would show a newer ctime) lets the seal take these facts as they are.
+
+    `settle` (a deploy's facts): the answer says whether nothing a deploy would look at changed since
+    QUIET_NS before the facts were read (`settled`: every such path's ctime older, read after the
+    facts). A host whose plan is then a no-op is answered from this one reading, without the host
+    lock (fleetctl/ops/deploy.py read_only_noop); with `seal` asked too and its paths as quiet, the
+    answer carries the seal of these facts, as a deploy that changed nothing would have made it."""
+    if not p.get("seal") and not p.get("settle"):
         return
     started = time.time_ns() - int((res.get("elapsed") or 0) * 1e9) - 10 ** 6
-    _SEAL.clear()
-    _SEAL["request"] = dict((k, v) for k, v in p.items() if k != "seal")
-    _SEAL["head"] = _seal_head(_SEAL["request"], res)  # (kept: the deploy's end adds its records to it)
-    _SEAL["paths"], _SEAL["why"] = got, _ = seal_paths(_SEAL["request"], res, _SEAL["head"])
-    if got is not None:
-        newest = [0]
-        _SEAL["snap"] = snapshot(got[0], (), newest=newest)
-        _SEAL["quiet"] = newest[0] < started - QUIET_NS
-        _SEAL["facts"] = res
+    plain = dict(res)  # (the facts as read: what a seal keeps)
+    got = None
+    if p.get("seal"):
+        _SEAL.clear()
+        _SEAL["request"] = dict((k, v) for k, v in p.items() if k not in ("seal", "settle"))
+        _SEAL["head"] = _seal_head(_SEAL["request"], plain)  # (kept: the deploy's end adds its records to it)
+        _SEAL["paths"], _SEAL["why"] = got, _ = seal_paths(_SEAL["request"], plain, _SEAL["head"])
+        if got is not None:
+            newest = [0]
+            _SEAL["snap"] = snapshot(got[0], (), newest=newest)
+            _SEAL["quiet"] = newest[0] < started - QUIET_NS
+            _SEAL["facts"] = plain
+    if not p.get("settle"):
+        return
+    newest = [0]
+    snapshot(_settle_paths(p, plain), (), newest=newest)
+    res["settled"] = newest[0] < started - QUIET_NS
+    if res["settled"] and got is not None and _SEAL.get("quiet"):
+        res["seal"] = {"paths": got[0], "files": got[1], "stat": _SEAL["snap"]["stat"],
+                       "sha": sha_text(plain, got[1]), "facts": plain, "env": env_digest(_drop(p))}
 
 
 def _drop(p):
