@@ -151,7 +151,20 @@ class AgentProcess:
             if hashlib.sha256(b).hexdigest()[:32] == n[:32]:
                 self._code = self._compiled(b) if n.endswith(".src") else marshal.loads(b)
                 break
-        return HELLO + (b"C" if self._code is not None else b"N") + _magic().encode()
+        return HELLO + (b"C" if self._code is not None else b"N") + _magic().encode() + b"%02x" % self._parts_here(d)
+
+    def _parts_here(self, d: str | None) -> int:
+        """The bootstrap's bits of the on-demand parts in the cache (argv after CODEKEY)."""
+        bits, tag = 0, sys.implementation.cache_tag
+        for i, key in enumerate(self.args[5:13]):
+            for n in (f"{key}.{tag}", f"{key}.src") if d and tag else ():
+                try:
+                    st = os.lstat(os.path.join(d, "part-" + n))
+                except OSError:
+                    continue
+                if st.st_uid == os.getuid() and not st.st_mode & 0o077 and st.st_mode & 0o170000 == 0o100000:
+                    bits |= 1 << i
+        return bits
 
     def _compiled(self, src: bytes) -> tuple[Any, Any, str]:
         k = hashlib.sha256(src).hexdigest()

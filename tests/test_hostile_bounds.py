@@ -625,7 +625,7 @@ import os, sys
 # a hostile "python": speaks the agent's framing, claims {claim} bytes and streams {stream} bytes
 out = sys.stdout.buffer
 if {hello}:
-    out.write(b"FLAGENTC00000000")  # the bootstrap's hello: the code is cached here
+    out.write(b"FLAGENTC0000000000")  # the bootstrap's hello: the code is cached here, no parts
 if {framed}:
     out.write(b"%010d" % {claim})
 chunk = {fill!r} * (1 << 20)

@@ -183,6 +183,7 @@ def test_secrets_never_shown_logged_or_on_a_command_line(fleet: tuple, tmp_path:
 def test_secret_env_reaches_the_agent_over_stdin(tmp_path: Path) -> None:
     """The BOOTSTRAP's secret-env block: the agent's os.environ (and so whatever it starts) has the
     value, exactly, though it was on no command line."""
+    from fleetctl.transport.session import HELLO_SIZE
     from fleetctl.transport.ssh import BOOTSTRAP
 
     src = b"import os, sys\ndef serve_once(d):\n    sys.stdout.write(os.environ['HF_TOKEN'] + '|' + d.decode())\n    return 0\n"
@@ -191,7 +192,7 @@ def test_secret_env_reaches_the_agent_over_stdin(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "-c", BOOTSTRAP], input=data, capture_output=True)
     assert r.returncode == 0, r.stderr
     assert r.stdout[:7] == b"FLAGENT"  # the hello (no cache dir: it reads the code block)
-    assert r.stdout[16:].decode() == SECRET + "\n'\"$x" + '|{"action": "ping"}'
+    assert r.stdout[HELLO_SIZE:].decode() == SECRET + "\n'\"$x" + '|{"action": "ping"}'
 
 
 def _ancestors(pid: int) -> list[int]:

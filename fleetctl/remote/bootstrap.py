@@ -1,5 +1,5 @@
 """The bootstrap: what the host's python runs first (`PYTHON -c BOOTSTRAP CACHE_DIR PYTHON KEY MAGIC
-CODEKEY`, transport/session.py agent_argv). `bootstrap` below is that code as a function (stdlib
+CODEKEY PARTKEY...`, transport/session.py agent_argv). `bootstrap` below is that code as a function (stdlib
 only, Python >= 3.8): linted and unit-tested here as code; `command_text()` turns it into the `-c`
 string (its source without docstring and comments, local names shortened, then a call of it).
 
@@ -9,8 +9,14 @@ What it does, in order:
   (agent code, probe code, probe source)). The host's cache dir keeps one of the two, and it runs
   only if its bytes hash to the key (a regular 0600 file of ours, in a dir of ours nobody else can
   write): anything else, the code is sent again.
+  argv after CODEKEY: the source keys of the agent's on-demand parts (fleetctl/remote ON_DEMAND, in
+  its order, at most 8).
   The hello (session.py HELLO_SIZE bytes): b"FLAGENT", then "C" (the code is cached here) or which
-  compression this python reads ("N" lzma, "Z" zlib only), then this interpreter's bytecode magic.
+  compression this python reads ("N" lzma, "Z" zlib only), then this interpreter's bytecode magic,
+  then two hex digits: bit i set when the i-th part is in the cache (`part-KEY.TAG` compiled, or
+  `part-KEY.src`; a regular 0600 file of ours), so the controller sends only the parts it lacks.
+  Only said, not trusted: the part's bytes are hashed when it is loaded (core.py load_part), and one
+  that does not match is asked for ("need_part").
   Unless cached, the code block follows on stdin: b"L"/b"Z" + 10-digit length + the compressed
   source (the agent's code, NUL, the launch probe's), compiled and kept in the cache.
   Then an optional secret-env block (b"E" + 10-digit length + marshalled dict): set in the agent's own
@@ -43,6 +49,10 @@ def bootstrap():
     def hex32(text):
         return len(text) == 32 and not text.strip("0123456789abcdef")
 
+    def mine(path):
+        st = os.lstat(path) if os.path.lexists(path) else None
+        return st and st.st_uid == uid and not st.st_mode & 0o077 and st.st_mode & 0o170000 == 0o100000
+
     magic = getattr(sys.modules.get("_frozen_importlib_external"), "MAGIC_NUMBER", b"")
     magic = magic.hex() if len(magic) == 4 else "00000000"
     tag = sys.implementation.cache_tag
@@ -59,8 +69,7 @@ def bootstrap():
                 cache = root
                 for name in [code_key + "." + tag] * bool(code_key) + [src_key + ".src"]:
                     path = os.path.join(root, "agent-" + name)
-                    st = os.lstat(path) if os.path.lexists(path) else None
-                    if st and st.st_uid == uid and not st.st_mode & 0o077 and st.st_mode & 0o170000 == 0o100000:
+                    if mine(path):
                         fh = open(path, "rb")
                         data = fh.read()
                         fh.close()
@@ -76,8 +85,16 @@ def bootstrap():
             import lzma
         except ImportError:
             hello = "Z"
+    bits = 0
+    try:
+        for i, part in enumerate(sys.argv[6:14]):
+            if cache and hex32(part) and tag and (mine(os.path.join(cache, "part-%s.%s" % (part, tag)))
+                                                  or mine(os.path.join(cache, "part-%s.src" % part))):
+                bits |= 1 << i
+    except Exception:
+        bits = 0
     out = sys.stdout.buffer
-    out.write(("FLAGENT" + hello + magic).encode())
+    out.write(("FLAGENT" + hello + magic + "%02x" % bits).encode())
     out.flush()
     if code is None:
         kind = stdin.read(1)

@@ -470,12 +470,14 @@ def load_part(ld):
         return
     tag = sys.implementation.cache_tag
     d = cache_dir()
-    names = ([ck + "." + tag] if ck and tag else []) + [key + ".src"]
+    # (file name, the hash its bytes must have): the compiled form under the source's key too, so
+    # that the bootstrap's hello can say a part is here from the key alone
+    names = ([(key + "." + tag, ck)] if ck and tag else []) + [(key + ".src", key)]
     code = None
     if blob is None:
-        for n in names:
+        for n, want in names:
             b = _cached(d, "part-" + n) if d else None
-            if b is not None and sha256_new(b).hexdigest()[:32] == n[:32]:
+            if b is not None and sha256_new(b).hexdigest()[:32] == want:
                 try:
                     code = compile(b, "fleetctl-part", "exec") if n.endswith(".src") else marshal.loads(b)
                     break
@@ -498,11 +500,11 @@ def load_part(ld):
             raise AgentError("a part's source does not hash to its key", "bad_input")
         code = compile(src, "fleetctl-part", "exec")
         if d:
-            n, data = names[-1], src
+            n, data = names[-1][0], src
             if ck and tag:
                 e = marshal.dumps(code, 2)
                 if sha256_new(e).hexdigest()[:32] == ck:
-                    n, data = names[0], e
+                    n, data = names[0][0], e
             if __name__ != "fleetctl_agent":  # (on the host files.py shares this namespace)
                 from fleetctl.remote.files import write_atomic
             try:

@@ -53,7 +53,9 @@ def __getattr__(name: str) -> Any:
 # what check_then_agent's script ends with: one line from stdin, "go" execs the agent ("$@")
 GATE = '; IFS= read -r fleetctl_go || exit 0; [ "$fleetctl_go" = go ] || exit 0; exec "$@"'
 HELLO = b"FLAGENT"
-HELLO_SIZE = len(HELLO) + 1 + 8  # + 'C' (cached there), 'N' (send code, lzma) or 'Z' (zlib) + its bytecode magic, hex
+# + 'C' (cached there), 'N' (send code, lzma) or 'Z' (zlib) + its bytecode magic, hex + the on-demand
+# parts in its cache (two hex digits: bit i for the i-th of ON_DEMAND, remote/bootstrap.py)
+HELLO_SIZE = len(HELLO) + 1 + 8 + 2
 # what a login script (a banner in ~/.bashrc, a module system's notice) may print on stdout before the
 # command runs: skipped up to this many bytes, as the seal check skips what comes before its first mark
 LOGIN_NOISE_MAX = 64 << 10
@@ -126,10 +128,31 @@ def agent_argv(host: Host) -> tuple[list[str], list[str]]:
     # the python word again: the agent compares it with the launch's (an in-process probe, remote/locate.py);
     # the source's cache key, so the host need not hash it
     magic, ckey = compiled_agent_key()
-    argv = [host.python, "-c", bootstrap_text(), cache, host.python, agent_key(), magic, ckey]
+    argv = [host.python, "-c", bootstrap_text(), cache, host.python, agent_key(), magic, ckey, *part_keys()]
     if host.becomes:  # (in a container, become wraps the runtime's exec instead: transport/layers.py)
         return [], argv if host.container else become.wrap(host, argv)
     return env_prefix(command_line_env(host)), argv
+
+
+@once
+def part_keys() -> tuple[str, ...]:
+    """The source keys of the agent's on-demand parts, in ON_DEMAND's order: the bootstrap's hello
+    says which of them the host has cached (hello_parts)."""
+    from fleetctl.remote import ON_DEMAND, part_key
+
+    return tuple(part_key(p) for p in ON_DEMAND)
+
+
+def hello_parts(hello: bytes) -> set[str]:
+    """The on-demand parts a hello says are in the host's cache (said, not trusted: load_part hashes
+    them)."""
+    from fleetctl.remote import ON_DEMAND
+
+    try:
+        bits = int(hello[HELLO_SIZE - 2:HELLO_SIZE], 16)
+    except ValueError:
+        return set()
+    return {p for i, p in enumerate(ON_DEMAND) if bits >> i & 1}
 
 
 def command_line_env(host: Host) -> dict[str, str]:
@@ -302,20 +325,21 @@ def part_code_key(part: str) -> str:
     return code_key(marshal.dumps(code, 2))
 
 
-def with_parts(request: Mapping[str, Any] | None, parts: list[str], hello: bytes, send: bool) -> dict[str, Any]:
+def with_parts(request: Mapping[str, Any] | None, parts: list[str], hello: bytes,
+               send: set[str] | frozenset[str]) -> dict[str, Any]:
     """`request` with the agent's "_load" entries for `parts` (remote/core.py load_part): keys, and the
-    compressed code when `send`."""
+    compressed code of those in `send`."""
     out = dict(request or {})
     if not parts:
         return out
     from fleetctl.remote import part_key, part_packed
 
     magic, _ = compiled_agent()
-    same = hello[len(HELLO) + 1:HELLO_SIZE].decode("ascii", "replace") == magic
+    same = hello[len(HELLO) + 1:HELLO_SIZE - 2].decode("ascii", "replace") == magic
     kind = "Z" if hello[len(HELLO):len(HELLO) + 1] == b"Z" else "L"
     out["_load"] = [*(out.get("_load") or ()),
                     *({"key": part_key(p), "code": part_code_key(p) if same else "",
-                       "blob": kind.encode() + part_packed(p, kind) if send else None} for p in parts)]
+                       "blob": kind.encode() + part_packed(p, kind) if p in send else None} for p in parts)]
     return out
 
 
@@ -739,21 +763,17 @@ class AgentTransport(Steps):
                     send_parts: bool) -> tuple[bytes, list[str]]:
         """One request and its framed answer (under _agent_lock), with the on-demand parts of the
         agent it needs and the running agent has not loaded (`parts_for`): their code when
-        `send_parts` or the agent was just sent (nothing was cached there), else their keys only."""
+        `send_parts` or the hello did not say they are cached there, else their keys only."""
         pipe = self._agent_pipe
         if pipe is None or pipe.ended():  # none yet, or it ended between requests
             ahead, self._ahead = self._ahead, None
             self._agent_drop()
             pipe = self._agent_pipe = self._agent_from(ahead) or self._agent_start()
         parts = parts_for(action, request or {}, self._parts_in)
-        fresh = send_parts or self._hello_got[len(HELLO):len(HELLO) + 1] != b"C"
-        if parts and not fresh:
-            # a host without the part answers need_part and the whole request goes again: a request
-            # larger than the parts' source (a deploy's files) takes their code along the first time
-            from fleetctl.remote import part_text
-
-            fresh = len(encode_request(action, request)) > sum(len(part_text(p)) for p in parts)
-        body = encode_request(action, with_parts(request, parts, self._hello_got, fresh))
+        # the code of each part the hello did not say is cached there (all of them after need_part:
+        # a cached copy that did not hash to its key)
+        send = set(parts) if send_parts else set(parts) - hello_parts(self._hello_got)
+        body = encode_request(action, with_parts(request, parts, self._hello_got, send))
         deadline = self._begin(f"the '{action}' request", limit,
                                f"{h}: '{action}' timed out: no answer within {limit:g}s")
         try:
