@@ -235,9 +235,12 @@ class HostConnection(AgentTransport):
 
     def connect(self) -> None:
         """Connect, retrying a transient failure (refused, reset, timed out, no session) twice with
-        jitter: hundreds of handshakes at once can overrun sshd or the machine. Authentication and
-        host-key failures are never retried."""
+        jitter: hundreds of handshakes at once can overrun sshd or the machine (an sshd that had no CPU
+        to start the session before connect_timeout sends no banner: issue 34.3)
+        Authentication and host-key failures are never retried. Each attempt waits for a handshake
+        slot (HANDSHAKES_AT_ONCE) before its connect_timeout starts."""
         for attempt in range(self.CONNECT_TRIES):
+            self._attempt = attempt + 1
             try:
                 self._connect_once()
                 return
@@ -287,9 +290,15 @@ class HostConnection(AgentTransport):
         try:
             self._opening = conn  # before _begin's check of `aborted`: a cut from now on finds it
             try:
+                # the watchdog's backstop, a second connect_timeout: paramiko bounds each phase
+                # (TCP connect, banner, key exchange, authentication) by connect_timeout itself and
+                # says which one failed, and such a failure is tried again (connect). At N=1,000
+                # on 2 CPUs a 1 s grace cut handshakes whose host had answered in time while the
+                # controller's thread waited for the CPU (13 of the 20 unreachable hosts recorded)
+                grace = max(1.0, float(h.connect_timeout))
                 self._begin("the SSH connection", h.connect_timeout,
-                            f"{h.name}: no SSH connection to {where} within {h.connect_timeout:g}s "
-                            "(TCP connect, SSH banner, key exchange and authentication)", grace=1.0)
+                            f"{h.name}: no SSH connection to {where} within {h.connect_timeout + grace:g}s "
+                            "(TCP connect, SSH banner, key exchange and authentication)", grace=grace)
             except BaseException:
                 self._opening = None
                 raise
@@ -348,9 +357,11 @@ class HostConnection(AgentTransport):
         except (paramiko.SSHException, OSError, EOFError) as e:
             msg = str(e) or e.__class__.__name__
             if msg == "Error reading SSH protocol banner":  # paramiko's words for: no banner in time
-                raise Unreachable(f"{h.name}: no SSH banner from {where} within {h.connect_timeout:g}s",
+                tries = getattr(self, "_attempt", 1)
+                raise Unreachable(f"{h.name}: no SSH banner from {where} within {h.connect_timeout:g}s"
+                                  + (f" (asked {tries} times)" if tries > 1 else ""),
                                   hint="is the host frozen or overloaded? raise connect_timeout if it is just slow",
-                                  transient=False) from None
+                                  transient=True) from None
             refused = isinstance(e, paramiko.ssh_exception.NoValidConnectionsError)
             if refused:
                 msg = "connection refused"
