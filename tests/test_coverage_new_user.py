@@ -344,3 +344,64 @@ def test_the_new_users_fixed_playbook_passes_verify_logs_on_the_sandbox(
     code, doc = jcli(capsys, "verify-logs", "-i", inv, pb2)
     why = " ".join(doc["hosts"][0]["instances"][0]["explanation"])
     assert code == 1 and "on lines that name no rank (a print()" in why and "per_rank: false" in why, why
+
+
+TRITON = "srt/layers/attention/triton_backend.py"
+
+
+def _triton_pb(d: Path, capsys: pytest.CaptureFixture[str], flags: dict[str, Any]) -> Path:
+    src = wheels.pristine_bytes(V, TRITON).decode()
+    anchor = "        self.skip_prefill = skip_prefill\n"
+    assert src.count(anchor) == 1
+    return new_user_playbook(d, capsys, flags=flags, markers=["Triton tuned"], edited={
+        TRITON: src.replace(anchor, '        print("Triton tuned", flush=True)\n' + anchor).encode()})
+
+
+def test_a_phase_that_certainly_runs_the_patched_backend_covers_it(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """--decode-attention-backend triton with no --attention-backend: decode runs the patched triton
+    backend whatever prefill SGLang picks, so the launch runs what the playbook patches (it was "not
+    certain", as if no phase were known; an explicit unpatched prefill backend was already covered)."""
+    from fleetctl.config.playbook import load_playbook
+    from fleetctl.plan.patched_worker import coverage
+
+    flags = {"--model-path": "m", "--decode-attention-backend": "triton"}
+    pb = load_playbook(_triton_pb(tmp_path / "pb", capsys, flags))
+    cov = coverage(V, flags, {}, pb)
+    (fam,) = [f for f in cov.families if f["family"] == "attention_backend"]
+    assert fam["covered"] is True and cov.covered is True and not cov.refused, fam
+    assert coverage(V, {"--model-path": "m"}, {}, pb).covered is None  # no phase known: not certain
+
+
+def test_offline_uncertainty_does_not_say_the_launch_names_no_model(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """patch check cannot read config.json: it said "(the launch names no --model-path)" of a launch that
+    names one, and "fleetctl explain reads it there" of a backend no command can know before start."""
+    from fleetctl.config.playbook import load_playbook
+    from fleetctl.plan.patched_worker import coverage
+
+    pb = load_playbook(new_user_playbook(tmp_path / "pb", capsys, env={"SGLANG_ENABLE_SPEC_V2": "1"}, edited={
+        V2: _edited_worker(V, V2, "EAGLEWorkerV2", f'logger.info("{MARKER}")')}))
+    cov = coverage("0.5.9", {**SPEC, "--speculative-algorithm": "EAGLE"}, {"SGLANG_ENABLE_SPEC_V2": "1"}, pb)
+    if cov.uncertain:  # (0.5.9 models multi-layer EAGLE per architecture: not certain without the config)
+        assert "names no --model-path" not in cov.uncertain and "offline" in cov.uncertain, cov.uncertain
+    code, _, err = run(capsys, "patch", "check", _triton_pb(tmp_path / "pb2", capsys, {"--model-path": "m"}))
+    assert code == 0 and "explain reads it there" not in err and "decided on each host" in err, err
+
+
+def test_explain_and_deploy_say_not_certain_once_not_ok_or_not_covered(
+        fake_sandbox: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A backend SGLang picks at startup: explain said "[ok]" and then the same text again as a note;
+    deploy --check said "NOT covered" of a host it does not know to be uncovered."""
+    monkeypatch.setenv("FLEETCTL_STATE_DIR", str(tmp_path / "ledger"))
+    sb = fake_sandbox(hosts=1, versions=(V,))
+    inv = make_inventory(sb, tmp_path / "inv.yaml", ["h01"])
+    pb = _triton_pb(tmp_path / "pb", capsys, {"--model-path": "m"})
+    code, out, err = run(capsys, "explain", "-i", inv, pb)
+    flat = " ".join((out + err).split())
+    assert code == 0 and "[not certain]" in flat and "[ok]" not in flat and "note:" not in flat, flat
+    assert flat.count("picks the attention backend at startup") == 1, flat
+    code, out, err = run(capsys, "deploy", "--check", "-i", inv, pb)
+    flat = " ".join((out + err).split())
+    assert code == 0 and "what the launch runs: not certain: attention backend: no --attention-backend" in flat, flat
+    assert "NOT covered" not in flat and flat.count("picks the attention backend at startup") == 1, flat

@@ -561,7 +561,9 @@ def _explain_row(h: Host, f: HostFacts, pb: Playbook) -> HostResult[Explained]:
     ex.notes = [*f.package_notes, *locate_notes(f), *ex.notes]
     ex.startup_env = f.hook_notes()
     ex.model_architecture = f.model.arch if f.model else None
-    if cov and cov.uncertain:
+    if cov and cov.uncertain and cov.covered is None and not cov.refused and cov.families:
+        ex.reason = cov.uncertain  # nothing certain to say first: the line is the uncertainty (not a note again)
+    elif cov and cov.uncertain:
         ex.notes.append(cov.uncertain)
     if bc and f.bytecode_loader(cov.worker_file or "") != "source":
         ex.refused = ex.refused or bc

@@ -65,11 +65,16 @@ def render_plan(plan: Plan) -> None:
                 head = styled("NOT covered, deployed anyway", "yellow")
             elif c.refused:  # (covered, but not certain under --strict: "covered, refused")
                 what, head = "", styled("covered, refused" if c.covered else "NOT covered, refused", "red")
+            elif c.covered is None and c.uncertain:  # nothing certain: the uncertainty is the line
+                what, head = "; --strict refuses such hosts", styled("not certain", "yellow")
             else:
                 what, head = "", styled("covered", "green") if c.covered else styled("NOT covered", "red")
+            alone = c.covered is None and bool(c.uncertain) and not c.refused
             say(out, "  what the launch runs: " if c.families and c.families[0].get("family") != engine().family_names[0]
-                else "  worker that will run: ", head, ": ", c.reason, what, indent=4)
-            if c.uncertain and not c.refused:  # --strict refuses it
+                else "  worker that will run: ", head, ": ",
+                c.reason if not alone or (c.uncertain or "").replace("not certain: ", "") == c.reason else c.uncertain,
+                what, indent=4)
+            if c.uncertain and not c.refused and not alone:  # --strict refuses it
                 say(out, "  ", styled("warning:", "yellow"), " ", c.uncertain, "; --strict refuses such hosts",
                     indent=4)
         if hp.interrupted:
@@ -142,7 +147,9 @@ def render_explain(rows: list[HostResult[Explained]]) -> None:
         ex = r.detail
         if not ex.answered:
             return ((styled(r.status, "red"), " ", strip_host(r.host, ex.reason)),)
-        mark = styled("ok", "green") if not ex.refused else styled("REFUSED", "red")
+        mark = (styled("REFUSED", "red") if ex.refused else
+                styled("not certain", "yellow") if ex.covered is None and any(
+                    f.get("covered") is None for f in ex.families) else styled("ok", "green"))
         insts = ex.instances or []
         alike = len(insts) > 1 and all(i.reason == insts[0].reason for i in insts)
         # a refusal for another cause than the reason (e.g. a worker the playbook patches, but the

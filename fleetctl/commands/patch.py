@@ -190,7 +190,8 @@ def launch_coverage(pb: Playbook, versions: list[str]) -> list[dict[str, Any]]:
     for why, vs in unsure.items():
         out.append({"version": vs[0], "versions": vs, "env": env, "worker_class": None, "worker_file": None,
                     "families": [], "refused": False,
-                    "message": f"{', '.join(vs)}: {why} (the host decides: fleetctl explain reads it there)"})
+                    "message": f"{', '.join(vs)}: {why} (decided on each host: explain and deploy say what "
+                                   "they can tell there)"})
     return out
 
 

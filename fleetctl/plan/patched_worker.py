@@ -181,8 +181,13 @@ def _coverage(version: str, flags: dict[str, Any], env: dict[str, str], playbook
         if model is not None and model.arch and not model.error:  # read: an override is not modelled exactly
             uncertain = res.reason.split("): ", 1)[0] + ")" if "): " in res.reason else res.reason
         else:
-            why = model.error if model is not None and model.error else "the launch names no --model-path"
-            uncertain = f"{engine().not_certain} ({why})"
+            if model is None and flags.get(engine().model_flag):  # offline (patch check): not read here
+                uncertain = (f"not certain offline: the target's config.json decides it (a model-specific "
+                             f"override of SGLang {version} is not ruled out)")
+            else:
+                why = model.error if model is not None and model.error else \
+                    f"the launch names no {engine().model_flag}"
+                uncertain = f"{engine().not_certain} ({why})"
     if not res.known:
         if not need_worker:
             return Coverage(None, None, None, None, f"SGLang {version} is an unknown version")

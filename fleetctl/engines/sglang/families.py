@@ -246,7 +246,7 @@ def _check_choice(family: str, version: str, patched: list[str], choices: dict[s
             parts.append(f"with {flag} {name} the {label}{title} runs "
                          + ((("one of " if len(mods) > 1 else "") + _full(mods)) if mods else "no backend module"))
     runs = list(dict.fromkeys(runs))
-    if any_hit and not uncertain:
+    if any_hit:  # a phase certainly runs a patched member (as with an explicit unpatched other phase)
         return FamilyCheck(family, patched, runs, True, "; ".join(parts) + f"; your patch changes {mine}")
     if uncertain:
         return FamilyCheck(family, patched, runs, None, "; ".join(parts))
