@@ -1,7 +1,11 @@
 """Bad input, file by file (tests/bad_inputs/cases.yaml) and host by host (a sandbox host broken on
 purpose): each gives ONE clear line (file:line or host, what, the fix), exit 2 for input errors and
 1 for host failures, no traceback without --debug, and no file changed anywhere (package trees and
-outside targets hashed before and after; for input errors the hosts' state dirs too)."""
+outside targets hashed before and after; for input errors the hosts' state dirs too).
+
+The file corpus runs on in-process hosts (tests/fakehost.py: no sshd; what it checks is input,
+refused before any change); the broken hosts keep real sshd (keys, host keys, mounts, the `fleet`
+marker)."""
 
 from __future__ import annotations
 
@@ -47,6 +51,25 @@ def bfleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[sbx.Sandb
         yield sb, write_inventory(sb, d / "inventory.yaml", command_timeout=30), make_playbook(d / "pb", files=(EW2, SA))
     finally:
         sbx.down(d / "sb", missing_ok=True)
+
+
+@pytest.fixture(scope="module")
+def fake_bfleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[sbx.Sandbox, Path, Path]]:
+    """bfleet's hosts reached in-process (tests/fakehost.py): the corpus is input checking, found before
+    anything changes, whatever the transport (the hosts are contacted ahead, by the prefetch)."""
+    import fakehost
+
+    d = tmp_path_factory.mktemp("badfleet-fake")
+    with fakehost.sandbox(d / "sb", hosts=2, versions=[VERSION], gpus=1) as sb:
+        yield sb, write_inventory(sb, d / "inventory.yaml", command_timeout=30), make_playbook(d / "pb", files=(EW2, SA))
+
+
+@pytest.fixture
+def cfleet(fake_bfleet: tuple) -> Iterator[tuple[sbx.Sandbox, Path, Path]]:
+    import fakehost
+
+    with fakehost.installed(fake_bfleet[0].fake):  # type: ignore[attr-defined]
+        yield fake_bfleet
 
 
 def tree_sig(root: Path) -> dict[str, tuple]:
@@ -97,10 +120,9 @@ def no_traceback(out: str, err: str) -> None:
     assert "Traceback" not in out + err and "internal error" not in out + err, out + err
 
 
-@pytest.mark.fleet
 @pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
-def test_corpus(bfleet: tuple, case: dict, capsys: pytest.CaptureFixture[str]) -> None:
-    sb, inv, pb = bfleet
+def test_corpus(cfleet: tuple, case: dict, capsys: pytest.CaptureFixture[str]) -> None:
+    sb, inv, pb = cfleet
     for h in sb.hosts.values():
         reset_host(h, (EW2, SA))
     f = CORPUS / case["file"]

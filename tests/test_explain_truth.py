@@ -1,4 +1,8 @@
-"""explain tells the whole truth before launch (issue 30.5): what it says on a sandbox host."""
+"""explain tells the whole truth before launch (issue 30.5): what it says on a sandbox host.
+
+The first test is explain's smoke on a real sshd host (the table, refused); the others decide on
+in-process hosts (`fake_sandbox`, tests/fakehost.py): what explain, facts and launch conclude from
+a host's files is ops logic, not transport."""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ import pytest
 
 from fleetctl.cli import main
 
-pytestmark = [pytest.mark.fleet, pytest.mark.usefixtures("ledger_dir")]
+pytestmark = [pytest.mark.usefixtures("ledger_dir")]  # (fresh_sandbox brings the `fleet` marker)
 ROOT = Path(__file__).resolve().parent.parent
 PAYLOAD = str(ROOT / "playbooks" / "dynamic-spec-disable")
 
@@ -43,12 +47,12 @@ def edited_inventory(inv: Path, host: dict) -> Path:
     return out
 
 
-def test_explain_says_what_the_launch_itself_does(fresh_sandbox, capsys: pytest.CaptureFixture[str]) -> None:
+def test_explain_says_what_the_launch_itself_does(fake_sandbox, capsys: pytest.CaptureFixture[str]) -> None:
     """Before launch, not only in verify-logs: a --log-level that hides INFO (launch refuses it), a
     launch command whose `env` prefix overrides the playbook/inventory env, a threshold that never fires."""
     import json
 
-    sb = fresh_sandbox(hosts=1, versions=("0.5.9",), gpus=1)
+    sb = fake_sandbox(hosts=1, versions=("0.5.9",), gpus=1)
     quiet = edited_inventory(sb.inventory_path, {"flags": {"--log-level": "warning"}})
     code = main(["explain", "-i", str(quiet), PAYLOAD, "--json"])
     h = json.loads(capsys.readouterr().out)["hosts"][0]
@@ -68,13 +72,13 @@ def test_explain_says_what_the_launch_itself_does(fresh_sandbox, capsys: pytest.
     assert "warning:" in out and "max_running_requests" in out, out
 
 
-def test_explain_shows_a_value_the_patched_server_args_refuses(fresh_sandbox, capsys) -> None:
+def test_explain_shows_a_value_the_patched_server_args_refuses(fake_sandbox, capsys) -> None:
     """0.5.14, topk 4: fleetctl's table lets EAGLEWorkerV2 start, but the payload's own check in the
     patched server_args.py (replayed from the patched file, with the release's adaptive_unsupported_reason)
     refuses --speculative-disable-batch-threshold with a topk other than 1: explain says so, before the crash."""
     import json
 
-    sb = fresh_sandbox(hosts=1, versions=("0.5.14",), gpus=1)
+    sb = fake_sandbox(hosts=1, versions=("0.5.14",), gpus=1)
     inv = edited_inventory(sb.inventory_path, {"flags": {"--speculative-eagle-topk": 4,
                                                          "--speculative-num-draft-tokens": 8}})
     code = main(["explain", "-i", str(inv), PAYLOAD, "--json"])
@@ -86,14 +90,14 @@ def test_explain_shows_a_value_the_patched_server_args_refuses(fresh_sandbox, ca
     assert code == 0 and not h.get("refused"), h
 
 
-def test_facts_fails_a_sglang_dir_the_launch_does_not_import(fresh_sandbox, capsys) -> None:
+def test_facts_fails_a_sglang_dir_the_launch_does_not_import(fake_sandbox, capsys) -> None:
     """facts checks an inventory sglang_dir against what the launch's python imports: another tree
     (here the release's own pristine tree elsewhere) fails the host, naming both; the imported one is ok."""
     import json
 
     from fleetctl.engines import wheels
 
-    sb = fresh_sandbox(hosts=1, versions=("0.5.9",), gpus=1)
+    sb = fake_sandbox(hosts=1, versions=("0.5.9",), gpus=1)
     other = wheels.package_dir("0.5.9")
     code = main(["facts", "-i", str(edited_inventory(sb.inventory_path, {"sglang_dir": str(other)})), "--json"])
     h = json.loads(capsys.readouterr().out)["hosts"][0]
@@ -105,12 +109,12 @@ def test_facts_fails_a_sglang_dir_the_launch_does_not_import(fresh_sandbox, caps
     assert code == 0 and h["state"] == "ok", h
 
 
-def test_launch_refuses_what_the_patched_server_args_refuses(fresh_sandbox, capsys) -> None:
+def test_launch_refuses_what_the_patched_server_args_refuses(fake_sandbox, capsys) -> None:
     """Deployed on 0.5.14, launched with topk 4: launch refuses the host before starting anything,
     with the payload's own refusal (the real server would crash on it at start-up)."""
     import json
 
-    sb = fresh_sandbox(hosts=1, versions=("0.5.14",), gpus=1)
+    sb = fake_sandbox(hosts=1, versions=("0.5.14",), gpus=1)
     assert main(["deploy", "-i", str(sb.inventory_path), PAYLOAD]) == 0
     capsys.readouterr()
     inv = edited_inventory(sb.inventory_path, {"flags": {"--speculative-eagle-topk": 4,

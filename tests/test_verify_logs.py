@@ -1,4 +1,8 @@
-"""verify-logs on the sandbox fleet: the origin story end to end, and every way a proof can fail."""
+"""verify-logs on the sandbox fleet: the origin story end to end, and every way a proof can fail.
+
+On in-process hosts (tests/fakehost.py: the session sandbox's hosts without sshd, module-scoped; the
+servers are real processes of the host's python, their logs real files): what verify-logs proves
+is ops logic; verify-logs over real sshd is in test_launch's smoke and test_json_schema."""
 
 from __future__ import annotations
 
@@ -22,7 +26,6 @@ ROOT = Path(__file__).resolve().parents[1]
 FULL = ROOT / "playbooks" / "dynamic-spec-disable"
 WRONG = ROOT / "playbooks" / "origin-wrong-file"
 MARKER = "Dynamic speculation disable enabled"
-pytestmark = pytest.mark.fleet
 
 
 # ----------------------------------------------------------------------------- helpers (as in test_launch)
@@ -47,14 +50,27 @@ def make_inventory(sb: Any, path: Path, *, hosts: list[str] | None = None,
     return path
 
 
+@pytest.fixture(scope="module")
+def fake_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """The session sandbox's hosts (h01 0.5.9, h02 0.5.14, h03 0.5.9, 2 GPUs each), in-process."""
+    import fakehost
+
+    with fakehost.sandbox(tmp_path_factory.mktemp("verify-fake") / "sb", hosts=3, versions=["0.5.9", "0.5.14"],
+                          gpus=2) as fsb:
+        yield fsb
+
+
 @pytest.fixture
-def sb(sandbox: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    """The session sandbox, left as found: servers stopped (by pid), files pristine, no deploys."""
+def sb(fake_fleet: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """The in-process fleet, left as found: servers stopped (by pid), files pristine, no deploys."""
+    import fakehost
+
     monkeypatch.setenv("FLEETCTL_STATE_DIR", str(tmp_path / "ledger"))
     try:
-        yield sandbox
+        with fakehost.installed(fake_fleet.fake):
+            yield fake_fleet
     finally:
-        for h in sandbox.hosts.values():
+        for h in fake_fleet.hosts.values():
             for name in srv.list_instances(str(h.state_dir)):
                 rec = srv.current_record(str(h.state_dir), name)
                 if rec and srv.record_alive(rec):
