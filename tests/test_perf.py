@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.fleet
+# (the tests that start sshd use the sandbox fixtures, which give them the `fleet` marker:
+# tests/conftest.py; the probe writer's and the start rules' tests start none)
 
 
 def test_bare_shell_sandbox_gives_each_host_its_own_empty_home(fresh_sandbox) -> None:

@@ -16,7 +16,7 @@ from fleetctl.errors import InputError
 from fleetctl.ops.rolling import batches, parse_count, parse_percent
 from fleetctl.sandbox.lifecycle import Sandbox
 
-pytestmark = pytest.mark.fleet
+# (the tests that start sshd use the sandbox fixtures, which give them the `fleet` marker: tests/conftest.py)
 PAYLOAD = str(Path(__file__).parent.parent / "playbooks" / "dynamic-spec-disable")
 EW = "srt/speculative/eagle_worker.py"
 

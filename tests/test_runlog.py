@@ -1,6 +1,9 @@
 """Retry files and run logs (issue 32.5): a run with failed hosts writes `<state>/retry/CMD.retry` and
 prints the command that reruns on them alone (which runs as printed); every fleet command appends
-JSON-lines events to `<state>/runs.jsonl` (or --log-file); `history show ID` reads them back."""
+JSON-lines events to `<state>/runs.jsonl` (or --log-file); `history show ID` reads them back.
+
+On in-process hosts (tests/fakehost.py, `fake_sandbox`): what is logged and retried is the
+controller's, whatever the transport; `dead` is a host that is down."""
 
 from __future__ import annotations
 
@@ -14,8 +17,6 @@ import yaml
 
 from fleetctl.cli import main
 from tests import ports
-
-pytestmark = [pytest.mark.fleet]
 
 REPO = Path(__file__).resolve().parent.parent
 PLAYBOOK = REPO / "playbooks" / "dynamic-spec-disable"
@@ -33,9 +34,10 @@ def runs(path: Path) -> dict[str, list[dict[str, Any]]]:
 
 
 @pytest.fixture
-def fleet(fresh_sandbox: Any, tmp_path: Path) -> tuple[Any, Path]:
+def fleet(fake_sandbox: Any, tmp_path: Path) -> tuple[Any, Path]:
     """Two sandbox hosts and `dead`, a loopback port nobody listens on (unreachable at once)."""
-    sb = fresh_sandbox(hosts=2, versions=("0.5.9",), gpus=1)
+    sb = fake_sandbox(hosts=2, versions=("0.5.9",), gpus=1)
+    sb.fake.down.add("dead")
     doc = yaml.safe_load(sb.inventory_path.read_text())
     doc["hosts"]["dead"] = {"address": "127.0.0.1", "port": ports.free_port(), "connect_timeout": 5}
     inv = sb.dir / "with-dead.yaml"

@@ -30,7 +30,8 @@ from fleetctl.plan.trees import group_trees, same_tree
 from fleetctl.protocol.answers import StateFacts, TreeIdentity
 from fleetctl.sandbox import lifecycle as sbx
 
-pytestmark = [pytest.mark.usefixtures("ledger_dir"), pytest.mark.fleet,
+# (the tests that start sshd use the sandbox fixtures, which give them the `fleet` marker: tests/conftest.py)
+pytestmark = [pytest.mark.usefixtures("ledger_dir"),
               pytest.mark.skipif(not Path("/usr/sbin/sshd").exists(), reason="OpenSSH sshd is not installed")]
 
 VERSION = "0.5.9"

@@ -25,7 +25,7 @@ from waiting import until
 from fleetctl.cli import main
 from fleetctl.remote import servers as srv
 
-pytestmark = pytest.mark.fleet
+# (the tests that start sshd use the sandbox fixtures, which give them the `fleet` marker: tests/conftest.py)
 
 SUGGESTED = re.compile(r"'(fleetctl [^']+)'")
 
