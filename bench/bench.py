@@ -405,6 +405,8 @@ class Runner:
         run("deploy", [*base, "deploy", pb, *inv], "intended", "fleetctl")
         if "noop" in ops:
             run("noop", [*base, "deploy", pb, *inv], "intended", "fleetctl")
+        if "recheck" in ops:  # (opt-in) the no-op without its seal: the agent's facts, one request a host
+            run("recheck", [*base, "deploy", pb, *inv, "--recheck"], "intended", "fleetctl")
         if first_run and n <= self.args.verify_logs_max:
             run("launch", [*base, "launch", pb, *inv], None)
             run("verify-logs", [*base, "verify-logs", pb, *inv], None)
@@ -842,7 +844,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tool-max", default="", help="largest N per tool, e.g. pyinfra=128,lean=256")
     ap.add_argument("--reuse-sandbox", action="store_true", help="use a sandbox already running in WORK/sandbox")
     ap.add_argument("--fleetctl-ops", default="check,deploy,noop,rollback",
-                    help="fleetctl ops to time (deploy is always run; launch/verify-logs/stop follow --verify-logs-max)")
+                    help="fleetctl ops to time (deploy is always run; launch/verify-logs/stop follow --verify-logs-max; "
+                         "recheck: deploy --recheck after the no-op, opt-in)")
     ap.add_argument("--big-runs", type=int, default=0, help="runs per tool above N=128 (default: --runs)")
     ap.add_argument("--link-above", type=int, default=256,
                     help="sandboxes larger than this hard-link the hosts' SGLang files to one copy per release")
