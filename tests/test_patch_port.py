@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -170,6 +172,20 @@ def test_port_conflict_writes_conflict_file_and_leaves_playbook(tmp_path: Path, 
             assert lines[a - 1].startswith(b"<<<<<<< ") and lines[b - 1].startswith(b">>>>>>> ")
     assert "playbook unchanged for 0.5.12" in err
     assert "Traceback" not in err
+    # the way forward is a command per conflicted file that runs as printed once it is resolved (it
+    # said "make the patch with `fleetctl patch new --sglang 0.5.12`": no file, no edited copy)
+    cmds = re.findall(r"'(fleetctl patch new [^']+)'", err)
+    assert len(cmds) == 2, err
+    for cmd in cmds:
+        argv = shlex.split(cmd)
+        conflict = Path(argv[argv.index("--file") + 2])
+        assert conflict.parent == out and conflict.suffix == ".conflict", cmd
+        rel = argv[argv.index("--file") + 1]
+        resolved = wheels.pristine_bytes("0.5.12", rel).replace(b"\nimport ", b"\n# ported\nimport ", 1)
+        conflict.write_bytes(resolved)  # (a resolution: the release's file plus one line)
+        proc = fleetctl(*argv[1:])
+        assert proc.returncode == 0, proc.stderr
+        assert Path(argv[argv.index("-o") + 1]).is_file()
 
 
 def test_port_mixed_targets_writes_the_clean_one(tmp_path: Path, playbook) -> None:

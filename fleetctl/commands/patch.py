@@ -409,6 +409,8 @@ def port_cmd(
     for v in targets:
         ports = [port_file(src, v, f.path, f.patch_text, f.sha256) for f in pb.versions[src]]
         bad = [p for p in ports if not p.ok]
+        made: list[str] = []  # the command that makes each conflicted file's patch once resolved
+        from fleetctl.model.suggest import quote
         if bad:
             failed.append(v)
             for p in bad:
@@ -420,10 +422,12 @@ def port_cmd(
                     for a, b in p.conflicts:
                         common.err.print(f"{v} {p.path}: conflict at lines {a}-{b} of {where}",
                                          markup=False, highlight=False)
+                    made.append(f"'fleetctl patch new --sglang {v} --file {quote(p.path)} {quote(str(where))} "
+                                f"-o {quote(str(base / ref))}'")
                 else:
                     common.err.print(f"{v} {p.path}: {p.problem}", markup=False, highlight=False)
-            fix = (f"resolve the conflicts, then make the patch with `fleetctl patch new --sglang {v}`"
-                   if any(p.conflicts for p in bad) else "see the problems above")
+            fix = (f"resolve the conflicts in each .conflict file, then make its patch from it: {' and '.join(made)} "
+                   f"(each prints the entry to add under versions: {v})" if made else "see the problems above")
             common.err.print(f"{v}: not ported (playbook unchanged for {v}): {fix}", markup=False, highlight=False)
             continue
         carried, dropped = carry_unsupported(pb.unsupported_workers.get(src, {}), v)
