@@ -292,3 +292,17 @@ def test_no_header_word_is_cut_in_two_at_80_columns() -> None:
     for word in ("host", "instance", "running", "worker", "restart"):
         assert f" {word} " in header, out
     assert "d20261202-184301-ffe9 " in out and "(same on disk)" in out, out
+
+
+def test_a_facts_note_does_not_say_note_twice(fake_sandbox: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """facts printed "note    note: a git checkout ...": the row's label and then the word again."""
+    monkeypatch.setenv("FLEETCTL_STATE_DIR", str(tmp_path / "ledger"))
+    sb = fake_sandbox(hosts=1, versions=("0.5.9",))
+    # a start-up hook that sets an SGLANG_ variable: facts notes it
+    (sb.hosts["h01"].site_packages / "sitecustomize.py").write_text(
+        'import os\nos.environ["SGLANG_ENABLE_SPEC_V2"] = "1"\n')
+    code, out, err = run(capsys, "facts", "-i", sb.inventory_path)
+    notes = [ln for ln in out.splitlines() if ln.strip().startswith("note")]
+    assert code == 0 and any("sitecustomize.py" in ln for ln in notes), out + err
+    assert not any(ln.split(None, 1)[1].startswith("note") for ln in notes), notes

@@ -80,7 +80,7 @@ def _facts_lines(f: HostFacts, all_files: bool) -> tuple[tuple[str, Text], ...]:
     py = [("python", safe(f"{f.python} ({f.python_version})"))]
     if f.launch_python and f.launch_python != f.python:
         py.append(("launch", safe(f"{f.launch_python} ({f.launch_python_version})")))
-    return (("OS", safe(f.os)), *py, (engine().display_name, sg), *[("note", line(styled("note:", "yellow"), " ", n)) for n in notes],
+    return (("OS", safe(f.os)), *py, (engine().display_name, sg), *[("note", line(styled(n, "yellow"))) for n in notes],  # (the label says "note": not again)
             ("torch", torch), ("files", line("; ").join(_files_cell(f, all_files).split("\n"))),
             ("GPUs", safe(_gpu_cell(f))), *_model_line(f), *_container_line(f))
 
