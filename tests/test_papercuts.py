@@ -306,3 +306,17 @@ def test_a_facts_note_does_not_say_note_twice(fake_sandbox: Any, tmp_path: Path,
     notes = [ln for ln in out.splitlines() if ln.strip().startswith("note")]
     assert code == 0 and any("sitecustomize.py" in ln for ln in notes), out + err
     assert not any(ln.split(None, 1)[1].startswith("note") for ln in notes), notes
+
+
+def test_summaries_count_one_host_in_the_singular() -> None:
+    """'explain: 1 hosts: 1 ok', 'launch ...: 1 hosts, 1 instances': every summary line that counts
+    hosts or instances spells the count with its noun (fleetctl.ui.hostnames.plural)."""
+    import re
+
+    from fleetctl.ui.hostnames import plural
+
+    assert (plural(1, "host"), plural(2, "host"), plural(0, "instance")) == ("1 host", "2 hosts", "0 instances")
+    root = Path(__file__).resolve().parents[1] / "fleetctl" / "commands"
+    left = [f"{f.name}: {m.group(0)}" for f in root.glob("*.py")
+            for m in re.finditer(r"\{[^{}]+\} (hosts|instances)\b", f.read_text())]
+    assert not left, left

@@ -33,7 +33,7 @@ from fleetctl.model.result import HostResult
 from fleetctl.ops import runlog
 from fleetctl.ops.ledger import Ledger
 from fleetctl.ops.record import Recorded
-from fleetctl.ui.hostnames import group, strip_host
+from fleetctl.ui.hostnames import group, plural, strip_host
 from fleetctl.ui.jsonout import rows as rows_json
 from fleetctl.ui.render import hosts_cell, table
 from fleetctl.ui.safetext import line, lines_cell, styled
@@ -115,7 +115,7 @@ def deploy(*, playbook: Path, inventory: Path | None, limit: str | None, forks: 
                           plan=plan.to_json(), elapsed=round(ctx.elapsed(), 3),
                           message=f"deploy --check: nothing was changed ({ctx.elapsed():.2f}s)")
             else:
-                err.print(line(f"deploy --check: {len(plan.hosts)} hosts: "
+                err.print(line(f"deploy --check: {plural(len(plan.hosts), 'host')}: "
                                + _counts([hp.status for hp in plan.hosts],
                                          {"change": "would change", "noop": "as intended"},
                                          always=("change", "noop"))
@@ -148,7 +148,7 @@ def deploy(*, playbook: Path, inventory: Path | None, limit: str | None, forks: 
         elapsed = ctx.elapsed()
         counts = {st: sum(1 for r in rows if r.status == st)
                   for st in ("changed", "unchanged", "refused", "unreachable", "failed")}
-        summary = (f"deploy {op_id}: {len(rows)} hosts: "
+        summary = (f"deploy {op_id}: {plural(len(rows), 'host')}: "
                    + ", ".join(f"{n} {st}" for st, n in counts.items() if n or st in ("changed", "failed"))
                    + f" in {elapsed:.2f}s")
         reminder = _restart_reminder(ctx, pb, [r.host for r in rows if r.status == "changed"],
@@ -166,7 +166,7 @@ def deploy(*, playbook: Path, inventory: Path | None, limit: str | None, forks: 
                     for r in rows):
                 t.add_row(hosts_cell(hosts), _s(st), did, lines_cell(what))
             out.print(t)
-            err.print(line(f"deploy {op_id}: {len(rows)} hosts: "
+            err.print(line(f"deploy {op_id}: {plural(len(rows), 'host')}: "
                            + _counts([r.status for r in rows], {}, always=("changed", "failed"))
                            + f" in {elapsed:.2f}s"))
             if reminder:
@@ -208,7 +208,7 @@ def rollback(*, inventory: Path | None, limit: str | None, forks: int, to: str |
                 emit_json("rollback", ok=not bad, hosts=plan_hosts(plans), check=True,
                           plan=[p.result().to_json() for p in plans], message="rollback --check: nothing was changed")
             else:
-                err.print(line(f"rollback --check: {len(plans)} hosts: "
+                err.print(line(f"rollback --check: {plural(len(plans), 'host')}: "
                                + _counts([p.status for p in plans], {"change": "would be restored",
                                                                      "noop": "nothing to do",
                                                                      "skipped": "not selected by --to"},
@@ -238,7 +238,7 @@ def rollback(*, inventory: Path | None, limit: str | None, forks: int, to: str |
         for h in ctx.fleet.hosts:  # their seals no longer hold: the next deploy need not check them
             if results[h.name].status != "unchanged":
                 seal.forget(h)
-        summary = (f"rollback {op_id}: {len(rows)} hosts: {sum(1 for r in rows if r.status == 'changed')} "
+        summary = (f"rollback {op_id}: {plural(len(rows), 'host')}: {sum(1 for r in rows if r.status == 'changed')} "
                    f"restored, {sum(1 for r in rows if r.status in ('unchanged', 'skipped'))} nothing to do, "
                    f"{len(failed)} failed in {ctx.elapsed():.2f}s")
         reminder = _restart_reminder(ctx, None, [r.host for r in rows if r.status == "changed"], touched,
@@ -256,7 +256,7 @@ def rollback(*, inventory: Path | None, limit: str | None, forks: int, to: str |
                     for r in rows):
                 t.add_row(hosts_cell(hosts), _s(st), lines_cell(what))
             out.print(t)
-            err.print(line(f"rollback {op_id}: {len(rows)} hosts: "
+            err.print(line(f"rollback {op_id}: {plural(len(rows), 'host')}: "
                            + _counts([r.status for r in rows], {"changed": "restored"}, always=("changed",))
                            + f" in {ctx.elapsed():.2f}s"))
             if reminder:
@@ -346,7 +346,7 @@ def status(*, playbook: Path | None, inventory: Path | None, limit: str | None, 
                                styled("YES", "red") if restart else "no")
                 out.print(st)
             n_other = sum(len(r.detail.discovered) for r in rows)
-            err.print(f"status: {len(rows)} hosts, {len(problems)} with problems, "
+            err.print(f"status: {plural(len(rows), 'host')}, {len(problems)} with problems, "
                       f"{sum(1 for sv in servers if sv['running'])} server(s) running"
                       + (f" (+{n_other} not started by fleetctl)" if n_other else "")
                       + f" ({ctx.elapsed():.2f}s)", markup=False)
@@ -455,7 +455,7 @@ def history(*, op_id: str | None, limit_rows: int, json_out: bool) -> None:
                                           for h in d["hosts"]):
                 t.add_row(hosts_cell(hosts), _s(st), msg)
             out.print(t)
-            err.print(line(f"history {d['id']}: {len(d['hosts'])} hosts: "
+            err.print(line(f"history {d['id']}: {plural(len(d['hosts']), 'host')}: "
                            + _counts([h["status"] for h in d["hosts"]], {})))
         else:
             rows = ledger.list(limit_rows)
@@ -608,7 +608,7 @@ def explain(*, playbook: Path, inventory: Path | None, limit: str | None, forks:
             emit_json("explain", ok=all(r.ok for r in rows), playbook=str(pb.path), hosts=explained)
         else:
             render_explain(rows)
-            err.print(line(f"explain: {len(rows)} hosts: "
+            err.print(line(f"explain: {plural(len(rows), 'host')}: "
                            + _counts([r.status for r in rows], {}, always=("ok",))))
         raise typer.Exit(EXIT_OK if all(r.ok for r in rows) else EXIT_FAILED)
 

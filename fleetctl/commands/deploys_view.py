@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from fleetctl.commands.common import out
 from fleetctl.engines import engine
 from fleetctl.model.result import OK_STATES, HostResult
-from fleetctl.ui.hostnames import group, hosts_label, strip_host
+from fleetctl.ui.hostnames import group, hosts_label, plural, strip_host
 from fleetctl.ui.render import hosts_cell, say, status_cell, table
 from fleetctl.ui.safetext import line, styled
 
@@ -155,7 +155,7 @@ def render_explain(rows: list[HostResult[Explained]]) -> None:
         # a refusal for another cause than the reason (e.g. a worker the playbook patches, but the
         # server would refuse to start) gets its own line: never "patches it: yes" beside REFUSED
         apart = bool(ex.refused) and ex.refused != ex.reason
-        got: list[tuple[Any, ...]] = [((f"({len(insts)} instances each) " if alike else ""), ex.reason,
+        got: list[tuple[Any, ...]] = [((f"({plural(len(insts), 'instance')} each) " if alike else ""), ex.reason,
                                        *(() if apart else (" [", mark, "]")))]
         if len(insts) > 1 and not alike:
             got += [(f"  {i.instance} (GPUs {','.join(map(str, i.gpus))}): {i.reason}",) for i in insts]

@@ -14,6 +14,7 @@ from fleetctl.commands.context import playbook_fleet
 from fleetctl.commands.context import run_with_progress as _tick_run
 from fleetctl.errors import EXIT_FAILED, EXIT_OK
 from fleetctl.ops import runlog
+from fleetctl.ui.hostnames import plural
 from fleetctl.ui.render import say, table
 from fleetctl.ui.safetext import line, styled
 
@@ -38,7 +39,7 @@ def gpu_check(*, playbook: Path, inventory: Path | None, limit: str | None, fork
         if check:
             plans = _tick_run(ctx, "facts", lambda: ops.plan_fleet(ctx.fleet, pb))
             bad = [p for p in plans if p.status != "run"]
-            msg = (f"gpu-check --check: {len(plans)} hosts: {len(plans) - len(bad)} would run, {len(bad)} would "
+            msg = (f"gpu-check --check: {plural(len(plans), 'host')}: {len(plans) - len(bad)} would run, {len(bad)} would "
                    f"not; nothing was made or started ({ctx.elapsed():.2f}s)")
             runlog.plan([p.result().to_json() for p in plans])
             runlog.result([p.result().row() for p in plans])
@@ -52,7 +53,7 @@ def gpu_check(*, playbook: Path, inventory: Path | None, limit: str | None, fork
             raise typer.Exit(EXIT_FAILED if bad else EXIT_OK)
         rows = _tick_run(ctx, "gpu-check", lambda: ops.check_fleet(ctx.fleet, pb, timeout=timeout))
         bad = [r for r in rows if not r.ok]
-        summary = (f"gpu-check: {len(rows)} hosts: {len(rows) - len(bad)} passed, {len(bad)} not "
+        summary = (f"gpu-check: {plural(len(rows), 'host')}: {len(rows) - len(bad)} passed, {len(bad)} not "
                    f"in {ctx.elapsed():.2f}s")
         runlog.result([r.row() for r in rows])
         if json_out:

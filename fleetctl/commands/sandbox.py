@@ -9,6 +9,7 @@ import typer
 
 from fleetctl.commands import common
 from fleetctl.errors import FleetctlError
+from fleetctl.ui.hostnames import plural
 
 if TYPE_CHECKING:  # rich: imported when a table is shown (issue 16.10)
     from fleetctl.ui.safetext import SafeTable
@@ -69,7 +70,7 @@ def up(
         rows = [host_row({**j, "pid": h.pid}, ok=True, state="running", message="", host=h.name)
                 for h, j in zip(sb.all_hosts(), doc.pop("hosts"), strict=True)]
         common.emit_json("sandbox up", ok=True, hosts=rows,
-                         message=f"sandbox up: {len(sb.hosts)} hosts + jump in {sb.dir}",
+                         message=f"sandbox up: {plural(len(sb.hosts), 'host')} + jump in {sb.dir}",
                          **doc, inventory=str(sb.inventory_path), inventory_jump=str(sb.jump_inventory_path),
                          ssh_config=str(sb.ssh_config_path), timings=sb.timings)
         return
@@ -79,7 +80,7 @@ def up(
         t.add_row(h.name, h.version or "(jump host)", h.torch_version or "", str(h.port), str(h.pid or "-"), gpu)
     common.out.print(t)
     common.out.print(
-        f"sandbox up: {len(sb.hosts)} hosts + jump in {sb.dir} ({sb.timings.get('total', 0):.1f}s)\n"
+        f"sandbox up: {plural(len(sb.hosts), 'host')} + jump in {sb.dir} ({sb.timings.get('total', 0):.1f}s)\n"
         f"  inventory:  {sb.inventory_path}\n"
         f"  via jump:   {sb.jump_inventory_path}\n"
         f"  ssh:        ssh -F {sb.ssh_config_path} h01\n"

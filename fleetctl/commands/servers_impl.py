@@ -21,7 +21,7 @@ from fleetctl.commands.context import run_with_progress as _tick_run
 from fleetctl.errors import EXIT_FAILED, EXIT_OK, InputError
 from fleetctl.model.recorded import RecordedDetail
 from fleetctl.ops import runlog
-from fleetctl.ui.hostnames import group, hosts_label, strip_host
+from fleetctl.ui.hostnames import group, hosts_label, plural, strip_host
 from fleetctl.ui.jsonout import rows as rows_json
 from fleetctl.ui.render import hosts_cell, say, status_cell, table
 from fleetctl.ui.safetext import line, lines_cell, safe, styled
@@ -222,7 +222,7 @@ def launch(*, playbook: Path, inventory: Path | None, limit: str | None, forks: 
             record.ledger.close()  # (also when interrupted: the ledger marks the launch so later)
         n = sum(len(r.detail.instances) for r in rows)
         ready = sum(1 for r in rows for i in r.detail.instances if i.status == "ready")
-        summary = (f"launch {lid}: {len(rows)} hosts, {n} instances: {ready} ready, {n - ready} not "
+        summary = (f"launch {lid}: {plural(len(rows), 'host')}, {plural(n, 'instance')}: {ready} ready, {n - ready} not "
                    f"in {ctx.elapsed():.2f}s")
         runlog.result(rows_json(rows), op_id=lid)
         if json_out:
@@ -242,7 +242,7 @@ def _launch_check(ctx: RunContext, pb: Any, **kw: bool) -> None:
 
     plans = _tick_run(ctx, "facts", lambda: check_fleet(ctx.fleet, pb, **kw))
     bad = [p for p in plans if p.status != "start"]
-    msg = (f"launch --check: {len(plans)} hosts: {len(plans) - len(bad)} would start, {len(bad)} would not; "
+    msg = (f"launch --check: {plural(len(plans), 'host')}: {len(plans) - len(bad)} would start, {len(bad)} would not; "
            f"nothing was started or stopped ({ctx.elapsed():.2f}s)")
     runlog.plan([p.result().to_json() for p in plans])
     runlog.result([p.result().row() for p in plans])
@@ -265,7 +265,7 @@ def verify_logs(*, playbook: Path, inventory: Path | None, limit: str | None, fo
         bad = [r for r in rows if not r.ok]
         n_inst = sum(len(r.detail.instances) for r in rows)
         n_bad = sum(1 for r in rows for i in r.detail.instances if not i.ok)
-        summary = (f"verify-logs: {len(rows)} hosts, {n_inst} instances: {n_inst - n_bad} passed, "
+        summary = (f"verify-logs: {plural(len(rows), 'host')}, {plural(n_inst, 'instance')}: {n_inst - n_bad} passed, "
                    f"{n_bad} failed, {sum(1 for r in rows if r.status not in ('ok', 'failed'))} unreachable "
                    f"in {ctx.elapsed():.2f}s")
         runlog.result(rows_json(rows))
@@ -300,8 +300,8 @@ def stop(*, playbook: Path | None, inventory: Path | None, limit: str | None, fo
         from fleetctl.ops.launch import stop_fleet
         rows = _tick_run(ctx, "stop", lambda: stop_fleet(ctx.fleet, names=instance or None, timeout=t))
         bad = [r for r in rows if not r.ok]
-        summary = (f"stop: {len(rows)} hosts: {sum(1 for r in rows for s in r.detail.instances if s.action == 'stopped')}"
-                   f" servers stopped, {len(bad)} hosts failed in {ctx.elapsed():.2f}s")
+        summary = (f"stop: {plural(len(rows), 'host')}: {sum(1 for r in rows for s in r.detail.instances if s.action == 'stopped')}"
+                   f" servers stopped, {plural(len(bad), 'host')} failed in {ctx.elapsed():.2f}s")
         runlog.result(rows_json(rows))
         if json_out:
             emit_json("stop", ok=not bad, message=summary,
@@ -358,9 +358,9 @@ def servers(*, inventory: Path | None, limit: str | None, forks: int, discover: 
                     for p in s["problems"]:
                         say(out, f"{h} {s['instance']}: ", p, indent=4)
             n_srv = sum(len(r.detail.servers) for r in rows)
-            err.print(line(f"servers: {len(rows)} hosts: {n_srv} server(s) launched by fleetctl, "
+            err.print(line(f"servers: {plural(len(rows), 'host')}: {n_srv} server(s) launched by fleetctl, "
                            f"{sum(1 for r in rows for s in r.detail.servers if s['running'])} running, "
-                           f"{len(bad)} hosts failed ({ctx.elapsed():.2f}s)"))
+                           f"{plural(len(bad), 'host')} failed ({ctx.elapsed():.2f}s)"))
         raise typer.Exit(EXIT_FAILED if bad else EXIT_OK)
 
 
@@ -371,9 +371,9 @@ def _discover(ctx: RunContext, json_out: bool) -> None:
     bad = [h for h in found if h.status != "ok"]
     reminder = restart_reminder(found, ctx.fleet.hosts)
     n = sum(len(h.detail.processes) for h in found)
-    summary = (f"servers --discover: {len(found)} hosts: {n} server process(es), "
+    summary = (f"servers --discover: {plural(len(found), 'host')}: {n} server process(es), "
                f"{sum(1 for h in found for p in h.detail.processes if not p.instance)} not started by fleetctl, "
-               f"{reminder.servers} running older code than the files on disk, {len(bad)} hosts failed "
+               f"{reminder.servers} running older code than the files on disk, {plural(len(bad), 'host')} failed "
                f"({ctx.elapsed():.2f}s)")
     if json_out:
         emit_json("servers", ok=not bad, message=summary,

@@ -69,3 +69,8 @@ def group(items: Iterable[tuple[str, K]]) -> list[tuple[list[str], K]]:
 def strip_host(host: str, text: str) -> str:
     """A message without its leading "host: " (the grouped row names the hosts)."""
     return text[len(host) + 2:] if text.startswith(f"{host}: ") else text
+
+
+def plural(n: int, word: str) -> str:
+    """'1 host', '2 hosts': a count and its noun, in the summary lines."""
+    return f"{n} {word}{'' if n == 1 else 's'}"
