@@ -320,3 +320,13 @@ def test_summaries_count_one_host_in_the_singular() -> None:
     left = [f"{f.name}: {m.group(0)}" for f in root.glob("*.py")
             for m in re.finditer(r"\{[^{}]+\} (hosts|instances)\b", f.read_text())]
     assert not left, left
+
+
+def test_a_file_the_release_lacks_names_the_files_it_has(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`patch new --file srt/layers/triton_backend.py` (one directory short): the error said "check the
+    path in the playbook" (there is no playbook in patch new); it names the release's files of that name."""
+    mine = tmp_path / "mine.py"
+    mine.write_text("x = 1\n")
+    code, _, err = run(capsys, "patch", "new", "--sglang", "0.5.12", "--file", "srt/layers/triton_backend.py", mine)
+    assert code == 2 and "did you mean srt/layers/attention/triton_backend.py" in err, err
+    assert "playbook" not in err, err

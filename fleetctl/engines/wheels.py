@@ -121,8 +121,19 @@ def pristine_bytes(version: str, rel: str) -> bytes:
     try:
         return p.read_bytes()
     except FileNotFoundError:
-        raise InputError(f"{PACKAGE} {version} has no file {rel}", hint="check the path in the playbook",
+        raise InputError(f"{PACKAGE} {version} has no file {rel}", hint=_file_hint(version, rel),
                          reference="release-file-missing") from None
+
+
+def _file_hint(version: str, rel: str) -> str:
+    """What the path may have meant (the release's files named alike), for a playbook's path or a
+    `patch new --file` alike."""
+    root = package_dir(version)
+    base = rel.rsplit("/", 1)[-1]
+    close = sorted(str(p.relative_to(root)) for p in root.rglob(base))[:3] if base else []
+    if close:
+        return f"did you mean {' or '.join(close)}? paths are inside the {PACKAGE} package"
+    return f"paths are inside the {PACKAGE} package, e.g. srt/server_args.py"
 
 
 def pristine_hashes(version: str) -> dict[str, str]:
