@@ -405,3 +405,21 @@ def test_explain_and_deploy_say_not_certain_once_not_ok_or_not_covered(
     flat = " ".join((out + err).split())
     assert code == 0 and "what the launch runs: not certain: attention backend: no --attention-backend" in flat, flat
     assert "NOT covered" not in flat and flat.count("picks the attention backend at startup") == 1, flat
+
+
+def test_a_playbook_without_workers_hears_nothing_of_them_on_a_release_it_lacks(
+        fake_sandbox: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A model-file playbook for 0.5.9 explained on a 0.5.14 host: only the refusal (no patch set). It
+    printed the speculative routing first ("with SGLANG_ENABLE_SPEC_V2 unset and no
+    --speculative-algorithm -> no speculative worker"), noise for a playbook that patches no worker."""
+    monkeypatch.setenv("FLEETCTL_STATE_DIR", str(tmp_path / "ledger"))
+    sb = fake_sandbox(hosts=1, versions=("0.5.14",))
+    inv = make_inventory(sb, tmp_path / "inv.yaml", ["h01"])
+    src = wheels.pristine_bytes(V, "srt/models/qwen2.py").decode()
+    first = next(ln for ln in src.splitlines(keepends=True) if ln.startswith(("import ", "from ")))
+    pb = new_user_playbook(tmp_path / "pb", capsys, flags={"--model-path": "m"}, markers=[],
+                           edited={"srt/models/qwen2.py": src.replace(first, first + "# mine\n", 1).encode()})
+    code, out, err = run(capsys, "explain", "-i", inv, pb)
+    flat = " ".join((out + err).split())
+    assert code == 1 and "SGLang 0.5.14 has no patch set" in flat, flat
+    assert "SGLANG_ENABLE_SPEC_V2" not in flat and "speculative" not in flat, flat

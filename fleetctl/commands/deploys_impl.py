@@ -577,9 +577,22 @@ def _explain_row(h: Host, f: HostFacts, pb: Playbook) -> HostResult[Explained]:
         ex.refused = (engine().playbook_refusal(pb, f.package_version)
                       or f"SGLang {f.package_version} has no patch set in {pb.path.name}; "
                       f"supported: {', '.join(pb.supported())}")
+        if not _speaks_of_workers(pb):  # a playbook that never patches a worker hears nothing of them
+            ex.reason = ex.refused
     for inst in instances(h, pb):  # a steps=0 slot the launch's batch limit never reaches
         ex.note(*engine().playbook_warnings(pb, dict(inst.flags)))
     return HostResult(h.name, "refused" if ex.refused else "ok", ex.reason, ex)
+
+
+def _speaks_of_workers(pb: Playbook) -> bool:
+    """Does the playbook patch a speculative worker in some release (or ask for the check)?"""
+    if pb.covers.worker:
+        return True
+    for v in pb.versions:
+        workers = set(engine().worker_files(v).values()) if engine().is_known(v) else set()
+        if any(pf.path in workers for pf in pb.files_for(v) or []):
+            return True
+    return False
 
 
 def explain(*, playbook: Path, inventory: Path | None, limit: str | None, forks: int, json_out: bool, debug: bool,
