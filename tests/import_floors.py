@@ -31,8 +31,10 @@ FLOORS: tuple[tuple[str, ...], ...] = (
 # homes outside the floors: who alone may import them
 APART: Mapping[str, frozenset[str]] = {
     # stdlib-only code sent to hosts: the agent builder's user (the session), the seal's source hash,
-    # and the sandbox's simulator (which runs the agent's own probe to imitate a host)
-    "remote": frozenset({"fleetctl.transport.session", "fleetctl.ops.seal", "fleetctl.sandbox.simulator"}),
+    # and the sandbox's simulator (which runs the agent's own probe to imitate a host, and finds the
+    # model's config.json where the agent would, for the constructor log lines it prints)
+    "remote": frozenset({"fleetctl.transport.session", "fleetctl.ops.seal", "fleetctl.sandbox.simulator",
+                         "fleetctl.sandbox.startup_logs"}),
 }
 # arrows that still run against the table, each with why it is still there; the test fails when one is
 # gone (take it off) or a new one appears. (importing module, imported module) -> reason

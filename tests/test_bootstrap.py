@@ -38,7 +38,7 @@ def test_the_command_is_the_function() -> None:
     orig = next(n for n in src if isinstance(n, ast.FunctionDef) and n.name == "bootstrap")
     assert isinstance(fn, ast.FunctionDef) and len(list(ast.walk(fn))) == len(list(ast.walk(orig)))
     assert [type(n).__name__ for n in ast.walk(fn)] == [type(n).__name__ for n in ast.walk(orig)]
-    # (sent on every agent start: 2,663 characters with the hello's cached parts, issue 34.2)
+    # (sent on every agent start: 2,635 characters with the hello's cached parts, issue 34.2)
     assert '"""' not in text and "#" not in text and len(text) < 2700
 
 

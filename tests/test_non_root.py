@@ -97,7 +97,7 @@ def test_a_non_root_user_is_refused_at_plan_time_then_deploys_what_it_owns(
     from fleetctl.cli import main
 
     assert main(["facts", "-i", str(inv)]) == 0
-    assert (f"note: 27 of the 27 hashed files cannot be replaced by {account}: its directory is not writable by "
+    assert (f"27 of the 27 hashed files cannot be replaced by {account}: its directory is not writable by "
             f"{account} (owner root, mode 755) (deploy refuses to patch them)") in capsys.readouterr().out
     for extra in (["--check"], []):
         code, doc = cli(capsys, "deploy", PLAYBOOK, "-i", inv, *extra)

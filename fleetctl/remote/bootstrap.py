@@ -23,6 +23,9 @@ What it does, in order:
   environment, so secret values never appear on a command line (ps, /proc/*/cmdline, audit logs).
   Then b"S": a session, framed requests answered one by one until stdin ends (core.py serve), so one
   process serves every step of a command on this host; else one request up to EOF (serve_once).
+  The sha256 is the interpreter's builtin one (hashlib.py adds ~1 ms to load). After a session every
+  answer is flushed and every file the agent wrote is closed (with-blocks, fsync'd), so the
+  interpreter's teardown of the code and its modules is skipped (os._exit: ~2 ms per host).
 """
 
 
@@ -34,14 +37,12 @@ def bootstrap():
     stdin = sys.stdin.buffer
     argv = sys.argv + [""] * 5
     space = {"__name__": "fleetctl_agent"}
-    # the interpreter's builtin sha256 (hashlib.py adds ~1 ms to load)
-    try:
-        from _sha256 import sha256
-    except ImportError:
+    for module in ("_sha256", "_sha2", "hashlib"):
         try:
-            from _sha2 import sha256
-        except ImportError:
-            from hashlib import sha256
+            sha256 = __import__(module).sha256
+            break
+        except (ImportError, AttributeError):
+            pass
 
     def digest(data):
         return sha256(data).hexdigest()[:32]
@@ -70,9 +71,8 @@ def bootstrap():
                 for name in [code_key + "." + tag] * bool(code_key) + [src_key + ".src"]:
                     path = os.path.join(root, "agent-" + name)
                     if mine(path):
-                        fh = open(path, "rb")
-                        data = fh.read()
-                        fh.close()
+                        with open(path, "rb") as fh:
+                            data = fh.read()
                         if digest(data) == name[:32]:
                             code = data if name[33:] == "src" else marshal.loads(data)
                             break
@@ -85,17 +85,13 @@ def bootstrap():
             import lzma
         except ImportError:
             hello = "Z"
-    bits = 0
     try:
-        for i, part in enumerate(sys.argv[6:14]):
-            if cache and hex32(part) and tag and (mine(os.path.join(cache, "part-%s.%s" % (part, tag)))
-                                                  or mine(os.path.join(cache, "part-%s.src" % part))):
-                bits |= 1 << i
+        bits = sum(1 << i for i, part in enumerate(sys.argv[6:14]) if cache and hex32(part) and tag and any(
+            mine(os.path.join(cache, "part-%s.%s" % (part, end))) for end in (tag, "src")))
     except Exception:
         bits = 0
-    out = sys.stdout.buffer
-    out.write(("FLAGENT" + hello + magic + "%02x" % bits).encode())
-    out.flush()
+    sys.stdout.buffer.write(("FLAGENT" + hello + magic + "%02x" % bits).encode())
+    sys.stdout.buffer.flush()
     if code is None:
         kind = stdin.read(1)
         shipped = stdin.read(int(stdin.read(10)))
@@ -129,8 +125,6 @@ def bootstrap():
         kind = stdin.read(1)
     if kind == b"S":
         rc = space["serve"](stdin)
-        # every answer is flushed and every file the agent wrote is closed (with-blocks, fsync'd):
-        # skip the interpreter's teardown of the code and its modules (~2 ms per host)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(rc)

@@ -572,7 +572,7 @@ def _build_fleet_host(sb: Sandbox, h: SandboxHost, tree: Path, busy: bool, link:
                         [h.site_packages, *_cpu_site(sb), sb.dir / HOSTLIB])
     _write(h.nvidia_smi, NVIDIA_SMI_WRAPPER.format(
         name=h.name, gpus=sb.gpus, state_file=h.gpu_state_file, host_dir=q(str(h.host_dir)),
-        marker=procs.MARKER_VAR, sandbox=q(str(sb.dir)), python=q(sb.controller_python),
+        marker=procs.MARKER_VAR, sandbox=q(str(sb.dir)), python=q(sb.host_python or sb.controller_python),
         script=q(str(NVIDIA_SMI))), 0o755)
     _write(h.gpu_state_file, ("busy" if busy else "idle") + "\n")
 
