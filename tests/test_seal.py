@@ -458,6 +458,45 @@ def test_a_login_script_that_prints_on_stdout_is_skipped(host: Host) -> None:
     assert "does a login script print to stdout? (more than 64 KiB" in text, text[:2000]
 
 
+@pytest.mark.parametrize("noise", [0, 1000, 64 << 10, (64 << 10) + 1, (64 << 10) + 100])
+def test_the_noise_bound_holds_however_the_reads_fall(noise: int) -> None:
+    """The bound on a login script's noise is on where the hello starts, not on what one read
+    brought: here a real process writes the noise and the hello into a pipe wide enough to hold both
+    and has exited before the first read, so the controller's second 64 KiB read brings the rest of
+    the noise and the hello together (what a loaded machine does; the sshd test above passed one
+    run in three beside busy loops). At most LOGIN_NOISE_MAX bytes: the hello; one more: refused."""
+    import fcntl
+
+    from fleetctl.config.hosts import Host as InvHost
+    from fleetctl.transport.base import RemoteError
+    from fleetctl.transport.local import ProcessPipe
+    from fleetctl.transport.session import HELLO, HELLO_SIZE, LOGIN_NOISE_MAX, AgentTransport
+
+    hello = HELLO + b"N" + b"a7" * 4 + b"00"
+    assert len(hello) == HELLO_SIZE
+    proc = subprocess.Popen(["sh", "-c", f"read go; head -c {noise} /dev/zero | tr '\\0' x; printf %s {hello.decode()}"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None and proc.stdin is not None
+        fcntl.fcntl(proc.stdout.fileno(), getattr(fcntl, "F_SETPIPE_SZ", 1031), 1 << 20)
+        proc.stdin.write(b"go\n")
+        proc.stdin.flush()
+        assert proc.wait() == 0  # everything is in the pipe before the controller reads
+        t = AgentTransport(InvHost(
+            name="h01", address="127.0.0.1", port=22, user=None, identity_file=None, known_hosts=None,
+            python="python3", sglang_dir=None, state_dir="~/.fleetctl", env={}, secret_env_keys=frozenset(),
+            flags={}, launch_command=None, gpus=(), groups=(), connect_timeout=10.0, command_timeout=60.0))
+        pipe = ProcessPipe(proc)
+        if noise <= LOGIN_NOISE_MAX:
+            assert t._hello(pipe, time.monotonic() + 240) == hello
+        else:
+            with pytest.raises(RemoteError, match="not its hello: b'xxxx"):
+                t._hello(pipe, time.monotonic() + 240)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_a_login_script_that_ends_the_shell_is_named(host: Host) -> None:
     """A ~/.bashrc that exits before the command runs: the agent never says its hello. Said so, with
     the exit code and stderr's last line, on the first start and on the check of a sealed host."""

@@ -449,19 +449,21 @@ class AgentTransport(Steps):
         prompts = 0  # sudo's prompts answered (become with --ask-become-pass)
         while True:
             i = find_hello(out)
-            if i >= 0:
-                hello = bytes(out[i:i + HELLO_SIZE])
-                del out[:i + HELLO_SIZE]
-                return hello
-            if self.host.becomes:
-                prompts = self._become_prompt(pipe, deadline, prompts)
-            if len(out) > LOGIN_NOISE_MAX + HELLO_SIZE:
+            # the bound is on where the hello starts, not on what one read brought: a loaded machine
+            # may get the whole banner and the hello in one read
+            if i > LOGIN_NOISE_MAX or (i < 0 and len(out) > LOGIN_NOISE_MAX + HELLO_SIZE):
                 junk = bytes(out[:120])
                 out.clear()
                 pipe.close()
                 raise RemoteError(f"{self.host.name}: the agent's start answered something that is not its hello: "
                                   f"{junk!r}", hint="does a login script print to stdout? (more than "
                                   f"{LOGIN_NOISE_MAX >> 10} KiB before the agent's hello)")
+            if i >= 0:
+                hello = bytes(out[i:i + HELLO_SIZE])
+                del out[:i + HELLO_SIZE]
+                return hello
+            if self.host.becomes:
+                prompts = self._become_prompt(pipe, deadline, prompts)
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError
