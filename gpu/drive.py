@@ -178,22 +178,24 @@ def plan_for(version):
             dict(name="t_nospec", tree="pristine", env={}, target="target", draft=None,
                  bench=bt, ready_max=150, need_s=60, nofb=True),
         ]
-    if version in ("014w", "012w", "014wt", "012wt"):
+    if version in ("014w", "012w", "014wt", "012wt", "014wm"):
         # the 8b shape (make_models.py --shape 8b, in WORK/models8b): the same bigram target and
         # draft-kvmean at Llama-3-8B's width and depth, so that a decode step is GPU-bound as with
         # real models; *wt: the draft that pays (constant target + draft-perfect, accept 4)
         env = {"SGLANG_ENABLE_SPEC_V2": "0"} if version.startswith("012") else {}
         wk = "v1" if version.startswith("012") else "v2"
         m = dict(models="models8b", nofb=True)
-        if version.endswith("wt"):
+        if version.endswith(("wt", "wm")):
             bt = [(1, 4, 256), (4, 8, 256), (8, 16, 256), (32, 64, 256), (64, 128, 256)]
+            if version.endswith("wm"):  # the least that shows a mixed load: low and high phases
+                bt = [(1, 4, 256), (4, 8, 256), (64, 128, 256)]
             return [
                 dict(name=f"t8_{wk}_dsd4", tree="patched", env=env, target="target", draft="draft-perfect",
-                     threshold=4, bench=bt, ready_max=240, need_s=100, **m),
+                     threshold=4, bench=bt, ready_max=240, need_s=90, **m),
                 dict(name=f"t8_{wk}_spec", tree="pristine", env=env, target="target", draft="draft-perfect",
-                     bench=bt, ready_max=200, need_s=90, **m),
+                     bench=bt, ready_max=200, need_s=60, **m),
                 dict(name="t8_nospec", tree="pristine", env={}, target="target", draft=None, bench=bt,
-                     ready_max=150, need_s=70, **m),
+                     ready_max=150, need_s=55, **m),
             ]
         bw = [(1, 4, 256), (4, 8, 256), (5, 10, 256), (16, 32, 256), (64, 128, 256)]
         return [

@@ -77,6 +77,9 @@ V1_RELEASES = tuple(v for v in VERSIONS if SUPPORTED[v] == {"EAGLEWorker"})
 V2_RELEASES = tuple(v for v in VERSIONS if SUPPORTED[v] == {"EAGLEWorkerV2"})
 # EAGLEWorker releases whose skipped steps replay DECODE-shaped CUDA graphs of the target (issue 35)
 DECODE_GRAPH_RELEASES = ("0.5.11", "0.5.12", "0.5.12.post1")
+# EAGLEWorkerV2 releases whose skipped steps run the target as a plain DECODE batch on DECODE graphs
+# captured for the batch sizes above the threshold (issue 35; measured on an H200 with 0.5.14)
+V2_DECODE_RELEASES = ("0.5.14",)
 NONE_RELEASES = tuple(v for v in VERSIONS if not SUPPORTED[v])
 
 
@@ -476,8 +479,10 @@ def test_v2_worker_reuses_the_steps0_runtime_state(version):
     # attributes upstream reads too
     (theirs,) = [n for n in ast.walk(find_def(pcls, "init_cuda_graphs")) if isinstance(n, ast.With)]
     (ours,) = [n for n in ast.walk(states) if isinstance(n, ast.With)]
-    assert [ast.unparse(i.context_expr) for i in ours.items] == [
-        ast.unparse(i.context_expr).replace("self._draft_worker.", "dw.") for i in theirs.items]
+    ours_items = [ast.unparse(i.context_expr) for i in ours.items]
+    if version in V2_DECODE_RELEASES:  # and, last, ours: the decode graph sizes narrowed to those it serves
+        assert ours_items.pop() == "self._dsd_served_batch_sizes()"
+    assert ours_items == [ast.unparse(i.context_expr).replace("self._draft_worker.", "dw.") for i in theirs.items]
     upstream_reads = {n.attr for n in ast.walk(pcls) if isinstance(n, ast.Attribute)
                       and ast.unparse(n.value) == "self._draft_worker"}
     assert attributes_of(states, "dw") <= upstream_reads
@@ -486,6 +491,119 @@ def test_v2_worker_reuses_the_steps0_runtime_state(version):
     assert [a.arg for a in build_def.args.args][:3] == ["self", "speculative_num_steps", "speculative_num_draft_tokens"]
     assert "cuda_graph_bs" in [a.arg for a in build_def.args.args]
     assert [a.arg for a in apply_def.args.args] == ["self", "state"]
+
+
+def _module_tree(version: str, module: str) -> ast.Module | None:
+    """The pristine release's module `sglang.a.b` (a.py or a/b/__init__.py), parsed; None if absent."""
+    rel = module.split(".", 1)[1].replace(".", "/") if "." in module else ""
+    base = wheels.package_dir(version)
+    for path in (base / f"{rel}.py", base / rel / "__init__.py"):
+        if path.is_file():
+            return ast.parse(path.read_bytes())
+    return None
+
+
+def _defined(scope: ast.Module | ast.ClassDef) -> set[str]:
+    """Names a module or class body binds: defs, classes, assignments, fields, imports."""
+    out: set[str] = set()
+    for n in scope.body:
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out.add(n.name)
+        elif isinstance(n, ast.Assign):
+            out |= {t.id for t in n.targets if isinstance(t, ast.Name)}
+        elif isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name):
+            out.add(n.target.id)
+        elif isinstance(n, (ast.Import, ast.ImportFrom)):
+            out |= {(a.asname or a.name).split(".")[0] for a in n.names}
+    return out
+
+
+def _params(fn: ast.FunctionDef) -> set[str]:
+    a = fn.args
+    return {x.arg for x in (*a.posonlyargs, *a.args, *a.kwonlyargs)}
+
+
+def _class_in(version: str, module: str, name: str) -> ast.ClassDef:
+    tree = _module_tree(version, module)
+    assert tree is not None, f"{version}: no module {module}"
+    return find_class(tree, name)
+
+
+def decode_skip_gaps(version: str, cls: ast.ClassDef) -> list[str]:
+    """What the V2 DECODE skip (`_dsd_prepare_decode`, `_dsd_decode_graph_runner`) takes from the
+    release that the release lacks: each name it imports, each keyword it passes, each method and
+    field it reads on the release's classes. Empty when every piece is the release's own."""
+    gaps = []
+    prep, graphs = find_def(cls, "_dsd_prepare_decode"), find_def(cls, "_dsd_decode_graph_runner")
+    for imp in [n for n in ast.walk(prep) if isinstance(n, ast.ImportFrom)]:
+        tree = _module_tree(version, imp.module or "")
+        for a in imp.names:
+            if tree is None or a.name not in _defined(tree):
+                gaps.append(f"{imp.module}.{a.name}")
+    cache_locs = _module_tree(version, "sglang.srt.speculative.triton_ops.cache_locs")
+    (assign,) = calls(prep, "assign_extend_cache_locs_func")
+    if cache_locs is not None and "assign_extend_cache_locs_func" in _defined(cache_locs):
+        want = {k.arg for k in assign.keywords} - _params(find_def(cache_locs, "assign_extend_cache_locs_func"))
+        gaps += [f"assign_extend_cache_locs_func({k}=)" for k in sorted(want)]
+    runner = _class_in(version, "sglang.srt.model_executor.runner.decode_cuda_graph_runner", "DecodeCudaGraphRunner")
+    (made,) = calls(graphs, "DecodeCudaGraphRunner")
+    gaps += [f"DecodeCudaGraphRunner({k}=)" for k in sorted({k.arg for k in made.keywords}
+                                                            - _params(find_def(runner, "__init__")))]
+    gaps += [f"DecodeCudaGraphRunner.{m}" for m in ("can_run_graph", "load_batch") if m not in _defined(runner)]
+    fbi = "sglang.srt.model_executor.forward_batch_info"
+    fb = _class_in(version, fbi, "ForwardBatch")
+    gaps += [f"ForwardBatch.{m}" for m in ("init_new", "mark_forward_metadata_ready") if m not in _defined(fb)]
+    gaps += [f"ForwardMode.{m}" for m in ("DECODE", "TARGET_VERIFY") if m not in _defined(_class_in(version, fbi, "ForwardMode"))]
+    gaps += ["CaptureHiddenMode.FULL"] * ("FULL" not in _defined(_class_in(version, fbi, "CaptureHiddenMode")))
+    sb = _defined(_class_in(version, "sglang.srt.managers.schedule_batch", "ScheduleBatch"))
+    touched = {n.attr for n in ast.walk(prep) if isinstance(n, ast.Attribute) and ast.unparse(n.value) == "batch"}
+    gaps += [f"ScheduleBatch.{a}" for a in sorted(touched - sb - {"forward_mode"}) if not a.startswith("_")]
+    cfg = _module_tree(version, "sglang.srt.model_executor.cuda_graph_config")
+    if cfg is None or "bs" not in _defined(find_class(cfg, "PhaseConfig")) \
+            or "decode" not in _defined(find_class(cfg, "CudaGraphConfig")):
+        gaps.append("CudaGraphConfig.decode.bs")
+    sa = _class_in(version, "sglang.srt.server_args", "ServerArgs")
+    gaps += ["ServerArgs.enable_return_hidden_states"] * ("enable_return_hidden_states" not in _defined(sa))
+    pcls = pristine_class(version, V2, "EAGLEWorkerV2")
+    if "_override_worker_state" not in _defined(pcls):
+        gaps.append("EAGLEWorkerV2._override_worker_state")
+    return gaps
+
+
+@pytest.mark.parametrize("version", V2_DECODE_RELEASES)
+def test_v2_skipped_step_decodes_with_the_release_s_own_pieces(version):
+    """On a skipped step the V2 worker prepares a plain DECODE batch (same KV slot and input token
+    as the one-node verify) and replays DECODE graphs captured for it; every piece it takes from
+    the release is the release's own, and the rest of verify runs as upstream wrote it."""
+    cls = find_class(patched_tree(version, V2), "EAGLEWorkerV2")
+    assert decode_skip_gaps(version, cls) == []
+    fbg = ast.unparse(find_def(cls, "forward_batch_generation"))
+    assert "self._dsd_skipping = not speculate and (not _is_npu)" in fbg
+    verify = find_def(cls, "verify")
+    (choice,) = [n for n in ast.walk(verify) if isinstance(n, ast.If) and ast.unparse(n.test) == "self._dsd_skipping"]
+    assert calls(choice.body[0], "_dsd_prepare_decode") and calls(choice.orelse[0], "eagle_prepare_for_verify")
+    (fill,) = calls(verify, "update_verify_buffers_to_fill_after_draft")
+    guard = [n for n in ast.walk(verify) if isinstance(n, ast.If) and fill in list(ast.walk(n))]
+    assert ast.unparse(guard[-1].test) == "not self._dsd_skipping"
+    prep = ast.unparse(find_def(cls, "_dsd_prepare_decode"))
+    assert "batch.forward_mode = ForwardMode.DECODE" in prep and "batch.forward_mode = ForwardMode.TARGET_VERIFY" in prep
+    assert "CaptureHiddenMode.FULL" in prep and "end_offset=batch.seq_lens + 1" in prep
+    graphs = ast.unparse(find_def(cls, "_dsd_decode_graph_runner"))
+    assert "runner.spec_algorithm = SpeculativeAlgorithm.NONE" in graphs
+    states = ast.unparse(find_def(cls, "_dsd_init_runtime_states"))
+    assert "skipping.target_graph_runner = self._dsd_decode_graph_runner(" in states
+
+
+def test_decode_skip_gaps_sees_what_a_release_lacks():
+    """The check above can fail: a planted import, keyword and method the release does not have."""
+    cls = find_class(patched_tree("0.5.14", V2), "EAGLEWorkerV2")
+    src = ast.unparse(cls).replace("prepare_mamba_track_for_verify", "prepare_mamba_track_for_verifyX")
+    src = src.replace("draft_token_num=1,", "draft_token_num=1, stride=1,").replace("can_run_graph", "can_run_graphX")
+    src = src.replace("speculative_num_draft_tokens=1)", "speculative_num_draft_tokens=1, mode=0)")
+    planted = find_class(ast.parse(src), "EAGLEWorkerV2")
+    assert decode_skip_gaps("0.5.14", planted) == [
+        "sglang.srt.speculative.spec_utils.prepare_mamba_track_for_verifyX",
+        "assign_extend_cache_locs_func(stride=)", "DecodeCudaGraphRunner(mode=)"]
 
 
 # ---------------------------------------------------------------- server_args
