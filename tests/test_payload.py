@@ -79,7 +79,7 @@ V2_RELEASES = tuple(v for v in VERSIONS if SUPPORTED[v] == {"EAGLEWorkerV2"})
 DECODE_GRAPH_RELEASES = ("0.5.11", "0.5.12", "0.5.12.post1")
 # EAGLEWorkerV2 releases whose skipped steps run the target as a plain DECODE batch on DECODE graphs
 # captured for the batch sizes above the threshold (issue 35; measured on an H200 with 0.5.14)
-V2_DECODE_RELEASES = ("0.5.14",)
+V2_DECODE_RELEASES = ("0.5.14", "0.5.15", "0.5.15.post1")
 NONE_RELEASES = tuple(v for v in VERSIONS if not SUPPORTED[v])
 
 
@@ -540,7 +540,10 @@ def decode_skip_gaps(version: str, cls: ast.ClassDef) -> list[str]:
         for a in imp.names:
             if tree is None or a.name not in _defined(tree):
                 gaps.append(f"{imp.module}.{a.name}")
-    cache_locs = _module_tree(version, "sglang.srt.speculative.triton_ops.cache_locs")
+    # the cache-location helper from the module ours imports it from (the release's own, checked above)
+    (locs,) = [n.module for n in ast.walk(prep) if isinstance(n, ast.ImportFrom)
+               and "assign_extend_cache_locs_func" in {a.name for a in n.names}]
+    cache_locs = _module_tree(version, locs or "")
     (assign,) = calls(prep, "assign_extend_cache_locs_func")
     if cache_locs is not None and "assign_extend_cache_locs_func" in _defined(cache_locs):
         want = {k.arg for k in assign.keywords} - _params(find_def(cache_locs, "assign_extend_cache_locs_func"))
@@ -567,7 +570,25 @@ def decode_skip_gaps(version: str, cls: ast.ClassDef) -> list[str]:
     pcls = pristine_class(version, V2, "EAGLEWorkerV2")
     if "_override_worker_state" not in _defined(pcls):
         gaps.append("EAGLEWorkerV2._override_worker_state")
+    gaps += [f"eagle_prepare_for_verify {what}" for what in _one_node_prep(version) - _prep_steps(prep)]
     return gaps
+
+
+def _prep_steps(fn: ast.FunctionDef) -> set[str]:
+    """What a verify preparation does to the step: each batch/verify_input field it sets, each helper
+    it calls by name."""
+    out = {f"sets {ast.unparse(t)}" for n in ast.walk(fn) if isinstance(n, ast.Assign) for t in n.targets
+           if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id in ("batch", "verify_input")}
+    return out | {f"calls {n.func.id}" for n in ast.walk(fn) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+
+
+def _one_node_prep(version: str) -> set[str]:
+    """The release's own verify preparation (eagle_utils.eagle_prepare_for_verify), the steps the skipped
+    step must take too so that its DECODE forward writes what the one-node verify would (0.5.15 adds
+    the DSV4 cache-location view); less the out-of-bounds probe, a debug check of the input ids."""
+    tree = _module_tree(version, "sglang.srt.speculative.eagle_utils")
+    assert tree is not None, version
+    return _prep_steps(find_def(tree, "eagle_prepare_for_verify")) - {"calls maybe_detect_oob"}
 
 
 @pytest.mark.parametrize("version", V2_DECODE_RELEASES)
@@ -603,7 +624,14 @@ def test_decode_skip_gaps_sees_what_a_release_lacks():
     planted = find_class(ast.parse(src), "EAGLEWorkerV2")
     assert decode_skip_gaps("0.5.14", planted) == [
         "sglang.srt.speculative.spec_utils.prepare_mamba_track_for_verifyX",
-        "assign_extend_cache_locs_func(stride=)", "DecodeCudaGraphRunner(mode=)"]
+        "assign_extend_cache_locs_func(stride=)", "DecodeCudaGraphRunner(mode=)",
+        "eagle_prepare_for_verify calls prepare_mamba_track_for_verify"]
+    # a step the release's one-node verify takes and the skipped step leaves out (0.5.15's DSV4 view)
+    cls = find_class(patched_tree("0.5.15", V2), "EAGLEWorkerV2")
+    src = ast.unparse(cls).replace("batch.out_cache_loc_dsv4 = maybe_build_dsv4_verify_bundle(batch, 1)", "pass")
+    assert sorted(decode_skip_gaps("0.5.15", find_class(ast.parse(src), "EAGLEWorkerV2"))) == [
+        "eagle_prepare_for_verify calls maybe_build_dsv4_verify_bundle",
+        "eagle_prepare_for_verify sets batch.out_cache_loc_dsv4"]
 
 
 # ---------------------------------------------------------------- server_args
