@@ -111,3 +111,32 @@ def test_plan_result_and_op_id_of_a_deploy_and_log_file(
     capsys.readouterr()
     (rb,) = runs(ledger_dir / "runs.jsonl").values()
     assert rb[-1]["event"] == "end" and rb[-1]["exit_code"] == 0 and rb[-1]["failed"] == []
+
+
+def test_refused_hosts_are_not_offered_a_retry(
+        fleet: tuple[Any, Path], ledger_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A refusal names its own fix; rerunning the same command is refused again (issue 30.7). Before:
+    deploy and launch printed "retry: 3 host(s) failed; rerun on them alone: ..." with the two refused
+    hosts in the retry file. Now the retry file and its rerun are for the host that failed (unreachable)
+    alone, and the refused hosts get one line that says what to do instead."""
+    _sb, inv = fleet
+    for cmd in ("deploy", "launch"):
+        capsys.readouterr()
+        assert main([cmd, "-i", str(inv), str(REPO / "playbooks" / "origin-wrong-file")]) == 1
+        said = capsys.readouterr().err.splitlines()
+        retry = ledger_dir / "retry" / f"{cmd}.retry"
+        assert retry.read_text() == "dead\n"
+        assert [ln for ln in said if ln.startswith("retry: ")] == [
+            f"retry: 1 host(s) failed; rerun on them alone: fleetctl {cmd} -i {inv} "
+            f"{REPO / 'playbooks' / 'origin-wrong-file'} --limit @{retry}"], said
+        (line,) = [ln for ln in said if ln.startswith("refused: ")]
+        assert line.startswith("refused: h01, h02 (2 hosts): no retry") and "fleetctl" not in line, line
+        end = list(runs(ledger_dir / "runs.jsonl").values())[-1][-1]
+        assert end["failed"] == ["dead"] and end["refused"] == ["h01", "h02"], end
+    # refused alone: no retry file written, no rerun printed
+    (ledger_dir / "retry" / "deploy.retry").unlink()
+    capsys.readouterr()
+    assert main(["deploy", "-i", str(inv), str(REPO / "playbooks" / "origin-wrong-file"), "--limit", "h*"]) == 1
+    said = capsys.readouterr().err
+    assert "retry: " not in said and "refused: h01, h02 (2 hosts): no retry" in said, said
+    assert not (ledger_dir / "retry" / "deploy.retry").exists()

@@ -9,11 +9,13 @@ Every command that acts on hosts appends JSON lines to a run log: `<controller s
     host      a host's step started (`phase: start`, `step`) or ended (`phase: end`, status,
               message, elapsed)
     result    per host: ok, state, message (what the command reports); `op_id` of its ledger entry
-    end       exit code, elapsed, the hosts that failed and the retry file written for them
+    end       exit code, elapsed, the hosts that failed and the retry file written for them, the
+              hosts refused (a refusal is not retried: it names its own fix)
 
 `fleetctl history show ID` reads a run's events back (ID: the run id or the ledger's op id).
 A run with failed hosts writes them, one a line, to `<controller state>/retry/<command>.retry`
-(Ansible's retry file) and says how to rerun on them alone: `--limit @PATH`. Writing the log never
+(Ansible's retry file) and says how to rerun on them alone: `--limit @PATH`; refused hosts are not
+in it (the same command would be refused again) and get a line of their own. Writing the log never
 fails a command: a log that cannot be written is said once on stderr. Secrets never reach it (the
 inventory's secret env values, the become password: neither is in any event). Stdlib only.
 """
@@ -141,25 +143,38 @@ def host_event(step: str, host: str, phase: str, **data: Any) -> None:
 
 def end(exit_code: int, *, fallback_failed: Iterable[str] = (), argv: Sequence[str] = ()) -> str | None:
     """The run's last event; with failed hosts, the retry file. Returns the line that says how to
-    rerun on the failed hosts alone (None when none failed)."""
+    rerun on the failed hosts alone and, for refused hosts, the line that says a rerun is not their
+    fix (None when neither)."""
     global _current
     log, _current = _current, None
     if log is None:
         return None
+    refused: list[str] = []
     if log.result_rows is not None:
-        failed = [r["host"] for r in log.result_rows if not r["ok"]]
+        failed = [r["host"] for r in log.result_rows if not r["ok"] and r["state"] not in VERDICTS]
+        refused = [r["host"] for r in log.result_rows if not r["ok"] and r["state"] == "refused"]
     else:
         failed = list(dict.fromkeys(fallback_failed))
     retry = None
-    say = None
+    said: list[str] = []
     if failed and exit_code != 0:
         retry = write_retry(log.command, failed)
         if retry is not None:
-            say = (f"retry: {len(failed)} host(s) failed; rerun on them alone: "
-                   f"{rerun_command(argv, retry)}")
-    log.event("end", exit_code=exit_code, elapsed=log.elapsed(), failed=failed,
+            said.append(f"retry: {len(failed)} host(s) failed; rerun on them alone: "
+                        f"{rerun_command(argv, retry)}")
+    if refused and exit_code != 0:
+        from fleetctl.ui.hostnames import hosts_label
+
+        said.append(f"refused: {hosts_label(refused)}: no retry (nothing was changed there; the same command "
+                    f"would be refused again): do what each host's refusal says, then run it again")
+    log.event("end", exit_code=exit_code, elapsed=log.elapsed(), failed=failed, refused=refused,
               retry_file=str(retry) if retry else None, op_id=log.op_id)
-    return say
+    return "\n".join(said) or None
+
+
+# a host's state that is a decision about it, not a failure on it: a rerun as it is decides the same
+# (a refusal names its own fix; status's problems are listed with theirs), so no retry is offered
+VERDICTS = frozenset({"refused", "problems"})
 
 
 def write_retry(command: str, hosts: list[str]) -> Path | None:
