@@ -168,7 +168,7 @@ def expect_host_failure(capsys: pytest.CaptureFixture[str], sb: sbx.Sandbox, inv
     (r,) = json.loads(out)["hosts"]
     assert r["status"] == status, r
     msg = r["message"]
-    assert "\n" not in msg and msg.startswith("h01: ") and re.search(pattern, msg), msg
+    assert "\n" not in msg and r["host"] == "h01" and not msg.startswith("h01: ") and re.search(pattern, msg), msg
     code2, out2, err2 = run(capsys, "deploy", "-i", str(inv), "--limit", "h01", str(pb))
     assert code2 == 1
     no_traceback(out2, err2)

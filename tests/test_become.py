@@ -203,7 +203,7 @@ def test_sudo_that_asks_for_a_password(accounts: Any, sb: Any, tmp_path: Path,
     code, doc = cli(capsys, "facts", "-i", inv)
     assert code == 1, doc
     msg = doc["hosts"][0]["message"]
-    assert msg.startswith("h01: sudo asks for a password to become root (become, sudo -n)"), msg
+    assert msg.startswith("sudo asks for a password to become root (become, sudo -n)"), msg
     assert PASSWORD not in json.dumps(doc)
     from fleetctl.cli import main
 
@@ -228,7 +228,7 @@ def test_sudo_that_asks_for_a_password(accounts: Any, sb: Any, tmp_path: Path,
     got = subprocess.run(args, input=b"not-the-password\n", capture_output=True, env=env, timeout=120)
     assert got.returncode == 1, got.stderr.decode()[-2000:]
     row = json.loads(got.stdout)["hosts"][0]
-    assert row["message"].startswith("h01: sudo did not accept the become password to become root ("), row
+    assert row["message"].startswith("sudo did not accept the become password to become root ("), row
 
 
 def run_in_pty(args: list[str], password: str, env: dict[str, str]) -> bytes:
@@ -265,7 +265,7 @@ def test_sudoers_that_denies_the_interpreter(accounts: Any, sb: Any, tmp_path: P
     code, doc = cli(capsys, "deploy", PLAYBOOK, "-i", inv)
     assert code == 1, doc
     msg = doc["hosts"][0]["message"]
-    assert msg.startswith(f"h01: sudoers does not let {LOGIN} run {python_of(sb)} as root (become) ("), msg
+    assert msg.startswith(f"sudoers does not let {LOGIN} run {python_of(sb)} as root (become) ("), msg
     assert tree(sb) == before
 
 

@@ -449,7 +449,7 @@ def test_become_and_container_compose(engine: dockerd.Dockerd, image: str, open_
     code, doc = cli(capsys, "facts", "-i", inv)
     assert code == 1, doc
     msg = doc["hosts"][0]["message"]
-    assert "h01: sudo asks for a password to become root" in msg and f"NOPASSWD: {client}" in msg, msg
+    assert msg.startswith("sudo asks for a password to become root") and f"NOPASSWD: {client}" in msg, msg
 
     sudoers(f"{LOGIN} ALL=(root) NOPASSWD: {client}\n")
     pristine = box.sha(TARGET)
@@ -504,7 +504,7 @@ def test_a_missing_or_stopped_container_is_one_line(engine: dockerd.Dockerd, san
     code, doc = cli(capsys, "facts", "-i", inventory(tmp_path, sandbox, engine, "fleetctl-test-nosuch"))
     assert code == 1, doc
     msg = doc["hosts"][0]["message"]
-    assert msg.startswith("h01: docker container fleetctl-test-nosuch: the runtime answered nothing (exit code 1): "
+    assert msg.startswith("docker container fleetctl-test-nosuch: the runtime answered nothing (exit code 1): "
                           ) and "No such container: fleetctl-test-nosuch" in msg, msg  # (the runtime's own words)
     box = Box(engine, sandbox, "fleetctl-test-stopped", tmp_path / "state")
     boxes.append(box)

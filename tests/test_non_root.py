@@ -104,7 +104,7 @@ def test_a_non_root_user_is_refused_at_plan_time_then_deploys_what_it_owns(
         assert code == 1, doc
         row = doc["hosts"][0]
         assert row["status"] == "refused", row
-        assert row["message"].startswith(f"h01: srt/server_args.py is unwritable (its directory is not writable by "
+        assert row["message"].startswith(f"srt/server_args.py is unwritable (its directory is not writable by "
                                          f"{account} (owner root, mode 755)); deploy as a user who can write"), row
         assert {f["state"] for f in doc["plan"]["hosts"][0]["files"]} == {"unwritable"}
     assert {p: p.read_bytes() for p in h.sglang_dir.rglob("*.py")} == before  # nothing written
@@ -123,7 +123,7 @@ def test_a_non_root_user_is_refused_at_plan_time_then_deploys_what_it_owns(
         code, doc = cli(capsys, "deploy", PLAYBOOK, "-i", inv_sd)
         assert code == 1 and doc["hosts"][0]["status"] == "refused", doc
         assert doc["hosts"][0]["message"] == (
-            f"h01: state_dir {sd}: {where} is not writable by {account} (owner root, mode 755) (the host lock, "
+            f"state_dir {sd}: {where} is not writable by {account} (owner root, mode 755) (the host lock, "
             "backups and deploy records go there); set 'state_dir:' for this host in the inventory to a "
             "directory this user can write"), doc["hosts"][0]
         assert not (h.state_dir / "not").exists()

@@ -330,3 +330,50 @@ def test_a_file_the_release_lacks_names_the_files_it_has(tmp_path: Path, capsys:
     code, _, err = run(capsys, "patch", "new", "--sglang", "0.5.12", "--file", "srt/layers/triton_backend.py", mine)
     assert code == 2 and "did you mean srt/layers/attention/triton_backend.py" in err, err
     assert "playbook" not in err, err
+
+
+# ---------------------------------------------------------------------------- --json: a host's entry does not name it again
+
+
+def _own_host_prefixes(value: Any, host: str | None = None, at: str = "") -> list[str]:
+    """Every string of a host's own entry (an object with "host", and what it holds) that starts with
+    "HOST: " naming that host."""
+    if isinstance(value, dict):
+        here = value["host"] if isinstance(value.get("host"), str) else host
+        return [p for k, v in value.items() if k != "host" for p in _own_host_prefixes(v, here, f"{at}.{k}")]
+    if isinstance(value, list):
+        return [p for i, v in enumerate(value) for p in _own_host_prefixes(v, host, f"{at}[{i}]")]
+    return [f"{at}: {value[:80]}"] if host and isinstance(value, str) and value.startswith(f"{host}: ") else []
+
+
+def test_no_json_host_entry_repeats_its_host_name(fake_sandbox: Any, ledger_dir: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """`deploy --json` said {"host": "h01", "message": "h01: 0.5.9 with ..."} (and the same in the plan's
+    reason, status's problems, launch's instances, servers' unchecked `why`): every command's document,
+    refused and unreachable hosts included, now says the host once, in `host`; the text output keeps
+    its "h01: " where the line stands alone."""
+    import yaml
+
+    from tests import ports
+
+    sb = fake_sandbox(hosts=2, versions=("0.5.9",))
+    sb.fake.down.add("dead")
+    doc = yaml.safe_load(sb.inventory_path.read_text())
+    doc["hosts"]["dead"] = {"address": "127.0.0.1", "port": ports.free_port(), "connect_timeout": 5}
+    inv = sb.dir / "with-dead.yaml"
+    inv.write_text(yaml.safe_dump(doc, sort_keys=False))
+    wrong = ROOT / "playbooks" / "origin-wrong-file"
+    runs = [["facts"], ["explain", wrong], ["deploy", wrong], ["deploy", wrong, "--check"],
+            ["deploy", wrong, "--any-errors-fatal"], ["launch", wrong], ["launch", FULL, "--check"],
+            ["gpu-check", FULL, "--check"], ["deploy", FULL], ["verify-logs", FULL], ["status"],
+            ["servers", "--discover"], ["stop"], ["rollback", "--check"], ["rollback"]]
+    bad = []
+    for args in runs:
+        code, out, _ = run(capsys, *args, "-i", inv, "--json")
+        assert code == 1, (args, out[-2000:])
+        got = json.loads(out)
+        assert {h["host"] for h in got["hosts"]} >= {"dead"}, args
+        bad += [f"{args[0]}: {p}" for p in _own_host_prefixes(got)]
+    assert not bad, "\n".join(bad)
+    code, out, err = run(capsys, "deploy", wrong, "-i", inv, "--limit", "h01,dead")
+    assert "dead: cannot connect to" in out + err  # (the text keeps the host's name on its own line)

@@ -509,7 +509,7 @@ def test_a_login_script_that_ends_the_shell_is_named(host: Host) -> None:
             got, doc = cli(host.capsys, *argv)
             assert got == 1, doc
             msg = doc["hosts"][0]["message"]
-            assert msg.startswith(f"h01: the agent never started: the remote command ended (exit code {code}) "
+            assert msg.startswith(f"the agent never started: the remote command ended (exit code {code}) "
                                   f"before its hello{said}"), (argv, msg)
             assert "an `exit` in ~/.bashrc" in json.dumps(doc), doc["hosts"][0]
     rc.unlink()

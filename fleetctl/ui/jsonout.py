@@ -51,5 +51,20 @@ def envelope(command: str, *, ok: bool, hosts: list[dict[str, Any]] | None = Non
     if not message:  # never empty: what the counts say
         message = (f"{command}: {totals['hosts']} host(s): {totals['ok']} ok, {totals['failed']} not"
                    if rows else f"{command}: {'ok' if ok else 'failed'}")
-    return {"command": command, "op_id": op_id, "ok": bool(ok), "message": message,
-            "summary": totals, "hosts": rows, **extra}
+    return unprefixed({"command": command, "op_id": op_id, "ok": bool(ok), "message": message,
+                       "summary": totals, "hosts": rows, **extra})
+
+
+def unprefixed(value: Any, host: str | None = None) -> Any:
+    """`value` with every string of a host's own entry (an object with a "host", and what it holds)
+    rid of a leading "HOST: " naming that same host: the entry's `host` already says it (the text
+    output keeps the prefix on a line of its own). A string that would be left empty stays whole."""
+    if isinstance(value, dict):
+        own = value.get("host")
+        here = own if isinstance(own, str) and own else host
+        return {k: (v if k == "host" else unprefixed(v, here)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [unprefixed(v, host) for v in value]
+    if host and isinstance(value, str) and value.startswith(f"{host}: ") and value[len(host) + 2:].strip():
+        return value[len(host) + 2:]
+    return value
