@@ -377,3 +377,38 @@ def test_no_json_host_entry_repeats_its_host_name(fake_sandbox: Any, ledger_dir:
     assert not bad, "\n".join(bad)
     code, out, err = run(capsys, "deploy", wrong, "-i", inv, "--limit", "h01,dead")
     assert "dead: cannot connect to" in out + err  # (the text keeps the host's name on its own line)
+
+
+# ---------------------------------------------------------------------------- no line ends in a blank
+
+
+def test_no_printed_line_ends_in_a_blank(fake_sandbox: Any, ledger_dir: Path, monkeypatch: pytest.MonkeyPatch,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """`sandbox up` / `sandbox status` printed "HOST ... GPUS  " and "jump  (jump host) ...        ":
+    a table padded its last column with spaces. Off a terminal, no line any command prints (stdout and
+    stderr, tables, prose, refusals, errors) ends in a space or tab; a diff (`deploy --diff`) keeps its
+    blank context lines (" "), as an appliable diff must."""
+    from fleetctl.commands import common
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    for c in (common.out, common.err):
+        monkeypatch.setattr(c, "_console", None)  # made again, for this (non-tty) stdout
+    sb = fake_sandbox(hosts=2, versions=("0.5.9", "0.5.14"))
+    inv = sb.inventory_path
+    wrong = ROOT / "playbooks" / "origin-wrong-file"
+    runs = [["sandbox", "status", "--dir", sb.dir], ["facts", "-i", inv], ["explain", "-i", inv, FULL],
+            ["deploy", "-i", inv, FULL, "--check"], ["deploy", "-i", inv, wrong], ["deploy", "-i", inv, FULL],
+            ["status", "-i", inv, FULL], ["launch", "-i", inv, FULL, "--check"], ["launch", "-i", inv, FULL],
+            ["verify-logs", "-i", inv, FULL], ["servers", "-i", inv, "--discover"], ["rollback", "-i", inv, "--check"],
+            ["rollback", "-i", inv], ["stop", "-i", inv], ["history"], ["patch", "check", FULL, "--sglang", "0.5.9"],
+            ["patch", "check", wrong], ["deploy", "-i", inv, FULL, "--limit", "nosuchhost"], ["--help"]]
+    bad = []
+    for args in runs:
+        code, out, err = run(capsys, *args)
+        for stream, text in (("stdout", out), ("stderr", err)):
+            bad += [f"{' '.join(map(str, args[:3]))} ({stream}): {ln!r}" for ln in text.splitlines()
+                    if ln != ln.rstrip(" \t")]
+        assert out.strip() or err.strip(), args
+    assert not bad, "\n".join(bad[:40])
+    code, out, err = run(capsys, "deploy", "-i", inv, FULL, "--check", "--diff", "--limit", "h01")
+    assert code == 0 and "\n \n" in out, err  # a blank context line of the diff, kept

@@ -216,7 +216,9 @@ def print_diffs(ctx: RunContext, plan: Plan) -> None:
             diffs.append((hp.host, (fp.path, text)))
     for hosts, (path, text) in group(diffs):
         say(out, styled("diff", "bold"), " ", path, " on ", hosts_label(hosts), ":")
-        out.print(text, markup=False, highlight=False)  # never wrapped: a diff stays appliable
+        from fleetctl.ui.safeconsole import Verbatim
+
+        out.print(Verbatim(text))  # never wrapped, trailing blanks kept: a diff stays appliable
 
 
 def _counts(statuses: list[str], words: dict[str, str], always: tuple[str, ...] = ()) -> str:

@@ -56,19 +56,74 @@ class SafeTable(Table):
             c.no_wrap, c.min_width = no_wrap, mw
 
 
+class Verbatim:
+    """Text printed as it is, trailing spaces included (a unified diff's blank context line is one
+    space: the diff stays appliable); still escaped like every other string."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield console.render_str(self.text)
+
+
+_BLANKS = " \t"
+
+
+def _bare(seg: Segment) -> bool:
+    """A segment whose trailing blanks show nothing: text with no background."""
+    return not seg.control and not (seg.style is not None and seg.style.bgcolor is not None)
+
+
+def _rstripped(line: list[Segment]) -> list[Segment]:
+    """One line's segments without the blanks at its end (a table pads its last column to its width)."""
+    while line and _bare(line[-1]) and not line[-1].text.rstrip(_BLANKS):
+        line.pop()
+    if line and _bare(line[-1]) and line[-1].text != line[-1].text.rstrip(_BLANKS):
+        last = line.pop()
+        line.append(Segment(last.text.rstrip(_BLANKS), last.style))
+    return line
+
+
+def _without_trailing_blanks(segments: Any) -> RenderResult:
+    """`segments` with no line ending in spaces or tabs (the last line, not ended yet, as it is)."""
+    line: list[Segment] = []
+    for seg in segments:
+        if seg.control or "\n" not in seg.text:
+            line.append(seg)
+            continue
+        parts = seg.text.split("\n")
+        for i, part in enumerate(parts):
+            if part:
+                line.append(Segment(part, seg.style))
+            if i < len(parts) - 1:
+                yield from _rstripped(line)
+                yield Segment("\n", seg.style)
+                line = []
+    yield from line
+
+
 class _EscapeSegments:
     """Renders its renderable, escaping unsafe characters in every text segment (rich's own
-    control segments — cursor moves of a live progress bar — pass unchanged)."""
+    control segments — cursor moves of a live progress bar — pass unchanged), and ends no line with
+    a blank (tables pad their cells; a person's copy of a line or a grep should not carry that),
+    except in Verbatim text."""
 
     def __init__(self, renderable: RenderableType) -> None:
         self.renderable = renderable
 
-    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+    def _escaped(self, console: Console, options: ConsoleOptions) -> RenderResult:
         for seg in console.render(self.renderable, options):
             if seg.control or not needs_cleaning(seg.text):
                 yield seg
             else:
                 yield Segment(clean(seg.text), seg.style)
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        if isinstance(self.renderable, Verbatim):
+            yield from self._escaped(console, options)
+        else:
+            yield from _without_trailing_blanks(self._escaped(console, options))
 
 
 class _EscapeHook(RenderHook):
