@@ -127,6 +127,36 @@ def test_init_bad_input_is_one_line_exit_2(tmp_path: Path, args: list, needle: s
     assert not (tmp_path / "x").exists()
 
 
+def test_init_refuses_a_release_fleetctl_does_not_know_before_asking_the_registry(tmp_path: Path) -> None:
+    """`patch init x --release 0.5.99` ran `pip download sglang==0.5.99` (seconds, the network) and
+    then said "cannot fetch". A release the engine's table lacks is refused at once: one line naming
+    the releases fleetctl knows and how to add one, exit 2, and the wheel cache is never touched (its
+    wheels/ dir is made by the first fetch). The registry here is a port nobody listens on."""
+    cache = tmp_path / "cache"
+    known = engine().known_versions()
+    for release in ("0.5.99", "0.4.0"):
+        proc = subprocess.run([sys.executable, "-m", "fleetctl", "patch", "init", "x", "--release", release, "--diff",
+                               PAYLOAD / "eagle_worker.py.diff"], capture_output=True, text=True, timeout=300,
+                              cwd=tmp_path, env={**os.environ, "FLEETCTL_CACHE_DIR": str(cache),
+                                                 "PIP_INDEX_URL": "http://127.0.0.1:9/simple", "PYTHONPATH": str(ROOT)})
+        assert proc.returncode == 2, proc.stderr
+        (line,) = proc.stderr.splitlines()
+        assert line.startswith(f"error: --release {release}: fleetctl does not know SGLang {release} "
+                               f"(it knows {known[0]} .. {known[-1]})") and "releases.py" in line, line
+        assert not (cache / "wheels").exists() and not (tmp_path / "x").exists()
+    # the tools that only need the release's wheel (patch new, port --to, import, sandbox up) may ask the
+    # registry for a release fleetctl does not know yet (a newer one): asked once, and the line says
+    # which releases fleetctl knows
+    (tmp_path / "mine.py").write_text("x = 1\n")
+    proc = subprocess.run([sys.executable, "-m", "fleetctl", "patch", "new", "--sglang", "0.5.99", "--file", SA,
+                           "mine.py"], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                          env={**os.environ, "FLEETCTL_CACHE_DIR": str(cache), "PIP_INDEX_URL": "http://127.0.0.1:9/simple",
+                               "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 2, proc.stderr
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith("error: cannot fetch sglang==0.5.99: ") and f"fleetctl knows SGLang {known[0]} .. " in line
+
+
 def test_init_refuses_a_clean_checkout_and_an_existing_playbook(tmp_path: Path) -> None:
     repo = checkout(tmp_path, {EW: "eagle_worker.py.diff"})
     assert fleetctl("patch", "init", "a", "--release", V, "--git", repo, cwd=tmp_path).returncode == 0

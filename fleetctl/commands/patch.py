@@ -289,7 +289,7 @@ def init_cmd(
 
     from fleetctl.patching.scaffold import checkout_diff, edited_files, scaffold
 
-    release = validate.sglang_version(release, "--release")
+    release = validate.known_release(release, "--release")
     if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}", name):
         raise InputError(f"NAME {name!r}: use letters, digits and _ . - (it names a directory)",
                          reference="option-invalid")

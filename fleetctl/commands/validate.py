@@ -69,6 +69,23 @@ def sglang_version(value: str, option: str = "--sglang") -> str:
     return value.strip()
 
 
+def known_release(value: str, option: str) -> str:
+    """A release number the engine's own table has (a command that needs fleetctl's knowledge of the
+    release: its workers, flags, launch): anything else is refused here, before any wheel is asked of
+    the package registry."""
+    from fleetctl.engines import engine
+
+    v = sglang_version(value, option)
+    eng = engine()
+    if not eng.is_known(v):
+        known = eng.known_versions()
+        raise InputError(f"{option} {v}: fleetctl does not know {eng.display_name} {v} (it knows {known[0]} .. "
+                         f"{known[-1]})", hint="pass the release your edits were made on; to add a release to fleetctl: "
+                         "docs/worker-paths.md, one Release row in fleetctl/engines/sglang/releases.py",
+                         reference="release-unknown")
+    return v
+
+
 def exclusive(**given: bool) -> None:
     """At most one of these flags (names as keyword arguments, '_' for '-')."""
     on = ["--" + k.replace("_", "-") for k, v in given.items() if v]

@@ -65,7 +65,10 @@ def ensure_wheel(version: str) -> Path:
         tmp = wdir / f".dl-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
+        # a release fleetctl does not know may be a newer one (patch new/port/import, the sandbox take
+        # it): asked once, no retries, so a version that is not there fails in about a second
+        once = [] if engine().is_known(version) else ["--retries", "0"]
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", *once,
                "-q", "-d", str(tmp), f"{PACKAGE}=={version}"]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         got = _find_wheel(tmp, version)
@@ -73,9 +76,12 @@ def ensure_wheel(version: str) -> Path:
             shutil.rmtree(tmp, ignore_errors=True)
             tail = (proc.stderr or proc.stdout).strip().splitlines()
             why = tail[-1] if tail else "no wheel downloaded"
-            raise InputError(f"cannot fetch {PACKAGE}=={version}: {why}",
-                             hint="check the version exists and the package registry is reachable",
-                             reference="release-unavailable")
+            eng = engine()
+            known = eng.known_versions()
+            hint = ("check the package registry is reachable" if eng.is_known(version) else
+                    f"fleetctl knows {eng.display_name} {known[0]} .. {known[-1]}; another release must be in the "
+                    "package registry, and the registry reachable")
+            raise InputError(f"cannot fetch {PACKAGE}=={version}: {why}", hint=hint, reference="release-unavailable")
         final = wdir / got.name
         os.replace(got, final)
         shutil.rmtree(tmp, ignore_errors=True)
