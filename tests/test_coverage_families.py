@@ -118,6 +118,47 @@ def test_attention_family() -> None:
     assert c.covered is False and "none of which runs wave_backend.py" in c.message
 
 
+FA3 = "srt/layers/attention/flashattention_backend.py"
+MUSA_FA3 = "srt/hardware_backend/musa/attention/__init__.py"
+
+
+@pytest.mark.parametrize("version", ["0.5.14", "0.5.23"])
+def test_a_backend_lists_the_file_a_cuda_host_runs_not_another_platforms(version: str) -> None:
+    """fa3's factory imports MUSA's backend under `if not _is_musa: ... else:`, dsv4's NPU's and HIP's
+    under `if _is_npu: ... elif _is_hip: ... else:`. The family listed them as files the backend runs
+    ("with --attention-backend fa3 the attention backend runs one of .../musa/attention/__init__.py,
+    .../flashattention_backend.py"), and a patch of the MUSA file alone counted as covering fa3 on a
+    CUDA host. Now each platform branch is read as a CUDA host takes it; another platform's files are
+    kept apart (still members: a patch of one is checked and told what runs instead)."""
+    t = FT.derive(version, wheels.package_dir(version), {})
+    assert t.attention["fa3"] == [FA3] and t.attention_elsewhere["fa3"] == [MUSA_FA3]
+    assert not [m for k, mods in t.attention.items() if k != "ascend"  # (NPU's own backend: not a branch)
+                for m in mods if "hip" in m or "musa" in m or "/npu/" in m]
+    assert {"srt/hardware_backend/npu/attention/ascend_dsv4_backend.py",
+            "srt/layers/attention/deepseek_v4_backend_hip_radix.py"} == set(t.attention_elsewhere["dsv4"])
+    assert MUSA_FA3 in t.attention_members()
+    # the user-visible answer: the CUDA host runs flashattention_backend.py, not the MUSA file
+    musa = {MUSA_FA3: comment_patch(version, MUSA_FA3)}
+    (c,) = F.check(version, {"--attention-backend": "fa3"}, musa, {})
+    assert c.covered is False and c.runs == [FA3], c
+    assert f"the attention backend runs {FA3}" in c.message and "only __init__.py" in c.message, c.message
+    p = {TRITON: comment_patch(version, TRITON)}
+    (c,) = F.check(version, {"--attention-backend": "fa3"}, p, {})
+    assert "musa" not in c.message and "one of" not in c.message, c.message
+
+
+def test_platform_tests_are_read_as_a_cuda_host_answers_them() -> None:
+    import ast
+
+    def on(src: str) -> bool | None:
+        return FT.on_cuda(ast.parse(src, mode="eval").body)
+
+    assert [on(x) for x in ("_is_musa", "not _is_musa", "is_hip()", "_is_npu or _is_hip", "is_cuda()",
+                            "not is_npu() and not _is_xpu", "_is_cuda and x", "_is_hip and x", "_is_cuda or x",
+                            "x", "is_hip(arg)")] == [False, True, False, False, True, True, None, False, True,
+                                                     None, None]
+
+
 def test_grammar_and_sampling_families() -> None:
     g = {OUTLINES: comment_patch(V, OUTLINES)}
     (c,) = F.check(V, {}, g, {})

@@ -13,7 +13,9 @@ never by importing them:
   collects), the `srt/models` modules each imports (a model built on another's classes runs that
   module's code too), and the draft-model architecture rewrites of `srt/configs/model_config.py`;
 * attention backend: `register_attention_backend("name")` factories in
-  `srt/layers/attention/attention_registry.py` and the backend modules each imports; the default
+  `srt/layers/attention/attention_registry.py` and the backend modules each imports on a CUDA host
+  (an import under another platform's branch, `if _is_musa:` / `elif _is_hip:` / `if not
+  _is_npu: ... else:`, is that platform's: kept apart, as code a CUDA host never runs); the default
   is one of the literals ServerArgs assigns to `attention_backend`;
 * grammar backend: the `name == "x"` branches of `create_grammar_backend` and the modules they import;
 * sampling backend: the `backend == "x"` branches of `srt/layers/sampler.py` (line spans, and the
@@ -32,7 +34,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-FORMAT = 1
+FORMAT = 2  # 2: imports under another platform's branch kept apart (attention_elsewhere)
 
 SPEC_INFO = "srt/speculative/spec_info.py"
 MODELS_DIR = "srt/models"
@@ -60,7 +62,9 @@ class FamilyTable:
     models: dict[str, str] = field(default_factory=dict)  # architecture -> srt/models module file
     model_imports: dict[str, list[str]] = field(default_factory=dict)  # module file -> srt/models files it imports
     draft_renames: dict[str, str] = field(default_factory=dict)  # target arch -> arch loaded for the draft
-    attention: dict[str, list[str]] = field(default_factory=dict)  # backend -> module files
+    attention: dict[str, list[str]] = field(default_factory=dict)  # backend -> module files a CUDA host runs
+    # backend -> module files its factory imports only for another platform (MUSA's fa3, HIP's dsv4)
+    attention_elsewhere: dict[str, list[str]] = field(default_factory=dict)
     attention_defaults: list[str] = field(default_factory=list)
     grammar: dict[str, list[str]] = field(default_factory=dict)
     grammar_defaults: list[str] = field(default_factory=list)
@@ -73,7 +77,9 @@ class FamilyTable:
         return set(self.models.values())
 
     def attention_members(self) -> set[str]:
-        return {m for mods in self.attention.values() for m in mods}
+        """Every backend module, another platform's too: a patch of one is checked (and told what
+        the launch runs instead)."""
+        return {m for d in (self.attention, self.attention_elsewhere) for mods in d.values() for m in mods}
 
     def grammar_members(self) -> set[str]:
         return {m for mods in self.grammar.values() for m in mods}
@@ -107,6 +113,54 @@ def _imports(node: ast.AST) -> list[tuple[str, list[str]]]:
         if isinstance(n, ast.ImportFrom) and n.module and n.level == 0 and n.module.startswith("sglang."):
             out.append((n.module, [a.name for a in n.names]))
     return out
+
+
+# the platform predicates SGLang's code branches on (srt/utils.py is_cuda(), is_hip(), ..., and the
+# module-level `_is_x = is_x()` copies), as a CUDA host answers them: fleetctl drives NVIDIA GPU hosts
+# (it reads their GPUs with nvidia-smi)
+ON_CUDA = {"cuda": True, "cuda_alike": True, "hip": False, "npu": False, "musa": False, "xpu": False,
+           "cpu": False, "hpu": False, "mps": False}
+
+
+def on_cuda(test: ast.AST) -> bool | None:
+    """What `test` is on a CUDA host, when it is made of platform predicates only (with not/and/or);
+    None when anything else decides it."""
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        v = on_cuda(test.operand)
+        return None if v is None else not v
+    if isinstance(test, ast.BoolOp):
+        vals = [on_cuda(v) for v in test.values]
+        decisive, other = (False, True) if isinstance(test.op, ast.And) else (True, False)
+        if decisive in vals:
+            return decisive
+        return other if all(v is other for v in vals) else None
+    fn = test.func if isinstance(test, ast.Call) and not test.args and not test.keywords else test
+    name = fn.id if isinstance(fn, ast.Name) else fn.attr if isinstance(fn, ast.Attribute) else ""
+    word = name.lstrip("_")[3:] if name.lstrip("_").startswith("is_") else ""
+    return ON_CUDA.get(word)
+
+
+def platform_imports(node: ast.AST) -> tuple[list[tuple[str, list[str]]], list[tuple[str, list[str]]]]:
+    """_imports(node) split in two: those a CUDA host runs, and those only under a branch of another
+    platform (`if _is_musa:` ... `else:`, `elif _is_hip:`)."""
+    here: list[tuple[str, list[str]]] = []
+    elsewhere: list[tuple[str, list[str]]] = []
+
+    def visit(n: ast.AST, live: bool) -> None:
+        if isinstance(n, ast.If):
+            v = on_cuda(n.test)
+            for s in n.body:
+                visit(s, live and v is not False)
+            for s in n.orelse:
+                visit(s, live and v is not True)
+            return
+        if isinstance(n, ast.ImportFrom) and n.module and n.level == 0 and n.module.startswith("sglang."):
+            (here if live else elsewhere).append((n.module, [a.name for a in n.names]))
+        for c in ast.iter_child_nodes(n):
+            visit(c, live)
+
+    visit(node, True)
+    return here, elsewhere
 
 
 def _literal_strings(node: ast.AST | None) -> list[str]:
@@ -198,9 +252,13 @@ def _attention(root: Path, t: FamilyTable) -> None:
         for d in n.decorator_list:
             if (isinstance(d, ast.Call) and isinstance(d.func, ast.Name) and d.func.id == "register_attention_backend"
                     and d.args):
+                here, elsewhere = platform_imports(n)
                 for name in _literal_strings(d.args[0]):
-                    mods = [m for mod, _ in _imports(n) if (m := _backend_module(root, mod, ""))]
-                    t.attention[name] = sorted(dict.fromkeys(mods))
+                    mods = sorted({m for mod, _ in here if (m := _backend_module(root, mod, ""))})
+                    t.attention[name] = mods
+                    other = sorted({m for mod, _ in elsewhere if (m := _backend_module(root, mod, ""))} - set(mods))
+                    if other:
+                        t.attention_elsewhere[name] = other
 
 
 def _compared_names(test: ast.AST, var_hint: str) -> list[str]:
@@ -230,7 +288,7 @@ def _grammar(root: Path, t: FamilyTable) -> None:
                 if not names:
                     continue
                 body = ast.Module(body=n.body, type_ignores=[])
-                mods = [m for mod, _ in _imports(body) if (m := _backend_module(root, mod, "srt/constrained/"))]
+                mods = [m for mod, _ in platform_imports(body)[0] if (m := _backend_module(root, mod, "srt/constrained/"))]
                 for name in names:
                     t.grammar.setdefault(name, sorted(dict.fromkeys(mods)))
         return
