@@ -152,14 +152,25 @@ def test_port_clean_writes_patches_and_entry(tmp_path: Path, playbook) -> None:
     assert check.returncode == 0, check.stdout + check.stderr
 
 
-def test_port_conflict_writes_conflict_file_and_leaves_playbook(tmp_path: Path, playbook) -> None:
+def test_port_conflict_writes_the_clean_files_and_finishes_when_rerun(tmp_path: Path, playbook) -> None:
+    """0.5.9 -> 0.5.12: eagle_worker_v2.py merges cleanly, server_args.py and eagle_worker.py conflict.
+    Before: only the two .conflict files were written (the clean file's patch was thrown away), and the
+    way forward was a `patch new` per conflicted file, after which the user still had to write 0.5.12's
+    entry for all three files by hand. Now the clean file's patch is written where a clean port puts it,
+    the playbook is left unchanged, and one printed command — the same port, run again once the
+    .conflict files are resolved — takes the resolutions and adds the whole 0.5.12 entry."""
     pb_dir = copy_playbook(tmp_path)
     before = (pb_dir / "playbook.yaml").read_bytes()
     proc = fleetctl("patch", "port", pb_dir, "--from", SRC, "--to", "0.5.12")
     assert proc.returncode == 1, proc.stderr
     assert (pb_dir / "playbook.yaml").read_bytes() == before
     out = pb_dir / "patches" / "0.5.12"
-    assert sorted(p.name for p in out.iterdir()) == ["eagle_worker.py.conflict", "server_args.py.conflict"]
+    assert sorted(p.name for p in out.iterdir()) == ["eagle_worker.py.conflict", "eagle_worker_v2.py.diff",
+                                                     "server_args.py.conflict"]
+    base, ours, theirs = three(playbook, SRC, "0.5.12", "srt/speculative/eagle_worker_v2.py")
+    rc, expected = git_merge_file(tmp_path, base, ours, theirs)
+    assert rc == 0 and apply_patch(theirs, (out / "eagle_worker_v2.py.diff").read_bytes(),
+                                   name="eagle_worker_v2.py").output == expected
     err = proc.stderr.decode()
     for name in ("server_args.py", "eagle_worker.py"):
         text = (out / f"{name}.conflict").read_bytes()
@@ -170,22 +181,38 @@ def test_port_conflict_writes_conflict_file_and_leaves_playbook(tmp_path: Path, 
         for line in ranges:  # every listed range starts and ends on the markers
             a, b = map(int, line.split("conflict at lines ")[1].split(" ")[0].split("-"))
             assert lines[a - 1].startswith(b"<<<<<<< ") and lines[b - 1].startswith(b">>>>>>> ")
-    assert "playbook unchanged for 0.5.12" in err
+    (last,) = [ln for ln in err.splitlines() if ln.startswith("0.5.12: not ported yet")]
+    assert "playbook unchanged for 0.5.12" in last and "1 of 3 file(s) ready" in last, last
+    assert str(out / "server_args.py.conflict") in last and str(out / "eagle_worker.py.conflict") in last, last
     assert "Traceback" not in err
-    # the way forward is a command per conflicted file that runs as printed once it is resolved (it
-    # said "make the patch with `fleetctl patch new --sglang 0.5.12`": no file, no edited copy)
-    cmds = re.findall(r"'(fleetctl patch new [^']+)'", err)
-    assert len(cmds) == 2, err
-    for cmd in cmds:
-        argv = shlex.split(cmd)
-        conflict = Path(argv[argv.index("--file") + 2])
-        assert conflict.parent == out and conflict.suffix == ".conflict", cmd
-        rel = argv[argv.index("--file") + 1]
-        resolved = wheels.pristine_bytes("0.5.12", rel).replace(b"\nimport ", b"\n# ported\nimport ", 1)
-        conflict.write_bytes(resolved)  # (a resolution: the release's file plus one line)
-        proc = fleetctl(*argv[1:])
-        assert proc.returncode == 0, proc.stderr
-        assert Path(argv[argv.index("-o") + 1]).is_file()
+    (cmd,) = re.findall(r"'(fleetctl [^']+)'", err)
+    argv = shlex.split(cmd)
+    assert argv[1:3] == ["patch", "port"], cmd
+
+    def resolve(name: str, rel: str) -> None:  # (a resolution: the release's file plus one line)
+        (out / f"{name}.conflict").write_bytes(
+            wheels.pristine_bytes("0.5.12", rel).replace(b"\nimport ", b"\n# ported\nimport ", 1))
+
+    # one of two resolved: still not ported, the other's .conflict is left as the user has it
+    resolve("server_args.py", "srt/server_args.py")
+    mine = (out / "eagle_worker.py.conflict").read_bytes() + b"# half done\n"
+    (out / "eagle_worker.py.conflict").write_bytes(mine)
+    again = fleetctl(*argv[1:])
+    assert again.returncode == 1 and (pb_dir / "playbook.yaml").read_bytes() == before, again.stderr
+    assert (out / "eagle_worker.py.conflict").read_bytes() == mine
+    assert b"server_args.py: conflict" not in again.stderr and b"eagle_worker.py: conflict at lines" in again.stderr
+    # both resolved: the command as printed finishes the port
+    resolve("eagle_worker.py", "srt/speculative/eagle_worker.py")
+    done = fleetctl(*argv[1:])
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["eagle_worker.py.diff", "eagle_worker_v2.py.diff",
+                                                     "server_args.py.diff"]
+    pb = load_playbook(pb_dir)
+    assert [f.path for f in pb.versions["0.5.12"]] == [f.path for f in playbook.versions[SRC]]
+    for pf in pb.versions["0.5.12"]:
+        assert pf.sha256 == wheels.sha256_bytes(wheels.pristine_bytes("0.5.12", pf.path))
+    check = fleetctl("patch", "check", pb_dir, "--sglang", "0.5.12")
+    assert check.returncode == 0, check.stdout + check.stderr
 
 
 def test_port_mixed_targets_writes_the_clean_one(tmp_path: Path, playbook) -> None:

@@ -373,8 +373,9 @@ def dockerfile_cmd(
 
 @patch_app.command("port", help="Carry a playbook's patches from release V1 to V2 (and more) by a three-way "
                                 "merge on the real release files (git merge-file semantics, no fuzz). Clean: "
-                                "writes patches/<V2>/ and V2's entry. Conflict: writes <file>.conflict for "
-                                "review, lists the hunks, exit 1, playbook unchanged for V2.")
+                                "writes patches/<V2>/ and V2's entry. Conflict: writes the clean files' patches "
+                                "and <file>.conflict to resolve, lists the hunks, exit 1, playbook unchanged for "
+                                "V2; the same command run again with each .conflict resolved adds V2's entry.")
 def port_cmd(
     playbook: Annotated[Path, typer.Argument(metavar="PLAYBOOK", help="Playbook dir or YAML file.", show_default=False)],
     src: Annotated[str, typer.Option("--from", metavar="V1", help="The release whose patches to port.",
@@ -383,12 +384,16 @@ def port_cmd(
                                            show_default=False)],
 ) -> None:
     from fleetctl.config.playbook import load_playbook
+    from fleetctl.model.suggest import quote
     from fleetctl.patching.port import (
         carried_note,
         carry_unsupported,
+        conflict_path,
         dropped_note,
+        marker_ranges,
         patch_ref,
         port_file,
+        resolved_file,
         write_version,
     )
 
@@ -406,29 +411,52 @@ def port_cmd(
                              hint=f"remove the {v} entry first to port again", reference="playbook-version-exists")
     base = pb.path.resolve().parent
     failed: list[str] = []
+    rels = [f.path for f in pb.versions[src]]
     for v in targets:
-        ports = [port_file(src, v, f.path, f.patch_text, f.sha256) for f in pb.versions[src]]
+        ports = []
+        for f in pb.versions[src]:
+            ref = patch_ref(v, f.path, rels)
+            where = conflict_path(base, ref)
+            mine = where.read_bytes() if where.is_file() else None
+            if mine is not None and not marker_ranges(mine):  # resolved by hand: it is the file's port
+                ports.append(resolved_file(v, f.path, mine, where))
+                continue
+            p = port_file(src, v, f.path, f.patch_text, f.sha256)
+            if p.conflicts and mine is not None:  # still being resolved: kept as it is, its markers listed
+                p.merged, p.conflicts = mine, marker_ranges(mine)
+            ports.append(p)
         bad = [p for p in ports if not p.ok]
-        made: list[str] = []  # the command that makes each conflicted file's patch once resolved
-        from fleetctl.model.suggest import quote
         if bad:
             failed.append(v)
             for p in bad:
-                if p.conflicts:
-                    ref = patch_ref(v, p.path, [f.path for f in pb.versions[src]])
-                    where = base / (ref[: -len(".diff")] + ".conflict")
-                    where.parent.mkdir(parents=True, exist_ok=True)
-                    _write_atomic(where, p.merged)
-                    for a, b in p.conflicts:
-                        common.err.print(f"{v} {p.path}: conflict at lines {a}-{b} of {where}",
-                                         markup=False, highlight=False)
-                    made.append(f"'fleetctl patch new --sglang {v} --file {quote(p.path)} {quote(str(where))} "
-                                f"-o {quote(str(base / ref))}'")
-                else:
+                if not p.conflicts:
                     common.err.print(f"{v} {p.path}: {p.problem}", markup=False, highlight=False)
-            fix = (f"resolve the conflicts in each .conflict file, then make its patch from it: {' and '.join(made)} "
-                   f"(each prints the entry to add under versions: {v})" if made else "see the problems above")
-            common.err.print(f"{v}: not ported (playbook unchanged for {v}): {fix}", markup=False, highlight=False)
+                    continue
+                where = conflict_path(base, patch_ref(v, p.path, rels))
+                where.parent.mkdir(parents=True, exist_ok=True)
+                if not where.is_file() or where.read_bytes() != p.merged:
+                    _write_atomic(where, p.merged)
+                for a, b in p.conflicts:
+                    common.err.print(f"{v} {p.path}: conflict at lines {a}-{b} of {where}",
+                                     markup=False, highlight=False)
+            if any(not p.conflicts for p in bad):
+                common.err.print(f"{v}: not ported (playbook unchanged for {v}): see the problems above",
+                                 markup=False, highlight=False)
+                continue
+            # only conflicts: the files that merged cleanly are written now, where the port puts them
+            clean = [(p, patch_ref(v, p.path, rels)) for p in ports if p.ok]
+            for p, ref in clean:
+                out = base / ref
+                if not out.exists():
+                    out.parent.mkdir(parents=True, exist_ok=True)
+                    _write_atomic(out, p.patch)
+            names = ", ".join(str(conflict_path(base, patch_ref(v, p.path, rels))) for p in bad)
+            wrote = (f"{len(clean)} of {len(ports)} file(s) ready, written: {', '.join(r for _, r in clean)}; "
+                     if clean else "")
+            again = (f"'fleetctl patch port {quote(str(playbook))} --from {src} --to {v}'")
+            common.err.print(f"{v}: not ported yet (playbook unchanged for {v}): {wrote}resolve the conflicts in "
+                             f"{names} (edit out every <<<<<<< ... >>>>>>> block), then run {again}: it takes the "
+                             f"resolved file(s) and adds the {v} entry", markup=False, highlight=False)
             continue
         carried, dropped = carry_unsupported(pb.unsupported_workers.get(src, {}), v)
         note = carried_note(src) if carried else None

@@ -69,6 +69,41 @@ def port_file(src: str, dst: str, rel: str, patch_text: bytes, sha256: str) -> F
     return FilePort(rel, patch=new, sha256=wheels.sha256_bytes(target), merged=result.output)
 
 
+def conflict_path(base: Path, ref: str) -> Path:
+    """Where a file's merge with conflict markers is written: its patch's path, `.conflict` for `.diff`."""
+    return base / (ref[: -len(".diff")] + ".conflict")
+
+
+def marker_ranges(data: bytes) -> list[tuple[int, int]]:
+    """The line ranges (1-based) from each `<<<<<<< ` line to its `>>>>>>> ` line: the conflicts
+    still in a .conflict file."""
+    out: list[tuple[int, int]] = []
+    start: int | None = None
+    for n, line in enumerate(data.split(b"\n"), 1):
+        if line.startswith(b"<<<<<<< "):
+            start = n
+        elif line.startswith(b">>>>>>> ") and start is not None:
+            out.append((start, n))
+            start = None
+    return out
+
+
+def resolved_file(dst: str, rel: str, data: bytes, where: Path) -> FilePort:
+    """A .conflict file the user resolved (no markers left) as the file's port: the patch from
+    `dst`'s pristine file to it (it must compile, and change something)."""
+    try:
+        target = wheels.pristine_bytes(dst, rel)
+    except InputError as e:
+        return FilePort(rel, problem=e.message)
+    problem = compile_error(data, rel)
+    if problem:
+        return FilePort(rel, merged=data, problem=f"the resolved {where} does not compile: {problem}")
+    new = make_patch(target, data, rel)
+    if not new:
+        return FilePort(rel, problem=f"the resolved {where} is {dst}'s pristine file: it patches nothing")
+    return FilePort(rel, patch=new, sha256=wheels.sha256_bytes(target), merged=data)
+
+
 def carried_note(src: str) -> str:
     return f"unsupported_workers carried over from {src} by `fleetctl patch port`: review for this release"
 
@@ -95,8 +130,9 @@ def write_version(pb: Playbook, version: str, ports: list[FilePort], unsupported
     base = pb.path.resolve().parent
     rels = [p.path for p in ports]
     refs = [patch_ref(version, p.path, rels) for p in ports]
-    for ref in refs:
-        if (base / ref).exists():
+    for p, ref in zip(ports, refs, strict=True):
+        # the same bytes are no clash: the clean files an earlier run with conflicts wrote
+        if (base / ref).exists() and (base / ref).read_bytes() != p.patch:
             raise InputError(f"{base / ref} already exists", hint="move it away or remove it to port again",
                              reference="file-exists")
     text = pb.path.read_text(encoding="utf-8")
@@ -105,7 +141,7 @@ def write_version(pb: Playbook, version: str, ports: list[FilePort], unsupported
     (base / f"patches/{version}").mkdir(parents=True, exist_ok=True)
     for p, ref in zip(ports, refs, strict=True):
         write(base / ref, p.patch)
-        (base / (ref[: -len(".diff")] + ".conflict")).unlink(missing_ok=True)
+        conflict_path(base, ref).unlink(missing_ok=True)
     write(pb.path, new_text.encode("utf-8"))
     return refs
 
