@@ -13,7 +13,7 @@ import pytest
 
 from fleetctl.cli import main
 from fleetctl.commands import common
-from fleetctl.ui.hostnames import group, host_ranges, hosts_label
+from fleetctl.model.hostnames import group, host_ranges, hosts_label
 
 ROOT = Path(__file__).resolve().parents[1]
 PB = ROOT / "playbooks" / "dynamic-spec-disable"

@@ -310,10 +310,10 @@ def test_a_facts_note_does_not_say_note_twice(fake_sandbox: Any, tmp_path: Path,
 
 def test_summaries_count_one_host_in_the_singular() -> None:
     """'explain: 1 hosts: 1 ok', 'launch ...: 1 hosts, 1 instances': every summary line that counts
-    hosts or instances spells the count with its noun (fleetctl.ui.hostnames.plural)."""
+    hosts or instances spells the count with its noun (fleetctl.model.hostnames.plural)."""
     import re
 
-    from fleetctl.ui.hostnames import plural
+    from fleetctl.model.hostnames import plural
 
     assert (plural(1, "host"), plural(2, "host"), plural(0, "instance")) == ("1 host", "2 hosts", "0 instances")
     root = Path(__file__).resolve().parents[1] / "fleetctl" / "commands"

@@ -28,12 +28,12 @@ from fleetctl.commands.deploys_view import (
 )
 from fleetctl.engines import engine
 from fleetctl.errors import EXIT_FAILED, EXIT_OK, InputError
+from fleetctl.model.hostnames import group, plural, strip_host
 from fleetctl.model.recorded import recorded
 from fleetctl.model.result import HostResult
 from fleetctl.ops import runlog
 from fleetctl.ops.ledger import Ledger
 from fleetctl.ops.record import Recorded
-from fleetctl.ui.hostnames import group, plural, strip_host
 from fleetctl.ui.jsonout import rows as rows_json
 from fleetctl.ui.render import hosts_cell, table
 from fleetctl.ui.safetext import line, lines_cell, styled

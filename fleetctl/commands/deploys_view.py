@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 from fleetctl.commands.common import out
 from fleetctl.engines import engine
+from fleetctl.model.hostnames import group, hosts_label, plural, strip_host
 from fleetctl.model.result import OK_STATES, HostResult
-from fleetctl.ui.hostnames import group, hosts_label, plural, strip_host
 from fleetctl.ui.render import hosts_cell, say, status_cell, table
 from fleetctl.ui.safetext import line, styled
 

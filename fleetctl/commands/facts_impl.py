@@ -16,7 +16,7 @@ from fleetctl.commands.context import fleet_context, print_debug_details
 from fleetctl.engines import engine
 from fleetctl.errors import EXIT_FAILED, EXIT_OK
 from fleetctl.model.facts import HostFacts, read_facts
-from fleetctl.ui.hostnames import group, hosts_label, strip_host
+from fleetctl.model.hostnames import group, hosts_label, strip_host
 from fleetctl.ui.jsonout import host_row
 from fleetctl.ui.render import host_progress, say, status_cell, summary_line
 from fleetctl.ui.safetext import line, lines_cell, safe, styled

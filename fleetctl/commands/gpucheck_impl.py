@@ -13,8 +13,8 @@ from fleetctl.commands.common import emit_json, err, out
 from fleetctl.commands.context import playbook_fleet
 from fleetctl.commands.context import run_with_progress as _tick_run
 from fleetctl.errors import EXIT_FAILED, EXIT_OK
+from fleetctl.model.hostnames import plural
 from fleetctl.ops import runlog
-from fleetctl.ui.hostnames import plural
 from fleetctl.ui.render import say, table
 from fleetctl.ui.safetext import line, styled
 

@@ -9,7 +9,7 @@ import typer
 
 from fleetctl.commands import common
 from fleetctl.errors import FleetctlError
-from fleetctl.ui.hostnames import plural
+from fleetctl.model.hostnames import plural
 
 if TYPE_CHECKING:  # rich: imported when a table is shown (issue 16.10)
     from fleetctl.ui.safetext import SafeTable

@@ -19,9 +19,9 @@ from fleetctl.commands.context import RunContext, fleet_context, playbook_fleet
 from fleetctl.commands.context import fmt_time as _ts
 from fleetctl.commands.context import run_with_progress as _tick_run
 from fleetctl.errors import EXIT_FAILED, EXIT_OK, InputError
+from fleetctl.model.hostnames import group, hosts_label, plural, strip_host
 from fleetctl.model.recorded import RecordedDetail
 from fleetctl.ops import runlog
-from fleetctl.ui.hostnames import group, hosts_label, plural, strip_host
 from fleetctl.ui.jsonout import rows as rows_json
 from fleetctl.ui.render import hosts_cell, say, status_cell, table
 from fleetctl.ui.safetext import line, lines_cell, safe, styled

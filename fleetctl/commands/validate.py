@@ -81,7 +81,7 @@ def known_release(value: str, option: str) -> str:
         known = eng.known_versions()
         raise InputError(f"{option} {v}: fleetctl does not know {eng.display_name} {v} (it knows {known[0]} .. "
                          f"{known[-1]})", hint="pass the release your edits were made on; to add a release to fleetctl: "
-                         "docs/worker-paths.md, one Release row in fleetctl/engines/sglang/releases.py",
+                         f"{eng.add_release_hint}",
                          reference="release-unknown")
     return v
 

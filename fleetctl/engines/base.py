@@ -90,6 +90,7 @@ class Engine(Protocol):
     dir_key: str  # the inventory key that pins the package directory
     source_prefix: str  # where the package lives in a source checkout (patch import)
     image_package_dir: str  # the package dir in the engine's published container images (patch dockerfile)
+    add_release_hint: str  # how a new release of the engine is taught to fleetctl (docs and the file)
 
     # -- files: what facts hash, what `facts` shows, where server flags are registered
     hash_dirs: tuple[str, ...]

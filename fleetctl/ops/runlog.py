@@ -163,7 +163,7 @@ def end(exit_code: int, *, fallback_failed: Iterable[str] = (), argv: Sequence[s
             said.append(f"retry: {len(failed)} host(s) failed; rerun on them alone: "
                         f"{rerun_command(argv, retry)}")
     if refused and exit_code != 0:
-        from fleetctl.ui.hostnames import hosts_label
+        from fleetctl.model.hostnames import hosts_label
 
         said.append(f"refused: {hosts_label(refused)}: no retry (nothing was changed there; the same command "
                     f"would be refused again): do what each host's refusal says, then run it again")

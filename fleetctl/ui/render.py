@@ -7,7 +7,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from fleetctl.ui.hostnames import host_ranges
+from fleetctl.model.hostnames import host_ranges
 from fleetctl.ui.safetext import clean, line, lines_cell, safe, styled
 from fleetctl.ui.safetext import table as _safe_table
 

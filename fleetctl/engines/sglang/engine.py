@@ -24,6 +24,7 @@ class SGLangEngine:
     dir_key: str = "sglang_dir"
     source_prefix: str = "python/sglang/"
     image_package_dir: str = "/sgl-workspace/sglang/python/sglang"  # the lmsysorg/sglang images' editable checkout
+    add_release_hint: str = "docs/worker-paths.md, one Release row in fleetctl/engines/sglang/releases.py"
 
     hash_dirs: tuple[str, ...] = (R.SPEC_DIR,)
     hash_files: tuple[str, ...] = ("srt/server_args.py",)
