@@ -81,6 +81,9 @@ def test_model_family() -> None:
     (c,) = F.check(V, {"--model-path": "m"}, p, {}, model=F.ModelSeen("Qwen2ForCausalLM"))
     assert c.covered is False and "Qwen2ForCausalLM" in c.message and "srt/models/qwen2.py" in c.message
     assert "your patch changes only llama.py" in c.message
+    # and the fix that works: patch what loads, or launch a model the patched file implements
+    assert ("; fix: patch srt/models/qwen2.py too (fleetctl patch new), or launch a model whose config.json "
+            "names LlamaForCausalLM or ") in c.message, c.message
     (c,) = F.check(V, {"--model-path": "m"}, p, {}, model=F.ModelSeen("LlamaForCausalLM"))
     assert c.covered is True
     # a model built on llama's classes runs llama.py's code too
@@ -101,6 +104,9 @@ def test_attention_family() -> None:
     p = {TRITON: comment_patch(V, TRITON)}
     (c,) = F.check(V, {"--attention-backend": "flashinfer"}, p, {})
     assert c.covered is False and "flashinfer_backend.py" in c.message and "only triton_backend.py" in c.message
+    assert c.message.endswith("; fix: pass --attention-backend triton, or patch srt/layers/attention/flashinfer_"
+                              "backend.py, srt/layers/attention/flashinfer_mla_backend.py too (whichever the "
+                              "model runs)"), c.message
     (c,) = F.check(V, {"--attention-backend": "triton"}, p, {})
     assert c.covered is True
     (c,) = F.check(V, {}, p, {})  # the default is picked at startup from the GPU and model
@@ -116,6 +122,7 @@ def test_attention_family() -> None:
     wave = {"srt/layers/attention/wave_backend.py": comment_patch(V, "srt/layers/attention/wave_backend.py")}
     (c,) = F.check(V, {}, wave, {})  # never a default: certain
     assert c.covered is False and "none of which runs wave_backend.py" in c.message
+    assert "; fix: pass --attention-backend wave, or patch " in c.message, c.message
 
 
 FA3 = "srt/layers/attention/flashattention_backend.py"

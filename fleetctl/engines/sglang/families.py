@@ -153,6 +153,7 @@ def _check_model(version: str, t: FT.FamilyTable, patched: list[str], flags: dic
                  draft: ModelSeen | None) -> FamilyCheck:
     mine = _short(patched)
     runs: list[str] = []
+    mains: list[str] = []  # the file each role's architecture loads
     said: list[str] = []
     unknown: list[str] = []
     roles = [("target", model, False)]
@@ -173,6 +174,7 @@ def _check_model(version: str, t: FT.FamilyTable, patched: list[str], flags: dic
                         "(the server falls back to the Transformers backend or refuses it)")
             continue
         runs += [f for f in files if f not in runs]
+        mains += [files[0]] if files[0] not in mains else []
         said.append(f"the {role}'s config.json names {seen.arch}"
                     + (f" (loaded as {arch} for the draft)" if arch != seen.arch else "")
                     + f", which SGLang {version}'s model registry loads from {files[0]}")
@@ -182,7 +184,22 @@ def _check_model(version: str, t: FT.FamilyTable, patched: list[str], flags: dic
     if unknown:
         msg = "; ".join(said + unknown) + f": which model implementation runs is not known; your patch changes {mine}"
         return FamilyCheck(MODEL, patched, runs, None, msg)
-    return FamilyCheck(MODEL, patched, runs, False, "; ".join(said) + f"; your patch changes only {mine}")
+    return FamilyCheck(MODEL, patched, runs, False, "; ".join(said) + f"; your patch changes only {mine}"
+                       + _model_fix(t, patched, mains))
+
+
+def _model_fix(t: FT.FamilyTable, patched: list[str], mains: list[str]) -> str:
+    """The fix that works for a model playbook that misses the implementation that will load: patch
+    that file too, or launch a model the patched file implements (an architecture it registers)."""
+    fixes = [f"patch {_full(mains)} too (fleetctl patch new)"] if mains else []
+    # architectures the patched files register, those named like the file first (llama.py: Llama...)
+    stems = [PurePosixPath(p).stem.replace("_", "") for p in patched]
+    archs = sorted((a for a, f in t.models.items() if f in patched),
+                   key=lambda a: (not any(s and a.lower().startswith(s) for s in stems), a))
+    if archs:
+        fixes.append("launch a model whose config.json names " + " or ".join(archs[:3])
+                     + (" (or another architecture the patched file implements)" if len(archs) > 3 else ""))
+    return "; fix: " + ", or ".join(fixes) if fixes else ""
 
 
 def _backends(flags: dict[str, Any]) -> dict[str, tuple[str | None, str]]:
@@ -250,7 +267,13 @@ def _check_choice(family: str, version: str, patched: list[str], choices: dict[s
         return FamilyCheck(family, patched, runs, True, "; ".join(parts) + f"; your patch changes {mine}")
     if uncertain:
         return FamilyCheck(family, patched, runs, None, "; ".join(parts))
-    return FamilyCheck(family, patched, runs, False, "; ".join(parts) + f"; your patch changes only {mine}")
+    flag = picked[""][1] if "" in picked else "--attention-backend"  # one flag for every phase
+    fixes = [f"pass {flag} {name}" for name in [n for n, hit in hit_by.items() if hit][:1]]  # runs the patch
+    if runs and not runs[0].startswith(f"{FT.SAMPLER}::"):  # (a sampler is a branch of one file)
+        fixes.append(f"patch {_full(runs)} too" + (" (whichever the model runs)" if len(runs) > 1 else "")
+                     if len(runs) <= 3 else f"patch the {TITLES[family]}'s file that runs too")
+    return FamilyCheck(family, patched, runs, False, "; ".join(parts) + f"; your patch changes only {mine}"
+                       + ("; fix: " + ", or ".join(fixes) if fixes else ""))
 
 
 def check(version: str, flags: Mapping[str, Any], patched: Mapping[str, PatchedFile], asked: Mapping[str, bool | None],
