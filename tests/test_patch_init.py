@@ -206,7 +206,7 @@ def test_init_with_the_users_launch_keeps_it_and_names_the_origin_mistake(tmp_pa
     pb = load_playbook(tmp_path / "mine")
     assert pb.launch.flags["--model-path"] == "meta-llama/Llama-3.1-8B-Instruct" and "--port" not in pb.launch.flags
     text = (tmp_path / "mine" / "playbook.yaml").read_text()
-    assert "# Note: WARNING: with your launch SGLang 0.5.9 runs EAGLEWorker" in text
+    assert "\n# WARNING: with your launch SGLang 0.5.9 runs EAGLEWorker" in text and "Note: WARNING" not in text
     # the same launch with the env that selects the v2 worker: kept, and no warning
     proc = fleetctl("patch", "init", "mine2", "--release", V, "--git", repo, "--launch",
                     "SGLANG_ENABLE_SPEC_V2=1 " + cmd, cwd=tmp_path)

@@ -130,7 +130,7 @@ def render(name: str, version: str, source: str, files: list[EditedFile], refs: 
     if draft.worker_class:
         head.append(f"# launch: is {'your launch command' if command else 'pre-filled'}: {version} runs "
                     f"{draft.worker_class} with it, the worker the patch changes; each value is commented.")
-    head += [f"# Note: {n}" for n in draft.notes]
+    head += [f"# {n}" if n.startswith("WARNING: ") else f"# Note: {n}" for n in draft.notes]
     if marker is not None:
         site = f"{marker.cls}.{marker.function}" if marker.cls else (marker.function or "module level")
         head.append(f"# Marker: {marker.text!r}, the log line the patch adds in {marker.file} ({site}); "
