@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from fleetctl.model.hostnames import strip_host
 from fleetctl.model.result import HostResult, host_row
 
 __all__ = ["HostResult", "counts", "envelope", "host_row", "rows"]
@@ -65,6 +66,7 @@ def unprefixed(value: Any, host: str | None = None) -> Any:
         return {k: (v if k == "host" else unprefixed(v, here)) for k, v in value.items()}
     if isinstance(value, list):
         return [unprefixed(v, host) for v in value]
-    if host and isinstance(value, str) and value.startswith(f"{host}: ") and value[len(host) + 2:].strip():
-        return value[len(host) + 2:]
+    if host and isinstance(value, str):
+        rest = strip_host(host, value)
+        return rest if rest.strip() else value
     return value
