@@ -206,6 +206,49 @@ def plan_for(version):
             dict(name=f"k8_{wk}_spec", tree="pristine", env=env, target="target-bigram", draft="draft-kvmean",
                  bench=bw, ready_max=200, need_s=90, **m),
         ]
+    if version == "014wx":
+        # the 8b shape: the DECODE-graph skip's outputs and acceptance after re-enable (switch test,
+        # samples against stock spec-off's), and the ceiling of a deferred draft extend: the payload
+        # with SGLang's SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=1 (no draft extend on skipped steps;
+        # needs GPU_REAL_POSTPATCH="python3 $PWD/gpu/lift_skip_refusal.py"; draft KV left with holes)
+        m = dict(models="models8b", nofb=True)
+        bw = [(1, 4, 256), (4, 8, 256), (5, 10, 256), (16, 32, 256), (64, 128, 256)]
+        bx = [(5, 10, 256), (16, 32, 256), (64, 128, 256)]
+        return [
+            dict(name="k8_v2_dsd4", tree="patched", env={}, target="target-bigram", draft="draft-kvmean",
+                 threshold=4, bench=bw, switch=True, ready_max=240, need_s=120, **m),
+            dict(name="g8_nospec", tree="pristine", env={}, target="target-bigram", draft=None, bench=bw,
+                 ready_max=150, need_s=80, **m),
+            dict(name="k8_v2_dsd4_noext", tree="patched", env={"SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND": "1"},
+                 target="target-bigram", draft="draft-kvmean", threshold=4, bench=bx, ready_max=200, need_s=70, **m),
+            dict(name="k8_v2_spec", tree="pristine", env={}, target="target-bigram", draft="draft-kvmean",
+                 bench=bw[:2], ready_max=200, need_s=60, **m),
+        ]
+    if version == "014wd":
+        # the 8b shape: the deferred draft extend (skipped steps keep the token and target hidden
+        # state of each position; one batched draft extend every 16 skipped steps and before drafting
+        # resumes): switch test (acceptance after re-enable), samples against stock spec-off's, flap,
+        # and the bench on both sides of the threshold
+        m = dict(models="models8b", nofb=True)
+        bw = [(1, 4, 256), (4, 8, 256), (5, 10, 256), (16, 32, 256), (64, 128, 256)]
+        return [
+            dict(name="k8_v2_dsd4", tree="patched", env={}, target="target-bigram", draft="draft-kvmean",
+                 threshold=4, bench=bw, switch=True, ready_max=240, need_s=120, **m),
+            dict(name="g8_nospec", tree="pristine", env={}, target="target-bigram", draft=None, bench=bw,
+                 ready_max=150, need_s=80, **m),
+            dict(name="k8_v2_dsd4_flap", tree="patched", env={}, target="target-bigram", draft="draft-kvmean",
+                 threshold=4, bench=[], flap=True, ready_max=200, need_s=70, **m),
+        ]
+    if version == "014wl":
+        # the deferred draft extend's throughput above the threshold with passes 2x as long (4xC requests)
+        m = dict(models="models8b", nofb=True)
+        bl = [(5, 20, 256), (16, 64, 256), (64, 256, 256)]
+        return [
+            dict(name="k8_v2_dsd4", tree="patched", env={}, target="target-bigram", draft="draft-kvmean",
+                 threshold=4, bench=bl, ready_max=240, need_s=100, **m),
+            dict(name="g8_nospec", tree="pristine", env={}, target="target-bigram", draft=None, bench=bl,
+                 ready_max=150, need_s=70, **m),
+        ]
     if version in ("014p", "012p"):
         # where a step's time goes on the 8b shape at 64 running requests: SGLang's torch profiler
         # over 20 steps of the payload (skipping), stock spec-off and stock spec-on
