@@ -10,6 +10,7 @@ import __future__
 
 import argparse
 import ast
+import builtins
 import dataclasses
 import importlib.util
 import json
@@ -632,6 +633,105 @@ def test_decode_skip_gaps_sees_what_a_release_lacks():
     assert sorted(decode_skip_gaps("0.5.15", find_class(ast.parse(src), "EAGLEWorkerV2"))) == [
         "eagle_prepare_for_verify calls maybe_build_dsv4_verify_bundle",
         "eagle_prepare_for_verify sets batch.out_cache_loc_dsv4"]
+
+
+def deferred_extend_gaps(version: str, cls: ast.ClassDef) -> list[str]:
+    """What the deferred draft extend of skipped steps (`_dsd_defer_draft_extend`, `_dsd_catch_up`,
+    `_dsd_catch_up_before_draft`) takes from the release that the release lacks: the keywords of the
+    draft-extend input it builds, the draft worker's prepare_for_draft_extend and its arity, every
+    module-level name it uses, the fields it reads or sets on the release's classes, and the fallback
+    to upstream's per-step draft extend under DP attention (a catch-up is a forward the other DP ranks
+    would not run) and where the release's draft extend also seeds the DSA indexer (0.5.15). Empty when every piece is the release's own."""
+    gaps = []
+    defer, catch, before = (find_def(cls, n) for n in
+                            ("_dsd_defer_draft_extend", "_dsd_catch_up", "_dsd_catch_up_before_draft"))
+    ext_fields = class_fields(_class_in(version, "sglang.srt.speculative.eagle_info", "EagleDraftExtendInput"))[0]
+    (made,) = calls(catch, "EagleDraftExtendInput")
+    gaps += [f"EagleDraftExtendInput({k}=)" for k in sorted({k.arg for k in made.keywords} - ext_fields)]
+    base = _class_in(version, "sglang.srt.speculative.base_spec_worker", "EagleDraftWorkerBase")
+    if "prepare_for_draft_extend" not in _defined(base):
+        gaps.append("EagleDraftWorkerBase.prepare_for_draft_extend")
+    else:
+        (call,) = calls(catch, "prepare_for_draft_extend")
+        want = len(find_def(base, "prepare_for_draft_extend").args.args) - 1
+        if len(call.args) != want:
+            gaps.append(f"prepare_for_draft_extend: {len(call.args)} arguments, the release takes {want}")
+    module = ast.parse(wheels.pristine_bytes(version, V2))
+    used = {n.id for fn in (defer, catch, before) for n in ast.walk(fn) if isinstance(n, ast.Name)
+            and isinstance(n.ctx, ast.Load)} - {"self", "batch", "batch_output", "dw", "copy"}
+    local = {n.id for fn in (defer, catch, before) for n in ast.walk(fn) if isinstance(n, ast.Name)
+             and isinstance(n.ctx, ast.Store)} | set(dir(builtins))
+    local |= {a for fn in (defer, catch, before) for a in _params(fn)}
+    mine = {n.targets[0].id for n in patched_tree(version, V2).body
+            if isinstance(n, ast.Assign) and isinstance(n.targets[0], ast.Name) and n.targets[0].id.startswith("_DSD")}
+    gaps += [f"module name {n}" for n in sorted(used - local - mine - _defined(module))]
+    pcls = pristine_class(version, V2, "EAGLEWorkerV2")
+    gaps += [f"EAGLEWorkerV2.{m}" for m in ("_stub_skipped_draft_extend",) if m not in _defined(pcls)]
+    draft_input = class_fields(_class_in(version, "sglang.srt.speculative.eagle_info", "EagleDraftInput"))[0]
+    gaps += [f"EagleDraftInput.{a}" for a in sorted(attributes_of(before, "spec") - draft_input)]
+    sb = _defined(_class_in(version, "sglang.srt.managers.schedule_batch", "ScheduleBatch"))
+    touched = attributes_of(catch, "catch_up") | attributes_of(catch, "batch") | attributes_of(defer, "batch")
+    gaps += [f"ScheduleBatch.{a}" for a in sorted(touched - sb)]
+    sa = _defined(_class_in(version, "sglang.srt.server_args", "ServerArgs"))
+    gaps += [f"ServerArgs.{a}" for a in sorted({n.attr for fn in (defer, catch) for n in ast.walk(fn)
+                                                if isinstance(n, ast.Attribute)
+                                                and ast.unparse(n.value) == "self.server_args"} - sa)]
+    if "self.server_args.enable_dp_attention" not in ast.unparse(defer):
+        gaps.append("no per-step draft extend under DP attention")
+    seeds = "seed_dsa_topk_from_draft_extend" in ast.unparse(find_def(pcls_draft(version), "_draft_extend_for_decode"))
+    if seeds and "seed_dsa_topk_from_draft_extend" not in ast.unparse(defer):
+        gaps.append("no per-step draft extend where it seeds the DSA indexer top-k")
+    return gaps
+
+
+def pcls_draft(version: str) -> ast.ClassDef:
+    return pristine_class(version, V2, "EagleDraftWorker")
+
+
+@pytest.mark.parametrize("version", V2_DECODE_RELEASES)
+def test_v2_skipped_step_defers_its_draft_extend(version):
+    """A skipped step keeps the token and target hidden state of its position instead of running the
+    draft extend; the kept positions are draft-extended together every few skipped steps and before
+    the next drafting step (so the draft's KV has no holes when speculation resumes: measured on the
+    H200 as unchanged acceptance); a prefill clears what a reused request row kept; every piece taken
+    from the release is the release's own."""
+    cls = find_class(patched_tree(version, V2), "EAGLEWorkerV2")
+    assert deferred_extend_gaps(version, cls) == []
+    fbg = find_def(cls, "forward_batch_generation")
+    (defer,) = calls(fbg, "_dsd_defer_draft_extend")
+    (stock,) = [n for n in ast.walk(fbg) if isinstance(n, ast.If) and ast.unparse(n.test) == "self._dsd_skipping"]
+    assert defer in list(ast.walk(stock.body[0])) and calls(stock.orelse[0], "_draft_extend_for_decode")
+    (before,) = calls(fbg, "_dsd_catch_up_before_draft")
+    (draft,) = [c for c in calls(fbg, "draft") if ast.unparse(c.func) == "self.draft_worker.draft"]
+    assert before.lineno < draft.lineno
+    (reset,) = [n for n in ast.walk(fbg) if isinstance(n, ast.Assign) and "_dsd_pend_n" in ast.unparse(n.targets[0])]
+    (prefill,) = calls(fbg, "_draft_extend_for_prefill")
+    assert reset.lineno < prefill.lineno and ast.unparse(reset.value) == "0"
+    # the positions kept end after the step's own (after a skipped step) or before this one (resuming)
+    offsets = {ast.unparse(c.keywords[0].value) for fn in ("_dsd_defer_draft_extend", "_dsd_catch_up_before_draft")
+               for c in calls(find_def(cls, fn), "_dsd_catch_up")}
+    assert offsets == {"1", "0"}
+    # padded extend tokens write the KV pool's padding slot and come after every kept token of their request
+    catch = ast.unparse(find_def(cls, "_dsd_catch_up"))
+    assert "torch.where(valid, slots, torch.zeros_like(slots))" in catch
+    assert "valid = cols.unsqueeze(0) < n.unsqueeze(1)" in catch
+
+
+def test_deferred_extend_gaps_sees_what_a_release_lacks():
+    """The check above can fail: a planted keyword, a missing argument, an unknown name, a field the
+    release's batch lacks, and a dropped fallback (DP attention, a DSA-seeding draft)."""
+    cls = find_class(patched_tree("0.5.14", V2), "EAGLEWorkerV2")
+    src = ast.unparse(cls).replace("num_tokens_per_req=m,", "num_tokens_per_req=m, stride=m,")
+    src = src.replace("dw.draft_runner, None)", "dw.draft_runner)").replace("fast_topk(", "fast_topkX(")
+    src = src.replace("catch_up.seq_lens_sum = None", "catch_up.seq_lens_total = None")
+    src = src.replace("self.server_args.enable_dp_attention", "False")
+    assert deferred_extend_gaps("0.5.14", find_class(ast.parse(src), "EAGLEWorkerV2")) == [
+        "EagleDraftExtendInput(stride=)", "prepare_for_draft_extend: 5 arguments, the release takes 6",
+        "module name fast_topkX", "ScheduleBatch.seq_lens_total", "no per-step draft extend under DP attention"]
+    cls = find_class(patched_tree("0.5.15", V2), "EAGLEWorkerV2")
+    src = ast.unparse(cls).replace("self._draft_worker.seed_dsa_topk_from_draft_extend", "False")
+    assert deferred_extend_gaps("0.5.15", find_class(ast.parse(src), "EAGLEWorkerV2")) == [
+        "no per-step draft extend where it seeds the DSA indexer top-k"]
 
 
 # ---------------------------------------------------------------- server_args
