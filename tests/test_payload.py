@@ -641,7 +641,8 @@ def deferred_extend_gaps(version: str, cls: ast.ClassDef) -> list[str]:
     draft-extend input it builds, the draft worker's prepare_for_draft_extend and its arity, every
     module-level name it uses, the fields it reads or sets on the release's classes, and the fallback
     to upstream's per-step draft extend under DP attention (a catch-up is a forward the other DP ranks
-    would not run) and where the release's draft extend also seeds the DSA indexer (0.5.15). Empty when every piece is the release's own."""
+    would not run) and where the release's draft extend also seeds the DSA indexer (0.5.15). Empty
+    when every piece is the release's own."""
     gaps = []
     defer, catch, before = (find_def(cls, n) for n in
                             ("_dsd_defer_draft_extend", "_dsd_catch_up", "_dsd_catch_up_before_draft"))
@@ -678,14 +679,11 @@ def deferred_extend_gaps(version: str, cls: ast.ClassDef) -> list[str]:
                                                 and ast.unparse(n.value) == "self.server_args"} - sa)]
     if "self.server_args.enable_dp_attention" not in ast.unparse(defer):
         gaps.append("no per-step draft extend under DP attention")
-    seeds = "seed_dsa_topk_from_draft_extend" in ast.unparse(find_def(pcls_draft(version), "_draft_extend_for_decode"))
+    upstream_extend = find_def(pristine_class(version, V2, "EagleDraftWorker"), "_draft_extend_for_decode")
+    seeds = "seed_dsa_topk_from_draft_extend" in ast.unparse(upstream_extend)
     if seeds and "seed_dsa_topk_from_draft_extend" not in ast.unparse(defer):
         gaps.append("no per-step draft extend where it seeds the DSA indexer top-k")
     return gaps
-
-
-def pcls_draft(version: str) -> ast.ClassDef:
-    return pristine_class(version, V2, "EagleDraftWorker")
 
 
 @pytest.mark.parametrize("version", V2_DECODE_RELEASES)
