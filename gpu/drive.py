@@ -239,15 +239,35 @@ def plan_for(version):
             dict(name="k8_v2_dsd4_flap", tree="patched", env={}, target="target-bigram", draft="draft-kvmean",
                  threshold=4, bench=[], flap=True, ready_max=200, need_s=70, **m),
         ]
-    if version == "014wl":
-        # the deferred draft extend's throughput above the threshold with passes 2x as long (4xC requests)
+    if version in ("014wl", "014wl2"):
+        # the deferred draft extend's throughput above the threshold with passes 2x as long (4xC requests);
+        # wl2: payload, spec-off, payload, spec-off (alternating, for the spread between two starts)
         m = dict(models="models8b", nofb=True)
         bl = [(5, 20, 256), (16, 64, 256), (64, 256, 256)]
-        return [
+        ph = [
             dict(name="k8_v2_dsd4", tree="patched", env={}, target="target-bigram", draft="draft-kvmean",
                  threshold=4, bench=bl, ready_max=240, need_s=100, **m),
             dict(name="g8_nospec", tree="pristine", env={}, target="target-bigram", draft=None, bench=bl,
                  ready_max=150, need_s=70, **m),
+        ]
+        if version == "014wl2":
+            ph += [dict(p, name=p["name"] + "_2") for p in ph]
+        return ph
+    if version == "014wc":
+        # a draft that pays (constant target + draft-perfect, accept 4 while speculating) on the 8b
+        # shape up to 256 running requests: where stock spec-off overtakes stock spec-on (if it does),
+        # then the payload with its threshold at that crossover ("auto": the largest C where stock
+        # spec-on was at least as fast), and one mixed load on every server (a low phase, then a high)
+        m = dict(models="models8b", nofb=True, extra=["--max-running-requests", "256", "--cuda-graph-max-bs", "256"])
+        bc = [(4, 8, 256), (64, 64, 256), (128, 128, 256), (192, 192, 256), (256, 256, 256)]
+        mixed = [(4, 32, 256), (256, 512, 256)]
+        return [
+            dict(name="t8_v2_spec", tree="pristine", env={}, target="target", draft="draft-perfect", bench=bc,
+                 mixed=mixed, ready_max=240, need_s=100, **m),
+            dict(name="t8_nospec", tree="pristine", env={}, target="target", draft=None, bench=bc, mixed=mixed,
+                 ready_max=200, need_s=80, **m),
+            dict(name="t8_v2_dsdauto", tree="patched", env={}, target="target", draft="draft-perfect",
+                 threshold="auto", bench=bc, mixed=mixed, ready_max=240, need_s=100, **m),
         ]
     if version in ("014p", "012p"):
         # where a step's time goes on the 8b shape at 64 running requests: SGLang's torch profiler
@@ -489,6 +509,35 @@ def bench(port, conc, n, max_new, deadline):
     }
 
 
+def mixed_load(port, parts, deadline):
+    """One load in parts run back to back (e.g. a low-concurrency phase, then a high one), after one
+    short warm-up pass per part: total output tokens over total wall, and each part's own numbers."""
+    for conc, n, _ in parts:
+        bench(port, conc, max(conc, n // 4), 64, deadline)
+    rows = [bench(port, conc, n, max_new, deadline) for conc, n, max_new in parts]
+    wall = sum(r["wall_s"] for r in rows)
+    toks = sum(r["output_tokens"] for r in rows)
+    return {"parts": rows, "wall_s": round(wall, 3), "output_tokens": toks,
+            "tok_per_s": round(toks / wall, 1) if wall else None}
+
+
+def auto_threshold(results):
+    """The crossover of the stock servers measured before in this plan: the largest concurrency at
+    which stock spec-on was at least as fast as stock spec-off (their bench rows), else 1."""
+    rates = {}
+    for rec in results["phases"]:
+        if rec.get("tree") != "pristine":
+            continue
+        side = "on" if rec.get("draft") else "off"
+        for b in rec.get("bench", []):
+            if b.get("tok_per_s"):
+                rates.setdefault(b["concurrency"], {})[side] = b["tok_per_s"]
+    wins = [c for c, r in rates.items() if "on" in r and "off" in r and r["on"] >= r["off"]]
+    t = max(wins) if wins else 1
+    print(f"[drive] auto threshold {t} from {json.dumps(rates, sort_keys=True)}", flush=True)
+    return t
+
+
 def batched_samples(port, n, max_new):
     def one(i):
         try:
@@ -669,6 +718,9 @@ def run_phase(ph, args, port, results):
             "--port", str(port)] + COMMON
     if ph.get("draft"):
         argv += SPEC + ["--speculative-draft-model-path", os.path.join(models, ph["draft"])]
+    if ph.get("threshold") == "auto":
+        ph = dict(ph, threshold=auto_threshold(results))
+        rec["threshold"] = ph["threshold"]
     if ph.get("threshold"):
         argv += ["--speculative-disable-batch-threshold", str(ph["threshold"])]
     argv += ph.get("extra", []) + args.extra_flags
@@ -716,6 +768,9 @@ def run_phase(ph, args, port, results):
                 b["warmup_tok_per_s"] = warm.get("tok_per_s")
                 print(f"[drive] {name}: bench {json.dumps(b)}", flush=True)
                 rec["bench"].append(b)
+            if ph.get("mixed") and args.deadline - time.time() > 30:
+                rec["mixed"] = mixed_load(port, ph["mixed"], args.deadline - 15)
+                print(f"[drive] {name}: mixed {json.dumps(rec['mixed'])}", flush=True)
             try:
                 si = http("GET", f"http://127.0.0.1:{port}/get_server_info", timeout=20)
                 st = (si.get("internal_states") or [{}])[0] if isinstance(si, dict) else {}
