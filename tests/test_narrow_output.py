@@ -1,6 +1,7 @@
-"""Output an operator can read at 80-100 columns (issue 16.7), on a 6-host sandbox: hosts alike
-grouped ("h01-h06 (6 hosts)"), no path or id cut across lines, one summary line per command,
-identical diffs and explain answers said once, refusals counted as refusals."""
+"""Output an operator can read at 80-100 columns (issue 16.7), on a 6-host sandbox (in-process hosts,
+tests/fakehost.py): hosts alike grouped ("h01-h06 (6 hosts)"), no path or id cut across lines, one
+summary line per command, identical diffs and explain answers said once, refusals counted as
+refusals."""
 
 from __future__ import annotations
 
@@ -41,8 +42,10 @@ def test_host_ranges_compress_numbered_names() -> None:
 
 
 @pytest.fixture
-def six(fresh_sandbox: Any) -> Iterator[Any]:
-    yield fresh_sandbox(hosts=6, versions=("0.5.9",), gpus=1)
+def six(fake_sandbox: Any) -> Iterator[Any]:
+    """Six in-process hosts (tests/fakehost.py): the subject is what the commands print of what
+    the hosts answer, not how they are reached."""
+    yield fake_sandbox(hosts=6, versions=("0.5.9",), gpus=1)
 
 
 def run(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, width: int,
