@@ -2,9 +2,10 @@
 
 The sandbox story (deploy, launch, verify-logs, a deploy under running servers, rollback, status,
 stop, and failure paths: launch before deploy, a crashed server, a host --limit does not know, bad
-input with --json) is played on the real sshd sandbox; every command its outputs suggest (the
+input with --json) is played on in-process hosts (tests/fakehost.py; the session sandbox's h01, h02:
+the subject is what fleetctl prints, not the transport); every command its outputs suggest (the
 recognisable form: 'fleetctl ...' in single quotes, in text and in --json) is collected, and each is
-then run, as printed, against the same sandbox: none may be a usage error (exit 2). Before: the
+then run, as printed, against the same hosts: none may be a usage error (exit 2). Before: the
 restart command rollback printed failed (the pristine release does not know the payload's flag: it
 needs --drop-unknown-flags), and `'fleetctl rollback'` / `'fleetctl deploy'` hints had no inventory.
 """
@@ -19,21 +20,20 @@ from typing import Any
 
 import pytest
 import yaml
-from test_launch import FULL, make_inventory, ssb  # noqa: F401  (the fixture: the session sandbox on sshd, left as found)
+from test_launch import FULL, make_inventory
 from waiting import until
 
 from fleetctl.cli import main
 from fleetctl.remote import servers as srv
 
-# (the tests that start sshd use the sandbox fixtures, which give them the `fleet` marker: tests/conftest.py)
-
 SUGGESTED = re.compile(r"'(fleetctl [^']+)'")
 
 
 @pytest.fixture
-def sb(ssb: Any) -> Any:  # noqa: F811
-    """test_launch's session sandbox on sshd, left as found (its `sb` is the in-process fleet)."""
-    return ssb
+def sb(fake_sandbox: Any, ledger_dir: Path) -> Any:
+    """The session sandbox's h01 (0.5.9) and h02 (0.5.14), 2 GPUs each, the hosts the story uses,
+    in-process, with a ledger of this test's own."""
+    return fake_sandbox(hosts=2, versions=("0.5.9", "0.5.14"), gpus=2)
 
 
 def suggestions(text: str) -> list[str]:
