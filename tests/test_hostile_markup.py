@@ -2,10 +2,11 @@
 markup or emoji codes, and control characters reach the terminal only escaped.
 
 Unit part: the helper (fleetctl/ui/safetext.py) on every corpus item, the SafeConsole/SafeTable, the
-CLI's error lines and `history` (local ledger). Fleet part: a real sshd sandbox whose hosts print
-the corpus (a login-script line on stdout, one on stderr), hold a lock written with the corpus,
-run a launch command that logs it, with a playbook whose name and markers are corpus strings;
-every command's table output is checked (and its JSON for the raw strings).
+CLI's error lines and `history` (local ledger). Fleet part, with a playbook whose name and markers
+are corpus strings: hosts whose pythons print the corpus (on stdout before the hello, on stderr)
+on the real sshd sandbox, and an in-process host (tests/fakehost.py) that holds a lock written with
+the corpus, has it in a drifted file and runs a launch command that logs it; every command's table
+output is checked (and its JSON for the raw strings).
 """
 
 from __future__ import annotations
@@ -202,61 +203,84 @@ STDERR_LINE = ("scratch [/dev/nvme0n1] mounted [/x] [bold red]x " + ESC + "[31mr
 RAW_CONTROLS = [ESC, "\x07", "\u202e", "\u200b", "\x9b", "\x7f", "\u2066", "\ufeff"]
 
 
-def _hostile_fleet(sb, d: Path) -> tuple[Path, Path]:  # type: ignore[no-untyped-def]
-    """h01: its python prints the corpus on stdout first, past what a login script may print before
-    the hello; h02: its python,
-    in a directory named with the corpus, prints it on stderr and fails; h03: healthy, but its lock
-    is held with corpus strings, a playbook file carries the corpus (drifted), and its launch
-    command logs the corpus and exits. The playbook's name and markers are corpus strings."""
-    import socket
-
+def _hostile_playbook(d: Path) -> Path:
+    """A playbook whose name and markers are corpus strings."""
     import yaml
-    from test_faults import EW2, SA, make_playbook, write_inventory
+    from test_faults import EW2, SA, make_playbook
 
-    noise = d / "corpus.txt"
-    noise.write_bytes(("\n".join(CORPUS) + "\n").encode())
-    errline = d / "stderr.txt"
-    errline.write_bytes(("\n".join(CORPUS) + "\n" + STDERR_LINE + "\n").encode())
-    h1, h2, h3 = (sb.hosts[n] for n in ("h01", "h02", "h03"))
-    noisy = h1.host_dir / "noisy-python"
-    # more than the LOGIN_NOISE_MAX bytes a login script may print before the hello (those are skipped)
-    from fleetctl.transport.session import LOGIN_NOISE_MAX
-
-    times = LOGIN_NOISE_MAX // noise.stat().st_size + 2
-    noisy.write_text(f"#!/bin/sh\nfor i in $(seq {times}); do cat '{noise}'; done\nexec '{h1.python}' \"$@\"\n")
-    noisy.chmod(0o755)
-    evil_dir = h2.host_dir / ("py [bold red]x " + ESC + "[31m \u202e :smile:")
-    evil_dir.mkdir()
-    failing = evil_dir / "python"
-    failing.write_text(f"#!/bin/sh\ncat '{errline}' >&2\nexit 1\n")  # exit 127 after the first facts
-    failing.chmod(0o755)
-    last = d / "last.txt"
-    last.write_bytes((CORPUS[8] + "\n").encode())
-    # a python script (fleetctl locates sglang with the launch's own python: a shell script's is unknown)
-    server = h3.host_dir / "evil_server.py"
-    server.write_text(f"import sys\nfor p in ({str(noise)!r}, {str(last)!r}):\n"
-                      f"    sys.stdout.buffer.write(open(p, 'rb').read())\nsys.exit(3)\n")
-    (h3.state_dir / "lock").write_text(json.dumps({
-        "pid": 1, "start": None, "op": CORPUS[1], "id": "d-" + CORPUS[3], "since": 0,
-        "by": CORPUS[8] + " " + CORPUS[4] + CORPUS[7] + " surrogate\udcff " + LONG, "host": socket.gethostname()}))
-    (h3.state_dir / "lock").chmod(0o600)
-    ew2 = h3.sglang_dir / EW2
-    ew2.write_bytes(ew2.read_bytes() + ("\n# " + "\n# ".join(CORPUS) + "\n").encode())
-
-    inv = write_inventory(sb, d / "inventory.yaml", command_timeout=60)
-    doc = yaml.safe_load(inv.read_text())
-    doc["hosts"]["h01"]["python"] = str(noisy)
-    doc["hosts"]["h02"]["python"] = str(failing)
-    doc["hosts"]["h03"]["launch_command"] = "{python} " + str(server)
-    doc["hosts"]["h03"]["env"]["EVIL_NOTE"] = " ".join(CORPUS)
-    inv.write_text(yaml.safe_dump(doc, sort_keys=False))
     pb = make_playbook(d / "pb", files=(EW2, SA), tag="hostile")
     pdoc = yaml.safe_load(pb.read_text())
     pdoc["name"] = "hostile " + CORPUS[0] + " " + CORPUS[3] + CORPUS[7]
     pdoc["verify"] = {"markers": [CORPUS[1], CORPUS[3]], "forbidden": ["scratch"], "require_ready": False}
     pdoc["launch"] = {"ready_timeout": 30, "stop_timeout": 5, "flags": {"--model-path": "m"}}
     pb.write_text(yaml.safe_dump(pdoc, sort_keys=False))
-    return inv, pb
+    return pb
+
+
+def _hostile_pythons(sb, d: Path) -> Path:  # type: ignore[no-untyped-def]
+    """The inventory of h01 and h02 only, whose pythons (in `d`, the hosts' files untouched) are
+    hostile processes: h01's prints the corpus on stdout first, past what a login script may print
+    before the hello; h02's, in a directory named with the corpus, prints it on stderr and fails."""
+    import yaml
+    from test_faults import write_inventory
+
+    noise = d / "corpus.txt"
+    noise.write_bytes(("\n".join(CORPUS) + "\n").encode())
+    errline = d / "stderr.txt"
+    errline.write_bytes(("\n".join(CORPUS) + "\n" + STDERR_LINE + "\n").encode())
+    # more than the LOGIN_NOISE_MAX bytes a login script may print before the hello (those are skipped)
+    from fleetctl.transport.session import LOGIN_NOISE_MAX
+
+    noise.write_bytes(noise.read_bytes() * (LOGIN_NOISE_MAX // noise.stat().st_size + 2))
+    noisy = d / "noisy-python"
+    noisy.write_text(f"#!/bin/sh\ncat '{noise}'\nexec '{sb.hosts['h01'].python}' \"$@\"\n")
+    noisy.chmod(0o755)
+    evil_dir = d / ("py [bold red]x " + ESC + "[31m \u202e :smile:")
+    evil_dir.mkdir()
+    failing = evil_dir / "python"
+    failing.write_text(f"#!/bin/sh\ncat '{errline}' >&2\nexit 1\n")  # exit 127 after the first facts
+    failing.chmod(0o755)
+
+    inv = write_inventory(sb, d / "inventory.yaml", command_timeout=60)
+    doc = yaml.safe_load(inv.read_text())
+    doc["hosts"] = {n: doc["hosts"][n] for n in ("h01", "h02")}
+    doc["hosts"]["h01"]["python"] = str(noisy)
+    doc["hosts"]["h02"]["python"] = str(failing)
+    inv.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return inv
+
+
+def _hostile_host(sb, d: Path) -> Path:  # type: ignore[no-untyped-def]
+    """The inventory of h01, healthy, but its lock is held with corpus strings, a playbook file
+    carries the corpus (drifted), its launch command logs the corpus and exits, and its env has a
+    corpus value."""
+    import socket
+
+    import yaml
+    from test_faults import EW2, write_inventory
+
+    noise = d / "corpus.txt"
+    noise.write_bytes(("\n".join(CORPUS) + "\n").encode())
+    h = sb.hosts["h01"]
+    last = d / "last.txt"
+    last.write_bytes((CORPUS[8] + "\n").encode())
+    # a python script (fleetctl locates sglang with the launch's own python: a shell script's is unknown)
+    server = h.host_dir / "evil_server.py"
+    server.write_text(f"import sys\nfor p in ({str(noise)!r}, {str(last)!r}):\n"
+                      f"    sys.stdout.buffer.write(open(p, 'rb').read())\nsys.exit(3)\n")
+    (h.state_dir / "lock").write_text(json.dumps({
+        "pid": 1, "start": None, "op": CORPUS[1], "id": "d-" + CORPUS[3], "since": 0,
+        "by": CORPUS[8] + " " + CORPUS[4] + CORPUS[7] + " surrogate\udcff " + LONG, "host": socket.gethostname()}))
+    (h.state_dir / "lock").chmod(0o600)
+    ew2 = h.sglang_dir / EW2
+    ew2.write_bytes(ew2.read_bytes() + ("\n# " + "\n# ".join(CORPUS) + "\n").encode())
+
+    inv = write_inventory(sb, d / "inventory.yaml", command_timeout=60)
+    doc = yaml.safe_load(inv.read_text())
+    doc["hosts"]["h01"]["launch_command"] = "{python} " + str(server)
+    doc["hosts"]["h01"]["env"]["EVIL_NOTE"] = " ".join(CORPUS)
+    inv.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return inv
 
 
 def _check(code: int, out: str, err: str, what: str) -> None:
@@ -267,40 +291,104 @@ def _check(code: int, out: str, err: str, what: str) -> None:
         assert c not in both, f"{what}: raw {c!r} in output"
 
 
-@pytest.mark.fleet
-@pytest.mark.usefixtures("ledger_dir")
-def test_every_command_shows_hostile_host_text_escaped(fresh_sandbox, tmp_path: Path,  # type: ignore[no-untyped-def]
-                                                       capsys: pytest.CaptureFixture[str]) -> None:
-    from test_faults import run
+class Cli:
+    """Runs a command; checks its output (_check) and keeps it (`seen`, by what it was)."""
 
-    sb = fresh_sandbox(hosts=3, versions=("0.5.9",), gpus=1)
-    inv, pb = _hostile_fleet(sb, tmp_path)
-    i = ["-i", str(inv)]
-    seen: dict[str, str] = {}
+    def __init__(self, capsys: pytest.CaptureFixture[str]) -> None:
+        self.capsys = capsys
+        self.seen: dict[str, str] = {}
 
-    def cli(what: str, *args: str) -> tuple[int, str]:
-        code, out, err = run(capsys, *args)
+    def __call__(self, what: str, *args: str) -> tuple[int, str]:
+        from test_faults import run
+
+        code, out, err = run(self.capsys, *args)
         _check(code, out, err, what)
-        seen[what] = out + err
+        self.seen[what] = out + err
         return code, out + err
+
+    def json(self, what: str, *args: str) -> dict:
+        from test_faults import run
+
+        code, out, err = run(self.capsys, *args, "--json")
+        _check(code, out, err, what)
+        return json.loads(out)
+
+    def everything(self) -> str:
+        if os.environ.get("MARKUP_DUMP"):
+            Path(os.environ["MARKUP_DUMP"]).write_text(json.dumps(self.seen, indent=1))
+        return "".join(self.seen.values())
+
+
+# the hostile host processes (what their pythons print before the hello, or instead of it) are what
+# the transport reads: on the session's sshd sandbox (h01, h02: their hosts' files untouched); what
+# a healthy host answers with hostile text in it, on an in-process host (tests/fakehost.py)
+
+
+@pytest.mark.usefixtures("ledger_dir")
+def test_every_command_shows_hostile_host_process_text_escaped(sandbox, tmp_path: Path,  # type: ignore[no-untyped-def]
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    inv = _hostile_pythons(sandbox, tmp_path)
+    pb = _hostile_playbook(tmp_path)
+    i = ["-i", str(inv)]
+    cli = Cli(capsys)
 
     code, text = cli("facts --debug", "facts", *i, "--debug")  # h02's whole stderr is its detail
     assert "--- h02 detail ---" in text and "\\x1b]8;;http://x\\x1b\\link" in text and "over\\rwrite" in text
-    failing = next((sb.hosts["h02"].host_dir).glob("py */python"))
+    failing = next(tmp_path.glob("py */python"))
     failing.write_text(failing.read_text().replace("exit 1", "exit 127"))  # now: 'cannot run', names the path
     code, text = cli("facts", "facts", *i)
     assert "h01: the agent's start answered something that is not its hello: b" in text, text
     cli("explain", "explain", *i, str(pb))
     cli("deploy --check", "deploy", *i, str(pb), "--check")
-    code, text = cli("deploy --check --diff", "deploy", *i, str(pb), "--check", "--diff", "--limit", "h03")
+    cli("deploy", "deploy", *i, str(pb), "--allow-uncovered")
+    cli("rollback --check", "rollback", *i, "--check")
+    cli("rollback", "rollback", *i)
+    code, text = cli("status", "status", *i, str(pb))
+    assert code == 1 and "scratch [/dev/nvme0n1] mounted" in text
+
+    # the JSON documents keep the raw strings (json.dumps escapes them itself)
+    problems = " ".join(p for h in cli.json("status --json", "status", *i)["hosts"] for p in h["problems"])
+    assert STDERR_LINE in problems
+    msgs = " ".join(h["message"] or "" for h in cli.json("facts --json", "facts", *i)["hosts"])
+    assert STDERR_LINE in msgs and "[/x]" in msgs
+
+    cli("launch", "launch", *i, str(pb), "--timeout", "300")
+    cli("servers", "servers", *i)
+    cli("verify-logs", "verify-logs", *i, str(pb))
+    cli("stop", "stop", *i, str(pb))
+    cli("history", "history")  # (the ledger keeps the hosts' messages)
+    op = cli.json("history --json", "history")["operations"][0]["id"]
+    cli("history ID", "history", op)
+
+    everything = cli.everything()
+    for e in ESCAPED[:4]:
+        assert e in everything, e
+    assert "[/dev/nvme0n1]" in cli.seen["facts"] and "[bold red]x" in cli.seen["facts"]
+
+
+@pytest.mark.usefixtures("ledger_dir")
+def test_every_command_shows_hostile_host_text_escaped(fake_sandbox, tmp_path: Path,  # type: ignore[no-untyped-def]
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    sb = fake_sandbox(hosts=1, versions=("0.5.9",), gpus=1)
+    inv = _hostile_host(sb, tmp_path)
+    pb = _hostile_playbook(tmp_path)
+    i = ["-i", str(inv)]
+    cli = Cli(capsys)
+
+    cli("facts --debug", "facts", *i, "--debug")
+    cli("facts", "facts", *i)
+    cli.json("facts --json", "facts", *i)
+    cli("explain", "explain", *i, str(pb))
+    cli("deploy --check", "deploy", *i, str(pb), "--check")
+    code, text = cli("deploy --check --diff", "deploy", *i, str(pb), "--check", "--diff", "--limit", "h01")
     assert "# \\x1b[31mred" in text and "# [link=file:///etc]x[/link]" in text  # the drifted bytes, escaped
     from test_faults import EW2
 
     from fleetctl.engines import wheels
 
-    (sb.hosts["h03"].sglang_dir / EW2).write_bytes(wheels.pristine_bytes("0.5.9", EW2))  # no longer drifted
+    (sb.hosts["h01"].sglang_dir / EW2).write_bytes(wheels.pristine_bytes("0.5.9", EW2))  # no longer drifted
     code, text = cli("deploy", "deploy", *i, str(pb), "--allow-uncovered")
-    # h03's agent refuses: its lock (with the corpus and a lone surrogate) is held; the ledger keeps it
+    # h01's agent refuses: its lock (with the corpus and a lone surrogate) is held; the ledger keeps it
     assert code == 1 and "locked: [bold red]x d-\\x1b[31mred" in text and "surrogate\\udcff" in text
     cli("rollback --check", "rollback", *i, "--check")
     cli("rollback", "rollback", *i)
@@ -309,36 +397,26 @@ def test_every_command_shows_hostile_host_text_escaped(fresh_sandbox, tmp_path: 
     assert "surrogate\\udcff" in text and "characters)" in text  # a lone surrogate; the long value cut
 
     # the JSON documents keep the raw strings (json.dumps escapes them itself)
-    code, out, err = run(capsys, "status", *i, "--json")
-    _check(code, out, err, "status --json")
-    problems = " ".join(p for h in json.loads(out)["hosts"] for p in h["problems"])
-    assert "d-" + CORPUS[3] in problems and STDERR_LINE in problems
-    code, out, err = run(capsys, "facts", *i, "--json")
-    _check(code, out, err, "facts --json")
-    msgs = " ".join(h["message"] or "" for h in json.loads(out)["hosts"])
-    assert STDERR_LINE in msgs and "[/x]" in msgs
+    problems = " ".join(p for h in cli.json("status --json", "status", *i)["hosts"] for p in h["problems"])
+    assert "d-" + CORPUS[3] in problems
 
-    (sb.hosts["h03"].state_dir / "lock").unlink()
+    (sb.hosts["h01"].state_dir / "lock").unlink()
     cli("launch", "launch", *i, str(pb), "--timeout", "300")
     cli("servers", "servers", *i)
     cli("verify-logs", "verify-logs", *i, str(pb))
     cli("stop", "stop", *i, str(pb))
     cli("history", "history")
-    code, out, _ = run(capsys, "history", "--json")
-    op = json.loads(out)["operations"][0]["id"]
+    op = cli.json("history --json", "history")["operations"][0]["id"]
     cli("history ID", "history", op)
     code, text = cli("patch check", "patch", "check", str(pb))
     # exit 1: the corpus markers are in no line the patch adds (patch check says so, escaped)
     assert code == 1 and "hostile [/x] \\x1b[31mred" in text
     assert "verify marker '[bold red]x' appears in no line the patch adds" in text, text
 
-    if os.environ.get("MARKUP_DUMP"):
-        Path(os.environ["MARKUP_DUMP"]).write_text(json.dumps(seen, indent=1))
-    everything = "".join(seen.values())
+    everything = cli.everything()
     for e in ESCAPED[:4]:
         assert e in everything, e
-    assert "[/dev/nvme0n1]" in seen["facts"] and "[bold red]x" in seen["facts"]
-    assert "\\x1b[31mred" in seen["launch"] and "\\x1b[31mred" in seen["verify-logs"]
+    assert "\\x1b[31mred" in cli.seen["launch"] and "\\x1b[31mred" in cli.seen["verify-logs"]
 
 
 def test_sources_print_only_through_the_safe_console() -> None:
