@@ -1,7 +1,12 @@
 """The payload on a sandbox fleet that mixes releases of every kind the playbook covers: 0.5.7 and 0.5.9
 (EAGLEWorker, the default), 0.5.12 (EAGLEWorker, reached with SGLANG_ENABLE_SPEC_V2=0; the default
 EAGLEWorkerV2 is refused), 0.5.14 and 0.5.23 (EAGLEWorkerV2, steps=0 state). explain -> deploy ->
-launch -> verify-logs -> rollback, each host held to its own release's worker and startup dump."""
+launch -> verify-logs -> rollback, each host held to its own release's worker and startup dump.
+
+The mixed-release loop runs on in-process hosts (`fake_sandbox`, tests/fakehost.py: the servers are
+real processes of each host's python, their logs real files): what it checks is the playbook per
+release, not the transport. The suite's end-to-end smoke of the same loop over real sshd is here too
+(test_sshd_smoke_deploy_launch_verify_rollback: one host of the session sandbox, the `fleet` marker)."""
 
 from __future__ import annotations
 
@@ -26,8 +31,7 @@ VERSIONS = ("0.5.7", "0.5.9", "0.5.12", "0.5.14", "0.5.23")
 # the worker each host runs with the playbook's launch (0.5.12 with SGLANG_ENABLE_SPEC_V2=0)
 WORKER = {"h01": "EAGLEWorker", "h02": "EAGLEWorker", "h03": "EAGLEWorker", "h04": "EAGLEWorkerV2",
           "h05": "EAGLEWorkerV2"}
-pytestmark = [pytest.mark.fleet, pytest.mark.usefixtures("ledger_dir")]
-
+pytestmark = pytest.mark.usefixtures("ledger_dir")
 
 
 
@@ -41,11 +45,37 @@ def payload_files_pristine(sb: Sandbox) -> dict[str, bool]:
             for name, h in sb.hosts.items()}
 
 
-def test_mixed_release_fleet_deploy_launch_verify_rollback(fresh_sandbox: Callable[..., Sandbox], tmp_path: Path,
+def test_sshd_smoke_deploy_launch_verify_rollback(sandbox: Sandbox, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """deploy -> launch -> verify-logs -> stop -> rollback over real ssh (the agent through sshd and
+    the host's login shell, launch's health GET through an SSH direct-tcpip channel) on h01 (0.5.9)
+    of the session sandbox, left as found."""
+    from test_launch import make_inventory, reset_host_files, stop_all_local
+
+    inv = make_inventory(sandbox, tmp_path / "smoke.yaml", hosts=["h01"])
+    try:
+        dep = ok(capsys, "deploy", "-i", inv, PAYLOAD)
+        assert dep["hosts"][0]["status"] == "changed", dep
+        assert not payload_files_pristine(sandbox)["h01"]
+        doc = ok(capsys, "launch", "-i", inv, PAYLOAD, "--timeout", "300")
+        (it,) = doc["hosts"][0]["instances"]
+        assert it["status"] == "ready" and it["health"] == 200, it
+        doc = ok(capsys, "verify-logs", "-i", inv, PAYLOAD)
+        (iv,) = doc["hosts"][0]["instances"]
+        assert iv["ok"] and iv["ranks"] and all(r["markers"][MARKER] for r in iv["ranks"]), iv["problems"]
+        ok(capsys, "stop", "-i", inv)
+        ok(capsys, "rollback", "-i", inv)
+        assert payload_files_pristine(sandbox)["h01"]
+    finally:
+        stop_all_local(sandbox)
+        reset_host_files(sandbox)
+
+
+def test_mixed_release_fleet_deploy_launch_verify_rollback(fake_sandbox: Callable[..., Sandbox], tmp_path: Path,
                                                            capsys: pytest.CaptureFixture[str]) -> None:
     from test_launch import make_inventory, stop_all_local
 
-    sb = fresh_sandbox(hosts=len(VERSIONS), versions=VERSIONS, gpus=2)
+    sb = fake_sandbox(hosts=len(VERSIONS), versions=VERSIONS, gpus=2)
     assert {n: h.version for n, h in sb.hosts.items()} == dict(zip(sorted(sb.hosts), VERSIONS, strict=True))
     try:
         # 0.5.12's default worker is EAGLEWorkerV2, which the payload refuses there: explain says so,
