@@ -1,5 +1,6 @@
 """deploy --restart: batches, canary, failure budget; a failing batch is rolled back and later
-batches are left untouched (sandbox fleet + the labelled server simulator)."""
+batches are left untouched (in-process hosts, tests/fakehost.py, + the labelled server simulator, whose
+servers are real processes: the rollout's decisions are ops logic, not transport)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ from fleetctl.errors import InputError
 from fleetctl.ops.rolling import batches, parse_count, parse_percent
 from fleetctl.sandbox.lifecycle import Sandbox
 
-# (the tests that start sshd use the sandbox fixtures, which give them the `fleet` marker: tests/conftest.py)
 PAYLOAD = str(Path(__file__).parent.parent / "playbooks" / "dynamic-spec-disable")
 EW = "srt/speculative/eagle_worker.py"
 
@@ -33,11 +33,11 @@ def test_batch_arithmetic() -> None:
             parse_count(bad, 10, "--serial")
 
 
-def test_one_failing_host_in_the_second_batch(fresh_sandbox: Callable[..., Sandbox], tmp_path: Path,
+def test_one_failing_host_in_the_second_batch(fake_sandbox: Callable[..., Sandbox], tmp_path: Path,
                                               capsys: pytest.CaptureFixture[str],
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FLEETCTL_STATE_DIR", str(tmp_path / "ledger"))
-    sb = fresh_sandbox(hosts=5, versions=("0.5.9",), gpus=1)
+    sb = fake_sandbox(hosts=5, versions=("0.5.9",), gpus=1)
     # h03's server dies during start-up (the simulator's documented crash knob)
     inv = sb.inventory_path.parent / "inventory-crash.yaml"
     text = sb.inventory_path.read_text()
