@@ -29,13 +29,12 @@ from fleetctl.ops.launch import server_status_facts
 from fleetctl.ops.runner import Fleet
 from fleetctl.remote import core as rcore
 from fleetctl.remote import servers as srv
-from fleetctl.sandbox.lifecycle import Sandbox
 
 ROOT = Path(__file__).resolve().parents[1]
 FULL = ROOT / "playbooks" / "dynamic-spec-disable"
 # launch / stop / status decide on in-process hosts (`sb`, tests/fakehost.py: the servers are real
 # processes of the host's python); the launch smoke, the servers started by hand over ssh and the
-# Ctrl-C of a fleetctl process keep the session's sshd sandbox (`ssb`, `sandbox`: the fleet marker comes with it)
+# Ctrl-C of a fleetctl process keep the session's sshd sandbox (`ssb`: the fleet marker comes with it)
 
 
 # ----------------------------------------------------------------------------- helpers (also in test_verify_logs)
@@ -368,10 +367,10 @@ def test_agent_servers_part_parses_as_python_38() -> None:
     ast.parse(Path(srv.__file__).read_text(), feature_version=(3, 8))
 
 
-def test_launch_refuses_a_flag_the_installed_sglang_does_not_register(sandbox: Sandbox,
+def test_launch_refuses_a_flag_the_installed_sglang_does_not_register(sb: Any,
                                                                       capsys: pytest.CaptureFixture[str]) -> None:
     """The payload's own flag on a pristine host: refused before anything starts, with the fix."""
-    code, doc = cli(capsys, "launch", "-i", str(sandbox.inventory_path), str(FULL), "--limit", "h01",
+    code, doc = cli(capsys, "launch", "-i", str(sb.inventory_path), str(FULL), "--limit", "h01",
                     "--timeout", "300")
     assert code == 1
     (h,) = doc["hosts"]
