@@ -4,7 +4,10 @@ supervisord (the PyPI package `supervisor`, a test dependency) is started by the
 sandbox host's dir, listening on a unix socket there (no network), including program sections from
 a conf.d of its own. fleetctl writes the program section, starts and stops it through
 supervisorctl; launch's readiness wait, verify-logs' provenance checks, status, servers, stop and
-a rolling restart read the same launch record as for fleetctl's own launches."""
+a rolling restart read the same launch record as for fleetctl's own launches.
+
+The hosts are in-process (`fake_sandbox`, tests/fakehost.py): supervisord, supervisorctl, the launcher
+and the servers are real processes; what is checked is the manager's part of launch/stop, not SSH."""
 
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ import yaml
 
 from tests.jsoncli import cli
 
-pytestmark = [pytest.mark.usefixtures("ledger_dir"), pytest.mark.fleet]
+pytestmark = pytest.mark.usefixtures("ledger_dir")
 
 REPO = Path(__file__).resolve().parent.parent
 PAYLOAD = REPO / "playbooks" / "dynamic-spec-disable"
@@ -86,10 +89,10 @@ class Supervisord:
 
 
 @pytest.fixture
-def supervised(fresh_sandbox: Any, request: pytest.FixtureRequest) -> tuple[Any, Supervisord, Path]:
+def supervised(fake_sandbox: Any, request: pytest.FixtureRequest) -> tuple[Any, Supervisord, Path]:
     if shutil.which("supervisord", path=str(BIN)) is None:
         pytest.skip("supervisor is not installed (pip install supervisor: a test dependency)")
-    sb = fresh_sandbox(hosts=2, versions=("0.5.9",), gpus=1)
+    sb = fake_sandbox(hosts=2, versions=("0.5.9",), gpus=1)
     sv = Supervisord(sb.dir / "hosts" / "h01" / "supervisor")
     request.addfinalizer(sv.stop)
     sv.start()
