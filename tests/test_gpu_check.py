@@ -153,7 +153,9 @@ def _gone(doc: dict[str, Any]) -> None:
 
 @pytest.fixture(scope="module")
 def fake_gpu_sb(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """gpu_sb's host reached in-process (tests/fakehost.py): for what the check decides and cleans up."""
+    """One sandbox host (0.5.14, 1 GPU) reached in-process (tests/fakehost.py), module-wide: for what the
+    check decides, runs and cleans up (its servers, preflight and loads are real processes on the host;
+    the agent session is the same as every command's, whose sshd path the fleet tests cover)."""
     import fakehost
     from conftest import _new_dir
 
@@ -169,22 +171,6 @@ def fake_sb(fake_gpu_sb: Any) -> Any:
         yield fake_gpu_sb
 
 
-@pytest.fixture(scope="module")
-def gpu_sb(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """One sandbox host (0.5.14) on a real sshd, module-wide; the gpu-check smoke deploys the playbook on it."""
-    from conftest import _down, _new_dir, require_sshd
-
-    from fleetctl.sandbox import lifecycle
-
-    require_sshd()
-    d = _new_dir(tmp_path_factory, "gpucheck")
-    try:
-        sb = lifecycle.up(d, hosts=1, versions=["0.5.14"], gpus=1)
-        yield sb
-    finally:
-        _down(d)
-
-
 def test_refused_without_torch_and_before_deploy(fake_sb: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, doc = cli(capsys, "gpu-check", FULL, "-i", _inventory(fake_sb, tmp_path, torch=False))
     assert code == 1 and doc["hosts"][0]["state"] == "refused"
@@ -194,10 +180,9 @@ def test_refused_without_torch_and_before_deploy(fake_sb: Any, tmp_path: Path, c
     assert code == 1 and "the playbook is not deployed there; run 'fleetctl deploy" in doc["hosts"][0]["message"]
 
 
-@pytest.mark.fleet
-def test_check_then_run_passes_and_removes_everything(gpu_sb: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+def test_check_then_run_passes_and_removes_everything(fake_sb: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    inv = _inventory(gpu_sb, tmp_path)
+    inv = _inventory(fake_sb, tmp_path)
     code, doc = cli(capsys, "deploy", FULL, "-i", inv)
     assert code == 0, doc
     before = set(os.listdir("/tmp"))
