@@ -17,6 +17,10 @@ What stands in for the process boundary, per agent session (so hosts in threads 
     in its own process (agent.py same_start), which would see this process's imports;
   * `sys.executable` and `sys.path` are the host python's (asked once per python and environment);
     the host's python must be this interpreter or a venv of it (the agent runs on this one);
+  * `os.uname()`'s nodename is the host's given hostname (FakeHosts.hostname), if any: another
+    machine to the agent, as a host whose sshd runs in its own UTS namespace is;
+  * a test may rewrite each framed answer on its way to stdout (FakeHosts.rewrite): what a hostile
+    `python:` wrapper around the real agent does on a real host (tests/data/hostile_agent.py);
   * `os._exit` and a SIGSTOP of its own pid (test fault points) freeze the session's thread as a
     dead process would be, never this process; the agent's pid is this process's, so tests that
     kill or stop agent processes, hold locks across processes or read pids stay on sshd.
@@ -44,7 +48,7 @@ import sys
 import threading
 import time
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, ClassVar
 
@@ -88,10 +92,13 @@ class AgentProcess:
     _code_memo: ClassVar[dict[str, Any]] = {}
     _memo_lock = threading.Lock()
 
-    def __init__(self, host: str, env: dict[str, str], args: list[str]) -> None:
+    def __init__(self, host: str, env: dict[str, str], args: list[str], nodename: str | None = None,
+                 rewrite: Callable[[bytes], bytes] | None = None) -> None:
         self.host = host
         self.env = env  # the process's os.environ
         self.args = args  # the bootstrap's argv after -c: CACHE PYTHON KEY MAGIC CODEKEY
+        self.nodename = nodename  # its uname nodename, where the host is given another (FakeHosts.hostname)
+        self.rewrite = rewrite  # what stands between the agent and its stdout (FakeHosts.rewrite)
         self._in = bytearray()
         self._out = bytearray()
         self._cv = threading.Condition()
@@ -247,6 +254,8 @@ class AgentProcess:
                 self._end(0)
                 return
             answer = handle(self._read(int(head)))
+            if self.rewrite is not None:
+                answer = self.rewrite(answer)
             if self._killed():
                 raise _Frozen
             with self._cv:
@@ -410,6 +419,11 @@ class _OsView(types.ModuleType):
     def getpid(self) -> int:
         return self._proc.pid
 
+    def uname(self) -> os.uname_result:
+        u = os.uname()
+        name = self._proc.nodename
+        return u if name is None else os.uname_result((u.sysname, name, u.release, u.version, u.machine))
+
     def _exit(self, rc: int) -> None:
         self._proc._die(rc)
 
@@ -459,6 +473,12 @@ class FakeHosts:
         self.down: set[str] = set()
         self.started: dict[str, list[list[str]]] = {}  # per host, every argv started (agent or command)
         self.agents: dict[str, list[AgentProcess]] = {}  # per host, every agent session started
+        # per host, the hostname its agent sees (uname's nodename): another machine to the agent, as
+        # a real host whose sshd runs in its own UTS namespace is (the boot id stays this machine's)
+        self.hostname: dict[str, str] = {}
+        # per host, a rewrite of every answer its agent frames on stdout (a hostile wrapper's, as a
+        # `python:` wrapper around the real agent would do on a real host)
+        self.rewrite: dict[str, Callable[[bytes], bytes]] = {}
 
     def env_for(self, host: Host) -> dict[str, str]:
         env = self.login_env.get(host.name)
@@ -497,7 +517,8 @@ class FakeHostTransport(AgentTransport):
         extra, cmd = strip_env(argv)
         env = {**self.hosts.env_for(self.host), **extra}
         if len(cmd) >= 3 and cmd[1] == "-c" and cmd[2] == BOOTSTRAP:
-            pipe: Any = AgentProcess(self.host.name, env, [*cmd[3:], "", "", "", "", ""][:5])
+            pipe: Any = AgentProcess(self.host.name, env, [*cmd[3:], "", "", "", "", ""][:5],
+                                     self.hosts.hostname.get(self.host.name), self.hosts.rewrite.get(self.host.name))
             self.hosts.agents.setdefault(self.host.name, []).append(pipe)
         else:
             exe = shutil.which(cmd[0], path=env.get("PATH", os.defpath)) or cmd[0]

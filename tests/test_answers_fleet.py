@@ -1,13 +1,16 @@
 """A host whose agent answers are hostile (null, a list, missing keys, wrong types) fails alone, with
 one bounded "host answered an invalid ..." line; the other hosts succeed; no "internal error".
 
-The hostile host is a real sandbox host whose inventory `python:` is a wrapper running the real
-agent through tests/data/hostile_agent.py, which rewrites every answer it sends."""
+The hosts are in-process (tests/fakehost.py: the real agent, its real files and servers); the hostile
+host's agent has every answer it frames rewritten by tests/data/hostile_agent.py's `mutate` (what a
+`python:` wrapper around the real agent does on a real host: how the answer reaches the controller is
+transport, not the subject here)."""
 
 from __future__ import annotations
 
 import json
 import re
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,57 +21,73 @@ from ports import free_port
 from test_faults import EW2, SA, VERSION, make_playbook, run, write_inventory
 
 from fleetctl.remote import servers as srv
-from fleetctl.sandbox import lifecycle as sbx
 
-pytestmark = [pytest.mark.fleet, pytest.mark.usefixtures("ledger_dir"),
-              pytest.mark.skipif(not Path("/usr/sbin/sshd").exists(), reason="OpenSSH sshd is not installed")]
+pytestmark = [pytest.mark.usefixtures("ledger_dir")]
 
 HOSTILE = "h03"
 GOOD = ("h01", "h02")
 MODES = ("null", "list", "missing", "type")
-SCRIPT = Path(__file__).parent / "data" / "hostile_agent.py"
 # (a --json host entry does not repeat its host name: docs/json.md)
 LINE = re.compile(r"^host answered an invalid '(facts|server_grep)' answer: \S.*: \S")
 
 
-@pytest.fixture(scope="module")
-def afleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """3 hosts (0.5.9); servers launched on h01 and h02; one inventory per hostile mode."""
-    d = tmp_path_factory.mktemp("answers")
-    sb = None
+def _mutate() -> Any:
+    sys.path.insert(0, str(Path(__file__).parent / "data"))
     try:
-        sb = sbx.up(d / "sb", hosts=3, versions=[VERSION], gpus=1)
-        pb = make_playbook(d / "pb", files=(EW2, SA))
-        with pb.open("a") as fh:  # a marker the simulator logs on every rank, patched or not
-            fh.write("verify:\n  markers: ['Load weight end.']\n")  # (make_playbook writes launch:)
-        base = write_inventory(sb, d / "inventory.yaml", command_timeout=60)
-        doc = yaml.safe_load(base.read_text())
-        for name in doc["hosts"]:
-            doc["hosts"][name]["flags"] = {"--port": free_port()}
-        base.write_text(yaml.safe_dump(doc, sort_keys=False))
-        invs = {}
-        for mode in MODES:
-            wrapper = d / f"python-{mode}"
-            wrapper.write_text(f"#!/bin/sh\nHOSTILE_MODE={mode} exec {sb.hosts[HOSTILE].python} {SCRIPT} \"$@\"\n")
-            wrapper.chmod(0o755)
-            doc["hosts"][HOSTILE]["python"] = str(wrapper)
-            invs[mode] = d / f"inventory-{mode}.yaml"
-            invs[mode].write_text(yaml.safe_dump(doc, sort_keys=False))
-        from fleetctl.cli import main
-
-        # deployed first: verify-logs never passes without the playbook's deploy on disk
-        assert main(["deploy", "-i", str(base), "--limit", ",".join(GOOD), str(pb), "--json"]) == 0
-        assert main(["launch", "-i", str(base), "--limit", ",".join(GOOD), str(pb), "--timeout", "300",
-                     "--json"]) == 0
-        yield {"sb": sb, "pb": pb, "invs": invs}
+        from hostile_agent import mutate
     finally:
-        if sb is not None:
+        sys.path.pop(0)
+    return mutate
+
+
+@pytest.fixture(scope="module")
+def fake_afleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """3 in-process hosts (0.5.9); servers launched on h01 and h02; one inventory."""
+    import fakehost
+
+    d = tmp_path_factory.mktemp("answers")
+    with fakehost.sandbox(d / "sb", hosts=3, versions=[VERSION], gpus=1) as sb:
+        try:
+            pb = make_playbook(d / "pb", files=(EW2, SA))
+            with pb.open("a") as fh:  # a marker the simulator logs on every rank, patched or not
+                fh.write("verify:\n  markers: ['Load weight end.']\n")  # (make_playbook writes launch:)
+            inv = write_inventory(sb, d / "inventory.yaml", command_timeout=60)
+            doc = yaml.safe_load(inv.read_text())
+            for name in doc["hosts"]:
+                doc["hosts"][name]["flags"] = {"--port": free_port()}
+            inv.write_text(yaml.safe_dump(doc, sort_keys=False))
+            from fleetctl.cli import main
+
+            with fakehost.installed(sb.fake):
+                # deployed first: verify-logs never passes without the playbook's deploy on disk
+                assert main(["deploy", "-i", str(inv), "--limit", ",".join(GOOD), str(pb), "--json"]) == 0
+                assert main(["launch", "-i", str(inv), "--limit", ",".join(GOOD), str(pb), "--timeout", "300",
+                             "--json"]) == 0
+            yield {"sb": sb, "pb": pb, "inv": inv}
+        finally:
             for h in sb.hosts.values():
                 for name in srv.list_instances(str(h.state_dir)):
                     rec = srv.current_record(str(h.state_dir), name)
                     if rec and srv.record_alive(rec):
                         srv.stop_record(rec, 5.0)
-            sbx.down(d / "sb", missing_ok=True)
+
+
+@pytest.fixture
+def hostile(fake_afleet: dict[str, Any]) -> Iterator[Any]:
+    """Reach fake_afleet's hosts in-process; `hostile(mode)` rewrites h03's answers as `mode` says."""
+    import fakehost
+
+    mutate, fake = _mutate(), fake_afleet["sb"].fake
+
+    def set_mode(mode: str) -> dict[str, Any]:
+        fake.rewrite[HOSTILE] = lambda answer: json.dumps(mutate(json.loads(answer), mode)).encode()
+        return fake_afleet
+
+    try:
+        with fakehost.installed(fake):
+            yield set_mode
+    finally:
+        fake.rewrite.pop(HOSTILE, None)
 
 
 def _rows(command: str, doc: dict[str, Any]) -> dict[str, tuple[bool, str]]:
@@ -96,9 +115,10 @@ COMMANDS = {
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("command", list(COMMANDS))
-def test_hostile_answers_fail_that_host_only(afleet: dict[str, Any], command: str, mode: str,
+def test_hostile_answers_fail_that_host_only(hostile: Any, command: str, mode: str,
                                              capsys: pytest.CaptureFixture[str]) -> None:
-    args = COMMANDS[command](str(afleet["invs"][mode]), str(afleet["pb"]))
+    afleet = hostile(mode)
+    args = COMMANDS[command](str(afleet["inv"]), str(afleet["pb"]))
     code, out, err = run(capsys, *args, "--json")
     assert "internal error" not in out + err and "Traceback" not in out + err, out + err
     assert code == 1, (code, out, err)
@@ -116,9 +136,10 @@ def test_hostile_answers_fail_that_host_only(afleet: dict[str, Any], command: st
 
 
 @pytest.mark.parametrize("command", list(COMMANDS))
-def test_hostile_answers_in_table_output(afleet: dict[str, Any], command: str,
+def test_hostile_answers_in_table_output(hostile: Any, command: str,
                                          capsys: pytest.CaptureFixture[str]) -> None:
-    args = COMMANDS[command](str(afleet["invs"]["missing"]), str(afleet["pb"]))
+    afleet = hostile("missing")
+    args = COMMANDS[command](str(afleet["inv"]), str(afleet["pb"]))
     code, out, err = run(capsys, *args)
     assert "internal error" not in out + err and "Traceback" not in out + err, out + err
     assert code == 1, (code, out, err)

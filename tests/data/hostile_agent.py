@@ -1,5 +1,5 @@
-"""A hostile host's python, for tests/test_answers_fleet.py: runs the REAL agent (the controller's
-bootstrap, as sent) but rewrites every answer it frames on stdout, as HOSTILE_MODE says:
+"""A hostile host's answers, for tests/test_answers_fleet.py: every answer the REAL agent frames on
+stdout rewritten as the mode says (in-process hosts apply it: tests/fakehost.py FakeHosts.rewrite):
 
     null     the whole answer is JSON null
     list     the result is a list
@@ -7,28 +7,22 @@ bootstrap, as sent) but rewrites every answer it frames on stdout, as HOSTILE_MO
              facts without `package`, a server_grep entry without `instance`)
     type     a number where a string goes (python.executable), a string where a bool goes
 
-Run as: python hostile_agent.py -c BOOTSTRAP CACHE_DIR (what the controller runs, with this file
-inserted). Test code only: it never runs outside a sandbox host.
+Test code only.
 """
 
-import json
-import os
-import sys
 
-MODE = os.environ.get("HOSTILE_MODE", "null")
-
-
-def mutate(doc):
-    if MODE == "null":
+def mutate(doc, mode):
+    """The answer `doc` as `mode` rewrites it."""
+    if mode == "null":
         return None
     res = doc.get("result")
-    if MODE == "list":
+    if mode == "list":
         doc["result"] = []
         return doc
     if not isinstance(res, dict):
         return doc
     if "os" in res:  # facts
-        if MODE == "type":
+        if mode == "type":
             res["python"]["executable"] = 42
         elif "servers" in res:
             res["servers"]["instances"].append({"running": True, "record": None})
@@ -37,41 +31,9 @@ def mutate(doc):
         else:
             del res["package"]
     elif isinstance(res.get("instances"), dict):  # server_grep
-        if MODE == "type":
+        if mode == "type":
             for st in res["instances"].values():
                 st["running"] = "yes"
         else:
             res["instances"]["port-1"] = {"running": True}
     return doc
-
-
-class Rewriter:
-    """Stands in for sys.stdout.buffer: each write is one framed answer (10-digit length + JSON)."""
-
-    def __init__(self, real):
-        self.real = real
-
-    def write(self, data):
-        if data.startswith(b"FLAGENT"):  # the bootstrap's hello, not an answer
-            return self.real.write(data)
-        n = int(data[:10])
-        doc = json.loads(data[10:10 + n])
-        body = json.dumps(mutate(doc)).encode()
-        self.real.write(b"%010d" % len(body) + body)
-        return len(data)
-
-    def flush(self):
-        self.real.flush()
-
-
-class Stdout:
-    def __init__(self, real):
-        self.buffer = Rewriter(real.buffer)
-
-
-if __name__ == "__main__":
-    assert sys.argv[1] == "-c", sys.argv
-    code = sys.argv[2]
-    sys.argv = ["-c", *sys.argv[3:]]
-    sys.stdout = Stdout(sys.stdout)
-    exec(compile(code, "<bootstrap>", "exec"), {"__name__": "__main__"})
