@@ -1,5 +1,6 @@
-"""facts and the transport on a real sandbox fleet: versions, hashes, GPUs, host keys, ProxyJump,
-unreachable hosts, --limit, --json."""
+"""facts and the transport: versions, hashes, GPUs, --limit, --json and a bad python on in-process
+hosts (tests/fakehost.py: what the agent reads and the command reports); host keys, ProxyJump,
+unreachable hosts, the agent's process and the SSH transport's timing on a real sandbox fleet (sshd)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import hashlib
 import json
 import re
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,25 @@ from fleetctl.cli import main
 from fleetctl.engines import wheels
 from fleetctl.sandbox.lifecycle import Sandbox
 
-pytestmark = pytest.mark.fleet
+# (the tests that start sshd use the sandbox fixtures, which give them the `fleet` marker: tests/conftest.py)
+
+
+@pytest.fixture(scope="module")
+def fake_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandbox]:
+    """The session `sandbox`'s fleet (h01 0.5.9, h02 0.5.14, h03 0.5.9; 2 idle GPUs each), in-process."""
+    import fakehost
+
+    with fakehost.sandbox(tmp_path_factory.mktemp("facts-fake") / "sb", hosts=3, versions=["0.5.9", "0.5.14"]) as sb:
+        yield sb
+
+
+@pytest.fixture
+def fsandbox(fake_fleet: Sandbox) -> Iterator[Sandbox]:
+    """fake_fleet, reached in-process for this test."""
+    import fakehost
+
+    with fakehost.installed(fake_fleet.fake):  # type: ignore[attr-defined]
+        yield fake_fleet
 
 
 def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
@@ -27,13 +46,13 @@ def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
     return code, c.out, c.err
 
 
-def test_facts_mixed_versions_json(sandbox: Sandbox, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run(capsys, "facts", "-i", str(sandbox.inventory_path), "--json")
+def test_facts_mixed_versions_json(fsandbox: Sandbox, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "facts", "-i", str(fsandbox.inventory_path), "--json")
     assert code == 0
     doc = json.loads(out)
     hosts = {h["host"]: h for h in doc["hosts"]}
-    assert set(hosts) == set(sandbox.hosts)
-    for name, sh in sandbox.hosts.items():
+    assert set(hosts) == set(fsandbox.hosts)
+    for name, sh in fsandbox.hosts.items():
         f = hosts[name]["facts"]
         assert hosts[name]["status"] == "ok"
         assert f["sglang"]["version"] == sh.version and f["sglang"]["install"] == "wheel"
@@ -51,29 +70,29 @@ def test_facts_mixed_versions_json(sandbox: Sandbox, capsys: pytest.CaptureFixtu
         assert len(gpus) == 2 and gpus[0]["name"] == "NVIDIA H200" and gpus[0]["memory_total_mib"] == 143771
 
 
-def test_facts_table_and_summary(sandbox: Sandbox, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = run(capsys, "facts", "-i", str(sandbox.inventory_path))
+def test_facts_table_and_summary(fsandbox: Sandbox, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "facts", "-i", str(fsandbox.inventory_path))
     assert code == 0
-    for name in sandbox.hosts:
+    for name in fsandbox.hosts:
         assert name in out
     assert "0.5.9" in out and "0.5.14" in out and "NVIDIA H200" in out
     assert re.search(r"facts: 3 hosts: 3 ok in \d+\.\d+s", err)
 
 
-def test_busy_gpu_shown(sandbox: Sandbox, capsys: pytest.CaptureFixture[str]) -> None:
-    sandbox.set_gpu_state("h02", "busy")
+def test_busy_gpu_shown(fsandbox: Sandbox, capsys: pytest.CaptureFixture[str]) -> None:
+    fsandbox.set_gpu_state("h02", "busy")
     try:
-        _code, out, _ = run(capsys, "facts", "-i", str(sandbox.inventory_path), "--limit", "h02", "--json")
+        _code, out, _ = run(capsys, "facts", "-i", str(fsandbox.inventory_path), "--limit", "h02", "--json")
     finally:
-        sandbox.set_gpu_state("h02", "idle")
+        fsandbox.set_gpu_state("h02", "idle")
     g = json.loads(out)["hosts"][0]["facts"]["gpus"]
     assert g[0]["processes"] and g[0]["processes"][0]["pid"] == 423
 
 
 @pytest.mark.parametrize(("limit", "expect"), [("h01", ["h01"]), ("h*[0:1]", ["h01", "h02"]),
                                                ("h*,!h02", ["h01", "h03"])])
-def test_limit(sandbox: Sandbox, capsys: pytest.CaptureFixture[str], limit: str, expect: list[str]) -> None:
-    code, out, _ = run(capsys, "facts", "-i", str(sandbox.inventory_path), "--limit", limit, "--json")
+def test_limit(fsandbox: Sandbox, capsys: pytest.CaptureFixture[str], limit: str, expect: list[str]) -> None:
+    code, out, _ = run(capsys, "facts", "-i", str(fsandbox.inventory_path), "--limit", limit, "--json")
     assert code == 0 and [h["host"] for h in json.loads(out)["hosts"]] == expect
 
 
@@ -134,19 +153,22 @@ def test_changed_host_key_always_refused(sandbox: Sandbox, tmp_path: Path,
         assert f"h01: host key of 127.0.0.1:{h01.port} CHANGED" in out
 
 
-def test_stopped_host_unreachable_others_fine(fresh_sandbox: Callable[..., Sandbox],
-                                              capsys: pytest.CaptureFixture[str]) -> None:
-    sb = fresh_sandbox(hosts=3, versions=("0.5.9", "0.5.14"))
-    sb.stop_host("h02")
-    code, out, _ = run(capsys, "facts", "-i", str(sb.inventory_path), "--json")
+def test_stopped_host_unreachable_others_fine(sandbox: Sandbox, capsys: pytest.CaptureFixture[str]) -> None:
+    """(the refused connection is the SSH transport's to name: a real sshd stopped; the session's
+    sandbox, h02 started again after)"""
+    sandbox.stop_host("h02")
+    try:
+        code, out, _ = run(capsys, "facts", "-i", str(sandbox.inventory_path), "--json")
+    finally:
+        sandbox.start_host("h02")
     assert code == 1
     st = {h["host"]: h for h in json.loads(out)["hosts"]}
     assert st["h02"]["status"] == "unreachable" and "connection refused" in st["h02"]["message"]
     assert st["h01"]["status"] == st["h03"]["status"] == "ok"
 
 
-def test_bad_python_reported_clearly(sandbox: Sandbox, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    inv = _inventory_variant(sandbox, tmp_path, r"python: .*/h01/bin/python", "python: /nonexistent/python3")
+def test_bad_python_reported_clearly(fsandbox: Sandbox, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    inv = _inventory_variant(fsandbox, tmp_path, r"python: .*/h01/bin/python", "python: /nonexistent/python3")
     code, out, _ = run(capsys, "facts", "-i", str(inv), "--limit", "h01")
     assert code == 1 and "python interpreter '/nonexistent/python3' cannot run" in out
 
