@@ -1,13 +1,14 @@
 """The host's deploy state is never reported as something it is not (issue 11 defects 5, 6, 7, 10;
-issue 14 item 7), on real sshd sandbox hosts:
+issue 14 item 7), on sandbox hosts (in-process, or real sshd where the subject needs it):
 
   * the state dir deleted (or `state_dir` changed): "deployed without a record", rollback refuses,
     `rollback --from-pristine` restores the release's verified pristine bytes;
   * the package dir a symlink flipped to another tree after a deploy: reported, rollback refuses
     (`--old-tree` restores the tree the deploy patched);
   * a state dir shared by two machines: another machine's lock is never taken over (`--break-lock`),
-    its manifests are never acted on; "another machine" is a sandbox host whose sshd runs in its own
-    UTS namespace (`unshare --uts`) with another hostname: what another machine looks like to the agent;
+    its manifests are never acted on; "another machine" is a host whose agent sees another hostname
+    (tests/fakehost.py FakeHosts.hostname; on sshd: an sshd in its own UTS namespace, `_as_other_machine`):
+    what another machine looks like to the agent;
   * a no-op deploy (and a no-op rollback) says "unchanged" only after checking under the host lock;
   * the package reinstalled or upgraded under a deploy: "no longer on disk", its backups never written.
 """
@@ -48,9 +49,10 @@ from fleetctl.sandbox import lifecycle as sbx
 from fleetctl.sandbox import sshd
 
 pytestmark = [pytest.mark.usefixtures("ledger_dir")]
-# real sshd hosts for the tests whose other controller is a process of its own (spawn_faulted), that
-# launch a server, or whose "other machine" is an sshd in its own UTS namespace; the others run on
-# in-process hosts (tests/fakehost.py)
+# real sshd hosts for the tests whose other controller is a process of its own (spawn_faulted: it
+# reaches the hosts over SSH, and the lock it holds is held across processes); the others run on
+# in-process hosts (tests/fakehost.py), "another machine" there a host whose agent sees another
+# hostname (FakeHosts.hostname), as an sshd in its own UTS namespace would give it
 needs_sshd = pytest.mark.skipif(not Path("/usr/sbin/sshd").exists(), reason="OpenSSH sshd is not installed")
 
 FILES = (EW2, SA)
@@ -367,11 +369,10 @@ def _as_other_machine(sb: sbx.Sandbox, name: str, hostname: str) -> int:
     return proc.pid
 
 
-@pytest.mark.fleet
-@needs_sshd
-def test_shared_state_dir_two_machines(fresh_sandbox, tmp_path: Path,  # type: ignore[no-untyped-def]
+def test_shared_state_dir_two_machines(fake_sandbox, tmp_path: Path,  # type: ignore[no-untyped-def]
                                        capsys: pytest.CaptureFixture[str]) -> None:
-    sb = fresh_sandbox(hosts=2, versions=(VERSION,), gpus=1)
+    sb = fake_sandbox(hosts=2, versions=(VERSION,), gpus=1)
+    sb.fake.hostname["h02"] = "other-machine"  # its agent's uname: another machine (this boot id)
     shared = tmp_path / "nfs-home" / ".fleetctl"
     inv = write_inventory(sb, tmp_path / "inv.yaml", command_timeout=60)
     doc = yaml.safe_load(inv.read_text())
@@ -379,7 +380,6 @@ def test_shared_state_dir_two_machines(fresh_sandbox, tmp_path: Path,  # type: i
         doc["hosts"][name]["state_dir"] = str(shared)
     inv.write_text(yaml.safe_dump(doc, sort_keys=False))
     pb = make_playbook(tmp_path / "pb", files=FILES, tag="shared")
-    _as_other_machine(sb, "h02", "other-machine")
     h1, h2 = sb.hosts["h01"], sb.hosts["h02"]
     i = ("-i", str(inv))
 
@@ -457,9 +457,7 @@ def test_lock_identity_another_machine_or_another_boot(tmp_path: Path) -> None:
     assert rlock.read_lock(str(sd))["stale"] is True
 
 
-@pytest.mark.fleet
-@needs_sshd
-def test_restart_would_lose_a_patch_no_longer_on_disk(clean: tuple, tmp_path: Path,
+def test_restart_would_lose_a_patch_no_longer_on_disk(fclean: tuple, tmp_path: Path,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
     """A server launched on a deploy whose files were reinstalled since: status says a restart would
     lose the patch (the server still runs it; the files on disk no longer hold it)."""
@@ -467,7 +465,7 @@ def test_restart_would_lose_a_patch_no_longer_on_disk(clean: tuple, tmp_path: Pa
 
     from fleetctl.config.playbook import load_playbook
 
-    sb, _inv, _pb = clean
+    sb, _inv, _pb = fclean
     h = sb.hosts["h01"]
     inv = str(make_inventory(sb, tmp_path / "inv.yaml", hosts=["h01"]))
     files = [f.path for f in load_playbook(FULL).files_for(VERSION) or []]
