@@ -7,8 +7,8 @@ issue 14 item 7), on sandbox hosts (in-process, or real sshd where the subject n
     (`--old-tree` restores the tree the deploy patched);
   * a state dir shared by two machines: another machine's lock is never taken over (`--break-lock`),
     its manifests are never acted on; "another machine" is a host whose agent sees another hostname
-    (tests/fakehost.py FakeHosts.hostname; on sshd: an sshd in its own UTS namespace, `_as_other_machine`):
-    what another machine looks like to the agent;
+    (tests/fakehost.py FakeHosts.hostname, as an sshd in its own UTS namespace gives it): what another
+    machine looks like to the agent;
   * a no-op deploy (and a no-op rollback) says "unchanged" only after checking under the host lock;
   * the package reinstalled or upgraded under a deploy: "no longer on disk", its backups never written.
 """
@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -39,14 +38,12 @@ from test_faults import (
     wait_file,
     write_inventory,
 )
-from waiting import until
 
 from fleetctl.engines import engine, wheels
 from fleetctl.remote import core as rcore
 from fleetctl.remote import lock as rlock
 from fleetctl.remote import transaction as rtx
 from fleetctl.sandbox import lifecycle as sbx
-from fleetctl.sandbox import sshd
 
 pytestmark = [pytest.mark.usefixtures("ledger_dir")]
 # real sshd hosts for the tests whose other controller is a process of its own (spawn_faulted: it
@@ -346,27 +343,6 @@ def test_agent_rechecks_the_plan_under_the_lock(tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------ 7: a state dir shared by two machines
-
-
-def _as_other_machine(sb: sbx.Sandbox, name: str, hostname: str) -> int:
-    """Restart `name`'s sshd in its own UTS namespace with another hostname (same port, config, keys)."""
-    h = sb.hosts[name]
-    pid = h.pid
-    assert pid is not None
-    os.kill(pid, signal.SIGTERM)
-    until(lambda: h.pid is None, f"{name}'s sshd to end")
-    spec = sbx._spec_for(sb.dir, h)
-    spec.pid_file.unlink(missing_ok=True)
-    with open(spec.log, "ab") as log:
-        proc = subprocess.Popen(["unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$1" -D -e -f "$2"',
-                                 hostname, sshd.sshd_binary(), str(spec.config)],
-                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True, close_fds=True, env=sbx._sshd_env(sb.dir))
-    until(lambda: proc.poll() is not None or (sshd.read_pid(spec.pid_file) == proc.pid and sshd.banner_ok(spec.port)),
-          "sshd in its own UTS namespace to listen or exit")
-    if proc.poll() is not None:
-        pytest.skip(f"cannot run sshd in its own UTS namespace here (unshare exit {proc.returncode})")
-    return proc.pid
 
 
 def test_shared_state_dir_two_machines(fake_sandbox, tmp_path: Path,  # type: ignore[no-untyped-def]

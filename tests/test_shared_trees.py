@@ -1,13 +1,13 @@
 """One machine, several inventory entries; one package tree, several hosts (issue 31 items 5 and 6),
-on real sshd sandbox hosts:
+on in-process sandbox hosts (tests/fakehost.py; B through a second sshd of its machine: real sshd):
 
   * two inventory entries (A/B servers on other GPUs and ports) for one sandbox host, its one state
     dir and its one package tree: one deploy transaction (B reports A's as what it is), each entry's
     servers its own (`status` lists each once, `stop --limit B` stops B only), one rollback;
   * one tree shared by two sandbox hosts (h01's package dir bind-mounted onto h02's, each host its own
-    state dir; h02's sshd in its own UTS namespace with another hostname: another machine to the
-    agent): deployed and rolled back once, recorded inside the tree where both read it, h02 alone
-    plans it as deployed (not `no-record`), verify-logs passes on both, h02 alone rolls it back;
+    state dir; h02 with another hostname: another machine to the agent): deployed and rolled back
+    once, recorded inside the tree where both read it, h02 alone plans it as deployed (not
+    `no-record`), verify-logs passes on both, h02 alone rolls it back;
   * the identity rule itself (fleetctl/plan/trees.py): equal inode numbers on two machines are two trees.
 """
 
@@ -103,12 +103,27 @@ def _second_sshd(sb: sbx.Sandbox, name: str, request: pytest.FixtureRequest) -> 
     return port
 
 
-@pytest.mark.parametrize("ssh", ["one sshd", "two sshds"])
-def test_two_entries_one_machine(fresh_sandbox, tmp_path: Path, ssh: str,  # type: ignore[no-untyped-def]
-                                 capsys: pytest.CaptureFixture[str], request: pytest.FixtureRequest) -> None:
+def _one_machine_env(sb: sbx.Sandbox) -> None:
+    """A and B reach in-process h01: the login environment h01's sshd gives every session."""
+    sb.fake.login_env["A"] = sb.fake.login_env["B"] = sb.fake.login_env["h01"]  # type: ignore[attr-defined]
+
+
+def test_two_entries_one_machine(fake_sandbox, tmp_path: Path,  # type: ignore[no-untyped-def]
+                                 capsys: pytest.CaptureFixture[str]) -> None:
+    sb = fake_sandbox(hosts=1, versions=(VERSION,), gpus=2)
+    _one_machine_env(sb)
+    _check_two_entries_one_machine(sb, _two_entries(sb, tmp_path / "inv.yaml"), capsys)
+
+
+def test_two_entries_one_machine_two_sshds(fresh_sandbox, tmp_path: Path,  # type: ignore[no-untyped-def]
+                                           capsys: pytest.CaptureFixture[str], request: pytest.FixtureRequest) -> None:
+    """The same, B reaching the machine through another sshd of it (another port: transport)."""
     sb = fresh_sandbox(hosts=1, versions=(VERSION,), gpus=2)
-    inv = _two_entries(sb, tmp_path / "inv.yaml",
-                       _second_sshd(sb, "h01", request) if ssh == "two sshds" else None)
+    _check_two_entries_one_machine(sb, _two_entries(sb, tmp_path / "inv.yaml", _second_sshd(sb, "h01", request)),
+                                   capsys)
+
+
+def _check_two_entries_one_machine(sb: sbx.Sandbox, inv: Path, capsys: pytest.CaptureFixture[str]) -> None:
     i, pb = ("-i", str(inv)), str(PLAYBOOK)
     pkg = sb.hosts["h01"].sglang_dir
 
@@ -153,12 +168,13 @@ def test_two_entries_one_machine(fresh_sandbox, tmp_path: Path, ssh: str,  # typ
     assert code == 0 and all(not r["problems"] for r in st["hosts"]), st
 
 
-def test_two_entries_one_machine_two_trees(fresh_sandbox, tmp_path: Path,  # type: ignore[no-untyped-def]
+def test_two_entries_one_machine_two_trees(fake_sandbox, tmp_path: Path,  # type: ignore[no-untyped-def]
                                            capsys: pytest.CaptureFixture[str]) -> None:
     """A and B reach one machine and share its state dir, each with its own SGLang (B runs h02's
     python over h01's sshd): each entry's deploys are its own (was: B failed 'locked' or 'deploy ...
     already exists', and A's status called B's deploy a tree that moved)."""
-    sb = fresh_sandbox(hosts=2, versions=(VERSION,), gpus=2)
+    sb = fake_sandbox(hosts=2, versions=(VERSION,), gpus=2)
+    _one_machine_env(sb)
     inv = _two_entries(sb, tmp_path / "inv.yaml")
     doc = yaml.safe_load(inv.read_text())
     h2 = sb.hosts["h02"]
@@ -189,16 +205,14 @@ def _port(inv: Path, host: str) -> int:
 
 
 @pytest.fixture(params=["bind-mount", "symlink"])
-def shared_tree(fresh_sandbox, tmp_path: Path,  # type: ignore[no-untyped-def]
+def shared_tree(fake_sandbox, tmp_path: Path,  # type: ignore[no-untyped-def]
                 request: pytest.FixtureRequest) -> Iterator[tuple[sbx.Sandbox, Path, Path]]:
     """h02 reaches h01's package tree and keeps its own python and state dir: h01's package dir
     bind-mounted onto h02's (h02 keeps its own path: as an NFS client would), or h02's package dir a
-    symlink to h01's (a shared dir linked in); h02's sshd runs in its own UTS namespace (another
-    hostname). Yields the sandbox, its inventory and where the tree's records go. Unmounted at the
-    end, also on failure."""
-    from test_hoststate import _as_other_machine
-
-    sb = fresh_sandbox(hosts=2, versions=(VERSION,), gpus=1)
+    symlink to h01's (a shared dir linked in); h02 is another machine to its agent (another hostname:
+    tests/fakehost.py FakeHosts.hostname, what an sshd in its own UTS namespace gives). Yields the
+    sandbox, its inventory and where the tree's records go. Unmounted at the end, also on failure."""
+    sb = fake_sandbox(hosts=2, versions=(VERSION,), gpus=1)
     src, dst = sb.hosts["h01"].sglang_dir, sb.hosts["h02"].sglang_dir
     mounted = request.param == "bind-mount"
     if mounted:
@@ -211,7 +225,7 @@ def shared_tree(fresh_sandbox, tmp_path: Path,  # type: ignore[no-untyped-def]
         dst.symlink_to(src)
         records = src.parent / ".fleetctl-tree-sglang"  # beside it: the parent is reached too
     try:
-        _as_other_machine(sb, "h02", "other-machine")
+        sb.fake.hostname["h02"] = "other-machine"
         yield sb, write_inventory(sb, tmp_path / "inv.yaml", command_timeout=60), records
     finally:
         if mounted:
