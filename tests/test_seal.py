@@ -244,11 +244,27 @@ def test_rollback_is_seen(fhost: Host) -> None:
     assert not sealed and doc["hosts"][0]["status"] == "changed"
 
 
-def test_a_host_whose_launch_python_starts_apart_is_sealed_from_that_start(fresh_sandbox, capsys) -> None:
-    """This machine's rc files (pyenv) run on a default sandbox host: the launch's python is asked in
-    a process of its own, which says what it loaded at start; the seal covers that process's inputs."""
-    sb = fresh_sandbox(hosts=1, versions=("0.5.14",), gpus=1)
+def _start_the_fake_agent(capsys, sb) -> None:
+    """One command on in-process host h01 before its python starts are logged: tests/fakehost.py
+    asks the host's python its sys.path once (a real start, standing in for the agent's, which the
+    log would count); from then on the log counts only the starts the agent makes."""
+    ok(capsys, "facts", "-i", sb.inventory_path)
+
+
+def test_a_host_whose_launch_python_starts_apart_is_sealed_from_that_start(fake_sandbox, capsys,
+                                                                           tmp_path: Path) -> None:
+    """The launch's python asked in a process of its own (on an in-process host it always is: the
+    agent's argv has no interpreter word, tests/fakehost.py; on a real host, where the login shell's
+    rc files set what the agent's start did not), which says what it loaded at start; the seal
+    covers that process's inputs."""
+    sb = fake_sandbox(hosts=1, versions=("0.5.14",), gpus=1)
     h = sb.hosts["h01"]
+    log = tmp_path / "starts.log"
+    _start_the_fake_agent(capsys, sb)
+    _log_python_starts(h, log)
+    ok(capsys, "deploy", PLAYBOOK, "-i", sb.inventory_path)
+    assert log.read_text().split(), "the launch's python was not asked in a process of its own"
+    (next(h.host_dir.glob("lib/python*/site-packages")) / "sitecustomize.py").unlink()  # (seen: resealed)
     ok(capsys, "deploy", PLAYBOOK, "-i", sb.inventory_path)
     doc = ok(capsys, "deploy", PLAYBOOK, "-i", sb.inventory_path)
     assert SEALED in doc["hosts"][0]["message"], doc["hosts"][0]
@@ -265,23 +281,26 @@ def test_a_host_whose_launch_python_starts_apart_is_sealed_from_that_start(fresh
     assert SEALED not in doc["hosts"][0]["message"]
 
 
-def test_a_changing_deploy_lends_its_resealed_facts_to_the_restart_check(fresh_sandbox, capsys,
+def test_a_changing_deploy_lends_its_resealed_facts_to_the_restart_check(fake_sandbox, capsys,
                                                                         tmp_path: Path) -> None:
     """A deploy that changes a host reads its facts again at its end (under the host lock, for the
     seal); the restart reminder's facts, read right after in the same request (then_facts), take the
     package, torch and host facts from that reading instead of asking the launch's python once more.
-    Here the launch's python is asked in a process of its own (this machine's rc files), so each
-    asking is a python start on the host."""
-    sb = fresh_sandbox(hosts=1, versions=("0.5.14",), gpus=1)
+    Here the launch's python is asked in a process of its own (an in-process host: the agent's argv
+    has no interpreter word), so each asking is a python start on the host; the agent's own start
+    is its session (its sitecustomize does not run in this process: FakeHost._agents)."""
+    sb = fake_sandbox(hosts=1, versions=("0.5.14",), gpus=1)
     h = sb.hosts["h01"]
     log = tmp_path / "starts.log"
+    _start_the_fake_agent(capsys, sb)
     _log_python_starts(h, log)
+    agents = len(sb.fake.agents["h01"])
     doc = ok(capsys, "deploy", PLAYBOOK, "-i", sb.inventory_path)
     assert doc["hosts"][0]["status"] == "changed"
     reminder = doc["restart_needed"]  # the servers were read (none run here), not left unchecked
     assert reminder["servers"] == 0 and reminder["unchecked"] == [], reminder
     # the agent; the launch's python for the facts, for its pycache prefix, for the seal's re-read
-    assert len(log.read_text().split()) == 4, log.read_text()
+    assert len(sb.fake.agents["h01"]) - agents + len(log.read_text().split()) == 4, (sb.fake.agents, log.read_text())
 
 
 def test_only_a_reading_that_located_the_package_alike_is_lent() -> None:
