@@ -2,7 +2,8 @@
 
 On in-process hosts (tests/fakehost.py: the session sandbox's hosts without sshd, module-scoped; the
 servers are real processes of the host's python, their logs real files): what verify-logs proves
-is ops logic; verify-logs over real sshd is in test_launch's smoke and test_json_schema."""
+is ops logic; verify-logs over real sshd is in test_payload_fleet's sshd smoke
+(deploy -> launch -> verify-logs -> rollback)."""
 
 from __future__ import annotations
 
