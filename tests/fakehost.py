@@ -12,7 +12,8 @@ environment.
 
 What stands in for the process boundary, per agent session (so hosts in threads do not share it):
   * `os.environ` (and environb, getenv, path.expanduser) is the host's login environment (given),
-    the inventory's `env` prefix and the secret env sent over stdin;
+    the inventory's `env` prefix and the secret env sent over stdin; a child the agent starts
+    without `env=` (supervisorctl, git, journalctl) gets that environment too (its `subprocess`);
   * `sys.argv` is the bootstrap's, with no interpreter word: the agent never runs the launch probe
     in its own process (agent.py same_start), which would see this process's imports;
   * `sys.executable` and `sys.path` are the host python's (asked once per python and environment);
@@ -301,13 +302,15 @@ class AgentProcess:
     # -- the agent's view of its process ------------------------------------------------------------
 
     def _namespace(self, probe_code: Any, probe_source: str) -> dict[str, Any]:
-        fake_os, fake_sys = _OsView(self), _SysView(self)
+        fake_os, fake_sys, fake_sp = _OsView(self), _SysView(self), _SubprocessView(self)
 
         def imp(name: str, globals: Any = None, locals: Any = None, fromlist: Any = (), level: int = 0) -> Any:
             if level == 0 and name in ("os", "os.path") and not fromlist:
                 return fake_os
             if level == 0 and name == "sys":
                 return fake_sys
+            if level == 0 and name == "subprocess":
+                return fake_sp
             if level == 0 and name in ("os", "os.path") and fromlist:
                 return fake_os if name == "os" else fake_os.path
             return builtins.__import__(name, globals, locals, fromlist, level)
@@ -431,6 +434,38 @@ class _OsView(types.ModuleType):
         if pid == self._proc.pid and sig in (signal.SIGKILL, signal.SIGTERM, signal.SIGSTOP):
             self._proc._die(None if sig == signal.SIGSTOP else -sig)
         os.kill(pid, sig)
+
+
+class _SubprocessView(types.ModuleType):
+    """The `subprocess` an agent process sees: a child started without `env=` inherits the agent
+    process's environment (the host's login one), as on a host, not this test process's."""
+
+    def __init__(self, proc: AgentProcess) -> None:
+        super().__init__("subprocess")
+        self._proc = proc
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(subprocess, name)
+
+    def _kw(self, kw: dict[str, Any]) -> dict[str, Any]:
+        if kw.get("env") is None:
+            kw["env"] = dict(self._proc.env)
+        return kw
+
+    def Popen(self, *a: Any, **kw: Any) -> subprocess.Popen[Any]:
+        return subprocess.Popen(*a, **self._kw(kw))
+
+    def run(self, *a: Any, **kw: Any) -> subprocess.CompletedProcess[Any]:
+        return subprocess.run(*a, **self._kw(kw))
+
+    def call(self, *a: Any, **kw: Any) -> int:
+        return subprocess.call(*a, **self._kw(kw))
+
+    def check_call(self, *a: Any, **kw: Any) -> int:
+        return subprocess.check_call(*a, **self._kw(kw))
+
+    def check_output(self, *a: Any, **kw: Any) -> Any:
+        return subprocess.check_output(*a, **self._kw(kw))
 
 
 class _SysView(types.ModuleType):

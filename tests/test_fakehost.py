@@ -83,3 +83,28 @@ def test_a_test_without_the_fleet_marker_cannot_start_sshd(tmp_path: Path) -> No
 
     with pytest.raises(pytest.fail.Exception, match="without the `fleet` marker"):
         sshd.start("/usr/sbin/sshd", None, {})  # type: ignore[arg-type]
+
+
+def test_a_child_the_agent_starts_gets_the_hosts_environment(tmp_path: Path) -> None:
+    """A child the agent starts without `env=` (supervisorctl, git, journalctl) inherits the agent
+    process's environment on a host, so in-process it gets the host's login environment, not this
+    test process's: the agent's `import subprocess` is the session's view."""
+    inv = inventory(tmp_path, {"t01": make_host(tmp_path)})
+    host = inv.select("t01")[0]
+    fake = FakeHosts()
+    conn = fake.transport(host, inv)
+    try:
+        conn.agent("ping")
+        proc = fake.agents["t01"][0]
+        proc.env["FLEETCTL_TEST_HOST_ONLY"] = "from-the-host"
+        assert "FLEETCTL_TEST_HOST_ONLY" not in os.environ
+        sp = proc._namespace(None, "")["__builtins__"]["__import__"]("subprocess")
+        argv = ["/bin/sh", "-c", 'printf %s "$FLEETCTL_TEST_HOST_ONLY"']
+        assert sp.run(argv, stdout=sp.PIPE).stdout == b"from-the-host"
+        assert sp.check_output(argv) == b"from-the-host"
+        p = sp.Popen(argv, stdout=sp.PIPE)
+        assert p.communicate()[0] == b"from-the-host"
+        # an explicit env= is the caller's, as on a host
+        assert sp.run(argv, stdout=sp.PIPE, env={"FLEETCTL_TEST_HOST_ONLY": "given"}).stdout == b"given"
+    finally:
+        conn.close()
