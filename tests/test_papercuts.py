@@ -412,3 +412,18 @@ def test_no_printed_line_ends_in_a_blank(fake_sandbox: Any, ledger_dir: Path, mo
     assert not bad, "\n".join(bad[:40])
     code, out, err = run(capsys, "deploy", "-i", inv, FULL, "--check", "--diff", "--limit", "h01")
     assert code == 0 and "\n \n" in out, err  # a blank context line of the diff, kept
+
+
+def test_a_refused_worker_is_said_once_in_the_plan(fake_sandbox: Any, ledger_dir: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """deploy of the origin mistake printed its refusal three times: on the plan's "worker that will
+    run" line, again as a "refused h01: ..." line under the plan, and in the result table. The plan
+    says it once; the result table (the outcome per host) keeps it."""
+    sb = fake_sandbox(hosts=1, versions=("0.5.9",))
+    pb = Path(__file__).resolve().parents[1] / "playbooks" / "origin-wrong-file"
+    code, out, err = run(capsys, "deploy", "-i", sb.inventory_path, pb)
+    plan = out.split("result")[0]
+    assert code == 1 and "worker that will run: NOT covered, refused: " in plan, out + err
+    reason = plan.split("NOT covered, refused: ", 1)[1].splitlines()[0]
+    assert "EAGLEWorker" in reason and " ".join(plan.split()).count(" ".join(reason.split())) == 1, plan
+    assert "refused" in out.split("result", 1)[1], out  # the result table still says so

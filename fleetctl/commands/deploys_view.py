@@ -88,9 +88,12 @@ def render_plan(plan: Plan) -> None:
                 indent=4)
     for hosts, _ in groups:
         hp = by_host[hosts[0]]
+        why = strip_host(hp.host, hp.reason)
+        c = hp.coverage
+        if c is not None and c.refused and why in (c.reason, c.refused):
+            continue  # said once already, on its "worker that will run" line
         if hp.status in ("refused", "unreachable", "failed") and hp.files:
-            say(out, styled(hp.status, "red"), " ", hosts_label(hosts), ": ", strip_host(hp.host, hp.reason),
-                indent=4)
+            say(out, styled(hp.status, "red"), " ", hosts_label(hosts), ": ", why, indent=4)
 
 def render_rollback_plan(plans: list[Any]) -> None:
     """As render_plan: one block per distinct rollback plan, a refusal on the file it is about."""
