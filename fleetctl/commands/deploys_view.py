@@ -90,7 +90,7 @@ def render_plan(plan: Plan) -> None:
         hp = by_host[hosts[0]]
         why = strip_host(hp.host, hp.reason)
         c = hp.coverage
-        if c is not None and c.refused and why in (c.reason, c.refused):
+        if c is not None and c.refused and why == c.reason:
             continue  # said once already, on its "worker that will run" line
         if hp.status in ("refused", "unreachable", "failed") and hp.files:
             say(out, styled(hp.status, "red"), " ", hosts_label(hosts), ": ", why, indent=4)
