@@ -552,7 +552,8 @@ class FakeHostTransport(AgentTransport):
         extra, cmd = strip_env(argv)
         env = {**self.hosts.env_for(self.host), **extra}
         if len(cmd) >= 3 and cmd[1] == "-c" and cmd[2] == BOOTSTRAP:
-            pipe: Any = AgentProcess(self.host.name, env, [*cmd[3:], "", "", "", "", ""][:5],
+            args = [*cmd[3:], *[""] * max(0, 5 - len(cmd[3:]))]  # all of them: the parts' keys follow the 5th
+            pipe: Any = AgentProcess(self.host.name, env, args,
                                      self.hosts.hostname.get(self.host.name), self.hosts.rewrite.get(self.host.name))
             self.hosts.agents.setdefault(self.host.name, []).append(pipe)
         else:
