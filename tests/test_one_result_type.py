@@ -4,7 +4,7 @@ An ast scan of fleetctl/ops/, plan/, commands/, ui/ and model/ fails on a `Liter
 host status word (a module's own status type), on a dict row built by hand with a status word
 (`{"status": "failed", ...}`) and on a dict shaped like a host's result (`{"host": ..., "status": ...}`,
 whatever the values): a per-host outcome, a plan's decision for a host included, is a `HostResult`
-there, its status typed `Status`, its own fields a typed detail (`result()` of a plan, explain's
+there, its status typed `Status`, its own fields a typed detail (a plan's own fields, a `Decided`; explain's
 `Explained`, history's `RecordedDetail`), and its --json row `HostResult.row()`. The allow-list names
 each exception and why; a stale entry fails too.
 """
@@ -123,3 +123,40 @@ def test_status_words_are_spelled_once() -> None:
     assert host_row({"host": "h", "status": "refused"})["ok"] is False
     r = HostResult("h", "unreachable", "no route", None, reference="host-unreachable").row()
     assert (r["ok"], r["state"], r["reference"]) == (False, "unreachable", "host-unreachable")
+
+
+def own_result_classes(source: str) -> list[str]:
+    """Classes that declare a host's result fields of their own (`host` and `status` or `message`)
+    instead of being a HostResult (a plan: `Decided`)."""
+    found = []
+    for n in ast.walk(ast.parse(source)):
+        if isinstance(n, ast.ClassDef):
+            names = {s.target.id for s in n.body if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)}
+            if "host" in names and names & {"status", "message", "reason"}:
+                found.append(n.name)
+    return found
+
+
+def test_plans_are_host_results() -> None:
+    """Deploy's, rollback's, launch's and gpu-check's plans are HostResults (host, status, message,
+    reference spelled once, in model/result.py); no class in ops/ or plan/ declares a host and a status
+    beside them. Planted: a plan with its own host and status fails."""
+    from fleetctl.model.result import Decided
+    from fleetctl.ops.gpu_check import CheckPlan
+    from fleetctl.ops.launch import LaunchPlan
+    from fleetctl.ops.rollback import RollbackPlan
+    from fleetctl.plan.deploy import HostPlan
+
+    for cls in (HostPlan, RollbackPlan, LaunchPlan, CheckPlan):
+        assert issubclass(cls, Decided) and issubclass(cls, HostResult), cls
+    # InstanceLaunch: one server instance's outcome (its InstanceStatus), inside a host's Launched
+    bad = [f"{p.relative_to(ROOT)}: {c}" for sub in ("ops", "plan") for p in sorted((ROOT / sub).rglob("*.py"))
+           for c in own_result_classes(p.read_text()) if c != "InstanceLaunch"]
+    assert not bad, bad
+    assert own_result_classes("class P:\n    host: str\n    status: str = 'noop'\n    files: list = []\n") == ["P"]
+    # a plan's row: host, ok, state, message first, its own fields after; not timed
+    hp = HostPlan("h01", "refused", "h01: drifted", version="0.5.9")
+    row = hp.row()
+    assert (row["host"], row["ok"], row["state"], row["message"], row["reason"], row["version"]) == (
+        "h01", False, "refused", "h01: drifted", "h01: drifted", "0.5.9")
+    assert "elapsed" not in row and LaunchPlan("h02").status == "start" and CheckPlan("h02").status == "run"

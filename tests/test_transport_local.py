@@ -91,7 +91,7 @@ def test_deploy_status_rollback_on_a_temporary_host(tmp_path: Path, pb: Playbook
         assert g.facts["t01"].package_version == VERSION
         plan = build_plan(fleet, pb, g)
         (hp,) = plan.hosts
-        assert hp.status == "change", hp.reason
+        assert hp.status == "change", hp.message
         res = apply_plan(fleet, plan, pb, new_op_id())
         assert res["t01"].status == "changed", res["t01"].message
         after = {f: digest(pkg / f) for f in files}

@@ -198,7 +198,7 @@ def rollback(*, inventory: Path | None, limit: str | None, forks: int, to: str |
             raise InputError(f"deploy {to} is not on any of the {len(plans)} selected host(s)",
                              hint="pick an id from 'fleetctl status' or 'fleetctl history', or widen --limit",
                              reference="deploy-id-unknown")
-        runlog.plan([p.result().to_json() for p in plans])
+        runlog.plan([p.to_json() for p in plans])
         if not json_out:
             render_rollback_plan(plans)
         bad = [p for p in plans if p.status in ("refused", "unreachable", "failed")]
@@ -206,7 +206,7 @@ def rollback(*, inventory: Path | None, limit: str | None, forks: int, to: str |
             runlog.result(plan_hosts(plans))
             if json_out:
                 emit_json("rollback", ok=not bad, hosts=plan_hosts(plans), check=True,
-                          plan=[p.result().to_json() for p in plans], message="rollback --check: nothing was changed")
+                          plan=[p.to_json() for p in plans], message="rollback --check: nothing was changed")
             else:
                 err.print(line(f"rollback --check: {plural(len(plans), 'host')}: "
                                + _counts([p.status for p in plans], {"change": "would be restored",
@@ -216,7 +216,7 @@ def rollback(*, inventory: Path | None, limit: str | None, forks: int, to: str |
                                + f"; nothing was changed ({ctx.elapsed():.2f}s)"))
             raise typer.Exit(EXIT_FAILED if bad else EXIT_OK)
         if any_errors_fatal and bad:
-            _fatal_refusal("rollback", plans, [p.result().to_json() for p in plans], bad, json_out)
+            _fatal_refusal("rollback", plans, [p.to_json() for p in plans], bad, json_out)
         op_id = new_op_id("r")
         record = Recorded(op_id, "rollback", inventory=ctx.inventory.path, playbook=None,
                           args={"limit": limit, "to": to, "force": force, "from_pristine": from_pristine,
@@ -247,7 +247,7 @@ def rollback(*, inventory: Path | None, limit: str | None, forks: int, to: str |
         if json_out:
             emit_json("rollback", op_id=op_id, ok=not failed, message=summary,
                       hosts=rows_json(rows),
-                      plan=[p.result().to_json() for p in plans],
+                      plan=[p.to_json() for p in plans],
                       restart_needed=reminder.to_json() if reminder else None)
         else:
             t = table("result", ["host", "status", "what"])
@@ -648,13 +648,13 @@ def _fatal_refusal(command: str, plans: Sequence[HostPlan | RollbackPlan], plan:
     """--any-errors-fatal: some host cannot take part, so no host is changed (exit 1). `plan`: the
     plan document (--json's `plan`), `bad`: the plans of the hosts that block."""
     msg = (f"{command}: --any-errors-fatal: {len(bad)} selected host(s) unreachable or refused at plan time "
-           f"({bad[0].host}: {bad[0].reason}); nothing was changed on any host")
+           f"({bad[0].host}: {bad[0].message}); nothing was changed on any host")
     blocking = {p.host for p in bad}
     runlog.result(plan_hosts(plans, blocking))
     if json_out:
         emit_json(command, ok=False, message=msg, hosts=plan_hosts(plans, blocking),
                   plan=plan, changed=False, any_errors_fatal=True,
-                  blocking=[{**p.result().head(), "reason": p.reason} for p in bad])
+                  blocking=[{**p.head(), "reason": p.message} for p in bad])
     else:
         err.print(line(msg))
     raise typer.Exit(EXIT_FAILED)

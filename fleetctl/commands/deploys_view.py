@@ -36,7 +36,7 @@ def _s(state: str, width: int = 0) -> Text:
 
 def _plan_key(hp: Any) -> tuple[Any, ...]:
     c = hp.coverage
-    return (hp.version, hp.status, strip_host(hp.host, hp.reason), tuple(hp.interrupted),
+    return (hp.version, hp.status, strip_host(hp.host, hp.message), tuple(hp.interrupted),
             tuple((fp.path, fp.state, fp.action, fp.note) for fp in hp.files),
             None if c is None else (c.covered, c.refused, c.reason, c.uncertain))
 
@@ -48,7 +48,7 @@ def render_plan(plan: Plan) -> None:
     say(out, styled("plan", "bold"), f": {len(plan.hosts)} host(s), {len(groups)} distinct plan(s)")
     for hosts, _ in groups:
         hp = by_host[hosts[0]]
-        why = strip_host(hp.host, hp.reason)
+        why = strip_host(hp.host, hp.message)
         if not hp.files and hp.status in ("refused", "unreachable", "failed"):  # "failed h03: why"
             say(out, _s(hp.status), " ", hosts_label(hosts), ": ", why, indent=4)
             continue
@@ -88,7 +88,7 @@ def render_plan(plan: Plan) -> None:
                 indent=4)
     for hosts, _ in groups:
         hp = by_host[hosts[0]]
-        why = strip_host(hp.host, hp.reason)
+        why = strip_host(hp.host, hp.message)
         c = hp.coverage
         if c is not None and c.refused and why == c.reason:
             continue  # said once already, on its "worker that will run" line
@@ -98,7 +98,7 @@ def render_plan(plan: Plan) -> None:
 def render_rollback_plan(plans: list[Any]) -> None:
     """As render_plan: one block per distinct rollback plan, a refusal on the file it is about."""
     def key(p: Any) -> tuple[Any, ...]:
-        return (p.status, strip_host(p.host, p.reason), tuple(p.deploy_ids),
+        return (p.status, strip_host(p.host, p.message), tuple(p.deploy_ids),
                 tuple((f["path"], f["state"], f["action"]) for f in p.files))
 
     groups = group((p.host, key(p)) for p in plans)
@@ -106,7 +106,7 @@ def render_rollback_plan(plans: list[Any]) -> None:
     say(out, styled("rollback plan", "bold"), f": {len(plans)} host(s), {len(groups)} distinct plan(s)")
     for hosts, _ in groups:
         p = by_host[hosts[0]]
-        why = strip_host(p.host, p.reason)
+        why = strip_host(p.host, p.message)
         undo = f": undo {', '.join(p.deploy_ids)}" if p.deploy_ids else ""
         on_file = next((f for f in p.files if f["state"] == "drifted"), None) if p.status == "refused" else None
         if not p.files and p.status in ("refused", "unreachable", "failed"):  # "failed h03: why"
@@ -237,5 +237,5 @@ def _counts(statuses: list[str], words: dict[str, str], always: tuple[str, ...] 
 def plan_hosts(plans: Sequence[HostPlan | RollbackPlan], blocking: set[str] | None = None) -> list[dict[str, Any]]:
     """--check and --any-errors-fatal: one envelope row per planned host, from its HostResult (its
     plan's fields kept); a blocking host's row is not ok."""
-    return [p.result().row(ok=p.status in OK_STATES and p.host not in (blocking or set())) for p in plans]
+    return [p.row(ok=p.status in OK_STATES and p.host not in (blocking or set())) for p in plans]
 

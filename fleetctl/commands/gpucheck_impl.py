@@ -41,11 +41,11 @@ def gpu_check(*, playbook: Path, inventory: Path | None, limit: str | None, fork
             bad = [p for p in plans if p.status != "run"]
             msg = (f"gpu-check --check: {plural(len(plans), 'host')}: {len(plans) - len(bad)} would run, {len(bad)} would "
                    f"not; nothing was made or started ({ctx.elapsed():.2f}s)")
-            runlog.plan([p.result().to_json() for p in plans])
-            runlog.result([p.result().row() for p in plans])
+            runlog.plan([p.to_json() for p in plans])
+            runlog.result([p.row() for p in plans])
             if json_out:
                 emit_json("gpu-check", ok=not bad, check=True, message=msg,
-                          hosts=[p.result().row() for p in plans],
+                          hosts=[p.row() for p in plans],
                           elapsed=round(ctx.elapsed(), 3))
             else:
                 render_plan(plans)

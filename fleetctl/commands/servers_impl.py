@@ -244,11 +244,11 @@ def _launch_check(ctx: RunContext, pb: Any, **kw: bool) -> None:
     bad = [p for p in plans if p.status != "start"]
     msg = (f"launch --check: {plural(len(plans), 'host')}: {len(plans) - len(bad)} would start, {len(bad)} would not; "
            f"nothing was started or stopped ({ctx.elapsed():.2f}s)")
-    runlog.plan([p.result().to_json() for p in plans])
-    runlog.result([p.result().row() for p in plans])
+    runlog.plan([p.to_json() for p in plans])
+    runlog.result([p.row() for p in plans])
     if ctx.json:
         emit_json("launch", ok=not bad, check=True, message=msg,
-                  hosts=[p.result().row() for p in plans],
+                  hosts=[p.row() for p in plans],
                   elapsed=round(ctx.elapsed(), 3))
     else:
         render_launch_plan(plans)

@@ -90,6 +90,19 @@ class HostResult(Generic[T]):
                         message=message)
 
 
+@dataclass
+class Decided(HostResult[None]):
+    """A plan's decision for one host (deploy's `HostPlan`, rollback's, launch's and gpu-check's plans
+    subclass it), itself that host's `HostResult`: host, status, message and reference are the
+    result's, each plan adds only its own fields and says which of them its row shows (`fields()`).
+    Not timed."""
+
+    elapsed: float | None = None
+
+    def fields(self) -> dict[str, Any]:
+        return {}
+
+
 def host_row(row: Mapping[str, Any], *, ok: bool | None = None, state: str | None = None, message: str | None = None,
              host: str | None = None) -> dict[str, Any]:
     """One host's --json entry from a plain row: host, ok, state, message first, then the row's own

@@ -141,7 +141,7 @@ def build_plan(fleet: Fleet, playbook: Playbook, gathered: Gathered, *, force: b
             from fleetctl.plan.patched_worker import instances
 
             idle = dict.fromkeys(w for i in instances(h, playbook) for w in engine().playbook_warnings(playbook, dict(i.flags)))
-            hp.reason = "; ".join(x for x in (hp.reason, *(f"warning: {w}" for w in idle)) if x)
+            hp.message = "; ".join(x for x in (hp.message, *(f"warning: {w}" for w in idle)) if x)
         hosts.append(hp)
     _plan_shared_trees(hosts, gathered, playbook, list(fleet.hosts))
     return Plan(str(playbook.path), hosts, intended)
@@ -204,16 +204,16 @@ def port_onto_hosts(fleet: Fleet, plan: Plan, playbook: Playbook, gathered: Gath
             fp.note = (f"ported: {playbook.name}'s {hp.version} patch merged onto the host's own bytes "
                        "(three-way, the host's file as the base)")
         if problems:
-            hp.reason = f"{hp.host}: --port-onto-host: " + "; ".join(problems) + "; nothing was changed"
+            hp.message = f"{hp.host}: --port-onto-host: " + "; ".join(problems) + "; nothing was changed"
             for fp in drifted:
                 fp.ported, fp.action = None, "refuse"
             continue
         if hp.coverage is not None and hp.coverage.refused and not allow_uncovered:
-            hp.reason = f"{hp.host}: {hp.coverage.refused}"
+            hp.message = f"{hp.host}: {hp.coverage.refused}"
             continue
         ported = [fp.path for fp in drifted if fp.ported is not None]
         hp.status = "change" if ported or hp.interrupted else "noop"
-        hp.reason = (f"{len(ported)} file(s) ported onto the host's own bytes ({', '.join(ported)})" if ported
+        hp.message = (f"{len(ported)} file(s) ported onto the host's own bytes ({', '.join(ported)})" if ported
                      else "the host's files hold the port already")
 
 
@@ -237,7 +237,7 @@ def _plan_shared_trees(hosts: list[HostPlan], gathered: Gathered, playbook: Play
         if name == g.owner:
             if g.records_dir and playbook.state_files and hp.status in ("change", "noop"):
                 hp.status = "refused"
-                hp.reason = (f"{name}: its package tree {g.tree.real} is shared ({', '.join(g.members)}) and "
+                hp.message = (f"{name}: its package tree {g.tree.real} is shared ({', '.join(g.members)}) and "
                              f"playbook {playbook.name!r} ships state files, which each host keeps in its own "
                              "state_dir: deploy it to a tree per host, or without state files")
             continue
@@ -246,7 +246,7 @@ def _plan_shared_trees(hosts: list[HostPlan], gathered: Gathered, playbook: Play
         hp.status, hp.files, hp.interrupted = owner.status, owner.files, owner.interrupted
         hp.drop_bytecode, hp.version, hp.package_dir = owner.drop_bytecode, owner.version, owner.package_dir
         said = f"shares its package tree {g.tree.real} with {g.owner}: deployed once, by {g.owner}'s transaction"
-        hp.reason = f"{said}; {owner.reason}" if owner.reason else said
+        hp.message = f"{said}; {owner.message}" if owner.message else said
 
 
 def _plan_probe(hp: HostPlan, probed: HostOutcome | None) -> None:
@@ -258,7 +258,7 @@ def _plan_probe(hp: HostPlan, probed: HostOutcome | None) -> None:
 
     why = refusal(probed)
     if why:
-        hp.status, hp.reason = "refused", why
+        hp.status, hp.message = "refused", why
     elif hp.coverage is not None:  # the answers show with "(worker that will run)"
         said = "; ".join(f"probe {p['instance']}: {p['line']}" for p in probed.detail)
         hp.coverage = dataclasses.replace(hp.coverage, reason=f"{hp.coverage.reason}; {said}")
@@ -273,7 +273,7 @@ def _plan_container(hp: HostPlan, host: Host, facts: HostFacts, playbook: Playbo
     if facts.container is None:
         return
     if facts.container.read_only and hp.status in ("change", "refused"):  # (the root cause of 'unwritable')
-        hp.status, hp.reason = "refused", read_only_refusal(hp.host, facts, playbook)
+        hp.status, hp.message = "refused", read_only_refusal(hp.host, facts, playbook)
         return
     from fleetctl.config.containers import ContainerSpec
     from fleetctl.ops.container_advice import main_process_warning
@@ -282,7 +282,7 @@ def _plan_container(hp: HostPlan, host: Host, facts: HostFacts, playbook: Playbo
         return
     for warn in (state_dir_warning(facts), main_process_warning(ContainerSpec.of(host.container))):
         if warn:
-            hp.reason = "; ".join(x for x in (hp.reason, f"warning: {warn}") if x)
+            hp.message = "; ".join(x for x in (hp.message, f"warning: {warn}") if x)
 
 
 def _plan_state_files(hp: HostPlan, facts: HostFacts, playbook: Playbook) -> None:
@@ -293,7 +293,7 @@ def _plan_state_files(hp: HostPlan, facts: HostFacts, playbook: Playbook) -> Non
     pending = statefiles.not_deployed(playbook, facts)
     if pending:
         hp.status = "change"
-        hp.reason = "; ".join(x for x in (hp.reason, f"{', '.join(pending)} will be written") if x)
+        hp.message = "; ".join(x for x in (hp.message, f"{', '.join(pending)} will be written") if x)
 
 
 def _stale(facts: HostFacts, rel: str) -> bool:
@@ -317,7 +317,7 @@ def _plan_stale_bytecode(hp: HostPlan, facts: HostFacts) -> None:
             fp.note = (fp.note + "; " if fp.note else "") + "stale cached bytecode: removed"
     if hp.status == "noop":
         hp.status = "change"
-        hp.reason = f"stale cached bytecode of {', '.join(stale)} (import would not run the file on disk)"
+        hp.message = f"stale cached bytecode of {', '.join(stale)} (import would not run the file on disk)"
 
 
 @dataclass
@@ -435,7 +435,7 @@ def apply_plan(fleet: Fleet, plan: Plan, playbook: Playbook, op_id: str, *, vali
             todo[hp.host] = hp
         else:
             results[hp.host] = HostApply(hp.host, "unreachable" if hp.status == "unreachable" else
-                                         ("refused" if hp.status == "refused" else "failed"), hp.reason, Applied())
+                                         ("refused" if hp.status == "refused" else "failed"), hp.message, Applied())
 
     riders = {n: hp for n, hp in todo.items() if hp.tree_owner is not None}
     for n in riders:

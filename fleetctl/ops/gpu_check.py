@@ -21,7 +21,7 @@ from fleetctl.engines import engine
 from fleetctl.model.facts import HostFacts, read_facts
 from fleetctl.model.instances import Instance, command_argv, flag_argv, plan_instances
 from fleetctl.model.launchspec import INHERIT_FROM_HOST
-from fleetctl.model.result import HostResult, Status
+from fleetctl.model.result import Decided, HostResult, Status
 from fleetctl.ops.deploy import new_op_id, who
 from fleetctl.ops.runner import Fleet
 from fleetctl.protocol import names
@@ -53,12 +53,11 @@ class PhasePlan:
 
 
 @dataclass
-class CheckPlan:
-    """One host's check, decided from its facts and preflight (pure data)."""
+class CheckPlan(Decided):
+    """One host's check, decided from its facts and preflight (pure data): run, refused, failed or
+    unreachable."""
 
-    host: str
-    status: Status = "run"  # run, refused, failed, unreachable
-    message: str = ""
+    status: Status = "run"
     version: str | None = None
     gpu: dict[str, Any] | None = None
     torch: dict[str, Any] | None = None
@@ -71,14 +70,9 @@ class CheckPlan:
     inst: Instance | None = field(default=None, repr=False)
     facts: HostFacts | None = field(default=None, repr=False)
     patch_flags: set[str] = field(default_factory=set, repr=False)
-    reference: str | None = None  # why it failed (docs/errors.md), for an unreachable or failed host
 
-    def result(self) -> HostResult[CheckPlan]:
-        """This host's decision as a HostResult (gpu-check --check's row): the plan is the detail; not timed."""
-        return HostResult(self.host, self.status, self.message, self, elapsed=None, reference=self.reference)
-
-    def to_json(self) -> dict[str, Any]:
-        """The plan's own fields (host, status and message are the HostResult's: `result()`)."""
+    def fields(self) -> dict[str, Any]:
+        """The plan's own fields in its row."""
         return {"version": self.version, "gpu": self.gpu, "torch": self.torch, "threshold": self.threshold,
                 "concurrency": self.concurrency, "markers": self.markers,
                 "phases": [p.to_json() for p in self.phases], "notes": self.notes}

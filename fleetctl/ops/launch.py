@@ -16,7 +16,7 @@ from fleetctl.model import statefiles
 from fleetctl.model.facts import HostFacts, read_facts
 from fleetctl.model.instances import Instance, plan_instances
 from fleetctl.model.launchspec import INHERIT_FROM_HOST
-from fleetctl.model.result import HostResult, Status
+from fleetctl.model.result import Decided, HostResult, Status
 from fleetctl.ops.deploy import new_op_id, who
 from fleetctl.ops.exits import exited_line
 from fleetctl.ops.managers import manager_request
@@ -205,13 +205,11 @@ class InstanceStart:
 
 
 @dataclass
-class LaunchPlan:
+class LaunchPlan(Decided):
     """One host's launch, decided from its facts (pure data; `plan_launch` makes it, `apply_launch`
-    carries it out, `launch --check` shows it)."""
+    carries it out, `launch --check` shows it): start, refused, failed or unreachable."""
 
-    host: str
-    status: Status = "start"  # start, refused, failed, unreachable
-    message: str = ""
+    status: Status = "start"
     version: str | None = None
     stop: list[str] = field(default_factory=list)  # fleetctl instances stopped first (--replace)
     recheck: bool = False  # ports and GPUs are checked again once those are stopped
@@ -220,14 +218,9 @@ class LaunchPlan:
     # for the apply step, not shown: the instances (secret values included) and the facts read
     run: list[Instance] = field(default_factory=list, repr=False)
     facts: HostFacts | None = field(default=None, repr=False)
-    reference: str | None = None  # why it failed (docs/errors.md), for an unreachable or failed host
 
-    def result(self) -> HostResult[LaunchPlan]:
-        """This host's decision as a HostResult (launch --check's row): the plan is the detail; not timed."""
-        return HostResult(self.host, self.status, self.message, self, elapsed=None, reference=self.reference)
-
-    def to_json(self) -> dict[str, Any]:
-        """The plan's own fields (host, status and message are the HostResult's: `result()`)."""
+    def fields(self) -> dict[str, Any]:
+        """The plan's own fields in its row."""
         return {"version": self.version, "stop": self.stop, "recheck": self.recheck, "hash_files": self.hash_files,
                 "instances": [i.to_json() for i in self.instances]}
 

@@ -13,7 +13,7 @@ from fleetctl.engines import engine, wheels
 from fleetctl.model import hoststate
 from fleetctl.model.facts import HostFacts
 from fleetctl.model.instances import host_launch_spec
-from fleetctl.model.result import HostResult, Status
+from fleetctl.model.result import Decided, HostResult
 from fleetctl.ops.deploy import Gathered, lock_bound, who
 from fleetctl.ops.runner import Fleet
 from fleetctl.protocol import names
@@ -23,10 +23,10 @@ from fleetctl.transport.base import Transport
 
 
 @dataclass
-class RollbackPlan:
-    host: str
-    status: Status  # change, noop, refused, unreachable, failed, skipped
-    reason: str = ""
+class RollbackPlan(Decided):
+    """One host's rollback, decided from its manifests: change, noop, refused, unreachable, failed or
+    skipped, why in its message."""
+
     deploy_ids: list[str] = field(default_factory=list)  # newest first
     files: list[dict[str, Any]] = field(default_factory=list)  # path, deploy, state, action
     interrupted: list[str] = field(default_factory=list)
@@ -38,16 +38,10 @@ class RollbackPlan:
     tree_owner: str | None = None  # another selected host on the same tree undoes it, once
     tree_members: list[str] = field(default_factory=list)
     lane: tuple[Any, ...] = ()  # the machine and state dir its transaction locks (fleetctl/plan/trees.py lane_key)
-    reference: str | None = None  # why it failed (docs/errors.md), for an unreachable or failed host
 
-    def result(self) -> HostResult[RollbackPlan]:
-        """This host's decision as a HostResult (its row, its entry in the plan document): the plan is
-        the detail, the reason the message; not timed."""
-        return HostResult(self.host, self.status, self.reason, self, elapsed=None, reference=self.reference)
-
-    def to_json(self) -> dict[str, Any]:
-        """The plan's own fields (host and status are the HostResult's: `result()`)."""
-        return {"reason": self.reason, "deploy_ids": self.deploy_ids,
+    def fields(self) -> dict[str, Any]:
+        """The plan's own fields in its row ("reason": the message, as rows said before it was one)."""
+        return {"reason": self.message, "deploy_ids": self.deploy_ids,
                 "files": self.files, "interrupted": self.interrupted,
                 **({"shared_tree": {"owner": self.tree_owner or self.host, "hosts": self.tree_members,
                                     "records_dir": self.records_dir}}
@@ -110,7 +104,7 @@ def _plan_host(h: Host, gathered: Gathered, to: str | None, force: bool, *, old_
         return rp
     if loose and not hoststate.live(facts):
         rp.status = "refused"
-        rp.reason = hoststate.unrecorded_msg(h.name, facts.package_version, loose)
+        rp.message = hoststate.unrecorded_msg(h.name, facts.package_version, loose)
         return rp
     # fleetctl's own recorded deploys are undone from their backups whatever else differs from the
     # release (a checkout that moved on): those files are left as they are, and named
@@ -122,7 +116,7 @@ def _plan_host(h: Host, gathered: Gathered, to: str | None, force: bool, *, old_
         ids = [m.id for m in manifests]
         if to not in ids:
             rp.status = "skipped"
-            rp.reason = f"deploy {to} never changed this host"
+            rp.message = f"deploy {to} never changed this host"
             return rp
         start = ids.index(to)
         chosen = [m for m in manifests[start:] if m in live]
@@ -132,7 +126,7 @@ def _plan_host(h: Host, gathered: Gathered, to: str | None, force: bool, *, old_
     where = {m.shared for m in chosen}
     if len(where) > 1:
         rp.status = "refused"
-        rp.reason = (f"{h.name}: the deploys to undo are recorded in two places (its state_dir and beside "
+        rp.message = (f"{h.name}: the deploys to undo are recorded in two places (its state_dir and beside "
                      f"its shared tree, {next(x for x in where if x)}); roll back with --to, one place at a time")
         return rp
     shared_dir = next(iter(where)) if where else None
@@ -147,7 +141,7 @@ def _plan_host(h: Host, gathered: Gathered, to: str | None, force: bool, *, old_
     if moved and not old_tree:
         mv = moved[0].moved
         rp.status = "refused"
-        rp.reason = (f"{h.name}: {hoststate.moved_msg(moved[0])}; nothing was changed; rerun with --old-tree "
+        rp.message = (f"{h.name}: {hoststate.moved_msg(moved[0])}; nothing was changed; rerun with --old-tree "
                      f"to restore {mv.patched if mv else '?'} anyway")
         return rp
     notes = [hoststate.gone_msg(m) + ": its record will be closed, nothing restored (its backups belong "
@@ -156,7 +150,7 @@ def _plan_host(h: Host, gathered: Gathered, to: str | None, force: bool, *, old_
         lock = facts.state.lock if facts.state else None
         stale = lock is not None and lock.stale
         rp.status = "change" if rp.interrupted or stale or gone else "noop"
-        rp.reason = ("interrupted deploy will be repaired" if rp.interrupted else
+        rp.message = ("interrupted deploy will be repaired" if rp.interrupted else
                      f"a stale lock ({lock.holder()}) will be cleared" if lock is not None and stale
                      else "; ".join(notes) if notes else
                      (f"deploy {to} is already rolled back" if to else "nothing to roll back"))
@@ -165,10 +159,10 @@ def _plan_host(h: Host, gathered: Gathered, to: str | None, force: bool, *, old_
     refused = _restore_rows(rp, chosen, force)
     if refused:
         rp.status = "refused"
-        rp.reason = f"{h.name}: {refused[0]}; rerun with --force to overwrite it (a copy is kept)"
+        rp.message = f"{h.name}: {refused[0]}; rerun with --force to overwrite it (a copy is kept)"
     else:
         rp.status = "change"
-        rp.reason = "; ".join(notes + loose_note)
+        rp.message = "; ".join(notes + loose_note)
     return rp
 
 
@@ -214,7 +208,7 @@ def _plan_shared_trees(plans: list[RollbackPlan], gathered: Gathered, order: lis
             rp.status, rp.deploy_ids, rp.files = owner.status, list(owner.deploy_ids), owner.files
             rp.records_dir = owner.records_dir
             said = f"shares its package tree {g.tree.real} with {owner.host}: rolled back once, by {owner.host}"
-            rp.reason = f"{said}; {owner.reason}" if owner.reason else said
+            rp.message = f"{said}; {owner.message}" if owner.message else said
 
 
 def _plan_from_pristine(rp: RollbackPlan, host: str, facts: HostFacts, loose: list[str],
@@ -223,14 +217,14 @@ def _plan_from_pristine(rp: RollbackPlan, host: str, facts: HostFacts, loose: li
     them with no record (a deploy whose state dir is gone); recorded deploys are left to a plain rollback."""
     if pristine is None:
         rp.status = "refused"
-        rp.reason = f"{host}: no pristine bytes for sglang {facts.package_version}: {why_not}"
+        rp.message = f"{host}: no pristine bytes for sglang {facts.package_version}: {why_not}"
         return
     rp.pristine_version = facts.package_version
     rp.package_dir = facts.package_dir
     stated = {f.path: f.sha256 for f in (playbook.files_for(facts.package_version or "") or [])} if playbook else {}
     if loose and playbook is None:
         rp.status = "refused"
-        rp.reason = (f"{host}: {len(loose)} file(s) differ from sglang {facts.package_version}'s pristine bytes with no "
+        rp.message = (f"{host}: {len(loose)} file(s) differ from sglang {facts.package_version}'s pristine bytes with no "
                      f"record ({', '.join(loose[:3])}{', ...' if len(loose) > 3 else ''}); --from-pristine writes only the "
                      "files a playbook patches, where they hold its patched bytes: name it with -p PLAYBOOK")
         return
@@ -247,7 +241,7 @@ def _plan_from_pristine(rp: RollbackPlan, host: str, facts: HostFacts, loose: li
         foreign = [rel for rel in loose if rel in intended and facts.files[rel].sha256 != intended[rel].sha_intended]
         if foreign:
             rp.status = "refused"
-            rp.reason = (f"{host}: {', '.join(foreign)} hold(s) neither sglang {facts.package_version}'s bytes nor "
+            rp.message = (f"{host}: {', '.join(foreign)} hold(s) neither sglang {facts.package_version}'s bytes nor "
                          f"{playbook.name if playbook else 'the playbook'}'s patched bytes of them (a checkout that moved "
                          "on, or an edit); fleetctl does not write that release's bytes over a file that is not that "
                          "release's. Nothing was changed")
@@ -262,7 +256,7 @@ def _plan_from_pristine(rp: RollbackPlan, host: str, facts: HostFacts, loose: li
         rp.files.append({"path": rel, "deploy": None, "state": "no-record", "action": "restore-pristine",
                          "sha_now": ff.sha256, "sha_before": pristine[rel], "sha_stated": stated.get(rel)})
     rp.status = "change" if loose else "noop"
-    rp.reason = (f"{len(loose)} file(s) without a record will get sglang {facts.package_version}'s pristine bytes"
+    rp.message = (f"{len(loose)} file(s) without a record will get sglang {facts.package_version}'s pristine bytes"
                  if loose else "no file the playbook patches differs from pristine without a record") + left
 
 
@@ -281,7 +275,7 @@ def apply_rollback(fleet: Fleet, plans: list[RollbackPlan], op_id: str, force: b
     results: dict[str, HostRollback] = {}
     for p in plans:
         if p.host not in todo:
-            results[p.host] = HostResult(p.host, p.status, p.reason, RolledBack())
+            results[p.host] = HostResult(p.host, p.status, p.message, RolledBack())
     # the pristine bytes are checked (wheel RECORD, playbook sha256) before any host is written
     pristine: dict[tuple[str, str], bytes] = {}
     for p in todo.values():

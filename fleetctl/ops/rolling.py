@@ -176,7 +176,7 @@ def rolling_deploy(fleet: Fleet, pb: Playbook, plan: Plan, *, serial: int | None
     for r in result.hosts:
         hp = by_plan.get(r.host)
         if hp is not None and hp.status in ("refused", "unreachable", "failed") and r.status == "ok":
-            r.status, r.message = hp.status, hp.reason
+            r.status, r.message = hp.status, hp.message
     return result
 
 

@@ -95,7 +95,7 @@ def status_rows(hosts: Sequence[Host], gathered: Any, plan: Plan | None) -> list
                 counts[fp.state] = counts.get(fp.state, 0) + 1
             files_desc = ", ".join(f"{n} {s}" for s, n in counts.items())
             if hp.status in ("refused", "failed") and not any(fp.state == "no-record" for fp in hp.files):
-                problems.append(hp.reason)  # (a file without a record is reported above, for every hashed file)
+                problems.append(hp.message)  # (a file without a record is reported above, for every hashed file)
             states = set(counts)
             if {"pristine", "as-intended"} <= states and not interrupted:
                 problems.append("mixed: some files patched, some original")

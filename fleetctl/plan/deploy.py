@@ -14,7 +14,7 @@ from fleetctl.config.hosts import Host
 from fleetctl.config.playbook_model import Playbook
 from fleetctl.model import hoststate
 from fleetctl.model.facts import HostFacts
-from fleetctl.model.result import HostResult, Status
+from fleetctl.model.result import Decided
 from fleetctl.protocol.answers import Manifest
 
 FileState = Literal["pristine", "as-intended", "drifted", "missing", "unsafe", "no-record", "unwritable"]
@@ -74,10 +74,10 @@ class Coverage:
 
 
 @dataclass
-class HostPlan:
-    host: str
-    status: Status  # change, noop, refused, unreachable, failed
-    reason: str = ""
+class HostPlan(Decided):
+    """One host's deploy, decided from its facts: change, noop, refused, unreachable or failed, why in
+    its message."""
+
     version: str | None = None
     package_dir: str | None = None
     files: list[FilePlan] = field(default_factory=list)
@@ -89,20 +89,14 @@ class HostPlan:
     tree_members: list[str] = field(default_factory=list)  # every selected host on the tree (if several)
     records_dir: str | None = None  # the tree's records live beside it (its records dir), not in state_dir
     lane: tuple[Any, ...] = ()  # the machine and state dir its transaction locks (fleetctl/plan/trees.py lane_key)
-    reference: str | None = None  # why it failed (docs/errors.md), for an unreachable or failed host
 
     @property
     def to_patch(self) -> list[FilePlan]:
         return [f for f in self.files if f.action in ("patch", "force")]
 
-    def result(self) -> HostResult[HostPlan]:
-        """This host's decision as a HostResult (its row, its entry in the plan document): the plan is
-        the detail, the reason the message; not timed."""
-        return HostResult(self.host, self.status, self.reason, self, elapsed=None, reference=self.reference)
-
-    def to_json(self) -> dict[str, Any]:
-        """The plan's own fields (host and status are the HostResult's: `result()`)."""
-        return {"reason": self.reason, "version": self.version,
+    def fields(self) -> dict[str, Any]:
+        """The plan's own fields in its row ("reason": the message, as rows said before it was one)."""
+        return {"reason": self.message, "version": self.version,
                 "package_dir": self.package_dir, "interrupted": self.interrupted,
                 "files": [f.to_json() for f in self.files], "drop_bytecode": self.drop_bytecode,
                 "coverage": self.coverage.to_json() if self.coverage else None,
@@ -121,7 +115,7 @@ class Plan:
     applied: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        return {"playbook": self.playbook, "hosts": [h.result().to_json() for h in self.hosts]}
+        return {"playbook": self.playbook, "hosts": [h.to_json() for h in self.hosts]}
 
 
 def sha(data: bytes) -> str:
@@ -242,12 +236,12 @@ def plan_host(host: Host, facts: HostFacts, playbook: Playbook, intended: dict[s
         from fleetctl.engines import engine
 
         why = engine().playbook_refusal(playbook, v) if v else None
-        hp.reason = f"{host.name}: " + (why or f"SGLang {v or '(unknown version)'} has no patch set in "
+        hp.message = f"{host.name}: " + (why or f"SGLang {v or '(unknown version)'} has no patch set in "
                                         f"{playbook.path.name}; supported: {', '.join(playbook.supported())}")
         return hp
     if facts.state is not None and facts.state.unwritable:
         hp.status = "refused"
-        hp.reason = (f"{host.name}: state_dir {facts.state.state_dir}: {facts.state.unwritable} (the host lock, "
+        hp.message = (f"{host.name}: state_dir {facts.state.state_dir}: {facts.state.unwritable} (the host lock, "
                      "backups and deploy records go there); set 'state_dir:' for this host in the inventory to a "
                      "directory this user can write")
         return hp
@@ -266,24 +260,24 @@ def plan_host(host: Host, facts: HostFacts, playbook: Playbook, intended: dict[s
     tree, differ = between_releases(facts, v) if facts.checkout or facts.git else (None, [])
     if refusals:
         hp.status = "refused"
-        hp.reason = _refusal(host, facts, playbook, refusals, tree, v)
+        hp.message = _refusal(host, facts, playbook, refusals, tree, v)
         return hp
     if coverage is not None and coverage.refused and not allow_uncovered:
         hp.status = "refused"
-        hp.reason = f"{host.name}: {coverage.refused}"
+        hp.message = f"{host.name}: {coverage.refused}"
         return hp
     stale = stale_lock(facts)
     hp.status = "change" if hp.to_patch or hp.interrupted or stale else "noop"
     own = {fp.path for fp in hp.files}
     siblings = [rel for rel in differ if rel not in own]
     if tree and any(fp.action == "force" for fp in hp.files) and siblings:
-        hp.reason = (f"warning: --force builds a mixed tree: {v}'s patched files among {len(siblings)} sibling(s) that "
+        hp.message = (f"warning: --force builds a mixed tree: {v}'s patched files among {len(siblings)} sibling(s) that "
                      f"are not {v}'s ({', '.join(siblings[:6])}{' ...' if len(siblings) > 6 else ''}); the host is {tree}")
     elif tree and hp.files and all(fp.state in ("pristine", "as-intended") for fp in hp.files):
-        hp.reason = (f"the host is {tree}; the files the playbook patches are byte-equal to {v}'s, so {v}'s patch "
+        hp.message = (f"the host is {tree}; the files the playbook patches are byte-equal to {v}'s, so {v}'s patch "
                      "set applies")
     if hp.interrupted:
-        hp.reason = f"interrupted deploy {', '.join(hp.interrupted)} will be repaired first"
+        hp.message = f"interrupted deploy {', '.join(hp.interrupted)} will be repaired first"
     elif stale:
-        hp.reason = f"a stale lock ({stale}) will be cleared"
+        hp.message = f"a stale lock ({stale}) will be cleared"
     return hp
