@@ -19,6 +19,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from machine import NON_ROOT_PREFIX
+
+# pytest-xdist gives its workers COLUMNS (its controller's width); the suite's commands run as they do
+# from a pipe, without it (a test that wants a width sets its own)
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.pop("COLUMNS", None)
+    os.environ.pop("LINES", None)
 
 # The suite keeps its bytecode (tests/__pycache__ with pytest's assert-rewritten modules, and
 # fleetctl's; both gitignored) even where PYTHONDONTWRITEBYTECODE is set, as in the team's shells:
@@ -215,8 +222,9 @@ def ledger_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 # where this session's tests build sandboxes: pytest's base temp dir (this session's own), the
-# FLEETCTL_TEST_SANDBOX_ROOT override, and the world-readable dirs of tests/test_non_root.py
-OWN_SANDBOX_PREFIXES = ("/tmp/fleetctl-nr-",)
+# FLEETCTL_TEST_SANDBOX_ROOT override, and the world-readable dirs of tests/test_non_root.py (named
+# for this process: another session, or another xdist worker, has its own)
+OWN_SANDBOX_PREFIXES = (f"/tmp/{NON_ROOT_PREFIX}",)
 
 
 def _sshd_listeners() -> dict[int, str]:

@@ -17,11 +17,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from machine import NON_ROOT_PREFIX, machine_lock
 from waiting import until
 
 from tests.jsoncli import cli
@@ -46,12 +48,14 @@ def _need_root() -> None:
         pytest.skip(f"{SYSTEM_PYTHON} is missing")
 
 
-def _make_account(name: str, request: pytest.FixtureRequest) -> None:
+def _make_account(name: str) -> bool:
+    """Make the account unless it exists; True when this call made it."""
     try:
         pwd.getpwnam(name)
+        return False
     except KeyError:
         subprocess.run(["useradd", "-M", "-d", "/nonexistent", "-s", "/bin/sh", name], check=True)
-        request.addfinalizer(lambda: _remove_account(name))
+        return True
 
 
 def _remove_account(name: str) -> None:
@@ -61,13 +65,20 @@ def _remove_account(name: str) -> None:
 
 
 @pytest.fixture
-def accounts(request: pytest.FixtureRequest) -> tuple[str, str]:
+def accounts() -> Iterator[tuple[str, str]]:
+    """LOGIN and OWNER, and the sudoers file: this test's alone until it ends, when the accounts it
+    made and the sudoers file are removed (another session, or xdist worker, running a test that
+    uses them waits: tests/machine.py)."""
     _need_root()
-    _make_account(LOGIN, request)
-    _make_account(OWNER, request)
-    subprocess.run(["chpasswd"], input=f"{LOGIN}:{PASSWORD}\n".encode(), check=True)
-    request.addfinalizer(lambda: SUDOERS.unlink(missing_ok=True))
-    return LOGIN, OWNER
+    with machine_lock("become-accounts"):
+        made = [name for name in (LOGIN, OWNER) if _make_account(name)]
+        try:
+            subprocess.run(["chpasswd"], input=f"{LOGIN}:{PASSWORD}\n".encode(), check=True)
+            yield LOGIN, OWNER
+        finally:
+            SUDOERS.unlink(missing_ok=True)
+            for name in made:
+                _remove_account(name)
 
 
 def sudoers(text: str) -> None:
@@ -84,7 +95,7 @@ def sb(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
     """A 1-host bare-shell sandbox in a directory every user may enter (pytest's tmp dirs are 0700)."""
     from fleetctl.sandbox import lifecycle
 
-    d = Path(tempfile.mkdtemp(prefix="fleetctl-nr-become-", dir="/tmp"))
+    d = Path(tempfile.mkdtemp(prefix=NON_ROOT_PREFIX + "become-", dir="/tmp"))
     d.chmod(0o755)
     box = d / "sb"
 

@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 import yaml
+from machine import NON_ROOT_PREFIX
 from waiting import until
 
 from tests import dockerd
@@ -418,7 +419,7 @@ def open_sandbox(request: pytest.FixtureRequest) -> Any:
 
     from fleetctl.sandbox import lifecycle
 
-    d = Path(tempfile.mkdtemp(prefix="fleetctl-nr-ctr-", dir="/tmp"))
+    d = Path(tempfile.mkdtemp(prefix=NON_ROOT_PREFIX + "ctr-", dir="/tmp"))
     d.chmod(0o755)
 
     def down() -> None:

@@ -653,11 +653,15 @@ def hostile_python(tmp_path: Path, name: str, *, claim: int, stream: int, framed
     return str(wrapper)
 
 
+# the command's own peak: VmHWM of this image, not getrusage's ru_maxrss, which on Linux also keeps the
+# peak of the image before exec (the forked copy of the test process: a pytest-xdist worker that ran
+# hundreds of tests reads ~700 MB there whatever fleetctl does)
 RSS_PROBE = """\
-import resource, sys
+import re, sys
 from fleetctl.cli import main
 code = main(sys.argv[1:])
-sys.stderr.write("MAXRSS_KB %d\\n" % resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+hwm = re.search(r"^VmHWM:\\s+(\\d+) kB", open("/proc/self/status").read(), re.M).group(1)
+sys.stderr.write("MAXRSS_KB %s\\n" % hwm)
 sys.exit(code)
 """
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from machine import NON_ROOT_PREFIX
 from waiting import until
 
 from tests.jsoncli import cli
@@ -56,7 +57,7 @@ def open_sandbox(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def
     """A 1-host bare-shell sandbox in a directory every user may enter (pytest's tmp dirs are 0700)."""
     from fleetctl.sandbox import lifecycle
 
-    d = Path(tempfile.mkdtemp(prefix="fleetctl-nr-", dir="/tmp"))
+    d = Path(tempfile.mkdtemp(prefix=NON_ROOT_PREFIX, dir="/tmp"))
     d.chmod(0o755)
     sb = d / "sb"
 
