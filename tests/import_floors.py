@@ -10,7 +10,7 @@ same table.
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -120,13 +120,15 @@ def up_arrows(arrows: Iterable[Arrow], known: Mapping[tuple[str, str], str] = KN
     return bad
 
 
-def circles(arrows: Iterable[Arrow], known: Mapping[tuple[str, str], str] = KNOWN) -> list[list[str]]:
-    """The strongly connected groups (more than one home) of the graph of homes (Tarjan)."""
+def circles(arrows: Iterable[Arrow], known: Mapping[tuple[str, str], str] = KNOWN,
+            node: Callable[[str], str] = home) -> list[list[str]]:
+    """The strongly connected groups (more than one node) of the graph of homes (Tarjan); with
+    `node=str`, of modules (a package is its __init__)."""
     graph: dict[str, set[str]] = {}
     for a in arrows:
         if (a.src, a.dst) in known:
             continue
-        s, d = home(a.src), home(a.dst)
+        s, d = node(a.src), node(a.dst)
         if s != d:
             graph.setdefault(s, set()).add(d)
             graph.setdefault(d, set())

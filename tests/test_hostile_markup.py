@@ -22,7 +22,8 @@ import pytest
 from rich.text import Text
 
 from fleetctl.cli import main
-from fleetctl.ui.safetext import CELL_LIMIT, SafeConsole, clean, line, safe, styled, table, unsafe_char
+from fleetctl.ui.safeconsole import SafeConsole, table
+from fleetctl.ui.safetext import CELL_LIMIT, clean, line, safe, styled, unsafe_char
 
 ESC = "\x1b"
 LONG = "L" * 20000 + "[/x]" + ESC + "[31m"

@@ -41,6 +41,15 @@ def test_no_circle_between_homes() -> None:
     assert F.circles(_arrows()) == []
 
 
+def test_no_circle_between_modules() -> None:
+    """Not between two modules of one home either, lazy and TYPE_CHECKING imports counted: an engine's
+    module reading its releases does not go through the engine factory (engines/sglang/sources.py), the
+    agent's core caches a part with atomic.py, not files.py, and safetext.py hands out no rich class."""
+    assert F.circles(_arrows(), node=str) == []
+    planted = [*_arrows(), F.Arrow("fleetctl.remote.atomic", "fleetctl.remote.core", 1)]  # core -> atomic already
+    assert F.circles(planted, node=str) == [["fleetctl.remote.atomic", "fleetctl.remote.core"]]
+
+
 def test_the_checker_sees_a_planted_up_arrow_and_circle() -> None:
     """fleetctl/ with one import planted inside a function body of plan/deploy.py (plan -> ops) fails both checks."""
     planted = (ROOT / "plan" / "deploy.py").read_text() + "\n\ndef _planted() -> None:\n    from fleetctl.ops import deploy\n"
@@ -81,21 +90,22 @@ def test_only_ui_imports_rich() -> None:
 
 
 def test_an_engine_imports_only_its_base_the_protocol_and_errors() -> None:
-    """An engine package (engines/<name>/) may import itself, engines.base, engines.wheels (its
-    release's pristine sources), the protocol's types and errors, never the factory; in engines/
-    outside an engine package only the factory (engines/__init__.py) names an engine package."""
-    allowed = ("fleetctl.engines.base", "fleetctl.engines.wheels", "fleetctl.protocol", "fleetctl.errors")
+    """An engine package (engines/<name>/) may import itself, engines.base, engines.wheel_cache (its
+    releases' pristine sources), the protocol's types and errors, never the factory nor engines.wheels
+    (which binds the factory's engine); in engines/ outside an engine package only the factory
+    (engines/__init__.py) names an engine package."""
+    allowed = ("fleetctl.engines.base", "fleetctl.engines.wheel_cache", "fleetctl.protocol", "fleetctl.errors")
     bad = []
     for a in _arrows():
         parts = a.src.split(".")
         if parts[:2] != ["fleetctl", "engines"] or (a.src, a.dst) in F.KNOWN:
             continue
         own = ".".join(parts[:3])
-        if len(parts) > 3 or (len(parts) == 3 and parts[2] not in ("base", "wheels")):  # an engine package
+        if len(parts) > 3 or (len(parts) == 3 and parts[2] not in ("base", "wheels", "wheel_cache")):  # an engine
             ok = any(a.dst == m or a.dst.startswith(m + ".") for m in (*allowed, own))
         else:  # the base, the wheels, the factory
             ok = a.src == "fleetctl.engines" or not (a.dst.startswith("fleetctl.engines.") and
-                                                     a.dst.split(".")[2] not in ("base", "wheels"))
+                                                     a.dst.split(".")[2] not in ("base", "wheels", "wheel_cache"))
         if not ok:
             bad.append(a.where)
     assert bad == []

@@ -213,7 +213,7 @@ def test_probe_runs_in_the_agent_on_a_bare_host_only(fresh_sandbox, tmp_path: Pa
 def test_mkstemp_is_exclusive_private_and_never_follows_a_link(tmp_path: Path) -> None:
     import stat
 
-    from fleetctl.remote.files import mkstemp
+    from fleetctl.remote.atomic import mkstemp
 
     fd, p = mkstemp(str(tmp_path), ".lock-")
     os.close(fd)

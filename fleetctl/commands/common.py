@@ -16,7 +16,7 @@ import typer
 from fleetctl.errors import InputError
 
 if TYPE_CHECKING:  # rich is imported when a command first prints (issue 16.10)
-    from fleetctl.ui.safetext import SafeConsole
+    from fleetctl.ui.safeconsole import SafeConsole
 
     out: SafeConsole
     err: SafeConsole
@@ -119,7 +119,7 @@ def fleet_options(fn: Callable[..., None]) -> Callable[..., None]:
 # escaped (fleetctl/ui/safetext.py); our own styling is passed as rich Text.
 # A terminal (or COLUMNS set) gets tables fitted to its width and prose wrapped at spaces (issue 16.7).
 def _console(stderr: bool) -> SafeConsole:
-    from fleetctl.ui.safetext import SafeConsole
+    from fleetctl.ui.safeconsole import SafeConsole
 
     c = SafeConsole(stderr=stderr, highlight=False, soft_wrap=True)
     if not c.is_terminal and not os.environ.get("COLUMNS", "").isdigit():

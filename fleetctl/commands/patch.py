@@ -115,8 +115,8 @@ def check_cmd(
                          state_files=[r.as_dict() for r in shipped], warnings=warnings, problems=problems,
                          to_fill=todo)
     else:
+        from fleetctl.ui.safeconsole import table as safe_table
         from fleetctl.ui.safetext import styled
-        from fleetctl.ui.safetext import table as safe_table
 
         table = safe_table(f"patch check: {pb.name}", ("version", "file", "status", "detail"))
         for r in sorted([*results, *shipped], key=lambda r: versions.index(r.version)):

@@ -12,7 +12,7 @@ from fleetctl.errors import FleetctlError
 from fleetctl.model.hostnames import plural
 
 if TYPE_CHECKING:  # rich: imported when a table is shown (issue 16.10)
-    from fleetctl.ui.safetext import SafeTable
+    from fleetctl.ui.safeconsole import SafeTable
 
 sandbox_app = typer.Typer(help="A local fleet of real OpenSSH hosts on loopback: up, down, status.", no_args_is_help=True)
 
@@ -24,7 +24,7 @@ DirOpt = Annotated[
 
 
 def _table(*cols: str) -> SafeTable:
-    from fleetctl.ui.safetext import SafeTable
+    from fleetctl.ui.safeconsole import SafeTable
 
     t = SafeTable(box=None, pad_edge=False, show_edge=False, header_style="bold")
     for c in cols:

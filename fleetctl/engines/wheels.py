@@ -1,191 +1,23 @@
-"""A local cache of real SGLang wheels and their extracted package trees.
-
-Wheels come from the package registry with `pip download --no-deps sglang==V` and are cached
-once per version. Used by `fleetctl patch check/new`, by the sandbox fleet (pristine trees) and
-by the tests that hold our SGLang knowledge to the real sources.
-
-Cache dir: $FLEETCTL_CACHE_DIR, else $XDG_CACHE_HOME/fleetctl, else ~/.cache/fleetctl.
+"""The real wheels of the engine fleetctl drives (SGLang), cached, and their extracted package trees:
+fleetctl/engines/wheel_cache.py's `WheelCache` for `engine().package`. Used by `fleetctl patch
+check/new`, by the sandbox fleet (pristine trees), by plans (pristine bytes) and by the tests that
+hold our SGLang knowledge to the real sources.
 """
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
-import os
-import shutil
-import subprocess
-import sys
-import zipfile
-from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
-
 from fleetctl.engines import engine
-from fleetctl.errors import FleetctlError, InputError
+from fleetctl.engines.wheel_cache import WheelCache, cache_dir, locked, sha256_bytes
 
-PACKAGE = engine().package  # the wheel distribution and its top-level package
+_ENGINE = engine()
+CACHE = WheelCache(_ENGINE.package, _ENGINE.display_name, _ENGINE.known_versions())
+PACKAGE = CACHE.package
+ensure_wheel = CACHE.ensure_wheel
+extracted = CACHE.extracted
+package_dir = CACHE.package_dir
+pristine_bytes = CACHE.pristine_bytes
+pristine_hashes = CACHE.pristine_hashes
+verified_pristine = CACHE.verified_pristine
 
-
-def cache_dir() -> Path:
-    env = os.environ.get("FLEETCTL_CACHE_DIR")
-    if env:
-        return Path(env).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "fleetctl"
-
-
-@contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
-def _find_wheel(d: Path, version: str) -> Path | None:
-    hits = sorted(d.glob(f"{PACKAGE}-{version}-*.whl"))
-    return hits[0] if hits else None
-
-
-def ensure_wheel(version: str) -> Path:
-    """Path of the cached wheel for `version`, downloading it on first use."""
-    wdir = cache_dir() / "wheels"
-    wdir.mkdir(parents=True, exist_ok=True)
-    found = _find_wheel(wdir, version)
-    if found:
-        return found
-    with _locked(wdir / ".lock"):
-        found = _find_wheel(wdir, version)
-        if found:
-            return found
-        tmp = wdir / f".dl-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-        # a release fleetctl does not know may be a newer one (patch new/port/import, the sandbox take
-        # it): asked once, no retries, so a version that is not there fails in about a second
-        once = [] if engine().is_known(version) else ["--retries", "0"]
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", *once,
-               "-q", "-d", str(tmp), f"{PACKAGE}=={version}"]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        got = _find_wheel(tmp, version)
-        if proc.returncode != 0 or got is None:
-            shutil.rmtree(tmp, ignore_errors=True)
-            tail = (proc.stderr or proc.stdout).strip().splitlines()
-            why = tail[-1] if tail else "no wheel downloaded"
-            eng = engine()
-            known = eng.known_versions()
-            hint = ("check the package registry is reachable" if eng.is_known(version) else
-                    f"fleetctl knows {eng.display_name} {known[0]} .. {known[-1]}; another release must be in the "
-                    "package registry, and the registry reachable")
-            raise InputError(f"cannot fetch {PACKAGE}=={version}: {why}", hint=hint, reference="release-unavailable")
-        final = wdir / got.name
-        os.replace(got, final)
-        shutil.rmtree(tmp, ignore_errors=True)
-        return final
-
-
-def extracted(version: str) -> Path:
-    """Directory holding the wheel's full contents (package dir + dist-info), extracted once.
-
-    Returns the site-packages-like root; the package itself is `root / "sglang"`.
-    """
-    root = cache_dir() / "trees" / version
-    done = root / ".complete"
-    if done.exists():
-        return root
-    wheel = ensure_wheel(version)
-    with _locked(cache_dir() / "trees" / f".{version}.lock"):
-        if done.exists():
-            return root
-        tmp = root.with_name(f".{version}.tmp-{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        with zipfile.ZipFile(wheel) as zf:
-            for info in zf.infolist():
-                name = info.filename
-                if name.startswith("/") or ".." in Path(name).parts:
-                    raise FleetctlError(f"{wheel}: unsafe path in wheel: {name}", reference="wheel-cache-invalid")
-            zf.extractall(tmp)
-        # files are read-only in the cache: copies made from it must never share inodes
-        shutil.rmtree(root, ignore_errors=True)
-        os.replace(tmp, root)
-        done.write_text(wheel.name + "\n")
-    return root
-
-
-def package_dir(version: str) -> Path:
-    return extracted(version) / PACKAGE
-
-
-def pristine_bytes(version: str, rel: str) -> bytes:
-    """The pristine bytes of `rel` (relative to the package dir) in release `version`."""
-    p = package_dir(version) / rel
-    try:
-        return p.read_bytes()
-    except FileNotFoundError:
-        raise InputError(f"{PACKAGE} {version} has no file {rel}", hint=_file_hint(version, rel),
-                         reference="release-file-missing") from None
-
-
-def _file_hint(version: str, rel: str) -> str:
-    """What the path may have meant (the release's files named alike), for a playbook's path or a
-    `patch new --file` alike."""
-    root = package_dir(version)
-    base = rel.rsplit("/", 1)[-1]
-    close = sorted(str(p.relative_to(root)) for p in root.rglob(base))[:3] if base else []
-    if close:
-        return f"did you mean {' or '.join(close)}? paths are inside the {PACKAGE} package"
-    return f"paths are inside the {PACKAGE} package, e.g. srt/server_args.py"
-
-
-def pristine_hashes(version: str) -> dict[str, str]:
-    """sha256 (hex) of every file of the package in release `version`, relative to the package dir,
-    as the wheel's own RECORD states them (no hashing of the tree). Cached per process."""
-    if version not in _RECORDS:
-        import base64
-        import csv
-        import io
-
-        wheel = ensure_wheel(version)
-        with zipfile.ZipFile(wheel) as zf:
-            name = next((n for n in zf.namelist() if n.endswith(".dist-info/RECORD") and n.count("/") == 1), None)
-            if name is None:
-                raise FleetctlError(f"{wheel}: no RECORD in the wheel", reference="wheel-cache-invalid")
-            text = zf.read(name).decode("utf-8")
-        out: dict[str, str] = {}
-        prefix = PACKAGE + "/"
-        for row in csv.reader(io.StringIO(text)):
-            if len(row) < 2 or not row[0].startswith(prefix) or not row[1].startswith("sha256="):
-                continue
-            digest = row[1][len("sha256="):]
-            out[row[0][len(prefix):]] = base64.urlsafe_b64decode(digest + "=" * (-len(digest) % 4)).hex()
-        _RECORDS[version] = out
-    return _RECORDS[version]
-
-
-_RECORDS: dict[str, dict[str, str]] = {}
-
-
-def verified_pristine(version: str, rel: str, expect_sha: str | None = None) -> bytes:
-    """The pristine bytes of `rel` in `version`, checked against the wheel's RECORD and, if given, the
-    sha256 a playbook states for it, before anyone writes them anywhere."""
-    data = pristine_bytes(version, rel)
-    got = sha256_bytes(data)
-    rec = pristine_hashes(version).get(rel)
-    if rec is None or got != rec:
-        raise FleetctlError(f"{PACKAGE} {version}: cached {rel} hashes {got[:12]}, the wheel's RECORD says "
-                            f"{(rec or 'nothing')[:12]}", hint=f"remove {cache_dir() / 'trees' / version} to re-extract",
-                            reference="wheel-cache-invalid")
-    if expect_sha is not None and got != expect_sha:
-        raise InputError(f"{PACKAGE} {version}: pristine {rel} hashes {got[:12]}, the playbook says {expect_sha[:12]}",
-                         hint="check the playbook's sha256 for this file and version",
-                         reference="pristine-hash-mismatch")
-    return data
-
-
-def sha256_bytes(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
+__all__ = ["CACHE", "PACKAGE", "WheelCache", "cache_dir", "ensure_wheel", "extracted", "locked", "package_dir",
+           "pristine_bytes", "pristine_hashes", "sha256_bytes", "verified_pristine"]

@@ -53,7 +53,7 @@ def cache(fn: F) -> F:
 _HERE = Path(__file__).parent
 
 # what the first contact ships, in this order (a part's module-level code uses only earlier parts)...
-CORE = ("core.py", "files.py", "locate.py", "hostfacts.py", "lock.py", "records.py", "transaction.py", "seal.py")
+CORE = ("core.py", "atomic.py", "files.py", "locate.py", "hostfacts.py", "lock.py", "records.py", "transaction.py", "seal.py")
 # ... and what a request brings along the first time this agent process needs it (transport/session.py):
 # its actions and facts hooks are read from its source (actions_of). Nothing in the core names these.
 ON_DEMAND = {"servers": ("servers.py", "engine_probe.py", "gpucheck.py")}

@@ -505,8 +505,8 @@ def load_part(ld):
                 e = marshal.dumps(code, 2)
                 if sha256_new(e).hexdigest()[:32] == ck:
                     n, data = names[0][0], e
-            if __name__ != "fleetctl_agent":  # (on the host files.py shares this namespace)
-                from fleetctl.remote.files import write_atomic
+            if __name__ != "fleetctl_agent":  # (on the host atomic.py shares this namespace)
+                from fleetctl.remote.atomic import write_atomic
             try:
                 write_atomic(os.path.join(d, "part-" + n), data)
             except OSError:

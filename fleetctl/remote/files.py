@@ -1,7 +1,7 @@
-"""Agent part: files. The one atomic write (`write_atomic`: temp beside the target -> fsync -> checks
--> rename -> dir fsync), the one dangerous primitive built on it, `replace_file` (a package file
-replaced, compile-checked, its cached bytecode dropped, re-hashed), the path checks every write
-goes through (`safe_target`) and the bytecode a source's import could load instead of it.
+"""Agent part: files. The one dangerous primitive built on the atomic write (atomic.py
+`write_atomic`), `replace_file` (a package file replaced, compile-checked, its cached bytecode
+dropped, re-hashed), the path checks every write goes through (`safe_target`), whether a directory
+can be written (`unwritable`) and the bytecode a source's import could load instead of a source.
 """
 
 import os
@@ -9,6 +9,7 @@ import stat
 import sys
 
 if __name__ != "fleetctl_agent":  # imported locally; on the host the parts share one namespace
+    from fleetctl.remote.atomic import fsync_dir, write_atomic
     from fleetctl.remote.core import AgentError, expand, sha256_file
 
 
@@ -47,69 +48,7 @@ def _user_name(uid):
         return "uid %d" % uid
 
 
-# ----------------------------------------------------------------------------- fs primitives
-
-
-def fsync_dir(path):
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def mkstemp(d, prefix):
-    """tempfile.mkstemp(prefix=prefix, dir=d) without importing tempfile (with shutil and random:
-    a few ms of every agent start that takes the host lock): a new file of a random name, created
-    exclusively (O_EXCL, never following a symlink), mode 0600. Returns (fd, path)."""
-    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-    for _ in range(100):
-        path = os.path.join(d, prefix + os.urandom(6).hex())
-        try:
-            return os.open(path, flags, 0o600), path
-        except FileExistsError:
-            continue
-    raise FileExistsError("no free temporary name in %s" % d)
-
-
-def write_atomic(path, data, mode=0o600, tmp=None, before=None, link=False):
-    """THE atomic write of the agent (state files, manifests, backups, locks, package files): a new
-    temp file beside `path` (created exclusively, 0600, never following a symlink: named `tmp`, else
-    a random name), `data` written and fsync'd, `before(tmp)` (checks that may still refuse: then
-    nothing was changed), its `mode`, then renamed over `path` (link=True: hard-linked to `path`,
-    which must not exist: FileExistsError) and the directory fsync'd. The temp never outlives it."""
-    d = os.path.dirname(path)
-    if tmp is None:
-        fd, tmp = mkstemp(d, ".tmp-")
-    else:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        if before is not None:
-            before(tmp)
-        if mode != 0o600:
-            os.chmod(tmp, mode)
-        if link:
-            os.link(tmp, path)
-        else:
-            os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    if link:
-        os.unlink(tmp)
-    fsync_dir(d)
+# ----------------------------------------------------------------------------- paths
 
 
 def safe_target(pkg_dir, rel):

@@ -16,8 +16,8 @@ import stat
 import time
 
 if __name__ != "fleetctl_agent":  # imported locally; on the host the parts share one namespace
+    from fleetctl.remote.atomic import fsync_dir, write_atomic
     from fleetctl.remote.core import AgentError, expand, fault_point, jdumps, read_json_file
-    from fleetctl.remote.files import fsync_dir, write_atomic
 
 
 

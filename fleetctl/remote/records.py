@@ -7,8 +7,9 @@ import os
 import time
 
 if __name__ != "fleetctl_agent":  # imported locally; on the host the parts share one namespace
+    from fleetctl.remote.atomic import write_atomic
     from fleetctl.remote.core import AgentError, expand, jdumps, read_json_file, sha256_file
-    from fleetctl.remote.files import makedirs_private, unwritable, write_atomic
+    from fleetctl.remote.files import makedirs_private, unwritable
     from fleetctl.remote.hostfacts import EXTRA_FACTS
     from fleetctl.remote.lock import (
         describe_writer,

@@ -25,6 +25,7 @@ import time
 
 
 if __name__ != "fleetctl_agent":  # imported locally; on the host the parts share one namespace
+    from fleetctl.remote.atomic import write_atomic
     from fleetctl.remote.core import (
         ACTIONS,
         AgentError,
@@ -34,7 +35,6 @@ if __name__ != "fleetctl_agent":  # imported locally; on the host the parts shar
         sha256_file,
         sha256_new,
     )
-    from fleetctl.remote.files import write_atomic
     from fleetctl.remote.hostfacts import EXTRA_FACTS
     from fleetctl.remote.locate import launch_cwd, launch_environment
     from fleetctl.remote.lock import acquire_lock, release_lock

@@ -11,16 +11,9 @@ import sys
 import time
 
 if __name__ != "fleetctl_agent":  # imported locally; on the host the parts share one namespace
+    from fleetctl.remote.atomic import fsync_dir, write_atomic
     from fleetctl.remote.core import ACTIONS, AgentError, expand, fault_point, sha256_file, sha256_new
-    from fleetctl.remote.files import (
-        drop_bytecode,
-        fsync_dir,
-        makedirs_private,
-        replace_file,
-        safe_target,
-        sha_or_none,
-        write_atomic,
-    )
+    from fleetctl.remote.files import drop_bytecode, makedirs_private, replace_file, safe_target, sha_or_none
     from fleetctl.remote.locate import locate_package, run_probe
     from fleetctl.remote.lock import acquire_lock, pid_alive, release_lock, writer_identity
     from fleetctl.remote.records import (

@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from fleetctl.engines.wheels import _locked, cache_dir
+from fleetctl.engines.wheel_cache import cache_dir, locked
 from fleetctl.errors import FleetctlError
 
 LOCK = Path(__file__).resolve().parent / "cpu_venv.lock"
@@ -94,7 +94,7 @@ def ensure_cpu_venv(extra_pth: str = "", lock: Path = LOCK) -> Path:
     py = final / "bin" / "python"
     if (final / ".built").exists():
         return py
-    with _locked(final.with_name(final.name + ".lock")):
+    with locked(final.with_name(final.name + ".lock")):
         if (final / ".built").exists():
             return py
         started = time.monotonic()

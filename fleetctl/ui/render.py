@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING
 
 from fleetctl.model.hostnames import host_ranges
 from fleetctl.ui.safetext import clean, line, lines_cell, safe, styled
-from fleetctl.ui.safetext import table as _safe_table
 
 if TYPE_CHECKING:  # rich: imported by the first call that renders (a --json run never does)
     from rich.console import Console
@@ -71,7 +70,9 @@ def table(title: str | None, columns: Sequence[str], whole: Sequence[str] = ()) 
     """A results table: str cells (and the title) are untrusted values, shown as they are with
     control characters escaped; Text cells (status_cell, styled) are ours. The `whole` columns
     (file paths) are never wrapped: at 80 columns the prose columns give way, not a path."""
-    t = _safe_table(title, columns)
+    from fleetctl.ui.safeconsole import table as safe_table
+
+    t = safe_table(title, columns)
     for c, name in zip(t.columns, columns, strict=True):
         if name in whole:
             c.no_wrap = True

@@ -6,6 +6,7 @@ fleetctl.ui.safetext hands these out by name. See safetext.py for what they guar
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from rich.console import Console, ConsoleOptions, ConsoleRenderable, RenderableType, RenderHook, RenderResult
@@ -14,7 +15,7 @@ from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 
-from fleetctl.ui.safetext import as_text, clean, needs_cleaning
+from fleetctl.ui.safetext import as_text, clean, needs_cleaning, safe
 
 
 class SafeTable(Table):
@@ -148,3 +149,14 @@ class SafeConsole(Console):
                    emoji: bool | None = None, markup: bool | None = None, highlight: bool | None = None,
                    highlighter: Any = None) -> Text:
         return Text(clean(text), style=style, justify=justify, overflow=overflow)
+
+
+def table(title: Any, columns: Iterable[str], **kw: Any) -> SafeTable:
+    """A table whose title and headers are untrusted values (a playbook's verify markers), escaped."""
+    kw.setdefault("show_lines", False)
+    kw.setdefault("header_style", "bold")
+    kw.setdefault("title_justify", "left")
+    t = SafeTable(title=None if title is None else safe(title), **kw)
+    for c in columns:  # headers may be playbook values (verify markers)
+        t.add_column(safe(c), overflow="fold")
+    return t

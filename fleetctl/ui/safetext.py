@@ -13,8 +13,8 @@ interpreted, whatever the call site passes — and a render hook escapes control
 every segment it writes, so a `Text` built by mistake from raw host bytes cannot reach the
 terminal raw either. Our own styling is written as `Text` objects (`styled`, `line`).
 
-rich itself is imported on first use (a --json run never does): SafeConsole and SafeTable live in
-fleetctl/ui/safeconsole.py and are handed out from here.
+rich itself is imported on first use (a --json run never does): SafeConsole, SafeTable and `table`
+live in fleetctl/ui/safeconsole.py, which imports rich and this module (never the other way).
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ if TYPE_CHECKING:  # rich is imported on the first call that builds output for a
     from rich.style import Style
     from rich.text import Text
 
-    from fleetctl.ui.safeconsole import SafeConsole, SafeTable  # noqa: F401  (handed out by __getattr__)
 
 CELL_LIMIT = 4096  # characters of one untrusted value shown in a table cell or line
 DETAIL_LIMIT = 1 << 16  # --debug details (remote tracebacks, stderr)
@@ -134,24 +133,3 @@ def lines_cell(values: Iterable[Any]) -> Text:
     from rich.text import Text
 
     return Text("\n").join(safe(v) for v in values)
-
-
-def table(title: Any, columns: Iterable[str], **kw: Any) -> SafeTable:
-    from fleetctl.ui.safeconsole import SafeTable
-
-    kw.setdefault("show_lines", False)
-    kw.setdefault("header_style", "bold")
-    kw.setdefault("title_justify", "left")
-    t = SafeTable(title=None if title is None else safe(title), **kw)
-    for c in columns:  # headers may be playbook values (verify markers)
-        t.add_column(safe(c), overflow="fold")
-    return t
-
-
-def __getattr__(name: str) -> Any:
-    """SafeConsole and SafeTable (fleetctl/ui/safeconsole.py), imported with rich on first use."""
-    if name in ("SafeConsole", "SafeTable"):
-        from fleetctl.ui import safeconsole
-
-        return getattr(safeconsole, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

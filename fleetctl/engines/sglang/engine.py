@@ -5,22 +5,21 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from fleetctl.engines.base import Engine, PatchedFile
 from fleetctl.engines.sglang import logs, model_config, processes, routing
 from fleetctl.engines.sglang import releases as R
 
-_TP = next(f for f in R.FLAGS if f.dest == "tp_size")
 _RESOLVED: dict[tuple[str, str | None, str], routing.Resolution] = {}  # SGLangEngine.resolve_worker
 _RESOLVED_MAX = 4096
 
 
 @dataclass(frozen=True)
 class SGLangEngine:
-    package: str = "sglang"
-    display_name: str = "SGLang"
+    package: str = R.PACKAGE
+    display_name: str = R.DISPLAY_NAME
     dir_key: str = "sglang_dir"
     source_prefix: str = "python/sglang/"
     image_package_dir: str = "/sgl-workspace/sglang/python/sglang"  # the lmsysorg/sglang images' editable checkout
@@ -33,9 +32,8 @@ class SGLangEngine:
 
     launch_command: str = "{python} -m sglang.launch_server"
     port_flag: str = R.PORT_FLAG
-    tp_flag: str = _TP.options[0]
-    tp_spellings: frozenset[str] = field(default_factory=lambda: frozenset(_TP.options) | frozenset(
-        k for table in (R.ABBREV_0543, R.ABBREV_057) for k, v in table.items() if v == _TP.options[0]))
+    tp_flag: str = R.TP_FLAG
+    tp_spellings: frozenset[str] = R.TP_SPELLINGS
     ready_line: str = R.READY_LINE
     dump_anchor: str = R.DUMP_ANCHOR
     log_stamp_re: str = processes.LOG_STAMP_RE

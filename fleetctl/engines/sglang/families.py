@@ -83,12 +83,12 @@ def sampling_touched(version: str, pf: PatchedFile) -> list[str]:
     """The sampling branches (by backend name) a patch of the sampler changes."""
     import ast
 
-    from fleetctl.engines import wheels
+    from fleetctl.engines.sglang.sources import WHEELS
 
     key = (version, pf.patch)
     if key not in _TOUCHED:
         old, new, patched = pf.touched()
-        pristine = wheels.pristine_bytes(version, FT.SAMPLER)
+        pristine = WHEELS.pristine_bytes(version, FT.SAMPLER)
         out: list[str] = []
         for text, lines in ((pristine, old), (patched, new)):
             try:

@@ -4,7 +4,7 @@ A *family* is a set of package files (or branches of one file) of which the laun
 and not the others, chosen by the launch's flags, env, hardware or target model. A patch that
 changes one member while the launch runs another changes code that never runs: the origin mistake
 (eagle_worker_v2.py patched, EAGLEWorker from eagle_worker.py run). Each table below is derived
-from the release's sources (its wheel, cached by fleetctl.engines.wheels) by reading them with `ast`,
+from the release's sources (its wheel, cached: sources.py) by reading them with `ast`,
 never by importing them:
 
 * speculative workers: the worker modules `srt/speculative/spec_info.py` (and the release table of
@@ -393,16 +393,17 @@ def _from_json(doc: dict[str, Any]) -> FamilyTable:
 @cache
 def table(version: str) -> FamilyTable:
     """The release's table: from the cache, else derived from its wheel (fetched on first use)."""
-    from fleetctl.engines import wheels
     from fleetctl.engines.sglang import routing
+    from fleetctl.engines.sglang.sources import WHEELS
+    from fleetctl.engines.wheel_cache import cache_dir
 
     known = routing.worker_files(version) if routing.is_known(version) else {}
-    path = wheels.cache_dir() / "families" / f"{version}-v{FORMAT}.json"
+    path = cache_dir() / "families" / f"{version}-v{FORMAT}.json"
     try:
         return _from_json(json.loads(path.read_text(encoding="utf-8")))
     except (OSError, ValueError, TypeError, KeyError):
         pass
-    t = derive(version, wheels.package_dir(version), known)
+    t = derive(version, WHEELS.package_dir(version), known)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}")

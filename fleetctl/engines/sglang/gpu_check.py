@@ -76,9 +76,7 @@ def bench_script() -> str:
 
 
 def _tp(flag: str) -> bool:
-    from fleetctl.engines.sglang.engine import SGLANG
-
-    return flag in SGLANG.tp_spellings
+    return flag in R.TP_SPELLINGS
 
 
 def phases(flags: dict[str, Any], env: dict[str, str], patch_flags: set[str], models: dict[str, str],

@@ -352,6 +352,12 @@ ABBREV_0520 = _frozen({**ABBREV_057,
                        "--cuda-graph-max-bs": ("--cuda-graph-max-bs-decode", "--cuda-graph-max-bs-prefill"),
                        "--cuda-graph-bs": ("--cuda-graph-bs-decode", "--cuda-graph-bs-prefill")})
 
+_TP = next(f for f in FLAGS if f.dest == "tp_size")
+TP_FLAG = _TP.options[0]
+# every spelling of the tensor-parallel size a launch may use: its options and argparse's abbreviations
+TP_SPELLINGS = frozenset(_TP.options) | frozenset(
+    k for table in (ABBREV_0543, ABBREV_057) for k, v in table.items() if v == TP_FLAG)
+
 ALGORITHMS_OLD = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM")
 ALGORITHMS_0511 = ("DFLASH", *ALGORITHMS_OLD)
 # from 0.5.12 argparse has no choices: the name is upper-cased and looked up in the enum
@@ -632,6 +638,8 @@ RELEASES: dict[str, Release] = {r.version: r for r in (
 )}
 
 KNOWN_VERSIONS: tuple[str, ...] = tuple(RELEASES)
+PACKAGE = "sglang"  # the import name and the wheel distribution
+DISPLAY_NAME = "SGLang"
 
 
 _CLI_OPTIONS = Path(__file__).with_name("cli_options.json")

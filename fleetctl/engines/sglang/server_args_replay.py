@@ -156,14 +156,14 @@ def patched_refusal(version: str, intended: dict[str, bytes], args: dict[str, An
     (e.g. the payload refusing its flag with a topk adaptive speculation does not support), replayed
     from the patched file with the release's own package for the helpers it imports; None when the
     patched file refuses nothing the pristine one does not refuse too (that is the table's part)."""
-    from fleetctl.engines import wheels
+    from fleetctl.engines.sglang.sources import WHEELS
 
     patched = intended.get(ARGS_FILE)
     if patched is None or not args:
         return None
     try:
-        pkg = wheels.package_dir(version)
-        pristine = wheels.pristine_bytes(version, ARGS_FILE)
+        pkg = WHEELS.package_dir(version)
+        pristine = WHEELS.pristine_bytes(version, ARGS_FILE)
     except Exception:  # (no wheel to compare with: not guessed)
         return None
     try:
