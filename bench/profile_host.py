@@ -14,13 +14,13 @@ Prints a markdown table (ms of CPU per host per command).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -32,44 +32,22 @@ def child_cpu() -> float:
 
 
 def host_side(sb_dir: Path, reps: int) -> list[tuple[str, float]]:
+    """Each piece's host CPU. fleetctl's agent sessions are recorded from real commands (the argv and
+    stdin the host's python got) and replayed, so the numbers follow whatever the bootstrap and the
+    protocol are in this checkout; a replay meets the host as the recorded session did (the agent's
+    cache, the host's files, its seal)."""
     from fleetctl.config.inventory import load_inventory
     from fleetctl.config.playbook import load_playbook
-    from fleetctl.model.instances import host_launch_spec
-    from fleetctl.remote import agent_source
-    from fleetctl.transport.ssh import BOOTSTRAP
 
     inv = load_inventory(sb_dir / "inventory.yaml")
     h = inv.hosts[0]
     home = sb_dir / "hosts" / h.name / "home"
     home.mkdir(exist_ok=True)
     pb = load_playbook(REPO / "playbooks" / "dynamic-spec-disable")
-    launch = host_launch_spec(h, pb.launch).to_agent()
     # a bare session: what sshd and a login with no rc files give (plus the sandbox's markers)
     env = {"HOME": str(home), "USER": "root", "LOGNAME": "root", "SHELL": "/bin/bash",
            "FLEETCTL_SANDBOX_DIR": str(sb_dir), "FLEETCTL_SANDBOX_HOST": h.name, **h.env}
-    src = agent_source()
     extra = sorted({f.path for fs in pb.versions.values() for f in fs})
-
-    def frame(d: dict) -> bytes:
-        try:  # the request framing of this checkout: marshal (issue 17) or, before it, JSON
-            from fleetctl.transport.session import encode_request
-            b = encode_request(d["action"], {k: v for k, v in d.items() if k != "action"})
-        except ImportError:
-            b = json.dumps(d).encode()
-        return b"%010d" % len(b) + b
-
-    facts = {"action": "facts", "sglang_dir": None, "launch": launch, "strict_sglang_dir": True,
-             "bytecode_files": extra, "hash_dirs": [], "hash_files": extra, "gpus": False, "with": ["state"],
-             "state_dir": h.state_dir}
-    agent = b"%010d" % len(src) + src + b"S"
-    cache = h.state_dir + "/cache"
-    try:  # the agent's cache key, sent by the controller since issue 17 (argv as agent_command builds it)
-        from fleetctl.remote import agent_key
-        key = [agent_key()]
-    except ImportError:
-        key = []
-    folded = [h.python, "-c", BOOTSTRAP, cache, h.python, *key]  # the agent told its python word: in-process probe
-    unfolded = [h.python, "-c", BOOTSTRAP, cache]  # not told (as before): a probe process
 
     def cost(argv: list[str], data: bytes = b"") -> float:
         subprocess.run(argv, input=data, capture_output=True, env=env, cwd=home)  # warm the caches
@@ -86,31 +64,33 @@ def host_side(sb_dir: Path, reps: int) -> list[tuple[str, float]]:
          cost(["bash", "-c", "sha256sum " + " ".join(str(Path(h.sglang_dir or "") / r) for r in extra[:3])
                if h.sglang_dir else "sha256sum /etc/hostname"])),
         ("host python -c pass (interpreter start, site)", cost([h.python, "-c", "pass"])),
-        ("agent start, no request (bootstrap, cached code, imports)", cost(unfolded, agent)),
-        ("agent + facts, probe in its own process", cost(unfolded, agent + frame(facts))),
-        ("agent + facts, probe in the agent (same_start)", cost(folded, agent + frame(facts))),
     ]
-    argv, data = recorded_noop_deploy(sb_dir, h.python)
-    rows.append(("agent session of a no-op deploy (its recorded stdin replayed)", cost([h.python, *argv], data)))
+    pb_dir = str(REPO / "playbooks" / "dynamic-spec-disable")
+    for what, command in (("agent session of `facts` (agent start, facts)", ["facts"]),
+                          ("agent session of a no-op `deploy` (after a deploy)", ["deploy", pb_dir])):
+        argv, data = recorded(sb_dir, h, command)
+        rows.append((what, cost([h.python, *argv], data)))
     return rows
 
 
-def recorded_noop_deploy(sb_dir: Path, python: str) -> tuple[list[str], bytes]:
-    """The argv and stdin the host's python gets in a real no-op `fleetctl deploy` (a deploy first,
-    then the no-op, recorded by a wrapper in place of the host's python; restored after)."""
-    py = Path(python)
+def recorded(sb_dir: Path, host: Any, command: list[str]) -> tuple[list[str], bytes]:
+    """The argv and stdin the host's python gets in a real `fleetctl COMMAND` on this host (after a
+    deploy, so the agent's cache is warm and a deploy is a no-op), recorded by a wrapper in place of
+    the host's python; restored after. The last session of the command is the one kept."""
+    py = Path(host.python)
     real = py.with_name("python.profiled")
     rec = sb_dir / "profile-recorded"
     env = {**os.environ, "FLEETCTL_STATE_DIR": str(sb_dir / "profile-ledger"), "NO_COLOR": "1",
            "PYTHONPATH": str(REPO)}
-    argv = [sys.executable, "-m", "fleetctl", "deploy", str(REPO / "playbooks" / "dynamic-spec-disable"),
-            "-i", str(sb_dir / "inventory.yaml"), "--json"]
-    subprocess.run(argv, capture_output=True, env=env, cwd=REPO, check=True)
+    base = [sys.executable, "-m", "fleetctl"]
+    tail = ["-i", str(sb_dir / "inventory.yaml"), "--limit", host.name, "--json"]
+    subprocess.run([*base, "deploy", str(REPO / "playbooks" / "dynamic-spec-disable"), *tail],
+                   capture_output=True, env=env, cwd=REPO, check=True)
     py.rename(real)
     try:
         py.write_text(f'#!/bin/bash\nprintf "%s\\0" "$@" > {rec}.argv\ntee {rec}.stdin | {real} "$@"\n')
         py.chmod(0o755)
-        subprocess.run(argv, capture_output=True, env=env, cwd=REPO, check=True)
+        subprocess.run([*base, *command, *tail], capture_output=True, env=env, cwd=REPO, check=True)
     finally:
         real.replace(py)
     args = (rec.with_suffix(".argv")).read_bytes().split(b"\0")[:-1]
