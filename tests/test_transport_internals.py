@@ -5,6 +5,7 @@ only bounded by abandoning a thread."""
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
 import paramiko
@@ -47,3 +48,18 @@ def _keyfile(d: Path) -> Path:
     p = d / "k"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(p)], check=True)
     return p
+
+
+def test_packet_macs_are_compared_in_c() -> None:
+    """paramiko's packet reader gets hmac.compare_digest for its per-packet MAC check (the same
+    constant-time compare as paramiko's Python loop, whose answers it gives), its host-key matching
+    keeps paramiko's own."""
+    import hmac
+
+    from paramiko import hostkeys, packet, util
+
+    assert util.constant_time_bytes_eq is hmac.compare_digest
+    assert hostkeys.constant_time_bytes_eq is not hmac.compare_digest
+    assert "util.constant_time_bytes_eq(" in inspect.getsource(packet.Packetizer.read_message)
+    for a, b in ((b"\x01" * 32, b"\x01" * 32), (b"\x01" * 32, b"\x01" * 31 + b"\x02"), (b"ab", b"abc"), (b"", b"")):
+        assert hmac.compare_digest(a, b) == hostkeys.constant_time_bytes_eq(a, b)

@@ -8,6 +8,7 @@ of fabric or paramiko changes any of them, so they are revisited instead of sile
 from __future__ import annotations
 
 import copy
+import hmac
 import inspect
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +30,21 @@ TRANSPORT_SEND = "_send_user_message"  # paramiko.Transport
 # what fabric's Connection.open() reads and does, replayed by open_kwargs()/open_connection()
 FABRIC_OPEN_READS = ("connect_kwargs", "connect_timeout", "key_filename", "authentication",
                      "strategy_class", "open_gateway", "client.connect")
+
+
+# paramiko checks the MAC of every packet it reads with util.constant_time_bytes_eq, a constant-time
+# compare written in Python (a loop over the bytes): ~10 % of a sealed no-op's controller CPU at N=64
+# (yappi). hmac.compare_digest is the same constant-time compare, in C. Only packet.py's use, which
+# reads it from the module (`util.constant_time_bytes_eq(`), takes it; hostkeys.py keeps its own copy
+# (it compares text, which compare_digest refuses when it is not ASCII).
+
+
+def compare_macs_in_c() -> None:
+    """Give paramiko's packet reader hmac.compare_digest for its MAC check (where this paramiko reads
+    it elsewhere, nothing changes: problems() says so)."""
+    from paramiko import util as paramiko_util
+
+    paramiko_util.constant_time_bytes_eq = hmac.compare_digest
 
 
 def problems() -> list[str]:
@@ -61,7 +77,14 @@ def problems() -> list[str]:
     for word in FABRIC_OPEN_READS:
         if word not in open_src:
             out.append(f"fabric Connection.open() no longer reads {word}")
+    from paramiko import packet as paramiko_packet
+
+    if "util.constant_time_bytes_eq(" not in inspect.getsource(paramiko_packet.Packetizer.read_message):
+        out.append("paramiko.packet no longer checks MACs with util.constant_time_bytes_eq (compare_macs_in_c)")
     return out
+
+
+compare_macs_in_c()
 
 
 def add_host_keys(client: paramiko.SSHClient, keys: paramiko.HostKeys, path: str, *, share: bool = False) -> bool:
