@@ -99,11 +99,10 @@ class WheelCache:
             shutil.rmtree(tmp, ignore_errors=True)
             return final
 
-
     def extracted(self, version: str) -> Path:
         """Directory holding the wheel's full contents (package dir + dist-info), extracted once.
 
-        Returns the site-packages-like root; the package itself is `root / "sglang"`.
+        Returns the site-packages-like root; the package itself is `root / self.package`.
         """
         root = cache_dir() / "trees" / version
         done = root / ".complete"
@@ -128,10 +127,8 @@ class WheelCache:
             done.write_text(wheel.name + "\n")
         return root
 
-
     def package_dir(self, version: str) -> Path:
         return self.extracted(version) / self.package
-
 
     def pristine_bytes(self, version: str, rel: str) -> bytes:
         """The pristine bytes of `rel` (relative to the package dir) in release `version`."""
@@ -142,7 +139,6 @@ class WheelCache:
             raise InputError(f"{self.package} {version} has no file {rel}", hint=self._file_hint(version, rel),
                              reference="release-file-missing") from None
 
-
     def _file_hint(self, version: str, rel: str) -> str:
         """What the path may have meant (the release's files named alike), for a playbook's path or a
         `patch new --file` alike."""
@@ -152,7 +148,6 @@ class WheelCache:
         if close:
             return f"did you mean {' or '.join(close)}? paths are inside the {self.package} package"
         return f"paths are inside the {self.package} package, e.g. srt/server_args.py"
-
 
     def pristine_hashes(self, version: str) -> dict[str, str]:
         """sha256 (hex) of every file of the package in release `version`, relative to the package dir,
@@ -177,8 +172,6 @@ class WheelCache:
                 out[row[0][len(prefix):]] = base64.urlsafe_b64decode(digest + "=" * (-len(digest) % 4)).hex()
             self._records[version] = out
         return self._records[version]
-
-
 
     def verified_pristine(self, version: str, rel: str, expect_sha: str | None = None) -> bytes:
         """The pristine bytes of `rel` in `version`, checked against the wheel's RECORD and, if given, the
