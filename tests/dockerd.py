@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import tarfile
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -150,12 +151,20 @@ class Podman:
     runc's setrlimit then fails), so containers get `RUN_ARGS`."""
 
     root: Path
+    # podman refuses a runroot over 50 characters, which a pytest temp dir under an xdist worker's
+    # (/tmp/pytest-of-root/pytest-11/popen-gw0/podman0/run) can pass: it gets a short dir of its own
+    run_root: Path
     RUN_ARGS = ("--ulimit", "nofile=4096:4096", "--ulimit", "nproc=4096:4096", "--init-path", "/usr/bin/docker-init")
+
+    @classmethod
+    def under(cls, root: Path) -> Podman:
+        """Storage under `root`; the runroot in a new short dir under /tmp (podman_stop removes it)."""
+        return cls(root, Path(tempfile.mkdtemp(prefix="fl-pm-", dir="/tmp")))
 
     @property
     def cli(self) -> list[str]:
         return [shutil.which("podman") or "podman", "--root", str(self.root / "storage"), "--runroot",
-                str(self.root / "run"), "--tmpdir", str(self.root / "tmp"), "--cgroup-manager", "cgroupfs",
+                str(self.run_root), "--tmpdir", str(self.root / "tmp"), "--cgroup-manager", "cgroupfs",
                 "--events-backend", "file"]
 
     def run(self, *args: str, check: bool = True, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
@@ -179,5 +188,6 @@ def podman_stop(p: Podman) -> None:
     if ids:
         p.run("rm", "-f", "-t", "0", *ids, check=False)
     p.run("rmi", "-a", "-f", check=False)
-    for m in reversed(mounts_under(p.root)):
+    for m in reversed(mounts_under(p.root) + mounts_under(p.run_root)):
         subprocess.run(["umount", m], capture_output=True)
+    shutil.rmtree(p.run_root, ignore_errors=True)

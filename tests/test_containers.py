@@ -555,7 +555,7 @@ def podman(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dockerd.Podman]
     why = dockerd.podman_why_not()
     if why:
         pytest.skip(why)
-    p = dockerd.Podman(Path(str(tmp_path_factory.mktemp("podman"))))
+    p = dockerd.Podman.under(Path(str(tmp_path_factory.mktemp("podman"))))
     try:
         yield p
     finally:
