@@ -9,23 +9,18 @@ one `pytest -n 2`) keep out of each other's way.
 
 from __future__ import annotations
 
-import fcntl
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
+
+from fleetctl.engines.wheel_cache import locked
 
 # tests/test_non_root.py's (and become's, containers') world-readable sandbox dirs under /tmp
 # (pytest's tmp dirs are 0700)
 NON_ROOT_PREFIX = f"fleetctl-nr-{os.getpid()}-"
 
 
-@contextmanager
-def machine_lock(name: str) -> Iterator[None]:
-    """Hold the machine-wide lock `name` (a file under /tmp) until the block ends."""
-    with open(Path("/tmp") / f"fleetctl-test-{name}.lock", "a+b") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+def machine_lock(name: str) -> AbstractContextManager[None]:
+    """Hold the machine-wide lock `name` (a file under /tmp) until the block ends: fleetctl's own
+    flock helper (the one its wheel cache is built under)."""
+    return locked(Path("/tmp") / f"fleetctl-test-{name}.lock")
