@@ -64,17 +64,25 @@ def _has_steps0_state(version: str) -> bool:
     return {"_build_trivial_verify_input", "build_adaptive_runtime_state", "apply_runtime_state"} <= names
 
 
+# EAGLEWorkerV2 releases without a steps=0 runtime state whose skipped step is the patch's own (issue 35:
+# their default worker): a one-node verify input run through upstream's verify as a DECODE batch on
+# DECODE graphs captured for it, the draft extend deferred as on 0.5.14 (not measured on a GPU yet)
+V2_OWN_SKIP_RELEASES = ("0.5.11", "0.5.12", "0.5.12.post1")
+
+
 def _supported(version: str) -> set[str]:
     """Where the feature is implemented: EAGLEWorkerV2 where it has the steps=0 machinery (0.5.14+),
-    else EAGLEWorker while it exists (through 0.5.12.post1), else nowhere (0.5.13, 0.5.13.post1)."""
+    else EAGLEWorker while it exists (through 0.5.12.post1; with EAGLEWorkerV2, the default worker,
+    on 0.5.11-0.5.12.post1), else nowhere (0.5.13, 0.5.13.post1)."""
     if _has_steps0_state(version):
         return {"EAGLEWorkerV2"}
-    return {"EAGLEWorker"} if (wheels.package_dir(version) / V1).is_file() else set()
+    workers = {"EAGLEWorker"} if (wheels.package_dir(version) / V1).is_file() else set()
+    return workers | ({"EAGLEWorkerV2"} if version in V2_OWN_SKIP_RELEASES else set())
 
 
 # Every other EAGLE-family worker of a release is listed as unsupported.
 SUPPORTED = {v: _supported(v) for v in VERSIONS}
-V1_RELEASES = tuple(v for v in VERSIONS if SUPPORTED[v] == {"EAGLEWorker"})
+V1_RELEASES = tuple(v for v in VERSIONS if "EAGLEWorker" in SUPPORTED[v])
 V2_RELEASES = tuple(v for v in VERSIONS if SUPPORTED[v] == {"EAGLEWorkerV2"})
 # EAGLEWorker releases whose skipped steps replay DECODE-shaped CUDA graphs of the target (issue 35)
 DECODE_GRAPH_RELEASES = ("0.5.11", "0.5.12", "0.5.12.post1")
@@ -169,6 +177,7 @@ def test_release_groups():
     """What the payload does where (docs/worker-paths.md §2.7): EAGLEWorker through 0.5.12.post1, nothing
     on 0.5.13/0.5.13.post1 (no steps=0 state yet, no EAGLEWorker any more), EAGLEWorkerV2 from 0.5.14."""
     assert V1_RELEASES == VERSIONS[: _order("0.5.12.post1") + 1]
+    assert tuple(v for v in VERSIONS if SUPPORTED[v] == {"EAGLEWorker", "EAGLEWorkerV2"}) == V2_OWN_SKIP_RELEASES
     assert NONE_RELEASES == ("0.5.13", "0.5.13.post1")
     assert V2_RELEASES == VERSIONS[_order("0.5.14"):]
 
@@ -198,8 +207,8 @@ def test_every_eagle_worker_class_is_supported_or_listed_unsupported():
         for cls, why in pb.unsupported_workers[v].items():
             assert why.strip().endswith(".") and why.count(". ") == 0, f"{v} {cls}: one sentence"
         why_v2 = pb.unsupported_workers[v].get("EAGLEWorkerV2", "")
-        if v in V1_RELEASES and _order(v) >= _order("0.5.11"):
-            assert "SGLANG_ENABLE_SPEC_V2=0" in why_v2, v  # the default worker there: how to get the other
+        if v in V1_RELEASES and v not in V2_OWN_SKIP_RELEASES:
+            assert "SGLANG_ENABLE_SPEC_V2 unset" in why_v2, v  # how to get the worker that has it
         if v in NONE_RELEASES:
             assert "0.5.14" in why_v2, v
 
@@ -325,7 +334,7 @@ def test_decision_function_edges(version, rel):
 
 def test_decision_function_is_pure_and_identical_everywhere():
     nodes = [find_def(patched_tree(v, rel), "_dsd_should_speculate") for v, rel in decision_functions()]
-    assert len(nodes) == len(V1_RELEASES) + len(V2_RELEASES)
+    assert len(nodes) == len(V1_RELEASES) + len(V2_OWN_SKIP_RELEASES) + len(V2_RELEASES)
     dumps = {ast.dump(n) for n in nodes}
     assert len(dumps) == 1
     body = nodes[0]
@@ -732,6 +741,195 @@ def test_deferred_extend_gaps_sees_what_a_release_lacks():
         "no per-step draft extend where it seeds the DSA indexer top-k"]
 
 
+def own_skip_gaps(version: str, cls: ast.ClassDef, module: ast.Module) -> list[str]:
+    """What EAGLEWorkerV2's own skipped step on 0.5.11-0.5.12.post1 (`_dsd_skipped_step`,
+    `_dsd_prepare_decode`, `_dsd_init_decode_graphs`, the deferred draft extend) takes from the release
+    that the release lacks: the fields of the verify input it builds and of the draft input it reads
+    and fills, the cache-location helper's parameters, the release's own draft-extend preparation
+    and its arity, the fields of ModelWorkerBatch / Req / ServerArgs it reads or sets, the graph
+    runner's and model runner's members it uses, every module-level name, and where the release's
+    scheduler reads a result's token stride from. Empty when every piece is the release's own."""
+    gaps = []
+    fn = {n: find_def(cls, n) for n in ("_dsd_skipped_step", "_dsd_prepare_decode", "_dsd_init_decode_graphs",
+                                        "_dsd_defer_draft_extend", "_dsd_catch_up", "_dsd_catch_up_before_draft",
+                                        "_dsd_skip_state")}
+    info = "sglang.srt.speculative.eagle_info"
+    vfields, vrequired = class_fields(_class_in(version, info, "EagleVerifyInput"))
+    (vi,) = calls(fn["_dsd_skipped_step"], "EagleVerifyInput")
+    given = {k.arg for k in vi.keywords}
+    gaps += [f"EagleVerifyInput({k}=)" for k in sorted(given - vfields)]
+    gaps += [f"EagleVerifyInput needs {k}=" for k in sorted(vrequired - given)]
+    draft_fields = class_fields(_class_in(version, info, "EagleDraftInput"))[0]
+    used = (attributes_of(fn["_dsd_skipped_step"], "draft_input") | attributes_of(fn["_dsd_skipped_step"], "next_draft_input")
+            | attributes_of(fn["_dsd_defer_draft_extend"], "next_draft_input")
+            | attributes_of(fn["_dsd_catch_up"], "extend_input") - {"prepare_for_extend_to_fill_draft_kvcache"}
+            | attributes_of(fn["_dsd_catch_up_before_draft"], "spec"))
+    (ei,) = calls(fn["_dsd_catch_up"], "EagleDraftInput")
+    used |= {k.arg for k in ei.keywords}
+    gaps += [f"EagleDraftInput.{a}" for a in sorted(used - draft_fields)]
+    v2info = _module_tree(version, "sglang.srt.speculative.eagle_info_v2")
+    (assign,) = calls(fn["_dsd_prepare_decode"], "assign_extend_cache_locs_func")
+    gaps += [f"assign_extend_cache_locs_func({k}=)" for k in sorted({k.arg for k in assign.keywords}
+                                                                    - _params(find_def(v2info, "assign_extend_cache_locs_func")))]
+    mixin = find_class(v2info, "EagleDraftInputV2Mixin")
+    if "prepare_for_extend_to_fill_draft_kvcache" not in _defined(mixin):
+        gaps.append("EagleDraftInputV2Mixin.prepare_for_extend_to_fill_draft_kvcache")
+    else:
+        (call,) = calls(fn["_dsd_catch_up"], "prepare_for_extend_to_fill_draft_kvcache")
+        want = len(find_def(mixin, "prepare_for_extend_to_fill_draft_kvcache").args.args) - 1
+        if len(call.args) != want:
+            gaps.append(f"prepare_for_extend_to_fill_draft_kvcache: {len(call.args)} arguments, the release takes {want}")
+    mwb = class_fields(_class_in(version, "sglang.srt.managers.schedule_batch", "ModelWorkerBatch"))[0]
+    touched = set().union(*(attributes_of(f, "batch") for f in fn.values())) | attributes_of(fn["_dsd_catch_up"], "catch_up")
+    gaps += [f"ModelWorkerBatch.{a}" for a in sorted(touched - mwb)]
+    req = class_attributes(_class_in(version, "sglang.srt.managers.schedule_batch", "Req"))
+    gaps += [f"Req.{a}" for a in sorted(set().union(*(attributes_of(f, "req") for f in fn.values())) - req)]
+    sa = _defined(_class_in(version, "sglang.srt.server_args", "ServerArgs"))
+    read = attributes_of(fn["_dsd_init_decode_graphs"], "sa") | attributes_of(fn["_dsd_init_decode_graphs"], "args")
+    read |= {n.attr for f in fn.values() for n in ast.walk(f) if isinstance(n, ast.Attribute)
+             and ast.unparse(n.value) == "self.server_args"}
+    gaps += [f"ServerArgs.{a}" for a in sorted(read - sa)]
+    runner = _defined(_class_in(version, "sglang.srt.model_executor.cuda_graph_runner", "CudaGraphRunner"))
+    runner |= class_attributes(_class_in(version, "sglang.srt.model_executor.cuda_graph_runner", "CudaGraphRunner"))
+    gaps += [f"CudaGraphRunner.{m}" for m in ("can_run", "replay_prepare", "capture_bs") if m not in runner]
+    mr = class_attributes(_class_in(version, "sglang.srt.model_executor.model_runner", "ModelRunner"))
+    wanted = attributes_of(fn["_dsd_init_decode_graphs"], "target_runner") | attributes_of(fn["_dsd_prepare_decode"], "target_runner")
+    wanted |= attributes_of(fn["_dsd_skip_state"], "runner") | {"mambaish_config"}
+    gaps += [f"ModelRunner.{m}" for m in sorted(wanted - mr)]
+    names = {n.id for f in fn.values() for n in ast.walk(f) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    local = {n.id for f in fn.values() for n in ast.walk(f) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    local |= {a for f in fn.values() for a in _params(f)} | set(dir(builtins)) | {"self"}
+    gaps += [f"module name {n}" for n in sorted(names - local - _defined(module))]
+    # the scheduler reads each request's tokens at a stride: from the result (0.5.12+), or from this
+    # worker's attribute when it processes the result (0.5.11), where the skipped step pads to it
+    mixin_out = _module_tree(version, "sglang.srt.managers.scheduler_output_processor_mixin")
+    stride = [ast.unparse(n.value) for n in ast.walk(mixin_out) if isinstance(n, ast.Assign)
+              and ast.unparse(n.targets[0]) == "stride"]
+    skipped = ast.unparse(fn["_dsd_skipped_step"])
+    if stride == ["result.speculative_num_draft_tokens"]:
+        result = class_fields(_class_in(version, "sglang.srt.managers.utils", "GenerationBatchResult"))[0]
+        verify = ast.unparse(find_def(cls, "verify"))
+        if "speculative_num_draft_tokens" not in result or \
+                "speculative_num_draft_tokens=self.speculative_num_draft_tokens" not in verify:
+            gaps.append("the result does not carry the skipped step's stride")
+    elif stride == ["self.draft_worker.speculative_num_draft_tokens"]:
+        if "strided[::stride] = batch_output.next_token_ids" not in skipped:
+            gaps.append("the skipped step's tokens are not at the worker's stride")
+    else:
+        gaps.append(f"the scheduler's stride is {stride}")
+    return gaps
+
+
+@pytest.mark.parametrize("version", V2_OWN_SKIP_RELEASES)
+def test_v2_own_skipped_step(version):
+    """EAGLEWorkerV2 of 0.5.11-0.5.12.post1 (their default worker, no steps=0 state): a decode step
+    over the threshold returns the patch's own skipped step before drafting (each switch noted); it
+    builds a one-node verify input rooted at the previous bonus token and runs upstream's verify on it
+    with one draft token per request and the target's DECODE graphs (captured for the batch sizes
+    above the threshold, FULL hidden states, the graph runner put back after), the target forward
+    being a plain DECODE batch prepared on the forward stream; its draft extend is deferred as on
+    0.5.14 (every few skipped steps and before drafting resumes; a prefill clears a reused row); every
+    piece taken from the release is the release's own."""
+    tree = patched_tree(version, V2)
+    cls = find_class(tree, "EAGLEWorkerV2")
+    assert own_skip_gaps(version, cls, tree) == []
+    fbg = find_def(cls, "forward_batch_generation")
+    (decision,) = [n for n in ast.walk(fbg) if isinstance(n, ast.If) and calls(n.test, "_dsd_should_speculate")] or [
+        n for n in ast.walk(fbg) if isinstance(n, ast.If) and ast.unparse(n.test) == "not speculate"]
+    (noted,) = calls(fbg, "_dsd_note_switch")
+    (skip,) = calls(fbg, "_dsd_skipped_step")
+    (before,) = calls(fbg, "_dsd_catch_up_before_draft")
+    (draft,) = [c for c in calls(fbg, "draft") if ast.unparse(c.func) == "self.draft_worker.draft"]
+    assert noted.lineno < skip.lineno < before.lineno < draft.lineno
+    assert isinstance(decision.body[0], ast.Return) and decision.body[0].value is skip
+    (reset,) = [n for n in ast.walk(fbg) if isinstance(n, ast.Assign) and "_dsd_pend_n[" in ast.unparse(n.targets[0])]
+    (prefill,) = calls(fbg, "_draft_extend_for_prefill")
+    assert reset.lineno < prefill.lineno and ast.unparse(reset.value) == "0"
+    assert calls(find_def(cls, "__init__"), "_dsd_init_decode_graphs")
+    init = ast.unparse(find_def(cls, "__init__"))
+    assert "require_mlp_sync(server_args)" in init and "mambaish_config" in init
+    assert any(isinstance(n, ast.AnnAssign) and ast.unparse(n.target) == "_dsd_threshold"
+               and ast.unparse(n.value) == "None" for n in cls.body), "class default for subclasses"
+
+    step = find_def(cls, "_dsd_skipped_step")
+    (vi,) = calls(step, "EagleVerifyInput")
+    kw = {k.arg: ast.unparse(k.value) for k in vi.keywords}
+    assert (kw["spec_steps"], kw["topk"], kw["draft_token_num"]) == ("0", "1", "1")
+    assert kw["capture_hidden_mode"] == "CaptureHiddenMode.FULL"
+    (verify_call,) = calls(step, "verify")
+    (with_state,) = [n for n in ast.walk(step) if isinstance(n, ast.With) and "_dsd_skip_state" in ast.unparse(n.items[0])]
+    assert verify_call in list(ast.walk(with_state))
+    assert not calls(step, "_draft_extend_for_decode") and calls(step, "_dsd_defer_draft_extend")
+    state = ast.unparse(find_def(cls, "_dsd_skip_state"))
+    assert "self.speculative_num_steps, self.speculative_num_draft_tokens = (0, 1)" in state
+    assert "runner.graph_runner = self._dsd_graph_runner" in state and "finally:" in state
+
+    verify = find_def(cls, "verify")
+    (choice,) = [n for n in verify.body if isinstance(n, ast.If) and ast.unparse(n.test) == "self._dsd_skipping"]
+    assert calls(choice.body[0], "_dsd_prepare_decode") and calls(choice.orelse[0], "prepare_for_v2_verify")
+    (fill,) = calls(verify, "update_verify_buffers_to_fill_after_draft")
+    guard = [n for n in ast.walk(verify) if isinstance(n, ast.If) and fill in list(ast.walk(n))]
+    assert ast.unparse(guard[-1].test) == "self.plan_stream and (not self._dsd_skipping)"
+    prep = ast.unparse(find_def(cls, "_dsd_prepare_decode"))
+    assert "batch.forward_mode = ForwardMode.DECODE" in prep and "batch.forward_mode = ForwardMode.TARGET_VERIFY" in prep
+    assert "CaptureHiddenMode.FULL" in prep and "end_offset=batch.seq_lens + 1" in prep
+    assert "graph_runner.replay_prepare(forward_batch)" in prep and "init_forward_metadata(forward_batch)" in prep
+    graphs = ast.unparse(find_def(cls, "_dsd_init_decode_graphs"))
+    assert "CudaGraphRunner(_DsdDecodeRunnerView(" in graphs and "bs > threshold" in graphs
+    assert "args.enable_return_hidden_states = True" in graphs
+    assert "SpeculativeAlgorithm.NONE" in ast.unparse(find_class(tree, "_DsdDecodeRunnerView"))
+
+    # the deferred draft extend: the kept positions end after the step's own (in a skipped step) or
+    # before this one (resuming); pads write the KV pool's padding slot and come after every kept token
+    offsets = {ast.unparse(c.keywords[0].value) for f in ("_dsd_defer_draft_extend", "_dsd_catch_up_before_draft")
+               for c in calls(find_def(cls, f), "_dsd_catch_up")}
+    assert offsets == {"1", "0"}
+    catch = ast.unparse(find_def(cls, "_dsd_catch_up"))
+    assert "torch.where(valid, slots, torch.zeros_like(slots))" in catch
+    assert "valid = cols.unsqueeze(0) < n.unsqueeze(1)" in catch
+    # the host-side count (the catch-up's extend lengths) moves with the device-side one, everywhere
+    for name in ("_dsd_defer_draft_extend", "_dsd_catch_up"):
+        body = ast.unparse(find_def(cls, name))
+        assert "self._dsd_pend_n[rows]" in body and "self._dsd_pend_n_cpu[req.req_pool_idx]" in body, name
+    assert "self._dsd_pend_n_cpu[req.req_pool_idx] = 0" in ast.unparse(fbg)
+
+
+def test_own_skip_gaps_sees_what_a_release_lacks():
+    """The check above can fail: 0.5.12's skipped step on 0.5.11 (what a clean merge would give) reads
+    bonus_tokens and the result's stride, which 0.5.11 lacks; planted keywords and names are seen."""
+    cls = find_class(patched_tree("0.5.12", V2), "EAGLEWorkerV2")
+    gaps = own_skip_gaps("0.5.11", cls, ast.parse(wheels.pristine_bytes("0.5.11", V2)))
+    assert "EagleDraftInput.bonus_tokens" in gaps and "EagleDraftInput.num_correct_drafts" in gaps
+    assert "the skipped step's tokens are not at the worker's stride" in gaps
+    assert "module name CudaGraphRunner" in gaps and "module name log_info_on_rank0" in gaps
+    src = ast.unparse(cls).replace("draft_token_num=1, device=", "draft_token_num=1, stride=1, device=")
+    src = src.replace("retrieve_cum_len=None,", "retrive_cum_len=None,").replace("fast_topk(", "fast_topkX(")
+    src = src.replace("catch_up.seq_lens_sum = ", "catch_up.seq_lens_total = ")
+    planted = own_skip_gaps("0.5.12", find_class(ast.parse(src), "EAGLEWorkerV2"), patched_tree("0.5.12", V2))
+    assert planted == ["EagleVerifyInput(retrive_cum_len=)", "EagleVerifyInput needs retrieve_cum_len=",
+                       "assign_extend_cache_locs_func(stride=)", "ModelWorkerBatch.seq_lens_total",
+                       "module name fast_topkX"], planted
+
+
+def test_own_skip_is_one_file_on_0_5_12_and_post1_and_carried_to_0_5_11():
+    """0.5.12.post1's eagle_worker_v2.py (and what its skipped step reads: eagle_info(_v2), the graph
+    runner, the scheduler's result processing) is byte-identical to 0.5.12's, so is the patch; 0.5.11's
+    patch adds the same methods, differing only where the release does."""
+    for rel in (V2, "srt/speculative/eagle_info.py", "srt/speculative/eagle_info_v2.py",
+                "srt/model_executor/cuda_graph_runner.py", "srt/managers/scheduler_output_processor_mixin.py"):
+        assert wheels.pristine_bytes("0.5.12", rel) == wheels.pristine_bytes("0.5.12.post1", rel), rel
+    pb = playbook()
+    patch = {v: next(f for f in pb.files_for(v) if f.path == V2).patch_text for v in V2_OWN_SKIP_RELEASES}
+    assert patch["0.5.12"] == patch["0.5.12.post1"]
+    mine = {v: {n.name for n in find_class(patched_tree(v, V2), "EAGLEWorkerV2").body
+                if isinstance(n, ast.FunctionDef) and n.name.startswith("_dsd")} for v in V2_OWN_SKIP_RELEASES}
+    assert mine["0.5.11"] == mine["0.5.12"] and len(mine["0.5.12"]) == 8
+    for name in ("_dsd_prepare_decode", "_dsd_catch_up_before_draft", "_dsd_note_switch", "_dsd_skip_state",
+                 "_dsd_init_decode_graphs"):
+        same = {ast.dump(find_def(find_class(patched_tree(v, V2), "EAGLEWorkerV2"), name)) for v in V2_OWN_SKIP_RELEASES}
+        assert len(same) == 1, name
+
+
 # ---------------------------------------------------------------- server_args
 
 
@@ -910,10 +1108,14 @@ def test_server_args_validation(version, adaptive_module):
         refused("two_batch_overlap", enable_two_batch_overlap=True)
         if _order(version) >= _order("0.5.21"):  # PP + EAGLE allowed by SGLang from 0.5.21
             refused("pipeline parallelism", pp_size=2)
+    elif version in V2_OWN_SKIP_RELEASES:  # both workers: EAGLEWorkerV2 (overlap, the default) and EAGLEWorker
+        check(fake_args(version, disable_overlap_schedule=False))
+        check(fake_args(version, speculative_eagle_topk=4))  # EAGLEWorker handles trees too
+        refused("two-batch-overlap.*SGLANG_ENABLE_SPEC_V2=0", disable_overlap_schedule=False,
+                enable_two_batch_overlap=True)
+        check(fake_args(version, enable_two_batch_overlap=True))  # EAGLEWorker: as on the releases before
     else:
         refused("SGLANG_ENABLE_SPEC_V2", disable_overlap_schedule=False)
-        if _order(version) >= _order("0.5.11"):  # overlap (EAGLEWorkerV2) is the default there
-            refused("SGLANG_ENABLE_SPEC_V2=0", disable_overlap_schedule=False)
         check(fake_args(version, speculative_eagle_topk=4))  # EAGLEWorker handles trees too
 
 
@@ -955,10 +1157,12 @@ def test_default_launch_is_covered(version):
         assert cov.worker_class == "EAGLEWorkerV2"
         assert cov.refused and "upgrade to 0.5.14" in cov.refused
         return
-    if version in V1_RELEASES and _order(version) >= _order("0.5.11"):
-        # EAGLEWorkerV2 is the default there and has no steps=0 state: refused, with the way out
-        assert cov.worker_class == "EAGLEWorkerV2" and cov.refused and f"{ENV}=0" in cov.refused
-        cov = coverage(version, pb.launch.flags, {ENV: "0"}, pb)
+    if version in V2_OWN_SKIP_RELEASES:
+        # EAGLEWorkerV2 is the default there (no SGLANG_ENABLE_SPEC_V2 needed), and EAGLEWorker with =0
+        assert cov.worker_class == "EAGLEWorkerV2" and cov.covered and cov.refused is None
+        v1 = coverage(version, pb.launch.flags, {ENV: "0"}, pb)
+        assert v1.worker_class == "EAGLEWorker" and v1.covered and v1.refused is None
+        return
     assert cov.worker_class in SUPPORTED[version]
     assert cov.covered and cov.refused is None
     if version in V1_RELEASES:
@@ -1028,6 +1232,61 @@ def test_real_sglang_modules_on_cpu(version, tmp_path):
     assert after["req_to_token_new_slots"] == [500, 501, 502]
 
 
+@pytest.mark.skipif(not SGLANG_PYTHON, reason="opt-in: FLEETCTL_SGLANG_PYTHON names an interpreter with "
+                    "SGLang's import-time dependencies (fleetctl's CPU venv: fleetctl/sandbox/cpu_venv.py)")
+@pytest.mark.parametrize("version", V2_OWN_SKIP_RELEASES)
+def test_v2_own_skip_on_the_real_module(version, tmp_path):
+    """EAGLEWorkerV2 of 0.5.11-0.5.12.post1 imported as SGLang imports it, three skipped steps and one
+    drafting step through the real forward_batch_generation / verify / draft-extend preparation with
+    the models faked (tests/data/payload/cpu_probe_v2.py): pool rows 2, 0, 3 at lengths 10, 20, 30,
+    bonus tokens 7, 8, 9; the target's next token is its input + 1, the draft's guess input + 2, its
+    hidden state the token; the window is 2 skipped steps."""
+    pkg = tmp_path / "site" / "sglang"
+    shutil.copytree(wheels.package_dir(version), pkg, copy_function=shutil.copyfile)
+    for pf in playbook().files_for(version):
+        (pkg / pf.path).write_bytes(patched(version, pf.path))
+    proc = subprocess.run([SGLANG_PYTHON, str(DATA / "cpu_probe_v2.py"), str(pkg.parent), version],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    decode = [e for e in out["init_new"] if e["mode"] == "DECODE"]
+    extend = [e for e in out["init_new"] if e["mode"] == "DRAFT_EXTEND_V2"]
+    # each skipped step: the target alone, a DECODE batch on the DECODE graphs (prepared by them)
+    assert [e["input_ids"] for e in decode] == [[7, 8, 9], [8, 9, 10], [9, 10, 11]]
+    assert [e["positions"] for e in decode] == [[10, 20, 30], [11, 21, 31], [12, 22, 32]]
+    assert [e["seq_lens"] for e in decode] == [[11, 21, 31], [12, 22, 32], [13, 23, 33]]
+    assert decode[0]["out_cache_loc"] == [1000 + 2 * 64 + 10, 1000 + 0 * 64 + 20, 1000 + 3 * 64 + 30]
+    assert all(e["capture"] == "FULL" and e["spec_info_none"] and e["runner"] == "target" for e in decode)
+    assert [t["graph_runner"] for t in out["target"]] == ["decode-graphs"] * 3
+    assert all(t["mode"] == "DECODE" and t["skip_attn_backend_init"] for t in out["target"])
+    assert out["attn_init"].count(["decode-graphs", "DECODE"]) == 3
+    stride = 4 if version == "0.5.11" else 1  # 0.5.11's scheduler reads the worker's stride
+    for i, r in enumerate(out["results"]):
+        assert r["accept_lens"] == [1, 1, 1] and r["restored"] == [3, 4, "verify-graphs", False]
+        assert [r["next_token_ids"][k * stride] for k in range(3)] == [8 + i, 9 + i, 10 + i]
+        assert len(r["next_token_ids"]) == 3 * stride and r["result_stride"] in (None, 1)
+        assert r["bonus"] == [8 + i, 9 + i, 10 + i] and r["new_seq_lens"] == [11 + i, 21 + i, 31 + i]
+        assert r["window"] == 2
+    # the future map keeps the last draft input until a catch-up (after the 2nd step) fills it
+    r1, r2, r3 = out["results"]
+    assert r1["future_topk_index"] == r3["future_topk_index"] == [[5]] * 3
+    assert (r1["pend_n"], r1["pend_n_cpu"], r1["since"]) == ([1, 0, 1, 1], [1, 0, 1, 1], 1)
+    assert (r2["pend_n"], r2["pend_n_cpu"], r2["since"]) == ([0] * 4, [0] * 4, 0)
+    assert r2["future_topk_index"] == [[11], [12], [13]] and r2["future_hidden_first_col"] == [9.0, 10.0, 11.0]
+    # the catch-up: two kept positions a request, in order, at their own KV slots, with their target hidden states
+    assert extend[0]["input_ids"] == [8, 9, 9, 10, 10, 11] and extend[0]["extend_prefix_lens"] == [10, 20, 30]
+    assert extend[0]["extend_seq_lens"] == [2, 2, 2] and extend[0]["hidden_rows"] == 6
+    assert extend[0]["out_cache_loc"] == [1138, 1139, 1020, 1021, 1222, 1223]
+    assert extend[0]["hidden_first_col"] == [0.0, 100.0, 1.0, 101.0, 2.0, 102.0]
+    # the drafting step (2 running: rows 2 and 0) catches up the 3rd step's position first, then drafts
+    # from what that catch-up left; row 3 (not running any more) keeps its count until a prefill reuses it
+    assert extend[1]["input_ids"] == [10, 11] and extend[1]["extend_prefix_lens"] == [12, 22]
+    assert extend[1]["out_cache_loc"] == [1140, 1022] and extend[1]["hidden_first_col"] == [200.0, 201.0]
+    assert out["drafted"] == [{"topk_index": [[12], [13]], "hidden_first_col": [10.0, 11.0]}]
+    assert (out["pend_n_end"], out["pend_n_cpu_end"], out["since_end"]) == ([0, 0, 0, 1], [0, 0, 0, 1], 0)
+    assert [d["mode"] for d in out["draft"]] == ["DRAFT_EXTEND_V2"] * 2
+
+
 def test_intended_bytes_cache_is_used_and_checked(tmp_path, monkeypatch):
     """The patched + compiled intended bytes are kept in the cache dir: a later run takes them from
     there (no patching, no compile), and a cache entry whose bytes do not match its recorded sha256
@@ -1062,13 +1321,13 @@ def test_intended_bytes_cache_is_used_and_checked(tmp_path, monkeypatch):
     intended._apply.cache_clear()
 
 
-@pytest.mark.parametrize("version", DECODE_GRAPH_RELEASES + V2_RELEASES)
-def test_switch_lines_are_rate_limited(version):
-    """The shipped _dsd_note_switch (the v1 worker's on 0.5.11-0.5.12.post1, EAGLEWorkerV2's from
+@pytest.mark.parametrize(("version", "rel"), [(v, V1) for v in DECODE_GRAPH_RELEASES]
+                         + [(v, V2) for v in V2_OWN_SKIP_RELEASES + V2_RELEASES], ids=lambda x: str(x))
+def test_switch_lines_are_rate_limited(version, rel):
+    """The shipped _dsd_note_switch (both workers' on 0.5.11-0.5.12.post1, EAGLEWorkerV2's from
     0.5.14), run with a clock the test moves: a line when speculation goes off or on, none while it
     stays, at most one per interval; the state that changed meanwhile is logged at the next step
     after the interval, with the switches it stands for."""
-    rel = V1 if version in DECODE_GRAPH_RELEASES else V2
     tree = patched_tree(version, rel)
     cls = find_class(tree, WORKER_CLASS[rel])
     interval = next(n.value.value for n in tree.body if isinstance(n, ast.Assign)

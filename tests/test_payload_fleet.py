@@ -1,6 +1,6 @@
 """The payload on a sandbox fleet that mixes releases of every kind the playbook covers: 0.5.7 and 0.5.9
-(EAGLEWorker, the default), 0.5.12 (EAGLEWorker, reached with SGLANG_ENABLE_SPEC_V2=0; the default
-EAGLEWorkerV2 is refused), 0.5.14 and 0.5.23 (EAGLEWorkerV2, steps=0 state). explain -> deploy ->
+(EAGLEWorker, the default), 0.5.12 (EAGLEWorkerV2, the default there, with the payload's own skipped
+step; EAGLEWorker with SGLANG_ENABLE_SPEC_V2=0), 0.5.14 and 0.5.23 (EAGLEWorkerV2, steps=0 state). explain -> deploy ->
 launch -> verify-logs -> rollback, each host held to its own release's worker and startup dump.
 
 The mixed-release loop runs on in-process hosts (`fake_sandbox`, tests/fakehost.py: the servers are
@@ -28,8 +28,8 @@ ADAPTIVE = ROOT / "playbooks" / "adaptive-spec"
 ADAPTIVE_MARKERS = ("AdaptiveSpeculativeParams initialized:", "Built adaptive runtime state steps=0:")
 MARKER = "Dynamic speculation disable enabled"
 VERSIONS = ("0.5.7", "0.5.9", "0.5.12", "0.5.14", "0.5.23")
-# the worker each host runs with the playbook's launch (0.5.12 with SGLANG_ENABLE_SPEC_V2=0)
-WORKER = {"h01": "EAGLEWorker", "h02": "EAGLEWorker", "h03": "EAGLEWorker", "h04": "EAGLEWorkerV2",
+# the worker each host runs with the playbook's launch (no SGLANG_ENABLE_SPEC_V2 anywhere)
+WORKER = {"h01": "EAGLEWorker", "h02": "EAGLEWorker", "h03": "EAGLEWorkerV2", "h04": "EAGLEWorkerV2",
           "h05": "EAGLEWorkerV2"}
 pytestmark = pytest.mark.usefixtures("ledger_dir")
 
@@ -78,19 +78,15 @@ def test_mixed_release_fleet_deploy_launch_verify_rollback(fake_sandbox: Callabl
     sb = fake_sandbox(hosts=len(VERSIONS), versions=VERSIONS, gpus=2)
     assert {n: h.version for n, h in sb.hosts.items()} == dict(zip(sorted(sb.hosts), VERSIONS, strict=True))
     try:
-        # 0.5.12's default worker is EAGLEWorkerV2, which the payload refuses there: explain says so,
-        # with the way out, and deploy refuses the host
-        bare = make_inventory(sb, tmp_path / "bare.yaml", hosts=["h03"])
-        code, doc = cli(capsys, "explain", "-i", bare, PAYLOAD)
-        assert code == 1
-        blob = json.dumps(doc)
-        assert "EAGLEWorkerV2" in blob and "SGLANG_ENABLE_SPEC_V2=0" in blob
-        code, _ = cli(capsys, "deploy", "-i", bare, PAYLOAD)
-        assert code != 0
-        assert payload_files_pristine(sb)["h03"]
+        # 0.5.12's default worker is EAGLEWorkerV2, which carries the feature there (issue 35): no
+        # SGLANG_ENABLE_SPEC_V2 needed; with =0 the host runs EAGLEWorker, covered too
+        v1 = make_inventory(sb, tmp_path / "v1.yaml", hosts=["h03"], env={"h03": {"SGLANG_ENABLE_SPEC_V2": "0"}})
+        blob = json.dumps(ok(capsys, "explain", "-i", v1, PAYLOAD))
+        assert "EAGLEWorker" in blob and "eagle_worker.py" in blob, blob[:2000]
 
-        inv = make_inventory(sb, tmp_path / "inv.yaml", env={"h03": {"SGLANG_ENABLE_SPEC_V2": "0"}})
-        ok(capsys, "explain", "-i", inv, PAYLOAD)
+        inv = make_inventory(sb, tmp_path / "inv.yaml")
+        blob = json.dumps(ok(capsys, "explain", "-i", inv, PAYLOAD))
+        assert "eagle_worker_v2.py" in blob
         ok(capsys, "deploy", "-i", inv, PAYLOAD)
         assert not any(payload_files_pristine(sb).values())
         ok(capsys, "launch", "-i", inv, PAYLOAD, "--timeout", "300")

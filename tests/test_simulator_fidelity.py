@@ -36,7 +36,7 @@ def _patched(version: str) -> str:
 # The payload's own check on these releases calls the release's adaptive_unsupported_reason, which there
 # needs SGLang's config views (not self-contained): the replay skips the check rather than guess it.
 NOT_REPLAYED = {v for v in load_playbook(PAYLOAD).supported() if KNOWN_VERSIONS.index(v) >= KNOWN_VERSIONS.index("0.5.15")}
-# EAGLEWorkerV2 is the default there and refuses the flag; the payload runs with SGLANG_ENABLE_SPEC_V2=0
+# EAGLEWorkerV2 is the default there (covered); SGLANG_ENABLE_SPEC_V2=0 selects EAGLEWorker (covered too)
 V1_BY_ENV = {"0.5.11", "0.5.12", "0.5.12.post1"}
 
 
@@ -46,6 +46,9 @@ def test_the_patched_checks_are_replayed_from_the_file_on_disk(version: str) -> 
     src = _patched(version)
     env = {"SGLANG_ENABLE_SPEC_V2": "0"} if version in V1_BY_ENV else {}
     ok = dict(resolve_worker(version, FLAGS, env).resolved_args)
+    if version in V1_BY_ENV:  # and the default launch (EAGLEWorkerV2, the overlap scheduler) passes too
+        default = dict(resolve_worker(version, FLAGS, {}).resolved_args)
+        assert default["disable_overlap_schedule"] is False and run_checks(src, default, pkg) is None
     dp = dict(resolve_worker(version, {**FLAGS, "--enable-dp-attention": True, "--dp-size": 2, "--tp-size": 2},
                               env).resolved_args)
     if version in NOT_REPLAYED:
