@@ -178,12 +178,14 @@ def plan_for(version):
             dict(name="t_nospec", tree="pristine", env={}, target="target", draft=None,
                  bench=bt, ready_max=150, need_s=60, nofb=True),
         ]
-    if version in ("014w", "012w", "014wt", "012wt", "014wm"):
+    if version in ("014w", "012w", "012v", "014wt", "012wt", "014wm"):
         # the 8b shape (make_models.py --shape 8b, in WORK/models8b): the same bigram target and
         # draft-kvmean at Llama-3-8B's width and depth, so that a decode step is GPU-bound as with
-        # real models; *wt: the draft that pays (constant target + draft-perfect, accept 4)
-        env = {"SGLANG_ENABLE_SPEC_V2": "0"} if version.startswith("012") else {}
-        wk = "v1" if version.startswith("012") else "v2"
+        # real models; *wt: the draft that pays (constant target + draft-perfect, accept 4);
+        # 012w/012wt: 0.5.12's v1 worker (SGLANG_ENABLE_SPEC_V2=0 for every server); 012v: 0.5.12's
+        # default EAGLEWorkerV2 (no SGLANG_ENABLE_SPEC_V2 anywhere), the payload's own skipped step there
+        env = {"SGLANG_ENABLE_SPEC_V2": "0"} if version in ("012w", "012wt") else {}
+        wk = "v1" if env else "v2"
         m = dict(models="models8b", nofb=True)
         if version.endswith(("wt", "wm")):
             bt = [(1, 4, 256), (4, 8, 256), (8, 16, 256), (32, 64, 256), (64, 128, 256)]
