@@ -1267,6 +1267,10 @@ def test_v2_own_skip_on_the_real_module(version, tmp_path):
         assert len(r["next_token_ids"]) == 3 * stride and r["result_stride"] in (None, 1)
         assert r["bonus"] == [8 + i, 9 + i, 10 + i] and r["new_seq_lens"] == [11 + i, 21 + i, 31 + i]
         assert r["window"] == 2
+    # the event the scheduler waits for before preparing the next step: recorded once the step's inputs
+    # are prepared, before its target forward (the host prepares the next step while the target runs),
+    # on the step that catches up after the catch-up's draft forward (it reads the request pool)
+    assert [r["verify_done_at"] for r in out["results"]] == [[0, 0], [2, 1], [2, 1]]
     # the future map keeps the last draft input until a catch-up (after the 2nd step) fills it
     r1, r2, r3 = out["results"]
     assert r1["future_topk_index"] == r3["future_topk_index"] == [[5]] * 3

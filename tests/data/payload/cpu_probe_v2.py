@@ -15,7 +15,8 @@ What it runs, all on CPU, with the real (patched) module imported as SGLang impo
 ForwardBatch.init_new is replaced by a recorder (it reads GPU-only pieces), and the three GPU kernels
 reached (the cache-location writer, the one-node greedy verify, the bonus-token filler) by small
 torch stand-ins. What is checked: the DECODE forward's tokens, KV slots, lengths and hidden-state
-mode; the result's stride and accept lengths; what the future map gets; the kept tokens, positions
+mode; the result's stride and accept lengths; what the future map gets (new seq_lens and the
+verify_done event the scheduler waits for: recorded before the step's target forward, after a catch-up); the kept tokens, positions
 and KV slots of each catch-up; the draft input the catch-up leaves.
 """
 
@@ -206,6 +207,17 @@ def probe(version: str) -> dict:
             sampling_info=Sampling(), has_grammar=False, return_logprob=False, extend_seq_lens=None,
             extend_prefix_lens=None, extend_num_tokens=None)
 
+    class Event:
+        """A device event: what had run (target forwards, draft forwards) when it was recorded."""
+
+        def record(self, stream=None):
+            self.at = [len(rec["target"]), len(rec["draft"])]
+
+        def synchronize(self):
+            pass
+
+    torch.cpu.Event = Event  # torch.get_device_module("cpu").Event
+
     m._DSD_CATCH_UP_TOKENS = 8  # a catch-up of the 4-row pool: max(8, chunk 9) // 4 rows = a window of 2
     for t in range(3):  # three skipped steps (3 running > threshold 2): a catch-up after the 2nd
         step["t"] = t
@@ -216,6 +228,7 @@ def probe(version: str) -> dict:
             "next_token_ids": res.next_token_ids.tolist(), "accept_lens": res.accept_lens.tolist(),
             "result_stride": getattr(res, "speculative_num_draft_tokens", None),
             "bonus": getattr(nxt, bonus_field).tolist(), "new_seq_lens": nxt.new_seq_lens.tolist(),
+            "verify_done_at": nxt.verify_done.at,
             "future_topk_index": nxt.topk_index.tolist(), "future_hidden_first_col": nxt.hidden_states[:, 0].tolist(),
             "pend_n": worker._dsd_pend_n.tolist(), "pend_n_cpu": list(worker._dsd_pend_n_cpu),
             "since": worker._dsd_since_catch_up, "window": worker._dsd_window,
