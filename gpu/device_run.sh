@@ -52,7 +52,7 @@ fi
 
 echo "== models"
 python3 "$HERE/make_models.py" --out $W/models || exit 4
-case $PLAN in *w|*v|*wt|*wm|*wx|*wd|*wl|*wl2|*wc|*p)   # the 8b shape (~14 GB of shared zero layers, written once)
+case $PLAN in *w|*v|*vl|*wt|*wm|*wx|*wd|*wl|*wl2|*wc|*p)   # the 8b shape (~14 GB of shared zero layers, written once)
   if [ -f $W/models8b/.done ]; then echo "8b models kept from the call before (warm machine)"; else
   rm -rf $W/models8b; t=$(date +%s); python3 "$HERE/make_models.py" --shape 8b --out $W/models8b || exit 4
   touch $W/models8b/.done; echo "8b models in $(( $(date +%s) - t ))s: $(du -shL $W/models8b/target-bigram | cut -f1)"; fi;;

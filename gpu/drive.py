@@ -241,6 +241,20 @@ def plan_for(version):
             dict(name="k8_v2_dsd4_flap", tree="patched", env={}, target="target-bigram", draft="draft-kvmean",
                  threshold=4, bench=[], flap=True, ready_max=200, need_s=70, **m),
         ]
+    if version == "012vl":
+        # 0.5.12's default EAGLEWorkerV2 (as 012v) with passes 2x as long above the threshold (4xC
+        # requests): payload, stock spec-off, then stock spec-on below the threshold only (C = 1, 4)
+        m = dict(models="models8b", nofb=True)
+        lo = [(1, 4, 256), (4, 16, 256)]
+        bl = [(5, 20, 256), (16, 64, 256), (64, 256, 256)]
+        return [
+            dict(name="k8_v2_dsd4", tree="patched", env={}, target="target-bigram", draft="draft-kvmean",
+                 threshold=4, bench=lo + bl, ready_max=240, need_s=110, **m),
+            dict(name="g8_nospec", tree="pristine", env={}, target="target-bigram", draft=None, bench=bl,
+                 ready_max=150, need_s=70, **m),
+            dict(name="k8_v2_spec", tree="pristine", env={}, target="target-bigram", draft="draft-kvmean",
+                 bench=lo, ready_max=200, need_s=60, **m),
+        ]
     if version in ("014wl", "014wl2"):
         # the deferred draft extend's throughput above the threshold with passes 2x as long (4xC requests);
         # wl2: payload, spec-off, payload, spec-off (alternating, for the spread between two starts)
