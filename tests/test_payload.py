@@ -1189,20 +1189,26 @@ def test_origin_wrong_file_playbook_is_refused():
 SGLANG_PYTHON = os.environ.get("FLEETCTL_SGLANG_PYTHON")
 
 
+def _run_probe(script: str, version: str, tmp_path: Path) -> dict:
+    """`script` (tests/data/payload) run by SGLANG_PYTHON on a copy of `version`'s tree with the
+    playbook's patches applied; its answer, the last line of its output, as JSON."""
+    pkg = tmp_path / "site" / "sglang"
+    shutil.copytree(wheels.package_dir(version), pkg, copy_function=shutil.copyfile)
+    for pf in playbook().files_for(version):
+        (pkg / pf.path).write_bytes(patched(version, pf.path))
+    proc = subprocess.run([SGLANG_PYTHON, str(DATA / script), str(pkg.parent), version],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 @pytest.mark.skipif(not SGLANG_PYTHON, reason="opt-in: FLEETCTL_SGLANG_PYTHON names an interpreter with "
                     "SGLang's import-time dependencies (torch, transformers, xgrammar); see docs/worker-paths.md")
 @pytest.mark.parametrize("version", HAND_WRITTEN)
 def test_real_sglang_modules_on_cpu(version, tmp_path):
     """The patched tree's own modules: real argparse parser and dump, real validation, and (v1) one
     skipped decode step through the real verify bookkeeping; see tests/data/payload/cpu_probe.py."""
-    pkg = tmp_path / "site" / "sglang"
-    shutil.copytree(wheels.package_dir(version), pkg, copy_function=shutil.copyfile)
-    for pf in playbook().files_for(version):
-        (pkg / pf.path).write_bytes(patched(version, pf.path))
-    proc = subprocess.run([SGLANG_PYTHON, str(DATA / "cpu_probe.py"), str(pkg.parent), version],
-                          capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out = _run_probe("cpu_probe.py", version, tmp_path)
     assert (out["parsed_8"], out["parsed_default"]) == (8, None)
     assert all(f"argument {FLAG}: must be an integer >= 1" in err for err in out["rejected"].values())
     assert out["repr_has_field"] is True
@@ -1241,14 +1247,7 @@ def test_v2_own_skip_on_the_real_module(version, tmp_path):
     the models faked (tests/data/payload/cpu_probe_v2.py): pool rows 2, 0, 3 at lengths 10, 20, 30,
     bonus tokens 7, 8, 9; the target's next token is its input + 1, the draft's guess input + 2, its
     hidden state the token; the window is 2 skipped steps."""
-    pkg = tmp_path / "site" / "sglang"
-    shutil.copytree(wheels.package_dir(version), pkg, copy_function=shutil.copyfile)
-    for pf in playbook().files_for(version):
-        (pkg / pf.path).write_bytes(patched(version, pf.path))
-    proc = subprocess.run([SGLANG_PYTHON, str(DATA / "cpu_probe_v2.py"), str(pkg.parent), version],
-                          capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out = _run_probe("cpu_probe_v2.py", version, tmp_path)
     decode = [e for e in out["init_new"] if e["mode"] == "DECODE"]
     extend = [e for e in out["init_new"] if e["mode"] == "DRAFT_EXTEND_V2"]
     # each skipped step: the target alone, a DECODE batch on the DECODE graphs (prepared by them)
