@@ -255,6 +255,28 @@ def plan_for(version):
             dict(name="k8_v2_spec", tree="pristine", env={}, target="target-bigram", draft="draft-kvmean",
                  bench=lo, ready_max=200, need_s=60, **m),
         ]
+    if version == "012vwt":
+        # 0.5.12's default EAGLEWorkerV2 (no SGLANG_ENABLE_SPEC_V2 for any server, as 012v) with the
+        # draft that pays (constant target + draft-perfect, accept 4): payload (threshold 4), stock
+        # spec-off, stock spec-on at C = 1, 4, 64 (014wm's shape) and one mixed load each (a low part,
+        # then a high one); then a flap test on a second payload server (bigram target + draft-kvmean,
+        # 12 bursts under one long request) and, as its reference, stock spec-off's long request alone.
+        # (named *wt, not 012vt: device_run.sh builds the 8b models for plans ending in wt, not vt)
+        m = dict(models="models8b", nofb=True)
+        bt = [(1, 4, 256), (4, 8, 256), (64, 128, 256)]
+        mixed = [(4, 32, 256), (64, 256, 256)]
+        return [
+            dict(name="t8_v2_dsd4", tree="patched", env={}, target="target", draft="draft-perfect", threshold=4,
+                 bench=bt, mixed=mixed, ready_max=240, need_s=90, **m),
+            dict(name="t8_nospec", tree="pristine", env={}, target="target", draft=None, bench=bt, mixed=mixed,
+                 ready_max=150, need_s=70, **m),
+            dict(name="t8_v2_spec", tree="pristine", env={}, target="target", draft="draft-perfect", bench=bt,
+                 mixed=mixed, ready_max=200, need_s=70, **m),
+            dict(name="k8_v2_dsd4_flap", tree="patched", env={}, target="target-bigram", draft="draft-kvmean",
+                 threshold=4, bench=[], flap=True, flap_cycles=12, ready_max=200, need_s=75, **m),
+            dict(name="g8_nospec_ref", tree="pristine", env={}, target="target-bigram", draft=None, bench=[],
+                 flap=True, flap_cycles=0, ready_max=150, need_s=55, **m),
+        ]
     if version in ("014wl", "014wl2"):
         # the deferred draft extend's throughput above the threshold with passes 2x as long (4xC requests);
         # wl2: payload, spec-off, payload, spec-off (alternating, for the spread between two starts)
@@ -609,7 +631,8 @@ def switch_test(port, deadline):
 
 def flap_test(port, deadline, cycles=8):
     """One long request L (the switch test's prompt 500, 3000 tokens) while bursts of 8 short
-    requests come and go: the running batch crosses the threshold 2*cycles times under L."""
+    requests come and go: the running batch crosses the threshold 2*cycles times under L.
+    cycles=0: L alone (a stock server's reference text for L)."""
     import threading
     out = {"texts": {}, "bursts": []}
     res = {}
@@ -758,7 +781,7 @@ def run_phase(ph, args, port, results):
                 print(f"[drive] {name}: switch {json.dumps({k: v for k, v in rec['switch'].items() if k not in ('texts',)})[:3000]}", flush=True)
             if ph.get("flap") and args.deadline - time.time() > 40:
                 off0 = os.path.getsize(log_path)
-                rec["flap"] = flap_test(port, args.deadline - 20)
+                rec["flap"] = flap_test(port, args.deadline - 20, ph.get("flap_cycles", 8))
                 rec["flap"]["log_timeline"] = timeline(read(log_path)[off0:])
                 print(f"[drive] {name}: flap {json.dumps({k: v for k, v in rec['flap'].items() if k not in ('texts',)})[:3000]}", flush=True)
             samples = []
