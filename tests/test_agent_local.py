@@ -16,7 +16,7 @@ from agentpipe import boot, completed
 from faulthook import faulted
 
 from fleetctl.engines import engine
-from fleetctl.remote import agent_key, agent_source, servers
+from fleetctl.remote import agent_key, agent_source, serverfacts
 from fleetctl.remote import files as rfiles
 from fleetctl.remote import lock as rlock
 from fleetctl.remote import records as rrecords
@@ -401,9 +401,9 @@ def test_proc_files_are_read_whole(size: int) -> None:
         assert proc.stdout is not None and proc.stdout.readline() == b"up\n"
         want = b"\0".join(a.encode() for a in [sys.executable, "-c", code, *args]) + b"\0"
         assert len(want) > size
-        assert servers._read_proc(proc.pid, "cmdline") == want
-        assert b"FLEETCTL_TEST_LONG=" + b"y" * min(size, 100_000) + b"\0" in servers._read_proc(proc.pid, "environ")
-        assert servers._read_proc(proc.pid, "cmdline", limit=7) == want[:7]
+        assert serverfacts._read_proc(proc.pid, "cmdline") == want
+        assert b"FLEETCTL_TEST_LONG=" + b"y" * min(size, 100_000) + b"\0" in serverfacts._read_proc(proc.pid, "environ")
+        assert serverfacts._read_proc(proc.pid, "cmdline", limit=7) == want[:7]
     finally:
         proc.kill()
         proc.wait()
@@ -423,14 +423,14 @@ def test_a_process_listening_on_many_ports_has_them_all_found() -> None:
             s.listen(1)
             socks.append(s)
         ports = {s.getsockname()[1] for s in socks}
-        assert ports <= set(servers._listening_ports(os.getpid()) or [])
+        assert ports <= set(serverfacts._listening_ports(os.getpid()) or [])
     finally:
         for s in socks:
             s.close()
 
 
 def test_an_on_demand_part_comes_with_its_first_request_and_its_cache_is_verified(tmp_path: Path) -> None:
-    """The servers part is not in the first code sent; a request that needs it carries it (compressed,
+    """The serverfacts part (the `servers` facts hook) is not in the first code sent; a request that needs it carries it (compressed,
     keyed by its hash) and the host keeps it; a later agent loads it from the cache by key alone,
     and a cache file changed there is not run: the answer asks for the part (kind need_part)."""
     from fleetctl.remote import part_key, part_packed
@@ -451,8 +451,8 @@ def test_an_on_demand_part_comes_with_its_first_request_and_its_cache_is_verifie
         assert len(answers) == len(reqs), err
         return answers
 
-    key, ck = part_key("servers"), part_code_key("servers")
-    sent = [{"key": key, "code": ck, "blob": b"L" + part_packed("servers", "L")}]
+    key, ck = part_key("serverfacts"), part_code_key("serverfacts")
+    sent = [{"key": key, "code": ck, "blob": b"L" + part_packed("serverfacts", "L")}]
     only_key = [{"key": key, "code": ck, "blob": None}]
     a = session(encode_request("facts", facts), encode_request("facts", {**facts, "_load": sent}))
     assert "servers" not in a[0]["result"] and "servers" in a[1]["result"], a  # the hook came with the part
@@ -467,6 +467,6 @@ def test_an_on_demand_part_comes_with_its_first_request_and_its_cache_is_verifie
     f.write_bytes(marshal.dumps(compile(f"open({str(planted)!r}, 'w').write('ran')", "x", "exec"), 2))
     (c,) = session(encode_request("facts", {**facts, "_load": only_key}))
     assert c == {"ok": False, "error": f"part {key} is not cached here", "kind": "need_part"} and not planted.exists()
-    bad = [{"key": key, "code": ck, "blob": b"L" + part_packed("servers", "L")[:-1] + b"!"}]
+    bad = [{"key": key, "code": ck, "blob": b"L" + part_packed("serverfacts", "L")[:-1] + b"!"}]
     (d,) = session(encode_request("ping", {"_load": bad}))
     assert not d["ok"] and not planted.exists(), d

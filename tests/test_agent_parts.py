@@ -116,3 +116,37 @@ def test_the_crossing_check_fails_on_a_planted_crossing(planted: str, monkeypatc
     monkeypatch.setattr(__import__(__name__), "HERE", tmp_path)
     with pytest.raises(AssertionError):
         test_each_part_names_what_it_takes_and_no_private_name_crosses()
+
+
+def _on_demand_imports(part: str) -> set[str]:
+    """The other on-demand parts whose files `part`'s files take names from (their local blocks)."""
+    owner = {n: p for p, names in remote.ON_DEMAND.items() for n in names}
+    out: set[str] = set()
+    for name in remote.ON_DEMAND[part]:
+        for block in _local_blocks(ast.parse((HERE / name).read_text(encoding="utf-8"))):
+            for node in ast.walk(block):
+                if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("fleetctl.remote."):
+                    src = node.module.rsplit(".", 1)[1] + ".py"
+                    if owner.get(src, part) != part:
+                        out.add(owner[src])
+    return out
+
+
+def test_a_part_that_takes_from_another_on_demand_part_needs_it_and_is_sent_after_it() -> None:
+    """On the host a part's functions find another part's names only if that part was loaded: every
+    on-demand part a part takes from is in PART_NEEDS, earlier in ON_DEMAND, and comes along with it
+    (parts_for), while a deploy's restart reminder (the `servers`/`discover` hooks) brings only the
+    small serverfacts part."""
+    from fleetctl.transport.session import parts_for
+
+    order = list(remote.ON_DEMAND)
+    for part in remote.ON_DEMAND:
+        took = _on_demand_imports(part)
+        assert took <= set(remote.PART_NEEDS.get(part, ())), (part, took)
+        assert all(order.index(n) < order.index(part) for n in took), (part, took)
+    assert _on_demand_imports("servers") == {"serverfacts"}  # (the check above has something to check)
+    assert parts_for("server_start", {}, set()) == ["serverfacts", "servers"]
+    assert parts_for("server_start", {}, {"serverfacts"}) == ["servers"]
+    reminder = {"then_facts": {"with": ["servers", "discover"]}}
+    assert parts_for("deploy", reminder, set()) == ["serverfacts"]
+    assert parts_for("facts", {"with": ["state"]}, set()) == []

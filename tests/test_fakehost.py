@@ -114,7 +114,7 @@ def test_the_hello_names_the_parts_cached_on_the_fake_host(fake_sandbox: Any, le
                                                            capsys: pytest.CaptureFixture[str]) -> None:
     """The bootstrap's argv carries the keys of the on-demand parts after its fifth word, and the hello
     says which of them the host's cache holds: the fake passes every word, so a second `servers`
-    finds the part it kept (was: cut to five words, every session said "none cached")."""
+    finds the part it kept (serverfacts: what `servers` reads; was: cut to five words, every session said "none cached")."""
     import sys
 
     from fleetctl.cli import main
@@ -125,9 +125,9 @@ def test_the_hello_names_the_parts_cached_on_the_fake_host(fake_sandbox: Any, le
     for _ in range(2):
         assert main(["servers", "-i", str(sb.inventory_path)]) == 0, capsys.readouterr()
     last = fake.agents["h01"][-1]
-    assert part_key("servers") in last.args[5:], last.args
+    assert part_key("serverfacts") in last.args[5:], last.args
     cache = Path(sb.hosts["h01"].state_dir) / "cache"
-    kept = [cache / f"part-{part_key('servers')}.{x}" for x in (sys.implementation.cache_tag, "src")]
+    kept = [cache / f"part-{part_key('serverfacts')}.{x}" for x in (sys.implementation.cache_tag, "src")]
     assert any(f.is_file() for f in kept), sorted(p.name for p in cache.iterdir())
-    i = last.args[5:].index(part_key("servers"))
+    i = last.args[5:].index(part_key("serverfacts"))
     assert last._parts_here(str(cache)) & (1 << i), (last.args, sorted(p.name for p in cache.iterdir()))

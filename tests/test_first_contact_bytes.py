@@ -126,8 +126,9 @@ def test_first_contact_moves_under_40_kb(relay_inventory: tuple[Relay, Path, San
     shutil.rmtree(cache)
     again = facts()  # a new host again: the same bytes (within the SSH padding)
     assert any(f.name.startswith("agent-") for f in cache.iterdir())
-    # `servers` needs the servers part: sent with its first request that needs it (the hello says
-    # the host has the core cached, not the part), kept, then key only
+    # `servers` needs the serverfacts part: sent with its first request that needs it (the hello says
+    # the host has the core cached, not the part), kept, then key only; a small part (~5 KB: the
+    # whole servers part, launch actions and all, was ~14 KB when a deploy's restart reminder took it)
     servers_first = facts("servers")
     servers_repeat = facts("servers")
     parts = [f for f in cache.iterdir() if f.name.startswith("part-")]
@@ -136,7 +137,8 @@ def test_first_contact_moves_under_40_kb(relay_inventory: tuple[Relay, Path, San
     servers_changed = facts("servers")
     print(f"controller->host bytes: baseline {baseline}, first contact {first}, repeat {repeat}, "
           f"again {again}; servers: part sent {servers_first}, cached {servers_repeat}, cache changed {servers_changed}")
-    assert servers_repeat < servers_first - 8_000 and servers_changed > servers_repeat + 8_000
+    assert servers_repeat < servers_first - 3_000 and servers_changed > servers_repeat + 3_000
+    assert servers_first - servers_repeat < 8_000, (servers_first, servers_repeat)
     assert first - baseline <= BOUND, (first, baseline)
     assert repeat < first - 20_000 and abs(again - first) < 2_000, (first, repeat, again)
 
@@ -171,7 +173,7 @@ def test_the_hello_names_the_parts_the_host_has(relay_inventory: tuple[Relay, Pa
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 34.2: the bootstrap's hello lists the on-demand parts in the host's cache, so the
     controller sends the code of exactly those it lacks, with the first request that needs them: a
-    host with the core cached but not the servers part gets the part at once (one request, where it
+    host with the core cached but not the serverfacts part gets the part at once (one request, where it
     used to be sent the key, answered need_part and sent the request again); a host with the part
     cached but not the core (a fleetctl whose core changed) gets the core and not the part."""
     from fleetctl.cli import main
@@ -204,7 +206,7 @@ def test_the_hello_names_the_parts_the_host_has(relay_inventory: tuple[Relay, Pa
     assert len(asked) == 1, asked  # one request: no need_part round trip
     # kept compiled (the host's python has the controller's bytecode magic), under the part's key
     assert [f.name for f in cache.iterdir() if f.name.startswith("part-")] == \
-        [f"part-{part_key('servers')}.{sys.implementation.cache_tag}"]
+        [f"part-{part_key('serverfacts')}.{sys.implementation.cache_tag}"]
     for f in cache.iterdir():
         if f.name.startswith("agent-"):
             f.unlink()  # the core gone, the part kept
@@ -215,5 +217,5 @@ def test_the_hello_names_the_parts_the_host_has(relay_inventory: tuple[Relay, Pa
     assert len(asked) == 1, asked
     print(f"servers: part sent to a host with the core {part_sent}, core sent to a host with the part "
           f"{core_only}, both sent {both}")
-    assert core_only < both - 8_000, (core_only, both)  # the part's code (~12 KB compressed) not sent
-    assert part_sent < both - 8_000, (part_sent, both)
+    assert core_only < both - 3_000, (core_only, both)  # the part's code (~5 KB compressed) not sent
+    assert part_sent < both - 20_000, (part_sent, both)  # (the core: ~28 KB)

@@ -441,7 +441,7 @@ def test_servers_started_by_hand_are_discovered_and_named_after_deploy_and_rollb
 
 def test_discovery_reads_flags_and_entry_points() -> None:
     from fleetctl.engines.sglang.processes import match_rules, server_flags
-    from fleetctl.remote.servers import server_argv_matches
+    from fleetctl.remote.serverfacts import server_argv_matches
 
     rules = match_rules("{python} -m my.wrapper --x")
     assert "my.wrapper" in rules["modules"] and "sglang.launch_server" in rules["modules"]
@@ -466,7 +466,7 @@ def test_discovery_skips_only_command_lines_no_rule_can_match() -> None:
     import itertools
 
     from fleetctl.engines.sglang.processes import match_rules
-    from fleetctl.remote.servers import MAX_ARG, argv_needles, server_argv_matches
+    from fleetctl.remote.serverfacts import MAX_ARG, argv_needles, server_argv_matches
 
     rules = match_rules("{python} -m my.wrapper --x")
     needles = argv_needles(rules)

@@ -15,7 +15,8 @@ if __name__ != "fleetctl_agent":  # imported locally; on the host the parts shar
     from fleetctl.remote.core import ACTIONS, AgentError, jdumps, jloads, read_json_file
     from fleetctl.remote.engine_probe import kill_group
     from fleetctl.remote.locate import launch_cwd, launch_environment
-    from fleetctl.remote.servers import current_record, list_instances, port_free, stop_record
+    from fleetctl.remote.serverfacts import current_record, list_instances, port_free
+    from fleetctl.remote.servers import stop_record
 
 GPUCHECK_PREFIX = "fleetctl-gpucheck-"
 GPUCHECK_MAX_OUT = 1 << 20

@@ -306,13 +306,15 @@ def parts_for(action: str, request: Mapping[str, Any], loaded: set[str]) -> list
     """The on-demand parts of the agent (fleetctl/remote ON_DEMAND) a request needs that the agent
     has not loaded: the part registers its action, or a facts hook it asks for (its "with", or its
     "then_facts"' "with")."""
-    from fleetctl.remote import ON_DEMAND, actions_of
+    from fleetctl.remote import ON_DEMAND, PART_NEEDS, actions_of
 
     want = {action, *(request.get("with") or ())}
     after = request.get("then_facts")
     if isinstance(after, Mapping):
         want.update(after.get("with") or ())
-    return [p for p in ON_DEMAND if p not in loaded and want & actions_of(p)]
+    need = {p for p in ON_DEMAND if want & actions_of(p)}
+    need.update(n for p in list(need) for n in PART_NEEDS.get(p, ()))
+    return [p for p in ON_DEMAND if p in need and p not in loaded]
 
 
 @once
