@@ -291,11 +291,13 @@ def plan_for(version):
         if version == "014wl2":
             ph += [dict(p, name=p["name"] + "_2") for p in ph]
         return ph
-    if version == "014wc":
+    if version in ("014wc", "012vwc"):
         # a draft that pays (constant target + draft-perfect, accept 4 while speculating) on the 8b
         # shape up to 256 running requests: where stock spec-off overtakes stock spec-on (if it does),
         # then the payload with its threshold at that crossover ("auto": the largest C where stock
-        # spec-on was at least as fast), and one mixed load on every server (a low phase, then a high)
+        # spec-on was at least as fast), and one mixed load on every server (a low phase, then a high).
+        # 012vwc: the same on 0.5.12's default EAGLEWorkerV2 (env {} everywhere, no SGLANG_ENABLE_SPEC_V2;
+        # named *wc so that device_run.sh builds the 8b models for it)
         m = dict(models="models8b", nofb=True, extra=["--max-running-requests", "256", "--cuda-graph-max-bs", "256"])
         bc = [(4, 8, 256), (64, 64, 256), (128, 128, 256), (192, 192, 256), (256, 256, 256)]
         mixed = [(4, 32, 256), (256, 512, 256)]
