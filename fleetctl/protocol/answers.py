@@ -8,7 +8,7 @@ from __future__ import annotations
 import base64
 import binascii
 import re
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Annotated, Any, Literal
 
 from fleetctl.protocol.names import (
@@ -19,6 +19,7 @@ from fleetctl.protocol.names import (
     StopAction,
     WaitStatus,
 )
+from fleetctl.protocol.schema import answer_type
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
@@ -48,7 +49,7 @@ Scalar = str | int | float | bool | None
 # ------------------------------------------------------------------------------------------ facts
 
 
-@dataclass
+@answer_type
 class FileFact:
     """One file of the package as the host sees it (agent.file_info)."""
 
@@ -66,14 +67,14 @@ class FileFact:
     unwritable: str | None = None  # why this user cannot replace it (its directory), None: it can
 
 
-@dataclass
+@answer_type
 class OsInfo:
     """The host's OS (agent.read_os)."""
 
     pretty: str
 
 
-@dataclass
+@answer_type
 class PythonInfo:
     """The interpreter that runs the agent (the inventory's `python:`)."""
 
@@ -84,7 +85,7 @@ class PythonInfo:
 Loader = Literal["source", "sourceless", "extension", "none"]
 
 
-@dataclass
+@answer_type
 class ImportView:
     """What `import` of one source file would load under the launch's python (probe.import_view)."""
 
@@ -101,7 +102,7 @@ class ImportView:
                 "pyc_used": self.pyc_used, "stale": self.stale, "other_pycs": list(self.other_pycs)}
 
 
-@dataclass
+@answer_type
 class LaunchPython:
     """The launch's own python as the probe saw it (interpreter, options, env and cwd of the launch)."""
 
@@ -115,7 +116,7 @@ class LaunchPython:
     path: list[str] = field(default_factory=list)
 
 
-@dataclass
+@answer_type
 class ModuleOrigin:
     """Where the launch's python would import one package file from, when that is not simply the
     package dir's file by the path finder (probe.locate_module): another file, a start-up hook's
@@ -136,7 +137,7 @@ class ModuleOrigin:
                 "error": self.error}
 
 
-@dataclass
+@answer_type
 class EnvChange:
     """A variable the launch's interpreter start set or unset (value None), and who: a
     sitecustomize/usercustomize line, an executable .pth line, a `python:` shim script."""
@@ -146,7 +147,7 @@ class EnvChange:
     when: str = "site"  # site | wrapper
 
 
-@dataclass
+@answer_type
 class LinkTree:
     """A setuptools strict editable install: the link tree the launch imports, the checkout its links
     lead to, and the project dir `pip install -e` was given."""
@@ -156,7 +157,7 @@ class LinkTree:
     project: str
 
 
-@dataclass
+@answer_type
 class GitInfo:
     """The git checkout the package lies in: HEAD's commit and `git describe --tags --long`."""
 
@@ -164,7 +165,7 @@ class GitInfo:
     describe: str | None = None
 
 
-@dataclass
+@answer_type
 class Shadow:
     """The launch's sys.path[0] (its cwd for -m, a script's dir) holds the package's top-level dir:
     `by` (a regular package, or a namespace portion), and what the launch would import without it."""
@@ -174,7 +175,7 @@ class Shadow:
     installed: str | None = None
 
 
-@dataclass
+@answer_type
 class PackageInfo:
     """Where the launch's interpreter imports the engine's package from (fleetctl/model/launchspec.py: its options, env
     and cwd), its version and install kind, and what import would load for the asked files."""
@@ -204,7 +205,7 @@ class PackageInfo:
     git: GitInfo | None = None  # the checkout's HEAD (None: not a git checkout, or git not there)
 
 
-@dataclass
+@answer_type
 class GpuQuery:
     """nvidia-smi's CSV answers, or why there are none."""
 
@@ -214,7 +215,7 @@ class GpuQuery:
     apps: str = ""
 
 
-@dataclass
+@answer_type
 class Lock:
     """The host lock as read by the agent; `stale`: its holder is gone."""
 
@@ -232,7 +233,7 @@ class Lock:
         return f"{self.op} {self.id} by {self.by}"
 
 
-@dataclass
+@answer_type
 class ManifestFile:
     """One file of a deploy manifest, with its hash now."""
 
@@ -243,13 +244,13 @@ class ManifestFile:
     sha_now: Sha256 | None = None
 
 
-@dataclass
+@answer_type
 class Moved:
     patched: str | None = None
     imports_now: str | None = None
 
 
-@dataclass
+@answer_type
 class Manifest:
     """A deploy manifest on the host with the current hash of each of its files (remote/records.py)."""
 
@@ -275,7 +276,7 @@ class Manifest:
     container: dict[str, str | None] | None = None  # the container it patched (fleetctl/containers)
 
 
-@dataclass
+@answer_type
 class TreeIdentity:
     """What tells the located package tree apart from every other (remote/records.py tree_identity)."""
 
@@ -294,7 +295,7 @@ class TreeIdentity:
     id: str | None = None  # the tree's id file in its records dir (written by its first shared deploy)
 
 
-@dataclass
+@answer_type
 class StateFacts:
     """Facts hook "state": the lock and every deploy manifest, oldest first."""
 
@@ -308,7 +309,7 @@ class StateFacts:
     tree_lock: Lock | None = None  # the lock of the shared tree's records dir, if it has one
 
 
-@dataclass
+@answer_type
 class DeployOnDisk:
     """The newest complete deploy whose files all still hold its patched bytes."""
 
@@ -320,7 +321,7 @@ class DeployOnDisk:
     playbook: str | None = None
 
 
-@dataclass
+@answer_type
 class Worker:
     """The worker launch resolved for an instance (launch writes it into the record)."""
 
@@ -330,7 +331,7 @@ class Worker:
     reason: str | None = None
 
 
-@dataclass
+@answer_type
 class ExitInfo:
     """How a launched server ended (its supervisor's exit file): exit status, or -signal."""
 
@@ -342,7 +343,7 @@ class ExitInfo:
         return {"returncode": self.returncode, "ended_at": self.ended_at, "pid": self.pid}
 
 
-@dataclass
+@answer_type
 class LaunchRecord:
     """A server's launch record (servers/<instance>/current.json, written by the agent)."""
 
@@ -371,7 +372,7 @@ class LaunchRecord:
     worker: Worker = field(default_factory=Worker)
 
 
-@dataclass
+@answer_type
 class GrepHits:
     """Log lines matching one pattern (bounded by the agent)."""
 
@@ -380,7 +381,7 @@ class GrepHits:
     truncated: bool = False
 
 
-@dataclass
+@answer_type
 class InstanceState:
     """One server instance: its record, alive or not, files changed since its launch."""
 
@@ -397,7 +398,7 @@ class InstanceState:
     wrapper_only: bool = False  # the server process is gone, a wrapper of its launch lives on
 
 
-@dataclass
+@answer_type
 class ServersFacts:
     """Facts hook "servers": every instance with a record, and which asked ports are free."""
 
@@ -407,7 +408,7 @@ class ServersFacts:
     state_dir: str | None = None
 
 
-@dataclass
+@answer_type
 class DiscoveredProcess:
     """A server process found from /proc (the "discover" hook), whoever started it."""
 
@@ -428,13 +429,13 @@ class DiscoveredProcess:
     changed_files: list[str] = field(default_factory=list)
 
 
-@dataclass
+@answer_type
 class DiscoverFacts:
     processes: list[DiscoveredProcess]
     truncated: bool = False
 
 
-@dataclass
+@answer_type
 class ModelConfigInfo:
     """The launch's target model config.json as the agent read it (validated again on arrival:
     fleetctl/engines/sglang/model_config.py `from_answer`), or why it could not."""
@@ -445,7 +446,7 @@ class ModelConfigInfo:
     error: str | None = None
 
 
-@dataclass
+@answer_type
 class LaunchFileInfo:
     """A file the launch's flags name, as the agent read it (base64, at most 1 MiB), or why it could not."""
 
@@ -453,7 +454,7 @@ class LaunchFileInfo:
     error: str | None = None
 
 
-@dataclass
+@answer_type
 class FactsAnswer:
     """`facts`: what the host is, plus the hooks asked for (state, servers, registered flags)."""
 
@@ -478,7 +479,7 @@ class FactsAnswer:
     seal: Seal | None = None
 
 
-@dataclass
+@answer_type
 class PingAnswer:
     """`ping`: the agent process is alive."""
 
@@ -490,7 +491,7 @@ class PingAnswer:
 # ------------------------------------------------------------------------------------------ deploy
 
 
-@dataclass
+@answer_type
 class DeployedFile:
     """A file the deploy replaced."""
 
@@ -498,7 +499,7 @@ class DeployedFile:
     sha_after: Sha256
 
 
-@dataclass
+@answer_type
 class Seal:
     """A deploy's seal (remote/seal.py; fleetctl/ops/seal.py): the paths and files whose `stat` and
     `sha256sum` text was taken, still under the host lock, around facts read again (`facts`: checked
@@ -513,7 +514,7 @@ class Seal:
     facts: dict[str, Any] | None = None
 
 
-@dataclass
+@answer_type
 class DeployAnswer:
     """`deploy`: the transaction's deploy id (None: nothing to change), files and final hashes."""
 
@@ -526,7 +527,7 @@ class DeployAnswer:
     then_facts_error: str | None = None  # why those could not be read
 
 
-@dataclass
+@answer_type
 class Restored:
     """One file of a rollback (or of a repair)."""
 
@@ -537,7 +538,7 @@ class Restored:
     bytecode_removed: list[str] = field(default_factory=list)  # cached pycs removed with it
 
 
-@dataclass
+@answer_type
 class RolledBack:
     """One deploy a rollback undid (or skipped)."""
 
@@ -547,7 +548,7 @@ class RolledBack:
     skipped: bool = False
 
 
-@dataclass
+@answer_type
 class RollbackAnswer:
     """`rollback`: the deploys undone, newest first."""
 
@@ -563,7 +564,7 @@ ReadFilesAnswer = dict[str, Base64 | None]  # path -> base64 bytes (None: no suc
 # ------------------------------------------------------------------------------------------ servers
 
 
-@dataclass
+@answer_type
 class WaitResult:
     """`server_wait`, per instance: ready, or why not."""
 
@@ -582,7 +583,7 @@ class WaitResult:
 ServerWaitAnswer = dict[str, WaitResult]  # instance -> result
 
 
-@dataclass
+@answer_type
 class StopResult:
     """`server_stop`, per instance."""
 
@@ -597,7 +598,7 @@ class StopResult:
 ServerStopAnswer = list[StopResult]
 
 
-@dataclass
+@answer_type
 class ContainerDeploy:
     """The newest complete deploy that recorded the container it patched."""
 
@@ -605,7 +606,7 @@ class ContainerDeploy:
     container: dict[str, str | None]
 
 
-@dataclass
+@answer_type
 class ServerGrepAnswer:
     """`server_grep`: each instance's state with the matching lines of its current log."""
 
@@ -615,7 +616,7 @@ class ServerGrepAnswer:
     container_deploy: ContainerDeploy | None = None  # asked for a container host: its newest record
 
 
-@dataclass
+@answer_type
 class MarkerCheck:
     """Whether the class's __init__ carries the marker (AST), or why it could not be read."""
 
@@ -623,7 +624,7 @@ class MarkerCheck:
     error: str | None = None
 
 
-@dataclass
+@answer_type
 class WorkerCheck:
     """`worker_check`, per worker file."""
 
@@ -641,7 +642,7 @@ WorkerCheckAnswer = list[WorkerCheck]
 # ------------------------------------------------------------------------------------------ locate
 
 
-@dataclass
+@answer_type
 class CodeMarker:
     """Does the code import would execute define the class, its __init__, the marker in it?"""
 
@@ -650,7 +651,7 @@ class CodeMarker:
     marker: bool = False
 
 
-@dataclass
+@answer_type
 class LoadedCheck:
     """`locate`, per check: the code import would load for a worker file (bytecode included)."""
 
@@ -662,7 +663,7 @@ class LoadedCheck:
     check: CodeMarker | None = None
 
 
-@dataclass
+@answer_type
 class LocateAnswer:
     """`locate`: the probe run under the launch's interpreter, options, env and cwd (probe.py), or
     why it could not run (`error`; `unresolved`: the launch command's python cannot be told)."""
@@ -677,7 +678,7 @@ class LocateAnswer:
     unresolved: bool = False
 
 
-@dataclass
+@answer_type
 class EngineProbeAnswer:
     """`engine_probe`: what the host's own engine did with a launch's argv (the engine's host probe), run under
     the launch's python, env and cwd with no GPU visible. `stage`: selected (worker_class chosen),
@@ -703,7 +704,7 @@ class EngineProbeAnswer:
     elapsed: float | None = None
 
 
-@dataclass
+@answer_type
 class GpuCheckPrepareAnswer:
     """`gpucheck_prepare`: gpu-check's work dir on the host, a free port, and the work dirs of
     earlier checks whose agent was gone (their servers stopped, removed)."""
@@ -713,7 +714,7 @@ class GpuCheckPrepareAnswer:
     swept: list[str] = field(default_factory=list)
 
 
-@dataclass
+@answer_type
 class GpuCheckScriptAnswer:
     """`gpucheck_script`: the engine script's JSON answer (checked again by the engine's reader), or
     why it did not answer."""
@@ -724,7 +725,7 @@ class GpuCheckScriptAnswer:
     timed_out: bool = False
 
 
-@dataclass
+@answer_type
 class GpuCheckStopped:
     instance: str
     action: StopAction | None = None
@@ -732,7 +733,7 @@ class GpuCheckStopped:
     how: str | None = None
 
 
-@dataclass
+@answer_type
 class GpuCheckCleanupAnswer:
     """`gpucheck_cleanup`: the servers under the work dir stopped, and whether the dir is gone."""
 

@@ -19,14 +19,53 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import reprlib
 import types
 from collections.abc import Callable
-from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
+from typing import (
+    Annotated,
+    Any,
+    Literal,
+    TypeVar,
+    Union,
+    dataclass_transform,
+    get_args,
+    get_origin,
+    get_type_hints,
+)
 
 T = TypeVar("T")
 Checker = Callable[[Any], Any]
 
 MAX_KEY = 40  # characters of a host-sent key or value shown in a message
+
+
+@dataclass_transform(field_specifiers=(dataclasses.field, dataclasses.Field))
+def answer_type(cls: type[T]) -> type[T]:
+    """`@dataclass`, with the __repr__ and __eq__ of every answer type shared (they behave as the
+    generated ones: the fields in order, `repr=False`/`compare=False` fields left out, equal only to
+    the same class). dataclasses compiles each method it generates (~0.2 ms apiece): the 52 answer
+    types cost ~33 ms of every command's start, ~2/3 of it their repr and eq."""
+    made = dataclasses.dataclass(cls, repr=False, eq=False)
+    if "__repr__" not in cls.__dict__:
+        made.__repr__ = _answer_repr  # type: ignore[assignment]
+    if "__eq__" not in cls.__dict__:
+        made.__eq__ = _answer_eq  # type: ignore[assignment]
+        made.__hash__ = None  # type: ignore[assignment]  # (as @dataclass: mutable and compared by value)
+    return made
+
+
+@reprlib.recursive_repr()
+def _answer_repr(self: Any) -> str:
+    shown = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self) if f.repr)
+    return f"{type(self).__qualname__}({shown})"
+
+
+def _answer_eq(self: Any, other: Any) -> Any:
+    if other.__class__ is not self.__class__:
+        return NotImplemented
+    names = [f.name for f in dataclasses.fields(self) if f.compare]
+    return tuple(getattr(self, n) for n in names) == tuple(getattr(other, n) for n in names)
 
 
 class Invalid(Exception):
