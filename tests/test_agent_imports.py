@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from agentpipe import boot
 
-from fleetctl.remote import agent_key, agent_source, servers
+from fleetctl.remote import agent_key, agent_source, serverfacts
 from fleetctl.remote import core as rcore
 from fleetctl.remote import files as rfiles
 from fleetctl.remote import hostfacts as rfacts
@@ -195,7 +195,7 @@ def test_name_checks_match_the_regexes_they_replace() -> None:
     cases = [
         (r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}(/[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}){0,3}$", rrecords._state_name_ok,
          "aZ9_.-/ é\n", 14),
-        (r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$", servers.instance_name_ok, "aZ9_.-/ é\n", 10),
+        (r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$", serverfacts.instance_name_ok, "aZ9_.-/ é\n", 10),
         (r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?$", rfacts._hub_id_ok, "aZ9_.-/ é", 10),
         (r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$", rfacts._revision_ok, "aZ9_.-/ é", 10),
         (r"^[A-Za-z_][A-Za-z0-9_]{0,127}$", rfacts._ident_ok, "aZ9_.- é", 8),

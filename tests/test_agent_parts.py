@@ -141,9 +141,9 @@ def test_a_part_that_takes_from_another_on_demand_part_needs_it_and_is_sent_afte
 
     order = list(remote.ON_DEMAND)
     for part in remote.ON_DEMAND:
-        took = _on_demand_imports(part)
-        assert took <= set(remote.PART_NEEDS.get(part, ())), (part, took)
-        assert all(order.index(n) < order.index(part) for n in took), (part, took)
+        taken = _on_demand_imports(part)
+        assert taken <= set(remote.PART_NEEDS.get(part, ())), (part, taken)
+        assert all(order.index(n) < order.index(part) for n in taken), (part, taken)
     assert _on_demand_imports("servers") == {"serverfacts"}  # (the check above has something to check)
     assert parts_for("server_start", {}, set()) == ["serverfacts", "servers"]
     assert parts_for("server_start", {}, {"serverfacts"}) == ["servers"]

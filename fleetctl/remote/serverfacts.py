@@ -16,8 +16,8 @@ if __name__ != "fleetctl_agent":  # imported locally; on the host the parts shar
     from fleetctl.remote.records import list_manifests, mark_shared, tree_records_dirs
 
 
-# no json, re or signal at start (core.py says why): jdumps/read_json_file, plain string checks,
-# `signal` imported where a process group is signalled
+# no json, re or signal at start (core.py says why): read_json_file, plain string checks
+
 _INSTANCE_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
 
 

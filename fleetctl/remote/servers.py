@@ -1,4 +1,5 @@
-"""Agent part: the servers fleetctl launches on a host (start, wait, stop, status, bounded grep).
+"""Agent part: the servers fleetctl launches on a host (start, wait, stop, bounded grep); what they
+are (launch records read back, /proc) is serverfacts.py's, loaded before this part (PART_NEEDS).
 
 Layout under the host's state dir:
     servers/<instance>/current.json          launch record of the instance's newest launch
@@ -7,7 +8,7 @@ Layout under the host's state dir:
     servers/<instance>/launches/<id>.exit    how that launch's server process ended (exit status, time)
 
 A server is started detached (its own session and process group) with an exact argv list and an
-exact environment, as the child of a small supervisor (SUPERVISOR below, in the same process
+exact environment, as the child of a small supervisor (SUPERVISOR, serverfacts.py; in the same process
 group) whose only job is to wait for it and write its exit status to `<id>.exit`: the server is
 no child of the agent, which is gone long before the server ends, so without it the status that
 says "crashed" from "stopped" would be lost; it is identified later by pid AND its start time in /proc (pids get reused).
