@@ -778,10 +778,12 @@ class AgentTransport(Steps):
         # a cached copy that did not hash to its key)
         send = set(parts) if send_parts else set(parts) - hello_parts(self._hello_got)
         body = encode_request(action, with_parts(request, parts, self._hello_got, send))
+        frame = b"%010d" % len(body) + body
+        del body  # (a deploy's request holds its files: one copy of them per host in flight, not two)
         deadline = self._begin(f"the '{action}' request", limit,
                                f"{h}: '{action}' timed out: no answer within {limit:g}s")
         try:
-            sent = pipe.send(b"%010d" % len(body) + body, deadline)
+            sent = pipe.send(frame, deadline)
             answer = self._agent_answer(pipe, deadline, action) if sent else None
         except TimeoutError:
             self._agent_drop()
