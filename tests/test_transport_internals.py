@@ -32,7 +32,7 @@ def test_host_keys_parsed_once_are_the_clients_keys(tmp_path: Path) -> None:
     parsed = paramiko.HostKeys()
     parsed.load(str(kh))
     client = paramiko.SSHClient()
-    assert internals.add_host_keys(client, parsed, str(kh)) is True
+    assert internals.add_host_keys(client, internals.host_key_entries(parsed), str(kh)) is True
     assert client.get_host_keys().lookup("[127.0.0.1]:2222")[key.get_name()] == key
     # what load_host_keys would have recorded (paramiko writes new keys back to it)
     assert getattr(client, internals.CLIENT_HOSTKEYS_FILE) == str(kh)

@@ -87,17 +87,21 @@ def problems() -> list[str]:
 compare_macs_in_c()
 
 
-def add_host_keys(client: paramiko.SSHClient, keys: paramiko.HostKeys, path: str, *, share: bool = False) -> bool:
-    """client.load_host_keys(path) from keys already parsed from that file; False if this paramiko's
-    layout differs (the caller then loads the plain way). share: the parsed entries themselves,
-    not copies (only when nothing will add a key to this client: HostKeys.add replaces an entry's
-    key in place)."""
-    mine = client.get_host_keys()
-    entries = getattr(mine, HOSTKEYS_ENTRIES, None)
-    theirs = getattr(keys, HOSTKEYS_ENTRIES, None)
-    if not isinstance(entries, list) or not isinstance(theirs, list):
+def host_key_entries(keys: paramiko.HostKeys) -> list[Any] | None:
+    """The parsed entries of a HostKeys, in file order (None if this paramiko's layout differs)."""
+    entries = getattr(keys, HOSTKEYS_ENTRIES, None)
+    return entries if isinstance(entries, list) else None
+
+
+def add_host_keys(client: paramiko.SSHClient, entries: list[Any], path: str, *, share: bool = False) -> bool:
+    """client.load_host_keys(path) from entries already parsed from that file (all of them, or those
+    the client's lookups can find); False if this paramiko's layout differs (the caller then loads
+    the plain way). share: the parsed entries themselves, not copies (only when nothing will add a
+    key to this client: HostKeys.add replaces an entry's key in place)."""
+    mine = host_key_entries(client.get_host_keys())
+    if mine is None:
         return False
-    entries.extend(theirs if share else (copy.copy(e) for e in theirs))
+    mine.extend(entries if share else (copy.copy(e) for e in entries))
     setattr(client, CLIENT_HOSTKEYS_FILE, path)
     return True
 

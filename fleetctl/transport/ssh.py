@@ -24,7 +24,7 @@ from fleetctl.config.hosts import Host, Inventory
 from fleetctl.transport import internals
 from fleetctl.transport.base import RemoteError, Unreachable
 from fleetctl.transport.direct import DirectConnection, direct_connection
-from fleetctl.transport.hostkeys import HostKeyError, StrictPolicy, fingerprint
+from fleetctl.transport.hostkeys import HostKeyError, KnownHosts, StrictPolicy, fingerprint, lookup_name
 from fleetctl.transport.internals import paramiko
 from fleetctl.transport.session import (
     CHUNK,
@@ -76,13 +76,14 @@ def _fabric_config(ssh_config: Path | None) -> Config:
     return cfg
 
 
-_known_hosts: dict[str, tuple[tuple[int, int], paramiko.HostKeys]] = {}
+_known_hosts: dict[str, tuple[tuple[int, int], KnownHosts | None]] = {}
 _known_hosts_lock = threading.Lock()
 
 
-def _load_known_hosts(client: paramiko.SSHClient, path: Path, *, share: bool = False) -> None:
+def _load_known_hosts(client: paramiko.SSHClient, path: Path, name: str, *, share: bool = False) -> None:
     """client.load_host_keys(path), parsing the file once per command (while it is unchanged)
-    instead of once per connection: a 256-line known_hosts costs ~7 ms to parse, 256 times."""
+    instead of once per connection (a 256-line known_hosts costs ~7 ms to parse, 256 times), and
+    giving the client only the entries its lookups of `name` find (hostkeys.KnownHosts)."""
     st = path.stat()
     stamp = (st.st_mtime_ns, st.st_size)
     with _known_hosts_lock:
@@ -90,9 +91,11 @@ def _load_known_hosts(client: paramiko.SSHClient, path: Path, *, share: bool = F
         if got is None or got[0] != stamp:
             keys = paramiko.HostKeys()
             keys.load(str(path))
-            got = _known_hosts[str(path)] = (stamp, keys)
-    if not internals.add_host_keys(client, got[1], str(path), share=share):  # another layout: the plain way
-        client.load_host_keys(str(path))
+            entries = internals.host_key_entries(keys)
+            got = _known_hosts[str(path)] = (stamp, KnownHosts(entries) if entries is not None else None)
+    known = got[1]
+    if known is None or not internals.add_host_keys(client, known.entries_for(name), str(path), share=share):
+        client.load_host_keys(str(path))  # another paramiko layout: the plain way
 
 
 # paramiko's transport thread waits on its socket in 0.1 s steps (to notice a close, a keepalive or a
@@ -222,7 +225,8 @@ class HostConnection(AgentTransport):
         client = conn.client
         if kh.exists():
             try:
-                _load_known_hosts(client, kh, share=not self.accept_new)  # (only accept_new adds keys)
+                _load_known_hosts(client, kh, lookup_name(conn.host, conn.port),
+                                  share=not self.accept_new)  # (only accept_new adds keys)
             except (OSError, paramiko.SSHException) as e:
                 raise HostKeyError(f"{label}: cannot read known_hosts {kh}: {e}") from None
         policy = StrictPolicy(kh, label, self.accept_new)
