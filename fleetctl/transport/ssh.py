@@ -76,7 +76,7 @@ def _fabric_config(ssh_config: Path | None) -> Config:
     return cfg
 
 
-_known_hosts: dict[str, tuple[tuple[int, int], KnownHosts | None]] = {}
+_known_hosts: dict[str, tuple[tuple[int, int], KnownHosts]] = {}
 _known_hosts_lock = threading.Lock()
 
 
@@ -89,12 +89,8 @@ def _load_known_hosts(client: paramiko.SSHClient, path: Path, name: str, *, shar
     with _known_hosts_lock:
         got = _known_hosts.get(str(path))
         if got is None or got[0] != stamp:
-            keys = paramiko.HostKeys()
-            keys.load(str(path))
-            entries = internals.host_key_entries(keys)
-            got = _known_hosts[str(path)] = (stamp, KnownHosts(entries) if entries is not None else None)
-    known = got[1]
-    if known is None or not internals.add_host_keys(client, known.entries_for(name), str(path), share=share):
+            got = _known_hosts[str(path)] = (stamp, KnownHosts.load(path))
+    if not internals.add_host_keys(client, got[1].entries_for(name), str(path), share=share):
         client.load_host_keys(str(path))  # another paramiko layout: the plain way
 
 
@@ -227,7 +223,7 @@ class HostConnection(AgentTransport):
             try:
                 _load_known_hosts(client, kh, lookup_name(conn.host, conn.port),
                                   share=not self.accept_new)  # (only accept_new adds keys)
-            except (OSError, paramiko.SSHException) as e:
+            except (OSError, ValueError, paramiko.SSHException) as e:  # (ValueError: not text)
                 raise HostKeyError(f"{label}: cannot read known_hosts {kh}: {e}") from None
         policy = StrictPolicy(kh, label, self.accept_new)
         client.set_missing_host_key_policy(policy)
