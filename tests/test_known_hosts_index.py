@@ -119,3 +119,14 @@ def test_a_key_that_is_not_base64_skips_its_line(tmp_path: Path) -> None:
     known = KnownHosts.load(kh)
     assert known.entries_for("[127.0.0.1]:2206") == []
     assert [e.key.get_base64() for e in known.entries_for("[127.0.0.1]:2202")] == [keys[1].get_base64()]
+
+
+def test_a_malformed_hashed_name_matches_nothing(tmp_path: Path) -> None:
+    """paramiko's lookup raises on a `|1|` name whose salt is not base64, for every host of the file;
+    here that line matches nothing and the others still answer."""
+    text, _, keys = _lines(tmp_path)
+    kh = tmp_path / "known_hosts"
+    kh.write_text(f"|1|not*base64|x {keys[0].get_name()} {keys[0].get_base64()}\n" + text)
+    known = KnownHosts.load(kh)
+    assert [e.key.get_base64() for e in known.entries_for("[127.0.0.1]:2202")] == [keys[1].get_base64()]
+    assert len(known.entries_for("[127.0.0.1]:2203")) == 2

@@ -93,21 +93,30 @@ class KnownHosts:
 
     def __init__(self, keys: list[Any]) -> None:
         self.entries = keys
-        self._plain: dict[str, list[int]] = {}
+        self._exact: dict[str, list[int]] = {}  # every name as written (paramiko compares it whole)
         self._hashed: list[int] = []
         for i, e in enumerate(keys):
             names = e.hostnames or []
             if any(h.startswith("|1|") for h in names):
                 self._hashed.append(i)
             for h in names:
-                if not h.startswith("|1|"):
-                    self._plain.setdefault(h, []).append(i)
+                self._exact.setdefault(h, []).append(i)
 
     def entries_for(self, name: str) -> list[Any]:
-        found = set(self._plain.get(name, ()))
+        found = set(self._exact.get(name, ()))
         if not name.startswith("|1|"):
             for i in self._hashed:
-                if any(h.startswith("|1|") and hmac.compare_digest(paramiko.HostKeys.hash_host(name, h).encode(), h.encode())
-                       for h in self.entries[i].hostnames):
+                if any(_hashes_to(name, h) for h in self.entries[i].hostnames):
                     found.add(i)
         return [self.entries[i] for i in sorted(found)]
+
+
+def _hashes_to(name: str, h: str) -> bool:
+    """Is `h` a hashed known_hosts name (`|1|salt|hash`) of `name`? A malformed one matches nothing
+    (OpenSSH skips it; paramiko's lookup raised on it for every host of the file)."""
+    if not h.startswith("|1|"):
+        return False
+    try:
+        return hmac.compare_digest(paramiko.HostKeys.hash_host(name, h).encode(), h.encode())
+    except (ValueError, TypeError):  # (binascii.Error is a ValueError)
+        return False
