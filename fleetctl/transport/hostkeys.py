@@ -94,28 +94,23 @@ class KnownHosts:
     def __init__(self, keys: list[Any]) -> None:
         self.entries = keys
         self._exact: dict[str, list[int]] = {}  # every name as written (paramiko compares it whole)
-        self._hashed: list[int] = []
+        self._hashed: list[tuple[int, str]] = []  # (entry, `|1|salt|hash` name)
         for i, e in enumerate(keys):
-            names = e.hostnames or []
-            if any(h.startswith("|1|") for h in names):
-                self._hashed.append(i)
-            for h in names:
+            for h in e.hostnames or []:
                 self._exact.setdefault(h, []).append(i)
+                if h.startswith("|1|"):
+                    self._hashed.append((i, h))
 
     def entries_for(self, name: str) -> list[Any]:
         found = set(self._exact.get(name, ()))
         if not name.startswith("|1|"):
-            for i in self._hashed:
-                if any(_hashes_to(name, h) for h in self.entries[i].hostnames):
-                    found.add(i)
+            found.update(i for i, h in self._hashed if i not in found and _hashes_to(name, h))
         return [self.entries[i] for i in sorted(found)]
 
 
 def _hashes_to(name: str, h: str) -> bool:
-    """Is `h` a hashed known_hosts name (`|1|salt|hash`) of `name`? A malformed one matches nothing
-    (OpenSSH skips it; paramiko's lookup raised on it for every host of the file)."""
-    if not h.startswith("|1|"):
-        return False
+    """Is `h`, a hashed known_hosts name (`|1|salt|hash`), the hash of `name`? A malformed one matches
+    nothing (OpenSSH skips it; paramiko's lookup raised on it for every host of the file)."""
     try:
         return hmac.compare_digest(paramiko.HostKeys.hash_host(name, h).encode(), h.encode())
     except (ValueError, TypeError):  # (binascii.Error is a ValueError)
