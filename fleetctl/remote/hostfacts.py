@@ -9,7 +9,16 @@ import sys
 import time
 
 if __name__ != "fleetctl_agent":  # imported locally; on the host the parts share one namespace
-    from fleetctl.remote.core import ACTIONS, AGENT_PROTOCOL, jloads, run_bounded, sha256_file, which
+    from fleetctl.remote.core import (
+        ACTIONS,
+        AGENT_PROTOCOL,
+        abandon,
+        finish_bounded,
+        jloads,
+        sha256_file,
+        spawn_piped,
+        which,
+    )
     from fleetctl.remote.files import unwritable
     from fleetctl.remote.locate import launch_cwd, launch_environment, locate_package, read_metadata
 
@@ -290,23 +299,42 @@ def registered_flags(pkg_dir, flags, args_file):
     return dict((f, flag_registered(text, f)) for f in flags)
 
 
-def gpu_queries(timeout=20):
+GPU_QUERIES = (
+    ("gpus", ["--query-gpu=index,uuid,name,memory.total,memory.used,memory.free,utilization.gpu", "--format=csv"]),
+    ("apps", ["--query-compute-apps=pid,process_name,used_gpu_memory,gpu_uuid", "--format=csv"]),
+)
+
+
+def gpu_start():
+    """Start nvidia-smi's queries, all at once, when a facts request begins; gpu_queries reads them
+    at its end (on an H200 each takes ~50 ms: they run while the package is located and hashed)."""
     exe = which("nvidia-smi")
     if not exe:
         return {"available": False, "reason": "nvidia-smi not found on PATH"}
-    out = {"available": True, "path": exe}
-    queries = {
-        "gpus": ["--query-gpu=index,uuid,name,memory.total,memory.used,memory.free,utilization.gpu",
-                 "--format=csv"],
-        "apps": ["--query-compute-apps=pid,process_name,used_gpu_memory,gpu_uuid", "--format=csv"],
-    }
-    for key, args in queries.items():
-        try:
-            rc, stdout, stderr = run_bounded([exe, *args], timeout)
-        except (OSError, TimeoutError) as e:
-            out["available"] = False
-            out["reason"] = "nvidia-smi failed: %s" % e
-            return out
+    started = []
+    try:
+        for key, args in GPU_QUERIES:
+            started.append((key, spawn_piped([exe, *args])))
+    except OSError as e:
+        abandon([c for _, c in started])
+        return {"available": False, "path": exe, "reason": "nvidia-smi failed: %s" % e}
+    return {"available": True, "path": exe, "started": started}
+
+
+def gpu_queries(pending=None, timeout=20):
+    """The GPU facts: nvidia-smi's answers to GPU_QUERIES (started by gpu_start, else now)."""
+    pending = gpu_start() if pending is None else pending
+    if "started" not in pending:
+        return pending
+    started = pending.pop("started")
+    out = pending
+    try:
+        answers = finish_bounded([c for _, c in started], timeout)
+    except (OSError, TimeoutError) as e:
+        out["available"] = False
+        out["reason"] = "nvidia-smi failed: %s" % e
+        return out
+    for (key, _), (rc, stdout, stderr) in zip(started, answers):
         if rc != 0:
             out["available"] = False
             out["reason"] = "nvidia-smi exit %d: %s" % (rc, stderr.decode(errors="replace").strip()[:200])
@@ -322,7 +350,17 @@ def action_facts(p, reread=None):
     """reread: (request, answer) of facts read earlier in this same request, after everything the
     request changed (a deploy's re-read for its seal, under the host lock: seal.py). Where `p`
     locates the package exactly as that request did, its package (bytecode of `p`'s files only),
-    torch, OS and user are taken from that answer instead of asking the launch's python again."""
+    torch, OS and user are taken from that answer instead of asking the launch's python again.
+    nvidia-smi (when the request asks GPUs) runs meanwhile; it never outlives the request."""
+    gpus = gpu_start() if p.get("gpus", True) else None
+    try:
+        return _facts(p, reread, gpus)
+    finally:
+        if gpus is not None:
+            abandon([c for _, c in gpus.get("started", ())])
+
+
+def _facts(p, reread, gpus):
     started = time.time()
     prior = reread[1] if reread is not None and _locates_alike(p, reread[0]) else None
     res = {
@@ -356,8 +394,8 @@ def action_facts(p, reread=None):
         res["draft_model"] = read_model_config(p["draft_model"], p.get("launch"))
     if p.get("launch_files"):
         res["launch_files"] = read_launch_files(p["launch_files"], p.get("launch"))
-    if p.get("gpus", True):
-        res["gpus"] = gpu_queries()
+    if gpus is not None:
+        res["gpus"] = gpu_queries(gpus)
     hooks = p.get("with", [])
     for name in hooks:
         fn = EXTRA_FACTS.get(name)

@@ -482,12 +482,13 @@ NVIDIA_SMI_WRAPPER = """\
 #!/bin/sh
 # STAND-IN for NVIDIA's nvidia-smi: fleetctl sandbox host {name} has no GPU.
 # Replays real H200 captures (fleetctl/sandbox/captures/h200-1gpu) for {gpus} GPU(s), idle or busy
-# as {state_file} says. See fleetctl/sandbox/nvidia_smi.py.
+# as {state_file} says. See fleetctl/sandbox/nvidia_smi.py. (-S: it is stdlib only, and the real one, a
+# C program, runs no site-packages start-up hooks: a .pth that imports something costs every query.)
 FLEETCTL_SANDBOX_HOST_DIR={host_dir}
 FLEETCTL_SANDBOX_GPUS={gpus}
 {marker}={sandbox}
 export FLEETCTL_SANDBOX_HOST_DIR FLEETCTL_SANDBOX_GPUS {marker}
-exec {python} -I {script} "$@"
+exec {python} -I -S {script} "$@"
 """
 
 TORCH_METADATA = """\
