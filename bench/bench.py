@@ -389,7 +389,7 @@ class Runner:
     def fleetctl(self, inp: Inputs, hosts: list[Any], first_run: bool) -> dict[str, Any]:
         n = len(hosts)
         base = [sys.executable, "-m", "fleetctl"]
-        inv = ["-i", str(inp.fleetctl_inv), "-f", str(n), "--json"]
+        inv = ["-i", str(inp.fleetctl_inv), "-f", str(min(n, self.args.fleetctl_forks or n)), "--json"]
         pb = str(PLAYBOOK)
         out: dict[str, Any] = {}
 
@@ -858,6 +858,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-phases", dest="phases", action="store_false",
                     help="run fleetctl and the lean push bare, not under bench/phases.py (no per-phase timeline, "
                          "no bytes per host)")
+    ap.add_argument("--fleetctl-forks", type=int, default=0,
+                    help="fleetctl's -f (default N: every host at once; the lean push's --lean-workers is its like)")
     ap.add_argument("--lean-workers", type=int, default=0,
                     help="threads of the lean push (default: N, a thread per host)")
     ap.add_argument("--note", default="", help="a line for the report (e.g. what else ran on the machine)")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fleetctl.remote import core, hostfacts  # noqa: E402  (stdlib-only agent modules)
+from fleetctl.remote import core, hostfacts  # (stdlib-only agent modules)
 
 
 def _rows(csv: str) -> list[list[str]]:
