@@ -149,3 +149,69 @@ def test_a_host_that_never_sends_its_banner_is_asked_three_times_and_named(sandb
     assert out.status == "unreachable", out
     assert out.message.startswith("x1: ") and f"root@127.0.0.1:{relay.port}" in out.message, out.message
     assert relay.accepted == HostConnection.CONNECT_TRIES
+
+
+class HangsUpFirst(SlowFirst):
+    """The first `silent` connections get the host's own sshd banner, then the connection is closed
+    before the key exchange (an sshd past its MaxStartups or LoginGraceTime hangs up so, seen at
+    N=1,000 with every host's login shell busy: paramiko then says EOFError or "No existing
+    session"); later ones are relayed as they are."""
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            s = socket.create_connection(("127.0.0.1", self.port_to))
+            self.held += [c, s]
+            if self.accepted <= self.silent:
+                banner = b""
+                while not banner.endswith(b"\n"):
+                    got = s.recv(1)
+                    if not got:
+                        break
+                    banner += got
+                c.sendall(banner)
+                for x in (c, s):
+                    x.shutdown(socket.SHUT_RDWR)
+                continue
+            for a, b in ((c, s), (s, c)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+
+@pytest.fixture
+def hangs_up(sandbox: Sandbox, request: pytest.FixtureRequest) -> Iterator[HangsUpFirst]:
+    r = HangsUpFirst(sandbox.hosts["h01"].port, request.param)
+    try:
+        yield r
+    finally:
+        r.close()
+
+
+@pytest.mark.parametrize("hangs_up", [1], indirect=True)
+def test_a_handshake_the_host_hung_up_on_is_tried_again(sandbox: Sandbox, hangs_up: HangsUpFirst,
+                                                         tmp_path: Path) -> None:
+    with _fleet(sandbox, tmp_path, hangs_up.port) as fleet:
+        (out,) = fleet.run(_echo)
+    assert out.status == "ok" and out.detail == b"hi\n", out.message
+    assert hangs_up.accepted == 2
+
+
+@pytest.mark.parametrize("hangs_up", [99], indirect=True)
+def test_a_host_that_keeps_hanging_up_is_named_with_what_to_do(sandbox: Sandbox, hangs_up: HangsUpFirst,
+                                                              tmp_path: Path) -> None:
+    """Not "is sshd running there and the port right?" (it is: it sent its banner), but what the
+    user can change: fewer hosts at once, a longer connect_timeout."""
+    from fleetctl.transport.ssh import HostConnection
+
+    with _fleet(sandbox, tmp_path, hangs_up.port) as fleet:
+        (out,) = fleet.run(_echo)
+    assert out.status == "unreachable", out
+    assert hangs_up.accepted == HostConnection.CONNECT_TRIES
+    assert out.message == (f"x1: cannot connect to root@127.0.0.1:{hangs_up.port}: the host closed the connection "
+                           f"during the SSH handshake (asked {HostConnection.CONNECT_TRIES} times) (is the host or "
+                           "this machine overloaded? lower --forks, or raise connect_timeout (sshd drops handshakes "
+                           "past its MaxStartups or LoginGraceTime))"), out.message
+    assert "is sshd running there" not in out.message

@@ -365,12 +365,21 @@ class HostConnection(AgentTransport):
                                   hint="is the host frozen or overloaded? raise connect_timeout if it is just slow",
                                   transient=True) from None
             refused = isinstance(e, paramiko.ssh_exception.NoValidConnectionsError)
+            hint = "is sshd running there and the port right?"
             if refused:
                 msg = "connection refused"
+            elif isinstance(e, (EOFError, ConnectionResetError)) or msg == "No existing session":
+                # the server hung up after its banner: what an sshd past its MaxStartups or
+                # LoginGraceTime does (seen at N=1,000 with every host's login shell busy)
+                tries = getattr(self, "_attempt", 1)
+                msg = "the host closed the connection during the SSH handshake" + (
+                    f" (asked {tries} times)" if tries > 1 else "")
+                hint = ("is the host or this machine overloaded? lower --forks, or raise connect_timeout "
+                        "(sshd drops handshakes past its MaxStartups or LoginGraceTime)")
             # refused: nobody listens (definite); a handshake cut short (reset, no session) is what
             # an overloaded sshd does: worth another try
-            raise Unreachable(f"{h.name}: cannot connect to {where}: {msg}",
-                              hint="is sshd running there and the port right?", transient=not refused) from None
+            raise Unreachable(f"{h.name}: cannot connect to {where}: {msg}", hint=hint,
+                              transient=not refused) from None
 
     def close(self) -> None:
         self._agent_drop()
