@@ -43,12 +43,16 @@ class SlowFirst:
                 return
             self.accepted += 1
             if self.accepted <= self.silent:
-                self.held.append(c)
+                self._first(c)
                 continue
             s = socket.create_connection(("127.0.0.1", self.port_to))
             self.held += [c, s]
             for a, b in ((c, s), (s, c)):
                 threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _first(self, c: socket.socket) -> None:
+        """One of the first `silent` connections: held, never answered."""
+        self.held.append(c)
 
     @staticmethod
     def _pump(a: socket.socket, b: socket.socket) -> None:
@@ -74,9 +78,31 @@ class SlowFirst:
             c.close()
 
 
+class HangsUpFirst(SlowFirst):
+    """The first `silent` connections get the host's own sshd banner, then the connection is closed
+    before the key exchange (an sshd past its MaxStartups or LoginGraceTime hangs up so, seen at
+    N=1,000 with every host's login shell busy: paramiko then says EOFError or "No existing
+    session"); later ones are relayed as they are."""
+
+    def _first(self, c: socket.socket) -> None:
+        s = socket.create_connection(("127.0.0.1", self.port_to))
+        self.held += [c, s]
+        banner = b""
+        while not banner.endswith(b"\n"):
+            got = s.recv(1)
+            if not got:
+                break
+            banner += got
+        c.sendall(banner)
+        for x in (c, s):
+            x.shutdown(socket.SHUT_RDWR)
+
+
 @pytest.fixture
 def relay(sandbox: Sandbox, request: pytest.FixtureRequest) -> Iterator[SlowFirst]:
-    r = SlowFirst(sandbox.hosts["h01"].port, request.param)
+    """request.param: the number of first connections to spoil, or (the relay class, that number)."""
+    kind, silent = request.param if isinstance(request.param, tuple) else (SlowFirst, request.param)
+    r = kind(sandbox.hosts["h01"].port, silent)
     try:
         yield r
     finally:
@@ -130,9 +156,10 @@ def test_a_handshake_the_controller_was_slow_to_finish_is_not_cut(sandbox: Sandb
     assert relay.accepted == 1
 
 
-@pytest.mark.parametrize("relay", [1], indirect=True)
+@pytest.mark.parametrize("relay", [1, (HangsUpFirst, 1)], indirect=True, ids=["no-banner", "hung-up"])
 def test_a_banner_that_did_not_come_in_time_is_asked_for_again(sandbox: Sandbox, relay: SlowFirst,
                                                               tmp_path: Path) -> None:
+    """Also a host that hung up mid-handshake (HangsUpFirst): tried again, like a late banner."""
     with _fleet(sandbox, tmp_path, relay.port) as fleet:
         (out,) = fleet.run(_echo)
     assert out.status == "ok" and out.detail == b"hi\n", out.message
@@ -151,66 +178,18 @@ def test_a_host_that_never_sends_its_banner_is_asked_three_times_and_named(sandb
     assert relay.accepted == HostConnection.CONNECT_TRIES
 
 
-class HangsUpFirst(SlowFirst):
-    """The first `silent` connections get the host's own sshd banner, then the connection is closed
-    before the key exchange (an sshd past its MaxStartups or LoginGraceTime hangs up so, seen at
-    N=1,000 with every host's login shell busy: paramiko then says EOFError or "No existing
-    session"); later ones are relayed as they are."""
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                c, _ = self.sock.accept()
-            except OSError:
-                return
-            self.accepted += 1
-            s = socket.create_connection(("127.0.0.1", self.port_to))
-            self.held += [c, s]
-            if self.accepted <= self.silent:
-                banner = b""
-                while not banner.endswith(b"\n"):
-                    got = s.recv(1)
-                    if not got:
-                        break
-                    banner += got
-                c.sendall(banner)
-                for x in (c, s):
-                    x.shutdown(socket.SHUT_RDWR)
-                continue
-            for a, b in ((c, s), (s, c)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
-
-
-@pytest.fixture
-def hangs_up(sandbox: Sandbox, request: pytest.FixtureRequest) -> Iterator[HangsUpFirst]:
-    r = HangsUpFirst(sandbox.hosts["h01"].port, request.param)
-    try:
-        yield r
-    finally:
-        r.close()
-
-
-@pytest.mark.parametrize("hangs_up", [1], indirect=True)
-def test_a_handshake_the_host_hung_up_on_is_tried_again(sandbox: Sandbox, hangs_up: HangsUpFirst,
-                                                         tmp_path: Path) -> None:
-    with _fleet(sandbox, tmp_path, hangs_up.port) as fleet:
-        (out,) = fleet.run(_echo)
-    assert out.status == "ok" and out.detail == b"hi\n", out.message
-    assert hangs_up.accepted == 2
-
-
-@pytest.mark.parametrize("hangs_up", [99], indirect=True)
-def test_a_host_that_keeps_hanging_up_is_named_with_what_to_do(sandbox: Sandbox, hangs_up: HangsUpFirst,
+@pytest.mark.parametrize("relay", [(HangsUpFirst, 99)], indirect=True)
+def test_a_host_that_keeps_hanging_up_is_named_with_what_to_do(sandbox: Sandbox, relay: SlowFirst,
                                                               tmp_path: Path) -> None:
     """Not "is sshd running there and the port right?" (it is: it sent its banner), but what the
     user can change: fewer hosts at once, a longer connect_timeout."""
     from fleetctl.transport.ssh import HostConnection
 
-    with _fleet(sandbox, tmp_path, hangs_up.port) as fleet:
+    with _fleet(sandbox, tmp_path, relay.port) as fleet:
         (out,) = fleet.run(_echo)
     assert out.status == "unreachable", out
-    assert hangs_up.accepted == HostConnection.CONNECT_TRIES
-    assert out.message == (f"x1: cannot connect to root@127.0.0.1:{hangs_up.port}: the host closed the connection "
+    assert relay.accepted == HostConnection.CONNECT_TRIES
+    assert out.message == (f"x1: cannot connect to root@127.0.0.1:{relay.port}: the host closed the connection "
                            f"during the SSH handshake (asked {HostConnection.CONNECT_TRIES} times) (is the host or "
                            "this machine overloaded? lower --forks, or raise connect_timeout (sshd drops handshakes "
                            "past its MaxStartups or LoginGraceTime))"), out.message
