@@ -212,6 +212,17 @@ def _no_real_controller_state(tmp_path_factory: pytest.TempPathFactory) -> Itera
         yield
 
 
+@pytest.fixture(autouse=True)
+def _consoles_made_per_test(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CLI's `out`/`err` consoles are made on first use and fix their width and wrapping then:
+    one made while a test had COLUMNS set would wrap the prose of every later test in the worker
+    (a test's result depended on which file ran before it). Each test makes its own."""
+    common = sys.modules.get("fleetctl.commands.common")  # not imported here: some tests watch imports
+    if common is not None:
+        for c in (common.out, common.err):
+            monkeypatch.setattr(c, "_console", None)
+
+
 @pytest.fixture
 def ledger_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A private local ledger (FLEETCTL_STATE_DIR) per test; the fleet test modules use it for every
