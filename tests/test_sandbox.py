@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -329,6 +330,29 @@ def test_nvidia_smi_render_unit() -> None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def test_nvidia_smi_query_starts_light(tmp_path: Path) -> None:
+    """The stand-in runs once per query, as the host's wrapper runs it (-I -S, imported from its own
+    dir): a GPU query imports no module beyond os and sys's own (the real tool answers in ~25 ms;
+    with dataclasses, pathlib and re it took ~70 ms of CPU), and the forms that need `re` still work."""
+    (tmp_path / "gpu-state").write_text("busy\n")
+    probe = ("import sys; sys.path.insert(0, sys.argv.pop(1)); before = set(sys.modules); import nvidia_smi; "
+             "nvidia_smi.main(); print(sorted(set(sys.modules) - before))")
+    env = {"FLEETCTL_SANDBOX_HOST_DIR": str(tmp_path), "FLEETCTL_SANDBOX_GPUS": "2", "PATH": os.environ["PATH"]}
+    for args, heavy_ok in ((["--query-gpu=index,uuid", "--format=csv"], False),
+                           (["--query-compute-apps=pid,gpu_uuid", "--format=csv,noheader"], False),
+                           (["-q"], True)):
+        r = subprocess.run([sys.executable, "-I", "-S", "-c", probe, str(Path(nvidia_smi.__file__).parent), *args],
+                           capture_output=True, text=True, env=env, timeout=60, check=True)
+        *out, loaded = r.stdout.splitlines()
+        assert out and "GPU-" in "\n".join(out), r.stdout
+        new = set(ast.literal_eval(loaded))
+        assert "nvidia_smi" in new
+        heavy = new & {"re", "dataclasses", "pathlib", "inspect", "enum"}
+        assert bool(heavy) == heavy_ok, (args, sorted(new))
+    # the host's wrapper runs exactly that launcher
+    assert "import nvidia_smi" in lifecycle.NVIDIA_SMI_LAUNCHER and " -I -S -c " in lifecycle.NVIDIA_SMI_WRAPPER
 
 
 # ---- breaking hosts, and taking everything down ----------------------------------------------

@@ -483,13 +483,17 @@ NVIDIA_SMI_WRAPPER = """\
 # STAND-IN for NVIDIA's nvidia-smi: fleetctl sandbox host {name} has no GPU.
 # Replays real H200 captures (fleetctl/sandbox/captures/h200-1gpu) for {gpus} GPU(s), idle or busy
 # as {state_file} says. See fleetctl/sandbox/nvidia_smi.py. (-S: it is stdlib only, and the real one, a
-# C program, runs no site-packages start-up hooks: a .pth that imports something costs every query.)
+# C program, runs no site-packages start-up hooks: a .pth that imports something costs every query.
+# Imported, not run as a script: its compiled form is cached, as a program's binary is.)
 FLEETCTL_SANDBOX_HOST_DIR={host_dir}
 FLEETCTL_SANDBOX_GPUS={gpus}
 {marker}={sandbox}
 export FLEETCTL_SANDBOX_HOST_DIR FLEETCTL_SANDBOX_GPUS {marker}
-exec {python} -I -S {script} "$@"
+exec {python} -I -S -c {launcher} {script_dir} "$@"
 """
+# the stand-in's module imported from its own directory (given as the first argument, taken off
+# before it reads the rest): only os and sys are imported before it, none of them from there
+NVIDIA_SMI_LAUNCHER = "import sys; sys.path.insert(0, sys.argv.pop(1)); import nvidia_smi; sys.exit(nvidia_smi.main())"
 
 TORCH_METADATA = """\
 Metadata-Version: 2.1
@@ -574,7 +578,7 @@ def _build_fleet_host(sb: Sandbox, h: SandboxHost, tree: Path, busy: bool, link:
     _write(h.nvidia_smi, NVIDIA_SMI_WRAPPER.format(
         name=h.name, gpus=sb.gpus, state_file=h.gpu_state_file, host_dir=q(str(h.host_dir)),
         marker=procs.MARKER_VAR, sandbox=q(str(sb.dir)), python=q(sb.host_python or sb.controller_python),
-        script=q(str(NVIDIA_SMI))), 0o755)
+        launcher=q(NVIDIA_SMI_LAUNCHER), script_dir=q(str(NVIDIA_SMI.parent))), 0o755)
     _write(h.gpu_state_file, ("busy" if busy else "idle") + "\n")
 
 

@@ -28,12 +28,12 @@ utilization, current temperature and the process list taken from the busy query 
 from __future__ import annotations
 
 import os
-import re
 import sys
-from dataclasses import dataclass
-from pathlib import Path
 
-CAPTURES = Path(__file__).resolve().parent / "captures" / "h200-1gpu"
+# Started once per query (sandbox hosts' `bin/nvidia-smi`), so it imports only os and sys up front
+# (`re` where a form needs it): the real tool is a C program that answers a query in ~25 ms (two at
+# once on an H200: docs/gpu-verified.md call 25); with dataclasses, pathlib and re this took ~70 ms.
+CAPTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "captures", "h200-1gpu")
 
 BAD_ARGS = "\nInvalid combination of input arguments. Please run 'nvidia-smi -h' for help.\n"
 NO_DEVICES = "No devices were found"
@@ -87,11 +87,14 @@ def bus_id(i: int) -> str:
 
 
 def _read(name: str) -> str:
-    return (CAPTURES / name).read_text()
+    with open(os.path.join(CAPTURES, name), encoding="utf-8") as fh:
+        return fh.read()
 
 
 def _rjust_sub(line: str, pattern: str, new: str) -> str:
     """Replace the first match of `pattern` (its leading spaces included) keeping the column width."""
+    import re
+
     m = re.search(pattern, line)
     if not m:
         return line
@@ -186,6 +189,8 @@ def _busy_q(block: list[str], i: int, col: int) -> list[str]:
 
 
 def query(busy: bool, gpus: list[int], total: int) -> str:
+    import re
+
     lines = _read("nvidia-smi-q.txt").split("\n")
     start = next(k for k, ln in enumerate(lines) if ln.startswith("GPU "))
     head, block = lines[:start], lines[start:-1]  # drop the "" after the final newline
@@ -221,10 +226,10 @@ def _strip_unit(value: str) -> str:
     return value
 
 
-@dataclass
 class CsvFormat:
-    header: bool = True
-    units: bool = True
+    def __init__(self, header: bool = True, units: bool = True) -> None:
+        self.header = header
+        self.units = units
 
 
 def parse_format(spec: str) -> CsvFormat:
@@ -273,12 +278,12 @@ def csv_query(kind: str, fields: str, fmt: CsvFormat, busy: bool, gpus: list[int
 
 # ---- argument handling -------------------------------------------------------------------------
 
-@dataclass
 class Args:
-    mode: str = "summary"  # summary | list | query | query-gpu | query-apps | help
-    fields: str = ""
-    fmt: str | None = None
-    ids: list[int] | None = None
+    def __init__(self) -> None:
+        self.mode = "summary"  # summary | list | query | query-gpu | query-apps | help
+        self.fields = ""
+        self.fmt: str | None = None
+        self.ids: list[int] | None = None
 
 
 def _take(argv: list[str], k: int, flag: str) -> tuple[str, int]:
@@ -341,7 +346,8 @@ def _host_state() -> tuple[bool, int]:
     busy = False
     if host_dir:
         try:
-            busy = (Path(host_dir) / "gpu-state").read_text().strip() == "busy"
+            with open(os.path.join(host_dir, "gpu-state"), encoding="utf-8") as fh:
+                busy = fh.read().strip() == "busy"
         except FileNotFoundError:
             busy = False
     return busy, total
