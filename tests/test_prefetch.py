@@ -282,8 +282,9 @@ def test_handshakes_in_flight_are_bounded(sandbox: Sandbox, tmp_path: Path, monk
     import threading
 
     from fleetctl.transport import direct, ssh
+    from fleetctl.transport.slots import Slots
 
-    monkeypatch.setattr(ssh, "_handshakes", threading.BoundedSemaphore(1))
+    monkeypatch.setattr(ssh, "_handshakes", Slots(1))
     lock = threading.Lock()
     now, most = [0], [0]
     real = direct.DirectConnection.open

@@ -33,6 +33,7 @@ from fleetctl.transport.session import (
     PipeLost,
     env_prefix,
 )
+from fleetctl.transport.slots import Slots
 
 if TYPE_CHECKING:
     from fabric import Config, Connection
@@ -60,7 +61,7 @@ _config_lock = threading.Lock()
 # answers (seen at N=1,000 on 2 CPUs: one host of 1,000 cut after 10 s); a handshake's deadline
 # starts when it has its slot. Network round trips still overlap 128 deep.
 HANDSHAKES_AT_ONCE = 128
-_handshakes = threading.BoundedSemaphore(HANDSHAKES_AT_ONCE)
+_handshakes = Slots(HANDSHAKES_AT_ONCE)
 
 
 def _fabric_config(ssh_config: Path | None) -> Config:
@@ -204,6 +205,7 @@ class HostConnection(AgentTransport):
                     pass
 
         threading.Thread(target=cut, name=f"fleetctl-abort-{self.host.name}", daemon=True).start()
+        _handshakes.wake()  # (if it waits for a handshake slot, it stops)
 
     # -- connecting ---------------------------------------------------------------------------
 
@@ -286,9 +288,8 @@ class HostConnection(AgentTransport):
         policies = self._prepare(conn, h.name)
         where = f"{conn.user}@{conn.host}:{conn.port}"
         slots = _handshakes
-        while not slots.acquire(timeout=0.2):  # (a host cut off or a fleet closing stops waiting)
-            if self.aborted:
-                raise RemoteError(self.aborted, kind="timeout")
+        if not slots.acquire(lambda: bool(self.aborted)):  # (a host cut off or a fleet closing: _cut wakes it)
+            raise RemoteError(self.aborted or "cut off", kind="timeout")
         try:
             self._opening = conn  # before _begin's check of `aborted`: a cut from now on finds it
             try:
